@@ -1,0 +1,1 @@
+"""Cluster-side reconcilers: ResourceSlice publisher, allocation controller, webhook, metrics."""

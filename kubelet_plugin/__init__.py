@@ -1,0 +1,1 @@
+"""Node daemon: registration and DRA gRPC servers, prepare/unprepare, checkpoint, health."""

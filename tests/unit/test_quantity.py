@@ -1,0 +1,175 @@
+"""Quantity parsing and request rounding: the reference semantics, and the Cython twin agreeing.
+
+What this proves:
+1. parse_quantity follows the Kubernetes grammar and Quantity.Value()/MilliValue() rounding.
+2. Malformed and out-of-range input raises QuantityError (never a wrong number).
+3. round_request follows the consumable-capacity request policy rules.
+4. The Cython extension is built and returns exactly what the reference returns, on fixed and on
+   randomly generated inputs (valid and invalid).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from dra_driver import allocator
+from dra_driver.allocator import quantity as ref
+
+fast = pytest.importorskip("dra_driver.allocator._fastquantity")
+
+CASES = [
+    ("0", 0, 0),
+    ("1", 0, 1),
+    ("+7", 0, 7),
+    ("-7", 0, -7),
+    ("1Ki", 0, 1024),
+    ("80Gi", 0, 80 * 1024**3),
+    ("1.5Gi", 0, 1536 * 1024**2),
+    ("1500m", 0, 2),  # Value() rounds up
+    ("1500m", 3, 1500),
+    ("1", 3, 1000),
+    ("100m", 3, 100),
+    ("1e3", 0, 1000),
+    ("1E3", 0, 1000),
+    ("1e-3", 3, 1),
+    ("5e-1", 0, 1),
+    ("2k", 0, 2000),
+    ("3M", 0, 3_000_000),
+    ("1n", 0, 1),
+    ("1u", 9, 1000),
+    (".5", 0, 1),
+    ("1.", 0, 1),
+    ("0.0001", 0, 1),
+    ("-1.5", 0, -2),  # away from zero, like the API server
+    ("8Ei", 0, None),  # 2**63 does not fit
+    ("7Ei", 0, 7 * 1024**6),
+    ("9223372036854775807", 0, 9223372036854775807),
+    ("9223372036854775808", 0, None),
+    ("123456789012345678901234567890m", 0, None),
+    ("12345678901234567890123n", 0, 12345678901235),  # 23 digits: the big-integer path
+]
+BAD = [
+    "",
+    "Gi",
+    "1.2.3",
+    "1Gb",
+    "1 Gi",
+    "--1",
+    "1e",
+    "1e+",
+    "1e99999",
+    "1ee3",
+    "\u0661",
+    "0x10",
+    "1i",
+]
+
+
+@pytest.mark.parametrize(("text", "scale", "expected"), CASES)
+def test_reference_parse(text: str, scale: int, expected: int | None) -> None:
+    if expected is None:
+        with pytest.raises(ref.QuantityError):
+            ref.parse_quantity(text, scale)
+    else:
+        assert ref.parse_quantity(text, scale) == expected
+
+
+@pytest.mark.parametrize("text", BAD)
+def test_malformed_is_rejected_by_both(text: str) -> None:
+    with pytest.raises(ref.QuantityError):
+        ref.parse_quantity(text)
+    with pytest.raises(ref.QuantityError):
+        fast.parse_quantity(text)
+
+
+def test_extension_is_what_the_package_uses() -> None:
+    assert allocator.FAST
+    assert allocator.parse_quantity is fast.parse_quantity
+
+
+def _random_quantity(rng: random.Random) -> str:
+    sign = rng.choice(["", "", "+", "-"])
+    whole = "".join(rng.choice("0123456789") for _ in range(rng.randint(0, 22)))
+    frac = ""
+    if rng.random() < 0.4:
+        frac = "." + "".join(rng.choice("0123456789") for _ in range(rng.randint(0, 12)))
+    suffixes = [*ref.BINARY_SUFFIXES, *ref.DECIMAL_SUFFIXES, "x", "Gb", "i"]
+    if rng.random() < 0.2:
+        suffix = rng.choice("eE") + rng.choice(["", "+", "-"]) + str(rng.randint(0, 80))
+    else:
+        suffix = rng.choice(suffixes)
+    return sign + whole + frac + suffix
+
+
+def _outcome(func: object, text: str, scale: int) -> object:
+    try:
+        return func(text, scale)  # type: ignore[operator]
+    except ref.QuantityError as exc:
+        return type(exc)
+
+
+def test_twins_agree_on_random_input() -> None:
+    rng = random.Random(20261122)
+    checked = 0
+    for _ in range(20000):
+        text = _random_quantity(rng)
+        scale = rng.choice([0, 0, 3, 6])
+        assert _outcome(fast.parse_quantity, text, scale) == _outcome(
+            ref.parse_quantity, text, scale
+        ), text
+        checked += 1
+    assert checked == 20000
+
+
+def test_format_round_trips() -> None:
+    for value in [0, 1, 1024, 80 * 1024**3, 3000, 1536 * 1024**2, 7, -2048, 10**12]:
+        text = ref.format_quantity(value)
+        assert ref.parse_quantity(text) == value
+    assert ref.format_quantity(80 * 1024**3) == "80Gi"
+    assert ref.format_quantity(3000, binary=False) == "3k"
+
+
+GIB = 1024**3
+MIB = 1024**2
+POLICIES = [
+    # (requested, policy, capacity, expected)
+    (None, ref.RequestPolicy(default=80 * GIB, min_value=MIB, step=MIB), 80 * GIB, 80 * GIB),
+    (None, ref.RequestPolicy(), 24 * GIB, 24 * GIB),  # no default: whole capacity
+    (None, ref.RequestPolicy(default=0, min_value=0, max_value=100, step=1), 100, 0),
+    (10 * GIB, ref.RequestPolicy(min_value=MIB, step=MIB), 80 * GIB, 10 * GIB),
+    (10 * GIB + 1, ref.RequestPolicy(min_value=MIB, step=MIB), 80 * GIB, 10 * GIB + MIB),
+    (1, ref.RequestPolicy(min_value=MIB, step=MIB), 80 * GIB, MIB),
+    (30, ref.RequestPolicy(min_value=0, max_value=100, step=1), 100, 30),
+    (101, ref.RequestPolicy(min_value=0, max_value=100, step=1), 100, None),
+    (7, ref.RequestPolicy(min_value=5, max_value=100, step=4), 100, 9),
+    (3, ref.RequestPolicy(valid_values=(8, 2, 4)), 8, 4),
+    (9, ref.RequestPolicy(valid_values=(8, 2, 4)), 8, None),
+    (-1, ref.RequestPolicy(), 8, None),
+]
+
+
+@pytest.mark.parametrize(("requested", "policy", "capacity", "expected"), POLICIES)
+def test_round_request(
+    requested: int | None, policy: ref.RequestPolicy, capacity: int, expected: int | None
+) -> None:
+    assert ref.round_request(requested, policy, capacity) == expected
+    assert fast.round_request(requested, policy, capacity) == expected
+
+
+def test_round_request_twins_agree_on_random_input() -> None:
+    rng = random.Random(7)
+    for _ in range(5000):
+        lo = rng.randint(0, 1000)
+        policy = ref.RequestPolicy(
+            default=rng.choice([None, rng.randint(0, 2000)]),
+            min_value=rng.choice([None, lo]),
+            max_value=rng.choice([None, lo + rng.randint(0, 2000)]),
+            step=rng.choice([None, rng.randint(1, 64)]),
+        )
+        requested = rng.choice([None, rng.randint(-5, 4000)])
+        capacity = rng.randint(0, 4000)
+        assert fast.round_request(requested, policy, capacity) == ref.round_request(
+            requested, policy, capacity
+        )
