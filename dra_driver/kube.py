@@ -1,0 +1,208 @@
+"""The one seam through which every component talks to the Kubernetes API server.
+
+Why a seam of our own: the decisions (what to publish, what a claim asks for, where to place a pod)
+are pure functions over plain JSON-shaped dicts, tested without servers. This module is the only
+place that does HTTP; it speaks raw REST paths through the official client's connection handling
+(kubeconfig or in-cluster auth, TLS, proxies) and returns dicts exactly as the API serves them
+(camelCase). Errors become a small exception hierarchy so callers can react to NotFound/Conflict
+without parsing HTTP.
+
+Callers build paths with the helpers below, e.g.
+`client.get(path("resource.k8s.io/v1", "resourceclaims", name, namespace=ns))`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any, cast
+from urllib.parse import quote, urlencode
+
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+JSON = dict[str, Any]
+RESOURCE_API = "resource.k8s.io/v1"
+DEFAULT_TIMEOUT_S = 30.0
+
+
+class KubeError(Exception):
+    """An API request failed; `status` is the HTTP status (0 when the server was unreachable)."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}" if status else message)
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+class NotFound(KubeError):
+    """404: the object (or its namespace) does not exist."""
+
+
+class Conflict(KubeError):
+    """409 on update: the object changed since it was read (stale resourceVersion)."""
+
+
+class AlreadyExists(KubeError):
+    """409 on create: an object with that name exists."""
+
+
+class Unreachable(KubeError):
+    """No HTTP answer at all (connection refused, TLS failure, timeout)."""
+
+
+def path(
+    api_version: str,
+    plural: str,
+    name: str | None = None,
+    *,
+    namespace: str | None = None,
+    subresource: str | None = None,
+) -> str:
+    """REST path of a collection or object (`/api/v1/...` for core, `/apis/<group>/<v>/...`)."""
+    prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    parts = [prefix]
+    if namespace is not None:
+        parts.append(f"namespaces/{quote(namespace, safe='')}")
+    parts.append(plural)
+    if name is not None:
+        parts.append(quote(name, safe=""))
+    if subresource is not None:
+        parts.append(subresource)
+    return "/".join(parts)
+
+
+class KubeClient:
+    """Thin JSON-over-REST client; one instance per process is enough (it pools connections)."""
+
+    def __init__(self, api_client: k8s.ApiClient, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self._api = api_client
+        self._timeout = timeout_s
+
+    @classmethod
+    def from_kubeconfig(cls, kubeconfig: str | None = None) -> KubeClient:
+        """Kubeconfig file when given (or $KUBECONFIG), else the in-cluster service account."""
+        configuration = k8s.Configuration()
+        kubeconfig = kubeconfig or os.environ.get("KUBECONFIG")
+        if kubeconfig:
+            k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        else:
+            k8s_config.load_incluster_config(client_configuration=configuration)
+        return cls(k8s.ApiClient(configuration))
+
+    @property
+    def api_client(self) -> k8s.ApiClient:
+        return self._api
+
+    def close(self) -> None:
+        self._api.close()
+
+    def request(
+        self,
+        method: str,
+        resource_path: str,
+        *,
+        body: Mapping[str, Any] | list[Any] | None = None,
+        query: Mapping[str, str | int | bool] | None = None,
+        content_type: str = "application/json",
+    ) -> JSON:
+        """Send one request; return the decoded JSON body or raise a KubeError subclass."""
+        url = self._api.configuration.host + resource_path
+        if query:
+            url += "?" + urlencode({k: _query_value(v) for k, v in query.items()})
+        headers: dict[str, str] = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        self._api.update_params_for_auth(headers, [], ["BearerToken"], resource_path, method, body)
+        try:
+            response = self._api.call_api(
+                method,
+                url,
+                header_params=headers,
+                body=body,
+                _request_timeout=self._timeout,
+            )
+            raw = response.read()
+        except k8s.ApiException as exc:
+            raise _error(exc.status or 0, exc.reason or "", exc.body or "") from exc
+        except Exception as exc:  # urllib3 connection errors, TLS, timeouts
+            raise Unreachable(0, "Unreachable", f"{method} {resource_path}: {exc}") from exc
+        text = raw.decode() if isinstance(raw, bytes) else str(raw or "")
+        if not 200 <= response.status < 300:
+            raise _error(response.status, response.reason or "", text)
+        return cast(JSON, json.loads(text)) if text else {}
+
+    def get(self, resource_path: str) -> JSON:
+        return self.request("GET", resource_path)
+
+    def list(
+        self,
+        resource_path: str,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> list[JSON]:
+        """All items of a collection, following `continue` tokens."""
+        items: list[JSON] = []
+        for page in self._pages(resource_path, label_selector, field_selector):
+            items.extend(page.get("items") or [])
+        return items
+
+    def _pages(
+        self, resource_path: str, label_selector: str | None, field_selector: str | None
+    ) -> Iterator[JSON]:
+        query: dict[str, str | int | bool] = {"limit": 500}
+        if label_selector:
+            query["labelSelector"] = label_selector
+        if field_selector:
+            query["fieldSelector"] = field_selector
+        while True:
+            page = self.request("GET", resource_path, query=query)
+            yield page
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return
+            query["continue"] = token
+
+    def create(self, resource_path: str, obj: Mapping[str, Any]) -> JSON:
+        return self.request("POST", resource_path, body=obj)
+
+    def replace(self, resource_path: str, obj: Mapping[str, Any]) -> JSON:
+        return self.request("PUT", resource_path, body=obj)
+
+    def merge_patch(self, resource_path: str, patch: Mapping[str, Any]) -> JSON:
+        return self.request(
+            "PATCH", resource_path, body=patch, content_type="application/merge-patch+json"
+        )
+
+    def delete(self, resource_path: str, *, missing_ok: bool = True) -> None:
+        try:
+            self.request("DELETE", resource_path)
+        except NotFound:
+            if not missing_ok:
+                raise
+
+
+def _query_value(value: str | int | bool) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _error(status: int, reason: str, body: str) -> KubeError:
+    message = body
+    try:
+        decoded = json.loads(body)
+        if isinstance(decoded, dict):
+            message = str(decoded.get("message") or body)
+            reason = str(decoded.get("reason") or reason)
+    except ValueError:
+        pass
+    if status == 404:
+        return NotFound(status, reason, message)
+    if status == 409:
+        kind = AlreadyExists if reason == "AlreadyExists" else Conflict
+        return kind(status, reason, message)
+    return KubeError(status, reason, message)
