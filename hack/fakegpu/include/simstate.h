@@ -1,0 +1,240 @@
+/*
+ * simstate.h - the shared state of one simulated GPU node.
+ *
+ * Why it exists: the fake NVML (libnvidia-ml.so.1, src/nvml*.c) and the fake CUDA driver
+ * (libcuda.so.1, src/cuda*.c) must agree on what the node's GPUs are and on what every process is
+ * doing with them, so that NVML reports what CUDA did (memory per process, SM utilisation, faults).
+ * Both libraries link their own private copy of src/simstate*.c (hidden symbols); the copies meet
+ * in one memory-mapped file.
+ *
+ * Configuration (environment, read on the first call of any sim_* function):
+ *   VGPU_SIM_STATE    path of the node's state file (created 0600 if absent). Unset or empty:
+ *                     no simulated node; sim_attach() fails and the libraries act as "no GPU".
+ *   VGPU_SIM_PROFILE  path of the text profile (key=value lines, written by
+ *                     vgpu_testbed/fakegpu.py). Needed only by the process that creates the state
+ *                     file; later processes read the GPUs from the state file itself. If it is set
+ *                     and its content differs from the profile the state was built from, attach
+ *                     fails (-ESTALE) rather than mixing two machines.
+ *   NVIDIA_VISIBLE_DEVICES  the container's view (see sim_visible_gpus()).
+ *
+ * State file design (details in src/simstate_layout.h):
+ *   - A fixed-size file: header (magic, layout version, profile hash, node attributes), one
+ *     static `struct sim_gpu_info` per GPU, then one dynamic block per GPU (flags, process memory
+ *     table, busy timeline, XID queue).
+ *   - Creation: the first process takes an OFD write lock on the init byte range, parses the
+ *     profile, fills the file, publishes the magic last, and unlocks. Others wait on the same lock
+ *     and then only map the file.
+ *   - Mutation of a GPU's dynamic block happens under that GPU's OFD byte-range lock (fcntl
+ *     F_OFD_SETLKW) plus a process-local mutex (OFD locks do not exclude threads sharing one open
+ *     file description). The kernel drops an OFD lock when its holder dies, so a SIGKILLed process
+ *     never blocks the others; every update is ordered so that a write torn by SIGKILL leaves a
+ *     valid state (single aligned 8-byte stores publish each change).
+ *   - Fork: a pthread_atfork child handler reopens the file, giving the child its own open file
+ *     description and therefore its own locks.
+ *   - Process table: per GPU, SIM_MAX_PROCS slots of {pid, start time, bytes}. A slot whose pid is
+ *     dead, a zombie, or reused (start time differs) is reaped by whichever process next lists or
+ *     queries memory on that GPU, or whose reservation would otherwise fail. A process releases
+ *     its own slots at normal exit (atexit).
+ *   - Busy timeline: per GPU, the time until which its SMs are busy plus a ring of the recent busy
+ *     intervals tagged by pid; utilisation is measured from it (see sim_utilization()).
+ *   - No constructors: everything attaches lazily through pthread_once.
+ *
+ * Thread-safe, fork-safe, and safe against any process dying at any moment.
+ * All functions are hidden (not exported) in both libraries.
+ */
+#ifndef VGPU_SIMSTATE_H
+#define VGPU_SIMSTATE_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Marks a function the library exports (nvml*, cu*, vgpusim_*); everything else is hidden by
+ * -fvisibility=hidden. */
+#define SIM_EXPORT __attribute__((visibility("default")))
+
+/* Capacities of the state file (changing one changes SIM_LAYOUT_VERSION). */
+#define SIM_MAX_GPUS 16
+#define SIM_MAX_PROCS 64    /* process slots per GPU */
+#define SIM_MAX_LINKS 18    /* NVLink links per GPU (H100 has 18) */
+#define SIM_TIMELINE 512    /* busy intervals kept per GPU */
+#define SIM_XID_QUEUE 64    /* XID events kept per GPU */
+
+/* Utilisation sampling window used by NVML-style queries: 1/6 s, like NVML's GPU sample period. */
+#define SIM_UTIL_WINDOW_NS (1000000000ULL / 6)
+
+/* sim_gpu_flags() bits. */
+#define SIM_GPU_LOST 0x1u    /* "fallen off the bus": every call returns a GPU-is-lost error */
+#define SIM_GPU_REMOVED 0x2u /* hot-removed: no longer enumerated by processes that start later */
+
+/* Architecture codes; the values equal NVML's nvmlDeviceArchitecture_t. */
+enum sim_arch {
+    SIM_ARCH_KEPLER = 2,
+    SIM_ARCH_MAXWELL = 3,
+    SIM_ARCH_PASCAL = 4,
+    SIM_ARCH_VOLTA = 5,
+    SIM_ARCH_TURING = 6,
+    SIM_ARCH_AMPERE = 7,
+    SIM_ARCH_ADA = 8,
+    SIM_ARCH_HOPPER = 9,
+    SIM_ARCH_BLACKWELL = 10,
+};
+
+/* One NVLink connection group: `count` links to GPU `peer` (physical index). */
+struct sim_link {
+    int32_t peer;
+    int32_t count;
+};
+
+/* Static attributes of one physical GPU, as the profile describes it. Strings are NUL-terminated. */
+struct sim_gpu_info {
+    char name[96];            /* product name, e.g. "NVIDIA H100 80GB HBM3" */
+    char uuid[80];            /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" */
+    char serial[32];          /* board serial number */
+    char pci_bus_id[32];      /* "00000000:18:00.0" (NVML's 8-digit domain form) */
+    char pcie_root[32];       /* root complex, e.g. "pci0000:15" */
+    char brand[32];           /* profile's brand name, e.g. "nvidia", "tesla" */
+    int32_t brand_code;       /* NVML nvmlBrandType_t value */
+    int32_t arch;             /* enum sim_arch */
+    int32_t cc_major;         /* CUDA compute capability */
+    int32_t cc_minor;
+    uint64_t memory_total;    /* bytes */
+    uint32_t sm_count;        /* streaming multiprocessors */
+    uint32_t cores_per_sm;    /* CUDA cores per SM (NVML GetNumGpuCores = sm_count * this) */
+    uint32_t pci_device_id;   /* (device << 16) | vendor, e.g. 0x233010DE */
+    uint32_t pci_subsystem_id;
+    int32_t minor;            /* /dev/nvidia<minor> */
+    int32_t numa_node;        /* -1 if none */
+    int32_t mig_capable;      /* 0/1 */
+    uint32_t power_limit_mw;  /* default/enforced power limit */
+    uint32_t max_sm_clock_mhz;
+    uint32_t max_mem_clock_mhz;
+    uint32_t memory_bus_width; /* bits */
+    int32_t nlinks;           /* entries used in links[] */
+    struct sim_link links[SIM_MAX_LINKS];
+};
+
+/* Node-wide attributes. */
+struct sim_node_info {
+    char name[64];            /* profile name */
+    char driver_version[32];  /* e.g. "580.95.05" */
+    int32_t cuda_driver_version; /* e.g. 13000 for CUDA 13.0 */
+    int32_t gpu_count;
+};
+
+/* One row of a GPU's process table, as returned by sim_processes(). */
+struct sim_proc_usage {
+    int32_t pid;
+    uint64_t bytes;           /* device memory reserved by this process on the GPU */
+};
+
+/* One XID event. `seq` starts at 1 and grows by one per event on that GPU. */
+struct sim_xid_event {
+    uint64_t seq;
+    uint64_t xid;
+    uint64_t time_ns;         /* sim_now_ns() when injected */
+};
+
+/* Attach to the node state (idempotent, thread-safe, cheap after the first call).
+ * 0 on success; a negative errno when no state is configured (-ENOENT: VGPU_SIM_STATE unset) or it
+ * cannot be used (-EINVAL bad profile, -ESTALE profile mismatch, -EPROTO layout mismatch, other
+ * errno from open/mmap). The reason is printed once to stderr with the "vgpu-sim:" prefix unless
+ * VGPU_SIM_STATE is simply unset. Every function below attaches implicitly and behaves as for an
+ * empty node when attaching fails. */
+int sim_attach(void);
+
+/* Human-readable reason for the last attach failure ("" if attached). */
+const char *sim_attach_error(void);
+
+const struct sim_node_info *sim_node(void);  /* NULL when not attached */
+
+/* Physical GPUs on the node, including lost and removed ones. */
+int sim_gpu_count(void);
+
+/* Static attributes of physical GPU `phys` (0-based), NULL if out of range or not attached. */
+const struct sim_gpu_info *sim_gpu(int phys);
+
+/* Physical index of the GPU with this UUID or PCI bus id (case-insensitive; the bus id may use a
+ * 4- or 8-digit domain); -1 if none. */
+int sim_find_gpu(const char *uuid_or_bus_id);
+
+/* The GPUs this process may see, in the container's order, as physical indices written to
+ * phys_out (at most `max`); returns how many. Follows NVIDIA_VISIBLE_DEVICES as the NVIDIA
+ * container runtime does: unset, empty or "all" -> every GPU; "none" or "void" -> none; else a
+ * comma-separated list of indices and/or UUIDs (unknown entries are skipped with a stderr warning,
+ * duplicates dropped). GPUs flagged SIM_GPU_REMOVED are left out. CUDA applies CUDA_VISIBLE_DEVICES
+ * on top of this list itself. */
+int sim_visible_gpus(int *phys_out, int max);
+
+/* Reserve `bytes` of device memory on GPU `phys` for the calling process.
+ * 0 on success; -1 if the GPU does not have that much free memory; -2 if the process table is
+ * full; -3 if phys is invalid or the state is not attached; -4 if the GPU is lost. */
+int sim_mem_reserve(int phys, unsigned long long bytes);
+
+/* Return `bytes` previously reserved by the calling process (clamped at what it holds). */
+void sim_mem_release(int phys, unsigned long long bytes);
+
+/* Release everything the calling process holds on every GPU (also done at normal exit). */
+void sim_mem_release_all(void);
+
+/* Bytes in use on GPU `phys` by all live processes (reaps dead ones first). */
+unsigned long long sim_mem_used(int phys);
+
+/* Bytes held by `pid` on GPU `phys`. */
+unsigned long long sim_mem_used_by(int phys, int pid);
+
+/* Live processes holding memory on GPU `phys` (reaps dead ones first): writes up to `max` rows
+ * and returns the total number of such processes (may exceed max). Rows with 0 bytes are
+ * processes that attached a context but hold no memory (see sim_proc_register()). */
+int sim_processes(int phys, struct sim_proc_usage *out, int max);
+
+/* Make the calling process appear in GPU `phys`'s process list even with no memory reserved
+ * (a CUDA context exists). 0, or a negative code as sim_mem_reserve(). */
+int sim_proc_register(int phys);
+
+/* Submit a kernel that occupies GPU `phys`'s SMs for duration_ns. It starts when all work already
+ * submitted to that GPU (by any process) has finished, or now if the GPU is idle, so processes
+ * are time-sliced FIFO. Returns its completion time on the sim_now_ns() clock, so the caller can
+ * model stream/context synchronisation by sleeping until then; 0 if phys is invalid or lost. */
+unsigned long long sim_submit_work(int phys, unsigned long long duration_ns);
+
+/* The time until which GPU `phys` is busy with submitted work (<= now when idle). */
+unsigned long long sim_busy_until(int phys);
+
+/* CLOCK_MONOTONIC in nanoseconds (the clock of the busy timeline). */
+unsigned long long sim_now_ns(void);
+
+/* SM utilisation of GPU `phys`, 0..100: the busy fraction of [now - window_ns, now]
+ * (window_ns 0 = SIM_UTIL_WINDOW_NS). If pid > 0, only that process's busy time counts. */
+unsigned int sim_utilization(int phys, int pid, unsigned long long window_ns);
+
+/* Per-process utilisation samples: for each process with busy time on GPU `phys` that ended
+ * after since_ns, writes {pid, busy percent over [max(since_ns, now - 1 s), now]}; returns the
+ * number written (at most max). */
+struct sim_proc_util {
+    int32_t pid;
+    uint32_t sm_util;        /* percent */
+    uint64_t last_ns;        /* end of the process's latest busy interval in the window */
+};
+int sim_process_utilization(int phys, unsigned long long since_ns, struct sim_proc_util *out,
+                            int max);
+
+/* SIM_GPU_* bits of GPU `phys` (0 if invalid). */
+unsigned int sim_gpu_flags(int phys);
+int sim_set_flag(int phys, unsigned int flag, int on); /* 0, or -1 if phys is invalid */
+
+/* XID events. sim_xid_inject() appends an event (the oldest is overwritten when the queue is
+ * full) and returns its seq, or 0 if phys is invalid. sim_xid_seq() is the latest seq (0 if none):
+ * a reader remembers it as its cursor and calls sim_xid_next() to get the first event with
+ * seq > *cursor (advancing the cursor); returns 1 if an event was written, 0 if none. Events
+ * overwritten before a slow reader got them are skipped. */
+uint64_t sim_xid_inject(int phys, uint64_t xid);
+uint64_t sim_xid_seq(int phys);
+int sim_xid_next(int phys, uint64_t *cursor, struct sim_xid_event *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* VGPU_SIMSTATE_H */
