@@ -1,0 +1,193 @@
+"""Keeps this node's ResourceSlices in the API server equal to what its GPUs say.
+
+Run by the kubelet plugin (`kubelet_plugin.main`) in a background thread for its own node:
+`SlicePublisher(client, driver=..., node_name=...).run(discover, stop)`. Each sync builds the
+desired slices (`dra_driver.slices`, pure), lists what the API holds for this driver and node, and
+applies a plan (`plan_sync`, pure) that creates missing slices, replaces changed ones and deletes
+extras.
+
+Rules that keep it cheap and correct:
+- Write only on a real change: slices are compared by their spec content (quantities by value,
+  generation and server metadata ignored), so a restarted plugin with the same GPUs writes nothing.
+- Any change bumps the pool generation, and every slice of the pool is rewritten with it (with the
+  right `resourceSliceCount`): consumers use only the highest generation, so a half-written pool
+  is never mistaken for a complete one. New and updated slices go first, deletions last.
+- Failures (API server unreachable, conflicts, a Node not yet registered) are retried with capped,
+  jittered exponential backoff (`controller.backoff`); the loop converges whenever the server is
+  reachable again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.backoff import Backoff
+from dra_driver import kube, slices
+from dra_driver.gpu import NodeInventory
+from dra_driver.kube import RESOURCE_API, KubeClient, KubeError
+
+log = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+SLICES = "resourceslices"
+
+
+@dataclass(frozen=True)
+class SyncPlan:
+    """What one sync must write: `generation` is the pool generation after the sync."""
+
+    generation: int
+    create: list[JSON] = field(default_factory=list)
+    update: list[JSON] = field(default_factory=list)
+    delete: list[str] = field(default_factory=list)
+
+    @property
+    def writes(self) -> bool:
+        return bool(self.create or self.update or self.delete)
+
+
+def _generation(obj: Mapping[str, Any]) -> int:
+    return int(((obj.get("spec") or {}).get("pool") or {}).get("generation") or 0)
+
+
+def plan_sync(desired: Sequence[JSON], existing: Sequence[JSON]) -> SyncPlan:
+    """Decide the writes that turn `existing` (as listed) into `desired` (from the builder).
+
+    Nothing to do when the names match, every slice has the desired content and all existing
+    slices agree on one generation. Otherwise the pool moves to max(existing generation) + 1:
+    every desired slice is created or replaced with that generation (replacements carry the
+    listed resourceVersion, so a concurrent writer makes us retry instead of overwriting), and
+    slices no longer desired are deleted.
+    """
+    by_name = {str(obj["metadata"]["name"]): obj for obj in existing}
+    generations = {_generation(obj) for obj in existing}
+    current = max(generations, default=0)
+    desired_names = slices.names_of(desired)
+    unchanged = (
+        set(desired_names) == set(by_name)
+        and len(generations) <= 1
+        and all(
+            slices.same_content(obj, by_name[name])
+            for obj, name in zip(desired, desired_names, strict=True)
+        )
+    )
+    if unchanged:
+        return SyncPlan(generation=current)
+    generation = current + 1
+    plan = SyncPlan(generation=generation)
+    for obj, name in zip(desired, desired_names, strict=True):
+        stamped = _with_generation(obj, generation)
+        if name in by_name:
+            version = (by_name[name].get("metadata") or {}).get("resourceVersion")
+            if version:
+                stamped["metadata"]["resourceVersion"] = version
+            plan.update.append(stamped)
+        else:
+            plan.create.append(stamped)
+    plan.delete.extend(sorted(set(by_name) - set(desired_names)))
+    return plan
+
+
+def _with_generation(obj: JSON, generation: int) -> JSON:
+    spec = dict(obj["spec"])
+    spec["pool"] = {**spec["pool"], "generation": generation}
+    return {**obj, "metadata": dict(obj["metadata"]), "spec": spec}
+
+
+class SlicePublisher:
+    """Publishes one node's pool for one driver. Not thread-safe: one publisher per thread."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        driver: str,
+        node_name: str,
+        oversubscription_ratio: float = 1.0,
+        backoff: Backoff | None = None,
+    ) -> None:
+        slices.scaled_memory(1 << 30, oversubscription_ratio)  # validate the ratio up front
+        self._client = client
+        self._driver = driver
+        self._node_name = node_name
+        self._ratio = oversubscription_ratio
+        self._backoff = backoff or Backoff()
+        self.generation = 0
+        """Pool generation after the last successful sync (0 before the first)."""
+
+    @property
+    def field_selector(self) -> str:
+        return f"spec.driver={self._driver},spec.nodeName={self._node_name}"
+
+    def desired(self, inventory: NodeInventory) -> list[JSON]:
+        """The slices for `inventory`, owned by the Node as it exists right now."""
+        node = self._client.get(kube.path("v1", "nodes", self._node_name))
+        return slices.build_slices(
+            inventory,
+            driver=self._driver,
+            node_name=self._node_name,
+            node_uid=str((node.get("metadata") or {}).get("uid") or ""),
+            oversubscription_ratio=self._ratio,
+        )
+
+    def existing(self) -> list[JSON]:
+        return self._client.list(
+            kube.path(RESOURCE_API, SLICES), field_selector=self.field_selector
+        )
+
+    def sync(self, inventory: NodeInventory) -> bool:
+        """Make the API match `inventory` once; True if anything was written.
+
+        Raises KubeError (the caller retries): NotFound when the Node does not exist yet, Conflict
+        when someone else changed a slice between our list and our write, Unreachable, ...
+        """
+        plan = plan_sync(self.desired(inventory), self.existing())
+        collection = kube.path(RESOURCE_API, SLICES)
+        for obj in plan.create:
+            self._client.create(collection, obj)
+        for obj in plan.update:
+            self._client.replace(kube.path(RESOURCE_API, SLICES, obj["metadata"]["name"]), obj)
+        for name in plan.delete:
+            self._client.delete(kube.path(RESOURCE_API, SLICES, name))
+        self.generation = plan.generation
+        if plan.writes:
+            log.info(
+                "published pool %s generation %d: %d created, %d updated, %d deleted",
+                self._node_name,
+                plan.generation,
+                len(plan.create),
+                len(plan.update),
+                len(plan.delete),
+            )
+        return plan.writes
+
+    def run(
+        self,
+        inventory_source: Callable[[], NodeInventory],
+        stop: threading.Event,
+        *,
+        resync_s: float = 60.0,
+    ) -> None:
+        """Sync now, then every `resync_s` seconds, until `stop` is set.
+
+        A failed sync (inventory or API) is logged and retried after a backoff delay; the loop
+        never dies on an error, because a node whose slices silently stop updating is worse than
+        one that keeps saying what is wrong.
+        """
+        while not stop.is_set():
+            try:
+                self.sync(inventory_source())
+            except (KubeError, slices.SliceError, OSError) as exc:
+                delay = self._backoff.next_delay()
+                log.warning("slice sync failed (retry in %.1fs): %s", delay, exc)
+            except Exception as exc:  # inventory errors and anything unforeseen: keep running
+                delay = self._backoff.next_delay()
+                log.exception("slice sync failed unexpectedly (retry in %.1fs): %s", delay, exc)
+            else:
+                self._backoff.reset()
+                delay = resync_s
+            stop.wait(delay)

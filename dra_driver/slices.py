@@ -1,0 +1,287 @@
+"""What this node should publish: `NodeInventory` -> desired `resource.k8s.io/v1` ResourceSlices.
+
+Pure functions over typed data, called by the slice publisher (`controller.slice_publisher`) on
+every sync and unit-tested without a server. The publisher owns the pool generation (it depends on
+what the API already holds), so the builder returns slices with generation 0 and the publisher
+stamps the real value; `comparable_spec()` is how the publisher decides whether anything really
+changed, ignoring fields the API server defaults or re-formats.
+
+Shape (docs/resource-slices.md has the full reference):
+- one pool per node, named after the node, split into slices of <= 128 devices;
+- device `gpu-<index>`, `allowMultipleAllocations: true`;
+- consumable capacity `memory` (bytes x oversubscription ratio, rounded down to whole MiB so it is
+  a valid multiple of the 1Mi step; a request naming no memory gets all of it) and `cores`
+  (percent of SMs, 0-100, default 0 = no reservation);
+- typed attributes in the driver's domain plus the standard `resource.kubernetes.io/pciBusID` and
+  `resource.kubernetes.io/pcieRoot`;
+- an owner reference to the Node, so slices vanish with their node.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dra_driver import names
+from dra_driver.allocator import parse_quantity
+from dra_driver.gpu import GpuInfo, NodeInventory
+from dra_driver.kube import RESOURCE_API
+
+log = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+
+# API limits (resource.k8s.io/v1 validation).
+MAX_DEVICES_PER_SLICE = 128
+MAX_ATTRIBUTES_AND_CAPACITIES = 32
+MAX_STRING_ATTRIBUTE = 64
+MAX_OBJECT_NAME = 253
+MAX_LABEL_VALUE = 63
+
+MIB = 1 << 20
+CORES_TOTAL = 100
+
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY_VALUE = "vgpu-dra"
+
+_SEMVER_CORE = re.compile(r"^\d+$")
+_BUILD_IDENT = re.compile(r"^[0-9A-Za-z-]+$")
+
+
+class SliceError(ValueError):
+    """The inventory or the parameters cannot be published; the message names the value."""
+
+
+def node_label(driver: str) -> str:
+    """Label key carrying the node name on our slices (e.g. `vgpu.dra.dev/node`)."""
+    return f"{driver}/node"
+
+
+def to_semver(version: str) -> str | None:
+    """A dotted numeric version -> semver 2.0 as the DRA `version` attribute requires.
+
+    Leading zeros are dropped (semver forbids them): "580.95.05" -> "580.95.5"; missing parts are
+    zero: "9.0" -> "9.0.0", "13" -> "13.0.0"; parts after the third become build metadata:
+    "1.2.3.4" -> "1.2.3+4". Anything else (letters in the first three parts) -> None, and the
+    attribute is left out rather than published wrong.
+    """
+    parts = version.strip().split(".")
+    if not parts or len(parts[0]) == 0:
+        return None
+    core = parts[:3]
+    if not all(_SEMVER_CORE.match(part) for part in core):
+        return None
+    numbers = [str(int(part)) for part in core] + ["0"] * (3 - len(core))
+    text = ".".join(numbers)
+    extra = parts[3:]
+    if extra:
+        if not all(_BUILD_IDENT.match(part) for part in extra):
+            return None
+        text += "+" + ".".join(extra)
+    return text
+
+
+def scaled_memory(memory_bytes: int, ratio: float) -> int:
+    """Memory capacity to publish: bytes x ratio, rounded down to whole MiB (the request step)."""
+    if not ratio >= 1.0:  # also rejects NaN
+        raise SliceError(f"oversubscription ratio must be >= 1.0, got {ratio!r}")
+    scaled = int(memory_bytes * ratio) if ratio != 1.0 else memory_bytes
+    return max(MIB, scaled // MIB * MIB)
+
+
+def device_attributes(gpu: GpuInfo, inventory: NodeInventory) -> JSON:
+    """Typed DRA attributes of one GPU (unknown values are omitted, never published as junk)."""
+    attrs: JSON = {
+        "index": {"int": gpu.index},
+        "uuid": {"string": gpu.uuid},
+        "productName": {"string": gpu.product_name},
+        "brand": {"string": gpu.brand},
+        "architecture": {"string": gpu.architecture},
+        "memoryBytes": {"int": gpu.memory_bytes},
+        "smCount": {"int": gpu.sm_count},
+        "migCapable": {"bool": gpu.mig_capable},
+        names.ATTR_PCI_BUS_ID: {"string": gpu.pci_bus_id},
+    }
+    versions = {
+        "cudaComputeCapability": gpu.cuda_compute_capability,
+        "driverVersion": inventory.driver_version,
+        "cudaDriverVersion": inventory.cuda_driver_version,
+    }
+    for name, raw in versions.items():
+        semver = to_semver(raw)
+        if semver is None:
+            log.warning("%s: %s %r is not a dotted version; left out", gpu.device_name, name, raw)
+        else:
+            attrs[name] = {"version": semver}
+    if gpu.numa_node is not None:
+        attrs["numaNode"] = {"int": gpu.numa_node}
+    if gpu.nvlink_domain is not None:
+        attrs["nvlinkDomain"] = {"int": gpu.nvlink_domain}
+    if gpu.pcie_root:
+        attrs[names.ATTR_PCIE_ROOT] = {"string": gpu.pcie_root}
+    for name, value in attrs.items():
+        text = value.get("string")
+        if isinstance(text, str) and len(text) > MAX_STRING_ATTRIBUTE:
+            log.warning("%s: attribute %s truncated to 64 characters", gpu.device_name, name)
+            value["string"] = text[:MAX_STRING_ATTRIBUTE]
+    return attrs
+
+
+def device_capacity(gpu: GpuInfo, ratio: float) -> JSON:
+    """Consumable capacities `memory` and `cores` with their request policies."""
+    memory = str(scaled_memory(gpu.memory_bytes, ratio))
+    return {
+        names.CAPACITY_MEMORY: {
+            "value": memory,
+            "requestPolicy": {
+                "default": memory,
+                "validRange": {"min": "1Mi", "max": memory, "step": "1Mi"},
+            },
+        },
+        names.CAPACITY_CORES: {
+            "value": str(CORES_TOTAL),
+            "requestPolicy": {
+                "default": "0",
+                "validRange": {"min": "0", "max": str(CORES_TOTAL), "step": "1"},
+            },
+        },
+    }
+
+
+def build_device(gpu: GpuInfo, inventory: NodeInventory, ratio: float) -> JSON:
+    attributes = device_attributes(gpu, inventory)
+    capacity = device_capacity(gpu, ratio)
+    if len(attributes) + len(capacity) > MAX_ATTRIBUTES_AND_CAPACITIES:
+        raise SliceError(f"{gpu.device_name}: more than 32 attributes and capacities")
+    return {
+        "name": gpu.device_name,
+        "allowMultipleAllocations": True,
+        "attributes": attributes,
+        "capacity": capacity,
+    }
+
+
+def slice_name(node_name: str, driver: str, part: int) -> str:
+    """Deterministic slice name, so a restarted publisher finds its own slices by name."""
+    name = f"{node_name}-{driver.replace('.', '-')}-{part}"
+    if len(name) <= MAX_OBJECT_NAME:
+        return name
+    digest = hashlib.sha256(f"{node_name}/{driver}".encode()).hexdigest()[:16]
+    return f"{node_name[: MAX_OBJECT_NAME - 40]}-{digest}-{part}"
+
+
+def build_slices(
+    inventory: NodeInventory,
+    *,
+    driver: str,
+    node_name: str,
+    node_uid: str,
+    oversubscription_ratio: float = 1.0,
+    max_devices_per_slice: int = MAX_DEVICES_PER_SLICE,
+) -> list[JSON]:
+    """The slices this node should have, with `pool.generation` 0 (the publisher sets it).
+
+    A node without GPUs publishes one empty slice, so the scheduler sees the pool (and the node's
+    plugin is visibly alive) rather than nothing.
+    """
+    if not 1 <= max_devices_per_slice <= MAX_DEVICES_PER_SLICE:
+        raise SliceError(f"max_devices_per_slice must be 1..128, got {max_devices_per_slice}")
+    if not node_uid:
+        raise SliceError(f"node {node_name!r} has no uid; the owner reference needs it")
+    devices = [build_device(gpu, inventory, oversubscription_ratio) for gpu in inventory.gpus]
+    chunks = [
+        devices[start : start + max_devices_per_slice]
+        for start in range(0, len(devices), max_devices_per_slice)
+    ] or [[]]
+    labels = {LABEL_MANAGED_BY: MANAGED_BY_VALUE}
+    if len(node_name) <= MAX_LABEL_VALUE:
+        labels[node_label(driver)] = node_name
+    owner = {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid}
+    return [
+        {
+            "apiVersion": RESOURCE_API,
+            "kind": "ResourceSlice",
+            "metadata": {
+                "name": slice_name(node_name, driver, part),
+                "labels": dict(labels),
+                "ownerReferences": [dict(owner)],
+            },
+            "spec": {
+                "driver": driver,
+                "nodeName": node_name,
+                "pool": {"name": node_name, "generation": 0, "resourceSliceCount": len(chunks)},
+                "devices": chunk,
+            },
+        }
+        for part, chunk in enumerate(chunks)
+    ]
+
+
+# ---------------------------------------------------------------- comparison
+
+
+def _quantity(value: Any) -> int | str:
+    """Quantities compare by value: the API server re-formats them ("1048576" may come back
+    as "1Mi"). Values that do not parse compare as text (and so count as a change)."""
+    if isinstance(value, int):
+        return value
+    try:
+        return parse_quantity(str(value))
+    except ValueError:
+        return str(value)
+
+
+def _comparable_capacity(capacity: Mapping[str, Any]) -> JSON:
+    result: JSON = {}
+    for name, entry in sorted(capacity.items()):
+        policy = entry.get("requestPolicy") or {}
+        valid_range = policy.get("validRange") or {}
+        result[name] = {
+            "value": _quantity(entry.get("value")),
+            "default": _quantity(policy["default"]) if "default" in policy else None,
+            "validValues": [_quantity(v) for v in policy.get("validValues") or []],
+            "validRange": {k: _quantity(v) for k, v in sorted(valid_range.items())},
+        }
+    return result
+
+
+def comparable_spec(spec: Mapping[str, Any]) -> JSON:
+    """The parts of a slice spec we set, normalised; generation excluded (the publisher bumps
+    it only when this projection differs)."""
+    pool = spec.get("pool") or {}
+    devices = []
+    for device in sorted(spec.get("devices") or [], key=lambda d: str(d.get("name"))):
+        devices.append(
+            {
+                "name": device.get("name"),
+                "allowMultipleAllocations": bool(device.get("allowMultipleAllocations")),
+                "attributes": dict(sorted((device.get("attributes") or {}).items())),
+                "capacity": _comparable_capacity(device.get("capacity") or {}),
+                "taints": device.get("taints") or [],
+            }
+        )
+    return {
+        "driver": spec.get("driver"),
+        "nodeName": spec.get("nodeName"),
+        "pool": {"name": pool.get("name"), "resourceSliceCount": pool.get("resourceSliceCount")},
+        "devices": devices,
+    }
+
+
+def owner_uids(obj: Mapping[str, Any]) -> list[str]:
+    return [str(ref.get("uid")) for ref in (obj.get("metadata") or {}).get("ownerReferences") or []]
+
+
+def same_content(desired: Mapping[str, Any], existing: Mapping[str, Any]) -> bool:
+    """True when `existing` already says what `desired` says (spec and owner), ignoring
+    generation, resourceVersion and API defaults."""
+    return comparable_spec(desired.get("spec") or {}) == comparable_spec(
+        existing.get("spec") or {}
+    ) and owner_uids(desired) == owner_uids(existing)
+
+
+def names_of(slices: Sequence[Mapping[str, Any]]) -> list[str]:
+    return [str(s["metadata"]["name"]) for s in slices]
