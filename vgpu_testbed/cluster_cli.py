@@ -1,0 +1,184 @@
+"""`vgpu-dra dev-cluster up|down|status|env`: a local control plane that outlives the command.
+
+`up` starts the components in their own sessions (they survive this process and the terminal),
+records them in `<dir>/state.json`, and prints `export KUBECONFIG=<path>` as its last line so
+`eval "$(vgpu-dra dev-cluster up | tail -1)"` works. `down` stops everything recorded and removes
+the directory's contents; `status` probes each component and node. Called by dra_driver.cli.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from vgpu_testbed import cluster_nodes
+from vgpu_testbed.cluster import BinariesMissingError, Cluster, ClusterBusyError, ClusterStatus
+from vgpu_testbed.cluster_flags import PortInUseError
+from vgpu_testbed.cluster_health import ComponentDiedError, NotReadyError
+from vgpu_testbed.cluster_state import StateError
+
+DEFAULT_DIR = Path(".dev-cluster")
+PROG = "vgpu-dra dev-cluster"
+
+
+def _profiles(text: str) -> list[str]:
+    try:
+        return cluster_nodes.parse_profiles(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be 1..65535, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="A real Kubernetes control plane on 127.0.0.1 for development."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def with_dir(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument(
+            "--dir",
+            type=Path,
+            default=DEFAULT_DIR,
+            help=f"cluster directory: state, certs, logs (default: ./{DEFAULT_DIR})",
+        )
+        return p
+
+    up = with_dir(sub.add_parser("up", help="start the control plane and create the nodes"))
+    up.add_argument(
+        "--nodes",
+        type=_profiles,
+        default=list(cluster_nodes.DEFAULT_PROFILES),
+        metavar="PROFILE,PROFILE,...",
+        help="one node per simulated GPU profile, named node-1, node-2, ... "
+        f"(default: {','.join(cluster_nodes.DEFAULT_PROFILES)})",
+    )
+    up.add_argument(
+        "--apiserver-port",
+        type=_port,
+        default=None,
+        help="fixed apiserver port (default: a free one)",
+    )
+    up.add_argument(
+        "--timeout", type=float, default=120.0, help="seconds to wait for each component"
+    )
+    with_dir(sub.add_parser("down", help="stop everything and remove the cluster's files"))
+    status = with_dir(sub.add_parser("status", help="components (pid, port, health) and nodes"))
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    with_dir(sub.add_parser("env", help="print `export KUBECONFIG=...` for a running cluster"))
+    return parser
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    return build_parser().parse_args(list(argv))
+
+
+def _progress(t0: float) -> object:
+    def say(message: str) -> None:
+        print(f"[{time.monotonic() - t0:5.1f}s] {message}", flush=True)
+
+    return say
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    t0 = time.monotonic()
+    cluster = Cluster.start(
+        args.dir,
+        args.nodes,
+        apiserver_port=args.apiserver_port,
+        timeout=args.timeout,
+        progress=_progress(t0),
+    )
+    for node in cluster.nodes:
+        print(f"node {node.name}: profile {node.profile}")
+    print(f"logs: {cluster.layout.logs}/   stop with: {PROG} down --dir {args.dir}")
+    print(f"export KUBECONFIG={cluster.kubeconfig}")
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    cluster = Cluster.attach(args.dir)
+    names = [p.name for p in cluster.processes]
+    survivors = cluster.stop()
+    if survivors:
+        left = ", ".join(f"{p.name} (pid {p.pid})" for p in survivors)
+        print(f"{PROG}: error: could not stop {left}; state kept in {args.dir}", file=sys.stderr)
+        return 1
+    print(f"stopped {', '.join(names) or 'nothing'}; removed {cluster.root}")
+    return 0
+
+
+def render_status(status: ClusterStatus) -> str:
+    lines = [f"cluster {status.root}  apiserver {status.server or '-'}"]
+    for c in status.components:
+        health = {True: "healthy", False: "UNHEALTHY", None: "-"}[c.healthy]
+        alive = "running" if c.alive else "DEAD"
+        port = str(c.port) if c.port else "-"
+        lines.append(f"  {c.name:<26} pid {c.pid:<8} {alive:<8} port {port:<6} {health}")
+    for n in status.nodes:
+        state = ("Ready" if n.ready else "NotReady") if n.exists else "MISSING"
+        lines.append(f"  node {n.name:<21} profile {n.profile:<16} {state}")
+    lines.append("overall: " + ("healthy" if status.healthy else "NOT healthy"))
+    return "\n".join(lines)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    status = Cluster.attach(args.dir).status()
+    if args.json:
+        doc = {
+            "root": str(status.root),
+            "server": status.server,
+            "healthy": status.healthy,
+            "components": [c.__dict__ for c in status.components],
+            "nodes": [n.__dict__ for n in status.nodes],
+        }
+        print(json.dumps(doc, indent=2))
+    else:
+        print(render_status(status))
+    return 0 if status.healthy else 1
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    print(f"export KUBECONFIG={Cluster.attach(args.dir).kubeconfig}")
+    return 0
+
+
+COMMANDS = {"up": cmd_up, "down": cmd_down, "status": cmd_status, "env": cmd_env}
+
+
+def main(argv: Sequence[str]) -> int:
+    try:
+        args = parse_args(argv)
+    except SystemExit as exit_:  # argparse already printed usage or help
+        return int(exit_.code or 0)
+    try:
+        return COMMANDS[args.command](args)
+    except (
+        BinariesMissingError,
+        ClusterBusyError,
+        PortInUseError,
+        ComponentDiedError,
+        NotReadyError,
+        StateError,
+        ValueError,
+    ) as err:
+        print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(
+            f"{PROG} {args.command}: interrupted; started components were stopped", file=sys.stderr
+        )
+        return 130
