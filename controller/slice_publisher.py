@@ -109,6 +109,7 @@ class SlicePublisher:
         node_name: str,
         oversubscription_ratio: float = 1.0,
         backoff: Backoff | None = None,
+        max_devices_per_slice: int = slices.MAX_DEVICES_PER_SLICE,
     ) -> None:
         slices.scaled_memory(1 << 30, oversubscription_ratio)  # validate the ratio up front
         self._client = client
@@ -116,6 +117,7 @@ class SlicePublisher:
         self._node_name = node_name
         self._ratio = oversubscription_ratio
         self._backoff = backoff or Backoff()
+        self._per_slice = max_devices_per_slice
         self.generation = 0
         """Pool generation after the last successful sync (0 before the first)."""
 
@@ -132,6 +134,7 @@ class SlicePublisher:
             node_name=self._node_name,
             node_uid=str((node.get("metadata") or {}).get("uid") or ""),
             oversubscription_ratio=self._ratio,
+            max_devices_per_slice=self._per_slice,
         )
 
     def existing(self) -> list[JSON]:

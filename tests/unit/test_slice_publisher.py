@@ -125,3 +125,36 @@ def test_backoff_rejects_nonsense() -> None:
         Backoff(initial_s=0)
     with pytest.raises(ValueError, match="jitter"):
         Backoff(jitter=1.5)
+
+
+def test_run_survives_an_unreachable_api_server_with_growing_delays() -> None:
+    import socket
+    import threading
+
+    from kubernetes import client as k8s
+
+    from controller.slice_publisher import SlicePublisher
+    from dra_driver.kube import KubeClient
+
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    config = k8s.Configuration()
+    config.host = f"http://127.0.0.1:{port}"
+    kube_client = KubeClient(k8s.ApiClient(config), timeout_s=2)
+    backoff = Backoff(initial_s=0.01, maximum_s=0.05, rng=random.Random(1))
+    publisher = SlicePublisher(kube_client, driver="vgpu.dra.dev", node_name="n", backoff=backoff)
+    stop = threading.Event()
+    thread = threading.Thread(target=publisher.run, args=(lambda: inventory(1), stop))
+    thread.start()
+    try:
+        deadline = 50
+        while backoff.failures < 4 and deadline:
+            stop.wait(0.1)
+            deadline -= 1
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert backoff.failures >= 4
+    assert publisher.generation == 0

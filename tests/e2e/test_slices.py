@@ -1,0 +1,189 @@
+"""The slice publisher against the real kube-apiserver (which validates every slice we write).
+
+What this proves:
+1. A first sync publishes one pool the API accepts, with the owner reference to the Node.
+2. A new publisher with the same inventory (a plugin restart) writes nothing: no resourceVersion
+   changes.
+3. An inventory change bumps the pool generation on every slice of the pool.
+4. A pool larger than 128 devices is split into several slices with one generation and the
+   right resourceSliceCount; shrinking deletes the extra slice.
+5. A slice edited or deleted behind the publisher's back is repaired by `run()`'s resync.
+6. Deleting the Node garbage-collects its slices (the owner reference works end to end).
+
+Each test uses its own Node object and a driver name of its own, so nothing here touches the
+pools that the kubelet plugins of other e2e tests publish.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from controller.slice_publisher import SlicePublisher
+from dra_driver import kube
+from dra_driver.gpu import GpuInfo, NodeInventory
+from dra_driver.kube import RESOURCE_API, KubeClient
+
+pytestmark = pytest.mark.e2e
+
+GIB = 1 << 30
+SLICES = kube.path(RESOURCE_API, "resourceslices")
+
+
+def make_inventory(count: int, *, memory: int = 80 * GIB) -> NodeInventory:
+    return NodeInventory(
+        driver_version="580.95.05",
+        cuda_driver_version="13.0",
+        gpus=tuple(
+            GpuInfo(
+                index=i,
+                uuid=f"GPU-{i:08x}-1111-4000-8000-000000000000",
+                product_name="NVIDIA H100 80GB HBM3",
+                brand="NVIDIA",
+                architecture="Hopper",
+                cuda_compute_capability="9.0",
+                memory_bytes=memory,
+                sm_count=132,
+                numa_node=i // 4 % 2,
+                pci_bus_id=f"{i // 256:04x}:{i % 256:02x}:00.0",
+                pcie_root=f"pci{i // 256:04x}:{i % 256:02x}",
+                minor_number=i,
+                mig_capable=True,
+                nvlink_peers=(),
+                nvlink_domain=0,
+            )
+            for i in range(count)
+        ),
+    )
+
+
+@pytest.fixture
+def client(cluster: Any) -> Iterator[KubeClient]:
+    kc = KubeClient.from_kubeconfig(str(cluster.kubeconfig))
+    yield kc
+    kc.close()
+
+
+@pytest.fixture
+def node(client: KubeClient) -> Iterator[str]:
+    """A throwaway Node (slices need one for their owner reference)."""
+    name = f"slices-{uuid.uuid4().hex[:8]}"
+    client.create(
+        kube.path("v1", "nodes"),
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}},
+    )
+    yield name
+    client.delete(kube.path("v1", "nodes", name))
+
+
+@pytest.fixture
+def driver() -> str:
+    return f"t{uuid.uuid4().hex[:6]}.slices.vgpu.dra.dev"
+
+
+def listed(client: KubeClient, driver: str, node: str) -> list[dict[str, Any]]:
+    return client.list(SLICES, field_selector=f"spec.driver={driver},spec.nodeName={node}")
+
+
+def wait_for(check: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.2)
+
+
+def test_publish_then_restart_writes_nothing(client: KubeClient, node: str, driver: str) -> None:
+    inventory = make_inventory(8)
+    first = SlicePublisher(client, driver=driver, node_name=node)
+    assert first.sync(inventory) is True
+    (obj,) = listed(client, driver, node)
+    assert obj["spec"]["pool"] == {"name": node, "generation": 1, "resourceSliceCount": 1}
+    assert [d["name"] for d in obj["spec"]["devices"]] == [f"gpu-{i}" for i in range(8)]
+    node_uid = client.get(kube.path("v1", "nodes", node))["metadata"]["uid"]
+    (owner,) = obj["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("Node", node, node_uid)
+
+    restarted = SlicePublisher(client, driver=driver, node_name=node)
+    assert restarted.sync(inventory) is False
+    (again,) = listed(client, driver, node)
+    assert again["metadata"]["resourceVersion"] == obj["metadata"]["resourceVersion"]
+    assert restarted.generation == 1
+
+
+def test_inventory_change_bumps_the_generation(client: KubeClient, node: str, driver: str) -> None:
+    publisher = SlicePublisher(client, driver=driver, node_name=node)
+    publisher.sync(make_inventory(2))
+    assert publisher.sync(make_inventory(2, memory=40 * GIB)) is True
+    (obj,) = listed(client, driver, node)
+    assert obj["spec"]["pool"]["generation"] == 2
+    assert obj["spec"]["devices"][0]["capacity"]["memory"]["value"] in (str(40 * GIB), "40Gi")
+    oversubscribed = SlicePublisher(client, driver=driver, node_name=node, oversubscription_ratio=2)
+    assert oversubscribed.sync(make_inventory(2, memory=40 * GIB)) is True
+    (obj,) = listed(client, driver, node)
+    assert obj["spec"]["pool"]["generation"] == 3
+
+
+def test_large_pools_are_split_and_shrink_cleanly(
+    client: KubeClient, node: str, driver: str
+) -> None:
+    publisher = SlicePublisher(client, driver=driver, node_name=node)
+    assert publisher.sync(make_inventory(130)) is True  # > 128: the API refuses bigger slices
+    objs = listed(client, driver, node)
+    assert sorted(len(o["spec"]["devices"]) for o in objs) == [2, 128]
+    assert {o["spec"]["pool"]["generation"] for o in objs} == {1}
+    assert {o["spec"]["pool"]["resourceSliceCount"] for o in objs} == {2}
+
+    assert publisher.sync(make_inventory(100)) is True
+    (obj,) = listed(client, driver, node)
+    assert obj["spec"]["pool"] == {"name": node, "generation": 2, "resourceSliceCount": 1}
+    assert len(obj["spec"]["devices"]) == 100
+
+
+def test_run_repairs_slices_changed_behind_its_back(
+    client: KubeClient, node: str, driver: str
+) -> None:
+    publisher = SlicePublisher(client, driver=driver, node_name=node)
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=publisher.run, args=(lambda: make_inventory(3), stop), kwargs={"resync_s": 0.3}
+    )
+    thread.start()
+    try:
+        wait_for(lambda: len(listed(client, driver, node)) == 1)
+        (obj,) = listed(client, driver, node)
+        name = obj["metadata"]["name"]
+        obj["spec"]["devices"] = obj["spec"]["devices"][:1]  # someone drops two GPUs
+        client.replace(kube.path(RESOURCE_API, "resourceslices", name), obj)
+        wait_for(lambda: len(listed(client, driver, node)[0]["spec"]["devices"]) == 3)
+        assert listed(client, driver, node)[0]["spec"]["pool"]["generation"] == 2
+        client.delete(kube.path(RESOURCE_API, "resourceslices", name))
+        wait_for(lambda: len(listed(client, driver, node)) == 1)
+        assert listed(client, driver, node)[0]["spec"]["pool"]["generation"] == 1
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    assert not thread.is_alive()
+
+
+def test_deleting_the_node_garbage_collects_its_slices(client: KubeClient, driver: str) -> None:
+    name = f"slices-gc-{uuid.uuid4().hex[:8]}"
+    client.create(
+        kube.path("v1", "nodes"), {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
+    )
+    SlicePublisher(client, driver=driver, node_name=name).sync(make_inventory(1))
+    assert len(listed(client, driver, name)) == 1
+    client.delete(kube.path("v1", "nodes", name))
+    wait_for(lambda: not listed(client, driver, name), timeout=60)
+
+
+def test_a_missing_node_is_an_error_not_an_ownerless_slice(client: KubeClient, driver: str) -> None:
+    publisher = SlicePublisher(client, driver=driver, node_name="no-such-node")
+    with pytest.raises(kube.NotFound):
+        publisher.sync(make_inventory(1))
+    assert not listed(client, driver, "no-such-node")
