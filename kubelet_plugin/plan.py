@@ -1,0 +1,258 @@
+"""Pure prepare-time decisions: allocation + inventory + opaque config -> what to write.
+
+`kubelet_plugin.prepare` calls these between reading the claim and writing files; nothing here does
+I/O, so every decision (limits per device, merged config, the overbooking verdict, the text of
+`vgpu.conf`) is unit-tested on hand-made data. The resulting `ClaimPlan` is also what the
+checkpoint stores, so a restarted plugin can rewrite a claim's files without the API server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dra_driver import names
+from dra_driver.config import ComputePolicy, ConfigError, LogLevel, merge_configs, parse_config
+from dra_driver.gpu import NodeInventory
+from kubelet_plugin.claims import ClaimAllocation, ClaimError, OpaqueConfig
+
+MAX_CORES = 100
+
+
+class OverbookedError(ClaimError):
+    """Preparing the claim would exceed a device's capacity (prepare-time guard)."""
+
+
+class DevicePlan(BaseModel):
+    """One allocation result, resolved to a physical GPU with its limits."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    request: str
+    pool: str
+    device: str
+    share_id: str | None = None
+    uuid: str
+    minor: int = Field(ge=0)
+    memory: int = Field(gt=0, description="bytes the tenant may use (the consumed capacity)")
+    cores: int = Field(ge=0, le=MAX_CORES, description="SM percent; 0 = no cap")
+    policy: ComputePolicy = "fixed"
+    oversubscribe: bool = False
+    log_level: LogLevel | None = None
+    # IDs of the NVIDIA Container Toolkit's CDI devices for this GPU (driver libraries).
+    toolkit_cdi_ids: tuple[str, ...] = ()
+
+    @property
+    def cdi_name(self) -> str:
+        """CDI device name, unique per claim (and per share of a device within a claim)."""
+        return f"{self.device}-{self.share_id}" if self.share_id else self.device
+
+
+class ClaimPlan(BaseModel):
+    """Everything prepare writes for one claim; stored verbatim in the checkpoint."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    uid: str
+    namespace: str
+    name: str
+    devices: tuple[DevicePlan, ...]
+
+    def cdi_device_name(self, device: DevicePlan) -> str:
+        return f"{self.uid}-{device.cdi_name}"
+
+    def visible_uuids(self) -> list[str]:
+        """The claim's GPUs in allocation order, each once."""
+        return list(dict.fromkeys(device.uuid for device in self.devices))
+
+
+def plan_claim(
+    allocation: ClaimAllocation,
+    inventory: NodeInventory,
+    *,
+    toolkit_ids: dict[str, tuple[str, ...]] | None = None,
+) -> ClaimPlan:
+    """Resolve every allocated device to a GPU, its limits and its merged opaque config.
+
+    `toolkit_ids` maps a GPU UUID to the NVIDIA toolkit CDI IDs to return with it (optional).
+    Raises ClaimError (naming the claim and the field) for anything that cannot be honoured.
+    """
+    gpus = inventory.by_device_name()
+    ordered = _class_then_claim(allocation.configs)
+    devices: list[DevicePlan] = []
+    for result in allocation.devices:
+        gpu = gpus.get(result.device)
+        if gpu is None:
+            raise ClaimError(
+                f"ResourceClaim {allocation.ref}: device {result.device!r} is not on this node "
+                f"(known: {', '.join(sorted(gpus)) or 'none'})"
+            )
+        try:
+            config = merge_configs(
+                parse_config(entry.parameters)
+                for entry in ordered
+                if entry.applies_to(result.request)
+            )
+        except ConfigError as exc:
+            raise ClaimError(
+                f"ResourceClaim {allocation.ref}, request {result.request!r}: {exc}"
+            ) from None
+        cores = result.consumed.get(names.CAPACITY_CORES, 0)
+        if not 0 <= cores <= MAX_CORES:
+            raise ClaimError(
+                f"ResourceClaim {allocation.ref}: device {result.device!r} consumes cores={cores}; "
+                f"allowed 0..{MAX_CORES}"
+            )
+        memory = result.consumed.get(names.CAPACITY_MEMORY, gpu.memory_bytes)
+        if memory <= 0:
+            raise ClaimError(
+                f"ResourceClaim {allocation.ref}: device {result.device!r} consumes memory="
+                f"{memory}; must be > 0"
+            )
+        devices.append(
+            DevicePlan(
+                request=result.request,
+                pool=result.pool,
+                device=result.device,
+                share_id=result.share_id,
+                uuid=gpu.uuid,
+                minor=gpu.minor_number,
+                memory=memory,
+                cores=cores,
+                policy=config.compute_policy,
+                oversubscribe=config.memory_oversubscription,
+                log_level=config.log_level,
+                toolkit_cdi_ids=(toolkit_ids or {}).get(gpu.uuid, ()),
+            )
+        )
+    plan = ClaimPlan(
+        uid=allocation.ref.uid,
+        namespace=allocation.ref.namespace,
+        name=allocation.ref.name,
+        devices=tuple(devices),
+    )
+    hook_device_lines(plan)  # rejects conflicting policies on one GPU now, not at write time
+    return plan
+
+
+def _class_then_claim(configs: Iterable[OpaqueConfig]) -> list[OpaqueConfig]:
+    """Class configs first, then claim configs (claim wins); order kept within each source."""
+    entries = list(configs)
+    return [c for c in entries if c.source != "FromClaim"] + [
+        c for c in entries if c.source == "FromClaim"
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceUsage:
+    """What prepared claims consume of one device, against what it offers."""
+
+    memory_used: int
+    memory_capacity: int
+    cores_used: int
+
+
+def check_capacity(
+    plan: ClaimPlan,
+    prepared: Iterable[ClaimPlan],
+    inventory: NodeInventory,
+    *,
+    oversubscription_ratio: float = 1.0,
+) -> None:
+    """Refuse `plan` if it would overbook a device given the already prepared claims.
+
+    Capacity per device is memory x ratio and 100 cores, as published in the ResourceSlice; the
+    scheduler normally guarantees this, the guard catches allocations written by hand or by a
+    controller working from a stale view.
+    """
+    gpus = inventory.by_device_name()
+    used_memory: dict[str, int] = {}
+    used_cores: dict[str, int] = {}
+    for other in prepared:
+        if other.uid == plan.uid:
+            continue
+        for device in other.devices:
+            used_memory[device.device] = used_memory.get(device.device, 0) + device.memory
+            used_cores[device.device] = used_cores.get(device.device, 0) + device.cores
+    for device in plan.devices:
+        used_memory[device.device] = used_memory.get(device.device, 0) + device.memory
+        used_cores[device.device] = used_cores.get(device.device, 0) + device.cores
+    for name in dict.fromkeys(d.device for d in plan.devices):
+        capacity = int(gpus[name].memory_bytes * oversubscription_ratio)
+        if used_memory[name] > capacity:
+            raise OverbookedError(
+                f"ResourceClaim {plan.namespace}/{plan.name} ({plan.uid}) would overbook device "
+                f"{name}: memory {used_memory[name]} bytes requested in total (this claim "
+                f"{_claim_sum(plan, name, 'memory')}) > capacity {capacity} bytes"
+            )
+        if used_cores[name] > MAX_CORES:
+            raise OverbookedError(
+                f"ResourceClaim {plan.namespace}/{plan.name} ({plan.uid}) would overbook device "
+                f"{name}: cores {used_cores[name]} requested in total (this claim "
+                f"{_claim_sum(plan, name, 'cores')}) > capacity {MAX_CORES}"
+            )
+
+
+def _claim_sum(plan: ClaimPlan, device_name: str, attr: str) -> int:
+    return sum(int(getattr(d, attr)) for d in plan.devices if d.device == device_name)
+
+
+@dataclass(frozen=True, slots=True)
+class HookDevice:
+    """One `device` line of vgpu.conf: the claim's limits on one GPU."""
+
+    uuid: str
+    memory: int
+    cores: int
+    policy: ComputePolicy
+    oversubscribe: bool
+
+
+def hook_device_lines(plan: ClaimPlan) -> list[HookDevice]:
+    """One entry per GPU; several shares of one GPU in one claim add up (cores capped at 100)."""
+    merged: dict[str, HookDevice] = {}
+    for device in plan.devices:
+        seen = merged.get(device.uuid)
+        if seen is None:
+            merged[device.uuid] = HookDevice(
+                device.uuid, device.memory, device.cores, device.policy, device.oversubscribe
+            )
+            continue
+        if seen.policy != device.policy:
+            raise ClaimError(
+                f"ResourceClaim {plan.namespace}/{plan.name} ({plan.uid}): requests on device "
+                f"{device.device} ask for different computePolicy values "
+                f"({seen.policy!r}, {device.policy!r}); one GPU has one policy per claim"
+            )
+        merged[device.uuid] = HookDevice(
+            device.uuid,
+            seen.memory + device.memory,
+            min(MAX_CORES, seen.cores + device.cores),
+            seen.policy,
+            seen.oversubscribe or device.oversubscribe,
+        )
+    return list(merged.values())
+
+
+def render_hook_config(plan: ClaimPlan) -> str:
+    """The text of `<state-dir>/claims/<uid>/vgpu.conf` (format version 1, read by vgpu_hook)."""
+    lines = [
+        "# vgpu-dra hook configuration (written by the kubelet plugin at prepare)",
+        "version 1",
+        f"claim {plan.uid}",
+    ]
+    lines += [
+        f"device uuid={d.uuid} memory={d.memory} cores={d.cores} policy={d.policy} "
+        f"oversubscribe={int(d.oversubscribe)}"
+        for d in hook_device_lines(plan)
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def log_level(plan: ClaimPlan) -> LogLevel | None:
+    """The most verbose log level any device of the claim asks for (one env var per container)."""
+    order: tuple[LogLevel, ...] = ("error", "warn", "info", "debug")
+    levels = [order.index(d.log_level) for d in plan.devices if d.log_level is not None]
+    return order[max(levels)] if levels else None
