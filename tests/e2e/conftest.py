@@ -93,3 +93,16 @@ def namespace(k8s: Any) -> Iterator[str]:
         # Kubelet-less pods never confirm a graceful deletion: delete them at once.
         core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
         core.delete_namespace(name)
+        # Wait until it is gone, so claims of this test no longer hold device capacity when
+        # the next test starts.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                core.read_namespace(name)
+            except ApiException as err:
+                if err.status == 404:
+                    break
+                raise
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"namespace {name} still exists 60s after its deletion")

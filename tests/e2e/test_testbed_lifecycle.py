@@ -1,0 +1,173 @@
+"""Starting and stopping throwaway clusters leaves nothing behind.
+
+What this proves:
+1. After `Cluster.stop()` no process the cluster started is alive — neither the four
+   components, nor a spawned extra process, nor a child that extra process forked into its
+   group — none of the cluster's ports accepts connections, and the directory is gone.
+2. A component that dies during start-up (a broken kube-apiserver) makes `Cluster.start` fail
+   with the component's name and the tail of its log, after stopping what had started (etcd):
+   no process, no listening port, only `logs/` kept.
+3. `vgpu-dra dev-cluster up` leaves a running cluster after the command exits (detached, in its
+   own sessions), ends with `export KUBECONFIG=...`, `status` reports it healthy, a second
+   `up` is refused, and `down` stops it all.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import require_binaries
+from vgpu_testbed.cluster import Cluster, default_bin_dir
+from vgpu_testbed.cluster_health import ComponentDiedError
+from vgpu_testbed.procs import ProcessRecord, is_alive
+
+
+def group_members(pgid: int) -> list[int]:
+    """PIDs whose process group is `pgid` (from /proc)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def listening(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def assert_all_gone(records: list[ProcessRecord], ports: list[int]) -> None:
+    alive = [r.name for r in records if is_alive(r)]
+    assert not alive, f"still running: {alive}"
+    groups = {r.name: group_members(r.pid) for r in records}
+    assert not any(groups.values()), f"process-group members left: {groups}"
+    open_ports = [p for p in ports if listening(p)]
+    assert not open_ports, f"still listening: {open_ports}"
+
+
+def test_teardown_leaves_no_process_and_no_port(tmp_path: Path) -> None:
+    require_binaries()
+    root = tmp_path / "throwaway"
+    cluster = Cluster.start(root, ["a10-pcie"], die_with_parent=True)
+    try:
+        # An extra per-node process that forks a helper into its group, like a daemon would.
+        extra = cluster.spawn("node-1-daemon", ["sh", "-c", "sleep 600 & sleep 600; wait"])
+        assert is_alive(extra)
+        records = cluster.processes
+        ports = list(cluster.state.ports.values())
+        assert {r.name for r in records} == {
+            "etcd",
+            "kube-apiserver",
+            "kube-scheduler",
+            "kube-controller-manager",
+            "node-1-daemon",
+        }
+        assert all(listening(cluster.state.ports[n]) for n in ("etcd-client", "kube-apiserver"))
+        state_on_disk = (root / "state.json").read_text()
+        assert '"node-1-daemon"' in state_on_disk
+    finally:
+        leftovers = cluster.stop()
+    assert leftovers == []
+    assert_all_gone(records, ports)
+    assert not root.exists()
+
+
+def test_component_dying_at_start_is_reported_and_cleaned_up(tmp_path: Path) -> None:
+    require_binaries()
+    real = default_bin_dir()
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    for name in ("etcd", "kube-scheduler", "kube-controller-manager"):
+        (fake_bin / name).symlink_to(real / name)
+    broken = fake_bin / "kube-apiserver"
+    broken.write_text(
+        "#!/bin/sh\necho 'E0000 broken apiserver: unknown flag --frobnicate' >&2\nexit 3\n"
+    )
+    broken.chmod(0o755)
+
+    root = tmp_path / "half"
+    started: list[ProcessRecord] = []
+    original_spawn = Cluster.spawn
+
+    def recording_spawn(self: Cluster, *args: object, **kwargs: object) -> ProcessRecord:
+        record = original_spawn(self, *args, **kwargs)  # type: ignore[arg-type]
+        started.append(record)
+        return record
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Cluster, "spawn", recording_spawn)
+        with pytest.raises(ComponentDiedError) as failure:
+            Cluster.start(root, ["dgx-h100"], bin_dir=fake_bin, die_with_parent=True, timeout=30)
+    message = str(failure.value)
+    assert "kube-apiserver" in message and "unknown flag --frobnicate" in message
+    assert [r.name for r in started] == ["etcd", "kube-apiserver"]
+    etcd = started[0]
+    assert etcd.port is not None
+    assert_all_gone(started, [etcd.port])
+    assert sorted(p.name for p in root.iterdir()) == ["logs"]
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dra_driver.cli", "dev-cluster", *args],
+        check=False,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+
+
+def test_dev_cluster_cli_up_status_down(tmp_path: Path) -> None:
+    require_binaries()
+    root = tmp_path / ".dev-cluster"
+    try:
+        up = run_cli("up", "--nodes", "dgx-h100", cwd=tmp_path)
+        assert up.returncode == 0, up.stderr
+        lines = up.stdout.strip().splitlines()
+        assert lines[-1] == f"export KUBECONFIG={root / 'kubeconfig'}"
+        assert any("node-1" in line and "dgx-h100" in line for line in lines)
+
+        # The command has exited; the components run on, detached from it.
+        cluster = Cluster.attach(root)
+        records = cluster.processes
+        assert len(records) == 4 and all(is_alive(r) for r in records)
+        for record in records:
+            assert os.getpgid(record.pid) == record.pid  # own process group
+            assert os.getsid(record.pid) == record.pid  # own session: survives the terminal
+
+        status = run_cli("status", cwd=tmp_path)
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert "overall: healthy" in status.stdout and "node-1" in status.stdout
+
+        again = run_cli("up", cwd=tmp_path)
+        assert again.returncode == 1 and "already running" in again.stderr
+
+        env = run_cli("env", cwd=tmp_path)
+        assert env.stdout.strip() == lines[-1]
+
+        down = run_cli("down", cwd=tmp_path)
+        assert down.returncode == 0, down.stderr
+        assert_all_gone(records, list(cluster.state.ports.values()))
+        assert not root.exists()
+
+        gone = run_cli("status", cwd=tmp_path)
+        assert gone.returncode == 1 and "no cluster state" in gone.stderr
+    finally:
+        if (root / "state.json").exists():
+            Cluster.attach(root).stop()

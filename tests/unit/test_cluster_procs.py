@@ -1,0 +1,88 @@
+"""Process records of the test bed: start in an own group, find again, stop for certain.
+
+What this proves:
+1. A spawned process leads its own session and process group, and its record says it is alive.
+2. stop_all ends the whole group — including a helper that ignores SIGTERM (killed after the
+   grace period) — and leaves no zombie in the starter.
+3. A record whose PID was reused by another process (different start time) is "not alive" and
+   stop_all never signals it.
+4. State files round-trip, are 0600, and a missing or corrupt one is a clear StateError.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from vgpu_testbed import cluster_state, procs
+
+
+def test_spawn_and_stop_group(tmp_path: Path) -> None:
+    record, popen = procs.spawn(
+        "sleeper", ["sh", "-c", "sleep 300 & sleep 300; wait"], log_path=tmp_path / "s.log"
+    )
+    assert procs.is_alive(record)
+    assert os.getpgid(record.pid) == record.pid == os.getsid(record.pid)
+    assert procs.stop_all([record], popens={record.pid: popen}) == []
+    assert not procs.is_alive(record)
+    assert popen.returncode is not None  # reaped
+
+
+def test_sigterm_ignoring_process_is_killed(tmp_path: Path) -> None:
+    record, popen = procs.spawn(
+        "stubborn",
+        ["sh", "-c", "trap '' TERM; echo ready; while :; do sleep 0.1; done"],
+        log_path=tmp_path / "t.log",
+    )
+    deadline = time.monotonic() + 5
+    while "ready" not in (tmp_path / "t.log").read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    started = time.monotonic()
+    assert procs.stop_all([record], popens={record.pid: popen}, grace_seconds=0.5) == []
+    assert time.monotonic() - started < 5
+    assert popen.returncode == -9
+
+
+def test_reused_pid_is_not_ours(tmp_path: Path) -> None:
+    record, popen = procs.spawn("s", ["sleep", "300"], log_path=tmp_path / "l.log")
+    try:
+        impostor = record.model_copy(update={"start_ticks": record.start_ticks + 1})
+        assert not procs.is_alive(impostor)
+        assert procs.stop_all([impostor], grace_seconds=0.1) == []
+        assert procs.is_alive(record)  # untouched
+    finally:
+        procs.stop_all([record], popens={record.pid: popen})
+
+
+def test_missing_binary_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="cannot start ghost"):
+        procs.spawn("ghost", [str(tmp_path / "nope")], log_path=tmp_path / "g.log")
+
+
+def test_log_tail(tmp_path: Path) -> None:
+    log = tmp_path / "x.log"
+    log.write_text("".join(f"line {i}\n" for i in range(100)))
+    assert procs.log_tail(log, 3) == "line 97\nline 98\nline 99"
+    assert procs.log_tail(tmp_path / "absent") == "(no log file)"
+
+
+def test_state_round_trip_and_errors(tmp_path: Path) -> None:
+    state = cluster_state.ClusterState(k8s_version="v1.37.1", root=str(tmp_path))
+    state.nodes.append(cluster_state.NodeRecord(name="node-1", profile="t4", kubeconfig="/k"))
+    path = tmp_path / "state.json"
+    cluster_state.save(state, path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    loaded = cluster_state.load(path)
+    assert loaded == state
+    assert loaded.profile_of("node-1") == "t4"
+    with pytest.raises(KeyError, match="node-9"):
+        loaded.profile_of("node-9")
+    path.write_text('{"version": 2}')
+    with pytest.raises(cluster_state.StateError, match="not a valid cluster state"):
+        cluster_state.load(path)
+    with pytest.raises(cluster_state.StateError, match="dev-cluster up"):
+        cluster_state.load(tmp_path / "nothing.json")
