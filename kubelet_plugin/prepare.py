@@ -177,7 +177,7 @@ class Preparer:
         try:
             self._write_claim_files(plan)
             with self._lock:
-                self._prepared[plan.uid] = plan
+                self._prepared[plan.uid] = self._reserved.pop(plan.uid)
                 self._version += 1
                 target = self._version
             self._flush(target)

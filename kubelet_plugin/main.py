@@ -1,0 +1,301 @@
+"""`vgpu-dra kubelet-plugin`: flags, wiring and lifecycle of the node daemon.
+
+Start-up: discover GPUs (NVML) -> reconcile CDI specs and claim dirs with the checkpoint -> serve
+the DRA socket, then the registration socket -> publish ResourceSlices and watch device health in
+a background thread -> optional governor. SIGTERM/SIGINT stop the servers and remove the sockets.
+Every flag has an environment twin (e.g. `--node-name` / `NODE_NAME`), handy in a DaemonSet.
+Dispatched from `dra_driver.cli`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import Any
+
+from dra_driver import cdi, kube, names
+from dra_driver.gpu import NodeInventory
+from kubelet_plugin.checkpoint import CheckpointError
+from kubelet_plugin.health import HealthBoard
+from kubelet_plugin.prepare import NodeSettings, Preparer, kube_claim_source
+from kubelet_plugin.server import PluginServer, SocketPaths
+
+log = logging.getLogger("vgpu-dra.kubelet-plugin")
+
+# flag -> environment variable consulted for its default
+ENV = {
+    "node_name": "NODE_NAME",
+    "kubeconfig": "KUBECONFIG",
+    "driver_name": "VGPU_DRA_DRIVER_NAME",
+    "plugin_dir": "VGPU_DRA_PLUGIN_DIR",
+    "registrar_dir": "VGPU_DRA_REGISTRAR_DIR",
+    "cdi_root": "VGPU_DRA_CDI_ROOT",
+    "state_dir": "VGPU_DRA_STATE_DIR",
+    "hook_path": "VGPU_DRA_HOOK_PATH",
+    "claim_gid": "VGPU_DRA_CLAIM_GID",
+    "oversubscription_ratio": "VGPU_DRA_OVERSUBSCRIPTION_RATIO",
+    "nvidia_cdi_spec_dir": "VGPU_DRA_NVIDIA_CDI_SPEC_DIR",
+    "log_level": "VGPU_DRA_LOG_LEVEL",
+}
+DEFAULT_HOOK_PATH = "/usr/local/vgpu-dra/lib/libvgpu.so"
+
+
+def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
+    env = dict(os.environ if env is None else env)
+
+    def default(dest: str, fallback: str | None) -> str | None:
+        return env.get(ENV[dest], fallback)
+
+    parser = argparse.ArgumentParser(
+        prog="vgpu-dra kubelet-plugin",
+        description="DRA kubelet plugin: publishes this node's GPUs and prepares claims via CDI.",
+    )
+    add = parser.add_argument
+    add("--node-name", default=default("node_name", None), help="this node (env NODE_NAME)")
+    add("--kubeconfig", default=default("kubeconfig", None), help="else in-cluster credentials")
+    add("--driver-name", default=default("driver_name", names.DEFAULT_DRIVER_NAME))
+    add(
+        "--plugin-dir",
+        default=default("plugin_dir", None),
+        help="directory of the DRA socket (default /var/lib/kubelet/plugins/<driver>)",
+    )
+    add("--registrar-dir", default=default("registrar_dir", names.DEFAULT_REGISTRAR_DIR))
+    add("--cdi-root", default=default("cdi_root", names.DEFAULT_CDI_ROOT))
+    add("--state-dir", default=default("state_dir", names.DEFAULT_STATE_DIR))
+    add(
+        "--hook-path",
+        default=default("hook_path", DEFAULT_HOOK_PATH),
+        help="host path of libvgpu.so, bind-mounted into every container",
+    )
+    add(
+        "--claim-gid",
+        type=int,
+        default=int(default("claim_gid", "0") or 0),
+        help="group owning claim dirs; added to containers so non-root processes can use them",
+    )
+    add(
+        "--oversubscription-ratio",
+        type=float,
+        default=float(default("oversubscription_ratio", "1.0") or 1.0),
+        help="published memory = physical memory x ratio (>= 1.0)",
+    )
+    add(
+        "--nvidia-cdi-spec-dir",
+        default=default("nvidia_cdi_spec_dir", "/etc/cdi,/var/run/cdi"),
+        help="comma-separated dirs searched for the NVIDIA Container Toolkit's nvidia.com/gpu spec",
+    )
+    add(
+        "--no-nvidia-cdi",
+        action="store_true",
+        help="do not return NVIDIA Container Toolkit CDI IDs alongside ours",
+    )
+    add("--publish-slices", action=argparse.BooleanOptionalAction, default=True)
+    add("--health", action=argparse.BooleanOptionalAction, default=True)
+    add("--governor", action=argparse.BooleanOptionalAction, default=False)
+    add("--resync-seconds", type=float, default=60.0, help="slice and health re-check period")
+    add("--workers", type=int, default=16, help="claims prepared in parallel per call")
+    add("--log-level", default=default("log_level", "info"), choices=_LEVELS)
+    return parser
+
+
+_LEVELS = ["debug", "info", "warning", "error"]
+
+
+def settings_from(args: argparse.Namespace) -> NodeSettings:
+    """Validated node settings from parsed flags (ValueError names the flag)."""
+    if not args.node_name:
+        raise ValueError("--node-name (or env NODE_NAME) is required")
+    if args.oversubscription_ratio < 1.0:
+        raise ValueError(
+            f"--oversubscription-ratio must be >= 1.0, got {args.oversubscription_ratio}"
+        )
+    if args.claim_gid < 0:
+        raise ValueError(f"--claim-gid must be >= 0, got {args.claim_gid}")
+    driver_names = names.DriverNames(args.driver_name)
+    spec_dirs = () if args.no_nvidia_cdi else _split(args.nvidia_cdi_spec_dir)
+    return NodeSettings(
+        driver=args.driver_name,
+        node_name=args.node_name,
+        cdi_root=args.cdi_root,
+        spec=cdi.SpecSettings(
+            kind=driver_names.cdi_kind,
+            state_dir=args.state_dir,
+            hook_path=args.hook_path,
+            claim_gid=args.claim_gid,
+            control_nodes=cdi.control_device_nodes(_read_text("/proc/devices")),
+        ),
+        oversubscription_ratio=args.oversubscription_ratio,
+        toolkit_spec_dirs=spec_dirs,
+    )
+
+
+def socket_paths(args: argparse.Namespace) -> SocketPaths:
+    driver_names = names.DriverNames(args.driver_name)
+    plugin_dir = args.plugin_dir or driver_names.plugin_dir()
+    return SocketPaths(
+        registration=driver_names.registration_socket(args.registrar_dir),
+        dra=os.path.join(plugin_dir, "dra.sock"),
+    )
+
+
+def main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(list(argv))
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        settings = settings_from(args)
+    except ValueError as exc:
+        log.error("%s", exc)
+        return 2
+    discover = _discover_function()
+    try:
+        inventory = discover()
+    except Exception as exc:
+        log.error("GPU discovery failed, cannot start: %s", exc)
+        return 1
+    log.info(
+        "node %s: %d GPUs (driver %s, CUDA %s)",
+        settings.node_name,
+        len(inventory.gpus),
+        inventory.driver_version,
+        inventory.cuda_driver_version,
+    )
+    client = kube.KubeClient.from_kubeconfig(args.kubeconfig)
+    try:
+        preparer = Preparer(
+            settings, inventory, kube_claim_source(client), max_workers=args.workers
+        )
+    except CheckpointError as exc:
+        log.error("%s", exc)
+        return 1
+    report = preparer.reconcile()
+    log.info(
+        "checkpoint: %d prepared claims (%d orphan specs and %d orphan claim dirs removed, %d "
+        "rewritten)",
+        len(preparer.prepared()),
+        len(report.removed_specs),
+        len(report.removed_claim_dirs),
+        len(report.rewritten),
+    )
+    board = HealthBoard(settings.node_name, inventory) if args.health else None
+    server = PluginServer(
+        driver=settings.driver, sockets=socket_paths(args), preparer=preparer, health=board
+    )
+    stop = threading.Event()
+    _on_signals(stop)
+    server.start()
+    threads = [
+        _background(
+            args=args, client=client, settings=settings, discover=discover, board=board, stop=stop
+        )
+    ]
+    governor = _start_governor(args, settings, stop) if args.governor else None
+    if governor is not None:
+        threads.append(governor)
+    log.info("kubelet plugin for %s on %s is running", settings.driver, settings.node_name)
+    stop.wait()
+    log.info("shutting down")
+    server.stop()
+    preparer.close()
+    for thread in threads:
+        thread.join(timeout=10)
+    client.close()
+    log.info("stopped")
+    return 0
+
+
+def _background(
+    *,
+    args: argparse.Namespace,
+    client: kube.KubeClient,
+    settings: NodeSettings,
+    discover: Callable[[], NodeInventory],
+    board: HealthBoard | None,
+    stop: threading.Event,
+) -> threading.Thread:
+    """One thread re-runs discovery every resync period: feeds slices and device health."""
+
+    def observed() -> NodeInventory:
+        try:
+            inventory = discover()
+        except Exception as exc:
+            if board is not None:
+                board.observe(None, str(exc))
+            raise
+        if board is not None:
+            for change in board.observe(inventory):
+                log.warning("device %s is now %s: %s", change.device, change.status, change.message)
+        return inventory
+
+    def loop() -> None:
+        if args.publish_slices:
+            from controller.slice_publisher import SlicePublisher
+
+            publisher = SlicePublisher(
+                client,
+                driver=settings.driver,
+                node_name=settings.node_name,
+                oversubscription_ratio=settings.oversubscription_ratio,
+            )
+            publisher.run(observed, stop, resync_s=args.resync_seconds)
+            return
+        while not stop.wait(args.resync_seconds):
+            try:
+                observed()
+            except Exception as exc:
+                log.warning("GPU re-discovery failed: %s", exc)
+
+    thread = threading.Thread(target=loop, name="slices-health", daemon=True)
+    thread.start()
+    return thread
+
+
+def _start_governor(
+    args: argparse.Namespace, settings: NodeSettings, stop: threading.Event
+) -> threading.Thread | None:
+    """The compute-policy governor (vgpu_hook's owner), if this build has it."""
+    try:
+        module: Any = importlib.import_module("kubelet_plugin.governor")
+    except ImportError as exc:
+        log.warning("--governor given but kubelet_plugin.governor is unavailable: %s", exc)
+        return None
+    governor = module.Governor(state_dir=settings.state_dir)
+    thread = threading.Thread(target=governor.run, args=(stop,), name="governor", daemon=True)
+    thread.start()
+    log.info("governor running over %s/claims", settings.state_dir)
+    return thread
+
+
+def _discover_function() -> Callable[[], NodeInventory]:
+    from dra_driver.inventory import discover
+
+    return discover
+
+
+def _on_signals(stop: threading.Event) -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        log.info("received %s", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def _split(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except OSError:
+        return ""

@@ -1,0 +1,260 @@
+"""Preparer: the fixed prepare order, idempotency, per-claim errors, unprepare, start-up
+reconciliation and concurrency — against real files in a temp dir and an in-memory claim source
+(the API server's role is proven by tests/integration/plugin/)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_driver import cdi
+from kubelet_plugin.claims import ClaimError, ClaimRef
+from kubelet_plugin.prepare import NodeSettings, Preparer
+from tests.integration.plugin.claimdata import (
+    DRIVER,
+    NODE,
+    GiB,
+    claim,
+    config_entry,
+    inventory,
+    result,
+    vgpu_config,
+)
+
+KIND = "k8s.vgpu.dra.dev/claim"
+
+
+class Claims:
+    """In-memory stand-in for the API server's claims, counting reads."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.reads = 0
+        self.delay_s = 0.0
+
+    def add(self, obj: dict[str, Any]) -> ClaimRef:
+        meta = obj["metadata"]
+        self.objects[(meta["namespace"], meta["name"])] = obj
+        return ClaimRef(meta["namespace"], meta["name"], meta["uid"])
+
+    def __call__(self, ref: ClaimRef) -> dict[str, Any]:
+        self.reads += 1
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        obj = self.objects.get((ref.namespace, ref.name))
+        if obj is None:
+            raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name} not found")
+        return obj
+
+
+def node_settings(root: Path, ratio: float = 1.0) -> NodeSettings:
+    return NodeSettings(
+        driver=DRIVER,
+        node_name=NODE,
+        cdi_root=str(root / "cdi"),
+        spec=cdi.SpecSettings(
+            kind=KIND,
+            state_dir=str(root / "state"),
+            hook_path="/opt/libvgpu.so",
+            claim_gid=os.getgid(),
+        ),
+        oversubscription_ratio=ratio,
+    )
+
+
+@pytest.fixture
+def claims() -> Claims:
+    return Claims()
+
+
+@pytest.fixture
+def preparer(tmp_path: Path, claims: Claims) -> Preparer:
+    p = Preparer(node_settings(tmp_path), inventory(memory=16 * GiB), claims)
+    p.reconcile()
+    return p
+
+
+def spec_path(root: Path, uid: str) -> Path:
+    return root / "cdi" / f"k8s.vgpu.dra.dev-claim_{uid}.json"
+
+
+def test_prepare_writes_dir_conf_spec_and_checkpoint(
+    tmp_path: Path, claims: Claims, preparer: Preparer
+) -> None:
+    ref = claims.add(claim([result("gpu-1", memory="4Gi", cores=25, share_id="s1")]))
+    outcome = preparer.prepare([ref])[ref.uid]
+    assert outcome.error == ""
+    [device] = outcome.devices
+    assert device.cdi_ids == (f"{KIND}={ref.uid}-gpu-1-s1",)
+    assert (device.request_names, device.pool, device.device, device.share_id) == (
+        ("gpu",),
+        NODE,
+        "gpu-1",
+        "s1",
+    )
+    claim_dir = tmp_path / "state" / "claims" / ref.uid
+    assert stat.S_IMODE(claim_dir.stat().st_mode) & 0o777 == 0o770
+    conf = claim_dir / "vgpu.conf"
+    assert stat.S_IMODE(conf.stat().st_mode) == 0o640
+    assert f"memory={4 * GiB} cores=25 policy=fixed oversubscribe=0" in conf.read_text()
+    spec = json.loads(spec_path(tmp_path, ref.uid).read_text())
+    assert spec["devices"][0]["name"] == f"{ref.uid}-gpu-1-s1"
+    assert stat.S_IMODE(spec_path(tmp_path, ref.uid).stat().st_mode) == 0o644
+    checkpoint = json.loads((tmp_path / "state" / "checkpoint.json").read_text())
+    assert list(checkpoint["claims"]) == [ref.uid]
+    preload = tmp_path / "state" / "hook" / "ld.so.preload"
+    assert preload.read_text() == "/usr/local/vgpu-dra/lib/libvgpu.so\n"
+
+
+def test_retry_returns_same_ids_without_reading_the_claim(
+    claims: Claims, preparer: Preparer
+) -> None:
+    ref = claims.add(claim([result("gpu-0", memory="1Gi")]))
+    first = preparer.prepare([ref])[ref.uid]
+    reads = claims.reads
+    second = preparer.prepare([ref])[ref.uid]
+    assert second == first
+    assert claims.reads == reads
+
+
+def test_one_bad_claim_does_not_fail_the_others(claims: Claims, preparer: Preparer) -> None:
+    good = claims.add(claim([result("gpu-0", memory="1Gi")], name="good"))
+    bad_config = claims.add(
+        claim(
+            [result("gpu-1", memory="1Gi")],
+            name="bad-config",
+            configs=[config_entry(vgpu_config(computePolicy="turbo"))],
+        )
+    )
+    wrong_node = claims.add(claim([result("gpu-2", pool="node-9")], name="wrong-node"))
+    missing = ClaimRef("default", "gone", "0000")
+    outcomes = preparer.prepare([good, bad_config, wrong_node, missing])
+    assert outcomes[good.uid].error == ""
+    assert "'computePolicy' has invalid value 'turbo'" in outcomes[bad_config.uid].error
+    assert "pool 'node-9'" in outcomes[wrong_node.uid].error
+    assert "not found" in outcomes[missing.uid].error
+    assert set(preparer.prepared()) == {good.uid}
+
+
+def test_overbooked_claim_is_refused_and_leaves_no_files(
+    tmp_path: Path, claims: Claims, preparer: Preparer
+) -> None:
+    first = claims.add(claim([result("gpu-0", memory="12Gi")], name="first"))
+    second = claims.add(claim([result("gpu-0", memory="8Gi")], name="second"))
+    assert preparer.prepare([first])[first.uid].error == ""
+    error = preparer.prepare([second])[second.uid].error
+    assert "would overbook device gpu-0" in error
+    assert not spec_path(tmp_path, second.uid).exists()
+    assert not (tmp_path / "state" / "claims" / second.uid).exists()
+    # once the first is gone the second fits
+    assert preparer.unprepare([first]) == {first.uid: ""}
+    assert preparer.prepare([second])[second.uid].error == ""
+
+
+def test_concurrent_claims_cannot_jointly_overbook(claims: Claims, preparer: Preparer) -> None:
+    claims.delay_s = 0.01  # make the reads overlap
+    refs = [claims.add(claim([result("gpu-3", memory="4Gi")], name=f"c{i}")) for i in range(10)]
+    outcomes = preparer.prepare(refs)
+    succeeded = [uid for uid, o in outcomes.items() if not o.error]
+    assert len(succeeded) == 4  # 16 GiB / 4 GiB
+    assert all("overbook" in o.error for o in outcomes.values() if o.error)
+
+
+def test_unprepare_removes_everything_and_is_idempotent(
+    tmp_path: Path, claims: Claims, preparer: Preparer
+) -> None:
+    ref = claims.add(claim([result("gpu-0", memory="1Gi")]))
+    preparer.prepare([ref])
+    assert preparer.unprepare([ref]) == {ref.uid: ""}
+    assert not spec_path(tmp_path, ref.uid).exists()
+    assert not (tmp_path / "state" / "claims" / ref.uid).exists()
+    assert json.loads((tmp_path / "state" / "checkpoint.json").read_text())["claims"] == {}
+    assert preparer.unprepare([ref, ClaimRef("x", "y", "never-seen")]) == {
+        ref.uid: "",
+        "never-seen": "",
+    }
+
+
+def test_restart_reconciles_files_with_checkpoint(tmp_path: Path, claims: Claims) -> None:
+    first = Preparer(node_settings(tmp_path), inventory(), claims)
+    first.reconcile()
+    kept = claims.add(claim([result("gpu-0", memory="1Gi")], name="kept"))
+    damaged = claims.add(claim([result("gpu-1", memory="1Gi")], name="damaged"))
+    first.prepare([kept, damaged])
+    first.close()
+    # A crash after writing files but before the checkpoint leaves orphans...
+    orphan = "99999999-0000-0000-0000-000000000000"
+    spec_path(tmp_path, orphan).write_text("{}")
+    (tmp_path / "state" / "claims" / orphan).mkdir()
+    # ...and someone deleted a prepared claim's spec and conf.
+    spec_path(tmp_path, damaged.uid).unlink()
+    (tmp_path / "state" / "claims" / damaged.uid / "vgpu.conf").unlink()
+    foreign = tmp_path / "cdi" / "nvidia.yaml"
+    foreign.write_text("kind: nvidia.com/gpu\n")
+
+    second = Preparer(node_settings(tmp_path), inventory(), claims)
+    report = second.reconcile()
+    assert report.removed_specs == [orphan]
+    assert report.removed_claim_dirs == [orphan]
+    assert report.rewritten == [damaged.uid]
+    assert spec_path(tmp_path, damaged.uid).exists()
+    assert (tmp_path / "state" / "claims" / damaged.uid / "vgpu.conf").exists()
+    assert foreign.exists()
+    # and the restarted plugin still answers retries with the recorded IDs, without the API
+    reads = claims.reads
+    assert second.prepare([kept])[kept.uid].devices[0].cdi_ids == (f"{KIND}={kept.uid}-gpu-0",)
+    assert claims.reads == reads
+    assert second.reconcile().rewritten == []
+
+
+def test_256_claims_in_one_call(tmp_path: Path, claims: Claims) -> None:
+    preparer = Preparer(node_settings(tmp_path), inventory(count=8, memory=80 * GiB), claims)
+    preparer.reconcile()
+    refs = [
+        claims.add(claim([result(f"gpu-{i % 8}", memory="256Mi", cores=3)], name=f"c{i}"))
+        for i in range(256)
+    ]
+    outcomes = preparer.prepare(refs)
+    assert [uid for uid, o in outcomes.items() if o.error] == []
+    checkpoint = json.loads((tmp_path / "state" / "checkpoint.json").read_text())
+    assert len(checkpoint["claims"]) == 256
+    assert len(list((tmp_path / "cdi").iterdir())) == 256
+    assert preparer.unprepare(refs) == {ref.uid: "" for ref in refs}
+    assert list((tmp_path / "cdi").iterdir()) == []
+
+
+def test_same_claim_twice_at_once_is_prepared_once(claims: Claims, preparer: Preparer) -> None:
+    claims.delay_s = 0.05
+    ref = claims.add(claim([result("gpu-0", memory="1Gi")]))
+    results: list[Any] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(preparer.prepare([ref])[ref.uid]))
+        for _ in range(4)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert claims.reads == 1
+    assert len({r.devices for r in results}) == 1
+    assert all(not r.error for r in results)
+
+
+def test_failed_write_rolls_back(tmp_path: Path, claims: Claims, preparer: Preparer) -> None:
+    ref = claims.add(claim([result("gpu-0", memory="16Gi")]))
+    shutil.rmtree(tmp_path / "cdi")  # the spec write fails after the claim dir was made
+    outcome = preparer.prepare([ref])[ref.uid]
+    assert "internal error" in outcome.error
+    assert "No such file or directory" in outcome.error
+    assert preparer.prepared() == {}
+    assert not (tmp_path / "state" / "claims" / ref.uid).exists()
+    (tmp_path / "cdi").mkdir()
+    assert preparer.prepare([ref])[ref.uid].error == ""  # the reservation was released too
