@@ -1,0 +1,165 @@
+/*
+ * vgpu.h - internal interfaces between the hook's source files (one file per concern).
+ *
+ * Nothing here is exported from libvgpu.so (-fvisibility=hidden plus the version script); the
+ * only public symbols are the cu* and nvml* wrappers and dlsym (see vgpu.map).
+ */
+#ifndef VGPU_H
+#define VGPU_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cuda_abi.h"
+#include "nvml_abi.h"
+#include "region.h"
+
+#define VGPU_EXPORT __attribute__((visibility("default")))
+#define VGPU_MAX_CLAIMS 8
+
+/* ---- log.c ------------------------------------------------------------------------------ */
+enum vgpu_log_level { VGPU_LOG_ERROR = 0, VGPU_LOG_WARN = 1, VGPU_LOG_INFO = 2, VGPU_LOG_DEBUG = 3 };
+int vgpu_log_level(void);
+void vgpu_log_write(int level, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+#define VGPU_LOG(level, ...)                                                                   \
+    do {                                                                                       \
+        if ((level) <= vgpu_log_level()) vgpu_log_write((level), __FILE__, __LINE__, __VA_ARGS__); \
+    } while (0)
+#define LOG_ERROR(...) VGPU_LOG(VGPU_LOG_ERROR, __VA_ARGS__)
+#define LOG_WARN(...) VGPU_LOG(VGPU_LOG_WARN, __VA_ARGS__)
+#define LOG_INFO(...) VGPU_LOG(VGPU_LOG_INFO, __VA_ARGS__)
+#define LOG_DEBUG(...) VGPU_LOG(VGPU_LOG_DEBUG, __VA_ARGS__)
+
+/* ---- config.c: vgpu.conf parsing (pure: text in, struct out) ----------------------------- */
+struct vgpu_device_conf {
+    char uuid[VGPU_UUID_LEN];
+    uint64_t memory;       /* bytes; 0 together with memory_invalid = deny all allocations */
+    uint32_t cores;        /* 0..100, 0 = no compute cap */
+    uint32_t policy;       /* enum vgpu_policy */
+    bool oversubscribe;
+    bool memory_invalid;   /* the memory token was missing/unparsable: fail closed */
+};
+struct vgpu_claim_conf {
+    char claim[VGPU_CLAIM_LEN];
+    int version;
+    int device_count;
+    struct vgpu_device_conf devices[VGPU_MAX_DEVICES];
+    int errors;            /* lines rejected (each logged with its line number) */
+    int warnings;          /* unknown keys/directives ignored */
+};
+/* Parse a whole file's text. Returns 0 when usable (possibly with warnings), -1 when the file
+ * cannot be used at all (then the claim is treated as pass-through and an error is logged). */
+int vgpu_config_parse(const char *text, const char *source, struct vgpu_claim_conf *out);
+int vgpu_config_parse_size(const char *token, uint64_t *out);
+
+/* ---- region.c: the shared accounting region --------------------------------------------- */
+struct vgpu_region_handle {
+    struct vgpu_region *map;
+    int fd;                /* OFD locks live on this open file description */
+    int slot;              /* our slot, -1 when none */
+    bool shared;           /* false = private anonymous fallback (caps per process only) */
+};
+int vgpu_region_open(struct vgpu_region_handle *h, const char *path,
+                     const struct vgpu_claim_conf *conf);
+void vgpu_region_open_private(struct vgpu_region_handle *h, const struct vgpu_claim_conf *conf);
+int vgpu_region_claim_slot(struct vgpu_region_handle *h, int pid);
+void vgpu_region_close(struct vgpu_region_handle *h);
+/* Atomically (w.r.t. other processes) charge `bytes` on device `dev` if the claim's total stays
+ * within `limit`. Reclaims slots of dead processes when needed. Returns 0 or -1 (over cap). */
+int vgpu_region_charge(struct vgpu_region_handle *h, int dev, uint64_t bytes, uint64_t limit,
+                       bool managed);
+void vgpu_region_uncharge(struct vgpu_region_handle *h, int dev, uint64_t bytes, bool managed);
+/* Record that `bytes` already charged fell back to managed memory (oversubscription). */
+void vgpu_region_mark_managed(struct vgpu_region_handle *h, int dev, uint64_t bytes);
+uint64_t vgpu_region_used(struct vgpu_region_handle *h, int dev);
+int vgpu_region_reclaim_dead(struct vgpu_region_handle *h);
+int vgpu_lock_ofd(int fd, long long offset, bool exclusive, bool wait);
+void vgpu_unlock_ofd(int fd, long long offset);
+
+/* ---- bucket.c: token bucket and utilisation controller (pure, no I/O) -------------------- */
+uint64_t vgpu_launch_cost(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                          unsigned bz);
+/* Take `cost` tokens. Returns the nanoseconds the caller must wait before launching (0 = go). */
+uint64_t vgpu_bucket_take(struct vgpu_region_device *d, uint64_t cost, uint64_t now_ns);
+struct vgpu_ctl_sample {
+    double target;        /* utilisation points the claim may use now */
+    double util;          /* measured claim utilisation over the window, points */
+    double cost_rate;     /* launch cost units per second over the window */
+    double dt;            /* window length, seconds */
+    bool throttled;       /* the bucket made someone wait during the window */
+};
+struct vgpu_ctl_state {
+    double gain;          /* util points per (cost unit / s); 0 = unknown */
+    double integral;      /* accumulated error correction, points */
+};
+/* One controller step; returns the new refill rate (cost units / s), 0 = no limit yet. */
+double vgpu_ctl_step(struct vgpu_ctl_state *st, const struct vgpu_ctl_sample *s,
+                     double current_rate);
+double vgpu_balance_target(uint32_t cores, double device_util, double own_util);
+
+/* ---- loader.c: real entry points --------------------------------------------------------- */
+struct vgpu_real_cuda {
+#define HOOK_CU(name) __typeof__(name) *name;
+#define HOOK_NVML(name)
+#include "hooks.def"
+#undef HOOK_CU
+#undef HOOK_NVML
+    __typeof__(cuDeviceGet) *cuDeviceGet_;
+    __typeof__(cuDeviceGetCount) *cuDeviceGetCount_;
+    __typeof__(cuDeviceGetUuid_v2) *cuDeviceGetUuid_v2_;
+    __typeof__(cuCtxGetDevice) *cuCtxGetDevice_;
+};
+struct vgpu_real_nvml {
+#define HOOK_CU(name)
+#define HOOK_NVML(name) __typeof__(name) *name;
+#include "hooks.def"
+#undef HOOK_CU
+#undef HOOK_NVML
+    __typeof__(nvmlInit_v2) *nvmlInit_v2_;
+    __typeof__(nvmlDeviceGetHandleByUUID) *nvmlDeviceGetHandleByUUID_;
+    __typeof__(nvmlDeviceGetUUID) *nvmlDeviceGetUUID_;
+    __typeof__(nvmlDeviceGetUtilizationRates) *nvmlDeviceGetUtilizationRates_;
+    __typeof__(nvmlDeviceGetProcessUtilization) *nvmlDeviceGetProcessUtilization_;
+};
+extern struct vgpu_real_cuda vgpu_cu;     /* valid after vgpu_cuda_load() */
+extern struct vgpu_real_nvml vgpu_nvml;   /* valid after vgpu_nvml_load() */
+bool vgpu_cuda_load(void);                /* idempotent, thread-safe; false = no libcuda */
+bool vgpu_nvml_load(void);
+void *vgpu_real_dlsym(void *handle, const char *name);
+/* Map a real driver/NVML function pointer to the hook's wrapper (NULL when not hooked). */
+void *vgpu_wrapper_for_real(void *real_fn);
+
+/* ---- state.c: configuration, regions, device mapping, fork handling ---------------------- */
+struct vgpu_dev {          /* one configured device, matched by UUID */
+    struct vgpu_device_conf conf;
+    struct vgpu_region_handle *region;
+    int region_dev;        /* index in region->devices */
+    int cuda_ordinal;      /* -1 until matched */
+    nvmlDevice_t nvml;     /* NULL until matched */
+};
+struct vgpu_state {
+    bool configured;       /* at least one device line: enforcement on */
+    bool compute_capped;   /* any device with a compute cap (fast path for launches) */
+    int dev_count;
+    struct vgpu_dev devs[VGPU_MAX_DEVICES];
+    int region_count;
+    struct vgpu_region_handle regions[VGPU_MAX_CLAIMS];
+};
+struct vgpu_state *vgpu_state(void);      /* lazily initialised, never NULL */
+struct vgpu_dev *vgpu_dev_for_ordinal(CUdevice ordinal);   /* NULL = not capped */
+struct vgpu_dev *vgpu_dev_current(void);  /* device of the calling thread's context */
+struct vgpu_dev *vgpu_dev_for_nvml(nvmlDevice_t device);
+uint64_t vgpu_now_ns(void);
+
+/* ---- alloc_table.c: what each live allocation was charged --------------------------------- */
+enum vgpu_alloc_kind { VGPU_ALLOC_DEVICE = 0, VGPU_ALLOC_MANAGED_FALLBACK = 1 };
+void vgpu_alloc_put(uint64_t key, int dev, uint64_t bytes, bool managed);
+bool vgpu_alloc_take(uint64_t key, int *dev, uint64_t *bytes, bool *managed);
+void vgpu_alloc_register_atfork(void); /* once, from state.c */
+
+/* ---- launch.c ------------------------------------------------------------------------------ */
+void vgpu_throttle(struct vgpu_dev *d, uint64_t cost);
+
+#endif /* VGPU_H */

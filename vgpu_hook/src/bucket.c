@@ -1,0 +1,91 @@
+/*
+ * bucket.c - the compute limiter's arithmetic: launch cost, the shared token bucket and the
+ * utilisation controller that sets the bucket's refill rate.
+ *
+ * Pure functions over region fields and plain numbers (no clocks, no NVML), so that
+ * tests/test_bucket.c can prove convergence against a simulated plant without a GPU. The same
+ * controller is implemented by kubelet_plugin/governor.py for the node-side path.
+ *
+ * Controller: utilisation is modelled as util = gain * cost_rate (cost units launched per
+ * second). Each step re-estimates gain from the last window (EMA), then sets
+ * rate = (target + integral) / gain. The integral term removes the model's steady-state bias
+ * and only integrates while the claim is actually limited (anti-windup), so an application that
+ * wants less than its cap does not build up credit and burst later.
+ */
+#include <math.h>
+#include <stdatomic.h>
+
+#include "vgpu.h"
+
+#define BUCKET_BURST_SECONDS 0.02 /* at most 20 ms of budget accumulates while idle */
+#define MAX_WAIT_NS 200000000ULL  /* one wait never exceeds 200 ms; the caller loops */
+
+uint64_t vgpu_launch_cost(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                          unsigned bz) {
+    /* Proportional to the threads launched; the controller learns how that maps to GPU time. */
+    unsigned long long blocks = (unsigned long long)(gx ? gx : 1) * (gy ? gy : 1) * (gz ? gz : 1);
+    unsigned long long threads = (unsigned long long)(bx ? bx : 1) * (by ? by : 1) * (bz ? bz : 1);
+    if (blocks > (1ULL << 32) || threads > (1ULL << 16)) return 1ULL << 48;
+    unsigned long long cost = blocks * threads;
+    return cost ? cost : 1;
+}
+
+uint64_t vgpu_bucket_take(struct vgpu_region_device *d, uint64_t cost, uint64_t now_ns) {
+    uint64_t rate = atomic_load_explicit(&d->rate, memory_order_relaxed);
+    atomic_fetch_add_explicit(&d->launches, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&d->launch_cost, cost, memory_order_relaxed);
+    if (rate == 0) return 0;
+    /* Refill: whoever advances the stamp adds the tokens for the elapsed interval. */
+    uint64_t last = atomic_load_explicit(&d->refill_stamp_ns, memory_order_relaxed);
+    if (last == 0) {
+        atomic_compare_exchange_strong(&d->refill_stamp_ns, &last, now_ns);
+    } else if (now_ns > last &&
+               atomic_compare_exchange_strong(&d->refill_stamp_ns, &last, now_ns)) {
+        double add = (double)rate * (double)(now_ns - last) / 1e9;
+        int64_t burst = (int64_t)((double)rate * BUCKET_BURST_SECONDS) + (int64_t)cost;
+        int64_t cur = atomic_load(&d->tokens);
+        int64_t next;
+        do {
+            double want = (double)cur + add;
+            next = want > (double)burst ? burst : (int64_t)want;
+            if (next < cur) next = cur; /* already above burst: leave as is */
+        } while (!atomic_compare_exchange_weak(&d->tokens, &cur, next));
+    }
+    int64_t after = atomic_fetch_sub(&d->tokens, (int64_t)cost) - (int64_t)cost;
+    if (after >= 0) return 0;
+    double wait = (double)(-after) * 1e9 / (double)rate;
+    if (wait > (double)MAX_WAIT_NS) wait = (double)MAX_WAIT_NS;
+    return (uint64_t)wait + 1;
+}
+
+double vgpu_ctl_step(struct vgpu_ctl_state *st, const struct vgpu_ctl_sample *s,
+                     double current_rate) {
+    if (s->dt <= 0) return current_rate;
+    if (s->cost_rate > 0 && s->util > 0.5) {
+        double observed = s->util / s->cost_rate;
+        st->gain = st->gain > 0 ? 0.6 * st->gain + 0.4 * observed : observed;
+    }
+    if (st->gain <= 0) return current_rate; /* nothing learnt yet: leave launches unlimited */
+    double error = s->target - s->util;
+    /* Integrate only while limited or over target (anti-windup). */
+    if (s->throttled || error < 0) {
+        st->integral += 0.5 * error;
+        double bound = s->target > 10 ? s->target : 10;
+        if (st->integral > bound) st->integral = bound;
+        if (st->integral < -bound) st->integral = -bound;
+    }
+    double want = s->target + st->integral;
+    if (want < 0.5) want = 0.5;
+    double rate = want / st->gain;
+    if (!isfinite(rate) || rate < 1) rate = 1;
+    return rate;
+}
+
+double vgpu_balance_target(uint32_t cores, double device_util, double own_util) {
+    /* Idle capacity of the GPU may be borrowed; keep 5 points of headroom for the others,
+     * and never go below the guaranteed cap. */
+    double others = device_util - own_util;
+    if (others < 0) others = 0;
+    double target = 100.0 - others - 5.0;
+    return target > (double)cores ? target : (double)cores;
+}

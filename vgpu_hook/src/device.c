@@ -1,0 +1,44 @@
+/*
+ * device.c - context/device queries that must show the claim's view of memory:
+ * cuMemGetInfo_v2 and cuDeviceTotalMem_v2 report the cap, and cuInit triggers configuration
+ * loading early so that configuration errors are logged when the application starts.
+ */
+#include "vgpu.h"
+
+VGPU_EXPORT CUresult cuInit(unsigned int Flags) {
+    if (!vgpu_cuda_load()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (vgpu_cu.cuInit == NULL) return CUDA_ERROR_NOT_FOUND;
+    (void)vgpu_state();
+    return vgpu_cu.cuInit(Flags);
+}
+
+VGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
+    if (!vgpu_cuda_load()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (vgpu_cu.cuDeviceTotalMem_v2 == NULL) return CUDA_ERROR_NOT_FOUND;
+    CUresult rc = vgpu_cu.cuDeviceTotalMem_v2(bytes, dev);
+    if (rc != CUDA_SUCCESS || bytes == NULL) return rc;
+    struct vgpu_dev *d = vgpu_dev_for_ordinal(dev);
+    if (d != NULL) *bytes = d->conf.memory_invalid ? 0 : (size_t)d->conf.memory;
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
+    if (!vgpu_cuda_load()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (vgpu_cu.cuMemGetInfo_v2 == NULL) return CUDA_ERROR_NOT_FOUND;
+    if (free_bytes == NULL || total_bytes == NULL) return CUDA_ERROR_INVALID_VALUE;
+    size_t real_free = 0, real_total = 0;
+    CUresult rc = vgpu_cu.cuMemGetInfo_v2(&real_free, &real_total);
+    if (rc != CUDA_SUCCESS) return rc;
+    *free_bytes = real_free;
+    *total_bytes = real_total;
+    struct vgpu_dev *d = vgpu_dev_current();
+    if (d == NULL) return rc;
+    uint64_t cap = d->conf.memory_invalid ? 0 : d->conf.memory;
+    uint64_t used = vgpu_region_used(d->region, d->region_dev);
+    uint64_t avail = used < cap ? cap - used : 0;
+    /* Without oversubscription the claim also cannot get more than the GPU has free. */
+    if (!d->conf.oversubscribe && avail > real_free) avail = real_free;
+    *free_bytes = (size_t)avail;
+    *total_bytes = (size_t)cap;
+    return rc;
+}

@@ -1,0 +1,226 @@
+/*
+ * launch.c - kernel launches draw from the claim's per-device token bucket (compute cap).
+ *
+ * Fast path: when no configured device has a compute cap, a launch costs one atomic load and
+ * a predictable branch before the real call. Otherwise the device of the calling context is
+ * looked up, the controller is stepped if due, and the launch waits for its tokens.
+ *
+ * The refill rate normally comes from the node governor (kubelet_plugin/governor.py), which
+ * samples NVML once per GPU. When the governor has not written for GOVERNOR_STALE_NS, the
+ * in-process controller below takes over: one process of the claim at a time (elected by CAS
+ * on ctl_stamp_ns) samples NVML and runs the same controller as the governor (bucket.c).
+ */
+
+#include <math.h>
+#include <string.h>
+#include <time.h>
+
+#include "vgpu.h"
+
+#define CTL_PERIOD_NS 100000000ULL     /* controller step every 100 ms */
+#define GOVERNOR_STALE_NS 2000000000ULL /* governor considered gone after 2 s of silence */
+
+static double bits_to_double(uint64_t bits) {
+    double d;
+    memcpy(&d, &bits, sizeof d);
+    return d;
+}
+static uint64_t double_to_bits(double d) {
+    uint64_t bits;
+    memcpy(&bits, &d, sizeof bits);
+    return bits;
+}
+
+/* Utilisation of the whole GPU and of this claim's processes, in points; false = unknown. */
+static bool sample_util(struct vgpu_dev *d, double *device_util, double *claim_util) {
+    static _Atomic int nvml_state; /* 0 untried, 1 ok, -1 failed */
+    if (!vgpu_nvml_load()) return false;
+    int st = atomic_load(&nvml_state);
+    if (st == 0) {
+        st = (vgpu_nvml.nvmlInit_v2_ && vgpu_nvml.nvmlInit_v2_() == NVML_SUCCESS) ? 1 : -1;
+        atomic_store(&nvml_state, st);
+    }
+    if (st < 0) return false;
+    nvmlDevice_t h = __atomic_load_n(&d->nvml, __ATOMIC_RELAXED);
+    if (h == NULL) {
+        if (vgpu_nvml.nvmlDeviceGetHandleByUUID_ == NULL ||
+            vgpu_nvml.nvmlDeviceGetHandleByUUID_(d->conf.uuid, &h) != NVML_SUCCESS)
+            return false;
+        __atomic_store_n(&d->nvml, h, __ATOMIC_RELAXED);
+    }
+    nvmlUtilization_t u;
+    if (vgpu_nvml.nvmlDeviceGetUtilizationRates_ == NULL ||
+        vgpu_nvml.nvmlDeviceGetUtilizationRates_(h, &u) != NVML_SUCCESS)
+        return false;
+    *device_util = u.gpu;
+    *claim_util = u.gpu; /* conservative default: all of it is ours */
+    if (vgpu_nvml.nvmlDeviceGetProcessUtilization_ == NULL) return true;
+    nvmlProcessUtilizationSample_t samples[64];
+    unsigned int count = 64;
+    unsigned long long since = (unsigned long long)(time(NULL) - 1) * 1000000ULL;
+    if (vgpu_nvml.nvmlDeviceGetProcessUtilization_(h, samples, &count, since) != NVML_SUCCESS)
+        return true;
+    struct vgpu_region *r = d->region->map;
+    double ours = 0;
+    bool matched = false;
+    for (unsigned i = 0; i < count && i < 64; i++) {
+        for (int s = 0; s < VGPU_MAX_SLOTS; s++) {
+            if ((unsigned)atomic_load(&r->slots[s].pid) == samples[i].pid) {
+                ours += samples[i].smUtil;
+                matched = true;
+                break;
+            }
+        }
+    }
+    /* Inside a pid namespace NVML reports host pids that match none of ours; then keep the
+     * conservative whole-GPU figure. */
+    if (matched) *claim_util = ours;
+    return true;
+}
+
+static void maybe_step_controller(struct vgpu_dev *d, struct vgpu_region_device *rd,
+                                  uint64_t now) {
+    uint64_t gov = atomic_load_explicit(&rd->governor_stamp_ns, memory_order_relaxed);
+    if (gov != 0 && now - gov < GOVERNOR_STALE_NS) return;
+    uint64_t last = atomic_load_explicit(&rd->ctl_stamp_ns, memory_order_relaxed);
+    if (last != 0 && now - last < CTL_PERIOD_NS) return;
+    if (!atomic_compare_exchange_strong(&rd->ctl_stamp_ns, &last, now)) return;
+    uint64_t cost = atomic_load(&rd->launch_cost);
+    uint64_t throttled = atomic_load(&rd->throttled_ns);
+    uint64_t cost_mark = atomic_exchange(&rd->ctl_cost_mark, cost);
+    uint64_t throttle_mark = atomic_exchange(&rd->throttle_mark, throttled);
+    if (last == 0 || now - last > 10 * CTL_PERIOD_NS) return; /* (re)start of a window */
+    double device_util = 0, claim_util = 0;
+    if (!sample_util(d, &device_util, &claim_util)) return;
+    atomic_store(&rd->util_milli, (uint64_t)(claim_util * 1000.0));
+    struct vgpu_ctl_sample s = {
+        .dt = (double)(now - last) / 1e9,
+        .util = claim_util,
+        .throttled = throttled > throttle_mark,
+    };
+    s.cost_rate = (double)(cost - cost_mark) / s.dt;
+    s.target = d->conf.policy == VGPU_POLICY_BALANCE
+                   ? vgpu_balance_target(d->conf.cores, device_util, claim_util)
+                   : (double)d->conf.cores;
+    struct vgpu_ctl_state st = {
+        .gain = bits_to_double(atomic_load(&rd->ctl_gain_bits)),
+        .integral = bits_to_double(atomic_load(&rd->ctl_integral_bits)),
+    };
+    double rate = vgpu_ctl_step(&st, &s, (double)atomic_load(&rd->rate));
+    atomic_store(&rd->ctl_gain_bits, double_to_bits(st.gain));
+    atomic_store(&rd->ctl_integral_bits, double_to_bits(st.integral));
+    if (rate >= 1 && isfinite(rate)) {
+        atomic_store(&rd->rate, (uint64_t)rate);
+        atomic_store(&rd->rate_stamp_ns, now);
+        atomic_store(&rd->rate_source, VGPU_RATE_HOOK);
+    }
+    LOG_DEBUG("ctl %s: util %.1f target %.1f cost/s %.0f gain %.3g rate %.0f", d->conf.uuid,
+              claim_util, s.target, s.cost_rate, st.gain, rate);
+}
+
+void vgpu_throttle(struct vgpu_dev *d, uint64_t cost) {
+    struct vgpu_region_device *rd = &d->region->map->devices[d->region_dev];
+    uint64_t now = vgpu_now_ns();
+    maybe_step_controller(d, rd, now);
+    uint64_t wait = vgpu_bucket_take(rd, cost, now);
+    if (wait == 0) return;
+    struct timespec ts = {.tv_sec = (time_t)(wait / 1000000000ULL),
+                          .tv_nsec = (long)(wait % 1000000000ULL)};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+    atomic_fetch_add_explicit(&rd->throttled_ns, wait, memory_order_relaxed);
+}
+
+/* Returns the device to limit, or NULL when this launch is not capped. */
+static inline struct vgpu_dev *capped_device(void) {
+    struct vgpu_state *s = vgpu_state();
+    if (__builtin_expect(!s->compute_capped, 1)) return NULL;
+    struct vgpu_dev *d = vgpu_dev_current();
+    if (d == NULL || d->conf.cores == 0 || d->conf.cores >= 100 ||
+        d->conf.policy == VGPU_POLICY_NONE || d->region->map == NULL)
+        return NULL;
+    return d;
+}
+
+#define REAL_OR_RETURN(fn)                                        \
+    do {                                                          \
+        if (!vgpu_cuda_load()) return CUDA_ERROR_NOT_INITIALIZED; \
+        if (vgpu_cu.fn == NULL) return CUDA_ERROR_NOT_FOUND;      \
+    } while (0)
+
+#define LIMIT(gx, gy, gz, bx, by, bz)                                              \
+    do {                                                                           \
+        struct vgpu_dev *limited_ = capped_device();                               \
+        if (limited_ != NULL) vgpu_throttle(limited_, vgpu_launch_cost(gx, gy, gz, bx, by, bz)); \
+    } while (0)
+
+VGPU_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy,
+                                    unsigned int gz, unsigned int bx, unsigned int by,
+                                    unsigned int bz, unsigned int shmem, CUstream stream,
+                                    void **params, void **extra) {
+    REAL_OR_RETURN(cuLaunchKernel);
+    LIMIT(gx, gy, gz, bx, by, bz);
+    return vgpu_cu.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);
+}
+
+VGPU_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
+                                         unsigned int gz, unsigned int bx, unsigned int by,
+                                         unsigned int bz, unsigned int shmem, CUstream stream,
+                                         void **params, void **extra) {
+    REAL_OR_RETURN(cuLaunchKernel_ptsz);
+    LIMIT(gx, gy, gz, bx, by, bz);
+    return vgpu_cu.cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);
+}
+
+VGPU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params,
+                                      void **extra) {
+    REAL_OR_RETURN(cuLaunchKernelEx);
+    if (config != NULL)
+        LIMIT(config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX,
+              config->blockDimY, config->blockDimZ);
+    return vgpu_cu.cuLaunchKernelEx(config, f, params, extra);
+}
+
+VGPU_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f,
+                                           void **params, void **extra) {
+    REAL_OR_RETURN(cuLaunchKernelEx_ptsz);
+    if (config != NULL)
+        LIMIT(config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX,
+              config->blockDimY, config->blockDimZ);
+    return vgpu_cu.cuLaunchKernelEx_ptsz(config, f, params, extra);
+}
+
+VGPU_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy,
+                                               unsigned int gz, unsigned int bx,
+                                               unsigned int by, unsigned int bz,
+                                               unsigned int shmem, CUstream stream,
+                                               void **params) {
+    REAL_OR_RETURN(cuLaunchCooperativeKernel);
+    LIMIT(gx, gy, gz, bx, by, bz);
+    return vgpu_cu.cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params);
+}
+
+VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx,
+                                                    unsigned int gy, unsigned int gz,
+                                                    unsigned int bx, unsigned int by,
+                                                    unsigned int bz, unsigned int shmem,
+                                                    CUstream stream, void **params) {
+    REAL_OR_RETURN(cuLaunchCooperativeKernel_ptsz);
+    LIMIT(gx, gy, gz, bx, by, bz);
+    return vgpu_cu.cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, stream,
+                                                  params);
+}
+
+/* A graph launch's work is unknown here; it is charged as one 256-thread block (the
+ * controller's gain estimate absorbs the real cost per unit). */
+VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {
+    REAL_OR_RETURN(cuGraphLaunch);
+    LIMIT(1, 1, 1, 256, 1, 1);
+    return vgpu_cu.cuGraphLaunch(exec, stream);
+}
+
+VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream) {
+    REAL_OR_RETURN(cuGraphLaunch_ptsz);
+    LIMIT(1, 1, 1, 256, 1, 1);
+    return vgpu_cu.cuGraphLaunch_ptsz(exec, stream);
+}

@@ -1,0 +1,182 @@
+/*
+ * loader.c - finds the real driver entry points and hands out the hook's wrappers.
+ *
+ * Real functions come from dlopen("libcuda.so.1"/"libnvidia-ml.so.1") (RTLD_NOLOAD first) and
+ * dlsym on *that handle*, never through the global (interposed) names. The hook's wrappers reach
+ * applications three ways, all generated from hooks.def:
+ *   1. direct calls bind to our exported symbols (we are preloaded);
+ *   2. cuGetProcAddress(_v2): we call the real one and map the returned pointer back to our
+ *      wrapper, which covers versioned (_v2, _v3) and per-thread (_ptsz/_ptds) variants;
+ *   3. dlsym(handle, "cu..."/"nvml..."), e.g. cuda-python and pynvml: we export dlsym, do the
+ *      real lookup and, when it found a hooked name, return our wrapper of that name.
+ * Recursion/deadlock guard: while this thread is inside a dlopen we issued, our dlsym is a
+ * pure pass-through, and our dlsym never loads anything itself (see below).
+ */
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "vgpu.h"
+
+struct vgpu_real_cuda vgpu_cu;
+struct vgpu_real_nvml vgpu_nvml;
+
+static pthread_once_t g_cuda_once = PTHREAD_ONCE_INIT;
+static pthread_once_t g_nvml_once = PTHREAD_ONCE_INIT;
+static _Atomic bool g_cuda_ok, g_nvml_ok;
+static __thread int t_in_loader;
+
+typedef void *(*dlsym_fn)(void *, const char *);
+static _Atomic(dlsym_fn) g_real_dlsym;
+
+static dlsym_fn real_dlsym_fn(void) {
+    dlsym_fn fn = atomic_load_explicit(&g_real_dlsym, memory_order_acquire);
+    if (fn == NULL) {
+        /* dlvsym is not interposed, so this cannot recurse into our dlsym. */
+        fn = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+        if (fn == NULL) fn = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+        atomic_store_explicit(&g_real_dlsym, fn, memory_order_release);
+    }
+    return fn;
+}
+
+void *vgpu_real_dlsym(void *handle, const char *name) {
+    dlsym_fn fn = real_dlsym_fn();
+    return fn ? fn(handle, name) : NULL;
+}
+
+static void *open_lib(const char *soname) {
+    t_in_loader++;
+    void *h = dlopen(soname, RTLD_NOW | RTLD_NOLOAD);
+    if (h == NULL) h = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
+    t_in_loader--;
+    return h;
+}
+
+static void load_cuda(void) {
+    void *h = open_lib("libcuda.so.1");
+    if (h == NULL) {
+        LOG_DEBUG("libcuda.so.1 not loadable: %s", dlerror());
+        return;
+    }
+#define HOOK_CU(name) vgpu_cu.name = (__typeof__(vgpu_cu.name))vgpu_real_dlsym(h, #name);
+#define HOOK_NVML(name)
+#include "hooks.def"
+#undef HOOK_CU
+#undef HOOK_NVML
+    vgpu_cu.cuDeviceGet_ = (__typeof__(vgpu_cu.cuDeviceGet_))vgpu_real_dlsym(h, "cuDeviceGet");
+    vgpu_cu.cuDeviceGetCount_ =
+        (__typeof__(vgpu_cu.cuDeviceGetCount_))vgpu_real_dlsym(h, "cuDeviceGetCount");
+    vgpu_cu.cuDeviceGetUuid_v2_ =
+        (__typeof__(vgpu_cu.cuDeviceGetUuid_v2_))vgpu_real_dlsym(h, "cuDeviceGetUuid_v2");
+    if (vgpu_cu.cuDeviceGetUuid_v2_ == NULL) /* same ABI in the v1 name */
+        vgpu_cu.cuDeviceGetUuid_v2_ =
+            (__typeof__(vgpu_cu.cuDeviceGetUuid_v2_))vgpu_real_dlsym(h, "cuDeviceGetUuid");
+    vgpu_cu.cuCtxGetDevice_ =
+        (__typeof__(vgpu_cu.cuCtxGetDevice_))vgpu_real_dlsym(h, "cuCtxGetDevice");
+    atomic_store(&g_cuda_ok, true);
+}
+
+static void load_nvml(void) {
+    void *h = open_lib("libnvidia-ml.so.1");
+    if (h == NULL) {
+        LOG_DEBUG("libnvidia-ml.so.1 not loadable: %s", dlerror());
+        return;
+    }
+#define HOOK_CU(name)
+#define HOOK_NVML(name) vgpu_nvml.name = (__typeof__(vgpu_nvml.name))vgpu_real_dlsym(h, #name);
+#include "hooks.def"
+#undef HOOK_CU
+#undef HOOK_NVML
+#define REAL(field, sym) vgpu_nvml.field = (__typeof__(vgpu_nvml.field))vgpu_real_dlsym(h, sym)
+    REAL(nvmlInit_v2_, "nvmlInit_v2");
+    REAL(nvmlDeviceGetHandleByUUID_, "nvmlDeviceGetHandleByUUID");
+    REAL(nvmlDeviceGetUUID_, "nvmlDeviceGetUUID");
+    REAL(nvmlDeviceGetUtilizationRates_, "nvmlDeviceGetUtilizationRates");
+    REAL(nvmlDeviceGetProcessUtilization_, "nvmlDeviceGetProcessUtilization");
+#undef REAL
+    atomic_store(&g_nvml_ok, true);
+}
+
+bool vgpu_cuda_load(void) {
+    if (atomic_load_explicit(&g_cuda_ok, memory_order_acquire)) return true;
+    if (t_in_loader) return false;
+    pthread_once(&g_cuda_once, load_cuda);
+    return atomic_load(&g_cuda_ok);
+}
+
+bool vgpu_nvml_load(void) {
+    if (atomic_load_explicit(&g_nvml_ok, memory_order_acquire)) return true;
+    if (t_in_loader) return false;
+    pthread_once(&g_nvml_once, load_nvml);
+    return atomic_load(&g_nvml_ok);
+}
+
+void *vgpu_wrapper_for_real(void *real_fn) {
+    if (real_fn == NULL) return NULL;
+#define HOOK_CU(name) \
+    if (vgpu_cu.name != NULL && (void *)vgpu_cu.name == real_fn) return (void *)&name;
+#define HOOK_NVML(name) \
+    if (vgpu_nvml.name != NULL && (void *)vgpu_nvml.name == real_fn) return (void *)&name;
+#include "hooks.def"
+#undef HOOK_CU
+#undef HOOK_NVML
+    return NULL;
+}
+
+static bool is_driver_name(const char *name) {
+    return name != NULL && ((name[0] == 'c' && name[1] == 'u') ||
+                            (name[0] == 'n' && strncmp(name, "nvml", 4) == 0));
+}
+
+/* Wrapper of the hooked symbol with exactly this name, NULL when the name is not hooked. */
+static void *wrapper_for_name(const char *name) {
+#define HOOK_CU(fn) \
+    if (strcmp(name, #fn) == 0) return (void *)&fn;
+#define HOOK_NVML(fn) HOOK_CU(fn)
+#include "hooks.def"
+#undef HOOK_CU
+#undef HOOK_NVML
+    return NULL;
+}
+
+/*
+ * Mapping is by name here, not by pointer: dlsym may run inside a library constructor while
+ * the dynamic loader's lock is held, so it must never load anything or wait for our loaders.
+ * The wrappers resolve their real functions lazily on first call instead.
+ */
+VGPU_EXPORT void *dlsym(void *handle, const char *name) {
+    void *sym = vgpu_real_dlsym(handle, name);
+    if (sym == NULL || t_in_loader || handle == RTLD_NEXT || !is_driver_name(name)) return sym;
+    void *wrapper = wrapper_for_name(name);
+    if (wrapper == NULL || wrapper == sym) return sym;
+    LOG_DEBUG("dlsym(%s) -> hook wrapper", name);
+    return wrapper;
+}
+
+static void map_proc(const char *symbol, void **pfn) {
+    void *wrapper = vgpu_wrapper_for_real(*pfn);
+    if (wrapper != NULL) {
+        LOG_DEBUG("cuGetProcAddress(%s) -> hook wrapper", symbol ? symbol : "?");
+        *pfn = wrapper;
+    }
+}
+
+VGPU_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
+                                         cuuint64_t flags,
+                                         CUdriverProcAddressQueryResult *symbolStatus) {
+    if (!vgpu_cuda_load() || vgpu_cu.cuGetProcAddress_v2 == NULL) return CUDA_ERROR_NOT_FOUND;
+    CUresult rc = vgpu_cu.cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, symbolStatus);
+    if (rc == CUDA_SUCCESS && pfn != NULL) map_proc(symbol, pfn);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
+                                      cuuint64_t flags) {
+    if (!vgpu_cuda_load() || vgpu_cu.cuGetProcAddress == NULL) return CUDA_ERROR_NOT_FOUND;
+    CUresult rc = vgpu_cu.cuGetProcAddress(symbol, pfn, cudaVersion, flags);
+    if (rc == CUDA_SUCCESS && pfn != NULL) map_proc(symbol, pfn);
+    return rc;
+}
