@@ -8,7 +8,8 @@ Who uses it: the e2e test fixture (`tests/e2e/conftest.py`), `vgpu-dra dev-clust
 
 The directory holds everything: `pki/` (CA, serving cert, service-account keys, token file),
 `etcd/`, `logs/<component>.log`, `kubeconfig` (admin), `kubeconfigs/` (scheduler,
-controller-manager, one per node) and `state.json` (see cluster_state). The pure pieces live in
+controller-manager, one per node), `nodes/<node>/` (files of per-node agents started later) and
+`state.json` (see cluster_state). The pure pieces live in
 cluster_flags (command lines, gates, ports), cluster_files (identities, kubeconfigs),
 cluster_nodes (Node objects); this module only sequences them.
 """
@@ -40,7 +41,18 @@ BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager
 # Components in start order; stopped in reverse (extra per-node processes first).
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager")
 # What we create inside a cluster directory, and so the only things teardown removes.
-_OWNED_ENTRIES = ("pki", "etcd", "logs", "kubeconfig", "kubeconfigs", "serving", "state.json")
+# `nodes/<node>/` is where per-node agents (simulated GPUs, kubelet plugin, kubelet stand-in)
+# keep their files; it belongs to the cluster and goes with it.
+_OWNED_ENTRIES = (
+    "pki",
+    "etcd",
+    "logs",
+    "kubeconfig",
+    "kubeconfigs",
+    "serving",
+    "nodes",
+    "state.json",
+)
 
 
 class BinariesMissingError(RuntimeError):
@@ -574,6 +586,7 @@ def _prepare_dir(layout: Layout) -> None:
             )
         _remove_owned(layout, keep_logs=False)
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(root, 0o700)  # keys and tokens inside: private even if the directory pre-existed
 
 
 def _remove_owned(layout: Layout, *, keep_logs: bool) -> None:

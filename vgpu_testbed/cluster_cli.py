@@ -25,7 +25,7 @@ DEFAULT_DIR = Path(".dev-cluster")
 PROG = "vgpu-dra dev-cluster"
 
 
-def _profiles(text: str) -> list[str]:
+def profiles_arg(text: str) -> list[str]:
     try:
         return cluster_nodes.parse_profiles(text)
     except ValueError as err:
@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     up = with_dir(sub.add_parser("up", help="start the control plane and create the nodes"))
     up.add_argument(
         "--nodes",
-        type=_profiles,
+        type=profiles_arg,
         default=list(cluster_nodes.DEFAULT_PROFILES),
         metavar="PROFILE,PROFILE,...",
         help="one node per simulated GPU profile, named node-1, node-2, ... "

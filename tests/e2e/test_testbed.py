@@ -24,6 +24,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from vgpu_testbed import cluster_example as example
 from vgpu_testbed.cluster import Cluster
 from vgpu_testbed.cluster_flags import FEATURE_GATES, LOCKED_ON
 from vgpu_testbed.cluster_health import http_get
@@ -45,56 +46,14 @@ def wait_until(what: str, fn: Callable[[], T | None], timeout: float = 45.0) -> 
         time.sleep(0.2)
 
 
-def device(name: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "allowMultipleAllocations": True,
-        "capacity": {
-            "memory": {
-                "value": "80Gi",
-                "requestPolicy": {"default": "80Gi", "validRange": {"min": "1Mi", "step": "1Mi"}},
-            },
-            "cores": {
-                "value": "100",
-                "requestPolicy": {
-                    "default": "0",
-                    "validRange": {"min": "0", "max": "100", "step": "1"},
-                },
-            },
-        },
-    }
-
-
 @pytest.fixture(scope="module")
 def dra_objects(k8s: Any) -> Iterator[None]:
-    """A hand-written ResourceSlice for node-1 (gpu-0, gpu-1) and the DeviceClass; removed after
-    the module so later tests (a real kubelet plugin publishing for node-1) start clean."""
+    """A hand-written ResourceSlice for node-1 (gpu-0, gpu-1: 80Gi, 100 cores each) and the
+    DeviceClass; removed after the module so later tests (a real kubelet plugin publishing for
+    node-1) start clean."""
     res = client.ResourceV1Api(k8s)
-    res.create_resource_slice(
-        body=client.V1ResourceSlice.model_validate(
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "ResourceSlice",
-                "metadata": {"name": SLICE},
-                "spec": {
-                    "driver": DRIVER,
-                    "nodeName": NODE,
-                    "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
-                    "devices": [device("gpu-0"), device("gpu-1")],
-                },
-            }
-        )
-    )
-    res.create_device_class(
-        body=client.V1DeviceClass.model_validate(
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "DeviceClass",
-                "metadata": {"name": DRIVER},
-                "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-            }
-        )
-    )
+    res.create_resource_slice(body=example.resource_slice(SLICE, NODE))
+    res.create_device_class(body=example.device_class())
     try:
         yield
     finally:
@@ -102,59 +61,13 @@ def dra_objects(k8s: Any) -> Iterator[None]:
         res.delete_device_class(DRIVER)
 
 
-def make_template(k8s: Any, ns: str, name: str, memory: str, cores: str) -> None:
-    client.ResourceV1Api(k8s).create_namespaced_resource_claim_template(
-        ns,
-        body=client.V1ResourceClaimTemplate.model_validate(
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "ResourceClaimTemplate",
-                "metadata": {"name": name},
-                "spec": {
-                    "spec": {
-                        "devices": {
-                            "requests": [
-                                {
-                                    "name": "gpu",
-                                    "exactly": {
-                                        "deviceClassName": DRIVER,
-                                        "capacity": {
-                                            "requests": {"memory": memory, "cores": cores}
-                                        },
-                                    },
-                                }
-                            ]
-                        }
-                    }
-                },
-            }
-        ),
-    )
+def make_template(k8s: Any, ns: str, name: str, memory: str, cores: int) -> None:
+    body = example.claim_template(name, memory, cores)
+    client.ResourceV1Api(k8s).create_namespaced_resource_claim_template(ns, body=body)
 
 
 def make_pod(k8s: Any, ns: str, name: str, template: str) -> None:
-    client.CoreV1Api(k8s).create_namespaced_pod(
-        ns,
-        body=client.V1Pod.model_validate(
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": name},
-                "spec": {
-                    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
-                    "containers": [
-                        {
-                            "name": "main",
-                            # Never pulled: there is no kubelet, the scheduler's binding is
-                            # all these tests look at.
-                            "image": "registry.invalid/testbed/none:0",
-                            "resources": {"claims": [{"name": "gpu"}]},
-                        }
-                    ],
-                },
-            }
-        ),
-    )
+    client.CoreV1Api(k8s).create_namespaced_pod(ns, body=example.pod(name, template))
 
 
 def scheduled_node(k8s: Any, ns: str, pod: str) -> str | None:
@@ -163,23 +76,11 @@ def scheduled_node(k8s: Any, ns: str, pod: str) -> str | None:
 
 
 def claim_of(k8s: Any, ns: str, pod: str) -> Any:
-    """The ResourceClaim generated for the pod's `gpu` claim (None until it exists)."""
-    found = client.CoreV1Api(k8s).read_namespaced_pod(pod, ns)
-    for status in (found.status.resource_claim_statuses or []) if found.status else []:
-        if status.name == "gpu" and status.resource_claim_name:
-            return client.ResourceV1Api(k8s).read_namespaced_resource_claim(
-                status.resource_claim_name, ns
-            )
-    return None
+    return example.pod_claim(k8s, ns, pod)
 
 
 def allocated_result(k8s: Any, ns: str, pod: str) -> Any:
-    claim = claim_of(k8s, ns, pod)
-    if claim is None or claim.status is None or claim.status.allocation is None:
-        return None
-    results = claim.status.allocation.devices.results
-    assert len(results) == 1, results
-    return results[0]
+    return example.allocation_of(k8s, ns, pod)
 
 
 def unschedulable_message(k8s: Any, ns: str, pod: str) -> str | None:
@@ -264,7 +165,7 @@ def test_slice_keeps_consumable_capacity_fields(k8s: Any, dra_objects: None) -> 
 def test_scheduler_shares_one_device_by_consumable_capacity(
     k8s: Any, namespace: str, dra_objects: None
 ) -> None:
-    make_template(k8s, namespace, "small", "10Gi", "30")
+    make_template(k8s, namespace, "small", "10Gi", 30)
     for pod in ("a", "b"):
         make_pod(k8s, namespace, pod, "small")
 
@@ -295,9 +196,9 @@ def test_scheduler_shares_one_device_by_consumable_capacity(
 def test_claim_that_cannot_fit_stays_pending_until_capacity_is_freed(
     k8s: Any, namespace: str, dra_objects: None
 ) -> None:
-    make_template(k8s, namespace, "quarter", "10Gi", "30")
-    make_template(k8s, namespace, "big-cores", "1Gi", "80")
-    make_template(k8s, namespace, "too-much-memory", "100Gi", "0")
+    make_template(k8s, namespace, "quarter", "10Gi", 30)
+    make_template(k8s, namespace, "big-cores", "1Gi", 80)
+    make_template(k8s, namespace, "too-much-memory", "100Gi", 0)
     fillers = [f"fill-{i}" for i in range(4)]
     for pod in fillers:
         make_pod(k8s, namespace, pod, "quarter")
