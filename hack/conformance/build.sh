@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Builds the Go conformance tools (kubeletclient, cdicheck) against the real upstream modules:
+# k8s.io/kubelet's generated gRPC code and the CDI reference library. Binaries are cached under
+# $VGPU_DRA_CACHE/conformance/<hash of the sources>/bin, so a warm run is a no-op; module and
+# build caches are shared with hack/testbed/build.sh. Prints the bin directory on its last line.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+cache=${VGPU_DRA_CACHE:-$HOME/.cache/vgpu-dra}
+hash=$(cd "$here" && cat go.mod $(ls go.sum 2>/dev/null) */*.go build.sh | sha256sum | cut -c1-16)
+bin="$cache/conformance/$hash/bin"
+if [[ -x $bin/kubeletclient && -x $bin/cdicheck ]]; then
+    echo "$bin"
+    exit 0
+fi
+
+export GOMODCACHE="$cache/go/mod"
+export GOCACHE="$cache/go/build"
+export GOFLAGS="-mod=mod -buildvcs=false"
+export CGO_ENABLED=0
+export GOTOOLCHAIN=${GOTOOLCHAIN:-auto}
+mkdir -p "$bin" "$GOMODCACHE" "$GOCACHE"
+
+# Build from a scratch copy so `go mod tidy` never rewrites the tree (go.sum is not committed:
+# the module proxy's checksum database verifies what is downloaded).
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cp -r "$here/go.mod" "$here/kubeletclient" "$here/cdicheck" "$work/"
+cd "$work"
+go mod tidy >/dev/null 2>tidy.log || { cat tidy.log >&2; exit 1; }
+for tool in kubeletclient cdicheck; do
+    go build -trimpath -ldflags "-s -w" -o "$bin/$tool.tmp" "./$tool"
+    mv "$bin/$tool.tmp" "$bin/$tool"
+done
+echo "$bin"

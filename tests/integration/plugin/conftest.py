@@ -1,0 +1,165 @@
+"""Fixtures for the kubelet plugin's integration tests: the real control plane (claims are read
+from a real kube-apiserver), the plugin's real gRPC servers on unix sockets, and the Go
+conformance tools built from the upstream modules (k8s.io/kubelet, the CDI reference library).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_driver import cdi, kube
+from dra_driver.gpu import NodeInventory
+from kubelet_plugin.claims import ClaimRef
+from kubelet_plugin.health import HealthBoard
+from kubelet_plugin.prepare import NodeSettings, Preparer, kube_claim_source
+from kubelet_plugin.server import PluginServer, SocketPaths
+from tests.e2e.conftest import cluster, k8s, namespace  # noqa: F401  (shared fixtures)
+from tests.integration.plugin.claimdata import DRIVER, NODE, GiB, inventory
+
+ROOT = Path(__file__).resolve().parents[3]
+KIND = "k8s.vgpu.dra.dev/claim"
+
+
+@pytest.fixture(scope="session")
+def conformance_bin() -> Path:
+    """Build (or reuse) hack/conformance's tools; skip without Go unless in CI."""
+    if shutil.which("go") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI must have Go to build hack/conformance", pytrace=False)
+        pytest.skip("Go is not installed: cannot build the conformance tools (hack/conformance)")
+    done = subprocess.run(
+        ["bash", str(ROOT / "hack" / "conformance" / "build.sh")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.fail(f"hack/conformance/build.sh failed:\n{done.stderr[-3000:]}", pytrace=False)
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def kube_client(cluster: Any) -> Iterator[kube.KubeClient]:  # noqa: F811
+    client = kube.KubeClient.from_kubeconfig(str(cluster.kubeconfig))
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@dataclass
+class RunningPlugin:
+    root: Path
+    settings: NodeSettings
+    sockets: SocketPaths
+    preparer: Preparer
+    server: PluginServer
+    board: HealthBoard
+    inventory: NodeInventory
+
+    @property
+    def cdi_root(self) -> Path:
+        return Path(self.settings.cdi_root)
+
+    @property
+    def state_dir(self) -> Path:
+        return Path(self.settings.state_dir)
+
+    def spec_file(self, uid: str) -> Path:
+        return self.cdi_root / cdi.spec_file_name(KIND, uid)
+
+
+@pytest.fixture
+def plugin(kube_client: kube.KubeClient) -> Iterator[RunningPlugin]:
+    """The plugin's servers and Preparer in this process, for a hand-made 4-GPU inventory, with
+    claims read from the real API server. Short socket paths (unix sockets allow 107 bytes)."""
+    root = Path(tempfile.mkdtemp(prefix="vgpu-plugin-"))
+    inv = inventory(count=4, memory=16 * GiB)
+    settings = NodeSettings(
+        driver=DRIVER,
+        node_name=NODE,
+        cdi_root=str(root / "cdi"),
+        spec=cdi.SpecSettings(
+            kind=KIND,
+            state_dir=str(root / "state"),
+            hook_path=str(root / "libvgpu.so"),
+            claim_gid=4242,
+        ),
+    )
+    sockets = SocketPaths.for_driver(
+        DRIVER, plugins_dir=str(root / "plugins"), registrar_dir=str(root / "registry")
+    )
+    preparer = Preparer(settings, inv, kube_claim_source(kube_client))
+    preparer.reconcile()
+    board = HealthBoard(NODE, inv)
+    server = PluginServer(driver=DRIVER, sockets=sockets, preparer=preparer, health=board)
+    server.start()
+    try:
+        yield RunningPlugin(root, settings, sockets, preparer, server, board, inv)
+    finally:
+        server.stop(grace_s=1)
+        preparer.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def create_allocated_claim(
+    client: kube.KubeClient,
+    namespace: str,
+    results: list[dict[str, Any]],
+    *,
+    configs: list[dict[str, Any]] | None = None,
+    name: str | None = None,
+) -> ClaimRef:
+    """Create a ResourceClaim and write its allocation through the status subresource — the
+    real API validates both, exactly as when the scheduler writes them."""
+    name = name or f"claim-{uuid.uuid4().hex[:8]}"
+    requests = list(dict.fromkeys(r["request"] for r in results))
+    created = client.create(
+        kube.path(kube.RESOURCE_API, "resourceclaims", namespace=namespace),
+        {
+            "apiVersion": kube.RESOURCE_API,
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {"name": r, "exactly": {"deviceClassName": DRIVER}} for r in requests
+                    ]
+                }
+            },
+        },
+    )
+    allocation = {
+        "devices": {"results": results, "config": configs or []},
+        "nodeSelector": {
+            "nodeSelectorTerms": [
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}
+            ]
+        },
+    }
+    client.merge_patch(
+        kube.path(
+            kube.RESOURCE_API, "resourceclaims", name, namespace=namespace, subresource="status"
+        ),
+        {"status": {"allocation": allocation}},
+    )
+    return ClaimRef(namespace, name, created["metadata"]["uid"])
+
+
+def run_json(argv: list[str]) -> dict[str, Any]:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, f"{argv[0]} failed: {done.stderr}"
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
