@@ -116,7 +116,7 @@ def plugin(kube_client: kube.KubeClient) -> Iterator[RunningPlugin]:
 
 def create_allocated_claim(
     client: kube.KubeClient,
-    namespace: str,
+    claim_namespace: str,
     results: list[dict[str, Any]],
     *,
     configs: list[dict[str, Any]] | None = None,
@@ -127,7 +127,7 @@ def create_allocated_claim(
     name = name or f"claim-{uuid.uuid4().hex[:8]}"
     requests = list(dict.fromkeys(r["request"] for r in results))
     created = client.create(
-        kube.path(kube.RESOURCE_API, "resourceclaims", namespace=namespace),
+        kube.path(kube.RESOURCE_API, "resourceclaims", namespace=claim_namespace),
         {
             "apiVersion": kube.RESOURCE_API,
             "kind": "ResourceClaim",
@@ -151,11 +151,15 @@ def create_allocated_claim(
     }
     client.merge_patch(
         kube.path(
-            kube.RESOURCE_API, "resourceclaims", name, namespace=namespace, subresource="status"
+            kube.RESOURCE_API,
+            "resourceclaims",
+            name,
+            namespace=claim_namespace,
+            subresource="status",
         ),
         {"status": {"allocation": allocation}},
     )
-    return ClaimRef(namespace, name, created["metadata"]["uid"])
+    return ClaimRef(claim_namespace, name, created["metadata"]["uid"])
 
 
 def run_json(argv: list[str]) -> dict[str, Any]:

@@ -1,0 +1,155 @@
+"""The plugin as a process and its health stream.
+
+1. `vgpu-dra kubelet-plugin` (main's real wiring: flags, reconcile, servers, slice publisher
+   thread, signals) started as a subprocess against the real API server publishes this node's
+   ResourceSlice, serves both sockets with private permissions, reconciles orphans left in its
+   CDI root at start, and on SIGTERM exits 0 and removes its sockets. GPU discovery is the one
+   part replaced (a hand-made inventory, injected by a two-line launcher), because NVML is
+   covered by the inventory tests and the simulated-GPU e2e tests.
+2. DRAResourceHealth: the first message lists every device HEALTHY; a GPU that disappears from
+   discovery is streamed as UNHEALTHY, over both the v1 and v1alpha1 services.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from dra_driver import kube
+from kubelet_plugin.proto import (
+    dra_health_v1_pb2,
+    dra_health_v1_pb2_grpc,
+    dra_health_v1alpha1_pb2,
+    dra_health_v1alpha1_pb2_grpc,
+)
+from tests.integration.plugin.claimdata import inventory
+from tests.integration.plugin.conftest import ROOT, RunningPlugin
+
+LAUNCHER = """
+import sys
+from tests.integration.plugin.claimdata import inventory
+import kubelet_plugin.main as main
+main._discover_function = lambda: (lambda: inventory(count=2))
+sys.exit(main.main(sys.argv[1:]))
+"""
+
+
+def wait_for(predicate: Any, timeout: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def test_plugin_process_lifecycle(cluster: Any, kube_client: kube.KubeClient) -> None:
+    root = Path(tempfile.mkdtemp(prefix="vgpu-main-"))
+    cdi_root = root / "cdi"
+    cdi_root.mkdir()
+    orphan = cdi_root / "k8s.vgpu.dra.dev-claim_11111111-2222-3333-4444-555555555555.json"
+    orphan.write_text("{}")
+    argv = [
+        sys.executable,
+        "-c",
+        LAUNCHER,
+        "--node-name=node-2",
+        f"--kubeconfig={cluster.kubeconfig}",
+        f"--plugin-dir={root}/plugins/vgpu.dra.dev",
+        f"--registrar-dir={root}/registry",
+        f"--cdi-root={cdi_root}",
+        f"--state-dir={root}/state",
+        f"--hook-path={root}/libvgpu.so",
+        "--no-nvidia-cdi",
+        "--no-governor",
+    ]
+    log = (root / "plugin.log").open("w")
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    dra = root / "plugins" / "vgpu.dra.dev" / "dra.sock"
+    reg = root / "registry" / "vgpu.dra.dev-reg.sock"
+    try:
+        wait_for(reg.exists, what="the registration socket")
+        assert dra.exists()
+        assert not orphan.exists(), "start-up reconciliation keeps orphan specs"
+        for sock in (dra, reg):
+            assert oct(sock.stat().st_mode & 0o777) == oct(0o600)
+
+        def published() -> list[dict[str, Any]]:
+            return kube_client.list(
+                kube.path(kube.RESOURCE_API, "resourceslices"),
+                field_selector="spec.nodeName=node-2",
+            )
+
+        wait_for(lambda: len(published()) == 1, what="the ResourceSlice of node-2")
+        [slice_] = published()
+        assert [d["name"] for d in slice_["spec"]["devices"]] == ["gpu-0", "gpu-1"]
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert not dra.exists() and not reg.exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+        print((root / "plugin.log").read_text()[-3000:])
+        for item in published_slices(kube_client):
+            kube_client.delete(kube.path(kube.RESOURCE_API, "resourceslices", item))
+
+
+def published_slices(client: kube.KubeClient) -> list[str]:
+    items = client.list(
+        kube.path(kube.RESOURCE_API, "resourceslices"), field_selector="spec.nodeName=node-2"
+    )
+    return [item["metadata"]["name"] for item in items]
+
+
+def test_health_stream_reports_changes(plugin: RunningPlugin) -> None:
+    for pb, pb_grpc in (
+        (dra_health_v1_pb2, dra_health_v1_pb2_grpc),
+        (dra_health_v1alpha1_pb2, dra_health_v1alpha1_pb2_grpc),
+    ):
+        plugin.board.observe(plugin.inventory)  # everything healthy again
+        with grpc.insecure_channel(f"unix://{plugin.sockets.dra}") as channel:
+            stream = pb_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+                pb.NodeWatchResourcesRequest(), timeout=20
+            )
+            first = next(stream)
+            assert {
+                (d.device.pool_name, d.device.device_name, d.health) for d in first.devices
+            } == {("node-1", f"gpu-{i}", pb.HEALTHY) for i in range(4)}
+            assert all(d.health_check_timeout_seconds > 0 for d in first.devices)
+
+            without_gpu1 = inventory(count=4, memory=16 << 30).model_copy(
+                update={"gpus": tuple(g for g in plugin.inventory.gpus if g.index != 1)}
+            )
+            timer = threading.Timer(0.2, plugin.board.observe, args=(without_gpu1,))
+            timer.start()
+            update = next(stream)
+            timer.join()
+            health = {d.device.device_name: d.health for d in update.devices}
+            assert health["gpu-1"] == pb.UNHEALTHY
+            assert health["gpu-0"] == pb.HEALTHY
+            stream.cancel()
+
+
+def test_bad_flags_exit_with_a_clear_message() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "dra_driver.cli", "kubelet-plugin", "--oversubscription-ratio=0.5"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "NODE_NAME": "node-x"},
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "--oversubscription-ratio must be >= 1.0, got 0.5" in done.stderr
