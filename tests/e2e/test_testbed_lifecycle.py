@@ -7,7 +7,9 @@ What this proves:
 2. A component that dies during start-up (a broken kube-apiserver) makes `Cluster.start` fail
    with the component's name and the tail of its log, after stopping what had started (etcd):
    no process, no listening port, only `logs/` kept.
-3. `vgpu-dra dev-cluster up` leaves a running cluster after the command exits (detached, in its
+3. A starter that is SIGKILLed takes its components with it (PR_SET_PDEATHSIG), and a pytest
+   session interrupted with Ctrl-C tears the `cluster` fixture down: no process, no port.
+4. `vgpu-dra dev-cluster up` leaves a running cluster after the command exits (detached, in its
    own sessions), ends with `export KUBECONFIG=...`, `status` reports it healthy, a second
    `up` is refused, and `down` stops it all.
 """
@@ -18,6 +20,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +28,7 @@ import pytest
 from tests.e2e.conftest import require_binaries
 from vgpu_testbed.cluster import Cluster, default_bin_dir
 from vgpu_testbed.cluster_health import ComponentDiedError
+from vgpu_testbed.cluster_state import ClusterState
 from vgpu_testbed.procs import ProcessRecord, is_alive
 
 
@@ -171,3 +175,89 @@ def test_dev_cluster_cli_up_status_down(tmp_path: Path) -> None:
     finally:
         if (root / "state.json").exists():
             Cluster.attach(root).stop()
+
+
+CRASHING_STARTER = """
+import sys
+from pathlib import Path
+from vgpu_testbed.cluster import Cluster
+cluster = Cluster.start(Path(sys.argv[1]), ["t4"], die_with_parent=True)
+print("READY", flush=True)
+sys.stdin.read()  # until killed
+"""
+
+INTERRUPTED_SESSION = """
+import os, signal
+from vgpu_testbed.cluster import Cluster
+
+def test_interrupted(cluster: Cluster) -> None:
+    with open(os.environ["STATE_COPY"], "w") as out:
+        out.write(cluster.state.model_dump_json())
+    os.kill(os.getpid(), signal.SIGINT)
+"""
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+
+
+def test_sigkilled_starter_takes_the_cluster_with_it(tmp_path: Path) -> None:
+    # What a crashed (SIGKILLed) test session leaves: nothing, the kernel ends the components.
+    require_binaries()
+    root = tmp_path / "crash"
+    starter = subprocess.Popen(
+        [sys.executable, "-c", CRASHING_STARTER, str(root)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    try:
+        assert starter.stdout is not None
+        assert starter.stdout.readline().strip() == "READY"
+        cluster = Cluster.attach(root)
+        records = cluster.processes
+        assert len(records) == 4 and all(is_alive(r) for r in records)
+        starter.kill()
+        starter.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while any(is_alive(r) for r in records) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert_all_gone(records, list(cluster.state.ports.values()))
+    finally:
+        if starter.poll() is None:
+            starter.kill()
+        if (root / "state.json").exists():
+            Cluster.attach(root).stop()
+
+
+def test_interrupted_pytest_session_tears_the_fixture_down(tmp_path: Path) -> None:
+    # Ctrl-C in the middle of a session that uses the `cluster` fixture stops the cluster.
+    require_binaries()
+    suite = tmp_path / "suite"
+    (suite / "tests" / "e2e").mkdir(parents=True)
+    repo = Path(__file__).resolve().parents[2]
+    (suite / "tests" / "__init__.py").write_text("")
+    (suite / "tests" / "e2e" / "__init__.py").write_text("")
+    (suite / "tests" / "e2e" / "conftest.py").write_text(
+        (repo / "tests/e2e/conftest.py").read_text()
+    )
+    (suite / "tests" / "e2e" / "test_interrupted.py").write_text(INTERRUPTED_SESSION)
+    state_copy = tmp_path / "state.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/e2e"],
+        cwd=suite,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**_env(), "STATE_COPY": str(state_copy)},
+    )
+    assert run.returncode == 2, run.stdout + run.stderr  # pytest's "interrupted"
+    assert "KeyboardInterrupt" in run.stdout + run.stderr
+    state = ClusterState.model_validate_json(state_copy.read_text())
+    assert len(state.processes) == 4
+    assert_all_gone(state.processes, list(state.ports.values()))
+    # The fixture's own teardown ran (not just the kernel's parent-death signal): it removed
+    # everything but the logs.
+    assert sorted(p.name for p in Path(state.root).iterdir()) == ["logs"]
