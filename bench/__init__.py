@@ -1,0 +1,2 @@
+"""Benchmarks: each `bench/<name>_bench.py` has a `main() -> None` that measures one part and
+writes `bench/results/<name>.json`. `python -m bench` (make bench) runs them all."""
