@@ -257,7 +257,7 @@ class KubeletStandin:
         self.call_timeout_s = call_timeout_s
         self.mark_running = mark_running
         self.plugins: dict[str, Plugin] = {}  # driver -> plugin
-        self._reg_sockets: dict[str, int] = {}  # reg socket path -> inode registered
+        self._reg_sockets: dict[str, int] = {}  # reg socket path -> identity registered
         self.prepared: dict[str, ClaimRef] = {}
         self.prepared_driver: dict[str, str] = {}
         self._load_prepared()
@@ -299,9 +299,11 @@ class KubeletStandin:
         for entry in entries:
             if entry.name.endswith("-reg.sock"):
                 try:
-                    present[entry.path] = entry.inode()
+                    info = entry.stat(follow_symlinks=False)
                 except OSError:
                     continue
+                # inode and change time: a re-created socket (plugin restart) may reuse the inode
+                present[entry.path] = hash((info.st_ino, info.st_ctime_ns))
         for path, inode in present.items():
             if self._reg_sockets.get(path) == inode:
                 continue
