@@ -24,6 +24,19 @@ if [[ -f $stamp && ${1:-} != --force ]]; then
     exit 0
 fi
 
+# One build at a time per version (CI and a developer, or two engineers, may start one at
+# once): the second waits, then finds the stamp and returns.
+mkdir -p "$out"
+exec 9>"$out/.build.lock"
+if ! flock -n 9; then
+    echo "another build of $K8S_VERSION is running; waiting for it" >&2
+    flock 9
+fi
+if [[ -f $stamp && ${1:-} != --force ]]; then
+    echo "control plane $K8S_VERSION already built in $bin"
+    exit 0
+fi
+
 export GOMODCACHE="$cache/go/mod"
 export GOCACHE="$cache/go/build"
 export GOFLAGS="-mod=mod -buildvcs=false"
