@@ -1,0 +1,337 @@
+"""Node-side compute governor: one NVML sampler per GPU sets every claim's launch budget.
+
+Why: each hooked process could sample NVML itself (the hook's fallback does), but one sampler
+per GPU is cheaper, sees every tenant of the GPU at once (needed for the `balance` policy) and
+keeps working inside pid namespaces, where a container cannot match NVML's host pids.
+
+What it does, every `period` seconds: read each claim's vgpu.conf and shared region under
+`<state-dir>/claims/*/`, sample each GPU that has a capped claim once (utilisation plus
+per-process utilisation), attribute process utilisation to claims (by the pids in the region's
+slots, or else by which processes hold the claim's region file open), run the same controller
+as the hook (vgpu_hook/src/bucket.c) and write the new refill rate into the claim's region.
+The hook uses a governor rate while `governor_stamp_ns` is under 2 s old.
+
+Who calls it: the kubelet plugin starts `start_governor(state_dir, stop)` next to its servers;
+tests drive `Governor.tick()` with a fake `UtilSource`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from kubelet_plugin.region import (
+    POLICY_BALANCE,
+    POLICY_NONE,
+    Region,
+    RegionError,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PERIOD_S = 0.1
+BALANCE_HEADROOM = 5.0
+_POLICIES = {"none": POLICY_NONE, "fixed": 1, "balance": POLICY_BALANCE}
+
+
+# ---- configuration -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CappedDevice:
+    """One `device` line of a claim's vgpu.conf that carries a compute cap."""
+
+    uuid: str
+    cores: int
+    policy: int
+
+
+def parse_compute_caps(text: str) -> list[CappedDevice]:
+    """The compute-capped devices of a vgpu.conf (same rules as the hook's parser).
+
+    Lines the hook would reject, and devices without an effective cap (cores 0 or 100, policy
+    none), are left out: the governor never limits what the hook would not.
+    """
+    caps: list[CappedDevice] = []
+    for raw in text.splitlines():
+        words = raw.split("#", 1)[0].split()
+        if not words or words[0] != "device":
+            continue
+        tokens = dict(w.split("=", 1) for w in words[1:] if "=" in w)
+        uuid = tokens.get("uuid", "")
+        cores_text = tokens.get("cores", "0")
+        policy = _POLICIES.get(tokens.get("policy", "fixed"), 1)
+        if not uuid or not cores_text.isdigit():
+            continue
+        cores = int(cores_text)
+        if 0 < cores < 100 and policy != POLICY_NONE:
+            caps.append(CappedDevice(uuid, cores, policy))
+    return caps
+
+
+# ---- the controller (mirror of vgpu_ctl_step in vgpu_hook/src/bucket.c) ---------------------
+
+
+@dataclass(slots=True)
+class Controller:
+    """Model util = gain * cost_rate; rate = (target + integral) / gain, anti-windup."""
+
+    gain: float = 0.0
+    integral: float = 0.0
+
+    def step(
+        self, *, target: float, util: float, cost_rate: float, throttled: bool, rate: float
+    ) -> float:
+        if cost_rate > 0 and util > 0.5:
+            observed = util / cost_rate
+            self.gain = 0.6 * self.gain + 0.4 * observed if self.gain > 0 else observed
+        if self.gain <= 0:
+            return rate
+        error = target - util
+        if throttled or error < 0:
+            bound = max(target, 10.0)
+            self.integral = min(bound, max(-bound, self.integral + 0.5 * error))
+        want = max(0.5, target + self.integral)
+        new_rate = want / self.gain
+        return new_rate if math.isfinite(new_rate) and new_rate >= 1 else 1.0
+
+
+def balance_target(cores: int, device_util: float, own_util: float) -> float:
+    """`balance`: borrow the GPU's idle capacity, never below the guaranteed cap."""
+    others = max(0.0, device_util - own_util)
+    return max(float(cores), 100.0 - others - BALANCE_HEADROOM)
+
+
+# ---- the NVML seam -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    device_util: float
+    process_util: dict[int, float]  # pid -> SM utilisation points since the last sample
+
+
+class UtilSource(Protocol):
+    def sample(self, uuid: str, since_us: int) -> GpuSample | None: ...
+
+
+class NvmlUtilSource:
+    """UtilSource over pynvml (the one place the governor touches NVML)."""
+
+    def __init__(self) -> None:
+        import pynvml
+
+        self._nvml = pynvml
+        pynvml.nvmlInit()
+        self._handles: dict[str, object] = {}
+
+    def sample(self, uuid: str, since_us: int) -> GpuSample | None:
+        nvml = self._nvml
+        try:
+            handle = self._handles.get(uuid)
+            if handle is None:
+                handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+                self._handles[uuid] = handle
+            device_util = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            try:
+                samples = nvml.nvmlDeviceGetProcessUtilization(handle, since_us)
+            except nvml.NVMLError:
+                samples = []
+            per_pid: dict[int, float] = {}
+            for s in samples:
+                per_pid[int(s.pid)] = per_pid.get(int(s.pid), 0.0) + float(s.smUtil)
+            return GpuSample(device_util, per_pid)
+        except nvml.NVMLError as err:
+            log.warning("governor: NVML sample of %s failed: %s", uuid, err)
+            return None
+
+
+# ---- pid attribution -----------------------------------------------------------------------------
+
+
+def pids_holding(path: str, candidates: Iterable[int], proc: str = "/proc") -> set[int]:
+    """Which of these (host) pids have `path` open: works across pid namespaces."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return set()
+    found: set[int] = set()
+    for pid in candidates:
+        fd_dir = f"{proc}/{pid}/fd"
+        try:
+            for name in os.listdir(fd_dir):
+                try:
+                    fst = os.stat(f"{fd_dir}/{name}")
+                except OSError:
+                    continue
+                if fst.st_ino == st.st_ino and fst.st_dev == st.st_dev:
+                    found.add(pid)
+                    break
+        except OSError:
+            continue
+    return found
+
+
+# ---- the governor ------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Claim:
+    uid: str
+    region: Region
+    caps: list[CappedDevice]
+    conf_mtime: float
+    controllers: dict[str, Controller] = field(default_factory=dict)
+    marks: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # cost, throttled, ns
+
+
+class Governor:
+    """Owns the open regions and controllers; `tick()` is one sampling + control pass."""
+
+    def __init__(
+        self,
+        state_dir: str,
+        source: UtilSource,
+        *,
+        clock_ns: Callable[[], int] = time.monotonic_ns,
+        wall_us: Callable[[], int] = lambda: time.time_ns() // 1000,
+    ) -> None:
+        self.claims_dir = os.path.join(state_dir, "claims")
+        self.source = source
+        self.clock_ns = clock_ns
+        self.wall_us = wall_us
+        self.claims: dict[str, _Claim] = {}
+        self._last_sample_us = wall_us()
+
+    def close(self) -> None:
+        for claim in self.claims.values():
+            claim.region.close()
+        self.claims.clear()
+
+    def refresh(self) -> None:
+        """Pick up new claims (once the hook has created their region), drop removed ones."""
+        try:
+            names = set(os.listdir(self.claims_dir))
+        except OSError:
+            names = set()
+        for uid in list(self.claims):
+            if uid not in names:
+                self.claims.pop(uid).region.close()
+        for uid in sorted(names):
+            conf_path = os.path.join(self.claims_dir, uid, "vgpu.conf")
+            region_path = os.path.join(self.claims_dir, uid, "region")
+            try:
+                mtime = os.stat(conf_path).st_mtime
+            except OSError:
+                continue
+            known = self.claims.get(uid)
+            if known is not None and known.conf_mtime == mtime:
+                continue
+            try:
+                with open(conf_path, encoding="utf-8", errors="replace") as f:
+                    caps = parse_compute_caps(f.read())
+            except OSError as err:
+                log.warning("governor: cannot read %s: %s", conf_path, err)
+                continue
+            if known is not None:
+                known.caps, known.conf_mtime = caps, mtime
+                continue
+            if not caps or not os.path.exists(region_path):
+                continue
+            try:
+                region = Region(region_path)
+            except (OSError, RegionError) as err:
+                log.warning("governor: claim %s: %s", uid, err)
+                continue
+            self.claims[uid] = _Claim(uid, region, caps, mtime)
+
+    def tick(self) -> None:
+        self.refresh()
+        now_ns = self.clock_ns()
+        since_us = self._last_sample_us
+        self._last_sample_us = self.wall_us()
+        by_gpu: dict[str, list[tuple[_Claim, CappedDevice]]] = {}
+        for claim in self.claims.values():
+            for cap in claim.caps:
+                by_gpu.setdefault(cap.uuid.lower(), []).append((claim, cap))
+        for tenants in by_gpu.values():
+            sample = self.source.sample(tenants[0][1].uuid, since_us)
+            if sample is None:
+                continue
+            for claim, cap in tenants:
+                self._control(claim, cap, sample, now_ns, len(tenants))
+
+    def _claim_util(self, claim: _Claim, sample: GpuSample, tenants: int) -> float:
+        pids = claim.region.live_pids() & set(sample.process_util)
+        if not pids:
+            pids = pids_holding(claim.region.path, sample.process_util)
+        if pids:
+            return sum(sample.process_util[p] for p in pids)
+        # Nobody of ours ran in the window. Alone on the GPU, the GPU figure is ours.
+        return sample.device_util if tenants == 1 else 0.0
+
+    def _control(
+        self, claim: _Claim, cap: CappedDevice, sample: GpuSample, now_ns: int, tenants: int
+    ) -> None:
+        index = claim.region.device_index(cap.uuid)
+        if index is None:
+            return
+        usage = claim.region.device(index)
+        mark = claim.marks.get(cap.uuid)
+        claim.marks[cap.uuid] = (usage.launch_cost, usage.throttled_ns, now_ns)
+        if mark is None or now_ns <= mark[2]:
+            # First sight: claim the device so the hook stops its own sampling meanwhile.
+            if usage.rate:
+                claim.region.write_rate(index, usage.rate, now_ns)
+            return
+        dt = (now_ns - mark[2]) / 1e9
+        util = self._claim_util(claim, sample, tenants)
+        target = (
+            balance_target(cap.cores, sample.device_util, util)
+            if cap.policy == POLICY_BALANCE
+            else float(cap.cores)
+        )
+        controller = claim.controllers.setdefault(cap.uuid, Controller())
+        rate = controller.step(
+            target=target,
+            util=util,
+            cost_rate=(usage.launch_cost - mark[0]) / dt,
+            throttled=usage.throttled_ns > mark[1],
+            rate=float(usage.rate),
+        )
+        if rate >= 1:
+            claim.region.write_rate(index, int(rate), now_ns)
+        log.debug(
+            "governor: claim %s %s util %.1f target %.1f rate %.0f",
+            claim.uid,
+            cap.uuid,
+            util,
+            target,
+            rate,
+        )
+
+    def run(self, stop: threading.Event, period: float = DEFAULT_PERIOD_S) -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                self.tick()
+            except Exception:  # one bad claim or sample must not stop the node's governor
+                log.exception("governor: tick failed")
+            stop.wait(max(0.0, period - (time.monotonic() - started)))
+        self.close()
+
+
+def start_governor(
+    state_dir: str, stop: threading.Event, source: UtilSource | None = None
+) -> threading.Thread:
+    """Run the governor in a daemon thread until `stop` is set (kubelet plugin entry point)."""
+    governor = Governor(state_dir, source if source is not None else NvmlUtilSource())
+    thread = threading.Thread(target=governor.run, args=(stop,), name="vgpu-governor", daemon=True)
+    thread.start()
+    return thread
