@@ -239,13 +239,22 @@ class Preparer:
         settings = self._settings
         directory = cdi.claim_dir(settings.state_dir, plan.uid)
         _make_claim_dir(directory, settings.spec.claim_gid)
+        # Both files are fsynced but their directories are not: the checkpoint written after them
+        # is (file and directory), and start-up reconciliation rewrites any spec or config that a
+        # power loss took back, so the claim's files are recoverable whenever its entry exists.
         write_atomic(
             os.path.join(directory, HOOK_CONFIG_FILE),
             render_hook_config(plan).encode(),
             mode=HOOK_CONFIG_MODE,
             gid=settings.spec.claim_gid,
+            sync_dir=False,
         )
-        write_atomic(self._spec_path(plan.uid), cdi.encode_spec(self._spec(plan)), mode=SPEC_MODE)
+        write_atomic(
+            self._spec_path(plan.uid),
+            cdi.encode_spec(self._spec(plan)),
+            mode=SPEC_MODE,
+            sync_dir=False,
+        )
 
     def _spec(self, plan: ClaimPlan) -> dict[str, Any]:
         level = log_level(plan)
