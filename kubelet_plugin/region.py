@@ -73,7 +73,7 @@ class RegionLayout(ctypes.Structure):
         ("size", ctypes.c_uint32),
         ("device_count", ctypes.c_uint32),
         ("ready", ctypes.c_uint32),
-        ("reserved0", ctypes.c_uint32),
+        ("slot_hwm", ctypes.c_uint32),
         ("created_ns", ctypes.c_uint64),
         ("claim", ctypes.c_char * CLAIM_LEN),
         ("devices", RegionDevice * MAX_DEVICES),
@@ -138,12 +138,17 @@ class Region:
     ) -> None:
         self.close()
 
+    def _slots(self) -> list[RegionSlot]:
+        """The slots that may be in use (hooks take slots lowest-first up to slot_hwm)."""
+        hwm = min(self.layout.slot_hwm, MAX_SLOTS)
+        return [self.layout.slots[i] for i in range(hwm)]
+
     def live_pids(self) -> set[int]:
-        return {slot.pid for slot in self.layout.slots if slot.pid > 0}
+        return {slot.pid for slot in self._slots() if slot.pid > 0}
 
     def device(self, index: int) -> DeviceUsage:
         d = self.layout.devices[index]
-        used = sum(slot.used[index] for slot in self.layout.slots)
+        used = sum(slot.used[index] for slot in self._slots())
         return DeviceUsage(
             uuid=d.uuid.decode(errors="replace"),
             memory_limit=d.memory_limit,

@@ -78,7 +78,7 @@ def _make_claim(root: Path, uid: str, cores: int, pid: int, policy: str = "fixed
     )
     layout = rg.RegionLayout()
     layout.magic, layout.version, layout.size = rg.REGION_MAGIC, rg.REGION_VERSION, rg.REGION_SIZE
-    layout.device_count, layout.ready = 1, 1
+    layout.device_count, layout.ready, layout.slot_hwm = 1, 1, 1
     layout.devices[0].uuid = UUID.encode()
     layout.devices[0].cores = cores
     layout.slots[0].pid = pid

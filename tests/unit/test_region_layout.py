@@ -61,7 +61,7 @@ def test_field_offsets_match(
 def _write_region(path: Path) -> None:
     layout = rg.RegionLayout()
     layout.magic, layout.version, layout.size = rg.REGION_MAGIC, rg.REGION_VERSION, rg.REGION_SIZE
-    layout.device_count, layout.ready = 2, 1
+    layout.device_count, layout.ready, layout.slot_hwm = 2, 1, 901
     layout.devices[1].uuid = b"GPU-abc"
     layout.devices[1].memory_limit = 1000
     layout.devices[1].cores = 30

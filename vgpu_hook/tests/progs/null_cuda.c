@@ -1,0 +1,35 @@
+/*
+ * null_cuda.c - a do-nothing libcuda.so.1 for measuring the hook's own per-call overhead.
+ *
+ * The simulated driver spends microseconds per call (locks, clocks, shared state), which
+ * drowns a few nanoseconds of hook overhead in noise; against this driver every call returns
+ * at once, so (time with hook - time without) is the hook's cost. Used only by bench/.
+ */
+#include <string.h>
+
+#define EXPORT __attribute__((visibility("default")))
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+
+static unsigned long long next_ptr = 0x100000;
+
+EXPORT CUresult cuInit(unsigned f) { (void)f; return 0; }
+EXPORT CUresult cuDeviceGet(int *d, int o) { *d = o; return 0; }
+EXPORT CUresult cuDeviceGetUuid_v2(char *u, int d) { memset(u, 0x11 * (d + 1), 16); return 0; }
+EXPORT CUresult cuDevicePrimaryCtxRetain(void **c, int d) { (void)d; *c = (void *)1; return 0; }
+EXPORT CUresult cuCtxSetCurrent(void *c) { (void)c; return 0; }
+EXPORT CUresult cuCtxGetDevice(int *d) { *d = 0; return 0; }
+EXPORT CUresult cuCtxSynchronize(void) { return 0; }
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) { *p = next_ptr; next_ptr += n; return 0; }
+EXPORT CUresult cuMemFree_v2(CUdeviceptr p) { (void)p; return 0; }
+EXPORT CUresult cuMemGetInfo_v2(size_t *f, size_t *t) { *f = 1ULL << 34; *t = 1ULL << 35; return 0; }
+EXPORT CUresult cuModuleLoadData(void **m, const void *i) { (void)i; *m = (void *)1; return 0; }
+EXPORT CUresult cuModuleGetFunction(void **f, void *m, const char *n) {
+    (void)m; (void)n; *f = (void *)1; return 0;
+}
+EXPORT CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                               unsigned by, unsigned bz, unsigned sh, void *s, void **p, void **e) {
+    (void)f; (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)sh; (void)s;
+    (void)p; (void)e;
+    return 0;
+}
