@@ -97,7 +97,12 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
     )
     add("--publish-slices", action=argparse.BooleanOptionalAction, default=True)
     add("--health", action=argparse.BooleanOptionalAction, default=True)
-    add("--governor", action=argparse.BooleanOptionalAction, default=False)
+    add(
+        "--governor",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the per-GPU compute governor (kubelet_plugin.governor) when available",
+    )
     add("--resync-seconds", type=float, default=60.0, help="slice and health re-check period")
     add("--workers", type=int, default=16, help="claims prepared in parallel per call")
     add("--log-level", default=default("log_level", "info"), choices=_LEVELS)
@@ -261,15 +266,18 @@ def _background(
 def _start_governor(
     args: argparse.Namespace, settings: NodeSettings, stop: threading.Event
 ) -> threading.Thread | None:
-    """The compute-policy governor (vgpu_hook's owner), if this build has it."""
+    """The compute-policy governor (vgpu_hook's side of the node), if this build has it.
+
+    Its interface: `kubelet_plugin.governor.start_governor(state_dir, stop) -> Thread`, which
+    samples NVML per GPU and writes each claim's launch budget into `<state-dir>/claims/*/region`.
+    Without it the hook falls back to sampling NVML in every process.
+    """
     try:
         module: Any = importlib.import_module("kubelet_plugin.governor")
-    except ImportError as exc:
-        log.warning("--governor given but kubelet_plugin.governor is unavailable: %s", exc)
+        thread: threading.Thread = module.start_governor(settings.state_dir, stop)
+    except Exception as exc:
+        log.warning("governor not started (hooks will pace themselves): %s", exc)
         return None
-    governor = module.Governor(state_dir=settings.state_dir)
-    thread = threading.Thread(target=governor.run, args=(stop,), name="governor", daemon=True)
-    thread.start()
     log.info("governor running over %s/claims", settings.state_dir)
     return thread
 

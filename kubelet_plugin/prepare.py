@@ -158,6 +158,9 @@ class Preparer:
             known = self._prepared.get(ref.uid)
         if known is not None:
             log.debug("claim %s already prepared; returning the recorded devices", ref)
+            if not self._files_present(known):  # removed behind our back: put them back
+                log.warning("claim %s: CDI spec or hook config missing; rewriting", ref)
+                self._write_claim_files(known)
             return self._result(known)
         claim = self._source(ref)
         allocation = parse_allocation(
@@ -343,6 +346,10 @@ class Preparer:
                 report.rewritten,
             )
         return report
+
+    def _files_present(self, plan: ClaimPlan) -> bool:
+        conf = os.path.join(cdi.claim_dir(self._settings.state_dir, plan.uid), HOOK_CONFIG_FILE)
+        return os.path.exists(conf) and os.path.exists(self._spec_path(plan.uid))
 
     def _files_stale(self, plan: ClaimPlan) -> bool:
         conf = os.path.join(cdi.claim_dir(self._settings.state_dir, plan.uid), HOOK_CONFIG_FILE)

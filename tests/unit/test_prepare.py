@@ -258,3 +258,15 @@ def test_failed_write_rolls_back(tmp_path: Path, claims: Claims, preparer: Prepa
     assert not (tmp_path / "state" / "claims" / ref.uid).exists()
     (tmp_path / "cdi").mkdir()
     assert preparer.prepare([ref])[ref.uid].error == ""  # the reservation was released too
+
+
+def test_retry_restores_files_removed_while_running(
+    tmp_path: Path, claims: Claims, preparer: Preparer
+) -> None:
+    ref = claims.add(claim([result("gpu-0", memory="1Gi")]))
+    first = preparer.prepare([ref])[ref.uid]
+    spec_path(tmp_path, ref.uid).unlink()
+    shutil.rmtree(tmp_path / "state" / "claims" / ref.uid)
+    assert preparer.prepare([ref])[ref.uid] == first
+    assert spec_path(tmp_path, ref.uid).exists()
+    assert (tmp_path / "state" / "claims" / ref.uid / "vgpu.conf").exists()
