@@ -1,0 +1,119 @@
+"""Properties of libvgpu.so itself and of real client libraries using it.
+
+Proves: (1) only the hooks.def symbols and dlsym are exported; (2) no constructor does work
+(.init_array holds only the compiler's frame_dummy) and no internal call goes through the
+public dlsym; (3) a program without any GPU library, and a CUDA program whose driver is
+missing, run normally under the hook; (4) cuda-python 13 (dlsym + cuGetProcAddress_v2) sees
+the cap in cuMemGetInfo/cuDeviceTotalMem and gets CUDA_ERROR_OUT_OF_MEMORY past it;
+(5) pynvml inside the container reports total = cap and used = the claim's usage.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.integration.hook.conftest import (
+    GIB,
+    HOOK_DIR,
+    HOOK_LIB,
+    PROBE,
+    UUIDS,
+    Node,
+    fake_has_nvml,
+)
+
+
+def _hooked_names() -> set[str]:
+    text = (HOOK_DIR / "src" / "hooks.def").read_text()
+    return set(re.findall(r"^HOOK_(?:CU|NVML)\((\w+)\)", text, re.M))
+
+
+def test_exports_are_exactly_the_hook_list(built: None) -> None:
+    out = subprocess.run(
+        ["nm", "-D", "--defined-only", str(HOOK_LIB)], capture_output=True, text=True, check=True
+    ).stdout
+    exported = {line.split()[-1] for line in out.splitlines() if line.strip()}
+    assert exported == _hooked_names() | {"dlsym"}
+
+
+def test_no_constructor_work_and_no_public_dlsym_calls(built: None) -> None:
+    headers = subprocess.run(
+        ["objdump", "-h", str(HOOK_LIB)], capture_output=True, text=True, check=True
+    ).stdout
+    init = [line.split() for line in headers.splitlines() if ".init_array" in line]
+    assert init and int(init[0][2], 16) == 8, "only frame_dummy may be in .init_array"
+    asm = subprocess.run(
+        ["objdump", "-d", str(HOOK_LIB)], capture_output=True, text=True, check=True
+    ).stdout
+    assert "<dlsym@plt>" not in asm
+
+
+def test_non_gpu_program_and_missing_driver_are_unaffected(node: Node) -> None:
+    claim = node.claim("c-plain", [f"device uuid={UUIDS[0]} memory={GIB} cores=30"])
+    done = claim.run(["sh", "-c", "echo hello; cat /etc/ld.so.preload"])
+    assert done.returncode == 0
+    assert done.stdout.split() == ["hello", "/usr/local/vgpu-dra/lib/libvgpu.so"]
+    done = claim.run([str(PROBE), "init"], LD_LIBRARY_PATH="/nonexistent")
+    assert done.returncode == 2 and "dlopen failed" in done.stdout
+
+
+CUDA_PYTHON = textwrap.dedent(
+    """
+    from cuda.bindings import driver as d
+    assert d.cuInit(0)[0] == 0
+    _, dev = d.cuDeviceGet(0)
+    _, ctx = d.cuDevicePrimaryCtxRetain(dev)
+    d.cuCtxSetCurrent(ctx)
+    err, free, total = d.cuMemGetInfo()
+    print("info", int(err), free, total)
+    print("total", int(d.cuDeviceTotalMem(dev)[1]))
+    e1, _ = d.cuMemAlloc(600 << 20)
+    e2, _ = d.cuMemAlloc(600 << 20)
+    e3, _ = d.cuMemAllocAsync(600 << 20, None)
+    print("alloc", int(e1), int(e2), int(e3))
+    """
+)
+
+
+def test_cuda_python_hits_the_cap(node: Node) -> None:
+    claim = node.claim("c-cudapy", [f"device uuid={UUIDS[0]} memory={GIB} cores=0"])
+    done = claim.run([sys.executable, "-c", CUDA_PYTHON])
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"info 0 {GIB} {GIB}"
+    assert lines[1] == f"total {GIB}"
+    assert lines[2] == "alloc 0 2 2"
+
+
+PYNVML = textwrap.dedent(
+    f"""
+    import pynvml
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByUUID("{UUIDS[0]}")
+    m = pynvml.nvmlDeviceGetMemoryInfo(h)
+    print(m.total, m.used, m.free)
+    """
+)
+
+
+@pytest.mark.skipif(not fake_has_nvml(), reason="the simulated NVML is not built yet")
+def test_pynvml_inside_shows_the_cap(node: Node) -> None:
+    claim = node.claim("c-nvml", [f"device uuid={UUIDS[0]} memory={GIB} cores=0"])
+    holder = claim.run(
+        [
+            "sh",
+            "-c",
+            f"{PROBE} init alloc:314572800 sleep:3000 & sleep 1; "
+            f"{sys.executable} -c '{PYNVML}'; wait",
+        ]
+    )
+    assert holder.returncode == 0, holder.stderr
+    total, used, free = map(int, holder.stdout.splitlines()[-1].split())
+    assert total == GIB
+    assert used == 300 << 20
+    assert free == GIB - (300 << 20)
