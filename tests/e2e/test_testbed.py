@@ -46,19 +46,50 @@ def wait_until(what: str, fn: Callable[[], T | None], timeout: float = 45.0) -> 
         time.sleep(0.2)
 
 
+def foreign_slices(k8s: Any) -> list[str]:
+    """Other ResourceSlices of our driver on node-1 (they would join the allocation)."""
+    slices = client.ResourceV1Api(k8s).list_resource_slice().items
+    return [
+        s.metadata.name
+        for s in slices
+        if s.spec.driver == DRIVER and s.spec.node_name == NODE and s.metadata.name != SLICE
+    ]
+
+
 @pytest.fixture(scope="module")
 def dra_objects(k8s: Any) -> Iterator[None]:
     """A hand-written ResourceSlice for node-1 (gpu-0, gpu-1: 80Gi, 100 cores each) and the
     DeviceClass; removed after the module so later tests (a real kubelet plugin publishing for
-    node-1) start clean."""
+    node-1) start clean. The session cluster is shared: slices another module left for node-1
+    would take part in allocation, so they must be gone first; an existing DeviceClass of the
+    same name is used as it is (and left in place)."""
     res = client.ResourceV1Api(k8s)
+    leftovers = wait_until_none(lambda: foreign_slices(k8s), timeout=30)
+    assert not leftovers, f"an earlier test left ResourceSlices of {DRIVER} on {NODE}: {leftovers}"
     res.create_resource_slice(body=example.resource_slice(SLICE, NODE))
-    res.create_device_class(body=example.device_class())
+    created_class = False
+    try:
+        res.create_device_class(body=example.device_class())
+        created_class = True
+    except ApiException as err:
+        if err.status != 409:
+            raise
+        existing = res.read_device_class(DRIVER)
+        expressions = [sel.cel.expression for sel in existing.spec.selectors or [] if sel.cel]
+        assert expressions == [f'device.driver == "{DRIVER}"'], expressions
     try:
         yield
     finally:
         res.delete_resource_slice(SLICE)
-        res.delete_device_class(DRIVER)
+        if created_class:
+            res.delete_device_class(DRIVER)
+
+
+def wait_until_none(fn: Callable[[], list[str]], timeout: float) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while (found := fn()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return found
 
 
 def make_template(k8s: Any, ns: str, name: str, memory: str, cores: int) -> None:

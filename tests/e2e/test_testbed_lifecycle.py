@@ -54,13 +54,60 @@ def listening(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def assert_all_gone(records: list[ProcessRecord], ports: list[int]) -> None:
+def listener_pids(port: int) -> set[int]:
+    """PIDs holding a LISTEN socket on `port` (from /proc/net/tcp* and /proc/*/fd)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:  # 0A = LISTEN
+                inodes.add(f"socket:[{inode}]")
+    owners = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            fds = list((proc / "fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(fd) in inodes:
+                    owners.add(int(proc.name))
+            except OSError:
+                continue
+    return owners
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def assert_all_gone(records: list[ProcessRecord], ports: list[int], root: Path) -> None:
     alive = [r.name for r in records if is_alive(r)]
     assert not alive, f"still running: {alive}"
     groups = {r.name: group_members(r.pid) for r in records}
     assert not any(groups.values()), f"process-group members left: {groups}"
-    open_ports = [p for p in ports if listening(p)]
-    assert not open_ports, f"still listening: {open_ports}"
+    # Nothing anywhere still runs with this cluster's files (a child that left its group).
+    strays = [
+        p.name
+        for p in Path("/proc").iterdir()
+        if p.name.isdigit() and int(p.name) != os.getpid() and str(root) in cmdline(int(p.name))
+    ]
+    assert not strays, f"processes still using {root}: {[cmdline(int(p)) for p in strays]}"
+    # A freed port may be taken at once by an unrelated process on this shared machine (the
+    # kernel reuses ports): a listener only counts as ours if it is one of our processes.
+    ours = {r.pid for r in records}
+    for port in ports:
+        if listening(port):
+            owners = listener_pids(port)
+            assert not owners & ours, f"port {port} still served by our pids {owners & ours}"
+            assert owners, f"port {port} listens but no owner is visible"
+            assert not any(str(root) in cmdline(pid) for pid in owners), f"port {port}: {owners}"
 
 
 def test_teardown_leaves_no_process_and_no_port(tmp_path: Path) -> None:
@@ -86,7 +133,7 @@ def test_teardown_leaves_no_process_and_no_port(tmp_path: Path) -> None:
     finally:
         leftovers = cluster.stop()
     assert leftovers == []
-    assert_all_gone(records, ports)
+    assert_all_gone(records, ports, root)
     assert not root.exists()
 
 
@@ -121,7 +168,7 @@ def test_component_dying_at_start_is_reported_and_cleaned_up(tmp_path: Path) -> 
     assert [r.name for r in started] == ["etcd", "kube-apiserver"]
     etcd = started[0]
     assert etcd.port is not None
-    assert_all_gone(started, [etcd.port])
+    assert_all_gone(started, [etcd.port], root)
     assert sorted(p.name for p in root.iterdir()) == ["logs"]
 
 
@@ -167,7 +214,7 @@ def test_dev_cluster_cli_up_status_down(tmp_path: Path) -> None:
 
         down = run_cli("down", cwd=tmp_path)
         assert down.returncode == 0, down.stderr
-        assert_all_gone(records, list(cluster.state.ports.values()))
+        assert_all_gone(records, list(cluster.state.ports.values()), root)
         assert not root.exists()
 
         gone = run_cli("status", cwd=tmp_path)
@@ -223,7 +270,7 @@ def test_sigkilled_starter_takes_the_cluster_with_it(tmp_path: Path) -> None:
         deadline = time.monotonic() + 10
         while any(is_alive(r) for r in records) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert_all_gone(records, list(cluster.state.ports.values()))
+        assert_all_gone(records, list(cluster.state.ports.values()), root)
     finally:
         if starter.poll() is None:
             starter.kill()
@@ -257,7 +304,7 @@ def test_interrupted_pytest_session_tears_the_fixture_down(tmp_path: Path) -> No
     assert "KeyboardInterrupt" in run.stdout + run.stderr
     state = ClusterState.model_validate_json(state_copy.read_text())
     assert len(state.processes) == 4
-    assert_all_gone(state.processes, list(state.ports.values()))
+    assert_all_gone(state.processes, list(state.ports.values()), Path(state.root))
     # The fixture's own teardown ran (not just the kernel's parent-death signal): it removed
     # everything but the logs.
     assert sorted(p.name for p in Path(state.root).iterdir()) == ["logs"]
