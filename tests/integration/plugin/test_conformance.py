@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import stat
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -191,3 +192,27 @@ def test_overbooked_claim_is_refused_over_grpc(
     error = out["prepare"][second.uid]["error"]
     assert "would overbook device gpu-3" in error
     assert f"capacity {16 * GiB} bytes" in error
+
+
+def test_256_claims_in_one_call(
+    conformance_bin: Path, plugin: RunningPlugin, kube_client: kube.KubeClient, namespace: str
+) -> None:
+    # 4 GPUs x 16 GiB: 64 claims of 256 MiB and 1 core per GPU fit exactly
+    refs = [
+        create_allocated_claim(
+            kube_client,
+            namespace,
+            [result(f"gpu-{i % 4}", memory="256Mi", cores=1, share_id=str(uuid.uuid4()))],
+        )
+        for i in range(256)
+    ]
+    out = kubelet(conformance_bin, plugin, "-prepare", claims_arg(*refs))
+    assert len(out["prepare"]) == 256
+    assert [uid for uid, c in out["prepare"].items() if c["error"]] == []
+    ids = {i for c in out["prepare"].values() for d in c["devices"] for i in d["cdiDeviceIDs"]}
+    assert len(ids) == 256
+    checkpoint = json.loads((plugin.state_dir / "checkpoint.json").read_text())
+    assert len(checkpoint["claims"]) == 256
+    out = kubelet(conformance_bin, plugin, "-unprepare", claims_arg(*refs))
+    assert all(c["error"] == "" for c in out["unprepare"].values())
+    assert list(plugin.cdi_root.iterdir()) == []
