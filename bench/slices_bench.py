@@ -1,0 +1,164 @@
+"""Cost of keeping a node's ResourceSlices current: the pure builder/plan and the API round trips.
+
+Setup: a throwaway real control plane (vgpu_testbed.cluster, one node) and the SlicePublisher
+with hand-made inventories; when the simulated GPUs are built, also `discover()` in a fresh
+process against the `dgx-h100` profile (what a plugin start or resync pays for NVML).
+
+Measured:
+- `build_8`, `build_128`: building the desired slices for 8 / 128 GPUs (pure);
+- `plan_noop_8`: the diff when nothing changed (pure);
+- `sync_first_8`: the first sync (GET node, LIST, CREATE);
+- `sync_noop_8`: a sync with nothing to write (GET node + LIST): the steady-state resync cost;
+- `sync_change_8`: a sync that bumps the generation (GET, LIST, PUT);
+- `discover_dgx_h100`: wall time of a process that imports pynvml and runs discover().
+No targets: these are figures to watch. Writes bench/results/slices.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from controller.slice_publisher import SlicePublisher, plan_sync
+from dra_driver import slices
+from dra_driver.gpu import GpuInfo, NodeInventory
+from dra_driver.kube import KubeClient
+
+RESULTS = Path(__file__).parent / "results" / "slices.json"
+DRIVER = "vgpu.dra.dev"
+SAMPLES = 100
+
+
+def inventory(count: int, memory: int = 80 << 30) -> NodeInventory:
+    return NodeInventory(
+        driver_version="580.95.05",
+        cuda_driver_version="13.0",
+        gpus=tuple(
+            GpuInfo(
+                index=i,
+                uuid=f"GPU-{i:08x}-0000-4000-8000-000000000000",
+                product_name="NVIDIA H100 80GB HBM3",
+                brand="NVIDIA",
+                architecture="Hopper",
+                cuda_compute_capability="9.0",
+                memory_bytes=memory,
+                sm_count=132,
+                numa_node=i // 4 % 2,
+                pci_bus_id=f"0000:{i % 256:02x}:00.0",
+                pcie_root=f"pci0000:{i % 256:02x}",
+                minor_number=i,
+                nvlink_domain=0,
+            )
+            for i in range(count)
+        ),
+    )
+
+
+def timed(fn: Callable[[], object], samples: int) -> dict[str, float]:
+    durations = []
+    for _ in range(samples):
+        started = time.perf_counter()
+        fn()
+        durations.append(time.perf_counter() - started)
+    ordered = sorted(durations)
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e3, 3)
+
+    return {
+        "n": samples,
+        "p50_ms": at(0.5),
+        "p99_ms": at(0.99),
+        "mean_ms": round(statistics.fmean(ordered) * 1e3, 3),
+    }
+
+
+def pure_figures() -> dict[str, Any]:
+    def build(count: int) -> Callable[[], object]:
+        inv = inventory(count)
+        return lambda: slices.build_slices(inv, driver=DRIVER, node_name="n", node_uid="u")
+
+    desired = slices.build_slices(inventory(8), driver=DRIVER, node_name="n", node_uid="u")
+    listed = [{**obj, "spec": {**obj["spec"], "pool": {**obj["spec"]["pool"]}}} for obj in desired]
+    for obj in listed:
+        obj["spec"]["pool"]["generation"] = 3
+    return {
+        "build_8": timed(build(8), SAMPLES),
+        "build_128": timed(build(128), SAMPLES),
+        "plan_noop_8": timed(lambda: plan_sync(desired, listed), SAMPLES),
+    }
+
+
+def api_figures() -> dict[str, Any]:
+    from vgpu_testbed.cluster import Cluster
+
+    root = Path(tempfile.mkdtemp(prefix="slices-bench-"))
+    with Cluster.start(root, ["dgx-h100"], die_with_parent=True) as cluster:
+        client = KubeClient.from_kubeconfig(str(cluster.kubeconfig))
+        publisher = SlicePublisher(client, driver=DRIVER, node_name="node-1")
+        small, big = inventory(8), inventory(8, memory=40 << 30)
+        first = timed(lambda: publisher.sync(small), 1)
+        noop = timed(lambda: publisher.sync(small), SAMPLES)
+        flip = [small, big]
+
+        def change() -> None:
+            flip.reverse()
+            assert publisher.sync(flip[0])
+
+        changed = timed(change, SAMPLES // 2)
+        client.close()
+    return {
+        "sync_first_8": first,
+        "sync_noop_8": noop,
+        "sync_change_8": changed,
+        "final_generation": publisher.generation,
+    }
+
+
+def discover_figure() -> dict[str, Any] | str:
+    try:
+        from vgpu_testbed import fakegpu  # type: ignore[attr-defined]
+    except ImportError:
+        return "skipped: simulated GPUs (vgpu_testbed.fakegpu) not available"
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {
+            **os.environ,
+            **fakegpu.prepare_node(fakegpu.load_profile("dgx-h100"), Path(tmp) / "s"),
+        }
+        code = "from dra_driver.inventory import discover; print(len(discover().gpus))"
+        runs: list[float] = []
+        for _ in range(5):
+            started = time.perf_counter()
+            out = subprocess.run(
+                [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+            )
+            runs.append(time.perf_counter() - started)
+            assert out.stdout.strip() == "8", out.stdout + out.stderr
+    return {"process_wall_ms_min": round(min(runs) * 1e3, 1), "runs": len(runs)}
+
+
+def main(argv: Sequence[str] = ()) -> None:
+    results = {
+        "benchmark": "slices",
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "pure": pure_figures(),
+        "api": api_figures(),
+        "discover_dgx_h100": discover_figure(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,93 @@
+"""`discover()` against the simulated GPUs, through the real pynvml and the fake libnvidia-ml.so.1.
+
+Each case runs discovery in a fresh subprocess started with the simulated node's environment
+(`vgpu_testbed.fakegpu.prepare_node`), exactly as the kubelet plugin process is started by the
+test bed, and compares the inventory with the machine profile.
+
+What this proves:
+1. dgx-h100: 8 GPUs with the profile's UUIDs, names, memory, 132 SMs (derived from NVML), Hopper,
+   compute capability 9.0, NUMA 0 for GPUs 0-3 and 1 for 4-7, all in ONE NVLink domain.
+2. a100-2x4: two NVLink domains of four GPUs (0-3 and 4-7), no link between them.
+3. a10-pcie: no NVLink, so no domain and no peers; 72 SMs; Ampere.
+4. Bus IDs are in sysfs form and every GPU gets a PCIe root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+fakegpu = pytest.importorskip("vgpu_testbed.fakegpu", reason="simulated GPUs not available")
+
+DISCOVER = "from dra_driver.inventory import discover; print(discover().model_dump_json())"
+
+
+def discovered(profile_name: str, tmp_path: Path) -> dict[str, Any]:
+    profile = fakegpu.load_profile(profile_name)
+    env = {**os.environ, **fakegpu.prepare_node(profile, tmp_path / f"{profile_name}.state")}
+    done = subprocess.run(
+        [sys.executable, "-c", DISCOVER],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def test_dgx_h100_is_one_nvlink_domain_split_over_two_numa_nodes(tmp_path: Path) -> None:
+    inventory = discovered("dgx-h100", tmp_path)
+    profile = fakegpu.load_profile("dgx-h100")
+    gpus = inventory["gpus"]
+    assert len(gpus) == 8
+    assert inventory["driver_version"] == "580.95.05"
+    assert inventory["cuda_driver_version"] == "13.0"
+    for index, gpu in enumerate(gpus):
+        assert gpu["index"] == index
+        assert gpu["uuid"] == profile.gpus[index].uuid
+        assert gpu["product_name"] == "NVIDIA H100 80GB HBM3"
+        assert gpu["architecture"] == "Hopper"
+        assert gpu["cuda_compute_capability"] == "9.0"
+        assert gpu["sm_count"] == 132
+        assert gpu["memory_bytes"] == profile.gpus[index].memory_bytes
+        assert gpu["numa_node"] == (0 if index < 4 else 1)
+        assert gpu["nvlink_domain"] == 0
+        assert sorted(gpu["nvlink_peers"]) == [i for i in range(8) if i != index]
+        assert gpu["mig_capable"] is True
+
+
+def test_a100_2x4_has_two_nvlink_islands(tmp_path: Path) -> None:
+    gpus = discovered("a100-2x4", tmp_path)["gpus"]
+    assert [g["nvlink_domain"] for g in gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+    for gpu in gpus:
+        island = range(0, 4) if gpu["index"] < 4 else range(4, 8)
+        assert set(gpu["nvlink_peers"]) <= set(island)
+        assert gpu["nvlink_peers"]
+        assert gpu["sm_count"] == 108
+        assert gpu["architecture"] == "Ampere"
+
+
+def test_a10_pcie_has_no_nvlink_domain(tmp_path: Path) -> None:
+    gpus = discovered("a10-pcie", tmp_path)["gpus"]
+    assert len(gpus) == 4
+    for gpu in gpus:
+        assert gpu["nvlink_domain"] is None
+        assert gpu["nvlink_peers"] == []
+        assert gpu["sm_count"] == 72
+        assert gpu["product_name"] == "NVIDIA A10"
+
+
+def test_bus_ids_and_pcie_roots(tmp_path: Path) -> None:
+    for gpu in discovered("dgx-h100", tmp_path)["gpus"]:
+        domain, bus, rest = gpu["pci_bus_id"].split(":")
+        assert len(domain) == 4 and len(bus) == 2 and rest.endswith(".0")
+        assert gpu["pcie_root"].startswith("pci") and gpu["pcie_root"]
