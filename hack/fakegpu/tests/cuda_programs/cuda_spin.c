@@ -4,7 +4,8 @@
  *   cuda_spin ORDINAL SECONDS [BLOCKS [SYNC_EVERY]]
  * Launches a kernel of BLOCKS blocks (default: one wave = the device's SM count) on a stream
  * again and again for SECONDS of wall time, synchronising the stream every SYNC_EVERY launches
- * (default 16) like a typical training loop. The kernel's per-wave time is the driver's
+ * (default 0: never, so the launch queue stays full as in a throughput-bound training loop; the
+ * driver's bounded queue paces the loop). The kernel's per-wave time is the driver's
  * VGPU_SIM_KERNEL_NS unless the environment sets CUDA_SPIN_KERNEL (a kernel name, e.g.
  * "step__ns500000"). Prints "launches=<n> seconds=<wall> gpu_ms=<simulated busy time>".
  */
@@ -22,8 +23,7 @@ int main(int argc, char **argv)
     int sms = 0;
     CU_OK(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, ordinal));
     unsigned int blocks = argc > 3 ? (unsigned int)atoi(argv[3]) : (unsigned int)sms;
-    int sync_every = argc > 4 ? atoi(argv[4]) : 16;
-    if (sync_every < 1) sync_every = 1;
+    int sync_every = argc > 4 ? atoi(argv[4]) : 0;
     const char *kernel = getenv("CUDA_SPIN_KERNEL");
 
     CUmodule mod;
@@ -43,7 +43,9 @@ int main(int argc, char **argv)
     CU_OK(cuEventRecord(start, s));
     while (prog_now() - t0 < seconds) {
         CU_OK(cuLaunchKernel(fn, blocks, 1, 1, 256, 1, 1, 0, s, NULL, NULL));
-        if (++launches % (unsigned long long)sync_every == 0) CU_OK(cuStreamSynchronize(s));
+        launches++;
+        if (sync_every > 0 && launches % (unsigned long long)sync_every == 0)
+            CU_OK(cuStreamSynchronize(s));
     }
     CU_OK(cuEventRecord(stop, s));
     CU_OK(cuEventSynchronize(stop));
