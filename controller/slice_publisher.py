@@ -82,9 +82,16 @@ def plan_sync(desired: Sequence[JSON], existing: Sequence[JSON]) -> SyncPlan:
     for obj, name in zip(desired, desired_names, strict=True):
         stamped = _with_generation(obj, generation)
         if name in by_name:
-            version = (by_name[name].get("metadata") or {}).get("resourceVersion")
-            if version:
-                stamped["metadata"]["resourceVersion"] = version
+            current_meta = by_name[name].get("metadata") or {}
+            if current_meta.get("resourceVersion"):
+                stamped["metadata"]["resourceVersion"] = current_meta["resourceVersion"]
+            # Labels and annotations other tools added survive our rewrite; ours win on clashes.
+            stamped["metadata"]["labels"] = {
+                **(current_meta.get("labels") or {}),
+                **(stamped["metadata"].get("labels") or {}),
+            }
+            if current_meta.get("annotations"):
+                stamped["metadata"]["annotations"] = dict(current_meta["annotations"])
             plan.update.append(stamped)
         else:
             plan.create.append(stamped)

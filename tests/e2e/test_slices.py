@@ -187,3 +187,43 @@ def test_a_missing_node_is_an_error_not_an_ownerless_slice(client: KubeClient, d
     with pytest.raises(kube.NotFound):
         publisher.sync(make_inventory(1))
     assert not listed(client, driver, "no-such-node")
+
+
+class RacingClient(KubeClient):
+    """A real client that lets another writer change a slice right after our LIST, once."""
+
+    race = True
+
+    def list(
+        self,
+        resource_path: str,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> list[dict[str, Any]]:
+        items = super().list(
+            resource_path, label_selector=label_selector, field_selector=field_selector
+        )
+        if self.race and items:
+            self.race = False
+            name = items[0]["metadata"]["name"]
+            self.merge_patch(
+                kube.path(RESOURCE_API, "resourceslices", name),
+                {"metadata": {"labels": {"touched-by": "someone-else"}}},
+            )
+        return items
+
+
+def test_a_concurrent_writer_causes_a_conflict_then_convergence(
+    cluster: Any, client: KubeClient, node: str, driver: str
+) -> None:
+    SlicePublisher(client, driver=driver, node_name=node).sync(make_inventory(2))
+    racing = RacingClient(KubeClient.from_kubeconfig(str(cluster.kubeconfig)).api_client)
+    publisher = SlicePublisher(racing, driver=driver, node_name=node)
+    changed = make_inventory(2, memory=16 * GIB)
+    with pytest.raises(kube.Conflict):
+        publisher.sync(changed)  # our PUT carried the resourceVersion we listed: refused
+    assert publisher.sync(changed) is True
+    (obj,) = listed(client, driver, node)
+    assert obj["spec"]["pool"]["generation"] == 2
+    assert obj["metadata"]["labels"]["touched-by"] == "someone-else"  # nothing overwritten blindly

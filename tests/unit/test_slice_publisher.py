@@ -158,3 +158,13 @@ def test_run_survives_an_unreachable_api_server_with_growing_delays() -> None:
     assert not thread.is_alive()
     assert backoff.failures >= 4
     assert publisher.generation == 0
+
+
+def test_updates_keep_labels_and_annotations_other_tools_added() -> None:
+    before = served(desired(inventory(1)), 1)
+    before[0]["metadata"]["labels"] = {"team": "ml", "vgpu.dra.dev/node": "stale"}
+    before[0]["metadata"]["annotations"] = {"note": "hi"}
+    (update,) = plan_sync(desired(inventory(1, memory=8 * GIB)), before).update
+    assert update["metadata"]["labels"]["team"] == "ml"
+    assert update["metadata"]["labels"]["vgpu.dra.dev/node"] == "node-1"  # ours win
+    assert update["metadata"]["annotations"] == {"note": "hi"}
