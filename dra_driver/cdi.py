@@ -81,6 +81,11 @@ def spec_file_name(kind: str, claim_uid: str) -> str:
     return f"{vendor}-{cls}_{claim_uid}.json"
 
 
+def valid_claim_uid(uid: str) -> bool:
+    """Kubernetes UIDs are UUIDs; anything else (e.g. `../x`) must never reach a file path."""
+    return len(uid) <= 128 and _CLAIM_UID.match(uid) is not None
+
+
 def claim_uid_of_spec_file(kind: str, file_name: str) -> str | None:
     """The claim UID encoded in one of our spec file names; None for anyone else's file."""
     vendor, cls = kind.split("/", 1)
@@ -88,7 +93,7 @@ def claim_uid_of_spec_file(kind: str, file_name: str) -> str | None:
     if not file_name.startswith(prefix) or not file_name.endswith(".json"):
         return None
     uid = file_name[len(prefix) : -len(".json")]
-    return uid if _CLAIM_UID.match(uid) else None
+    return uid if valid_claim_uid(uid) else None
 
 
 def device_id(kind: str, device_name: str) -> str:

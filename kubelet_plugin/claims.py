@@ -40,6 +40,8 @@ class AllocatedDevice:
     pool: str
     device: str
     share_id: str | None = None
+    # Admin access (monitoring, KEP-5018): the device is reachable without consuming capacity.
+    admin_access: bool = False
     # Consumed capacity in base units (bytes for memory, percent for cores); absent keys were
     # not consumed (memory absent = the whole GPU, cores absent = no cap).
     consumed: dict[str, int] = field(default_factory=dict)
@@ -140,5 +142,6 @@ def _device(result: dict[str, Any], ref: ClaimRef) -> AllocatedDevice:
         pool=str(result.get("pool", "")),
         device=str(result.get("device", "")),
         share_id=str(share_id) if share_id else None,
+        admin_access=bool(result.get("adminAccess")),
         consumed=consumed,
     )

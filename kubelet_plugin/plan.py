@@ -41,6 +41,8 @@ class DevicePlan(BaseModel):
     policy: ComputePolicy = "fixed"
     oversubscribe: bool = False
     log_level: LogLevel | None = None
+    # Admin access: no caps, and not counted against the device's capacity.
+    admin_access: bool = False
     # IDs of the NVIDIA Container Toolkit's CDI devices for this GPU (driver libraries).
     toolkit_cdi_ids: tuple[str, ...] = ()
 
@@ -106,6 +108,14 @@ def plan_claim(
                 f"allowed 0..{MAX_CORES}"
             )
         memory = result.consumed.get(names.CAPACITY_MEMORY, gpu.memory_bytes)
+        if result.admin_access:  # monitoring access: the whole device, uncapped, unreserved
+            memory, cores, config = (
+                gpu.memory_bytes,
+                0,
+                config.model_copy(
+                    update={"compute_policy": "none", "memory_oversubscription": False}
+                ),
+            )
         if memory <= 0:
             raise ClaimError(
                 f"ResourceClaim {allocation.ref}: device {result.device!r} consumes memory="
@@ -124,6 +134,7 @@ def plan_claim(
                 policy=config.compute_policy,
                 oversubscribe=config.memory_oversubscription,
                 log_level=config.log_level,
+                admin_access=result.admin_access,
                 toolkit_cdi_ids=(toolkit_ids or {}).get(gpu.uuid, ()),
             )
         )
@@ -174,12 +185,15 @@ def check_capacity(
         if other.uid == plan.uid:
             continue
         for device in other.devices:
+            if device.admin_access:
+                continue
             used_memory[device.device] = used_memory.get(device.device, 0) + device.memory
             used_cores[device.device] = used_cores.get(device.device, 0) + device.cores
-    for device in plan.devices:
+    counted = [device for device in plan.devices if not device.admin_access]
+    for device in counted:
         used_memory[device.device] = used_memory.get(device.device, 0) + device.memory
         used_cores[device.device] = used_cores.get(device.device, 0) + device.cores
-    for name in dict.fromkeys(d.device for d in plan.devices):
+    for name in dict.fromkeys(d.device for d in counted):
         capacity = int(gpus[name].memory_bytes * oversubscription_ratio)
         if used_memory[name] > capacity:
             raise OverbookedError(

@@ -144,6 +144,7 @@ class Preparer:
 
     def _prepare_claim(self, ref: ClaimRef) -> PrepareOutcome:
         try:
+            _check_uid(ref)
             with self._claim_lock(ref.uid):
                 return PrepareOutcome(devices=self._prepare_locked(ref))
         except (ClaimError, kube.KubeError) as exc:
@@ -219,6 +220,10 @@ class Preparer:
     # --- unprepare -------------------------------------------------------------------------
 
     def _unprepare_claim(self, ref: ClaimRef) -> str:
+        try:
+            _check_uid(ref)
+        except ClaimError as exc:
+            return str(exc)
         try:
             with self._claim_lock(ref.uid):
                 self._remove_claim_files(ref.uid)
@@ -380,6 +385,14 @@ def _make_claim_dir(directory: str, gid: int) -> None:
             ) from None
     if status.st_mode & 0o7777 != CLAIM_DIR_MODE:
         os.chmod(directory, CLAIM_DIR_MODE)
+
+
+def _check_uid(ref: ClaimRef) -> None:
+    if not cdi.valid_claim_uid(ref.uid):
+        raise ClaimError(
+            f"claim {ref.namespace}/{ref.name}: invalid UID {ref.uid!r} (expected a Kubernetes "
+            f"UID: letters, digits and '-')"
+        )
 
 
 def _read(path: str) -> bytes | None:

@@ -270,3 +270,17 @@ def test_retry_restores_files_removed_while_running(
     assert preparer.prepare([ref])[ref.uid] == first
     assert spec_path(tmp_path, ref.uid).exists()
     assert (tmp_path / "state" / "claims" / ref.uid / "vgpu.conf").exists()
+
+
+def test_hostile_uids_never_reach_the_filesystem(
+    tmp_path: Path, claims: Claims, preparer: Preparer
+) -> None:
+    victim = tmp_path / "state" / "keep"
+    victim.mkdir()
+    for uid in ("../keep", "..", "", "a/b", "x" * 200):
+        ref = ClaimRef("default", "c", uid)
+        assert "invalid UID" in preparer.unprepare([ref])[uid]
+        assert "invalid UID" in preparer.prepare([ref])[uid].error
+    assert victim.exists()
+    assert (tmp_path / "state" / "claims").exists()
+    assert claims.reads == 0

@@ -173,3 +173,20 @@ def test_guard_ignores_the_claims_own_previous_record_and_other_devices() -> Non
     plan = plan_of(claim([result("gpu-0", memory="16Gi")]), inv)
     elsewhere = plan_of(claim([result("gpu-1", memory="16Gi")]), inv)
     check_capacity(plan, [plan, elsewhere], inv)
+
+
+def test_admin_access_is_uncapped_and_not_counted() -> None:
+    inv = inventory(memory=16 * GiB)
+    full = plan_of(claim([result("gpu-0", memory="16Gi", cores=100)]), inv)
+    obj = claim([result("gpu-0", memory="1Gi", cores=5)])
+    obj["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    admin = plan_of(obj, inv)
+    [device] = admin.devices
+    assert (device.memory, device.cores, device.policy, device.admin_access) == (
+        16 * GiB,
+        0,
+        "none",
+        True,
+    )
+    check_capacity(admin, [full], inv)  # monitoring a full GPU is allowed
+    check_capacity(full, [admin], inv)  # and does not block tenants
