@@ -181,6 +181,12 @@ def main(argv: Sequence[str]) -> int:
     except CheckpointError as exc:
         log.error("%s", exc)
         return 1
+    if not os.path.isfile(settings.spec.hook_path):
+        log.warning(
+            "hook library %s (--hook-path) does not exist: containers using claims will fail to "
+            "start until it is installed",
+            settings.spec.hook_path,
+        )
     report = preparer.reconcile()
     log.info(
         "checkpoint: %d prepared claims (%d orphan specs and %d orphan claim dirs removed, %d "

@@ -246,6 +246,7 @@ class Preparer:
     def _write_claim_files(self, plan: ClaimPlan) -> None:
         settings = self._settings
         directory = cdi.claim_dir(settings.state_dir, plan.uid)
+        write_preload_file(settings.state_dir)  # a mount source the runtime needs; cheap check
         _make_claim_dir(directory, settings.spec.claim_gid)
         # Both files are fsynced but their directories are not: the checkpoint written after them
         # is (file and directory), and start-up reconciliation rewrites any spec or config that a
