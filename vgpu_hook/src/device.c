@@ -25,20 +25,22 @@ VGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
 VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     if (!vgpu_cuda_load()) return CUDA_ERROR_NOT_INITIALIZED;
     if (vgpu_cu.cuMemGetInfo_v2 == NULL) return CUDA_ERROR_NOT_FOUND;
-    if (free_bytes == NULL || total_bytes == NULL) return CUDA_ERROR_INVALID_VALUE;
+    /* Either pointer may be NULL (the caller wants only the other figure); never both. */
+    if (free_bytes == NULL && total_bytes == NULL) return CUDA_ERROR_INVALID_VALUE;
     size_t real_free = 0, real_total = 0;
     CUresult rc = vgpu_cu.cuMemGetInfo_v2(&real_free, &real_total);
     if (rc != CUDA_SUCCESS) return rc;
-    *free_bytes = real_free;
-    *total_bytes = real_total;
     struct vgpu_dev *d = vgpu_dev_current();
-    if (d == NULL) return rc;
-    uint64_t cap = d->conf.memory_invalid ? 0 : d->conf.memory;
-    uint64_t used = vgpu_region_used(d->region, d->region_dev);
-    uint64_t avail = used < cap ? cap - used : 0;
-    /* Without oversubscription the claim also cannot get more than the GPU has free. */
-    if (!d->conf.oversubscribe && avail > real_free) avail = real_free;
-    *free_bytes = (size_t)avail;
-    *total_bytes = (size_t)cap;
+    if (d != NULL) {
+        uint64_t cap = d->conf.memory_invalid ? 0 : d->conf.memory;
+        uint64_t used = vgpu_region_used(d->region, d->region_dev);
+        uint64_t avail = used < cap ? cap - used : 0;
+        /* Without oversubscription the claim also cannot get more than the GPU has free. */
+        if (!d->conf.oversubscribe && avail > real_free) avail = real_free;
+        real_free = (size_t)avail;
+        real_total = (size_t)cap;
+    }
+    if (free_bytes != NULL) *free_bytes = real_free;
+    if (total_bytes != NULL) *total_bytes = real_total;
     return rc;
 }

@@ -14,10 +14,12 @@ import time
 
 import pytest
 
-from tests.integration.hook.conftest import GIB, PROBE, UUIDS, Node, field
+from kubelet_plugin.region import Region
+from tests.integration.hook.conftest import GIB, HOOK_DIR, PROBE, UUIDS, Node, field
 from vgpu_testbed.container import container_command
 
 CAP = GIB
+NULL_DRIVER = HOOK_DIR / "build" / "nulldrv"
 MIB = 1 << 20
 
 
@@ -184,3 +186,48 @@ def test_two_gpus_each_capped_and_reordering_respected(node: Node) -> None:
     lines_out = done.stdout.splitlines()
     assert UUIDS[1].lower() in lines_out[1].lower(), done.stdout + done.stderr
     assert field(lines_out[2], "bytes") == 2 * CAP
+
+
+def test_meminfo_accepts_one_null_pointer(node: Node) -> None:
+    claim = node.claim("c-null", [_line()])
+    out = claim.probe("init", "infonull")
+    assert field(out[1], "rc") == 0 and field(out[1], "total") == CAP
+    assert field(out[1], "rc2") == 0 and field(out[1], "free") == CAP
+    assert field(out[1], "rc3") == 1  # both NULL: CUDA_ERROR_INVALID_VALUE, no crash
+
+
+NULL_UUID = "GPU-11111111-1111-1111-1111-111111111111"  # what the null driver reports
+
+
+def test_oversubscription_falls_back_to_managed_within_the_cap(node: Node) -> None:
+    """A driver that refuses device memory but grants managed memory (the simulated GPU bounds
+    managed memory by physical memory, so this uses the null driver that can refuse)."""
+    claim = node.claim(
+        "c-oversub", [f"device uuid={NULL_UUID} memory={4 * GIB} cores=0 oversubscribe=1"]
+    )
+    done = claim.run(
+        [str(PROBE), "init", "alloc:1073741824", "alloc:2684354560", "info", "alloc:1073741824"],
+        LD_LIBRARY_PATH=str(NULL_DRIVER),
+        NULLDRV_DEVICE_BYTES=str(2 * GIB),
+        VGPU_LOG_LEVEL="info",
+    )
+    out = done.stdout.splitlines()
+    assert field(out[1], "rc") == 0  # 1 GiB on the device
+    assert field(out[2], "rc") == 0, done.stderr  # 2.5 GiB: device refuses, managed fallback
+    assert field(out[3], "free") == 4 * GIB - GIB - 2560 * MIB  # both count against the cap
+    assert field(out[4], "rc") == 2  # 4.5 GiB > cap
+    assert "oversubscribed into managed memory" in done.stderr
+    with Region(str(claim.dir / "region")) as region:
+        assert region.layout.devices[0].oversub_allocs == 1
+
+
+def test_oversubscription_off_means_out_of_memory(node: Node) -> None:
+    claim = node.claim("c-nooversub", [f"device uuid={NULL_UUID} memory={4 * GIB} cores=0"])
+    done = claim.run(
+        [str(PROBE), "init", "alloc:2684354560", "info"],
+        LD_LIBRARY_PATH=str(NULL_DRIVER),
+        NULLDRV_DEVICE_BYTES=str(2 * GIB),
+    )
+    out = done.stdout.splitlines()
+    assert field(out[1], "rc") == 2
+    assert field(out[2], "free") == 4 * GIB  # the refused charge was refunded

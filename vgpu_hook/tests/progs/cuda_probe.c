@@ -8,7 +8,7 @@
  * "<step> rc=<CUresult> ..." so tests can assert on exact results.
  *
  * usage: cuda_probe [-p] [-d ordinal] step...
- *   init | alloc:B | alloc1:B (legacy 32-bit ABI) | pitch:WxH | managed:B | async:B | pool:B |
+ *   init | infonull | alloc:B | alloc1:B (legacy 32-bit ABI) | pitch:WxH | managed:B | async:B | pool:B |
  *   vmm:B | array:WxH | array3d:WxHxD | mipmap:WxH:L | free | freeall | info | total |
  *   uuid | sleep:MS | ready | launch:N:BLOCKS | run:SECONDS:BLOCKS:SYNC | threads:N:B |
  *   forkhold:MS (fork a child that holds its own region slot for MS, parent continues)
@@ -217,6 +217,11 @@ static void step(const char *s) {
         size_t fr = 0, tot = 0;
         rc = cu.cuMemGetInfo(&fr, &tot);
         printf("info rc=%d free=%zu total=%zu\n", rc, fr, tot);
+    } else if (strcmp(s, "infonull") == 0) {
+        size_t tot = 0, fr = 0;
+        CUresult r1 = cu.cuMemGetInfo(NULL, &tot), r2 = cu.cuMemGetInfo(&fr, NULL);
+        CUresult r3 = cu.cuMemGetInfo(NULL, NULL);
+        printf("infonull rc=%d total=%zu rc2=%d free=%zu rc3=%d\n", r1, tot, r2, fr, r3);
     } else if (strcmp(s, "total") == 0) {
         size_t tot = 0;
         rc = cu.cuDeviceTotalMem(&tot, g_dev);

@@ -5,6 +5,7 @@
  * drowns a few nanoseconds of hook overhead in noise; against this driver every call returns
  * at once, so (time with hook - time without) is the hook's cost. Used only by bench/.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #define EXPORT __attribute__((visibility("default")))
@@ -20,7 +21,19 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(void **c, int d) { (void)d; *c = (void 
 EXPORT CUresult cuCtxSetCurrent(void *c) { (void)c; return 0; }
 EXPORT CUresult cuCtxGetDevice(int *d) { *d = 0; return 0; }
 EXPORT CUresult cuCtxSynchronize(void) { return 0; }
-EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) { *p = next_ptr; next_ptr += n; return 0; }
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
+    const char *limit = getenv("NULLDRV_DEVICE_BYTES");
+    if (limit != NULL && n > strtoull(limit, NULL, 10)) return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+    *p = next_ptr;
+    next_ptr += n;
+    return 0;
+}
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *p, size_t n, unsigned flags) {
+    (void)flags;
+    *p = next_ptr;
+    next_ptr += n;
+    return 0;
+}
 EXPORT CUresult cuMemFree_v2(CUdeviceptr p) { (void)p; return 0; }
 EXPORT CUresult cuMemGetInfo_v2(size_t *f, size_t *t) { *f = 1ULL << 34; *t = 1ULL << 35; return 0; }
 EXPORT CUresult cuModuleLoadData(void **m, const void *i) { (void)i; *m = (void *)1; return 0; }
