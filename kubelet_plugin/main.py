@@ -205,7 +205,13 @@ def main(argv: Sequence[str]) -> int:
     server.start()
     threads = [
         _background(
-            args=args, client=client, settings=settings, discover=discover, board=board, stop=stop
+            args=args,
+            client=client,
+            settings=settings,
+            discover=discover,
+            preparer=preparer,
+            board=board,
+            stop=stop,
         )
     ]
     governor = _start_governor(args, settings, stop) if args.governor else None
@@ -229,6 +235,7 @@ def _background(
     client: kube.KubeClient,
     settings: NodeSettings,
     discover: Callable[[], NodeInventory],
+    preparer: Preparer,
     board: HealthBoard | None,
     stop: threading.Event,
 ) -> threading.Thread:
@@ -241,6 +248,7 @@ def _background(
             if board is not None:
                 board.observe(None, str(exc))
             raise
+        preparer.update_inventory(inventory)
         if board is not None:
             for change in board.observe(inventory):
                 log.warning("device %s is now %s: %s", change.device, change.status, change.message)

@@ -131,6 +131,11 @@ class Preparer:
         with self._lock:
             return dict(self._prepared)
 
+    def update_inventory(self, inventory: NodeInventory) -> None:
+        """Use a fresh discovery for new claims (prepared claims keep what they recorded)."""
+        with self._lock:
+            self._inventory = inventory
+
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
@@ -167,14 +172,14 @@ class Preparer:
         allocation = parse_allocation(
             claim, ref, driver=self._settings.driver, node_name=self._settings.node_name
         )
-        plan = plan_claim(
-            allocation, self._inventory, toolkit_ids=self._toolkit.by_uuid(self._inventory)
-        )
+        with self._lock:
+            inventory = self._inventory
+        plan = plan_claim(allocation, inventory, toolkit_ids=self._toolkit.by_uuid(inventory))
         with self._lock:
             check_capacity(
                 plan,
                 [*self._prepared.values(), *self._reserved.values()],
-                self._inventory,
+                inventory,
                 oversubscription_ratio=self._settings.oversubscription_ratio,
             )
             self._reserved[plan.uid] = plan
