@@ -8,7 +8,9 @@ What this proves:
 3. The real kube-scheduler allocates consumable capacity: two pods asking 10Gi/30 cores each
    share one `allowMultipleAllocations` device, their claims carry `consumedCapacity` and
    distinct `shareID`s, and the pods are bound to the slice's node.
-4. A claim that cannot fit (80 cores when every device has < 80 left; 100Gi on 80Gi devices)
+4. DRAExtendedResource: a pod asking for an extended resource backed by a DeviceClass gets a
+   scheduler-made claim for a whole GPU (request-policy defaults: all memory, no cores).
+5. A claim that cannot fit (80 cores when every device has < 80 left; 100Gi on 80Gi devices)
    stays unallocated and its pod Pending/Unschedulable; once the pods on one device are deleted
    the 80-core pod is scheduled — capacity is really accounted and released.
 """
@@ -266,6 +268,44 @@ def test_claim_that_cannot_fit_stays_pending_until_capacity_is_freed(
     assert result.consumed_capacity == {"memory": "1Gi", "cores": "80"}
     assert wait_until("big bound", lambda: scheduled_node(k8s, namespace, "big")) == NODE
     assert scheduled_node(k8s, namespace, "huge") is None
+
+
+def test_extended_resource_request_gets_a_whole_gpu(
+    k8s: Any, namespace: str, dra_objects: None
+) -> None:
+    # DRAExtendedResource (GA in 1.37): a DeviceClass with extendedResourceName lets a pod ask
+    # for `<name>: 1` in its limits; the scheduler creates the claim itself. It names no
+    # capacity, so the request policy's defaults apply: all the memory, 0 cores: exclusive.
+    res = client.ResourceV1Api(k8s)
+    extended = "testbed.vgpu.dra.dev/gpu"
+    dc = example.device_class().model_dump(by_alias=True, exclude_none=True)
+    dc["metadata"]["name"] = "testbed-extended"
+    dc["spec"]["extendedResourceName"] = extended
+    res.create_device_class(body=client.V1DeviceClass.model_validate(dc))
+    try:
+        pod = example.pod("whole", "unused").model_dump(by_alias=True, exclude_none=True)
+        del pod["spec"]["resourceClaims"]
+        pod["spec"]["containers"][0]["resources"] = {"limits": {extended: "1"}}
+        core = client.CoreV1Api(k8s)
+        core.create_namespaced_pod(namespace, body=client.V1Pod.model_validate(pod))
+        assert wait_until("whole bound", lambda: scheduled_node(k8s, namespace, "whole")) == NODE
+
+        found = core.read_namespaced_pod("whole", namespace)
+        claim_name = found.status.extended_resource_claim_status.resource_claim_name
+        claim = res.read_namespaced_resource_claim(claim_name, namespace)
+        assert (
+            claim.metadata.annotations["resource.kubernetes.io/extended-resource-claim"] == "true"
+        )
+        (whole,) = claim.status.allocation.devices.results
+        assert whole.consumed_capacity == {"memory": "80Gi", "cores": "0"}
+
+        # Its GPU has no memory left: a 10Gi share lands on the other one.
+        make_template(k8s, namespace, "share", "10Gi", 10)
+        make_pod(k8s, namespace, "share", "share")
+        share = wait_until("share allocated", lambda: allocated_result(k8s, namespace, "share"))
+        assert share.device != whole.device
+    finally:
+        res.delete_device_class("testbed-extended")
 
 
 def test_pods_bind_without_a_kubelet_on_either_node(k8s: Any, namespace: str) -> None:
