@@ -32,7 +32,8 @@ static uint64_t double_to_bits(double d) {
 }
 
 /* Utilisation of the whole GPU and of this claim's processes, in points; false = unknown. */
-static bool sample_util(struct vgpu_dev *d, double *device_util, double *claim_util) {
+static bool sample_util(struct vgpu_dev *d, uint64_t window_ns, double *device_util,
+                        double *claim_util) {
     static _Atomic int nvml_state; /* 0 untried, 1 ok, -1 failed */
     if (!vgpu_nvml_load()) return false;
     int st = atomic_load(&nvml_state);
@@ -57,7 +58,12 @@ static bool sample_util(struct vgpu_dev *d, double *device_util, double *claim_u
     if (vgpu_nvml.nvmlDeviceGetProcessUtilization_ == NULL) return true;
     nvmlProcessUtilizationSample_t samples[64];
     unsigned int count = 64;
-    unsigned long long since = (unsigned long long)(time(NULL) - 1) * 1000000ULL;
+    /* Per-process samples since the previous controller step (NVML stamps are wall-clock us). */
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    unsigned long long now_us =
+        (unsigned long long)wall.tv_sec * 1000000ULL + (unsigned long long)wall.tv_nsec / 1000;
+    unsigned long long since = now_us - window_ns / 1000;
     if (vgpu_nvml.nvmlDeviceGetProcessUtilization_(h, samples, &count, since) != NVML_SUCCESS)
         return true;
     struct vgpu_region *r = d->region->map;
@@ -91,7 +97,7 @@ static void maybe_step_controller(struct vgpu_dev *d, struct vgpu_region_device 
     uint64_t throttle_mark = atomic_exchange(&rd->throttle_mark, throttled);
     if (last == 0 || now - last > 10 * CTL_PERIOD_NS) return; /* (re)start of a window */
     double device_util = 0, claim_util = 0;
-    if (!sample_util(d, &device_util, &claim_util)) return;
+    if (!sample_util(d, now - last, &device_util, &claim_util)) return;
     atomic_store(&rd->util_milli, (uint64_t)(claim_util * 1000.0));
     struct vgpu_ctl_sample s = {
         .dt = (double)(now - last) / 1e9,
