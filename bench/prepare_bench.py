@@ -35,8 +35,13 @@ from kubelet_plugin.claims import ClaimRef
 from kubelet_plugin.prepare import ClaimSource, NodeSettings, Preparer, kube_claim_source
 from kubelet_plugin.proto import dra_v1_pb2, dra_v1_pb2_grpc
 from kubelet_plugin.server import PluginServer, SocketPaths
-from tests.integration.plugin.claimdata import DRIVER, NODE, inventory, result
-from tests.integration.plugin.conftest import create_allocated_claim
+from tests.integration.plugin.claimdata import (
+    DRIVER,
+    NODE,
+    create_allocated_claim,
+    inventory,
+    result,
+)
 
 RESULTS = Path(__file__).parent / "results" / "prepare.json"
 SINGLE_SAMPLES = 300

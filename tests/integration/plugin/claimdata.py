@@ -10,7 +10,9 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from dra_driver import kube
 from dra_driver.gpu import GpuInfo, NodeInventory
+from kubelet_plugin.claims import ClaimRef
 
 DRIVER = "vgpu.dra.dev"
 NODE = "node-1"
@@ -119,3 +121,51 @@ def _unique(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _request(name: str) -> dict[str, Any]:
     return {"name": name, "exactly": {"deviceClassName": DRIVER}}
+
+
+def create_allocated_claim(
+    client: kube.KubeClient,
+    claim_namespace: str,
+    results: list[dict[str, Any]],
+    *,
+    configs: list[dict[str, Any]] | None = None,
+    name: str | None = None,
+) -> ClaimRef:
+    """Create a ResourceClaim and write its allocation through the status subresource — the
+    real API validates both, exactly as when the scheduler writes them."""
+    name = name or f"claim-{uuid.uuid4().hex[:8]}"
+    requests = list(dict.fromkeys(r["request"] for r in results))
+    created = client.create(
+        kube.path(kube.RESOURCE_API, "resourceclaims", namespace=claim_namespace),
+        {
+            "apiVersion": kube.RESOURCE_API,
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {"name": r, "exactly": {"deviceClassName": DRIVER}} for r in requests
+                    ]
+                }
+            },
+        },
+    )
+    allocation = {
+        "devices": {"results": results, "config": configs or []},
+        "nodeSelector": {
+            "nodeSelectorTerms": [
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}
+            ]
+        },
+    }
+    client.merge_patch(
+        kube.path(
+            kube.RESOURCE_API,
+            "resourceclaims",
+            name,
+            namespace=claim_namespace,
+            subresource="status",
+        ),
+        {"status": {"allocation": allocation}},
+    )
+    return ClaimRef(claim_namespace, name, created["metadata"]["uid"])

@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,6 @@ import pytest
 
 from dra_driver import cdi, kube
 from dra_driver.gpu import NodeInventory
-from kubelet_plugin.claims import ClaimRef
 from kubelet_plugin.health import HealthBoard
 from kubelet_plugin.prepare import NodeSettings, Preparer, kube_claim_source
 from kubelet_plugin.server import PluginServer, SocketPaths
@@ -112,54 +110,6 @@ def plugin(kube_client: kube.KubeClient) -> Iterator[RunningPlugin]:
         server.stop(grace_s=1)
         preparer.close()
         shutil.rmtree(root, ignore_errors=True)
-
-
-def create_allocated_claim(
-    client: kube.KubeClient,
-    claim_namespace: str,
-    results: list[dict[str, Any]],
-    *,
-    configs: list[dict[str, Any]] | None = None,
-    name: str | None = None,
-) -> ClaimRef:
-    """Create a ResourceClaim and write its allocation through the status subresource — the
-    real API validates both, exactly as when the scheduler writes them."""
-    name = name or f"claim-{uuid.uuid4().hex[:8]}"
-    requests = list(dict.fromkeys(r["request"] for r in results))
-    created = client.create(
-        kube.path(kube.RESOURCE_API, "resourceclaims", namespace=claim_namespace),
-        {
-            "apiVersion": kube.RESOURCE_API,
-            "kind": "ResourceClaim",
-            "metadata": {"name": name},
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {"name": r, "exactly": {"deviceClassName": DRIVER}} for r in requests
-                    ]
-                }
-            },
-        },
-    )
-    allocation = {
-        "devices": {"results": results, "config": configs or []},
-        "nodeSelector": {
-            "nodeSelectorTerms": [
-                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}
-            ]
-        },
-    }
-    client.merge_patch(
-        kube.path(
-            kube.RESOURCE_API,
-            "resourceclaims",
-            name,
-            namespace=claim_namespace,
-            subresource="status",
-        ),
-        {"status": {"allocation": allocation}},
-    )
-    return ClaimRef(claim_namespace, name, created["metadata"]["uid"])
 
 
 def run_json(argv: list[str]) -> dict[str, Any]:

@@ -22,11 +22,17 @@ from typing import Any
 
 from dra_driver import kube
 from kubelet_plugin.claims import ClaimRef
-from tests.integration.plugin.claimdata import GiB, config_entry, gpu, result, vgpu_config
+from tests.integration.plugin.claimdata import (
+    GiB,
+    config_entry,
+    create_allocated_claim,
+    gpu,
+    result,
+    vgpu_config,
+)
 from tests.integration.plugin.conftest import (
     KIND,
     RunningPlugin,
-    create_allocated_claim,
     run_json,
 )
 
