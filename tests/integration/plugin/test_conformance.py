@@ -222,3 +222,25 @@ def test_256_claims_in_one_call(
     out = kubelet(conformance_bin, plugin, "-unprepare", claims_arg(*refs))
     assert all(c["error"] == "" for c in out["unprepare"].values())
     assert list(plugin.cdi_root.iterdir()) == []
+
+
+def test_spec_without_extra_group_declares_a_version_the_library_accepts(
+    conformance_bin: Path, tmp_path: Path
+) -> None:
+    from dra_driver import cdi
+
+    uid = "1b4e28ba-2fa1-11d2-883f-0016d3cca427"  # starts with a digit: needs CDI >= 0.5.0
+    settings = cdi.SpecSettings(kind=KIND, state_dir="/var/lib/vgpu-dra", hook_path="/h.so")
+    spec = cdi.build_claim_spec(
+        settings=settings,
+        claim_uid=uid,
+        devices=[cdi.ClaimDevice(f"{uid}-gpu-0", 0)],
+        visible_uuids=["GPU-a"],
+    )
+    assert spec["cdiVersion"] == "0.5.0"
+    (tmp_path / cdi.spec_file_name(KIND, uid)).write_bytes(cdi.encode_spec(spec))
+    check = run_json(
+        [str(conformance_bin / "cdicheck"), "-spec-dir", str(tmp_path), f"{KIND}={uid}-gpu-0"]
+    )
+    assert check["specErrors"] == {} and check["error"] == ""
+    assert "additionalGids" not in check["oci"]["process"].get("user", {})
