@@ -140,6 +140,15 @@ CU_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
     return primary_drop(dev, 1);
 }
 
+/* The pre-11.0 ABIs have the same signatures; the simulator gives them the same behaviour. */
+CU_API CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
+    return primary_drop(dev, 0);
+}
+
+CU_API CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
+    return primary_drop(dev, 1);
+}
+
 CU_API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active) {
     if (flags == NULL || active == NULL) return CUDA_ERROR_INVALID_VALUE;
     CU_TRY(cu_check_init());
@@ -162,6 +171,10 @@ CU_API CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags) 
     if (primary[dev].refcount > 0) primary[dev].flags = flags;
     pthread_mutex_unlock(&cu_drv.lock);
     return CUDA_SUCCESS;
+}
+
+CU_API CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags) {
+    return cuDevicePrimaryCtxSetFlags_v2(dev, flags);
 }
 
 static CUresult ctx_create(CUcontext *pctx, unsigned int flags, CUdevice dev) {

@@ -450,6 +450,14 @@ CU_API CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hG
     return CUDA_SUCCESS;
 }
 
+/* The CUDA 10/11 ABI, with an error node and a log buffer that instantiation never needs. */
+CU_API CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                   CUgraphNode *phErrorNode, char *logBuffer, size_t bufferSize) {
+    if (phErrorNode != NULL) *phErrorNode = NULL;
+    if (logBuffer != NULL && bufferSize > 0) logBuffer[0] = '\0';
+    return cuGraphInstantiateWithFlags(phGraphExec, hGraph, 0);
+}
+
 CU_API CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
     CU_TRY(graph_get((CUgraph)(void *)hGraphExec, CU_KIND_GRAPH_EXEC));
     struct CUstream_st *s;

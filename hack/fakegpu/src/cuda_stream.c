@@ -91,6 +91,16 @@ CU_API CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx) {
 }
 CU_ALIAS(cuStreamGetCtx, cuStreamGetCtx_ptsz);
 
+/* Stream capture is not simulated, so no stream is ever capturing. */
+CU_API CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus) {
+    if (captureStatus == NULL) return CUDA_ERROR_INVALID_VALUE;
+    struct CUstream_st *s;
+    CU_TRY(cu_stream_resolve(hStream, &s));
+    *captureStatus = CU_STREAM_CAPTURE_STATUS_NONE;
+    return CUDA_SUCCESS;
+}
+CU_ALIAS(cuStreamIsCapturing, cuStreamIsCapturing_ptsz);
+
 /* ---- Events ---------------------------------------------------------------------------------- */
 
 static CUresult event_get(CUevent h, struct CUevent_st **out) {

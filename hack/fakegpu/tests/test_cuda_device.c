@@ -264,6 +264,9 @@ static void case_proc_address(void)
         {"cuEventElapsedTime", 12000, "cuEventElapsedTime"},
         {"cuEventElapsedTime", 12080, "cuEventElapsedTime_v2"},
         {"cuGraphInstantiate", 12000, "cuGraphInstantiateWithFlags"},
+        {"cuGraphInstantiate", 11000, "cuGraphInstantiate"},
+        {"cuDevicePrimaryCtxRelease", 7000, "cuDevicePrimaryCtxRelease"},
+        {"cuDevicePrimaryCtxRelease", 12000, "cuDevicePrimaryCtxRelease_v2"},
     };
     for (size_t i = 0; i < sizeof(asks) / sizeof(asks[0]); i++) {
         void *fn = NULL;

@@ -250,7 +250,12 @@ static void case_graphs(void)
         CHECK(cuGraphAddKernelNode_v2(&node, g, prev ? &prev : NULL, prev ? 1 : 0, &p) == 0);
         prev = node;
     }
-    CUgraphExec x;
+    CUgraphExec x, old;
+    CUgraphNode err_node = (CUgraphNode)(void *)&err_node;
+    char log[8] = "junk";
+    CHECK(cuGraphInstantiate(&old, g, &err_node, log, sizeof(log)) == CUDA_SUCCESS); /* 10.0 ABI */
+    CHECK(err_node == NULL && log[0] == '\0');
+    CHECK(cuGraphExecDestroy(old) == CUDA_SUCCESS);
     CHECK(cuGraphInstantiateWithFlags(&x, g, 0) == CUDA_SUCCESS);
     CHECK(cuGraphDestroy(g) == CUDA_SUCCESS); /* the executable graph is independent */
     CUevent a, b;
