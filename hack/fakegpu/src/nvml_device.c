@@ -1,0 +1,395 @@
+/*
+ * nvml_device.c - fake NVML: a device's identity and static attributes (from the machine
+ * profile), its modes, and the thermal/power/clock readings.
+ *
+ * Readings that a real GPU measures are derived from the simulated SM utilisation so that they
+ * move plausibly under load: temperature 32 C idle -> 72 C at 100 %, power from 20 % of the
+ * limit idle to 90 % at 100 %, SM/graphics clocks at the profile's maximum while busy and at
+ * 30 % of it when idle, P0 while busy, P8 when idle. No fans (data-centre boards).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "nvml_internal.h"
+
+#define DEVICE_OR_RETURN(dev, phys, info)                       \
+    int phys;                                                   \
+    const struct sim_gpu_info *info;                            \
+    do {                                                        \
+        nvmlReturn_t rc_ = nv_device((dev), &phys, &info);      \
+        if (rc_ != NVML_SUCCESS)                                \
+            return rc_;                                         \
+    } while (0)
+
+#define ARG_OR_RETURN(cond)                                     \
+    do {                                                        \
+        if (!(cond))                                            \
+            return NVML_ERROR_INVALID_ARGUMENT;                 \
+    } while (0)
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
+{
+    DEVICE_OR_RETURN(device, phys, g);
+    return nv_copy_str(name, length, g->name);
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, nvmlBrandType_t *type)
+{
+    DEVICE_OR_RETURN(device, phys, g);
+    ARG_OR_RETURN(type);
+    *type = (nvmlBrandType_t)g->brand_code;
+    return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t device,
+                                                  nvmlDeviceArchitecture_t *arch)
+{
+    DEVICE_OR_RETURN(device, phys, g);
+    ARG_OR_RETURN(arch);
+    *arch = (nvmlDeviceArchitecture_t)g->arch;
+    return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
+{
+    DEVICE_OR_RETURN(device, phys, g);
+    ARG_OR_RETURN(index);
+    *index = device->index;
+    return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t device, char *serial, unsigned int length)
+{
+    DEVICE_OR_RETURN(device, phys, g);
+    return nv_copy_str(serial, length, g->serial);
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
+{
+    DEVICE_OR_RETURN(device, phys, g);
+    return nv_copy_str(uuid, length, g->uuid);
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minorNumber)
+{
+    DEVICE_OR_RETURN(device, phys, g);
+    ARG_OR_RETURN(minorNumber);
+    *minorNumber = (unsigned int)g->minor;
+    return NVML_SUCCESS;
+}
+
+void nv_fill_pci(int phys, nvmlPciInfo_t *pci)
+{
+    const struct sim_gpu_info *g = sim_gpu(phys);
+    unsigned int domain = 0, bus = 0, dev = 0, fn = 0;
+    sscanf(g->pci_bus_id, "%x:%x:%x.%x", &domain, &bus, &dev, &fn);
+    memset(pci, 0, sizeof(*pci));
+    /* Legacy field: 4-digit domain; current field: 8-digit domain (both upper-case hex). */
+    snprintf(pci->busIdLegacy, sizeof(pci->busIdLegacy), "%04X:%02X:%02X.%X", domain & 0xffff,
+             bus, dev, fn);
+    snprintf(pci->busId, sizeof(pci->busId), "%08X:%02X:%02X.%X", domain, bus, dev, fn);
+    pci->domain = domain;
+    pci->bus = bus;
+    pci->device = dev;
+    pci->pciDeviceId = g->pci_device_id;
+    pci->pciSubSystemId = g->pci_subsystem_id;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci)
+{
+    DEVICE_OR_RETURN(device, phys, g);
+    (void)g;
+    ARG_OR_RETURN(pci);
+    nv_fill_pci(phys, pci);
+    return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPciInfo_t *pci)
+{
+    return nvmlDeviceGetPciInfo_v3(device, pci);
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_t *pci)
+{
+    return nvmlDeviceGetPciInfo_v3(device, pci);
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major,
+                                                           int *minor)
+{
+    DEVICE_OR_RETURN(device, phys, g);
+    ARG_OR_RETURN(major && minor);
+    *major = g->cc_major;
+    *minor = g->cc_minor;
+    return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetNumGpuCores(nvmlDevice_t device, unsigned int *numCores)
+{
+    DEVICE_OR_RETURN(device, phys, g);
+    ARG_OR_RETURN(numCores);
+    *numCores = g->sm_count * g->cores_per_sm;
+    return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *node)
+{
+    DEVICE_OR_RETURN(device, phys, g);
+    ARG_OR_RETURN(node);
+    if (g->numa_node < 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *node = (unsigned int)g->numa_node;
+    return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode,
+                                             unsigned int *pendingMode)
+{
+    DEVICE_OR_RETURN(device, phys, g);
+    ARG_OR_RETURN(currentMode && pendingMode);
+    if (!g->mig_capable)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *currentMode = 0; /* MIG is never enabled in the simulation */
+    *pendingMode = 0;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t enable_state(nvmlDevice_t device, nvmlEnableState_t *out,
+                                 nvmlEnableState_t value)
+{
+    DEVICE_OR_RETURN(device, phys, g);
+    (void)g;
+    ARG_OR_RETURN(out);
+    *out = value;
+    return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, nvmlEnableState_t *mode)
+{
+    return enable_state(device, mode, NVML_FEATURE_ENABLED);
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetDisplayMode(nvmlDevice_t device, nvmlEnableState_t *display)
+{
+    return enable_state(device, display, NVML_FEATURE_DISABLED);
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetDisplayActive(nvmlDevice_t device,
+                                                   nvmlEnableState_t *isActive)
+{
+    return enable_state(device, isActive, NVML_FEATURE_DISABLED);
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, nvmlEnableState_t *current,
+                                             nvmlEnableState_t *pending)
+{
+    ARG_OR_RETURN(pending);
+    nvmlReturn_t rc = enable_state(device, current, NVML_FEATURE_ENABLED);
+    if (rc == NVML_SUCCESS)
+        *pending = NVML_FEATURE_ENABLED;
+    return rc;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device,
+                                                    nvmlMemoryErrorType_t errorType,
+                                                    nvmlEccCounterType_t counterType,
+                                                    unsigned long long *eccCounts)
+{
+    DEVICE_OR_RETURN(device, phys, g);
+    (void)g;
+    ARG_OR_RETURN(eccCounts && (unsigned)errorType < 2 && (unsigned)counterType < 2);
+    *eccCounts = 0;
+    return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, nvmlComputeMode_t *mode)
+{
+    DEVICE_OR_RETURN(device, phys, g);
+    (void)g;
+    ARG_OR_RETURN(mode);
+    *mode = NVML_COMPUTEMODE_DEFAULT;
+    return NVML_SUCCESS;
+}
+
+/* ---- readings derived from utilisation ---------------------------------------------------- */
+
+static unsigned int util_now(int phys) { return sim_utilization(phys, 0, 0); }
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device,
+                                                 nvmlTemperatureSensors_t sensorType,
+                                                 unsigned int *temp)
+{
+    DEVICE_OR_RETURN(device, phys, g);
+    (void)g;
+    ARG_OR_RETURN(temp && sensorType == NVML_TEMPERATURE_GPU);
+    *temp = 32 + util_now(phys) * 40 / 100;
+    return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device,
+                                                          nvmlTemperatureThresholds_t thresholdType,
+                                                          unsigned int *temp)
+{
+    DEVICE_OR_RETURN(device, phys, g);
+    (void)g;
+    ARG_OR_RETURN(temp);
+    switch (thresholdType) {
+    case NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: *temp = 92; break;
+    case NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: *temp = 89; break;
+    case NVML_TEMPERATURE_THRESHOLD_MEM_MAX: *temp = 95; break;
+    case NVML_TEMPERATURE_THRESHOLD_GPU_MAX: *temp = 87; break;
+    default: return NVML_ERROR_NOT_SUPPORTED;
+    }
+    return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power)
+{
+    DEVICE_OR_RETURN(device, phys, g);
+    ARG_OR_RETURN(power);
+    unsigned long long limit = g->power_limit_mw;
+    *power = (unsigned int)(limit * (20 + util_now(phys) * 70 / 100) / 100);
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t power_limit(nvmlDevice_t device, unsigned int *limit)
+{
+    DEVICE_OR_RETURN(device, phys, g);
+    ARG_OR_RETURN(limit);
+    *limit = g->power_limit_mw;
+    return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigned int *limit)
+{
+    return power_limit(device, limit);
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t device, unsigned int *limit)
+{
+    return power_limit(device, limit);
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementDefaultLimit(nvmlDevice_t device,
+                                                                 unsigned int *defaultLimit)
+{
+    return power_limit(device, defaultLimit);
+}
+
+static nvmlReturn_t clock_of(nvmlDevice_t device, nvmlClockType_t type, unsigned int *clock,
+                             int current)
+{
+    DEVICE_OR_RETURN(device, phys, g);
+    ARG_OR_RETURN(clock);
+    unsigned int max;
+    switch (type) {
+    case NVML_CLOCK_GRAPHICS:
+    case NVML_CLOCK_SM: max = g->max_sm_clock_mhz; break;
+    case NVML_CLOCK_MEM: max = g->max_mem_clock_mhz; break;
+    case NVML_CLOCK_VIDEO: max = g->max_sm_clock_mhz * 9 / 10; break;
+    default: return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    if (current && type != NVML_CLOCK_MEM && util_now(phys) == 0)
+        max = max * 3 / 10;
+    *clock = max;
+    return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, nvmlClockType_t type,
+                                               unsigned int *clock)
+{
+    return clock_of(device, type, clock, 1);
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, nvmlClockType_t type,
+                                                  unsigned int *clock)
+{
+    return clock_of(device, type, clock, 0);
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetFanSpeed(nvmlDevice_t device, unsigned int *speed)
+{
+    DEVICE_OR_RETURN(device, phys, g);
+    (void)g;
+    (void)speed;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetNumFans(nvmlDevice_t device, unsigned int *numFans)
+{
+    DEVICE_OR_RETURN(device, phys, g);
+    (void)g;
+    ARG_OR_RETURN(numFans);
+    *numFans = 0;
+    return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetPerformanceState(nvmlDevice_t device, nvmlPstates_t *pState)
+{
+    DEVICE_OR_RETURN(device, phys, g);
+    (void)g;
+    ARG_OR_RETURN(pState);
+    *pState = util_now(phys) > 0 ? NVML_PSTATE_0 : NVML_PSTATE_8;
+    return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetPowerState(nvmlDevice_t device, nvmlPstates_t *pState)
+{
+    return nvmlDeviceGetPerformanceState(device, pState);
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device,
+                                                               unsigned long long *reasons)
+{
+    DEVICE_OR_RETURN(device, phys, g);
+    (void)g;
+    ARG_OR_RETURN(reasons);
+    *reasons = util_now(phys) == 0 ? 0x1ULL /* GPU idle */ : 0;
+    return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device,
+                                                                  unsigned long long *reasons)
+{
+    return nvmlDeviceGetCurrentClocksEventReasons(device, reasons);
+}
+
+/* PCIe link: Gen5 x16 on Hopper, Gen4 x16 otherwise; no simulated PCIe traffic. */
+static nvmlReturn_t pcie_link(nvmlDevice_t device, unsigned int *out, int want_gen)
+{
+    DEVICE_OR_RETURN(device, phys, g);
+    ARG_OR_RETURN(out);
+    *out = want_gen ? (g->arch >= SIM_ARCH_HOPPER ? 5 : 4) : 16;
+    return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t device, unsigned int *g)
+{
+    return pcie_link(device, g, 1);
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t device, unsigned int *g)
+{
+    return pcie_link(device, g, 1);
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t device, unsigned int *w)
+{
+    return pcie_link(device, w, 0);
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t device, unsigned int *w)
+{
+    return pcie_link(device, w, 0);
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t device,
+                                                    nvmlPcieUtilCounter_t counter,
+                                                    unsigned int *value)
+{
+    DEVICE_OR_RETURN(device, phys, g);
+    (void)g;
+    ARG_OR_RETURN(value && (unsigned)counter < 2);
+    *value = 0;
+    return NVML_SUCCESS;
+}

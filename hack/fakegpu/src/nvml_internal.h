@@ -1,0 +1,35 @@
+/*
+ * nvml_internal.h - shared by the fake NVML's source files (src/nvml*.c), nothing else.
+ *
+ * NVML's device handles are pointers to `struct nvmlDevice_st`; ours live in one static array,
+ * one per GPU visible at nvmlInit (the container's view after NVIDIA_VISIBLE_DEVICES), in index
+ * order. They stay valid memory forever, so a stale handle is detected, never dereferenced wild.
+ */
+#ifndef VGPU_NVML_INTERNAL_H
+#define VGPU_NVML_INTERNAL_H
+
+#include "nvml_abi.h"
+#include "simstate.h"
+
+struct nvmlDevice_st {
+    int phys;            /* physical GPU index in the node state */
+    unsigned int index;  /* NVML index in this process's view */
+};
+
+/* Resolve a handle for a device call: checks initialisation, handle validity and the GPU's
+ * lost/removed flags. On NVML_SUCCESS *phys is set (and *info if info is non-NULL). */
+nvmlReturn_t nv_device(nvmlDevice_t device, int *phys, const struct sim_gpu_info **info);
+
+/* Check that NVML is initialised. */
+nvmlReturn_t nv_initialised(void);
+
+/* Handle of the visible GPU with physical index phys, or NULL if it is not visible. */
+nvmlDevice_t nv_handle_of_phys(int phys);
+
+/* Copy a string into a caller buffer of `length` bytes: INSUFFICIENT_SIZE if it does not fit. */
+nvmlReturn_t nv_copy_str(char *dst, unsigned int length, const char *src);
+
+/* Fill an nvmlPciInfo_t for physical GPU phys. */
+void nv_fill_pci(int phys, nvmlPciInfo_t *pci);
+
+#endif
