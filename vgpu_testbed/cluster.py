@@ -9,131 +9,58 @@ Who uses it: the e2e test fixture (`tests/e2e/conftest.py`), `vgpu-dra dev-clust
 The directory holds everything: `pki/` (CA, serving cert, service-account keys, token file),
 `etcd/`, `logs/<component>.log`, `kubeconfig` (admin), `kubeconfigs/` (scheduler,
 controller-manager, one per node), `nodes/<node>/` (files of per-node agents started later) and
-`state.json` (see cluster_state). The pure pieces live in
-cluster_flags (command lines, gates, ports), cluster_files (identities, kubeconfigs),
-cluster_nodes (Node objects); this module only sequences them.
+`state.json` (see cluster_state). The pieces live in cluster_flags (command lines, gates,
+ports), cluster_files (identities, kubeconfigs), cluster_nodes (Node objects), cluster_boot
+(credentials on disk, Node creation), cluster_dir (claiming and clearing the directory),
+cluster_status (probes), cluster_binaries (where the binaries are); this module sequences them.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
 import subprocess
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from vgpu_testbed import certs, cluster_files, cluster_flags, cluster_nodes, cluster_state, procs
+from vgpu_testbed import certs, cluster_boot, cluster_flags, cluster_nodes, cluster_state, procs
+from vgpu_testbed.cluster_binaries import (
+    BinariesMissingError,
+    default_bin_dir,
+    find_binaries,
+    k8s_version,
+)
+from vgpu_testbed.cluster_dir import ClusterBusyError, prepare_dir, remove_owned
 from vgpu_testbed.cluster_flags import FEATURE_GATES, Layout, Ports
-from vgpu_testbed.cluster_health import http_get, wait_for
+from vgpu_testbed.cluster_health import wait_for
 from vgpu_testbed.cluster_state import ClusterState, NodeRecord
+from vgpu_testbed.cluster_status import (
+    ClusterStatus,
+    ComponentStatus,
+    NodeStatus,
+    component_status,
+    node_status,
+    probe,
+)
 from vgpu_testbed.procs import ProcessRecord
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-VERSIONS_ENV = REPO_ROOT / "hack" / "testbed" / "versions.env"
-FALLBACK_K8S_VERSION = "v1.37.1"
-BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager")
 # Components in start order; stopped in reverse (extra per-node processes first).
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager")
-# What we create inside a cluster directory, and so the only things teardown removes.
-# `nodes/<node>/` is where per-node agents (simulated GPUs, kubelet plugin, kubelet stand-in)
-# keep their files; it belongs to the cluster and goes with it.
-_OWNED_ENTRIES = (
-    "pki",
-    "etcd",
-    "logs",
-    "kubeconfig",
-    "kubeconfigs",
-    "serving",
-    "nodes",
-    "state.json",
-)
 
-
-class BinariesMissingError(RuntimeError):
-    """The control-plane binaries have not been built."""
-
-
-class ClusterBusyError(RuntimeError):
-    """The directory already has a running cluster, or holds files that are not ours."""
-
-
-def pinned_versions() -> dict[str, str]:
-    """KEY=VALUE pairs of hack/testbed/versions.env (empty when not in a source checkout)."""
-    try:
-        text = VERSIONS_ENV.read_text()
-    except FileNotFoundError:
-        return {}
-    pairs = {}
-    for raw in text.splitlines():
-        line = raw.strip()
-        if line and not line.startswith("#") and "=" in line:
-            key, _, value = line.partition("=")
-            pairs[key.strip()] = value.strip().strip("\"'")
-    return pairs
-
-
-def k8s_version() -> str:
-    return pinned_versions().get("K8S_VERSION", FALLBACK_K8S_VERSION)
-
-
-def default_bin_dir(env: Mapping[str, str] | None = None) -> Path:
-    """`$VGPU_DRA_K8S_BIN`, else `${VGPU_DRA_CACHE:-~/.cache/vgpu-dra}/k8s/<version>/bin`."""
-    env = os.environ if env is None else env
-    if env.get("VGPU_DRA_K8S_BIN"):
-        return Path(env["VGPU_DRA_K8S_BIN"])
-    cache = Path(env.get("VGPU_DRA_CACHE") or Path.home() / ".cache" / "vgpu-dra")
-    return cache / "k8s" / k8s_version() / "bin"
-
-
-def find_binaries(bin_dir: Path | None = None) -> dict[str, Path]:
-    """Paths of the four binaries; BinariesMissingError names what is missing and the fix."""
-    bin_dir = bin_dir or default_bin_dir()
-    found = {name: bin_dir / name for name in BINARIES}
-    missing = [name for name, path in found.items() if not path.is_file()]
-    if missing:
-        raise BinariesMissingError(
-            f"control-plane binaries not built: {', '.join(missing)} missing in {bin_dir}. "
-            "Run `make controlplane` (bash hack/testbed/build.sh; ~8 min the first time)."
-        )
-    return found
-
-
-@dataclass(frozen=True, slots=True)
-class ComponentStatus:
-    name: str
-    pid: int
-    alive: bool
-    port: int | None
-    healthy: bool | None  # None: no health endpoint (extra processes)
-    detail: str
-
-
-@dataclass(frozen=True, slots=True)
-class NodeStatus:
-    name: str
-    profile: str
-    exists: bool
-    ready: bool
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterStatus:
-    root: Path
-    server: str
-    components: list[ComponentStatus]
-    nodes: list[NodeStatus]
-
-    @property
-    def healthy(self) -> bool:
-        return all(c.alive and c.healthy is not False for c in self.components) and all(
-            n.exists and n.ready for n in self.nodes
-        )
+__all__ = [
+    "BinariesMissingError",
+    "Cluster",
+    "ClusterBusyError",
+    "ClusterStatus",
+    "ComponentStatus",
+    "NodeStatus",
+    "default_bin_dir",
+    "find_binaries",
+    "k8s_version",
+    "running_cluster",
+]
 
 
 class Cluster:
@@ -166,7 +93,7 @@ class Cluster:
         die_with_parent: bool = False,
         timeout: float = 120.0,
         gates: Mapping[str, bool] = FEATURE_GATES,
-        progress: Any = None,
+        progress: Callable[[str], None] | None = None,
     ) -> Cluster:
         """Start everything and wait until it is ready; on any failure stop what started.
 
@@ -179,7 +106,7 @@ class Cluster:
         specs = cluster_nodes.node_specs(list(profiles))
         layout = Layout(root.resolve())
         ports = cluster_flags.allocate_ports(apiserver_port)
-        _prepare_dir(layout)
+        prepare_dir(layout)
         state = ClusterState(k8s_version=k8s_version(), root=str(layout.root))
         state.ports = ports.all()
         state.started_at = time.time()
@@ -305,11 +232,20 @@ class Cluster:
     # ----- status and teardown ------------------------------------------------------------
 
     def status(self) -> ClusterStatus:
-        components = [self._component_status(p) for p in self.state.processes]
+        """Probe every recorded process; read the Nodes back while the apiserver answers."""
+        components = [
+            component_status(
+                p, server=self.server, ca_cert=self.ca_cert, admin_token=self.admin_token()
+            )
+            for p in self.state.processes
+        ]
         nodes = [NodeStatus(n.name, n.profile, False, False) for n in self.state.nodes]
-        api_up = any(c.name == "kube-apiserver" and c.healthy for c in components)
-        if api_up:
-            nodes = self._node_status()
+        if any(c.name == "kube-apiserver" and c.healthy for c in components):
+            api_client = self.api_client()
+            try:
+                nodes = node_status(api_client, self.state.nodes)
+            finally:
+                api_client.close()
         return ClusterStatus(self.root, self.server, components, nodes)
 
     def stop(self, *, keep_logs: bool = False) -> list[ProcessRecord]:
@@ -335,17 +271,17 @@ class Cluster:
             self._save()
             return survivors
         self.state.processes = []
-        _remove_owned(self.layout, keep_logs=keep_logs)
+        remove_owned(self.layout, keep_logs=keep_logs)
         return []
 
     # ----- internals ----------------------------------------------------------------------
 
+    def _spawn(self, name: str, argv: list[str], port: int) -> ProcessRecord:
+        return self.spawn(name, argv, port=port)
+
     def _save(self) -> None:
         if self.layout.root.is_dir():
             cluster_state.save(self.state, self.layout.state_file)
-
-    def _spawn_component(self, name: str, argv: list[str], port: int) -> ProcessRecord:
-        return self.spawn(name, argv, port=port)
 
     def _boot(
         self,
@@ -355,13 +291,16 @@ class Cluster:
         *,
         gates: Mapping[str, bool],
         timeout: float,
-        say: Any,
+        say: Callable[[str], None],
     ) -> None:
         layout = self.layout
         t0 = time.monotonic()
         paths = certs.generate(layout.pki)
         server = f"https://{cluster_flags.LOOPBACK}:{ports.apiserver}"
-        identities = self._write_credentials(server, paths.ca_cert, specs)
+        identities, self.state.nodes = cluster_boot.write_credentials(
+            layout, server, paths.ca_cert, specs
+        )
+        self._tokens["admin"] = identities["admin"].token
         self.state.server = server
         self.state.ca_cert = str(paths.ca_cert)
         self.state.kubeconfig = str(layout.kubeconfig)
@@ -370,11 +309,11 @@ class Cluster:
             sub.mkdir(mode=0o700, parents=True, exist_ok=True)
 
         say(f"starting etcd on {cluster_flags.LOOPBACK}:{ports.etcd_client}")
-        etcd = self._spawn_component(
+        etcd = self._spawn(
             "etcd", cluster_flags.etcd_argv(binaries["etcd"], layout, ports), ports.etcd_client
         )
         etcd_url = f"http://{cluster_flags.LOOPBACK}:{ports.etcd_client}/health"
-        wait_for("etcd", _probe(etcd_url), watch=[etcd], timeout=timeout)
+        wait_for("etcd", probe(etcd_url), watch=[etcd], timeout=timeout)
 
         say(f"starting kube-apiserver on {server}")
         api_argv = cluster_flags.apiserver_argv(
@@ -388,23 +327,23 @@ class Cluster:
             sa_pub=paths.sa_pub,
             gates=gates,
         )
-        api = self._spawn_component("kube-apiserver", api_argv, ports.apiserver)
+        api = self._spawn("kube-apiserver", api_argv, ports.apiserver)
         admin = identities["admin"].token
         wait_for(
             "kube-apiserver",
-            _probe(f"{server}/readyz", ca_file=paths.ca_cert, token=admin),
+            probe(f"{server}/readyz", ca_file=paths.ca_cert, token=admin),
             watch=[etcd, api],
             timeout=timeout,
         )
         say(f"kube-apiserver ready after {time.monotonic() - t0:.1f}s")
 
         say("starting kube-scheduler and kube-controller-manager")
-        sched = self._spawn_component(
+        sched = self._spawn(
             "kube-scheduler",
             cluster_flags.scheduler_argv(binaries["kube-scheduler"], layout, ports, gates=gates),
             ports.scheduler,
         )
-        kcm = self._spawn_component(
+        kcm = self._spawn(
             "kube-controller-manager",
             cluster_flags.controller_manager_argv(
                 binaries["kube-controller-manager"],
@@ -419,7 +358,7 @@ class Cluster:
         for rec in (sched, kcm):
             wait_for(
                 rec.name,
-                _probe(f"https://{cluster_flags.LOOPBACK}:{rec.port}/healthz", verify=False),
+                probe(f"https://{cluster_flags.LOOPBACK}:{rec.port}/healthz", verify=False),
                 watch=everyone,
                 timeout=timeout,
             )
@@ -427,11 +366,11 @@ class Cluster:
         say(f"creating nodes: {', '.join(f'{s.name} ({s.profile})' for s in specs)}")
         api_client = self.api_client()
         try:
-            _create_nodes(api_client, specs)
+            cluster_boot.create_nodes(api_client, specs)
             # Pods are refused until the ServiceAccount controller made `default/default`.
             wait_for(
                 "ServiceAccount default/default",
-                lambda: _service_account_exists(api_client),
+                lambda: cluster_boot.default_service_account_exists(api_client),
                 watch=everyone,
                 timeout=timeout,
             )
@@ -440,171 +379,6 @@ class Cluster:
         self.state.ready = True
         self._save()
         say(f"control plane ready in {time.monotonic() - t0:.1f}s")
-
-    def _write_credentials(
-        self, server: str, ca_cert: Path, specs: list[cluster_nodes.NodeSpec]
-    ) -> dict[str, cluster_files.Identity]:
-        layout = self.layout
-        idents = [
-            cluster_files.admin_identity(),
-            cluster_files.scheduler_identity(),
-            cluster_files.controller_manager_identity(),
-        ] + [cluster_files.node_identity(s.name) for s in specs]
-        cluster_files.write_private(layout.token_file, cluster_files.render_token_file(idents))
-        ca_pem = ca_cert.read_bytes()
-        by_key = {i.key: i for i in idents}
-        for ident in idents:
-            path = (
-                layout.kubeconfig
-                if ident.key == "admin"
-                else layout.component_kubeconfig(ident.key)
-            )
-            text = cluster_files.render_kubeconfig(
-                server=server, ca_pem=ca_pem, identity=ident, cluster="vgpu-dra-testbed"
-            )
-            cluster_files.write_private(path, text)
-        self.state.nodes = [
-            NodeRecord(
-                name=s.name,
-                profile=s.profile,
-                kubeconfig=str(layout.component_kubeconfig(f"node-{s.name}")),
-            )
-            for s in specs
-        ]
-        self._tokens["admin"] = by_key["admin"].token
-        return by_key
-
-    def _component_status(self, rec: ProcessRecord) -> ComponentStatus:
-        alive = procs.is_alive(rec)
-        healthy: bool | None = None
-        detail = "running" if alive else "not running"
-        url: str | None = None
-        kwargs: dict[str, Any] = {}
-        if rec.name == "etcd":
-            url = f"http://{cluster_flags.LOOPBACK}:{rec.port}/health"
-        elif rec.name == "kube-apiserver":
-            url = f"{self.server}/readyz"
-            kwargs = {"ca_file": self.ca_cert, "token": self.admin_token()}
-        elif rec.name in ("kube-scheduler", "kube-controller-manager"):
-            url = f"https://{cluster_flags.LOOPBACK}:{rec.port}/healthz"
-            kwargs = {"verify": False}
-        if url is not None:
-            healthy = False
-            if alive:
-                code, body = http_get(url, **kwargs)
-                healthy = _healthy_answer(code, body)
-                detail = f"{url} -> {code} {body.strip()[:60]}"
-        return ComponentStatus(rec.name, rec.pid, alive, rec.port, healthy, detail)
-
-    def _node_status(self) -> list[NodeStatus]:
-        from kubernetes import client
-
-        out = []
-        api_client = self.api_client()
-        try:
-            core = client.CoreV1Api(api_client)
-            existing = {n.metadata.name: n for n in core.list_node().items if n.metadata}
-        finally:
-            api_client.close()
-        for rec in self.state.nodes:
-            node = existing.get(rec.name)
-            ready = False
-            if node is not None and node.status and node.status.conditions:
-                ready = any(
-                    c.type == "Ready" and c.status == "True" for c in node.status.conditions
-                )
-            out.append(NodeStatus(rec.name, rec.profile, node is not None, ready))
-        return out
-
-
-def _healthy_answer(code: int, body: str) -> bool:
-    return code == 200 and (body.strip() == "ok" or '"health":"true"' in body.replace(" ", ""))
-
-
-def _probe(url: str, **kwargs: Any) -> Any:
-    def probe() -> tuple[bool, str]:
-        code, body = http_get(url, **kwargs)
-        return _healthy_answer(code, body), f"{code} {body.strip()[:200]}"
-
-    return probe
-
-
-def _create_nodes(api_client: Any, specs: list[cluster_nodes.NodeSpec]) -> None:
-    from kubernetes import client
-
-    core = client.CoreV1Api(api_client)
-    for spec in specs:
-        manifest = client.V1Node.model_validate(cluster_nodes.node_manifest(spec))
-        created = core.create_node(body=manifest)
-        if not (created.status and created.status.conditions):
-            # Some releases drop status on create; the status subresource takes it.
-            core.replace_node_status(
-                spec.name, body=manifest.model_copy(update={"metadata": created.metadata})
-            )
-        # The TaintNodesByCondition admission plugin taints every new Node not-ready; on a real
-        # cluster node-lifecycle lifts it once the kubelet reports Ready. We run no
-        # node-lifecycle, so lift it here, as that controller would.
-        node = core.read_node(spec.name)
-        if node.spec and node.spec.taints:
-            node.spec.taints = []
-            core.replace_node(spec.name, body=node)
-
-
-def _service_account_exists(api_client: Any) -> tuple[bool, str]:
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
-
-    try:
-        client.CoreV1Api(api_client).read_namespaced_service_account("default", "default")
-    except ApiException as err:
-        return False, f"{err.status} {err.reason}"
-    return True, "exists"
-
-
-def _prepare_dir(layout: Layout) -> None:
-    """Make the directory ours: refuse a live cluster or foreign files; clear a dead one."""
-    root = layout.root
-    if layout.state_file.exists():
-        try:
-            old = cluster_state.load(layout.state_file)
-        except cluster_state.StateError:
-            old = None
-        alive = [p for p in (old.processes if old else []) if procs.is_alive(p)]
-        if alive:
-            names = ", ".join(f"{p.name} (pid {p.pid})" for p in alive)
-            raise ClusterBusyError(
-                f"a cluster is already running in {root}: {names}. "
-                f"Stop it with `vgpu-dra dev-cluster down --dir {root}` or use another --dir."
-            )
-        _remove_owned(layout, keep_logs=False)
-    elif root.exists():
-        foreign = sorted(p.name for p in root.iterdir() if p.name not in _OWNED_ENTRIES)
-        if foreign:
-            raise ClusterBusyError(
-                f"{root} is not empty ({', '.join(foreign[:5])}...); the test bed only uses an "
-                "empty or its own directory, so pick another --dir"
-            )
-        _remove_owned(layout, keep_logs=False)
-    root.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(root, 0o700)  # keys and tokens inside: private even if the directory pre-existed
-
-
-def _remove_owned(layout: Layout, *, keep_logs: bool) -> None:
-    root = layout.root
-    if not root.is_dir():
-        return
-    for entry in _OWNED_ENTRIES:
-        if keep_logs and entry == "logs":
-            continue
-        path = root / entry
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        elif path.exists() or path.is_symlink():
-            path.unlink(missing_ok=True)
-    (root / ".state.json.tmp").unlink(missing_ok=True)
-    if not keep_logs:
-        with contextlib.suppress(OSError):
-            root.rmdir()  # only if nothing else is left
 
 
 @contextmanager

@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from vgpu_testbed import cluster_nodes
@@ -86,7 +86,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return build_parser().parse_args(list(argv))
 
 
-def _progress(t0: float) -> object:
+def _progress(t0: float) -> Callable[[str], None]:
     def say(message: str) -> None:
         print(f"[{time.monotonic() - t0:5.1f}s] {message}", flush=True)
 
