@@ -284,3 +284,47 @@ def test_hostile_uids_never_reach_the_filesystem(
     assert victim.exists()
     assert (tmp_path / "state" / "claims").exists()
     assert claims.reads == 0
+
+
+def test_nvidia_toolkit_ids_are_returned_with_ours(tmp_path: Path, claims: Claims) -> None:
+    toolkit = tmp_path / "etc-cdi"
+    toolkit.mkdir()
+    inv = inventory(memory=16 * GiB)
+    (toolkit / "nvidia.json").write_text(
+        json.dumps(
+            {
+                "cdiVersion": "0.5.0",
+                "kind": "nvidia.com/gpu",
+                "devices": [
+                    {"name": "0", "containerEdits": {}},
+                    {"name": inv.gpus[1].uuid, "containerEdits": {}},
+                    {"name": "all", "containerEdits": {}},
+                ],
+            }
+        )
+    )
+    settings = node_settings(tmp_path)
+    settings = NodeSettings(
+        driver=settings.driver,
+        node_name=settings.node_name,
+        cdi_root=settings.cdi_root,
+        spec=settings.spec,
+        toolkit_spec_dirs=(str(toolkit),),
+    )
+    preparer = Preparer(settings, inv, claims)
+    preparer.reconcile()
+    ref = claims.add(
+        claim(
+            [
+                result("gpu-0", request="a"),
+                result("gpu-1", request="b"),
+                result("gpu-2", request="c"),
+            ]
+        )
+    )
+    devices = preparer.prepare([ref])[ref.uid].devices
+    assert [d.cdi_ids[1:] for d in devices] == [
+        ("nvidia.com/gpu=0",),
+        (f"nvidia.com/gpu={inv.gpus[1].uuid}",),
+        (),
+    ]
