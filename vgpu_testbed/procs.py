@@ -13,15 +13,20 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import queue
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
 _PR_SET_PDEATHSIG = 1
+T = TypeVar("T")
 
 
 class ProcessRecord(BaseModel):
@@ -74,6 +79,46 @@ def _die_with_parent() -> None:
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
+class _ForkThread:
+    """The thread that starts every die-with-parent child.
+
+    PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, not the process. A
+    child started from a short-lived thread (a thread pool, a gRPC handler) would be killed as
+    soon as that thread ends. So such children are forked by the main thread when we are on it
+    (it lives as long as the process), otherwise by one daemon thread that is never joined and
+    so also lives until the process dies.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def run(self, job: Callable[[], T]) -> T:
+        if threading.current_thread() is threading.main_thread():
+            return job()
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._serve, name="vgpu-testbed-fork", daemon=True
+                )
+                self._thread.start()
+        done: Future[T] = Future()
+        self._jobs.put((job, done))
+        return done.result()
+
+    def _serve(self) -> None:
+        while True:
+            job, done = self._jobs.get()
+            try:
+                done.set_result(job())
+            except BaseException as err:  # handed to the caller, who re-raises it
+                done.set_exception(err)
+
+
+_fork_thread = _ForkThread()
+
+
 def spawn(
     name: str,
     argv: Sequence[str],
@@ -96,8 +141,9 @@ def spawn(
     preexec: Callable[[], None] | None = _die_with_parent if die_with_parent else None
     with open(log_path, "ab") as log:
         os.fchmod(log.fileno(), 0o640)
-        try:
-            proc = subprocess.Popen(
+
+        def start() -> subprocess.Popen[bytes]:
+            return subprocess.Popen(
                 list(argv),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -107,6 +153,9 @@ def spawn(
                 start_new_session=True,
                 preexec_fn=preexec,  # noqa: PLW1509 - only a prctl call, resolved up front
             )
+
+        try:
+            proc = _fork_thread.run(start) if die_with_parent else start()
         except OSError as err:
             raise RuntimeError(f"cannot start {name} ({argv[0]}): {err}") from err
     ticks = start_ticks(proc.pid)

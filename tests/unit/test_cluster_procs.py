@@ -6,13 +6,18 @@ What this proves:
    grace period) — and leaves no zombie in the starter.
 3. A record whose PID was reused by another process (different start time) is "not alive" and
    stop_all never signals it.
-4. State files round-trip, are 0600, and a missing or corrupt one is a clear StateError.
+4. A die-with-parent child started from a short-lived thread outlives that thread, and dies
+   when its process is SIGKILLed.
+5. State files round-trip, are 0600, and a missing or corrupt one is a clear StateError.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -86,3 +91,49 @@ def test_state_round_trip_and_errors(tmp_path: Path) -> None:
         cluster_state.load(path)
     with pytest.raises(cluster_state.StateError, match="dev-cluster up"):
         cluster_state.load(tmp_path / "nothing.json")
+
+
+def test_die_with_parent_child_outlives_the_thread_that_started_it(tmp_path: Path) -> None:
+    # PR_SET_PDEATHSIG is per forking *thread*: started from a short-lived thread, the child
+    # must still run after that thread ended (it dies only with the process).
+    started: list[tuple[procs.ProcessRecord, subprocess.Popen[bytes]]] = []
+    worker = threading.Thread(
+        target=lambda: started.append(
+            procs.spawn(
+                "child", ["sleep", "300"], log_path=tmp_path / "c.log", die_with_parent=True
+            )
+        )
+    )
+    worker.start()
+    worker.join()
+    record, popen = started[0]
+    try:
+        time.sleep(0.3)
+        assert procs.is_alive(record)
+    finally:
+        procs.stop_all([record], popens={record.pid: popen})
+
+
+def test_die_with_parent_child_dies_with_its_process(tmp_path: Path) -> None:
+    script = (
+        "import sys, threading; from pathlib import Path; from vgpu_testbed import procs\n"
+        "out = []\n"
+        "t = threading.Thread(target=lambda: out.append(procs.spawn('c', ['sleep', '300'],"
+        " log_path=Path(sys.argv[1]), die_with_parent=True)))\n"
+        "t.start(); t.join(); print(out[0][0].model_dump_json(), flush=True); sys.stdin.read()\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path / "c.log")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdout is not None
+    record = procs.ProcessRecord.model_validate_json(parent.stdout.readline())
+    assert procs.is_alive(record)
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 5
+    while procs.is_alive(record) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not procs.is_alive(record)
