@@ -4,12 +4,14 @@ What this proves:
 1. Defaults: `.dev-cluster` directory, nodes dgx-h100,a10-pcie, no pinned port.
 2. Bad --nodes and --apiserver-port values are usage errors (exit 2) naming the value.
 3. Without binaries `up` fails (exit 1) telling to run `make controlplane`, and creates nothing;
+   a taken --apiserver-port fails naming the port, before anything starts;
    `down`/`status` on a directory without a cluster fail with a clear message.
 4. The status table names each component's pid, port and health and each node's profile.
 """
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -93,3 +95,23 @@ def test_status_rendering() -> None:
     assert "node-1" in text and "dgx-h100" in text and "Ready" in text and "MISSING" in text
     assert text.endswith("overall: NOT healthy")
     assert not status.healthy
+
+
+def test_up_on_a_taken_port_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Stand-in binaries: the port check comes before anything is started.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager"):
+        (bin_dir / name).write_text("#!/bin/sh\nexit 1\n")
+    monkeypatch.setenv("VGPU_DRA_K8S_BIN", str(bin_dir))
+    target = tmp_path / "cluster"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = cluster_cli.main(["up", "--dir", str(target), "--apiserver-port", str(port)])
+    assert code == 1
+    assert f"port {port} on 127.0.0.1 is already in use" in capsys.readouterr().err
+    assert not target.exists()
