@@ -13,13 +13,19 @@ What this proves:
 5. A claim that cannot fit (80 cores when every device has < 80 left; 100Gi on 80Gi devices)
    stays unallocated and its pod Pending/Unschedulable; once the pods on one device are deleted
    the 80-core pod is scheduled — capacity is really accounted and released.
+6. The nodes are usable without a kubelet (plain pods spread by CPU requests), carry their
+   profile label, and a node's own identity is authenticated and limited by the Node authorizer.
+7. A second start in the live directory is refused; helm installs a chart into the bed.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -27,7 +33,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from vgpu_testbed import cluster_example as example
-from vgpu_testbed.cluster import Cluster
+from vgpu_testbed.cluster import Cluster, default_bin_dir
 from vgpu_testbed.cluster_flags import FEATURE_GATES, LOCKED_ON
 from vgpu_testbed.cluster_health import http_get
 
@@ -373,3 +379,47 @@ def test_node_identity_is_authenticated_and_limited(cluster: Cluster) -> None:
         assert denied.value.status == 403
     finally:
         api.close()
+
+
+def test_helm_installs_into_the_bed(
+    cluster: Cluster, k8s: Any, namespace: str, tmp_path: Path
+) -> None:
+    # helm (built with the control plane) talks to the bed through the admin kubeconfig, so
+    # the chart under deploy/ can be installed in e2e tests.
+    helm = default_bin_dir() / "helm"
+    if not helm.is_file():
+        pytest.skip(f"{helm} not built (make controlplane)")
+    chart = tmp_path / "smoke"
+    (chart / "templates").mkdir(parents=True)
+    (chart / "Chart.yaml").write_text("apiVersion: v2\nname: smoke\nversion: 0.1.0\n")
+    (chart / "templates" / "cm.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: smoke\ndata:\n"
+        "  release: {{ .Release.Name | quote }}\n"
+    )
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(cluster.kubeconfig),
+        "HELM_CACHE_HOME": str(tmp_path / "cache"),
+        "HELM_CONFIG_HOME": str(tmp_path / "config"),
+        "HELM_DATA_HOME": str(tmp_path / "data"),
+    }
+    run = subprocess.run(
+        [str(helm), "install", "demo", str(chart), "--namespace", namespace, "--wait"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    cm = client.CoreV1Api(k8s).read_namespaced_config_map("smoke", namespace)
+    assert cm.data == {"release": "demo"}
+    listed = subprocess.run(
+        [str(helm), "list", "--namespace", namespace, "--short"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=True,
+    )
+    assert listed.stdout.split() == ["demo"]
