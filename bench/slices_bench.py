@@ -126,7 +126,7 @@ def api_figures() -> dict[str, Any]:
 
 def discover_figure() -> dict[str, Any] | str:
     try:
-        from vgpu_testbed import fakegpu  # type: ignore[attr-defined]
+        from vgpu_testbed import fakegpu
     except ImportError:
         return "skipped: simulated GPUs (vgpu_testbed.fakegpu) not available"
     with tempfile.TemporaryDirectory() as tmp:

@@ -16,7 +16,6 @@ again (crash-recovery tests). Used by tests/e2e/test_kubelet_plugin.py and, for
 
 from __future__ import annotations
 
-import importlib
 import os
 import shutil
 import signal
@@ -192,8 +191,8 @@ class NodeAgents:
 
     def prepare_gpus(self) -> dict[str, str]:
         """Create the node's simulated GPU state; returns the env a process needs to see it."""
-        # Imported late: only this step needs the simulated GPUs' Python side.
-        fakegpu = importlib.import_module("vgpu_testbed.fakegpu")
+        from vgpu_testbed import fakegpu  # late: only this step needs the simulated GPUs
+
         self.paths.make()
         profile = fakegpu.load_profile(self.profile)
         self.gpu_env = dict(fakegpu.prepare_node(profile, self.paths.gpu_state))

@@ -9,7 +9,10 @@ What this proves:
    compute capability 9.0, NUMA 0 for GPUs 0-3 and 1 for 4-7, all in ONE NVLink domain.
 2. a100-2x4: two NVLink domains of four GPUs (0-3 and 4-7), no link between them.
 3. a10-pcie: no NVLink, so no domain and no peers; 72 SMs; Ampere.
-4. Bus IDs are in sysfs form and every GPU gets a PCIe root.
+4. Bus IDs are in sysfs form and every GPU gets a PCIe root; GPUs the profile puts under one
+   root complex share a root, others do not.
+5. A lost GPU is left out with a warning; the rest of the node is still discovered.
+6. Without any libnvidia-ml.so.1, discovery fails with InventoryError and a hint.
 """
 
 from __future__ import annotations
@@ -23,22 +26,29 @@ from typing import Any
 
 import pytest
 
-fakegpu = pytest.importorskip("vgpu_testbed.fakegpu", reason="simulated GPUs not available")
+from vgpu_testbed import fakegpu
 
 DISCOVER = "from dra_driver.inventory import discover; print(discover().model_dump_json())"
 
 
-def discovered(profile_name: str, tmp_path: Path) -> dict[str, Any]:
+def node_env(profile_name: str, tmp_path: Path) -> dict[str, str]:
     profile = fakegpu.load_profile(profile_name)
-    env = {**os.environ, **fakegpu.prepare_node(profile, tmp_path / f"{profile_name}.state")}
-    done = subprocess.run(
+    return dict(fakegpu.prepare_node(profile, tmp_path / f"{profile_name}.state"))
+
+
+def run_discover(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [sys.executable, "-c", DISCOVER],
-        env=env,
+        env={**os.environ, **env},
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
+
+
+def discovered(profile_name: str, tmp_path: Path) -> dict[str, Any]:
+    done = run_discover(node_env(profile_name, tmp_path))
     assert done.returncode == 0, done.stderr
     result: dict[str, Any] = json.loads(done.stdout)
     return result
@@ -91,3 +101,34 @@ def test_bus_ids_and_pcie_roots(tmp_path: Path) -> None:
         domain, bus, rest = gpu["pci_bus_id"].split(":")
         assert len(domain) == 4 and len(bus) == 2 and rest.endswith(".0")
         assert gpu["pcie_root"].startswith("pci") and gpu["pcie_root"]
+
+
+def test_gpus_sharing_a_root_complex_share_a_pcie_root(tmp_path: Path) -> None:
+    profile = fakegpu.load_profile("dgx-h100")
+    roots = [gpu["pcie_root"] for gpu in discovered("dgx-h100", tmp_path)["gpus"]]
+    for a, gpu_a in enumerate(profile.gpus):
+        for b, gpu_b in enumerate(profile.gpus):
+            assert (roots[a] == roots[b]) == (gpu_a.pcie_root == gpu_b.pcie_root)
+
+
+def test_a_lost_gpu_is_left_out_not_fatal(tmp_path: Path) -> None:
+    env = node_env("dgx-h100", tmp_path)
+    assert len(json.loads(run_discover(env).stdout)["gpus"]) == 8  # also creates the state
+    fakegpu.set_gpu_lost(env, 3, True)
+    done = run_discover(env)
+    assert done.returncode == 0, done.stderr
+    gpus = json.loads(done.stdout)["gpus"]
+    assert [g["index"] for g in gpus] == [0, 1, 2, 4, 5, 6, 7]
+    assert "GPU 3 left out" in done.stderr
+    assert {g["nvlink_domain"] for g in gpus} == {0}
+
+
+@pytest.mark.skipif(Path("/dev/nvidiactl").exists(), reason="a real NVIDIA driver is present")
+def test_without_nvml_discovery_raises_an_actionable_error() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VGPU_SIM")}
+    env["LD_LIBRARY_PATH"] = ""
+    done = subprocess.run(
+        [sys.executable, "-c", DISCOVER], env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode != 0
+    assert "InventoryError" in done.stderr and "LD_LIBRARY_PATH" in done.stderr
