@@ -139,10 +139,22 @@ CUresult cu_device_phys(CUdevice dev, int *phys_out) {
     return CUDA_SUCCESS;
 }
 
+/* Sleep until t_ns, then spin the last stretch: a timed sleep overshoots by the timer slack
+ * (~50-80 us), which would make every synchronisation far slower than a real GPU's few
+ * microseconds (the real driver spins too, by default). The spin is at most SPIN_NS per wait. */
+#define SPIN_NS 100000ULL
+
 void cu_sleep_until(unsigned long long t_ns) {
-    struct timespec ts = {.tv_sec = (time_t)(t_ns / 1000000000ULL),
-                          .tv_nsec = (long)(t_ns % 1000000000ULL)};
-    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+    unsigned long long now = sim_now_ns();
+    if (t_ns <= now) return;
+    if (t_ns - now > SPIN_NS) {
+        unsigned long long wake = t_ns - SPIN_NS;
+        struct timespec ts = {.tv_sec = (time_t)(wake / 1000000000ULL),
+                              .tv_nsec = (long)(wake % 1000000000ULL)};
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+        }
+    }
+    while (sim_now_ns() < t_ns) {
     }
 }
 

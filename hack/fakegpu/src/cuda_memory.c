@@ -223,7 +223,7 @@ CU_API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
 
 CU_API CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
                                    size_t Height, unsigned int ElementSizeBytes) {
-    if (dptr == NULL || pPitch == NULL || WidthInBytes == 0 || Height == 0) 
+    if (dptr == NULL || pPitch == NULL || WidthInBytes == 0 || Height == 0)
         return CUDA_ERROR_INVALID_VALUE;
     if (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16)
         return CUDA_ERROR_INVALID_VALUE;
