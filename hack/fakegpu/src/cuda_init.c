@@ -102,7 +102,14 @@ int cu_parse_visible_devices(const char *spec, const int *visible, int nvisible,
     return n;
 }
 
+/* Fork safety: no thread may hold the driver lock across fork(), or the child would inherit it
+ * locked forever. The child then keeps the parent's view (devices, contexts, allocations), and
+ * may cuInit and allocate on its own; see cu_uncharge() for inherited allocations. */
+static void before_fork(void) { pthread_mutex_lock(&cu_drv.lock); }
+static void after_fork(void) { pthread_mutex_unlock(&cu_drv.lock); }
+
 static void do_init(void) {
+    pthread_atfork(before_fork, after_fork, after_fork);
     read_config(&cu_drv.cfg);
     if (sim_attach() != 0) {
         cu_drv.init_result = CUDA_ERROR_NO_DEVICE;

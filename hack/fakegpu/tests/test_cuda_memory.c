@@ -455,10 +455,47 @@ static void case_fork_and_exit(void)
     CHECK_EQ_U(free_now(), 2 * GiB);
 }
 
+static volatile int churn_stop;
+
+static void *churn(void *ctx)
+{
+    CHECK(cuCtxSetCurrent((CUcontext)ctx) == CUDA_SUCCESS);
+    while (!churn_stop) {
+        CUdeviceptr p;
+        CHECK(cuMemAlloc_v2(&p, 4096) == CUDA_SUCCESS);
+        CHECK(cuMemFree_v2(p) == CUDA_SUCCESS);
+    }
+    return NULL;
+}
+
+/* fork() while another thread is inside the driver: the child never inherits a held lock. */
+static void case_fork_while_busy(void)
+{
+    alarm(tu_slow() ? 300 : 30); /* a child deadlocked on an inherited lock fails the case */
+    CUcontext ctx = setup(0);
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, churn, ctx) == 0);
+    for (int i = 0; i < 20; i++) {
+        pid_t child = fork();
+        if (child == 0) {
+            CUdeviceptr p;
+            CHECK(cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+            CHECK(cuMemAlloc_v2(&p, 1 * MiB) == CUDA_SUCCESS);
+            CHECK(cuMemFree_v2(p) == CUDA_SUCCESS);
+            _exit(0);
+        }
+        int status;
+        CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) &&
+              WEXITSTATUS(status) == 0);
+    }
+    churn_stop = 1;
+    CHECK(pthread_join(th, NULL) == 0);
+    CHECK_EQ_U(free_now(), 1 * GiB);
+}
+
 int main(void)
 {
     int failures = 0;
-    (void)tu_slow;
     failures += tu_fork_case("contexts", case_contexts);
     failures += tu_fork_case("allocation bounded by the profile", case_alloc_bounded);
     failures += tu_fork_case("contents round-trip", case_contents);
@@ -467,6 +504,7 @@ int main(void)
     failures += tu_fork_case("virtual memory management", case_vmm);
     failures += tu_fork_case("arrays", case_arrays);
     failures += tu_fork_case("fork, exit and SIGKILL", case_fork_and_exit);
+    failures += tu_fork_case("fork while another thread is in the driver", case_fork_while_busy);
     printf("%s: %d failure(s)\n", __FILE__, failures);
     return failures != 0;
 }
