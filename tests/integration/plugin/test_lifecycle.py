@@ -8,6 +8,8 @@
    covered by the inventory tests and the simulated-GPU e2e tests.
 2. DRAResourceHealth: the first message lists every device HEALTHY; a GPU that disappears from
    discovery is streamed as UNHEALTHY, over both the v1 and v1alpha1 services.
+3. The same with nothing replaced: the plugin process on simulated GPUs (fake NVML loaded by the
+   real loader) streams UNHEALTHY when a GPU is marked lost, and HEALTHY when it recovers.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 
 from dra_driver import kube
 from kubelet_plugin.proto import (
@@ -153,3 +156,63 @@ def test_bad_flags_exit_with_a_clear_message() -> None:
     )
     assert done.returncode == 2
     assert "--oversubscription-ratio must be >= 1.0, got 0.5" in done.stderr
+
+
+def test_lost_gpu_on_simulated_node_is_streamed_unhealthy(cluster: Any) -> None:
+    from vgpu_testbed import fakegpu
+    from vgpu_testbed.profiles import load_profile
+
+    try:
+        fakegpu.library_dir()
+    except fakegpu.FakeGpuError as exc:
+        pytest.skip(f"simulated GPUs not built (make native): {exc}")
+    root = Path(tempfile.mkdtemp(prefix="vgpu-sim-"))
+    gpu_env = fakegpu.prepare_node(load_profile("l4-2"), root / "gpus.state")
+    argv = [
+        sys.executable,
+        "-m",
+        "dra_driver.cli",
+        "kubelet-plugin",
+        "--node-name=node-1",
+        f"--kubeconfig={cluster.kubeconfig}",
+        f"--plugin-dir={root}/plugins/vgpu.dra.dev",
+        f"--registrar-dir={root}/registry",
+        f"--cdi-root={root}/cdi",
+        f"--state-dir={root}/state",
+        f"--hook-path={root}/libvgpu.so",
+        "--no-publish-slices",
+        "--no-governor",
+        "--resync-seconds=0.5",
+    ]
+    log = (root / "plugin.log").open("w")
+    proc = subprocess.Popen(
+        argv, cwd=ROOT, env={**os.environ, **gpu_env}, stdout=log, stderr=subprocess.STDOUT
+    )
+    dra = root / "plugins" / "vgpu.dra.dev" / "dra.sock"
+    try:
+        wait_for((root / "registry" / "vgpu.dra.dev-reg.sock").exists, what="registration")
+        with grpc.insecure_channel(f"unix://{dra}") as channel:
+            stream = dra_health_v1_pb2_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+                dra_health_v1_pb2.NodeWatchResourcesRequest(), timeout=60
+            )
+
+            def health() -> dict[str, int]:
+                return {d.device.device_name: d.health for d in next(stream).devices}
+
+            assert health() == {
+                "gpu-0": dra_health_v1_pb2.HEALTHY,
+                "gpu-1": dra_health_v1_pb2.HEALTHY,
+            }
+            fakegpu.set_gpu_lost(gpu_env, 1, True)
+            assert health()["gpu-1"] == dra_health_v1_pb2.UNHEALTHY
+            fakegpu.set_gpu_lost(gpu_env, 1, False)
+            assert health()["gpu-1"] == dra_health_v1_pb2.HEALTHY
+            stream.cancel()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+        print((root / "plugin.log").read_text()[-3000:])
