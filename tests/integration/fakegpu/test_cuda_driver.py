@@ -31,6 +31,8 @@ from typing import Any
 
 import pytest
 
+from vgpu_testbed.fakegpu import load_profile, prepare_node, set_gpu_lost
+
 REPO = Path(__file__).resolve().parents[3]
 FAKEGPU = REPO / "hack" / "fakegpu"
 LIB_DIR = FAKEGPU / "build" / "lib"
@@ -104,13 +106,11 @@ def built() -> None:
 
 @pytest.fixture
 def node(built: None, tmp_path: Path) -> Iterator[Node]:
-    fakegpu = pytest.importorskip("vgpu_testbed.fakegpu")
-    profile = fakegpu.load_profile("dgx-h100")
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "PYTHONPATH": str(REPO),
         "HOME": str(tmp_path),
-        **fakegpu.prepare_node(profile, tmp_path / "node.state"),
+        **prepare_node(load_profile("dgx-h100"), tmp_path / "node.state"),
     }
     assert str(LIB_DIR) in env.get("LD_LIBRARY_PATH", ""), env
     yield Node(env)
@@ -342,15 +342,8 @@ def test_visible_devices_select_and_reorder(node: Node) -> None:
 
 
 def _set_lost(node: Node, gpu: int, on: bool) -> None:
-    """Flag a GPU lost through the fake NVML's control entry point (the node operator's view)."""
-    if not (LIB_DIR / "libnvidia-ml.so.1").is_file():
-        pytest.skip("the fake libnvidia-ml.so.1 is not built (hack/fakegpu src/nvml*.c)")
-    code = f"""
-import ctypes
-lib = ctypes.CDLL("libnvidia-ml.so.1")
-assert lib.vgpusim_set_lost({gpu}, {int(on)}) == 0
-"""
-    node.python(code)
+    """Flag a GPU lost through the simulator's control API (the node operator's view)."""
+    set_gpu_lost(node.env, gpu, on)
 
 
 def test_lost_gpu_fails_cuda_calls(node: Node) -> None:
