@@ -210,7 +210,9 @@ class Preparer:
         kind = self._settings.spec.kind
         return tuple(
             PreparedDevice(
-                request_names=(device.request,),
+                # The kubelet matches containers' `resources.claims[].request` against these,
+                # which name top-level requests: `req/sub` (prioritized list) is reported as `req`.
+                request_names=(device.request.split("/", 1)[0],),
                 pool=device.pool,
                 device=device.device,
                 cdi_ids=(

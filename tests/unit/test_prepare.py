@@ -328,3 +328,9 @@ def test_nvidia_toolkit_ids_are_returned_with_ours(tmp_path: Path, claims: Claim
         (f"nvidia.com/gpu={inv.gpus[1].uuid}",),
         (),
     ]
+
+
+def test_subrequest_results_report_the_parent_request(claims: Claims, preparer: Preparer) -> None:
+    ref = claims.add(claim([result("gpu-0", request="gpu/small", memory="1Gi")]))
+    [device] = preparer.prepare([ref])[ref.uid].devices
+    assert device.request_names == ("gpu",)
