@@ -88,8 +88,10 @@ class Controller:
     def step(
         self, *, target: float, util: float, cost_rate: float, throttled: bool, rate: float
     ) -> float:
-        if cost_rate > 0 and util > 0.5:
-            observed = util / cost_rate
+        if cost_rate > 0:
+            # Below NVML's resolution counts as a quarter point: a gain learnt too high (work
+            # starved to nothing) is corrected instead of freezing the budget.
+            observed = (util if util > 0.5 else 0.25) / cost_rate
             self.gain = 0.6 * self.gain + 0.4 * observed if self.gain > 0 else observed
         if self.gain <= 0:
             return rate

@@ -64,6 +64,18 @@ def test_controller_converges(target: float) -> None:
     assert sum(errors) / len(errors) <= 1.0
 
 
+def test_controller_recovers_from_a_gain_learnt_too_high() -> None:
+    gain, demand, rate, errors = 0.001, 1e6, 100.0, []  # starts starved: 0.1 % util
+    ctl = Controller(gain=0.1)
+    for i in range(120):
+        admitted = rate if 0 < rate < demand else demand
+        util = min(100.0, gain * admitted)
+        if i >= 80:
+            errors.append(abs(util - 10))
+        rate = ctl.step(target=10, util=util, cost_rate=admitted, throttled=True, rate=rate)
+    assert sum(errors) / len(errors) <= 1.0
+
+
 def test_balance_target() -> None:
     assert balance_target(30, 20, 20) == 95
     assert balance_target(30, 100, 30) == 30

@@ -61,8 +61,12 @@ uint64_t vgpu_bucket_take(struct vgpu_region_device *d, uint64_t cost, uint64_t 
 double vgpu_ctl_step(struct vgpu_ctl_state *st, const struct vgpu_ctl_sample *s,
                      double current_rate) {
     if (s->dt <= 0) return current_rate;
-    if (s->cost_rate > 0 && s->util > 0.5) {
-        double observed = s->util / s->cost_rate;
+    if (s->cost_rate > 0) {
+        /* Utilisation under half a point is below NVML's resolution: count it as a quarter
+         * point, so a gain learnt too high (launches starved to nothing) is corrected instead
+         * of freezing the budget, while zero-cost work still gets a generous budget. */
+        double util = s->util > 0.5 ? s->util : 0.25;
+        double observed = util / s->cost_rate;
         st->gain = st->gain > 0 ? 0.6 * st->gain + 0.4 * observed : observed;
     }
     if (st->gain <= 0) return current_rate; /* nothing learnt yet: leave launches unlimited */

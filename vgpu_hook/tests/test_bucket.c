@@ -8,6 +8,7 @@
  *     100, with noise) to 10/30/50/70 % with mean absolute error <= 1 point after settling;
  *  5. it re-converges when the kernel mix changes (gain steps by 3x);
  *  6. an application that wants less than its cap builds no credit (anti-windup);
+ *  6b. a gain learnt 100x too high (launches starved below NVML's resolution) recovers;
  *  7. the balance policy borrows idle capacity and shrinks back to the cap under contention.
  */
 #include <math.h>
@@ -117,6 +118,13 @@ static void test_anti_windup(void) {
     CHECK(run_plant(&p, &st, 50, 60, 30, &rate) <= 1.0);
 }
 
+static void test_recovers_from_bad_gain(void) {
+    struct plant p = {.gain = 0.001, .demand = 1e6, .seed = 9};
+    struct vgpu_ctl_state st = {.gain = 0.1, .integral = 0};
+    double rate = 100; /* util 0.1 % : invisible to NVML */
+    CHECK(run_plant(&p, &st, 10, 120, 40, &rate) <= 1.0);
+}
+
 static void test_balance(void) {
     CHECK(fabs(vgpu_balance_target(30, 20, 20) - 95) < 1e-9);  /* alone: borrow idle SMs */
     CHECK(fabs(vgpu_balance_target(30, 100, 30) - 30) < 1e-9); /* others use 70: own cap */
@@ -131,6 +139,7 @@ int main(void) {
     test_controller_accuracy();
     test_controller_reconverges();
     test_anti_windup();
+    test_recovers_from_bad_gain();
     test_balance();
     CHECK_DONE();
 }

@@ -76,7 +76,8 @@ def run_tenants(
         for i, cap in enumerate(caps)
     ]
     env = dict(node.env, PROBE_KERNEL=KERNEL)
-    run_step = f"run:{int(seconds)}:{BLOCKS}:{1 if sync_every_launch else 0}"
+    # Tenants outlive the sampler, so every sample is taken while all of them run.
+    run_step = f"run:{int(seconds) + 2}:{BLOCKS}:{1 if sync_every_launch else 0}"
     tenants = [
         subprocess.Popen(
             container_command(c.spec, c.device_names, [str(PROBE), "init", run_step]),
@@ -102,8 +103,10 @@ def run_tenants(
         timeout=seconds + 60,
         check=False,
     )
-    for t in tenants:
-        t.wait(timeout=seconds + 60)
+    outputs = [t.communicate(timeout=seconds + 60) for t in tenants]
+    for t, (out, err) in zip(tenants, outputs, strict=True):
+        if t.returncode != 0 or "run launches=" not in out:
+            raise RuntimeError(f"tenant {t.pid} failed ({t.returncode}): {out} {err}")
     if sampler.returncode != 0:
         raise RuntimeError(f"sampler failed: {sampler.stderr}")
     rows = [json.loads(line) for line in sampler.stdout.splitlines() if line.startswith("{")]
