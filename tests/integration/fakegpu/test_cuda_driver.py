@@ -234,6 +234,8 @@ def test_c_program_out_of_memory_exit(node: Node) -> None:
 # ---- 3./4. Utilisation ----------------------------------------------------------------------
 
 # Each cuda_spin launch is one 100 us wave with no fixed cost: busy time = launches x 100 us.
+# Bounds leave room for a loaded 2-core CI machine descheduling a loop longer than its 20 ms
+# launch queue (bench/fakegpu_cuda_bench.py records the figures).
 SPIN_ENV = {"CUDA_SPIN_KERNEL": "spin__ns100000", "VGPU_SIM_LAUNCH_NS": "0"}
 LAUNCH_S = 100e-6
 
@@ -260,7 +262,7 @@ def _spin_result(proc: subprocess.Popen[str]) -> dict[str, float]:
 
 def test_kernel_loop_keeps_the_gpu_busy(node: Node) -> None:
     result = _spin_result(_spin(node, 2, 1.5))
-    assert result["launches"] * LAUNCH_S >= 0.95 * result["seconds"], result
+    assert result["launches"] * LAUNCH_S >= 0.9 * result["seconds"], result
 
 
 def test_kernel_loop_drives_nvml_utilisation_near_100(node: Node) -> None:
@@ -270,7 +272,7 @@ def test_kernel_loop_drives_nvml_utilisation_near_100(node: Node) -> None:
     time.sleep(0.5)
     samples = _sample_util(node, 2, 2.0)
     _spin_result(spin)
-    assert sum(samples) / len(samples) >= 90, samples
+    assert sum(samples) / len(samples) >= 85, samples
     assert node.nvml()[5]["util"] == 0  # an idle GPU stays idle
 
 
@@ -283,7 +285,7 @@ def test_two_processes_share_the_sms(node: Node) -> None:
     share = a["launches"] / (a["launches"] + b["launches"])
     assert 0.4 <= share <= 0.6, (a, b)
     busy = (a["launches"] + b["launches"]) * LAUNCH_S / max(a["seconds"], b["seconds"])
-    assert 0.9 <= busy <= 1.02, (a, b)
+    assert 0.85 <= busy <= 1.02, (a, b)
 
 
 def test_two_processes_show_near_100_in_nvml(node: Node) -> None:
@@ -295,7 +297,7 @@ def test_two_processes_show_near_100_in_nvml(node: Node) -> None:
     samples = _sample_util(node, 1, 2.0)
     for spin in spins:
         _spin_result(spin)
-    assert sum(samples) / len(samples) >= 90, samples
+    assert sum(samples) / len(samples) >= 85, samples
 
 
 # ---- 5. SIGKILL ---------------------------------------------------------------------------------
