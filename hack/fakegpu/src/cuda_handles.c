@@ -77,9 +77,3 @@ int cu_handle_is(const void *p, enum cu_kind kind) {
     const struct slot *s = lookup(p);
     return s != NULL && s->kind == kind;
 }
-
-void cu_handles_reset(void) {
-    free(slots);
-    slots = NULL;
-    cap = used = 0;
-}

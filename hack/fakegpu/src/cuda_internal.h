@@ -71,7 +71,7 @@ CUresult cu_phys_alive(int phys);
 /* Parse a CUDA_VISIBLE_DEVICES value against the GPUs visible after NVIDIA_VISIBLE_DEVICES.
  * Writes the selected physical indices to out and returns how many (the first invalid, unknown,
  * ambiguous or repeated entry ends the list, as the real driver does). Pure over the state's
- * static GPU info; exposed for the C tests. */
+ * static GPU info (tests/test_cuda_device.c covers it through cuInit). */
 int cu_parse_visible_devices(const char *spec, const int *visible, int nvisible, int *out,
                              int max);
 
@@ -100,7 +100,6 @@ enum cu_kind {
 int cu_handle_add(const void *p, enum cu_kind kind);
 void cu_handle_remove(const void *p);
 int cu_handle_is(const void *p, enum cu_kind kind);
-void cu_handles_reset(void); /* frees the registry (tests) */
 
 /* ---- Contexts (cuda_context.c) ------------------------------------------------------------- */
 
@@ -209,12 +208,12 @@ void cu_launch_release_ctx(struct CUctx_st *ctx);
 /* ---- Launch model (cuda_launch.c) ---------------------------------------------------------- */
 
 /* SM time of a launch of `blocks` blocks on a GPU with `sm_count` SMs, when one wave of blocks
- * takes wave_ns: launch_ns + ceil(blocks / sm_count) * wave_ns. Pure; exposed for tests. */
+ * takes wave_ns: launch_ns + ceil(blocks / sm_count) * wave_ns. Pure. */
 unsigned long long cu_kernel_duration(unsigned long long blocks, unsigned int sm_count,
                                       unsigned long long wave_ns, unsigned long long launch_ns);
 
 /* Per-wave time encoded in a kernel name: a "__ns<digits>" suffix, e.g. "busy__ns250000";
- * 0 if the name carries none. Pure; exposed for tests. */
+ * 0 if the name carries none. Pure. */
 unsigned long long cu_kernel_name_wave_ns(const char *name);
 
 #endif /* VGPU_FAKEGPU_CUDA_INTERNAL_H */
