@@ -173,7 +173,11 @@ def main(argv: Sequence[str]) -> int:
         inventory.driver_version,
         inventory.cuda_driver_version,
     )
-    client = kube.KubeClient.from_kubeconfig(args.kubeconfig)
+    try:
+        client = kube.KubeClient.from_kubeconfig(args.kubeconfig)
+    except Exception as exc:  # the client raises several unrelated types for bad configs
+        log.error("cannot load Kubernetes credentials (--kubeconfig %s): %s", args.kubeconfig, exc)
+        return 1
     try:
         preparer = Preparer(
             settings, inventory, kube_claim_source(client), max_workers=args.workers
@@ -181,6 +185,33 @@ def main(argv: Sequence[str]) -> int:
     except CheckpointError as exc:
         log.error("%s", exc)
         return 1
+    try:
+        return _serve(
+            args=args,
+            settings=settings,
+            inventory=inventory,
+            discover=discover,
+            client=client,
+            preparer=preparer,
+        )
+    except OSError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+    finally:
+        preparer.close()
+        client.close()
+
+
+def _serve(
+    *,
+    args: argparse.Namespace,
+    settings: NodeSettings,
+    inventory: NodeInventory,
+    discover: Callable[[], NodeInventory],
+    client: kube.KubeClient,
+    preparer: Preparer,
+) -> int:
+    """Reconcile, serve until SIGTERM/SIGINT, then stop the servers and background threads."""
     if not os.path.isfile(settings.spec.hook_path):
         log.warning(
             "hook library %s (--hook-path) does not exist: containers using claims will fail to "
@@ -221,10 +252,8 @@ def main(argv: Sequence[str]) -> int:
     stop.wait()
     log.info("shutting down")
     server.stop()
-    preparer.close()
     for thread in threads:
         thread.join(timeout=10)
-    client.close()
     log.info("stopped")
     return 0
 

@@ -216,3 +216,26 @@ def test_lost_gpu_on_simulated_node_is_streamed_unhealthy(cluster: Any) -> None:
             proc.wait()
         log.close()
         print((root / "plugin.log").read_text()[-3000:])
+
+
+def test_unreadable_kubeconfig_exits_with_a_clear_message(tmp_path: Path) -> None:
+    bad = tmp_path / "kubeconfig"
+    bad.write_text("this is not a kubeconfig")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            LAUNCHER,
+            "--node-name=n",
+            f"--kubeconfig={bad}",
+            f"--state-dir={tmp_path}/state",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert f"cannot load Kubernetes credentials (--kubeconfig {bad})" in done.stderr
+    assert "Traceback" not in done.stderr
