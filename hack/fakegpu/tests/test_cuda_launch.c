@@ -31,13 +31,14 @@ static unsigned long long wall_ns(void)
     return (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec;
 }
 
-/* Scheduling slack for timing upper bounds. */
-static double slack_ms(void) { return tu_slow() ? 200.0 : 5.0; }
+/* Float rounding of a simulated duration in ms. */
+static double slack_ms(void) { return 0.001; }
 
 static CUfunction setup(const char *kernel)
 {
     setenv("VGPU_SIM_KERNEL_NS", "1000000", 1); /* 1 ms per wave */
     setenv("VGPU_SIM_LAUNCH_NS", "0", 1);
+    setenv("VGPU_SIM_MAX_QUEUE_NS", "5000000000", 0); /* room for timed_launch blockers */
     tu_node(NULL);
     CHECK(cuInit(0) == CUDA_SUCCESS);
     CUcontext ctx;
@@ -49,12 +50,21 @@ static CUfunction setup(const char *kernel)
     return f;
 }
 
-/* Elapsed simulated time of one launch of `blocks` x 1 x 1 blocks of `f` on stream s. */
+/* Simulated GPU time of one launch of a gx x gy x gz grid of f on stream s. A long "blocker"
+ * kernel goes first, so both events and the measured kernel are placed on the simulated
+ * timeline back to back: the result is exactly the kernel's duration, however late this process
+ * gets the CPU (as long as it is within the blocker's time). */
 static float timed_launch(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
                           CUstream s)
 {
+    CUmodule m;
+    CUfunction blocker;
+    CHECK(cuModuleLoadData(&m, "blocker") == CUDA_SUCCESS);
+    CHECK(cuModuleGetFunction(&blocker, m, tu_slow() ? "b__ns2000000000" : "b__ns100000000") ==
+          CUDA_SUCCESS);
     CUevent a, b;
     CHECK(cuEventCreate(&a, 0) == CUDA_SUCCESS && cuEventCreate(&b, 0) == CUDA_SUCCESS);
+    CHECK(cuLaunchKernel(blocker, 1, 1, 1, 32, 1, 1, 0, s, NULL, NULL) == CUDA_SUCCESS);
     CHECK(cuEventRecord(a, s) == CUDA_SUCCESS);
     CHECK(cuLaunchKernel(f, gx, gy, gz, 128, 1, 1, 0, s, NULL, NULL) == CUDA_SUCCESS);
     CHECK(cuEventRecord(b, s) == CUDA_SUCCESS);
@@ -62,6 +72,7 @@ static float timed_launch(CUfunction f, unsigned int gx, unsigned int gy, unsign
     float ms = -1;
     CHECK(cuEventElapsedTime(&ms, a, b) == CUDA_SUCCESS);
     CHECK(cuEventDestroy_v2(a) == CUDA_SUCCESS && cuEventDestroy_v2(b) == CUDA_SUCCESS);
+    CHECK(cuModuleUnload(m) == CUDA_SUCCESS);
     return ms;
 }
 
@@ -260,6 +271,12 @@ static void case_graphs(void)
     CHECK(cuGraphDestroy(g) == CUDA_SUCCESS); /* the executable graph is independent */
     CUevent a, b;
     CHECK(cuEventCreate(&a, 0) == CUDA_SUCCESS && cuEventCreate(&b, 0) == CUDA_SUCCESS);
+    CUmodule bm;
+    CUfunction blocker;
+    CHECK(cuModuleLoadData(&bm, "blocker") == CUDA_SUCCESS);
+    CHECK(cuModuleGetFunction(&blocker, bm, tu_slow() ? "b__ns2000000000" : "b__ns100000000") ==
+          CUDA_SUCCESS);
+    CHECK(cuLaunchKernel(blocker, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL) == CUDA_SUCCESS);
     CHECK(cuEventRecord(a, NULL) == CUDA_SUCCESS);
     CHECK(cuGraphLaunch(x, NULL) == CUDA_SUCCESS);
     CHECK(cuGraphLaunch(x, NULL) == CUDA_SUCCESS);

@@ -35,6 +35,8 @@ static CUfunction kernel(const char *name)
 
 static void case_accounting_and_utilisation(void)
 {
+    /* A deep launch queue, so the GPU stays busy even if this process loses the CPU a while. */
+    setenv("VGPU_SIM_MAX_QUEUE_NS", "200000000", 1);
     tu_node(NULL);
     CHECK(cuInit(0) == CUDA_SUCCESS);
     CUcontext ctx;
