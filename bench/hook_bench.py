@@ -6,7 +6,8 @@ by /etc/ld.so.preload from a CDI spec exactly as in a container):
   budget not yet binding), a cuMemAlloc+cuMemFree pair and cuMemGetInfo, with and without the
   hook, on two drivers: a null driver (vgpu_hook/build/nulldrv, returns at once, so the
   difference is the hook's own cost) and the simulated driver (hack/fakegpu, realistic but
-  its own microseconds of work make the difference noisy). Median of 5 runs each.
+  its own microseconds of work make the difference noisy). Best (minimum) of 5 runs each:
+  the machine is shared, and the minimum is the run least disturbed by other load.
 - start-up: 500 processes of one container initialising CUDA and allocating at once.
 - compute-cap accuracy (needs the simulated NVML): mean absolute error of the measured SM
   utilisation from the cap at 10/30/50/70 % for one tenant, and two tenants capped 30/70.
@@ -19,7 +20,6 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import tempfile
 import time
@@ -43,9 +43,9 @@ def _parse(stdout: str) -> dict[str, float]:
     return result
 
 
-def _median(runs: list[dict[str, float]]) -> dict[str, float]:
+def _best(runs: list[dict[str, float]]) -> dict[str, float]:
     keys = [k for k in runs[0] if k.endswith("_ns")]
-    return {k: round(statistics.median(r[k] for r in runs), 1) for k in keys}
+    return {k: round(min(r[k] for r in runs), 1) for k in keys}
 
 
 def _overhead(node: hook_env.Node, driver_dir: Path, iterations: int) -> dict[str, Any]:
@@ -67,7 +67,7 @@ def _overhead(node: hook_env.Node, driver_dir: Path, iterations: int) -> dict[st
             run = run_in_container(claim.spec, claim.device_names, argv, base_env=env)
             assert run.returncode == 0, run.stderr
             sink.append(_parse(run.stdout))
-    base, hooked_idle, hooked_active = _median(plain), _median(with_idle), _median(with_active)
+    base, hooked_idle, hooked_active = _best(plain), _best(with_idle), _best(with_active)
     return {
         "without_hook_ns": base,
         "with_hook_limiter_idle_ns": hooked_idle,

@@ -24,7 +24,9 @@ from vgpu_testbed.container import container_command
 BLOCKS, THREADS = 216, 128  # cuda_probe's launch shape: cost 27648 per launch
 
 
-def _governor_stand_in(region_path: Path, rate: int, stop: threading.Event) -> None:
+def _governor_stand_in(
+    region_path: Path, rate: int, stop: threading.Event, uuid: str = UUIDS[0]
+) -> None:
     """Keep a fixed budget fresh in the region, as kubelet_plugin.governor would."""
     region: Region | None = None
     while not stop.is_set():
@@ -34,7 +36,7 @@ def _governor_stand_in(region_path: Path, rate: int, stop: threading.Event) -> N
             except (OSError, RegionError):
                 time.sleep(0.01)
                 continue
-        index = region.device_index(UUIDS[0])
+        index = region.device_index(uuid)
         if index is not None:
             region.write_rate(index, rate, time.monotonic_ns())
         time.sleep(0.05)
@@ -78,6 +80,38 @@ def test_region_budget_limits_launch_rate(node: Node, sync: int) -> None:
         dev = region.layout.devices[0]
         assert dev.throttled_ns > 1_000_000_000  # most of the 3 s was spent waiting
         assert dev.launches == launches + 0  # every launch went through the limiter
+
+
+def test_second_gpu_of_a_claim_is_capped_too(node: Node) -> None:
+    """Per-device buckets: launches on the claim's second GPU are limited by its own budget,
+    also when CUDA_VISIBLE_DEVICES makes it ordinal 0."""
+    lines = [f"device uuid={u} memory={1 << 30} cores=40" for u in UUIDS]
+    claim = node.claim("c-rate-gpu1", lines, gpus=(0, 1))
+    stop = threading.Event()
+    feeder = threading.Thread(
+        target=_governor_stand_in,
+        args=(claim.dir / "region", 100 * BLOCKS * THREADS, stop, UUIDS[1]),
+    )
+    feeder.start()
+    try:
+        env = dict(node.env, PROBE_KERNEL="tiny__ns1000", CUDA_VISIBLE_DEVICES="1,0")
+        argv = [str(PROBE), "init", "sleep:300", f"run:2:{BLOCKS}:0"]
+        done = subprocess.run(
+            container_command(claim.spec, claim.device_names, argv),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        stop.set()
+        feeder.join()
+    launches = field(done.stdout.splitlines()[-1], "launches")
+    assert 0.85 * 200 <= launches <= 1.1 * 200 + 20, done.stdout
+    with Region(str(claim.dir / "region")) as region:
+        assert region.layout.devices[1].launches == launches
+        assert region.layout.devices[0].launches == 0
 
 
 def test_no_budget_means_no_throttling(node: Node) -> None:
