@@ -5,8 +5,9 @@ Every program runs as a separate process with the environment of
 by the ordinary dynamic loader through LD_LIBRARY_PATH; nothing is monkeypatched.
 
 Proves:
-1. cuda-python (`cuda.bindings.driver`) initialises through cuGetProcAddress_v2, allocates 1 GiB
-   on GPU 3, and NVML (pynvml, another process) sees that process using 1 GiB on GPU 3.
+1. cuda-python (`cuda.bindings.driver`) initialises through cuGetProcAddress_v2 (every ABI it
+   asks for that we simulate is found), allocates 1 GiB on GPU 3, and NVML (pynvml, another
+   process) sees that process using 1 GiB on GPU 3; cuda.core's pool allocations count too.
 2. Allocation beyond the profile's memory fails with CUDA_ERROR_OUT_OF_MEMORY, in cuda-python and
    in a C program, and leaves nothing charged.
 3. A process launching kernels in a loop drives NVML utilisation near 100 %.
@@ -192,6 +193,47 @@ print(ok(d.cuEventElapsedTime(start, stop)))
 """
     elapsed_ms = float(node.python(code).strip())
     assert 6.0 <= elapsed_ms <= 6.01  # 3 waves x 2 ms + the 2 us launch cost
+
+
+def test_cuda_python_finds_every_abi_it_asks_for(node: Node) -> None:
+    """No entry point of ours is refused to cuda-python for being too new an ABI."""
+    done = subprocess.run(
+        [sys.executable, "-c", "from cuda.bindings import driver as d; print(d.cuInit(0))"],
+        env={**node.env, "VGPU_SIM_CUDA_TRACE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert "CUDA_SUCCESS" in done.stdout
+    asked = [line for line in done.stderr.splitlines() if "cuGetProcAddress(" in line]
+    assert len(asked) > 100  # it resolved the whole API through cuGetProcAddress_v2
+    assert not [line for line in asked if "version not sufficient" in line]
+    for line in asked:
+        assert "not simulated" in line, line
+
+
+def test_cuda_core_allocates_from_the_device_pool(node: Node) -> None:
+    code = """
+import sys
+from cuda.core import Device
+dev = Device(3)
+dev.set_current()
+stream = dev.create_stream()
+buf = dev.allocate(1 << 30, stream=stream)
+print("ready", flush=True)
+sys.stdin.readline()
+buf.close(stream)
+stream.sync()
+"""
+    proc = node.start([sys.executable, "-c", code])
+    try:
+        _wait_ready(proc)
+        assert node.nvml()[3]["procs"] == {str(proc.pid): GIB}
+    finally:
+        out, err = proc.communicate("\n", timeout=30)
+    assert proc.returncode == 0, out + err
+    assert node.nvml()[3]["procs"] == {}
 
 
 # ---- 2. Out of memory ---------------------------------------------------------------------------
