@@ -16,6 +16,8 @@ What this proves:
 4. SIGKILL of the plugin in the middle of a large prepare batch loses nothing: after a restart
    every pod is prepared, checkpoint, CDI specs and claim dirs agree, and a retried prepare
    returns the same CDI device IDs.
+5. A GPU that falls off the bus (simulated "lost") leaves the published pool at the next
+   resync, with a generation bump, and comes back when it recovers.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ EXAMPLES = REPO / "deploy" / "examples"
 DRIVER = "vgpu.dra.dev"
 GIB = 1 << 30
 T = TypeVar("T")
+RESYNC = ["--resync-seconds", "1"]  # re-discover GPUs every second (default 60)
 
 KIND_PATHS = {
     "Pod": ("v1", "pods"),
@@ -48,7 +51,9 @@ KIND_PATHS = {
 }
 
 
-def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 60.0) -> T:
+def wait_for(
+    what: str, fn: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.2
+) -> T:
     deadline = time.monotonic() + timeout
     while True:
         value = fn()
@@ -56,7 +61,7 @@ def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 60.0) -> T:
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.2)
+        time.sleep(interval)
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +77,7 @@ def agents(cluster: Any, client: KubeClient) -> Iterator[dict[str, NodeAgents]]:
     afterwards (slices too), so later modules see the nodes as the test bed made them."""
     device_class = yaml.safe_load((REPO / "deploy" / "deviceclass.yaml").read_text())
     client.create(kube.path(RESOURCE_API, "deviceclasses"), device_class)
-    started = start_node_agents(cluster, ["node-1", "node-2"])
+    started = start_node_agents(cluster, ["node-1", "node-2"], plugin_args=RESYNC)
     try:
         yield started
     finally:
@@ -383,17 +388,22 @@ def test_sigkill_during_a_prepare_batch_loses_nothing(
         return ready if len(ready) == BATCH else None
 
     claims = wait_for("every batch claim allocated and reserved", all_allocated, timeout=120)
-    node_agents.plugin_args = ["--workers", "1"]
+    node_agents.plugin_args = [*RESYNC, "--workers", "1"]
     node_agents.start_plugin()
 
     def some_prepared() -> int:
         return len(set(checkpoint_claims(node_agents)) - before)
 
-    prepared_at_kill = wait_for("the batch to start", some_prepared, timeout=60)
+    wait_for(
+        "a sixth of the batch to be prepared",
+        lambda: some_prepared() >= BATCH // 6,
+        timeout=60,
+        interval=0.01,
+    )
     node_agents.kill_plugin()
     prepared_at_kill = some_prepared()  # what survived the kill
 
-    node_agents.plugin_args = []
+    node_agents.plugin_args = list(RESYNC)
     node_agents.start_plugin()
     for i in range(BATCH):
         running_pod(client, namespace, f"p{i}")
@@ -414,4 +424,39 @@ def test_sigkill_during_a_prepare_batch_loses_nothing(
         )
     assert prepare_directly(node_agents, claims) == recorded
     print(f"claims prepared when SIGKILL hit: {prepared_at_kill} of {BATCH}")
-    assert prepared_at_kill < BATCH, "the kill came after the whole batch; nothing was tested"
+    assert BATCH // 6 <= prepared_at_kill < BATCH, "the kill did not land inside the batch"
+
+
+# ---------------------------------------------------------------- 5. inventory changes
+
+
+def test_a_lost_gpu_leaves_the_pool_and_comes_back(
+    client: KubeClient, agents: dict[str, NodeAgents]
+) -> None:
+    from vgpu_testbed import fakegpu
+
+    node_agents = agents["node-2"]
+
+    def pool() -> tuple[int, list[str]]:
+        objs = client.list(
+            kube.path(RESOURCE_API, "resourceslices"),
+            field_selector=f"spec.driver={DRIVER},spec.nodeName=node-2",
+        )
+        generation = max(o["spec"]["pool"]["generation"] for o in objs)
+        return generation, sorted(d["name"] for o in objs for d in o["spec"]["devices"])
+
+    def pool_if(device: str, present: bool) -> tuple[int, list[str]] | None:
+        current = pool()
+        return current if (device in current[1]) == present else None
+
+    generation, devices = wait_for("node-2 pool", pool)
+    assert devices == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+    fakegpu.set_gpu_lost(node_agents.gpu_env, 2, True)
+    try:
+        lost_generation, _ = wait_for("gpu-2 to leave the pool", lambda: pool_if("gpu-2", False))
+        assert lost_generation > generation
+    finally:
+        fakegpu.set_gpu_lost(node_agents.gpu_env, 2, False)
+    back_generation, devices = wait_for("gpu-2 to come back", lambda: pool_if("gpu-2", True))
+    assert devices == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+    assert back_generation > lost_generation
