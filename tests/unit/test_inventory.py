@@ -215,3 +215,30 @@ def test_a_gpu_that_errors_is_skipped_not_fatal(
 def test_nvml_that_cannot_start_raises_an_actionable_error() -> None:
     with pytest.raises(InventoryError, match="LD_LIBRARY_PATH"):
         inventory.discover(nvml=TinyNvml(init_fails=True))
+
+
+class SwitchedNvml(TinyNvml):
+    """Four GPUs whose NVLinks all end at NVSwitches; GPUs 0-2 are P2P-reachable over NVLink,
+    GPU 3's links are up but lead nowhere it can reach (e.g. another fabric partition)."""
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 4
+
+    def nvmlDeviceGetNvLinkState(self, handle: int, link: int) -> int:
+        if link >= 4:
+            raise FakeNvmlError(2)  # INVALID_ARGUMENT: past the last link
+        return 1
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: int, link: int) -> int:
+        return 2  # NVML_NVLINK_DEVICE_TYPE_SWITCH
+
+    def nvmlDeviceGetP2PStatus(self, first: int, second: int, caps: int) -> int:
+        assert caps == 3  # NVML_P2P_CAPS_INDEX_NVLINK
+        return 0 if first < 3 and second < 3 else 4  # OK / NOT_SUPPORTED
+
+
+def test_gpus_behind_nvswitches_are_peers_when_p2p_over_nvlink_works(tmp_path: Path) -> None:
+    inv = inventory.discover(nvml=SwitchedNvml(), sysfs_root=str(tmp_path))
+    assert [gpu.nvlink_domain for gpu in inv.gpus] == [0, 0, 0, None]
+    assert inv.gpus[0].nvlink_peers == (1, 2)
+    assert inv.gpus[3].nvlink_peers == ()
