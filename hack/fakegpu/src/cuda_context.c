@@ -51,6 +51,14 @@ static int ctx_setup(struct CUctx_st *ctx, CUdevice dev, int phys, unsigned int 
     ctx->id = next_ctx_id++;
     ctx->null_stream.ctx = ctx;
     ctx->null_stream.id = next_stream_id++;
+    /* The real driver's defaults. */
+    ctx->limits[CU_LIMIT_STACK_SIZE] = 1024;
+    ctx->limits[CU_LIMIT_PRINTF_FIFO_SIZE] = 1 << 20;
+    ctx->limits[CU_LIMIT_MALLOC_HEAP_SIZE] = 8 << 20;
+    ctx->limits[CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH] = 2;
+    ctx->limits[CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT] = 2048;
+    ctx->limits[CU_LIMIT_MAX_L2_FETCH_GRANULARITY] = 64;
+    ctx->limits[CU_LIMIT_PERSISTING_L2_CACHE_SIZE] = 0;
     if (cu_handle_add(ctx, CU_KIND_CONTEXT) != 0) return -1;
     /* The null stream is a valid handle too (cuStreamGetCtx etc. accept it by pointer). */
     if (cu_handle_add(&ctx->null_stream, CU_KIND_STREAM) != 0) {
@@ -321,6 +329,28 @@ CU_API CUresult cuCtxGetId(CUcontext ctx, unsigned long long *ctxId) {
     if (ctx == NULL) ctx = cu_ctx_current();
     if (!ctx_live(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
     *ctxId = ctx->id;
+    return CUDA_SUCCESS;
+}
+
+CU_API CUresult cuCtxGetLimit(size_t *pvalue, CUlimit limit) {
+    if (pvalue == NULL || (unsigned int)limit > CU_LIMIT_PERSISTING_L2_CACHE_SIZE)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *ctx;
+    CU_TRY(cu_ctx_require(&ctx));
+    pthread_mutex_lock(&cu_drv.lock);
+    *pvalue = ctx->limits[limit];
+    pthread_mutex_unlock(&cu_drv.lock);
+    return CUDA_SUCCESS;
+}
+
+/* Values are stored and reported back; they constrain nothing in the simulator. */
+CU_API CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
+    if ((unsigned int)limit > CU_LIMIT_PERSISTING_L2_CACHE_SIZE) return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *ctx;
+    CU_TRY(cu_ctx_require(&ctx));
+    pthread_mutex_lock(&cu_drv.lock);
+    ctx->limits[limit] = value;
+    pthread_mutex_unlock(&cu_drv.lock);
     return CUDA_SUCCESS;
 }
 

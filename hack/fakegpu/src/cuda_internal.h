@@ -122,6 +122,7 @@ struct CUctx_st {
     unsigned long long done_ns;      /* latest completion time of any work in the context */
     struct CUstream_st null_stream;  /* the context's default (NULL) stream */
     struct CUstream_st *streams;     /* streams created in this context */
+    size_t limits[CU_LIMIT_PERSISTING_L2_CACHE_SIZE + 1]; /* cuCtxGetLimit/SetLimit values */
 };
 
 /* The calling thread's current context, or NULL. */
@@ -152,6 +153,7 @@ enum cu_mem_kind {
     CU_MEM_MANAGED,      /* cuMemAllocManaged (counted on the device: the simple model) */
     CU_MEM_POOL,         /* stream-ordered / pool allocations */
     CU_MEM_HOST,         /* cuMemAllocHost / cuMemHostAlloc: real host memory, not counted */
+    CU_MEM_HOST_REGISTERED, /* cuMemHostRegister: the application's memory, never freed here */
     CU_MEM_VA_RANGE,     /* cuMemAddressReserve: address space only */
 };
 

@@ -267,6 +267,14 @@ CU_API CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib
     return CUDA_SUCCESS;
 }
 
+/* Cache preferences are accepted and ignored: simulated kernels have no cache. */
+CU_API CUresult cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config) {
+    struct CUfunc_st *f;
+    CU_TRY(function_get(hfunc, &f));
+    return (unsigned int)config <= CU_FUNC_CACHE_PREFER_EQUAL ? CUDA_SUCCESS
+                                                              : CUDA_ERROR_INVALID_VALUE;
+}
+
 CU_API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, CUfunction func,
                                                             int blockSize,
                                                             size_t dynamicSMemSize) {
@@ -353,6 +361,19 @@ CU_API CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, voi
     return launch_handles(f, grid, block, config->hStream, cooperative);
 }
 CU_ALIAS(cuLaunchKernelEx, cuLaunchKernelEx_ptsz);
+
+/* The host function runs once the stream's prior work is complete. Simplification: it runs on
+ * the calling thread, which waits for that point (the real driver returns at once and runs it on
+ * a driver thread); work queued afterwards is ordered after it either way. */
+CU_API CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData) {
+    if (fn == NULL) return CUDA_ERROR_INVALID_VALUE;
+    struct CUstream_st *s;
+    CU_TRY(cu_stream_resolve(hStream, &s));
+    cu_sleep_until(cu_stream_done(s));
+    fn(userData);
+    return CUDA_SUCCESS;
+}
+CU_ALIAS(cuLaunchHostFunc, cuLaunchHostFunc_ptsz);
 
 /* ---- Graphs: a graph is an ordered list of kernel nodes -------------------------------------- */
 

@@ -2,8 +2,11 @@
  * cuda_memory.c - the unified address space: device, managed, pool and host allocations, copies,
  * sets, cuMemGetInfo and pointer queries.
  *
- * Device pointers are fake addresses in [CU_VA_START, CU_VA_END), a range Linux does not hand to
- * user mappings in practice, so they can never alias a real host pointer. Every allocation is a
+ * Device pointers are fake addresses in [CU_VA_START, CU_VA_END) = [0x6800'0000'0000,
+ * 0x7000'0000'0000): above PIE executables and their brk heap (0x55../0x56..) and above the
+ * AddressSanitizer allocator (up to 0x6400'0000'0000), below the top-down mmap area (0x7e..-0x7f..),
+ * so in practice no host pointer falls inside and any unknown pointer outside the range can be
+ * treated as host memory (unified addressing). Every allocation is a
  * record in one table sorted by base address (a range lookup is a binary search). Device memory
  * is charged to the node state per process (sim_mem_reserve), which is what NVML reports and what
  * bounds every allocation path by the profile's memory: a charge that does not fit fails with
@@ -21,8 +24,8 @@
 
 #include "cuda_internal.h"
 
-#define CU_VA_START 0x200000000000ULL
-#define CU_VA_END 0x600000000000ULL
+#define CU_VA_START 0x680000000000ULL
+#define CU_VA_END 0x700000000000ULL
 #define SMALL_ALIGN 512ULL
 #define LARGE_ALIGN (2ULL << 20)
 
@@ -183,7 +186,7 @@ static void release_matching(int (*match)(const struct cu_alloc *, const void *)
         if (!found) return;
         if (victim.kind == CU_MEM_HOST)
             free((void *)(uintptr_t)victim.base);
-        else
+        else if (victim.kind != CU_MEM_HOST_REGISTERED)
             free(victim.backing);
         cu_uncharge(victim.phys, victim.charged, victim.owner_pid);
     }
@@ -288,7 +291,7 @@ CU_API CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute,
     if (ok) a = *found;
     pthread_mutex_unlock(&cu_drv.lock);
     if (!ok) return CUDA_ERROR_INVALID_VALUE;
-    int host = a.kind == CU_MEM_HOST;
+    int host = a.kind == CU_MEM_HOST || a.kind == CU_MEM_HOST_REGISTERED;
     switch ((int)attribute) {
     case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data = a.ctx; break;
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
@@ -359,6 +362,61 @@ CU_API CUresult cuMemFreeHost(void *p) {
     return CUDA_SUCCESS;
 }
 
+CU_API CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags) {
+    if (p == NULL || bytesize == 0 ||
+        (Flags & ~(unsigned int)(CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP |
+                                 CU_MEMHOSTREGISTER_IOMEMORY | CU_MEMHOSTREGISTER_READ_ONLY)))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *ctx;
+    CU_TRY(cu_ctx_require(&ctx));
+    CUdeviceptr base = (CUdeviceptr)(uintptr_t)p;
+    if (base + bytesize < base || (base < CU_VA_END && base + bytesize > CU_VA_START))
+        return CUDA_ERROR_INVALID_VALUE; /* wraps, or names simulated device memory */
+    struct cu_alloc a = {
+        .base = base,
+        .size = bytesize,
+        .kind = CU_MEM_HOST_REGISTERED,
+        .phys = -1,
+        .ctx = ctx,
+        .owner_pid = getpid(),
+        .backing = p,
+    };
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&cu_drv.lock);
+    /* Any overlap with a range the driver already knows is an error. */
+    size_t i = first_ending_after(base);
+    if (i < table_len && table[i].base < base + bytesize)
+        rc = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    else if (cu_alloc_insert(&a) != 0)
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_unlock(&cu_drv.lock);
+    return rc;
+}
+
+CU_API CUresult cuMemHostUnregister(void *p) {
+    CU_TRY(cu_check_init());
+    CUdeviceptr base = (CUdeviceptr)(uintptr_t)p;
+    pthread_mutex_lock(&cu_drv.lock);
+    struct cu_alloc *a = cu_alloc_find(base);
+    int ok = a != NULL && a->base == base && a->kind == CU_MEM_HOST_REGISTERED;
+    if (ok) cu_alloc_remove(base);
+    pthread_mutex_unlock(&cu_drv.lock);
+    return ok ? CUDA_SUCCESS : CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+}
+
+/* With unified addressing a pinned host pointer is also its device pointer. */
+CU_API CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int Flags) {
+    if (pdptr == NULL || Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    CU_TRY(cu_check_init());
+    pthread_mutex_lock(&cu_drv.lock);
+    struct cu_alloc *a = cu_alloc_find((CUdeviceptr)(uintptr_t)p);
+    int ok = a != NULL && (a->kind == CU_MEM_HOST || a->kind == CU_MEM_HOST_REGISTERED);
+    pthread_mutex_unlock(&cu_drv.lock);
+    if (!ok) return CUDA_ERROR_INVALID_VALUE;
+    *pdptr = (CUdeviceptr)(uintptr_t)p;
+    return CUDA_SUCCESS;
+}
+
 /* ---- Copies and sets ------------------------------------------------------------------------- */
 
 /* Where `n` bytes at unified address p live in this process:
@@ -384,7 +442,7 @@ static CUresult locate(CUdeviceptr p, size_t n, unsigned char **host) {
         *host = NULL;
         return CUDA_SUCCESS;
     }
-    if (a->kind != CU_MEM_HOST && a->backing == NULL && a->size <= cu_drv.cfg.backing_max)
+    if (is_device_kind(a->kind) && a->backing == NULL && a->size <= cu_drv.cfg.backing_max)
         a->backing = calloc(1, a->size);
     unsigned char *b = a->backing;
     *host = b != NULL ? b + (p - a->base) : NULL;
@@ -519,6 +577,12 @@ CU_API CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t 
     return fill_async(dstDevice, uc, 1, N, hStream);
 }
 CU_ALIAS(cuMemsetD8Async, cuMemsetD8Async_ptsz);
+
+CU_API CUresult cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, size_t N,
+                                 CUstream hStream) {
+    return fill_async(dstDevice, us, 2, N, hStream);
+}
+CU_ALIAS(cuMemsetD16Async, cuMemsetD16Async_ptsz);
 
 CU_API CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N,
                                  CUstream hStream) {

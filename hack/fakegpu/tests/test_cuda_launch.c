@@ -244,6 +244,26 @@ static void case_launch_validation(void)
     CHECK(cuKernelGetFunction(&h, k) == CUDA_ERROR_INVALID_HANDLE);
 }
 
+static void note_called(void *arg)
+{
+    unsigned long long *when = arg;
+    *when = wall_ns();
+}
+
+/* A host function runs only after the stream's prior work. */
+static void case_host_func(void)
+{
+    CUfunction f = setup("long__ns30000000"); /* 30 ms */
+    CHECK(cuFuncSetCacheConfig(f, CU_FUNC_CACHE_PREFER_SHARED) == CUDA_SUCCESS);
+    CHECK(cuFuncSetCacheConfig(f, (CUfunc_cache)9) == CUDA_ERROR_INVALID_VALUE);
+    unsigned long long when = 0, t0 = wall_ns();
+    CHECK(cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL) == CUDA_SUCCESS);
+    CHECK(cuLaunchHostFunc(NULL, note_called, &when) == CUDA_SUCCESS);
+    CHECK(cuCtxSynchronize() == CUDA_SUCCESS);
+    CHECK(when != 0 && when - t0 >= 30 * MS);
+    CHECK(cuLaunchHostFunc(NULL, NULL, NULL) == CUDA_ERROR_INVALID_VALUE);
+}
+
 static void case_graphs(void)
 {
     CUfunction f = setup("plain");
@@ -328,6 +348,7 @@ int main(void)
     failures += tu_fork_case("asynchrony and synchronisation", case_async_and_sync);
     failures += tu_fork_case("bounded launch queue", case_queue_bound);
     failures += tu_fork_case("launch validation, modules, libraries", case_launch_validation);
+    failures += tu_fork_case("host functions", case_host_func);
     failures += tu_fork_case("graphs", case_graphs);
     failures += tu_fork_case("threads", case_threads);
     printf("%s: %d failure(s)\n", __FILE__, failures);

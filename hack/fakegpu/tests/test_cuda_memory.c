@@ -104,8 +104,14 @@ static void case_contexts(void)
     pthread_t th;
     CHECK(pthread_create(&th, NULL, thread_sees_no_context, NULL) == 0);
     CHECK(pthread_join(th, NULL) == 0);
+    size_t limit = 0;
+    CHECK(cuCtxGetLimit(&limit, CU_LIMIT_MALLOC_HEAP_SIZE) == CUDA_SUCCESS && limit == 8 << 20);
+    CHECK(cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 4096) == CUDA_SUCCESS);
+    CHECK(cuCtxGetLimit(&limit, CU_LIMIT_STACK_SIZE) == CUDA_SUCCESS && limit == 4096);
+    CHECK(cuCtxGetLimit(&limit, (CUlimit)99) == CUDA_ERROR_INVALID_VALUE);
     CHECK(cuCtxDestroy_v2(c1) == CUDA_SUCCESS);
     CHECK(cuCtxDestroy_v2(c1) == CUDA_ERROR_INVALID_CONTEXT);
+    CHECK(cuCtxGetLimit(&limit, CU_LIMIT_STACK_SIZE) == CUDA_SUCCESS && limit == 1024); /* c0 */
     CHECK(cuCtxPushCurrent_v2(c1) == CUDA_ERROR_INVALID_CONTEXT);
     CHECK(cuCtxGetCurrent(&got) == CUDA_SUCCESS && got == c0);
     CUexecAffinityParam aff = {.type = CU_EXEC_AFFINITY_TYPE_SM_COUNT};
@@ -164,6 +170,18 @@ static void case_contents(void)
     CHECK(cuMemcpyDtoH_v2(out, e, sizeof(out)) == CUDA_SUCCESS);
     CHECK(memcmp(in, out, sizeof(in)) == 0);
     CHECK(cuMemcpy(e + 100, d, 10) == CUDA_SUCCESS); /* unified addressing copy */
+    /* Host memory of every origin works as a copy source/target: heap, static, stack. */
+    static unsigned char in_bss[64];
+    unsigned char *in_heap = malloc(64);
+    CHECK(in_heap != NULL);
+    memset(in_bss, 0x42, sizeof(in_bss));
+    CHECK(cuMemcpyHtoD_v2(d + 1000, in_bss, 64) == CUDA_SUCCESS);
+    CHECK(cuMemcpyDtoH_v2(in_heap, d + 1000, 64) == CUDA_SUCCESS);
+    CHECK(in_heap[0] == 0x42 && in_heap[63] == 0x42);
+    CHECK(cuMemcpy((CUdeviceptr)in_bss, (CUdeviceptr)(in + 64), 64) == CUDA_SUCCESS);
+    CHECK(memcmp(in_bss, in + 64, 64) == 0);
+    free(in_heap);
+    CHECK(cuMemcpyHtoD_v2(d + 1000, in + 1000, 64) == CUDA_SUCCESS); /* restore */
     CHECK(cuMemcpyDtoH_v2(out, e + 100, 10) == CUDA_SUCCESS && memcmp(out, in, 10) == 0);
     CHECK(cuMemsetD32_v2(d, 0xdeadbeef, 4) == CUDA_SUCCESS);
     CHECK(cuMemsetD8_v2(d + 16, 0xab, 3) == CUDA_SUCCESS);
@@ -254,7 +272,28 @@ static void case_other_kinds(void)
     CHECK(((unsigned char *)h2)[4095] == 0x5a);
     CHECK(cuMemFreeHost(h2) == CUDA_SUCCESS);
     CHECK(cuMemFreeHost(h2) == CUDA_ERROR_INVALID_VALUE);
+    CUdeviceptr hd = 0;
+    CHECK(cuMemHostGetDevicePointer_v2(&hd, (char *)h + 64, 0) == CUDA_SUCCESS);
+    CHECK(hd == (CUdeviceptr)h + 64); /* unified addressing: the same address */
     CHECK(cuMemFreeHost(h) == CUDA_SUCCESS);
+
+    /* Registered (pinned) application memory: usable in copies, never freed by the driver. */
+    static unsigned char pinned[8192];
+    CHECK(cuMemHostRegister_v2(pinned, sizeof(pinned), CU_MEMHOSTREGISTER_PORTABLE) == 0);
+    CHECK(cuMemHostRegister_v2(pinned + 4096, 16, 0) == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+    CHECK(cuMemHostRegister_v2(pinned, 16, 0x100) == CUDA_ERROR_INVALID_VALUE);
+    CHECK(cuPointerGetAttribute(&mtype, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                (CUdeviceptr)(pinned + 10)) == 0);
+    CHECK(mtype == CU_MEMORYTYPE_HOST);
+    memset(pinned, 0x3c, 16);
+    CHECK(cuMemcpyHtoD_v2(d, pinned, 16) == CUDA_SUCCESS);
+    CHECK(cuMemsetD16Async(d, 0x0102, 1, NULL) == CUDA_SUCCESS);
+    CHECK(cuMemcpyDtoH_v2(pinned + 100, d, 16) == CUDA_SUCCESS);
+    CHECK(pinned[100] == 0x02 && pinned[101] == 0x01 && pinned[102] == 0x3c);
+    CHECK(cuMemHostUnregister(pinned + 1) == CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+    CHECK(cuMemHostUnregister(pinned) == CUDA_SUCCESS);
+    CHECK(cuMemHostUnregister(pinned) == CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+    CHECK(cuMemHostRegister_v2(pinned, sizeof(pinned), 0) == 0); /* left for ctx teardown */
 
     /* Stream-ordered allocation from the default pool. */
     CUstream s;
