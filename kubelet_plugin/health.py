@@ -2,12 +2,16 @@
 
 `HealthBoard` holds the latest status per device and wakes streams on change; `observe()` turns a
 fresh NVML inventory into statuses (a GPU NVML no longer reports is UNHEALTHY; a failed discovery
-makes every device UNKNOWN). `HealthServicer` streams the board to the kubelet over the v1 and
-v1alpha1 APIs (same messages, different packages). Fed by `kubelet_plugin.main`'s health loop.
+makes every device UNKNOWN). `watch_xids()` listens for NVML critical-error events: a GPU with an
+XID that signals a GPU fault (not an application fault) stays UNHEALTHY until the plugin restarts.
+`HealthServicer` streams the board to the kubelet over the v1 and v1alpha1 APIs (same messages,
+different packages). Fed by `kubelet_plugin.main`'s discovery loop and XID thread.
 """
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -17,11 +21,21 @@ from typing import Any
 
 from dra_driver.gpu import NodeInventory
 
+log = logging.getLogger(__name__)
+
 UNKNOWN, HEALTHY, UNHEALTHY = 0, 1, 2
 STATUS_NAMES = {UNKNOWN: "UNKNOWN", HEALTHY: "HEALTHY", UNHEALTHY: "UNHEALTHY"}
 # How long the kubelet may trust a status without hearing from us (we re-check more often).
 HEALTH_TIMEOUT_S = 60
 _STREAM_POLL_S = 1.0
+# XIDs raised by faulty applications rather than a faulty GPU (illegal address, MMU fault in a
+# kernel, ...): the same default skip list as NVIDIA's device plugin. Any other XID taints the GPU.
+APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+_NVML_ERROR_TIMEOUT = 10
+
+
+def xid_is_critical(xid: int) -> bool:
+    return xid not in APPLICATION_XIDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +58,7 @@ class HealthBoard:
         }
         self._version = 0
         self._changed = threading.Condition()
+        self._tainted: dict[str, str] = {}  # device -> why (sticky until restart)
 
     def observe(self, inventory: NodeInventory | None, error: str = "") -> list[DeviceStatus]:
         """Fold one discovery result in; returns the statuses that changed."""
@@ -51,7 +66,9 @@ class HealthBoard:
         seen = set() if inventory is None else {gpu.device_name for gpu in inventory.gpus}
         fresh: dict[str, DeviceStatus] = {}
         for name in self._known:
-            if inventory is None:
+            if name in self._tainted:
+                fresh[name] = DeviceStatus(name, UNHEALTHY, now, self._tainted[name])
+            elif inventory is None:
                 fresh[name] = DeviceStatus(name, UNKNOWN, now, f"NVML discovery failed: {error}")
             elif name in seen:
                 fresh[name] = DeviceStatus(name, HEALTHY, now, "reported by NVML")
@@ -64,6 +81,17 @@ class HealthBoard:
                 self._version += 1
                 self._changed.notify_all()
         return changed
+
+    def taint(self, device: str, message: str) -> bool:
+        """Mark a device UNHEALTHY for good (a GPU fault); True if that changed its status."""
+        with self._changed:
+            if device not in self._statuses or device in self._tainted:
+                return False
+            self._tainted[device] = message
+            self._statuses[device] = DeviceStatus(device, UNHEALTHY, int(time.time()), message)
+            self._version += 1
+            self._changed.notify_all()
+            return True
 
     def snapshot(self) -> tuple[int, list[DeviceStatus]]:
         with self._changed:
@@ -105,3 +133,74 @@ class HealthServicer:
                 message=status.message,
             )
         return response
+
+
+def watch_xids(
+    board: HealthBoard,
+    inventory: NodeInventory,
+    stop: threading.Event,
+    *,
+    nvml: Any = None,
+    poll_ms: int = 500,
+) -> None:
+    """Taint GPUs on critical XID events until `stop` is set (a thread body; never raises).
+
+    Handles are matched by address rather than by asking NVML for the UUID, because a GPU that
+    fell off the bus (XID 79) no longer answers queries.
+    """
+    if nvml is None:
+        import pynvml
+
+        nvml = pynvml
+    try:
+        nvml.nvmlInit()
+    except Exception as exc:
+        log.warning("XID watch disabled: NVML init failed: %s", exc)
+        return
+    event_set = None
+    try:
+        event_set = nvml.nvmlEventSetCreate()
+        names: dict[int | None, str] = {}
+        for gpu in inventory.gpus:
+            try:
+                handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid.encode())
+                nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, event_set)
+            except nvml.NVMLError as exc:
+                log.warning("XID events of %s not watched: %s", gpu.device_name, exc)
+                continue
+            names[_address(handle)] = gpu.device_name
+        log.info("watching XID events of %s", ", ".join(names.values()) or "no GPU")
+        while names and not stop.is_set():
+            try:
+                event = nvml.nvmlEventSetWait_v2(event_set, poll_ms)
+            except nvml.NVMLError as exc:
+                if getattr(exc, "value", None) != _NVML_ERROR_TIMEOUT:
+                    log.warning("waiting for XID events failed: %s", exc)
+                    stop.wait(1.0)
+                continue
+            _handle_xid(board, names.get(_address(event.device)), int(event.eventData))
+    except Exception:
+        log.exception("XID watch stopped")
+    finally:
+        if event_set is not None:
+            try:
+                nvml.nvmlEventSetFree(event_set)
+            except Exception as exc:
+                log.debug("nvmlEventSetFree: %s", exc)
+        try:
+            nvml.nvmlShutdown()
+        except Exception as exc:
+            log.debug("nvmlShutdown: %s", exc)
+
+
+def _handle_xid(board: HealthBoard, device: str | None, xid: int) -> None:
+    if device is None:
+        log.warning("XID %d on a GPU this plugin does not publish; ignored", xid)
+    elif not xid_is_critical(xid):
+        log.info("XID %d on %s is an application error; the GPU stays healthy", xid, device)
+    elif board.taint(device, f"XID {xid} (GPU error) reported by the driver"):
+        log.error("XID %d on %s: device marked UNHEALTHY until the plugin restarts", xid, device)
+
+
+def _address(handle: Any) -> int | None:
+    return ctypes.cast(handle, ctypes.c_void_p).value

@@ -22,7 +22,7 @@ from typing import Any
 from dra_driver import cdi, kube, names
 from dra_driver.gpu import NodeInventory
 from kubelet_plugin.checkpoint import CheckpointError
-from kubelet_plugin.health import HealthBoard
+from kubelet_plugin.health import HealthBoard, watch_xids
 from kubelet_plugin.prepare import NodeSettings, Preparer, kube_claim_source
 from kubelet_plugin.server import PluginServer, SocketPaths
 
@@ -245,6 +245,12 @@ def _serve(
             stop=stop,
         )
     ]
+    if board is not None:
+        xids = threading.Thread(
+            target=watch_xids, args=(board, inventory, stop), name="xid-watch", daemon=True
+        )
+        xids.start()
+        threads.append(xids)
     governor = _start_governor(args, settings, stop) if args.governor else None
     if governor is not None:
         threads.append(governor)

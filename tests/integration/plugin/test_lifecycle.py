@@ -9,7 +9,8 @@
 2. DRAResourceHealth: the first message lists every device HEALTHY; a GPU that disappears from
    discovery is streamed as UNHEALTHY, over both the v1 and v1alpha1 services.
 3. The same with nothing replaced: the plugin process on simulated GPUs (fake NVML loaded by the
-   real loader) streams UNHEALTHY when a GPU is marked lost, and HEALTHY when it recovers.
+   real loader) streams UNHEALTHY for a GPU-fault XID (not for an application XID) and for a
+   GPU that falls off the bus; after repair and a restart every GPU is HEALTHY again.
 """
 
 from __future__ import annotations
@@ -158,7 +159,7 @@ def test_bad_flags_exit_with_a_clear_message() -> None:
     assert "--oversubscription-ratio must be >= 1.0, got 0.5" in done.stderr
 
 
-def test_lost_gpu_on_simulated_node_is_streamed_unhealthy(cluster: Any) -> None:
+def test_gpu_faults_on_simulated_node_are_streamed_unhealthy(cluster: Any) -> None:
     from vgpu_testbed import fakegpu
     from vgpu_testbed.profiles import load_profile
 
@@ -184,29 +185,57 @@ def test_lost_gpu_on_simulated_node_is_streamed_unhealthy(cluster: Any) -> None:
         "--no-governor",
         "--resync-seconds=0.5",
     ]
-    log = (root / "plugin.log").open("w")
-    proc = subprocess.Popen(
-        argv, cwd=ROOT, env={**os.environ, **gpu_env}, stdout=log, stderr=subprocess.STDOUT
-    )
     dra = root / "plugins" / "vgpu.dra.dev" / "dra.sock"
+    registration = root / "registry" / "vgpu.dra.dev-reg.sock"
+    log = (root / "plugin.log").open("w")
+
+    def start() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            argv, cwd=ROOT, env={**os.environ, **gpu_env}, stdout=log, stderr=subprocess.STDOUT
+        )
+        wait_for(registration.exists, what="registration")
+        return proc
+
+    def watch(channel: grpc.Channel) -> Any:
+        return dra_health_v1_pb2_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+            dra_health_v1_pb2.NodeWatchResourcesRequest(), timeout=60
+        )
+
+    def health(message: Any) -> dict[str, tuple[int, str]]:
+        return {d.device.device_name: (d.health, d.message) for d in message.devices}
+
+    healthy, unhealthy = dra_health_v1_pb2.HEALTHY, dra_health_v1_pb2.UNHEALTHY
+    proc = start()
     try:
-        wait_for((root / "registry" / "vgpu.dra.dev-reg.sock").exists, what="registration")
         with grpc.insecure_channel(f"unix://{dra}") as channel:
-            stream = dra_health_v1_pb2_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
-                dra_health_v1_pb2.NodeWatchResourcesRequest(), timeout=60
-            )
-
-            def health() -> dict[str, int]:
-                return {d.device.device_name: d.health for d in next(stream).devices}
-
-            assert health() == {
-                "gpu-0": dra_health_v1_pb2.HEALTHY,
-                "gpu-1": dra_health_v1_pb2.HEALTHY,
+            stream = watch(channel)
+            assert {k: v[0] for k, v in health(next(stream)).items()} == {
+                "gpu-0": healthy,
+                "gpu-1": healthy,
             }
+            # XID 13 (an application's illegal access) leaves the GPU healthy; XID 48 (double-bit
+            # ECC error) taints it until the plugin restarts, whatever discovery says meanwhile.
+            fakegpu.inject_xid(gpu_env, 0, 13)
+            fakegpu.inject_xid(gpu_env, 0, 48)
+            status, message = health(next(stream))["gpu-0"]
+            assert status == unhealthy and "XID 48" in message
+            # A GPU that falls off the bus (lost: NVML fails, XID 79) is reported as well.
             fakegpu.set_gpu_lost(gpu_env, 1, True)
-            assert health()["gpu-1"] == dra_health_v1_pb2.UNHEALTHY
-            fakegpu.set_gpu_lost(gpu_env, 1, False)
-            assert health()["gpu-1"] == dra_health_v1_pb2.HEALTHY
+            update = health(next(stream))
+            assert (update["gpu-0"][0], update["gpu-1"][0]) == (unhealthy, unhealthy)
+            stream.cancel()
+        fakegpu.set_gpu_lost(gpu_env, 1, False)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert not dra.exists()
+        # After repair and a restart every GPU is healthy again.
+        proc = start()
+        with grpc.insecure_channel(f"unix://{dra}") as channel:
+            stream = watch(channel)
+            assert {k: v[0] for k, v in health(next(stream)).items()} == {
+                "gpu-0": healthy,
+                "gpu-1": healthy,
+            }
             stream.cancel()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
