@@ -132,3 +132,20 @@ def test_without_nvml_discovery_raises_an_actionable_error() -> None:
     )
     assert done.returncode != 0
     assert "InventoryError" in done.stderr and "LD_LIBRARY_PATH" in done.stderr
+
+
+@pytest.mark.gpu
+def test_real_gpus_inventory_agrees_with_sysfs() -> None:
+    """On a real node: SMs are derived (never 0 on a known architecture), and the PCIe root and
+    NUMA node agree with sysfs, which the simulated path above cannot check."""
+    from dra_driver.inventory import discover, pcie_root_from_sysfs_path
+
+    inventory = discover()
+    assert inventory.gpus
+    for gpu in inventory.gpus:
+        assert gpu.sm_count > 0, gpu
+        device = Path("/sys/bus/pci/devices", gpu.pci_bus_id)
+        assert device.exists(), f"{gpu.pci_bus_id} not in sysfs"
+        assert gpu.pcie_root == pcie_root_from_sysfs_path(os.path.realpath(device))
+        numa = int((device / "numa_node").read_text())
+        assert gpu.numa_node == (numa if numa >= 0 else None)
