@@ -60,6 +60,7 @@ struct vgpu_region_handle {
     int fd;                /* OFD locks live on this open file description */
     int slot;              /* our slot, -1 when none */
     bool shared;           /* false = private anonymous fallback (caps per process only) */
+    uint64_t last_reclaim_ns; /* process-local: when reporting paths last reclaimed dead slots */
 };
 int vgpu_region_open(struct vgpu_region_handle *h, const char *path,
                      const struct vgpu_claim_conf *conf);
@@ -75,6 +76,10 @@ void vgpu_region_uncharge(struct vgpu_region_handle *h, int dev, uint64_t bytes,
 void vgpu_region_mark_managed(struct vgpu_region_handle *h, int dev, uint64_t bytes);
 uint64_t vgpu_region_used(struct vgpu_region_handle *h, int dev);
 int vgpu_region_reclaim_dead(struct vgpu_region_handle *h);
+/* Reporting paths (cuMemGetInfo, NVML memory info): reclaim at most every 200 ms. */
+void vgpu_region_reclaim_if_due(struct vgpu_region_handle *h, uint64_t now_ns);
+/* Release this process's slot (normal exit: the driver frees its memory with it). */
+void vgpu_region_release_slot(struct vgpu_region_handle *h);
 int vgpu_lock_ofd(int fd, long long offset, bool exclusive, bool wait);
 void vgpu_unlock_ofd(int fd, long long offset);
 

@@ -33,6 +33,7 @@ VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     struct vgpu_dev *d = vgpu_dev_current();
     if (d != NULL) {
         uint64_t cap = d->conf.memory_invalid ? 0 : d->conf.memory;
+        vgpu_region_reclaim_if_due(d->region, vgpu_now_ns());
         uint64_t used = vgpu_region_used(d->region, d->region_dev);
         uint64_t avail = used < cap ? cap - used : 0;
         /* Without oversubscription the claim also cannot get more than the GPU has free. */

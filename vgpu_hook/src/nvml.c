@@ -14,6 +14,7 @@
 static void claim_view(struct vgpu_dev *d, unsigned long long *total, unsigned long long *used,
                        unsigned long long *free_bytes) {
     uint64_t cap = d->conf.memory_invalid ? 0 : d->conf.memory;
+    vgpu_region_reclaim_if_due(d->region, vgpu_now_ns());
     uint64_t u = vgpu_region_used(d->region, d->region_dev);
     *total = cap;
     *used = u;

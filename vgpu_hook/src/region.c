@@ -273,3 +273,16 @@ void vgpu_region_mark_managed(struct vgpu_region_handle *h, int dev, uint64_t by
     atomic_fetch_add(&h->map->slots[h->slot].managed[dev], bytes);
     atomic_fetch_add(&h->map->devices[dev].oversub_allocs, 1);
 }
+
+void vgpu_region_reclaim_if_due(struct vgpu_region_handle *h, uint64_t now_ns) {
+    if (h->map == NULL || !h->shared) return;
+    if (h->last_reclaim_ns != 0 && now_ns - h->last_reclaim_ns < 200000000ULL) return;
+    h->last_reclaim_ns = now_ns;
+    (void)vgpu_region_reclaim_dead(h);
+}
+
+void vgpu_region_release_slot(struct vgpu_region_handle *h) {
+    if (h->map == NULL || !h->shared || h->slot < 0) return;
+    clear_slot(&h->map->slots[h->slot]);
+    atomic_store(&h->map->slots[h->slot].pid, 0);
+}

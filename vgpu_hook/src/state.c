@@ -133,6 +133,12 @@ static void atfork_child(void) {
     }
 }
 
+static void release_at_exit(void) {
+    /* A normal exit frees the process's device memory: free its share of the caps now rather
+     * than when the next allocation finds the slot dead. */
+    for (int i = 0; i < g_state.region_count; i++) vgpu_region_release_slot(&g_state.regions[i]);
+}
+
 static void init_once(void) {
     vgpu_alloc_register_atfork();
     const char *dir = getenv("VGPU_DRA_CLAIMS_DIR");
@@ -150,6 +156,7 @@ static void init_once(void) {
     }
     g_state.configured = g_state.dev_count > 0;
     pthread_atfork(NULL, NULL, atfork_child);
+    if (g_state.region_count > 0) atexit(release_at_exit);
     atomic_store_explicit(&g_ready, true, memory_order_release);
 }
 

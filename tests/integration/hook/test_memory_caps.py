@@ -168,6 +168,30 @@ def test_fork_child_gets_its_own_slot(node: Node) -> None:
     assert field(out[1], "rc") == 0
 
 
+def test_fork_child_allocates_in_its_own_slot(node: Node) -> None:
+    """A forked child is charged in its own slot against the shared cap; when it dies without
+    freeing, its share comes back (reports within 200 ms, allocations at once)."""
+    claim = node.claim("c-forkalloc", [_line()])
+    out = claim.probe(
+        "init",
+        "alloc:629145600",
+        "forkalloc:314572800",
+        "sleep:300",
+        "info",
+        "forkalloc:419430400",
+    )
+    assert out[2] == f"child rc=0 free={CAP - 900 * MIB}"
+    assert field(out[4], "free") == CAP - 600 * MIB
+    assert out[5] == f"child rc=0 free={CAP - 1000 * MIB}"
+
+
+def test_normal_exit_releases_the_share_immediately(node: Node) -> None:
+    claim = node.claim("c-exit", [_line()])
+    claim.probe("init", "alloc:943718400")  # exits without freeing
+    out = claim.probe("init", "info")
+    assert field(out[1], "free") == CAP
+
+
 def test_threads_never_exceed_the_cap(node: Node) -> None:
     claim = node.claim("c-threads", [_line()])
     out = claim.probe("init", "threads:16:104857600", "info")
@@ -231,3 +255,28 @@ def test_oversubscription_off_means_out_of_memory(node: Node) -> None:
     out = done.stdout.splitlines()
     assert field(out[1], "rc") == 2
     assert field(out[2], "free") == 4 * GIB  # the refused charge was refunded
+
+
+def test_many_processes_starting_together_share_the_cap_exactly(node: Node) -> None:
+    """60 processes start at once, each wants 20 MiB and holds it: exactly floor(cap/20 MiB)
+    succeed, whatever the interleaving of their start-up and allocation. (60: the simulated
+    GPU has 64 process slots per GPU.)"""
+    claim = node.claim("c-crowd", [_line()])
+    script = (
+        'i=0; while [ $i -lt 60 ]; do "$PROBE" init alloc:20971520 sleep:2500 & '
+        "i=$((i+1)); done; wait"
+    )
+    done = claim.run(["sh", "-c", script], timeout=120, PROBE=str(PROBE))
+    assert done.stdout.count("init rc=0") == 60, done.stderr[-2000:]
+    assert done.stdout.count("alloc rc=0") == CAP // (20 * MIB)
+    assert done.stdout.count("alloc rc=2") == 60 - CAP // (20 * MIB)
+    assert done.stderr.count("refused") == 60 - CAP // (20 * MIB)  # all refusals are ours
+
+
+def test_unusable_region_falls_back_to_per_process_caps(node: Node) -> None:
+    claim = node.claim("c-noregion", [_line()])
+    (claim.dir / "region").mkdir()  # cannot be opened as the region file
+    done = claim.run([str(PROBE), "init", "alloc:629145600", "alloc:629145600"])
+    out = done.stdout.splitlines()
+    assert [field(x, "rc") for x in out[1:]] == [0, 2]  # still capped within the process
+    assert "caps are enforced per process only" in done.stderr

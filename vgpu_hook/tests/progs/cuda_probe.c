@@ -11,7 +11,7 @@
  *   init | infonull | alloc:B | alloc1:B (legacy 32-bit ABI) | pitch:WxH | managed:B | async:B | pool:B |
  *   vmm:B | array:WxH | array3d:WxHxD | mipmap:WxH:L | free | freeall | info | total |
  *   uuid | sleep:MS | ready | launch:N:BLOCKS | run:SECONDS:BLOCKS:SYNC | threads:N:B |
- *   forkhold:MS (fork a child that holds its own region slot for MS, parent continues)
+ *   forkhold:MS (fork a child that lives MS, parent continues) | forkalloc:B (child allocates)
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -269,12 +269,28 @@ static void step(const char *s) {
     } else if (sscanf(s, "forkhold:%llu", &a) == 1) {
         pid_t pid = fork();
         if (pid == 0) {
-            /* The child touches CUDA through the hook only via cuMemGetInfo-free paths: it
-             * just lives, so its own region slot exists, then exits. */
+            /* The child just lives (holding the inherited descriptors), then exits. */
             usleep((useconds_t)(a * 1000));
             _exit(0);
         }
         printf("forkhold pid=%d\n", (int)pid);
+    } else if (sscanf(s, "forkalloc:%llu", &a) == 1) {
+        /* The child allocates through the hook (its own slot), reports, and exits without
+         * freeing; the parent waits for it. */
+        fflush(stdout);
+        pid_t pid = fork();
+        if (pid == 0) {
+            CUdeviceptr d = 0;
+            CUresult r = cu.cuMemAlloc(&d, a);
+            size_t fr = 0, tot = 0;
+            cu.cuMemGetInfo(&fr, &tot);
+            printf("child rc=%d free=%zu\n", r, fr);
+            fflush(stdout);
+            _exit(0);
+        }
+        int status = 0;
+        waitpid(pid, &status, 0);
+        printf("forkalloc status=%d\n", status);
     } else if (strcmp(s, "waitchildren") == 0) {
         while (wait(NULL) > 0) {
         }
