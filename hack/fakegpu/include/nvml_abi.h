@@ -238,6 +238,25 @@ typedef enum nvmlTemperatureSensors_enum {
     NVML_TEMPERATURE_COUNT
 } nvmlTemperatureSensors_t;
 
+typedef struct {
+    unsigned int version;
+    nvmlTemperatureSensors_t sensorType;
+    int temperature;
+} nvmlTemperature_v1_t;
+typedef nvmlTemperature_v1_t nvmlTemperature_t;
+#define nvmlTemperature_v1 NVML_STRUCT_VERSION(Temperature, 1)
+
+typedef enum nvmlDriverModel_enum {
+    NVML_DRIVER_WDDM = 0,
+    NVML_DRIVER_WDM = 1,
+    NVML_DRIVER_MCDM = 2
+} nvmlDriverModel_t;
+
+typedef struct nvmlConfComputeMemSizeInfo_st {
+    unsigned long long protectedMemSizeKib;
+    unsigned long long unprotectedMemSizeKib;
+} nvmlConfComputeMemSizeInfo_t;
+
 typedef enum nvmlTemperatureThresholds_enum {
     NVML_TEMPERATURE_THRESHOLD_SHUTDOWN = 0,
     NVML_TEMPERATURE_THRESHOLD_SLOWDOWN = 1,
@@ -329,6 +348,13 @@ nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode
                                   unsigned int *pendingMode);
 nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, nvmlEnableState_t *mode);
 nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, nvmlComputeMode_t *mode);
+nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMigDevice);
+nvmlReturn_t nvmlDeviceGetDriverModel(nvmlDevice_t device, nvmlDriverModel_t *current,
+                                      nvmlDriverModel_t *pending);
+nvmlReturn_t nvmlDeviceGetDriverModel_v2(nvmlDevice_t device, nvmlDriverModel_t *current,
+                                         nvmlDriverModel_t *pending);
+nvmlReturn_t nvmlDeviceGetConfComputeMemSizeInfo(nvmlDevice_t device,
+                                                 nvmlConfComputeMemSizeInfo_t *memInfo);
 nvmlReturn_t nvmlDeviceGetDisplayMode(nvmlDevice_t device, nvmlEnableState_t *display);
 nvmlReturn_t nvmlDeviceGetDisplayActive(nvmlDevice_t device, nvmlEnableState_t *isActive);
 nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, nvmlEnableState_t *current,
@@ -401,6 +427,7 @@ nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t device, unsigned int *
 
 nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTemperatureSensors_t sensorType,
                                       unsigned int *temp);
+nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperature_t *temperature);
 nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device,
                                                nvmlTemperatureThresholds_t thresholdType,
                                                unsigned int *temp);

@@ -211,6 +211,42 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, nvmlComput
     return NVML_SUCCESS;
 }
 
+SIM_EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMigDevice)
+{
+    DEVICE_OR_RETURN(device, phys, g);
+    (void)g;
+    ARG_OR_RETURN(isMigDevice);
+    *isMigDevice = 0; /* handles are always whole GPUs */
+    return NVML_SUCCESS;
+}
+
+/* Windows driver models: not applicable on Linux, where the real call is NOT_SUPPORTED too. */
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetDriverModel_v2(nvmlDevice_t device, nvmlDriverModel_t *current,
+                                                    nvmlDriverModel_t *pending)
+{
+    DEVICE_OR_RETURN(device, phys, g);
+    (void)g;
+    (void)current;
+    (void)pending;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetDriverModel(nvmlDevice_t device, nvmlDriverModel_t *current,
+                                                 nvmlDriverModel_t *pending)
+{
+    return nvmlDeviceGetDriverModel_v2(device, current, pending);
+}
+
+/* Confidential computing is off on simulated GPUs. */
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetConfComputeMemSizeInfo(nvmlDevice_t device,
+                                                            nvmlConfComputeMemSizeInfo_t *memInfo)
+{
+    DEVICE_OR_RETURN(device, phys, g);
+    (void)g;
+    (void)memInfo;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
 /* ---- readings derived from utilisation ---------------------------------------------------- */
 
 static unsigned int util_now(int phys) { return sim_utilization(phys, 0, 0); }
@@ -223,6 +259,18 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device,
     (void)g;
     ARG_OR_RETURN(temp && sensorType == NVML_TEMPERATURE_GPU);
     *temp = 32 + util_now(phys) * 40 / 100;
+    return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperature_t *temperature)
+{
+    DEVICE_OR_RETURN(device, phys, g);
+    (void)g;
+    ARG_OR_RETURN(temperature);
+    if (temperature->version != nvmlTemperature_v1)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    ARG_OR_RETURN(temperature->sensorType == NVML_TEMPERATURE_GPU);
+    temperature->temperature = (int)(32 + util_now(phys) * 40 / 100);
     return NVML_SUCCESS;
 }
 

@@ -77,6 +77,16 @@ int main(void)
     OFF(nvmlEventData_t, eventData);
     OFF(nvmlEventData_t, gpuInstanceId);
     OFF(nvmlEventData_t, computeInstanceId);
+    SIZE(nvmlTemperature_t);
+    OFF(nvmlTemperature_t, version);
+    OFF(nvmlTemperature_t, sensorType);
+    OFF(nvmlTemperature_t, temperature);
+    VAL(nvmlTemperature_v1);
+    SIZE(nvmlConfComputeMemSizeInfo_t);
+    OFF(nvmlConfComputeMemSizeInfo_t, protectedMemSizeKib);
+    OFF(nvmlConfComputeMemSizeInfo_t, unprotectedMemSizeKib);
+    SIZE(nvmlDriverModel_t);
+    VAL(NVML_DRIVER_WDDM); VAL(NVML_DRIVER_WDM); VAL(NVML_DRIVER_MCDM);
     SIZE(nvmlDevice_t);
     SIZE(nvmlEventSet_t);
     SIZE(nvmlReturn_t);

@@ -121,6 +121,6 @@ static int tu_fork_case(const char *name, void (*fn)(void))
 }
 
 /* Slow down timing-sensitive expectations when running under valgrind. */
-static int tu_slow(void) { return getenv("VGPU_TEST_UNDER_VALGRIND") != NULL; }
+static inline int tu_slow(void) { return getenv("VGPU_TEST_UNDER_VALGRIND") != NULL; }
 
 #endif
