@@ -76,7 +76,11 @@ def agents(cluster: Any, client: KubeClient) -> Iterator[dict[str, NodeAgents]]:
     """Agents for node-1 (dgx-h100) and node-2 (a10-pcie) plus the DeviceClass; all removed
     afterwards (slices too), so later modules see the nodes as the test bed made them."""
     device_class = yaml.safe_load((REPO / "deploy" / "deviceclass.yaml").read_text())
-    client.create(kube.path(RESOURCE_API, "deviceclasses"), device_class)
+    classes = kube.path(RESOURCE_API, "deviceclasses")
+    name = device_class["metadata"]["name"]
+    client.delete(kube.path(RESOURCE_API, "deviceclasses", name))  # a leftover of another module
+    wait_for("an old DeviceClass to go", lambda: not deviceclass_exists(client, name))
+    client.create(classes, device_class)
     started = start_node_agents(cluster, ["node-1", "node-2"], plugin_args=RESYNC)
     try:
         yield started
@@ -87,7 +91,15 @@ def agents(cluster: Any, client: KubeClient) -> Iterator[dict[str, NodeAgents]]:
             kube.path(RESOURCE_API, "resourceslices"), field_selector=f"spec.driver={DRIVER}"
         ):
             client.delete(kube.path(RESOURCE_API, "resourceslices", obj["metadata"]["name"]))
-        client.delete(kube.path(RESOURCE_API, "deviceclasses", device_class["metadata"]["name"]))
+        client.delete(kube.path(RESOURCE_API, "deviceclasses", name))
+
+
+def deviceclass_exists(client: KubeClient, name: str) -> bool:
+    try:
+        client.get(kube.path(RESOURCE_API, "deviceclasses", name))
+    except kube.NotFound:
+        return False
+    return True
 
 
 def apply(client: KubeClient, manifest: Path, namespace: str) -> list[dict[str, Any]]:
