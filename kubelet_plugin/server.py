@@ -90,10 +90,11 @@ class PluginServer:
         )
 
     def start(self) -> None:
-        _listen(self._dra, self.sockets.dra)
+        _listen(self._dra, self.sockets.dra, own_dir=True)
         self._dra.start()
         log.info("DRA service listening on %s", self.sockets.dra)
-        _listen(self._reg, self.sockets.registration)
+        # The registrar directory is the kubelet's, shared with other plugins: leave it as it is.
+        _listen(self._reg, self.sockets.registration, own_dir=False)
         self._reg.start()
         log.info("registration service listening on %s", self.sockets.registration)
 
@@ -106,10 +107,13 @@ class PluginServer:
         log.info("gRPC servers stopped; sockets removed")
 
 
-def _listen(server: grpc.Server, path: str) -> None:
+def _listen(server: grpc.Server, path: str, *, own_dir: bool) -> None:
     directory = os.path.dirname(path)
-    os.makedirs(directory, mode=SOCKET_DIR_MODE, exist_ok=True)
-    os.chmod(directory, SOCKET_DIR_MODE)
+    if not os.path.isdir(directory):
+        os.makedirs(directory, mode=SOCKET_DIR_MODE)
+        os.chmod(directory, SOCKET_DIR_MODE)  # makedirs' mode is filtered by the umask
+    elif own_dir:
+        os.chmod(directory, SOCKET_DIR_MODE)
     if _unlink_socket(path):
         log.info("removed stale socket %s", path)
     if server.add_insecure_port(f"unix://{path}") == 0:

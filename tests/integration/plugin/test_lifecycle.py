@@ -59,6 +59,9 @@ def test_plugin_process_lifecycle(cluster: Any, kube_client: kube.KubeClient) ->
     root = Path(tempfile.mkdtemp(prefix="vgpu-main-"))
     cdi_root = root / "cdi"
     cdi_root.mkdir()
+    shared_registry = root / "registry"
+    shared_registry.mkdir(mode=0o750)  # the kubelet's directory: the plugin must not chmod it
+    shared_registry.chmod(0o750)
     orphan = cdi_root / "k8s.vgpu.dra.dev-claim_11111111-2222-3333-4444-555555555555.json"
     orphan.write_text("{}")
     argv = [
@@ -85,6 +88,8 @@ def test_plugin_process_lifecycle(cluster: Any, kube_client: kube.KubeClient) ->
         assert not orphan.exists(), "start-up reconciliation keeps orphan specs"
         for sock in (dra, reg):
             assert oct(sock.stat().st_mode & 0o777) == oct(0o600)
+        assert oct(dra.parent.stat().st_mode & 0o777) == oct(0o700)
+        assert oct(shared_registry.stat().st_mode & 0o777) == oct(0o750)
 
         def published() -> list[dict[str, Any]]:
             return kube_client.list(
