@@ -166,10 +166,12 @@ def control_library(state: Path) -> ctypes.CDLL:
 
     Only for short-lived processes (the CLI): the C side attaches once and reads the env then.
     """
-    if not state.is_file():
-        raise FakeGpuError(f"no simulated node at {state} (create it with prepare_node first)")
-    os.environ[ENV_STATE] = str(state)
     profile_path = profile_file_for(state)
+    if not state.is_file() and not profile_path.is_file():
+        raise FakeGpuError(
+            f"no simulated node at {state} (create it with prepare_node or `vgpu-dra fakegpu env`)"
+        )
+    os.environ[ENV_STATE] = str(state)
     if profile_path.is_file():
         os.environ[ENV_PROFILE] = str(profile_path)
     else:

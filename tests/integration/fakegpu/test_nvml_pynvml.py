@@ -1,0 +1,211 @@
+"""pynvml (nvidia-ml-py) against the fake libnvidia-ml.so.1 on simulated nodes.
+
+Proves, each in a separate process loading the library through LD_LIBRARY_PATH:
+1. `dgx-h100` enumerates exactly as its profile: count, names, UUIDs, memory, PCI bus ids, NUMA
+   nodes, compute capability, cores, MIG capability, driver/CUDA versions.
+2. NVLink: every GPU of `dgx-h100` reaches every other over NVLink (remote PCI info of each
+   active link resolves to a peer's bus id; P2P NVLink status OK); `a100-2x4` forms two islands
+   with no NVLink and no NVLink P2P between them; `a10-pcie` has no NVLink at all.
+3. Topology: common ancestor and nearest GPUs follow NUMA placement; CPU affinity is disjoint
+   per NUMA node.
+4. NVIDIA_VISIBLE_DEVICES gives the container's view (subset, reindexed).
+5. A process holding memory (through the state, as the fake CUDA driver does) shows in
+   GetMemoryInfo and GetComputeRunningProcesses (all struct versions pynvml uses).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.fakegpu.nvml_node import PROGRAMS, SimNode, build_fakegpu
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _built() -> None:
+    build_fakegpu()
+
+
+@pytest.fixture
+def dgx(tmp_path: Path) -> Iterator[SimNode]:
+    yield SimNode.create("dgx-h100", tmp_path)
+
+
+ENUMERATE = """
+import json, pynvml as n
+n.nvmlInit()
+gpus = []
+for i in range(n.nvmlDeviceGetCount()):
+    h = n.nvmlDeviceGetHandleByIndex(i)
+    mem = n.nvmlDeviceGetMemoryInfo(h)
+    mem2 = n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2)
+    try:
+        mig = list(n.nvmlDeviceGetMigMode(h))
+    except n.NVMLError_NotSupported:
+        mig = None
+    links = []
+    for link in range(18):
+        try:
+            if n.nvmlDeviceGetNvLinkState(h, link):
+                links.append(n.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId)
+        except n.NVMLError_NotSupported:
+            break
+        except n.NVMLError_InvalidArgument:
+            break
+    gpus.append({
+        "index": n.nvmlDeviceGetIndex(h),
+        "name": n.nvmlDeviceGetName(h),
+        "uuid": n.nvmlDeviceGetUUID(h),
+        "serial": n.nvmlDeviceGetSerial(h),
+        "total": mem.total, "used": mem.used, "free": mem.free, "total2": mem2.total,
+        "bus": n.nvmlDeviceGetPciInfo(h).busId,
+        "numa": n.nvmlDeviceGetNumaNodeId(h),
+        "cc": list(n.nvmlDeviceGetCudaComputeCapability(h)),
+        "cores": n.nvmlDeviceGetNumGpuCores(h),
+        "arch": n.nvmlDeviceGetArchitecture(h),
+        "mig": mig,
+        "minor": n.nvmlDeviceGetMinorNumber(h),
+        "links": links,
+    })
+print(json.dumps({
+    "driver": n.nvmlSystemGetDriverVersion(),
+    "cuda": n.nvmlSystemGetCudaDriverVersion_v2(),
+    "gpus": gpus,
+}))
+"""
+
+
+def test_dgx_h100_enumerates_exactly_as_its_profile(dgx: SimNode) -> None:
+    seen = dgx.python(ENUMERATE)
+    assert seen["driver"] == "580.95.05" and seen["cuda"] == 13000
+    assert len(seen["gpus"]) == 8
+    for i, (got, want) in enumerate(zip(seen["gpus"], dgx.profile.gpus, strict=True)):
+        assert got["index"] == i
+        assert got["name"] == "NVIDIA H100 80GB HBM3"
+        assert got["uuid"] == want.uuid and got["serial"] == want.serial
+        assert got["total"] == got["total2"] == want.memory_bytes == 85520809984
+        assert got["used"] == 0 and got["free"] == got["total"]
+        assert got["bus"] == want.pci_bus_id
+        assert got["numa"] == (0 if i < 4 else 1)
+        assert got["cc"] == [9, 0] and got["cores"] == 132 * 128
+        assert got["arch"] == 9  # NVML_DEVICE_ARCH_HOPPER
+        assert got["mig"] == [0, 0] and got["minor"] == i
+
+
+def test_dgx_h100_every_pair_is_nvlinked(dgx: SimNode) -> None:
+    gpus = dgx.python(ENUMERATE)["gpus"]
+    bus_of = [g["bus"] for g in gpus]
+    for i, g in enumerate(gpus):
+        assert len(g["links"]) == 14  # 7 peers x 2 links
+        assert sorted(set(g["links"])) == sorted(b for j, b in enumerate(bus_of) if j != i)
+
+
+P2P_MATRIX = """
+import json, pynvml as n
+n.nvmlInit()
+hs = [n.nvmlDeviceGetHandleByIndex(i) for i in range(n.nvmlDeviceGetCount())]
+# pynvml defines NVML_P2P_CAPS_INDEX_READ as a tuple (0,): use the ABI values.
+READ, NVLINK = 0, 2
+def p2p(a, b, idx):
+    return n.nvmlDeviceGetP2PStatus(a, b, idx)
+print(json.dumps({
+    "nvlink": [[p2p(a, b, NVLINK) if a is not b else -1 for b in hs]
+               for a in hs],
+    "read": [[p2p(a, b, READ) if a is not b else -1 for b in hs]
+             for a in hs],
+    "ancestor": [[n.nvmlDeviceGetTopologyCommonAncestor(a, b) for b in hs] for a in hs],
+    "near_node": [sorted(n.nvmlDeviceGetIndex(x) for x in
+                         n.nvmlDeviceGetTopologyNearestGpus(a, n.NVML_TOPOLOGY_NODE)) for a in hs],
+    "cpus": [list(n.nvmlDeviceGetCpuAffinity(a, 4)) for a in hs],
+}))
+"""
+
+
+def test_a100_2x4_islands(tmp_path: Path) -> None:
+    node = SimNode.create("a100-2x4", tmp_path)
+    gpus = node.python(ENUMERATE)["gpus"]
+    bus_of = [g["bus"] for g in gpus]
+    for i, g in enumerate(gpus):
+        island = range(0, 4) if i < 4 else range(4, 8)
+        assert len(g["links"]) == 12
+        assert sorted(set(g["links"])) == sorted(bus_of[j] for j in island if j != i)
+    m = node.python(P2P_MATRIX)
+    for a in range(8):
+        for b in range(8):
+            if a == b:
+                continue
+            same_island = (a < 4) == (b < 4)
+            assert (m["nvlink"][a][b] == 0) == same_island, (a, b)  # 0 = NVML_P2P_STATUS_OK
+            assert m["ancestor"][a][b] in ((20, 40) if same_island else (50,))
+    assert m["near_node"][0] == [1, 2, 3]
+    assert m["near_node"][5] == [4, 6, 7]
+    cpus0, cpus4 = m["cpus"][0], m["cpus"][4]
+    assert any(cpus0) and any(cpus4)
+    if sum(bin(w).count("1") for w in cpus0 + cpus4) > 1:  # more than one host CPU
+        assert all(x & y == 0 for x, y in zip(cpus0, cpus4, strict=True))
+
+
+def test_a10_pcie_has_no_nvlink(tmp_path: Path) -> None:
+    node = SimNode.create("a10-pcie", tmp_path)
+    gpus = node.python(ENUMERATE)["gpus"]
+    assert [g["name"] for g in gpus] == ["NVIDIA A10"] * 4
+    assert all(g["links"] == [] for g in gpus)
+    assert [g["numa"] for g in gpus] == [0, 0, 1, 1]
+    assert all(g["mig"] is None for g in gpus)  # not MIG-capable
+    m = node.python(P2P_MATRIX)
+    assert m["nvlink"][0][1] != 0
+    assert m["read"][0][1] == 0  # PCIe P2P inside one NUMA node
+    assert m["read"][0][2] != 0  # not across the CPU interconnect
+
+
+def test_container_view_follows_nvidia_visible_devices(dgx: SimNode) -> None:
+    uuid6 = dgx.profile.gpus[6].uuid
+    seen = dgx.python(ENUMERATE, NVIDIA_VISIBLE_DEVICES=f"{uuid6},2")
+    assert [g["uuid"] for g in seen["gpus"]] == [uuid6, dgx.profile.gpus[2].uuid]
+    assert [g["index"] for g in seen["gpus"]] == [0, 1]
+
+
+HOLDER = """
+import ctypes, json, os, sys
+# The fake CUDA driver's job, done through the same shared state: reserve device memory.
+import pynvml as n
+n.nvmlInit()
+h = n.nvmlDeviceGetHandleByIndex(3)
+procs3 = n.nvmlDeviceGetComputeRunningProcesses_v3(h)
+procs2 = n.nvmlDeviceGetComputeRunningProcesses_v2(h)
+mem = n.nvmlDeviceGetMemoryInfo(h)
+print(json.dumps({
+    "used": mem.used, "free": mem.free,
+    "v3": {str(p.pid): p.usedGpuMemory for p in procs3},
+    "v2": {str(p.pid): p.usedGpuMemory for p in procs2},
+    "graphics": len(n.nvmlDeviceGetGraphicsRunningProcesses(h)),
+}))
+"""
+
+
+def test_memory_held_by_a_process_is_reported(dgx: SimNode) -> None:
+    hold = PROGRAMS / "cuda_hold"
+    if not hold.is_file():
+        pytest.skip("the fake CUDA driver's test programs are not built")
+    proc = subprocess.Popen(
+        [str(hold), "3", str(3 << 30)],
+        env=dgx.env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().startswith("ready")
+        seen = dgx.python(HOLDER)
+        assert seen["used"] == 3 << 30
+        assert seen["free"] == dgx.profile.gpus[3].memory_bytes - (3 << 30)
+        assert seen["v3"] == {str(proc.pid): 3 << 30} == seen["v2"]
+        assert seen["graphics"] == 0
+    finally:
+        proc.kill()
+        proc.wait()
+    after = dgx.python(HOLDER)
+    assert after["used"] == 0 and after["v3"] == {}
