@@ -23,6 +23,7 @@ protocols and with the node's own credentials:
 The set of prepared claims survives a restart of the stand-in (`<state-dir>/prepared.json`).
 Failed calls (plugin restarting, socket gone, a claim's own error) are retried on the next poll.
 Started per node by `vgpu_testbed.node_agents`; `python -m vgpu_testbed.kubelet_standin --help`.
+Decisions live in `vgpu_testbed.standin_rules` (pure), gRPC in `vgpu_testbed.standin_plugins`.
 """
 
 from __future__ import annotations
@@ -43,189 +44,21 @@ import grpc
 
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient, KubeError
-from kubelet_plugin.proto import (
-    dra_v1_pb2,
-    dra_v1_pb2_grpc,
-    dra_v1beta1_pb2,
-    dra_v1beta1_pb2_grpc,
-    pluginregistration_v1_pb2,
-    pluginregistration_v1_pb2_grpc,
+from vgpu_testbed.standin_plugins import Plugin, register, rpc_text
+from vgpu_testbed.standin_rules import (
+    JSON,
+    ClaimRef,
+    claim_drivers_if_ready,
+    claims_to_unprepare,
+    is_finished,
+    is_terminating,
+    pod_claim_names,
 )
 
 log = logging.getLogger("kubelet-standin")
 
-JSON = dict[str, Any]
-
-PLUGIN_TYPE = "DRAPlugin"
-# DRA service versions this stand-in speaks, as the kubelet 1.37 does (preference is the plugin's).
-KNOWN_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 DEFAULT_CALL_TIMEOUT_S = 45.0  # the kubelet's default for DRA calls
 MAX_BATCH = 256
-
-
-# ---------------------------------------------------------------- pure decisions
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class ClaimRef:
-    namespace: str
-    name: str
-    uid: str
-
-    def to_json(self) -> JSON:
-        return {"namespace": self.namespace, "name": self.name, "uid": self.uid}
-
-
-def choose_version(advertised: Sequence[str]) -> str | None:
-    """The first advertised DRA service version this stand-in knows (the kubelet's rule)."""
-    return next((v for v in advertised if v in KNOWN_VERSIONS), None)
-
-
-def validate_plugin_info(
-    plugin_type: str, name: str, endpoint: str, versions: Sequence[str]
-) -> str | None:
-    """None when the registration info is usable, else the reason to report back."""
-    if plugin_type != PLUGIN_TYPE:
-        return f"plugin type {plugin_type!r} is not {PLUGIN_TYPE!r}"
-    if not name:
-        return "plugin reported an empty driver name"
-    if not os.path.isabs(endpoint):
-        return f"endpoint {endpoint!r} is not an absolute socket path"
-    if choose_version(versions) is None:
-        return f"none of the versions {list(versions)} is supported (known: {list(KNOWN_VERSIONS)})"
-    return None
-
-
-def pod_claim_names(pod: Mapping[str, Any]) -> list[str] | None:
-    """Names of the ResourceClaims a pod uses, or None while a generated name is not known yet.
-
-    Claims from templates are named in `status.resourceClaimStatuses` by the resourceclaim
-    controller; an entry without a name means the pod needs no claim for that reference.
-    """
-    spec_claims = (pod.get("spec") or {}).get("resourceClaims") or []
-    generated = {
-        s.get("name"): s.get("resourceClaimName")
-        for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
-    }
-    names: list[str] = []
-    for ref in spec_claims:
-        if ref.get("resourceClaimName"):
-            names.append(str(ref["resourceClaimName"]))
-            continue
-        if ref.get("name") not in generated:
-            return None
-        claim_name = generated[ref.get("name")]
-        if claim_name:
-            names.append(str(claim_name))
-    return names
-
-
-def claim_drivers_if_ready(claim: Mapping[str, Any], pod_uid: str) -> set[str] | None:
-    """Drivers of an allocated claim reserved for the pod; None if the pod must still wait."""
-    status = claim.get("status") or {}
-    allocation = status.get("allocation")
-    if not allocation:
-        return None
-    reserved = {str(r.get("uid")) for r in status.get("reservedFor") or []}
-    if pod_uid not in reserved:
-        return None
-    results = (allocation.get("devices") or {}).get("results") or []
-    return {str(r.get("driver")) for r in results}
-
-
-def is_terminating(pod: Mapping[str, Any]) -> bool:
-    return bool((pod.get("metadata") or {}).get("deletionTimestamp"))
-
-
-def is_finished(pod: Mapping[str, Any]) -> bool:
-    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
-
-
-def claims_to_unprepare(prepared: Mapping[str, ClaimRef], in_use: set[str]) -> list[ClaimRef]:
-    """Prepared claims that no active pod on the node uses any more."""
-    return sorted(ref for uid, ref in prepared.items() if uid not in in_use)
-
-
-# ---------------------------------------------------------------- the plugin connection
-
-
-@dataclass
-class Plugin:
-    """A registered DRA plugin: its endpoint, the chosen service version and a stub."""
-
-    driver: str
-    endpoint: str
-    version: str
-    channel: grpc.Channel
-    stub: Any
-    reg_inode: int
-
-    def prepare(self, claims: Sequence[ClaimRef], timeout: float) -> dict[str, JSON]:
-        pb = dra_v1_pb2 if self.version.startswith("v1.") else dra_v1beta1_pb2
-        request = pb.NodePrepareResourcesRequest(
-            claims=[pb.Claim(namespace=c.namespace, uid=c.uid, name=c.name) for c in claims]
-        )
-        response = self.stub.NodePrepareResources(request, timeout=timeout)
-        results: dict[str, JSON] = {}
-        for uid, result in response.claims.items():
-            results[uid] = {
-                "error": result.error,
-                "devices": [
-                    {
-                        "requestNames": list(d.request_names),
-                        "poolName": d.pool_name,
-                        "deviceName": d.device_name,
-                        "cdiDeviceIDs": list(d.cdi_device_ids),
-                    }
-                    for d in result.devices
-                ],
-            }
-        return results
-
-    def unprepare(self, claims: Sequence[ClaimRef], timeout: float) -> dict[str, str]:
-        pb = dra_v1_pb2 if self.version.startswith("v1.") else dra_v1beta1_pb2
-        request = pb.NodeUnprepareResourcesRequest(
-            claims=[pb.Claim(namespace=c.namespace, uid=c.uid, name=c.name) for c in claims]
-        )
-        response = self.stub.NodeUnprepareResources(request, timeout=timeout)
-        return {uid: result.error for uid, result in response.claims.items()}
-
-    def close(self) -> None:
-        self.channel.close()
-
-
-def register(reg_socket: str, inode: int, timeout: float = 10.0) -> Plugin | None:
-    """GetInfo + validation + NotifyRegistrationStatus; the Plugin when it was accepted."""
-    with grpc.insecure_channel(f"unix://{reg_socket}") as channel:
-        stub = pluginregistration_v1_pb2_grpc.RegistrationStub(channel)
-        info = stub.GetInfo(pluginregistration_v1_pb2.InfoRequest(), timeout=timeout)
-        versions = list(info.supported_versions)
-        problem = validate_plugin_info(info.type, info.name, info.endpoint, versions)
-        if problem is None and not os.path.exists(info.endpoint):
-            problem = f"endpoint {info.endpoint} does not exist"
-        status = pluginregistration_v1_pb2.RegistrationStatus(
-            plugin_registered=problem is None, error=problem or ""
-        )
-        stub.NotifyRegistrationStatus(status, timeout=timeout)
-    if problem is not None:
-        log.error("refused plugin at %s: %s", reg_socket, problem)
-        return None
-    version = choose_version(versions)
-    assert version is not None  # validated above
-    dra_channel = grpc.insecure_channel(f"unix://{info.endpoint}")
-    grpc_module = dra_v1_pb2_grpc if version.startswith("v1.") else dra_v1beta1_pb2_grpc
-    log.info("registered driver %s at %s using %s", info.name, info.endpoint, version)
-    return Plugin(
-        driver=info.name,
-        endpoint=info.endpoint,
-        version=version,
-        channel=dra_channel,
-        stub=grpc_module.DRAPluginStub(dra_channel),
-        reg_inode=inode,
-    )
-
-
-# ---------------------------------------------------------------- the stand-in
 
 
 @dataclass
@@ -310,7 +143,7 @@ class KubeletStandin:
             try:
                 plugin = register(path, inode)
             except grpc.RpcError as exc:
-                log.warning("registration at %s failed (will retry): %s", path, _rpc_text(exc))
+                log.warning("registration at %s failed (will retry): %s", path, rpc_text(exc))
                 continue
             self._reg_sockets[path] = inode
             if plugin is not None:
@@ -424,7 +257,7 @@ class KubeletStandin:
                 "NodePrepareResources(%d claims) to %s failed (will retry): %s",
                 len(refs),
                 plugin.driver,
-                _rpc_text(exc),
+                rpc_text(exc),
             )
             return {}
         elapsed_ms = (time.monotonic() - started) * 1000
@@ -529,7 +362,7 @@ class KubeletStandin:
                 errors = plugin.unprepare(refs, self.call_timeout_s)
             except grpc.RpcError as exc:
                 log.warning(
-                    "NodeUnprepareResources to %s failed (will retry): %s", driver, _rpc_text(exc)
+                    "NodeUnprepareResources to %s failed (will retry): %s", driver, rpc_text(exc)
                 )
                 continue
             for ref in refs:
@@ -595,12 +428,6 @@ class KubeletStandin:
 
 
 # ---------------------------------------------------------------- helpers and main
-
-
-def _rpc_text(exc: grpc.RpcError) -> str:
-    code = exc.code() if hasattr(exc, "code") else None
-    details = exc.details() if hasattr(exc, "details") else str(exc)
-    return f"{code.name if code else 'ERROR'}: {details}"
 
 
 def _read_json(path: Path) -> JSON | None:

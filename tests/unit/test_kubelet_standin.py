@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from vgpu_testbed import kubelet_standin as ks
-from vgpu_testbed.kubelet_standin import ClaimRef
+from vgpu_testbed import standin_rules as ks
+from vgpu_testbed.kubelet_standin import parse_args
+from vgpu_testbed.standin_rules import ClaimRef
 
 
 def test_the_first_advertised_version_we_know_wins() -> None:
@@ -91,6 +92,6 @@ def test_pod_states() -> None:
 
 def test_arguments_are_validated() -> None:
     base = ["--node-name", "n", "--kubeconfig", "k", "--registrar-dir", "r", "--state-dir", "s"]
-    assert ks.parse_args(base).poll_interval == 0.5
+    assert parse_args(base).poll_interval == 0.5
     with pytest.raises(SystemExit):
-        ks.parse_args([*base, "--poll-interval", "0"])
+        parse_args([*base, "--poll-interval", "0"])
