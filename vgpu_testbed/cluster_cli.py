@@ -1,9 +1,11 @@
 """`vgpu-dra dev-cluster up|down|status|env`: a local control plane that outlives the command.
 
-`up` starts the components in their own sessions (they survive this process and the terminal),
-records them in `<dir>/state.json`, and prints `export KUBECONFIG=<path>` as its last line so
-`eval "$(vgpu-dra dev-cluster up | tail -1)"` works. `down` stops everything recorded and removes
-the directory's contents; `status` probes each component and node. Called by dra_driver.cli.
+`up` starts the components in their own sessions (they survive this process and the
+terminal) — with `--agents` also each node's simulated GPUs, kubelet plugin and kubelet stand-in
+(vgpu_testbed.node_agents) — records them in `<dir>/state.json`, and prints
+`export KUBECONFIG=<path>` as its last line so `eval "$(vgpu-dra dev-cluster up | tail -1)"`
+works. `down` stops everything recorded and removes the directory's contents; `status` probes
+each component and node. Called by dra_driver.cli.
 """
 
 from __future__ import annotations
@@ -75,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--timeout", type=float, default=120.0, help="seconds to wait for each component"
     )
+    up.add_argument(
+        "--agents",
+        action="store_true",
+        help="also bring each node to life: simulated GPUs of its profile, the kubelet plugin "
+        "and a kubelet stand-in (needs `make native`; see docs/node-agents.md)",
+    )
     with_dir(sub.add_parser("down", help="stop everything and remove the cluster's files"))
     status = with_dir(sub.add_parser("status", help="components (pid, port, health) and nodes"))
     status.add_argument("--json", action="store_true", help="machine-readable output")
@@ -95,18 +103,52 @@ def _progress(t0: float) -> Callable[[str], None]:
 
 def cmd_up(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
+    say = _progress(t0)
+    if args.agents:
+        _check_agent_prerequisites(args.dir, args.nodes)
     cluster = Cluster.start(
         args.dir,
         args.nodes,
         apiserver_port=args.apiserver_port,
         timeout=args.timeout,
-        progress=_progress(t0),
+        progress=say,
     )
+    if args.agents:
+        from vgpu_testbed.node_agents import start_node_agents
+
+        say("starting node agents: simulated GPUs, kubelet plugin, kubelet stand-in")
+        try:
+            start_node_agents(cluster)
+        except BaseException:
+            cluster.stop(keep_logs=True)
+            raise
+        say(f"node agents running after {time.monotonic() - t0:.1f}s")
     for node in cluster.nodes:
         print(f"node {node.name}: profile {node.profile}")
     print(f"logs: {cluster.layout.logs}/   stop with: {PROG} down --dir {args.dir}")
     print(f"export KUBECONFIG={cluster.kubeconfig}")
     return 0
+
+
+def _check_agent_prerequisites(root: Path, profiles: Sequence[str]) -> None:
+    """Fail before starting anything when node agents could not run: every profile must be a
+    simulated machine, the simulated GPU libraries must be built, and the nodes' unix socket
+    paths must fit the kernel's limit."""
+    from vgpu_testbed import fakegpu, node_agents
+    from vgpu_testbed import profiles as machine_profiles
+
+    for name in profiles:
+        machine_profiles.load_profile(name)  # ProfileError names the profile and the known ones
+    fakegpu.library_dir()  # FakeGpuError says to run `make native`
+    for spec in cluster_nodes.node_specs(list(profiles)):
+        paths = node_agents.NodePaths(root.resolve() / "nodes" / spec.name)
+        for sock in (paths.dra_socket, paths.registration_socket):
+            if len(str(sock)) > node_agents.UNIX_PATH_MAX:
+                raise ValueError(
+                    f"--dir {root} is too deep for node agents: {sock} has {len(str(sock))} "
+                    f"characters, unix sockets allow {node_agents.UNIX_PATH_MAX}; "
+                    "use a shorter --dir"
+                )
 
 
 def cmd_down(args: argparse.Namespace) -> int:
@@ -173,7 +215,8 @@ def main(argv: Sequence[str]) -> int:
         ComponentDiedError,
         NotReadyError,
         StateError,
-        ValueError,
+        ValueError,  # also ProfileError
+        RuntimeError,  # node agents: NodeAgentError, FakeGpuError
     ) as err:
         print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
         return 1

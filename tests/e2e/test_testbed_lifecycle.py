@@ -12,14 +12,19 @@ What this proves:
 4. `vgpu-dra dev-cluster up` leaves a running cluster after the command exits (detached, in its
    own sessions), ends with `export KUBECONFIG=...`, `status` reports it healthy, a second
    `up` is refused, and `down` stops it all.
+5. `up --agents` adds each node's simulated GPUs, kubelet plugin and kubelet stand-in (the
+   node's GPUs are published), and `down` stops them too; an unknown profile is refused before
+   anything starts.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -308,3 +313,62 @@ def test_interrupted_pytest_session_tears_the_fixture_down(tmp_path: Path) -> No
     # The fixture's own teardown ran (not just the kernel's parent-death signal): it removed
     # everything but the logs.
     assert sorted(p.name for p in Path(state.root).iterdir()) == ["logs"]
+
+
+def test_dev_cluster_up_with_node_agents(tmp_path: Path) -> None:
+    # `up --agents`: each node also gets simulated GPUs, the kubelet plugin and the kubelet
+    # stand-in; they publish the node's GPUs, run detached, and `down` stops them too.
+    require_binaries()
+    from vgpu_testbed import fakegpu
+
+    try:
+        fakegpu.library_dir()
+    except fakegpu.FakeGpuError as err:
+        if os.environ.get("CI") == "true":
+            pytest.fail(str(err))
+        pytest.skip(str(err))
+    too_deep = run_cli("up", "--agents", "--dir", str(tmp_path / ("d" * 60)), cwd=tmp_path)
+    assert too_deep.returncode == 1 and "too deep for node agents" in too_deep.stderr
+    assert not (tmp_path / ("d" * 60)).exists()
+    # Unix socket paths are limited to 107 characters: pytest's tmp_path is too deep.
+    short = Path(tempfile.mkdtemp(prefix="vd-", dir="/tmp"))
+    root = short / "c"
+    try:
+        up = run_cli("up", "--agents", "--nodes", "dgx-h100", "--dir", str(root), cwd=short)
+        assert up.returncode == 0, up.stdout + up.stderr
+        cluster = Cluster.attach(root)
+        records = cluster.processes
+        names = {r.name for r in records}
+        assert {"kubelet-plugin-node-1", "kubelet-standin-node-1"} <= names
+        assert all(is_alive(r) for r in records)
+
+        from kubernetes import client
+
+        api = cluster.api_client()
+        try:
+            slices = [
+                s
+                for s in client.ResourceV1Api(api).list_resource_slice().items
+                if s.spec.node_name == "node-1"
+            ]
+        finally:
+            api.close()
+        # The dgx-h100 profile is an 8-GPU machine.
+        assert sum(len(s.spec.devices or []) for s in slices) == 8
+
+        down = run_cli("down", "--dir", str(root), cwd=short)
+        assert down.returncode == 0, down.stderr
+        assert_all_gone(records, list(cluster.state.ports.values()), root)
+        assert not root.exists()
+    finally:
+        if (root / "state.json").exists():
+            Cluster.attach(root).stop()
+        shutil.rmtree(short, ignore_errors=True)
+
+
+def test_up_with_agents_refuses_an_unknown_profile_before_starting(tmp_path: Path) -> None:
+    require_binaries()
+    up = run_cli("up", "--agents", "--nodes", "dgx-h100,no-such-machine", cwd=tmp_path)
+    assert up.returncode == 1
+    assert "'no-such-machine': no such profile" in up.stderr
+    assert not (tmp_path / ".dev-cluster").exists()
