@@ -9,10 +9,12 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/prctl.h>
 #include <time.h>
 
 #include "cuda_internal.h"
@@ -146,23 +148,31 @@ CUresult cu_device_phys(CUdevice dev, int *phys_out) {
     return CUDA_SUCCESS;
 }
 
-/* Sleep until t_ns, then spin the last stretch: a timed sleep overshoots by the timer slack
- * (~50-80 us), which would make every synchronisation far slower than a real GPU's few
- * microseconds (the real driver spins too, by default). The spin is at most SPIN_NS per wait. */
-#define SPIN_NS 100000ULL
+/* Sleep until t_ns. A plain timed sleep overshoots by the thread's timer slack (50 us by
+ * default) plus the wake-up latency, which would make every synchronisation far slower than a
+ * real GPU's few microseconds. So the thread sleeps (with a 1 us timer slack, set once per
+ * thread) until YIELD_NS before the deadline, then polls the clock, yielding the CPU between
+ * polls - the real driver's "spin, then yield" behaviour, which stays cheap for the other
+ * simulated processes on a busy machine. */
+#define YIELD_NS 50000ULL
+
+static __thread int slack_set;
 
 void cu_sleep_until(unsigned long long t_ns) {
     unsigned long long now = sim_now_ns();
     if (t_ns <= now) return;
-    if (t_ns - now > SPIN_NS) {
-        unsigned long long wake = t_ns - SPIN_NS;
+    if (t_ns - now > YIELD_NS) {
+        if (!slack_set) {
+            (void)prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+            slack_set = 1;
+        }
+        unsigned long long wake = t_ns - YIELD_NS;
         struct timespec ts = {.tv_sec = (time_t)(wake / 1000000000ULL),
                               .tv_nsec = (long)(wake % 1000000000ULL)};
         while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
         }
     }
-    while (sim_now_ns() < t_ns) {
-    }
+    while (sim_now_ns() < t_ns) sched_yield();
 }
 
 CU_API CUresult cuDriverGetVersion(int *driverVersion) {
