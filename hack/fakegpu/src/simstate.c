@@ -38,6 +38,10 @@ static char g_path[4096];
 /* This process's identity, cached; cleared in a forked child. */
 static int g_self_pid;
 static uint64_t g_self_start;
+/* When this process last reaped each GPU thoroughly (zombies, reused pids), CLOCK_MONOTONIC ns. */
+static uint64_t g_thorough_at[SIM_MAX_GPUS];
+#define SIM_THOROUGH_REAP_NS 10000000ULL /* 10 ms */
+
 
 unsigned long long sim_now_ns(void)
 {
@@ -92,19 +96,22 @@ static int self_pid(void)
     return pid;
 }
 
-/* Is the process that claimed a slot with (pid, start) still running (and not a zombie)? */
-static int proc_alive(int pid, uint64_t start)
+/* Is the process that claimed a slot with (pid, start) still running (and not a zombie)?
+ * `thorough` also reads /proc/<pid>/stat to catch zombies and reused pids (~10-30 us); otherwise
+ * only signal 0 is sent (~0.3 us), which sees processes that are gone and reaped. */
+static int proc_alive(int pid, uint64_t start, int thorough)
 {
+    if (kill(pid, 0) < 0 && errno == ESRCH)
+        return 0;
+    if (!thorough)
+        return 1; /* exists (EPERM also means it exists) */
     char state;
     uint64_t now_start;
-    int r = read_proc_stat(pid, &state, &now_start);
-    if (r == 0) {
-        if (state == 'Z' || state == 'X')
-            return 0;
-        return start == 0 || now_start == start;
-    }
-    /* No /proc entry (or /proc not mounted): fall back to signal 0. EPERM means it exists. */
-    return !(kill(pid, 0) < 0 && errno == ESRCH);
+    if (read_proc_stat(pid, &state, &now_start) != 0)
+        return 1; /* /proc unavailable: trust signal 0 */
+    if (state == 'Z' || state == 'X')
+        return 0;
+    return start == 0 || now_start == start;
 }
 
 /* ---- attach ---------------------------------------------------------------------------- */
@@ -194,6 +201,7 @@ static void atfork_child(void)
     }
     g_self_pid = 0;
     g_self_start = 0;
+    memset(g_thorough_at, 0, sizeof(g_thorough_at));
     pthread_mutex_unlock(&g_mu);
 }
 
@@ -441,12 +449,19 @@ static void gpu_unlock(int phys)
     pthread_mutex_unlock(&g_mu);
 }
 
-/* Free the slots of dead processes. Caller holds the GPU lock. */
-static void reap_locked(struct sim_gpu_dyn *d, int me)
+/* Free the slots of dead processes. Caller holds the GPU lock. Processes that are gone are
+ * always caught; zombies and reused pids need /proc reads, done at most every 10 ms per GPU per
+ * process (or always when `force`), so hot queries stay cheap. */
+static void reap_locked(int phys, int me, int force)
 {
+    struct sim_gpu_dyn *d = &g_st->dyn[phys];
+    uint64_t now = sim_now_ns();
+    int thorough = force || now - g_thorough_at[phys] >= SIM_THOROUGH_REAP_NS;
+    if (thorough)
+        g_thorough_at[phys] = now;
     for (int i = 0; i < SIM_MAX_PROCS; i++) {
         int pid = LOAD(&d->procs[i].pid);
-        if (pid != 0 && pid != me && !proc_alive(pid, d->procs[i].start_time))
+        if (pid != 0 && pid != me && !proc_alive(pid, d->procs[i].start_time, thorough))
             STORE(&d->procs[i].pid, 0);
     }
 }
@@ -469,14 +484,15 @@ static struct sim_proc_slot *find_slot(struct sim_gpu_dyn *d, int pid)
 }
 
 /* Our slot on this GPU, claiming a free one (reaping if needed); NULL if the table is full. */
-static struct sim_proc_slot *own_slot(struct sim_gpu_dyn *d, int me)
+static struct sim_proc_slot *own_slot(int phys, int me)
 {
+    struct sim_gpu_dyn *d = &g_st->dyn[phys];
     struct sim_proc_slot *s = find_slot(d, me);
     if (s)
         return s;
     s = find_slot(d, 0);
     if (!s) {
-        reap_locked(d, me);
+        reap_locked(phys, me, 1);
         s = find_slot(d, 0);
         if (!s)
             return NULL;
@@ -499,13 +515,13 @@ int sim_mem_reserve(int phys, unsigned long long bytes)
     gpu_lock(phys);
     uint64_t used = used_locked(d);
     if (used > total || bytes > total - used) {
-        reap_locked(d, me);
+        reap_locked(phys, me, 1);
         used = used_locked(d);
     }
     if (used > total || bytes > total - used) {
         rc = -1;
     } else {
-        struct sim_proc_slot *s = own_slot(d, me);
+        struct sim_proc_slot *s = own_slot(phys, me);
         if (!s)
             rc = -2;
         else
@@ -555,7 +571,7 @@ int sim_proc_register(int phys)
         return -4;
     int me = self_pid();
     gpu_lock(phys);
-    struct sim_proc_slot *s = own_slot(&g_st->dyn[phys], me);
+    struct sim_proc_slot *s = own_slot(phys, me);
     gpu_unlock(phys);
     return s ? 0 : -2;
 }
@@ -565,7 +581,7 @@ unsigned long long sim_mem_used(int phys)
     if (!valid_gpu(phys))
         return 0;
     gpu_lock(phys);
-    reap_locked(&g_st->dyn[phys], self_pid());
+    reap_locked(phys, self_pid(), 0);
     uint64_t used = used_locked(&g_st->dyn[phys]);
     gpu_unlock(phys);
     return used;
@@ -589,7 +605,7 @@ int sim_processes(int phys, struct sim_proc_usage *out, int max)
     struct sim_gpu_dyn *d = &g_st->dyn[phys];
     int n = 0;
     gpu_lock(phys);
-    reap_locked(d, self_pid());
+    reap_locked(phys, self_pid(), 0);
     for (int i = 0; i < SIM_MAX_PROCS; i++) {
         int pid = LOAD(&d->procs[i].pid);
         if (pid == 0)
