@@ -294,8 +294,10 @@ class Governor:
             return
         dt = (now_ns - mark[2]) / 1e9
         util = self._claim_util(claim, sample, tenants)
+        # For balance, compare with everyone's utilisation over the same window as ours.
+        device_util = min(100.0, sum(sample.process_util.values())) or sample.device_util
         target = (
-            balance_target(cap.cores, sample.device_util, util)
+            balance_target(cap.cores, max(device_util, util), util)
             if cap.policy == POLICY_BALANCE
             else float(cap.cores)
         )

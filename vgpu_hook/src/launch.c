@@ -67,8 +67,9 @@ static bool sample_util(struct vgpu_dev *d, uint64_t window_ns, double *device_u
     if (vgpu_nvml.nvmlDeviceGetProcessUtilization_(h, samples, &count, since) != NVML_SUCCESS)
         return true;
     struct vgpu_region *r = d->region->map;
-    double ours = 0;
+    double ours = 0, all = 0;
     bool matched = false;
+    for (unsigned i = 0; i < count && i < 64; i++) all += samples[i].smUtil;
     for (unsigned i = 0; i < count && i < 64; i++) {
         for (int s = 0; s < VGPU_MAX_SLOTS; s++) {
             if ((unsigned)atomic_load(&r->slots[s].pid) == samples[i].pid) {
@@ -80,7 +81,11 @@ static bool sample_util(struct vgpu_dev *d, uint64_t window_ns, double *device_u
     }
     /* Inside a pid namespace NVML reports host pids that match none of ours; then keep the
      * conservative whole-GPU figure. */
-    if (matched) *claim_util = ours;
+    if (matched) {
+        *claim_util = ours;
+        /* Same window as ours: the balance policy compares the two. */
+        *device_util = all < 100 ? all : 100;
+    }
     return true;
 }
 

@@ -65,6 +65,7 @@ def run_tenants(
     governor: bool,
     policy: str = "fixed",
     sync_every_launch: bool = False,
+    settle_s: float = SETTLE_S,
 ) -> list[dict[str, float]]:
     """Run one tenant per cap on GPU 0 at once; per tenant: mean util and MAE from its cap."""
     tag = f"{'gov' if governor else 'hook'}-{'-'.join(map(str, caps))}-{time.monotonic_ns()}"
@@ -110,7 +111,7 @@ def run_tenants(
     if sampler.returncode != 0:
         raise RuntimeError(f"sampler failed: {sampler.stderr}")
     rows = [json.loads(line) for line in sampler.stdout.splitlines() if line.startswith("{")]
-    start = rows[0]["t"] + SETTLE_S if rows else 0.0
+    start = rows[0]["t"] + settle_s if rows else 0.0
     rows = [r for r in rows if r["t"] >= start and r["t"] <= rows[-1]["t"] - 0.3]
     results = []
     for tenant, cap in zip(tenants, caps, strict=True):
