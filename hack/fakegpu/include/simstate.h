@@ -30,7 +30,8 @@
  *     never blocks the others; every update is ordered so that a write torn by SIGKILL leaves a
  *     valid state (single aligned 8-byte stores publish each change).
  *   - Fork: a pthread_atfork child handler reopens the file, giving the child its own open file
- *     description and therefore its own locks.
+ *     description and therefore its own locks, and re-initialises the process-local mutex (no
+ *     prepare handler: holding our mutex across fork() would order it against callers' locks).
  *   - Process table: per GPU, SIM_MAX_PROCS slots of {pid, start time, bytes}. A slot whose pid is
  *     dead, a zombie, or reused (start time differs) is reaped by whichever process next lists or
  *     queries memory on that GPU, or whose reservation would otherwise fail. A process releases

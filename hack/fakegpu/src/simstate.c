@@ -186,12 +186,15 @@ static char *read_text(const char *path, int *err)
 
 static void release_all_at_exit(void) { sim_mem_release_all(); }
 
-static void atfork_prepare(void) { pthread_mutex_lock(&g_mu); }
-static void atfork_parent(void) { pthread_mutex_unlock(&g_mu); }
+/* In a forked child: a fresh process-local view of the same state. No prepare handler takes the
+ * mutex across fork(), because that would order it against the callers' own locks (a thread
+ * holding the CUDA driver's lock while waiting for ours would deadlock the forking thread);
+ * instead the child re-initialises the mutex, which only its single thread can be using. */
 static void atfork_child(void)
 {
+    pthread_mutex_init(&g_mu, NULL);
     /* The child shares the parent's open file description, and OFD locks taken through a shared
-     * description do not exclude each other: give the child its own. */
+     * description do not exclude each other: give the child its own (holding no locks). */
     if (g_fd >= 0) {
         int nfd = open(g_path, O_RDWR | O_CLOEXEC);
         if (nfd >= 0) {
@@ -202,7 +205,6 @@ static void atfork_child(void)
     g_self_pid = 0;
     g_self_start = 0;
     memset(g_thorough_at, 0, sizeof(g_thorough_at));
-    pthread_mutex_unlock(&g_mu);
 }
 
 /* Fill a fresh (or half-initialised) mapping from the profile; the magic is stored last. */
@@ -320,7 +322,7 @@ static void attach_once(void)
             if (rc == 0) {
                 g_fd = fd;
                 g_err[0] = '\0';
-                pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+                pthread_atfork(NULL, NULL, atfork_child);
                 atexit(release_all_at_exit);
             } else {
                 close(fd);

@@ -12,7 +12,8 @@
  *     exactly.
  *  6. A SIGKILLed process's memory is reaped, even while it is still a zombie.
  *  7. Processes SIGKILLed in the middle of state updates never block or corrupt the others.
- *  8. A normal exit releases the process's memory; a forked child has its own identity/locks.
+ *  8. A normal exit releases the process's memory; a forked child has its own identity/locks,
+ *     even when another thread was inside the state at fork().
  *  9. Submitted work queues FIFO behind other processes' work and is measured as utilisation
  *     (total and per process).
  * 10. XID events are queued per GPU, read through a cursor, and overflow drops the oldest.
@@ -249,6 +250,44 @@ static void case_exit_releases(void)
     sim_mem_release_all();
 }
 
+static volatile int churn_stop;
+
+static void *churn(void *arg)
+{
+    (void)arg;
+    while (!churn_stop) {
+        if (sim_mem_reserve(0, 4096) == 0)
+            sim_mem_release(0, 4096);
+        (void)sim_mem_used(1);
+    }
+    return NULL;
+}
+
+static void case_fork_while_busy(void)
+{
+    /* Another thread is inside the state (holding our mutex and OFD lock) when we fork: the
+     * child must neither deadlock nor share the parent's locks. */
+    alarm(tu_slow() ? 300 : 30);
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, churn, NULL) == 0);
+    for (int i = 0; i < (tu_slow() ? 10 : 50); i++) {
+        pid_t kid = fork();
+        if (kid == 0) {
+            CHECK(sim_mem_reserve(0, MiB) == 0);
+            CHECK(sim_mem_used_by(0, getpid()) == MiB);
+            sim_mem_release(0, MiB);
+            _exit(0);
+        }
+        int st;
+        CHECK(waitpid(kid, &st, 0) == kid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    }
+    churn_stop = 1;
+    CHECK(pthread_join(th, NULL) == 0);
+    alarm(0);
+    sim_mem_release_all();
+    CHECK_EQ_U(sim_mem_used(0), 0);
+}
+
 static void case_work_and_utilisation(void)
 {
     const unsigned long long ms = 1000000ULL;
@@ -346,6 +385,7 @@ int main(void)
                            case_concurrent);
     failed += tu_fork_case("SIGKILL mid-update never blocks or leaks", case_kill_midway);
     failed += tu_fork_case("exit releases; fork gets its own identity", case_exit_releases);
+    failed += tu_fork_case("fork while another thread is in the state", case_fork_while_busy);
     failed += tu_fork_case("work queues FIFO and shows as utilisation", case_work_and_utilisation);
     failed += tu_fork_case("XID queue", case_xid);
     failed += tu_fork_case("lost and removed flags", case_flags);
