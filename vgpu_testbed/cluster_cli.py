@@ -11,6 +11,7 @@ each component and node. Called by dra_driver.cli.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -184,8 +185,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             "root": str(status.root),
             "server": status.server,
             "healthy": status.healthy,
-            "components": [c.__dict__ for c in status.components],
-            "nodes": [n.__dict__ for n in status.nodes],
+            "components": [dataclasses.asdict(c) for c in status.components],
+            "nodes": [dataclasses.asdict(n) for n in status.nodes],
         }
         print(json.dumps(doc, indent=2))
     else:

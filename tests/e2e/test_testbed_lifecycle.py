@@ -19,6 +19,7 @@ What this proves:
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -215,6 +216,17 @@ def test_dev_cluster_cli_up_status_down(tmp_path: Path) -> None:
         status = run_cli("status", cwd=tmp_path)
         assert status.returncode == 0, status.stdout + status.stderr
         assert "overall: healthy" in status.stdout and "node-1" in status.stdout
+        as_json = json.loads(run_cli("status", "--json", cwd=tmp_path).stdout)
+        assert as_json["healthy"] is True
+        assert {c["name"]: c["healthy"] for c in as_json["components"]} == {
+            "etcd": True,
+            "kube-apiserver": True,
+            "kube-scheduler": True,
+            "kube-controller-manager": True,
+        }
+        assert as_json["nodes"] == [
+            {"name": "node-1", "profile": "dgx-h100", "exists": True, "ready": True}
+        ]
 
         again = run_cli("up", cwd=tmp_path)
         assert again.returncode == 1 and "already running" in again.stderr
