@@ -8,6 +8,10 @@
 //
 //	kubeletclient -registration-socket R [-api v1|v1beta1] [-prepare ns/name/uid,...]
 //	              [-unprepare ns/name/uid,...] [-registered=true] [-reg-error TEXT]
+//	              [-health v1|v1alpha1]
+//
+// With -health, the first NodeWatchResources message of that DRAResourceHealth version is
+// included in the output.
 package main
 
 import (
@@ -21,6 +25,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
+	drahealthv1alpha1 "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 	drav1beta1 "k8s.io/kubelet/pkg/apis/dra/v1beta1"
 	registration "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
@@ -39,8 +45,18 @@ type claimResult struct {
 	Error   string   `json:"error"`
 }
 
+type deviceHealth struct {
+	PoolName       string `json:"poolName"`
+	DeviceName     string `json:"deviceName"`
+	Health         string `json:"health"`
+	LastUpdated    int64  `json:"lastUpdated"`
+	TimeoutSeconds int64  `json:"timeoutSeconds"`
+	Message        string `json:"message"`
+}
+
 type output struct {
 	Info      map[string]any         `json:"info"`
+	Health    []deviceHealth         `json:"health,omitempty"`
 	API       string                 `json:"api"`
 	Prepare   map[string]claimResult `json:"prepare,omitempty"`
 	Unprepare map[string]claimResult `json:"unprepare,omitempty"`
@@ -53,9 +69,10 @@ func main() {
 	unprepare := flag.String("unprepare", "", "claims to unprepare: ns/name/uid,...")
 	registered := flag.Bool("registered", true, "what NotifyRegistrationStatus reports")
 	regError := flag.String("reg-error", "", "error text sent with -registered=false")
+	health := flag.String("health", "", "also read the first DRAResourceHealth message: v1 or v1alpha1")
 	timeout := flag.Duration("timeout", 45*time.Second, "per-call timeout (the kubelet's default)")
 	flag.Parse()
-	if err := run(*regSocket, *api, *prepare, *unprepare, *registered, *regError, *timeout); err != nil {
+	if err := run(*regSocket, *api, *prepare, *unprepare, *registered, *regError, *health, *timeout); err != nil {
 		fmt.Fprintln(os.Stderr, "kubeletclient:", err)
 		os.Exit(1)
 	}
@@ -65,7 +82,7 @@ func dial(path string) (*grpc.ClientConn, error) {
 	return grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
 }
 
-func run(regSocket, api, prepare, unprepare string, registered bool, regError string, timeout time.Duration) error {
+func run(regSocket, api, prepare, unprepare string, registered bool, regError, health string, timeout time.Duration) error {
 	if regSocket == "" {
 		return fmt.Errorf("-registration-socket is required")
 	}
@@ -109,7 +126,48 @@ func run(regSocket, api, prepare, unprepare string, registered bool, regError st
 	if err != nil {
 		return err
 	}
+	if health != "" {
+		if out.Health, err = firstHealth(ctx, conn, health); err != nil {
+			return err
+		}
+	}
 	return json.NewEncoder(os.Stdout).Encode(out)
+}
+
+// firstHealth opens the health stream the way the kubelet does and returns its first message.
+func firstHealth(ctx context.Context, conn *grpc.ClientConn, version string) ([]deviceHealth, error) {
+	streamCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var result []deviceHealth
+	switch version {
+	case "v1":
+		stream, err := drahealthv1.NewDRAResourceHealthClient(conn).NodeWatchResources(streamCtx, &drahealthv1.NodeWatchResourcesRequest{})
+		if err != nil {
+			return nil, fmt.Errorf("v1 NodeWatchResources: %w", err)
+		}
+		msg, err := stream.Recv()
+		if err != nil {
+			return nil, fmt.Errorf("v1 NodeWatchResources: %w", err)
+		}
+		for _, d := range msg.Devices {
+			result = append(result, deviceHealth{d.GetDevice().GetPoolName(), d.GetDevice().GetDeviceName(), d.Health.String(), d.LastUpdatedTime, d.HealthCheckTimeoutSeconds, d.Message})
+		}
+	case "v1alpha1":
+		stream, err := drahealthv1alpha1.NewDRAResourceHealthClient(conn).NodeWatchResources(streamCtx, &drahealthv1alpha1.NodeWatchResourcesRequest{})
+		if err != nil {
+			return nil, fmt.Errorf("v1alpha1 NodeWatchResources: %w", err)
+		}
+		msg, err := stream.Recv()
+		if err != nil {
+			return nil, fmt.Errorf("v1alpha1 NodeWatchResources: %w", err)
+		}
+		for _, d := range msg.Devices {
+			result = append(result, deviceHealth{d.GetDevice().GetPoolName(), d.GetDevice().GetDeviceName(), d.Health.String(), d.LastUpdatedTime, d.HealthCheckTimeoutSeconds, d.Message})
+		}
+	default:
+		return nil, fmt.Errorf("unknown -health %q (v1 or v1alpha1)", version)
+	}
+	return result, nil
 }
 
 type claimRef struct{ namespace, name, uid string }

@@ -5,7 +5,8 @@ every spec the plugin writes.
 
 What this proves:
 1. Registration: GetInfo answers type/name/endpoint/services as the kubelet expects, and
-   NotifyRegistrationStatus is received (success and refusal).
+   NotifyRegistrationStatus is received (success and refusal); the health stream is readable
+   with the kubelet's v1 and v1alpha1 DRAResourceHealth clients.
 2. Prepare and unprepare round-trip over v1 and v1beta1 for claims allocated in the API server,
    with per-claim errors (a recreated claim's stale UID) that do not fail the batch.
 3. Each CDI spec written loads without errors and injects the contract's env, mounts, device
@@ -66,6 +67,17 @@ def test_registration_as_the_kubelet_sees_it(conformance_bin: Path, plugin: Runn
     kubelet(conformance_bin, plugin, "-registered=false", "-reg-error", "version mismatch")
     assert not plugin.server.registration.registered.is_set()
     assert plugin.server.registration.last_error == "version mismatch"
+
+
+def test_health_stream_as_the_kubelet_reads_it(
+    conformance_bin: Path, plugin: RunningPlugin
+) -> None:
+    for version in ("v1", "v1alpha1"):
+        out = kubelet(conformance_bin, plugin, "-health", version)
+        assert sorted((d["poolName"], d["deviceName"], d["health"]) for d in out["health"]) == [
+            ("node-1", f"gpu-{i}", "HEALTHY") for i in range(4)
+        ]
+        assert all(d["timeoutSeconds"] == 60 and d["lastUpdated"] > 0 for d in out["health"])
 
 
 def test_sockets_are_private(plugin: RunningPlugin) -> None:
