@@ -14,8 +14,10 @@
  */
 
 #include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "vgpu.h"
@@ -26,23 +28,103 @@ struct vgpu_real_nvml vgpu_nvml;
 static pthread_once_t g_cuda_once = PTHREAD_ONCE_INIT;
 static pthread_once_t g_nvml_once = PTHREAD_ONCE_INIT;
 static _Atomic bool g_cuda_ok, g_nvml_ok;
-static __thread int t_in_loader;
+/* initial-exec: reading it must not call __tls_get_addr, which sanitizer runtimes intercept
+ * (and cannot serve while they initialise, when they call our dlsym). */
+static __thread int t_in_loader __attribute__((tls_model("initial-exec")));
 
 typedef void *(*dlsym_fn)(void *, const char *);
 static _Atomic(dlsym_fn) g_real_dlsym;
 
-static dlsym_fn real_dlsym_fn(void) {
+/* The functions our dlsym runs before returning are not sanitizer-instrumented: a sanitizer
+ * runtime calls dlsym while initialising, before its shadow memory exists. */
+#define NO_SANITIZE __attribute__((no_sanitize("address", "undefined")))
+
+/* Byte compare without calling libc: this runs before other preloaded libraries (e.g.
+ * sanitizer runtimes) have initialised their interceptors of strcmp & co. */
+NO_SANITIZE static bool same_name(const char *a, const char *b) {
+    while (*a && *a == *b) {
+        a++;
+        b++;
+    }
+    return *a == *b;
+}
+
+NO_SANITIZE static uint32_t gnu_hash(const char *name) {
+    uint32_t h = 5381;
+    for (const unsigned char *c = (const unsigned char *)name; *c; c++) h = h * 33 + *c;
+    return h;
+}
+
+/* Address of `name` in one loaded object, found through its dynamic section alone (no libc
+ * calls). Supports DT_GNU_HASH and DT_HASH. */
+NO_SANITIZE static void *lookup_in_object(const struct link_map *lm, const char *name) {
+    const ElfW(Sym) *symtab = NULL;
+    const char *strtab = NULL;
+    const uint32_t *gnu = NULL, *sysv = NULL;
+    uintptr_t base = (uintptr_t)lm->l_addr;
+    for (const ElfW(Dyn) *d = lm->l_ld; d != NULL && d->d_tag != DT_NULL; d++) {
+        uintptr_t v = (uintptr_t)d->d_un.d_ptr;
+        if (v < base) v += base; /* glibc relocates these in place; others may not */
+        if (d->d_tag == DT_SYMTAB) symtab = (const ElfW(Sym) *)v;
+        else if (d->d_tag == DT_STRTAB) strtab = (const char *)v;
+        else if (d->d_tag == DT_GNU_HASH) gnu = (const uint32_t *)v;
+        else if (d->d_tag == DT_HASH) sysv = (const uint32_t *)v;
+    }
+    if (symtab == NULL || strtab == NULL) return NULL;
+    if (gnu != NULL) {
+        uint32_t nbuckets = gnu[0], symoffset = gnu[1], bloom_size = gnu[2];
+        const uint32_t *buckets = gnu + 4 + bloom_size * (sizeof(ElfW(Addr)) / 4);
+        const uint32_t *chain = buckets + nbuckets;
+        uint32_t h = gnu_hash(name);
+        if (nbuckets == 0) return NULL;
+        uint32_t i = buckets[h % nbuckets];
+        if (i < symoffset) return NULL;
+        for (;; i++) {
+            uint32_t hh = chain[i - symoffset];
+            const ElfW(Sym) *sym = &symtab[i];
+            if ((h | 1) == (hh | 1) && sym->st_value != 0 && same_name(strtab + sym->st_name, name))
+                return (void *)(base + sym->st_value);
+            if (hh & 1) return NULL;
+        }
+    }
+    if (sysv != NULL) {
+        uint32_t nchain = sysv[1];
+        for (uint32_t i = 0; i < nchain; i++) {
+            const ElfW(Sym) *sym = &symtab[i];
+            if (sym->st_value != 0 && same_name(strtab + sym->st_name, name))
+                return (void *)(base + sym->st_value);
+        }
+    }
+    return NULL;
+}
+
+NO_SANITIZE static bool is_libc(const char *path) {
+    const char *base = path;
+    for (const char *c = path; *c; c++)
+        if (*c == '/') base = c + 1;
+    return same_name(base, "libc.so.6");
+}
+
+NO_SANITIZE static dlsym_fn real_dlsym_fn(void) {
     dlsym_fn fn = atomic_load_explicit(&g_real_dlsym, memory_order_acquire);
-    if (fn == NULL) {
-        /* dlvsym is not interposed, so this cannot recurse into our dlsym. */
+    if (fn != NULL) return fn;
+    /* Walk the loader's list of objects (plain data: no function another preloaded library
+     * could intercept before it is ready) and take libc's own dlsym. */
+    for (const struct link_map *lm = _r_debug.r_map; lm != NULL; lm = lm->l_next) {
+        if (lm->l_name != NULL && is_libc(lm->l_name)) {
+            fn = (dlsym_fn)lookup_in_object(lm, "dlsym");
+            break;
+        }
+    }
+    if (fn == NULL) { /* unusual libc: fall back to versioned lookups */
         fn = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
         if (fn == NULL) fn = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
-        atomic_store_explicit(&g_real_dlsym, fn, memory_order_release);
     }
+    atomic_store_explicit(&g_real_dlsym, fn, memory_order_release);
     return fn;
 }
 
-void *vgpu_real_dlsym(void *handle, const char *name) {
+NO_SANITIZE void *vgpu_real_dlsym(void *handle, const char *name) {
     dlsym_fn fn = real_dlsym_fn();
     return fn ? fn(handle, name) : NULL;
 }
@@ -126,13 +208,13 @@ void *vgpu_wrapper_for_real(void *real_fn) {
     return NULL;
 }
 
-static bool is_driver_name(const char *name) {
+NO_SANITIZE static bool is_driver_name(const char *name) {
     return name != NULL && ((name[0] == 'c' && name[1] == 'u') ||
                             (name[0] == 'n' && strncmp(name, "nvml", 4) == 0));
 }
 
 /* Wrapper of the hooked symbol with exactly this name, NULL when the name is not hooked. */
-static void *wrapper_for_name(const char *name) {
+NO_SANITIZE static void *wrapper_for_name(const char *name) {
 #define HOOK_CU(fn) \
     if (strcmp(name, #fn) == 0) return (void *)&fn;
 #define HOOK_NVML(fn) HOOK_CU(fn)
@@ -147,9 +229,9 @@ static void *wrapper_for_name(const char *name) {
  * the dynamic loader's lock is held, so it must never load anything or wait for our loaders.
  * The wrappers resolve their real functions lazily on first call instead.
  */
-VGPU_EXPORT void *dlsym(void *handle, const char *name) {
+NO_SANITIZE VGPU_EXPORT void *dlsym(void *handle, const char *name) {
     void *sym = vgpu_real_dlsym(handle, name);
-    if (sym == NULL || t_in_loader || handle == RTLD_NEXT || !is_driver_name(name)) return sym;
+    if (sym == NULL || handle == RTLD_NEXT || !is_driver_name(name) || t_in_loader) return sym;
     void *wrapper = wrapper_for_name(name);
     if (wrapper == NULL || wrapper == sym) return sym;
     LOG_DEBUG("dlsym(%s) -> hook wrapper", name);

@@ -5,15 +5,19 @@ Proves: (1) only the hooks.def symbols and dlsym are exported; (2) no constructo
 public dlsym; (3) a program without any GPU library, and a CUDA program whose driver is
 missing, run normally under the hook; (4) cuda-python 13 (dlsym + cuGetProcAddress_v2) sees
 the cap in cuMemGetInfo/cuDeviceTotalMem and gets CUDA_ERROR_OUT_OF_MEMORY past it;
-(5) pynvml inside the container reports total = cap and used = the claim's usage.
+(5) pynvml inside the container reports total = cap and used = the claim's usage;
+(6) the ASan+UBSan build of the hook runs every wrapper cleanly, also with a sanitizer
+runtime that calls our dlsym while it initialises.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -25,7 +29,10 @@ from tests.integration.hook.conftest import (
     UUIDS,
     Node,
     fake_has_nvml,
+    field,
 )
+
+ASAN_HOOK = HOOK_DIR / "build" / "asan" / "libvgpu.so"
 
 
 def _hooked_names() -> set[str]:
@@ -117,3 +124,66 @@ def test_pynvml_inside_shows_the_cap(node: Node) -> None:
     assert total == GIB
     assert used == 300 << 20
     assert free == GIB - (300 << 20)
+
+
+def _runtime(name: str) -> str:
+    path = subprocess.run(
+        ["gcc", f"-print-file-name={name}"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    return os.path.realpath(path)
+
+
+def test_every_path_under_address_sanitizer(node: Node, tmp_path: Path) -> None:
+    """The ASan+UBSan build of the hook runs every wrapper (all allocation paths, frees, info,
+    launches with the limiter, threads, fork) without a sanitizer report or leak. Run with
+    LD_PRELOAD because a sanitizer runtime must be loaded before everything else."""
+    claims = tmp_path / "claims" / "c-asan"
+    claims.mkdir(parents=True)
+    (claims / "vgpu.conf").write_text(
+        f"version 1\nclaim c-asan\ndevice uuid={UUIDS[0]} memory={GIB} cores=30\n"
+    )
+    preload = [_runtime("libasan.so"), _runtime("libubsan.so"), str(ASAN_HOOK)]
+    env = dict(
+        node.env,
+        LD_PRELOAD=" ".join(preload),
+        ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:exitcode=66",
+        UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1",
+        VGPU_DRA_CLAIMS_DIR=str(tmp_path / "claims"),
+        VGPU_LOG_LEVEL="error",
+    )
+    steps = [
+        "init",
+        "alloc:629145600",
+        "alloc:629145600",
+        "pitch:1000x1000",
+        "managed:100000",
+        "async:4096",
+        "pool:4096",
+        "array:100x100",
+        "array3d:10x10x10",
+        "mipmap:64x64:3",
+        "info",
+        "infonull",
+        "total",
+        "launch:200:216",
+        "forkalloc:4096",
+        "threads:4:1048576",
+        "run:1:216:0",
+        "freeall",
+        "info",
+    ]
+    for procaddr in ([], ["-p"]):
+        done = subprocess.run(
+            [str(PROBE), *procaddr, *steps],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "ERROR: AddressSanitizer" not in done.stderr
+        assert "runtime error" not in done.stderr
+        lines = done.stdout.splitlines()
+        assert field(lines[2], "rc") == 2  # the cap still holds under ASan
+        assert lines[-2] == "freeall failures=0"
