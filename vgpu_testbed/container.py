@@ -164,7 +164,10 @@ def _prepare_target(target: str, is_dir: bool, scratch: str, overlaid: set[str])
 
 def _inside(plan: dict[str, Any]) -> int:
     """Runs in the new mount namespace: mount, then exec the program."""
-    scratch = tempfile.mkdtemp(prefix="vgpu-ctr-")
+    # One fixed, empty host directory serves every namespace: each mounts its own private
+    # tmpfs over it, so nothing is left behind on the host per run.
+    scratch = os.path.join(tempfile.gettempdir(), f"vgpu-ctr-scratch-{os.getuid()}")
+    os.makedirs(scratch, mode=0o700, exist_ok=True)
     _mount("-t", "tmpfs", "-o", "mode=0700", "tmpfs", scratch)
     overlaid: set[str] = set()
     binds: list[tuple[str, str, bool]] = [(h, c, bool(ro)) for h, c, ro in plan["mounts"]]
