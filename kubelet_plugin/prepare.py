@@ -20,27 +20,22 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from dra_driver import cdi, kube, names
-from dra_driver.atomicfile import fsync_dir, remove, write_atomic
+from dra_driver import cdi, kube
 from dra_driver.gpu import NodeInventory
 from kubelet_plugin.checkpoint import CheckpointFile
+from kubelet_plugin.claimfiles import ClaimFiles, ReconcileReport
 from kubelet_plugin.claims import ClaimError, ClaimRef, fetch_claim, parse_allocation
-from kubelet_plugin.plan import ClaimPlan, check_capacity, log_level, plan_claim, render_hook_config
+from kubelet_plugin.plan import ClaimPlan, check_capacity, plan_claim
 
 log = logging.getLogger(__name__)
 
-HOOK_CONFIG_FILE = "vgpu.conf"
-CLAIM_DIR_MODE = 0o2770  # setgid: files the hook creates (the region) inherit the claim group
-HOOK_CONFIG_MODE = 0o640
-SPEC_MODE = 0o644
 
 _T = TypeVar("_T")
 ClaimSource = Callable[[ClaimRef], dict[str, Any]]
@@ -79,13 +74,6 @@ class PrepareOutcome:
     error: str = ""
 
 
-@dataclass(slots=True)
-class ReconcileReport:
-    removed_specs: list[str] = field(default_factory=list)
-    removed_claim_dirs: list[str] = field(default_factory=list)
-    rewritten: list[str] = field(default_factory=list)
-
-
 def kube_claim_source(client: kube.KubeClient) -> ClaimSource:
     """Claims from the API server (the production source)."""
     return lambda ref: fetch_claim(client, ref)
@@ -116,6 +104,7 @@ class Preparer:
         self._uid_locks_guard = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="prepare")
         self._toolkit = _ToolkitIds(settings.toolkit_spec_dirs)
+        self._files = ClaimFiles(cdi_root=settings.cdi_root, spec=settings.spec)
 
     # --- kubelet calls ---------------------------------------------------------------------
 
@@ -164,9 +153,9 @@ class Preparer:
             known = self._prepared.get(ref.uid)
         if known is not None:
             log.debug("claim %s already prepared; returning the recorded devices", ref)
-            if not self._files_present(known):  # removed behind our back: put them back
+            if not self._files.present(known):  # removed behind our back: put them back
                 log.warning("claim %s: CDI spec or hook config missing; rewriting", ref)
-                self._write_claim_files(known)
+                self._files.write(known)
             return self._result(known)
         claim = self._source(ref)
         allocation = parse_allocation(
@@ -184,7 +173,7 @@ class Preparer:
             )
             self._reserved[plan.uid] = plan
         try:
-            self._write_claim_files(plan)
+            self._files.write(plan)
             with self._lock:
                 self._prepared[plan.uid] = self._reserved.pop(plan.uid)
                 self._version += 1
@@ -194,7 +183,7 @@ class Preparer:
             with self._lock:
                 self._prepared.pop(plan.uid, None)
                 self._version += 1
-            self._remove_claim_files(plan.uid)
+            self._files.remove(plan.uid)
             raise
         finally:
             with self._lock:
@@ -233,7 +222,7 @@ class Preparer:
             return str(exc)
         try:
             with self._claim_lock(ref.uid):
-                self._remove_claim_files(ref.uid)
+                self._files.remove(ref.uid)
                 with self._lock:
                     known = self._prepared.pop(ref.uid, None)
                     self._version += 1
@@ -248,51 +237,7 @@ class Preparer:
             log.exception("unprepare %s failed", ref)
             return f"unprepare {ref}: {exc}"
 
-    # --- files -----------------------------------------------------------------------------
-
-    def _write_claim_files(self, plan: ClaimPlan) -> None:
-        settings = self._settings
-        directory = cdi.claim_dir(settings.state_dir, plan.uid)
-        write_preload_file(settings.state_dir)  # a mount source the runtime needs; cheap check
-        _make_claim_dir(directory, settings.spec.claim_gid)
-        # Both files are fsynced but their directories are not: the checkpoint written after them
-        # is (file and directory), and start-up reconciliation rewrites any spec or config that a
-        # power loss took back, so the claim's files are recoverable whenever its entry exists.
-        write_atomic(
-            os.path.join(directory, HOOK_CONFIG_FILE),
-            render_hook_config(plan).encode(),
-            mode=HOOK_CONFIG_MODE,
-            gid=settings.spec.claim_gid,
-            sync_dir=False,
-        )
-        write_atomic(
-            self._spec_path(plan.uid),
-            cdi.encode_spec(self._spec(plan)),
-            mode=SPEC_MODE,
-            sync_dir=False,
-        )
-
-    def _spec(self, plan: ClaimPlan) -> dict[str, Any]:
-        level = log_level(plan)
-        return cdi.build_claim_spec(
-            settings=self._settings.spec,
-            claim_uid=plan.uid,
-            devices=[
-                cdi.ClaimDevice(plan.cdi_device_name(device), device.minor)
-                for device in plan.devices
-            ],
-            visible_uuids=plan.visible_uuids(),
-            extra_env={"VGPU_LOG_LEVEL": level} if level else None,
-        )
-
-    def _spec_path(self, uid: str) -> str:
-        return os.path.join(
-            self._settings.cdi_root, cdi.spec_file_name(self._settings.spec.kind, uid)
-        )
-
-    def _remove_claim_files(self, uid: str) -> None:
-        remove(self._spec_path(uid))
-        shutil.rmtree(cdi.claim_dir(self._settings.state_dir, uid), ignore_errors=True)
+    # --- state ---------------------------------------------------------------------------
 
     def _flush(self, target: int) -> None:
         """Persist the state at least as new as `target`; concurrent callers share one write."""
@@ -325,30 +270,9 @@ class Preparer:
 
     def reconcile(self) -> ReconcileReport:
         """Make CDI specs and claim dirs agree with the checkpoint (run before serving)."""
-        settings = self._settings
-        report = ReconcileReport()
-        os.makedirs(settings.cdi_root, mode=0o755, exist_ok=True)
-        claims_root = os.path.join(settings.state_dir, "claims")
-        os.makedirs(claims_root, mode=0o755, exist_ok=True)
-        write_preload_file(settings.state_dir)
         with self._lock:
             prepared = dict(self._prepared)
-        kind = settings.spec.kind
-        for entry in sorted(os.listdir(settings.cdi_root)):
-            uid = cdi.claim_uid_of_spec_file(kind, entry)
-            if uid is not None and uid not in prepared:
-                remove(os.path.join(settings.cdi_root, entry))
-                report.removed_specs.append(uid)
-        for entry in sorted(os.listdir(claims_root)):
-            if entry not in prepared:
-                shutil.rmtree(os.path.join(claims_root, entry), ignore_errors=True)
-                report.removed_claim_dirs.append(entry)
-        for uid, plan in prepared.items():
-            if self._files_stale(plan):
-                self._write_claim_files(plan)
-                report.rewritten.append(uid)
-        fsync_dir(settings.cdi_root)
-        fsync_dir(claims_root)
+        report = self._files.reconcile(prepared)
         if report.removed_specs or report.removed_claim_dirs or report.rewritten:
             log.info(
                 "reconciled with checkpoint (%d claims): removed orphan specs %s, orphan claim "
@@ -360,40 +284,6 @@ class Preparer:
             )
         return report
 
-    def _files_present(self, plan: ClaimPlan) -> bool:
-        conf = os.path.join(cdi.claim_dir(self._settings.state_dir, plan.uid), HOOK_CONFIG_FILE)
-        return os.path.exists(conf) and os.path.exists(self._spec_path(plan.uid))
-
-    def _files_stale(self, plan: ClaimPlan) -> bool:
-        conf = os.path.join(cdi.claim_dir(self._settings.state_dir, plan.uid), HOOK_CONFIG_FILE)
-        return _read(conf) != render_hook_config(plan).encode() or _read(
-            self._spec_path(plan.uid)
-        ) != cdi.encode_spec(self._spec(plan))
-
-
-def write_preload_file(state_dir: str) -> None:
-    """`<state-dir>/hook/ld.so.preload`: mounted over the container's /etc/ld.so.preload."""
-    path = cdi.preload_path(state_dir)
-    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-    content = f"{names.CONTAINER_HOOK_PATH}\n".encode()
-    if _read(path) != content:
-        write_atomic(path, content, mode=0o644)
-
-
-def _make_claim_dir(directory: str, gid: int) -> None:
-    os.makedirs(directory, exist_ok=True)
-    status = os.stat(directory)
-    if status.st_gid != gid:
-        try:
-            os.chown(directory, -1, gid)
-        except PermissionError:
-            raise ClaimError(
-                f"cannot give claim directory {directory} group {gid} (--claim-gid): the plugin "
-                f"must run as root or be a member of that group"
-            ) from None
-    if status.st_mode & 0o7777 != CLAIM_DIR_MODE:
-        os.chmod(directory, CLAIM_DIR_MODE)
-
 
 def _check_uid(ref: ClaimRef) -> None:
     if not cdi.valid_claim_uid(ref.uid):
@@ -401,14 +291,6 @@ def _check_uid(ref: ClaimRef) -> None:
             f"claim {ref.namespace}/{ref.name}: invalid UID {ref.uid!r} (expected a Kubernetes "
             f"UID: letters, digits and '-')"
         )
-
-
-def _read(path: str) -> bytes | None:
-    try:
-        with open(path, "rb") as handle:
-            return handle.read()
-    except OSError:
-        return None
 
 
 def _user_error(exc: Exception, ref: ClaimRef) -> str:

@@ -1,0 +1,156 @@
+"""The files a prepared claim consists of on the host, and their start-up reconciliation.
+
+Per claim: `<state-dir>/claims/<uid>/` with `vgpu.conf` (read by vgpu_hook) and the CDI spec
+`<cdi-root>/<vendor>-<class>_<uid>.json` (read by the container runtime); per node:
+`<state-dir>/hook/ld.so.preload`. Everything here is derived from a `ClaimPlan`, so the checkpoint
+alone can rebuild it (`reconcile`). Used by `kubelet_plugin.prepare`, which decides when.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dra_driver import cdi, names
+from dra_driver.atomicfile import fsync_dir, remove, write_atomic
+from kubelet_plugin.claims import ClaimError
+from kubelet_plugin.plan import ClaimPlan, log_level, render_hook_config
+
+log = logging.getLogger(__name__)
+
+HOOK_CONFIG_FILE = "vgpu.conf"
+CLAIM_DIR_MODE = 0o2770  # setgid: files the hook creates (the region) inherit the claim group
+HOOK_CONFIG_MODE = 0o640
+SPEC_MODE = 0o644
+
+
+@dataclass(slots=True)
+class ReconcileReport:
+    removed_specs: list[str] = field(default_factory=list)
+    removed_claim_dirs: list[str] = field(default_factory=list)
+    rewritten: list[str] = field(default_factory=list)
+
+
+class ClaimFiles:
+    """Writes, checks and removes the files of claims under one CDI root and state dir."""
+
+    def __init__(self, *, cdi_root: str, spec: cdi.SpecSettings) -> None:
+        self.cdi_root = cdi_root
+        self.spec_settings = spec
+        self.claims_root = os.path.join(spec.state_dir, "claims")
+
+    def spec_path(self, uid: str) -> str:
+        return os.path.join(self.cdi_root, cdi.spec_file_name(self.spec_settings.kind, uid))
+
+    def conf_path(self, uid: str) -> str:
+        return os.path.join(self.claims_root, uid, HOOK_CONFIG_FILE)
+
+    def write(self, plan: ClaimPlan) -> None:
+        """Claim dir, vgpu.conf, then the CDI spec (the runtime may use it from then on)."""
+        gid = self.spec_settings.claim_gid
+        write_preload_file(self.spec_settings.state_dir)  # a mount source; cheap to check
+        _make_claim_dir(os.path.join(self.claims_root, plan.uid), gid)
+        # Both files are fsynced but their directories are not: the checkpoint written after them
+        # is (file and directory), and start-up reconciliation rewrites any spec or config that a
+        # power loss took back, so the claim's files are recoverable whenever its entry exists.
+        write_atomic(
+            self.conf_path(plan.uid),
+            render_hook_config(plan).encode(),
+            mode=HOOK_CONFIG_MODE,
+            gid=gid,
+            sync_dir=False,
+        )
+        write_atomic(
+            self.spec_path(plan.uid),
+            cdi.encode_spec(self.spec(plan)),
+            mode=SPEC_MODE,
+            sync_dir=False,
+        )
+
+    def spec(self, plan: ClaimPlan) -> dict[str, Any]:
+        level = log_level(plan)
+        return cdi.build_claim_spec(
+            settings=self.spec_settings,
+            claim_uid=plan.uid,
+            devices=[
+                cdi.ClaimDevice(plan.cdi_device_name(device), device.minor)
+                for device in plan.devices
+            ],
+            visible_uuids=plan.visible_uuids(),
+            extra_env={"VGPU_LOG_LEVEL": level} if level else None,
+        )
+
+    def remove(self, uid: str) -> None:
+        remove(self.spec_path(uid))
+        shutil.rmtree(os.path.join(self.claims_root, uid), ignore_errors=True)
+
+    def present(self, plan: ClaimPlan) -> bool:
+        return os.path.exists(self.conf_path(plan.uid)) and os.path.exists(self.spec_path(plan.uid))
+
+    def stale(self, plan: ClaimPlan) -> bool:
+        """True when the conf or spec on disk differs from what the plan says (or is missing)."""
+        return _read(self.conf_path(plan.uid)) != render_hook_config(plan).encode() or _read(
+            self.spec_path(plan.uid)
+        ) != cdi.encode_spec(self.spec(plan))
+
+    def reconcile(self, prepared: Mapping[str, ClaimPlan]) -> ReconcileReport:
+        """Remove our specs and claim dirs that `prepared` does not know; rewrite stale ones.
+
+        Files of other vendors in the CDI root are never touched.
+        """
+        report = ReconcileReport()
+        os.makedirs(self.cdi_root, mode=0o755, exist_ok=True)
+        os.makedirs(self.claims_root, mode=0o755, exist_ok=True)
+        write_preload_file(self.spec_settings.state_dir)
+        for entry in sorted(os.listdir(self.cdi_root)):
+            uid = cdi.claim_uid_of_spec_file(self.spec_settings.kind, entry)
+            if uid is not None and uid not in prepared:
+                remove(os.path.join(self.cdi_root, entry))
+                report.removed_specs.append(uid)
+        for entry in sorted(os.listdir(self.claims_root)):
+            if entry not in prepared:
+                shutil.rmtree(os.path.join(self.claims_root, entry), ignore_errors=True)
+                report.removed_claim_dirs.append(entry)
+        for uid, plan in prepared.items():
+            if self.stale(plan):
+                self.write(plan)
+                report.rewritten.append(uid)
+        fsync_dir(self.cdi_root)
+        fsync_dir(self.claims_root)
+        return report
+
+
+def write_preload_file(state_dir: str) -> None:
+    """`<state-dir>/hook/ld.so.preload`: mounted over the container's /etc/ld.so.preload."""
+    path = cdi.preload_path(state_dir)
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    content = f"{names.CONTAINER_HOOK_PATH}\n".encode()
+    if _read(path) != content:
+        write_atomic(path, content, mode=0o644)
+
+
+def _make_claim_dir(directory: str, gid: int) -> None:
+    os.makedirs(directory, exist_ok=True)
+    status = os.stat(directory)
+    if status.st_gid != gid:
+        try:
+            os.chown(directory, -1, gid)
+        except PermissionError:
+            raise ClaimError(
+                f"cannot give claim directory {directory} group {gid} (--claim-gid): the plugin "
+                f"must run as root or be a member of that group"
+            ) from None
+    if status.st_mode & 0o7777 != CLAIM_DIR_MODE:
+        os.chmod(directory, CLAIM_DIR_MODE)
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError:
+        return None
