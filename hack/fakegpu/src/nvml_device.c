@@ -142,6 +142,26 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned in
     return NVML_SUCCESS;
 }
 
+/* Whole-GPU attributes (current drivers answer for full GPUs, not only MIG handles). Engine
+ * counts are typical of the architecture; nothing in the simulation uses them. */
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device,
+                                                   nvmlDeviceAttributes_t *attributes)
+{
+    DEVICE_OR_RETURN(device, phys, g);
+    ARG_OR_RETURN(attributes);
+    memset(attributes, 0, sizeof(*attributes));
+    attributes->multiprocessorCount = g->sm_count;
+    attributes->sharedCopyEngineCount = g->arch >= SIM_ARCH_HOPPER ? 8 : 7;
+    attributes->sharedDecoderCount = g->arch >= SIM_ARCH_HOPPER ? 7 : 5;
+    attributes->sharedEncoderCount = g->arch == SIM_ARCH_ADA ? 2 : 0;
+    attributes->sharedJpegCount = g->arch >= SIM_ARCH_HOPPER ? 7 : 1;
+    attributes->sharedOfaCount = 1;
+    attributes->gpuInstanceSliceCount = g->mig_capable ? 7 : 0;
+    attributes->computeInstanceSliceCount = g->mig_capable ? 7 : 0;
+    attributes->memorySizeMB = g->memory_total >> 20;
+    return NVML_SUCCESS;
+}
+
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode,
                                              unsigned int *pendingMode)
 {

@@ -119,6 +119,23 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkCapability(nvmlDevice_t device, unsig
     return NVML_SUCCESS;
 }
 
+/* Every simulated link ends at a GPU (NVSwitch fabrics are modelled as direct links). */
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t device, unsigned int link,
+                                                            nvmlIntNvLinkDeviceType_t *type)
+{
+    int peer;
+    const struct sim_gpu_info *g;
+    if (!type)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = link_check(device, link, &peer, &g);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (peer < 0)
+        return NVML_ERROR_NOT_SUPPORTED; /* link not in use */
+    *type = NVML_NVLINK_DEVICE_TYPE_GPU;
+    return NVML_SUCCESS;
+}
+
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link,
                                                             nvmlPciInfo_t *pci)
 {

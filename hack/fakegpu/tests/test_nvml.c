@@ -89,6 +89,9 @@ static void case_static(void)
     CHECK(nvmlDeviceGetNumaNodeId(d1, &u) == 0 && u == 1);
     CHECK(nvmlDeviceGetIndex(d1, &u) == 0 && u == 1);
     CHECK(nvmlDeviceGetMinorNumber(d1, &u) == 0 && u == 1);
+    nvmlDeviceAttributes_t attrs;
+    CHECK(nvmlDeviceGetAttributes_v2(d1, &attrs) == 0 && attrs.multiprocessorCount == 108);
+    CHECK(attrs.memorySizeMB == 2048 && attrs.gpuInstanceSliceCount == 0);
     unsigned int cur, pend;
     CHECK(nvmlDeviceGetMigMode(d0, &cur, &pend) == 0 && cur == 0);
     CHECK(nvmlDeviceGetMigMode(d1, &cur, &pend) == NVML_ERROR_NOT_SUPPORTED);
@@ -230,6 +233,9 @@ static void case_topology(void)
     CHECK(nvmlDeviceGetNvLinkRemotePciInfo_v2(d0, 1, &pci) == 0);
     CHECK(strcmp(pci.busId, "00000000:2A:00.0") == 0);
     CHECK(nvmlDeviceGetNvLinkRemotePciInfo_v2(d0, 5, &pci) == NVML_ERROR_NOT_SUPPORTED);
+    nvmlIntNvLinkDeviceType_t type;
+    CHECK(nvmlDeviceGetNvLinkRemoteDeviceType(d0, 0, &type) == 0 &&
+          type == NVML_NVLINK_DEVICE_TYPE_GPU);
     nvmlGpuP2PStatus_t p2p;
     CHECK(nvmlDeviceGetP2PStatus(d0, d1, NVML_P2P_CAPS_INDEX_NVLINK, &p2p) == 0 &&
           p2p == NVML_P2P_STATUS_OK);
