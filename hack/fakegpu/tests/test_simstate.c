@@ -293,28 +293,29 @@ static void case_work_and_utilisation(void)
     const unsigned long long ms = 1000000ULL;
     unsigned long long t0 = sim_now_ns();
     CHECK(sim_utilization(1, 0, 0) == 0);
-    /* Two processes each submit 100 ms: the second queues behind the first. */
-    unsigned long long end1 = sim_submit_work(1, 100 * ms);
-    CHECK(end1 >= t0 + 100 * ms);
+    /* Two processes each submit 300 ms: the second queues behind the first. */
+    unsigned long long end1 = sim_submit_work(1, 300 * ms);
+    CHECK(end1 >= t0 + 300 * ms);
     pid_t kid = fork();
     if (kid == 0) {
-        unsigned long long end2 = sim_submit_work(1, 100 * ms);
-        CHECK(end2 >= end1 + 100 * ms);
+        unsigned long long end2 = sim_submit_work(1, 300 * ms);
+        CHECK(end2 >= end1 + 300 * ms);
         _exit(0);
     }
     int st;
     waitpid(kid, &st, 0);
     CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    CHECK(sim_busy_until(1) >= end1 + 100 * ms);
-    /* Sleep into the second kernel, then measure the last 150 ms: all busy. */
-    while (sim_now_ns() < end1 + 50 * ms)
+    CHECK(sim_busy_until(1) >= end1 + 300 * ms);
+    /* Sleep into the second kernel, then measure the last 300 ms: all busy, about half each
+     * (generous bounds: a loaded machine may wake us late). */
+    while (sim_now_ns() < end1 + 150 * ms)
         usleep(1000);
-    unsigned int u = sim_utilization(1, 0, 150 * ms);
+    unsigned int u = sim_utilization(1, 0, 300 * ms);
     CHECK(u >= 95);
-    unsigned int mine = sim_utilization(1, getpid(), 150 * ms);
-    unsigned int theirs = sim_utilization(1, kid, 150 * ms);
+    unsigned int mine = sim_utilization(1, getpid(), 300 * ms);
+    unsigned int theirs = sim_utilization(1, kid, 300 * ms);
     CHECK(mine + theirs >= 95 && mine + theirs <= 101);
-    CHECK(mine > 20 && theirs > 20);
+    CHECK(mine >= 10 && theirs >= 10);
     struct sim_proc_util pu[4];
     int n = sim_process_utilization(1, 0, pu, 4);
     CHECK(n == 2);
