@@ -149,6 +149,40 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t 
     return running_processes(device, infoCount, infos, PROC_V2, 0);
 }
 
+/* Process modes of nvmlProcessDetailList_t (named only in CUDA 13's header). */
+#define PROC_MODE_COMPUTE 0u
+#define PROC_MODE_ALL 3u
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t device,
+                                                              nvmlProcessDetailList_t *plist)
+{
+    DEVICE_OR_RETURN(device, phys, g);
+    (void)g;
+    if (!plist || plist->mode > PROC_MODE_ALL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (plist->version != nvmlProcessDetailList_v1)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    struct sim_proc_usage procs[SIM_MAX_PROCS];
+    int compute = plist->mode == PROC_MODE_COMPUTE || plist->mode == PROC_MODE_ALL;
+    int n = compute ? sim_processes(phys, procs, SIM_MAX_PROCS) : 0;
+    if (n > SIM_MAX_PROCS)
+        n = SIM_MAX_PROCS;
+    if (plist->numProcArrayEntries < (unsigned int)n || (n > 0 && !plist->procArray)) {
+        plist->numProcArrayEntries = (unsigned int)n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (int i = 0; i < n; i++) {
+        nvmlProcessDetail_v1_t *p = &plist->procArray[i];
+        p->pid = (unsigned int)procs[i].pid;
+        p->usedGpuMemory = procs[i].bytes;
+        p->gpuInstanceId = 0xFFFFFFFFu;
+        p->computeInstanceId = 0xFFFFFFFFu;
+        p->usedGpuCcProtectedMemory = 0;
+    }
+    plist->numProcArrayEntries = (unsigned int)n;
+    return NVML_SUCCESS;
+}
+
 /* ---- utilisation --------------------------------------------------------------------------- */
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device,

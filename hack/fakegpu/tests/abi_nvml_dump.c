@@ -49,6 +49,18 @@ int main(void)
     OFF(nvmlProcessInfo_t, usedGpuMemory);
     OFF(nvmlProcessInfo_t, gpuInstanceId);
     OFF(nvmlProcessInfo_t, computeInstanceId);
+    SIZE(nvmlProcessDetail_v1_t);
+    OFF(nvmlProcessDetail_v1_t, pid);
+    OFF(nvmlProcessDetail_v1_t, usedGpuMemory);
+    OFF(nvmlProcessDetail_v1_t, gpuInstanceId);
+    OFF(nvmlProcessDetail_v1_t, computeInstanceId);
+    OFF(nvmlProcessDetail_v1_t, usedGpuCcProtectedMemory);
+    SIZE(nvmlProcessDetailList_t);
+    OFF(nvmlProcessDetailList_t, version);
+    OFF(nvmlProcessDetailList_t, mode);
+    OFF(nvmlProcessDetailList_t, numProcArrayEntries);
+    OFF(nvmlProcessDetailList_t, procArray);
+    VAL(nvmlProcessDetailList_v1);
     SIZE(nvmlUtilization_t);
     OFF(nvmlUtilization_t, gpu);
     OFF(nvmlUtilization_t, memory);

@@ -155,6 +155,17 @@ static void case_memory_processes(void)
     CHECK(nvmlDeviceGetComputeRunningProcesses_v2(d, &count, p2) == 0 && count == 1);
     count = 0;
     CHECK(nvmlDeviceGetGraphicsRunningProcesses_v3(d, &count, NULL) == 0 && count == 0);
+    nvmlProcessDetail_v1_t det[2];
+    nvmlProcessDetailList_t list = {0};
+    CHECK(nvmlDeviceGetRunningProcessDetailList(d, &list) == NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    list.version = nvmlProcessDetailList_v1;
+    CHECK(nvmlDeviceGetRunningProcessDetailList(d, &list) == NVML_ERROR_INSUFFICIENT_SIZE);
+    CHECK(list.numProcArrayEntries == 1);
+    list.procArray = det;
+    CHECK(nvmlDeviceGetRunningProcessDetailList(d, &list) == 0 && list.numProcArrayEntries == 1);
+    CHECK(det[0].pid == (unsigned)getpid() && det[0].usedGpuMemory == 300 * MiB);
+    list.mode = 1; /* graphics */
+    CHECK(nvmlDeviceGetRunningProcessDetailList(d, &list) == 0 && list.numProcArrayEntries == 0);
 
     /* Another process's memory, then its death. */
     pid_t kid = fork();
