@@ -1,5 +1,5 @@
 """Shared pytest wiring for every test level: markers that depend on where a test lives or what the
-machine has. Fixtures belong to the level that needs them (tests/e2e/conftest.py for the cluster).
+machine has, and the control-plane fixtures (tests/cluster_fixtures.py) every level shares.
 """
 
 from __future__ import annotations
@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 
 import pytest
+
+pytest_plugins = ("tests.cluster_fixtures",)
 
 _E2E_DIR = Path(__file__).parent / "e2e"
 

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.e2e.conftest import require_binaries
+from tests.cluster_fixtures import require_binaries
 
 
 def test_demo_runs_and_cleans_up(tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import require_binaries
+from tests.cluster_fixtures import require_binaries
 from vgpu_testbed.cluster import Cluster, default_bin_dir
 from vgpu_testbed.cluster_health import ComponentDiedError
 from vgpu_testbed.cluster_state import ClusterState
@@ -308,9 +308,10 @@ def test_interrupted_pytest_session_tears_the_fixture_down(tmp_path: Path) -> No
     repo = Path(__file__).resolve().parents[2]
     (suite / "tests" / "__init__.py").write_text("")
     (suite / "tests" / "e2e" / "__init__.py").write_text("")
-    (suite / "tests" / "e2e" / "conftest.py").write_text(
-        (repo / "tests/e2e/conftest.py").read_text()
+    (suite / "tests" / "cluster_fixtures.py").write_text(
+        (repo / "tests/cluster_fixtures.py").read_text()
     )
+    (suite / "tests" / "conftest.py").write_text('pytest_plugins = ("tests.cluster_fixtures",)\n')
     (suite / "tests" / "e2e" / "test_interrupted.py").write_text(INTERRUPTED_SESSION)
     state_copy = tmp_path / "state.json"
     run = subprocess.run(

@@ -22,7 +22,6 @@ from dra_driver.gpu import NodeInventory
 from kubelet_plugin.health import HealthBoard
 from kubelet_plugin.prepare import NodeSettings, Preparer, kube_claim_source
 from kubelet_plugin.server import PluginServer, SocketPaths
-from tests.e2e.conftest import cluster, k8s, namespace  # noqa: F401  (shared fixtures)
 from tests.integration.plugin.claimdata import DRIVER, NODE, GiB, inventory
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -49,7 +48,7 @@ def conformance_bin() -> Path:
 
 
 @pytest.fixture(scope="session")
-def kube_client(cluster: Any) -> Iterator[kube.KubeClient]:  # noqa: F811
+def kube_client(cluster: Any) -> Iterator[kube.KubeClient]:
     client = kube.KubeClient.from_kubeconfig(str(cluster.kubeconfig))
     try:
         yield client

@@ -1,4 +1,7 @@
-"""Fixtures for end-to-end tests against the real control plane (vgpu_testbed.cluster).
+"""Fixtures for tests against the real control plane (vgpu_testbed.cluster), shared by every level.
+
+Registered once as a plugin by tests/conftest.py, so e2e and integration tests share ONE session
+cluster (importing fixtures into two conftests would start two).
 
 `cluster` starts etcd, kube-apiserver, kube-scheduler and kube-controller-manager once per test
 session and stops them at the end — also when the session fails or is interrupted: the fixture's
