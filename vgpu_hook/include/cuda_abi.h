@@ -142,6 +142,9 @@ CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev);
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev);
 CUresult cuCtxGetDevice(CUdevice *device);
 CUresult cuMemGetInfo_v2(size_t *free, size_t *total);
+/* Legacy 32-bit ABIs (cuGetProcAddress(name, < 3020) still returns them). */
+CUresult cuMemGetInfo(unsigned int *free, unsigned int *total);
+CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev);
 
 CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize);
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);

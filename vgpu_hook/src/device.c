@@ -22,6 +22,32 @@ VGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
     return rc;
 }
 
+static unsigned int clamp_u32(uint64_t v) { return v > 0xffffffffULL ? 0xffffffffU : (unsigned)v; }
+
+/* Legacy 32-bit ABI: the claim's view, clamped to what 32 bits can say. */
+VGPU_EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev) {
+    if (!vgpu_cuda_load()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (vgpu_cu.cuDeviceTotalMem == NULL) return CUDA_ERROR_NOT_FOUND;
+    CUresult rc = vgpu_cu.cuDeviceTotalMem(bytes, dev);
+    if (rc != CUDA_SUCCESS || bytes == NULL) return rc;
+    struct vgpu_dev *d = vgpu_dev_for_ordinal(dev);
+    if (d != NULL) *bytes = clamp_u32(d->conf.memory_invalid ? 0 : d->conf.memory);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total_bytes) {
+    if (!vgpu_cuda_load()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (vgpu_cu.cuMemGetInfo == NULL) return CUDA_ERROR_NOT_FOUND;
+    if (vgpu_dev_current() == NULL || vgpu_cu.cuMemGetInfo_v2 == NULL)
+        return vgpu_cu.cuMemGetInfo(free_bytes, total_bytes);
+    size_t fr = 0, tot = 0;
+    CUresult rc = cuMemGetInfo_v2(free_bytes ? &fr : NULL, total_bytes ? &tot : NULL);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (free_bytes != NULL) *free_bytes = clamp_u32(fr);
+    if (total_bytes != NULL) *total_bytes = clamp_u32(tot);
+    return rc;
+}
+
 VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     if (!vgpu_cuda_load()) return CUDA_ERROR_NOT_INITIALIZED;
     if (vgpu_cu.cuMemGetInfo_v2 == NULL) return CUDA_ERROR_NOT_FOUND;

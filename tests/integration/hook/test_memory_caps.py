@@ -280,3 +280,14 @@ def test_unusable_region_falls_back_to_per_process_caps(node: Node) -> None:
     out = done.stdout.splitlines()
     assert [field(x, "rc") for x in out[1:]] == [0, 2]  # still capped within the process
     assert "caps are enforced per process only" in done.stderr
+
+
+def test_legacy_32bit_reporting_shows_the_cap(node: Node) -> None:
+    claim = node.claim("c-legacy", [f"device uuid={NULL_UUID} memory={GIB} cores=0"])
+    done = claim.run(
+        [str(PROBE), "init", "alloc:104857600", "legacyinfo"], LD_LIBRARY_PATH=str(NULL_DRIVER)
+    )
+    line = done.stdout.splitlines()[-1]
+    assert field(line, "rc") == 0 and field(line, "rc2") == 0, line
+    assert field(line, "total") == GIB and field(line, "devtotal") == GIB
+    assert field(line, "free") == GIB - 100 * MIB

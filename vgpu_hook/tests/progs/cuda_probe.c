@@ -8,7 +8,7 @@
  * "<step> rc=<CUresult> ..." so tests can assert on exact results.
  *
  * usage: cuda_probe [-p] [-d ordinal] step...
- *   init | infonull | alloc:B | alloc1:B (legacy 32-bit ABI) | pitch:WxH | managed:B | async:B | pool:B |
+ *   init | infonull | legacyinfo | alloc:B | alloc1:B (legacy 32-bit ABI) | pitch:WxH | managed:B | async:B | pool:B |
  *   vmm:B | array:WxH | array3d:WxHxD | mipmap:WxH:L | free | freeall | info | total |
  *   uuid | sleep:MS | ready | launch:N:BLOCKS | run:SECONDS:BLOCKS:SYNC | threads:N:B |
  *   forkhold:MS (fork a child that lives MS, parent continues) | forkalloc:B (child allocates)
@@ -68,6 +68,8 @@ static struct {
     CUresult (*cuMipmappedArrayCreate)(CUarray *, const Array3DDesc *, unsigned);
     CUresult (*cuMipmappedArrayDestroy)(CUarray);
     CUresult (*cuMemGetInfo)(size_t *, size_t *);
+    CUresult (*cuMemGetInfoV1)(unsigned *, unsigned *);
+    CUresult (*cuDeviceTotalMemV1)(unsigned *, CUdevice);
     CUresult (*cuDeviceTotalMem)(size_t *, CUdevice);
     CUresult (*cuModuleLoadData)(CUmodule *, const void *);
     CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
@@ -222,6 +224,11 @@ static void step(const char *s) {
         CUresult r1 = cu.cuMemGetInfo(NULL, &tot), r2 = cu.cuMemGetInfo(&fr, NULL);
         CUresult r3 = cu.cuMemGetInfo(NULL, NULL);
         printf("infonull rc=%d total=%zu rc2=%d free=%zu rc3=%d\n", r1, tot, r2, fr, r3);
+    } else if (strcmp(s, "legacyinfo") == 0) {
+        unsigned fr = 0, tot = 0, dt = 0;
+        CUresult r1 = cu.cuMemGetInfoV1 ? cu.cuMemGetInfoV1(&fr, &tot) : 500;
+        CUresult r2 = cu.cuDeviceTotalMemV1 ? cu.cuDeviceTotalMemV1(&dt, g_dev) : 500;
+        printf("legacyinfo rc=%d free=%u total=%u rc2=%d devtotal=%u\n", r1, fr, tot, r2, dt);
     } else if (strcmp(s, "total") == 0) {
         size_t tot = 0;
         rc = cu.cuDeviceTotalMem(&tot, g_dev);
@@ -338,6 +345,8 @@ int main(int argc, char **argv) {
     R(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", 5000, "cuMipmappedArrayDestroy");
     R(cuMemGetInfo, "cuMemGetInfo", 3020, "cuMemGetInfo_v2");
     R(cuDeviceTotalMem, "cuDeviceTotalMem", 3020, "cuDeviceTotalMem_v2");
+    R(cuMemGetInfoV1, "cuMemGetInfo", 2000, "cuMemGetInfo");
+    R(cuDeviceTotalMemV1, "cuDeviceTotalMem", 2000, "cuDeviceTotalMem");
     R(cuModuleLoadData, "cuModuleLoadData", 2000, "cuModuleLoadData");
     R(cuModuleGetFunction, "cuModuleGetFunction", 2000, "cuModuleGetFunction");
     R(cuLaunchKernel, "cuLaunchKernel", 4000, "cuLaunchKernel");

@@ -36,6 +36,8 @@ EXPORT CUresult cuMemAllocManaged(CUdeviceptr *p, size_t n, unsigned flags) {
 }
 EXPORT CUresult cuMemFree_v2(CUdeviceptr p) { (void)p; return 0; }
 EXPORT CUresult cuMemGetInfo_v2(size_t *f, size_t *t) { *f = 1ULL << 34; *t = 1ULL << 35; return 0; }
+EXPORT CUresult cuMemGetInfo(unsigned *f, unsigned *t) { *f = 1u << 31; *t = 0xffffffffu; return 0; }
+EXPORT CUresult cuDeviceTotalMem(unsigned *t, int d) { (void)d; *t = 0xffffffffu; return 0; }
 EXPORT CUresult cuModuleLoadData(void **m, const void *i) { (void)i; *m = (void *)1; return 0; }
 EXPORT CUresult cuModuleGetFunction(void **f, void *m, const char *n) {
     (void)m; (void)n; *f = (void *)1; return 0;
