@@ -339,3 +339,27 @@ def start_governor(
     thread = threading.Thread(target=governor.run, args=(stop,), name="vgpu-governor", daemon=True)
     thread.start()
     return thread
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m kubelet_plugin.governor --state-dir DIR`: run the governor standalone."""
+    import argparse
+    import signal
+
+    parser = argparse.ArgumentParser(description="vgpu-dra node compute governor")
+    parser.add_argument("--state-dir", default="/var/lib/vgpu-dra")
+    parser.add_argument("--period", type=float, default=DEFAULT_PERIOD_S, help="seconds")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO)
+    if args.period <= 0:
+        parser.error(f"--period must be positive, got {args.period}")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    Governor(args.state_dir, NvmlUtilSource()).run(stop, args.period)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
