@@ -1,0 +1,416 @@
+"""The steps of `vgpu-dra demo`, each a function of the shared `DemoContext`.
+
+1. bring up the control plane and every node's agents (simulated GPUs, our kubelet plugin, the
+   kubelet stand-in); 2. show the ResourceSlices our plugin published; 3. apply
+   deploy/deviceclass.yaml and deploy/examples/*.yaml as files and wait until kube-scheduler
+   allocated and the plugin prepared every pod; 4. show what prepare wrote for the shared pod;
+5. run workloads inside that pod's "container" (NVML view, memory cap, compute cap).
+Tables and parsing live in vgpu_testbed.demo_report (pure); programs and NVML sampling in
+vgpu_testbed.demo_workloads. The runner, options and teardown are in vgpu_testbed.demo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from dra_driver import kube
+from dra_driver.kube import RESOURCE_API, KubeClient
+from dra_driver.names import DEFAULT_DRIVER_NAME, DriverNames
+from vgpu_testbed import demo_report as report
+from vgpu_testbed.cluster import Cluster
+from vgpu_testbed.demo_workloads import ClaimContainer, WorkloadError, nvml_view, program
+from vgpu_testbed.demo_workloads import run_with_samples as sampled_run
+from vgpu_testbed.node_agents import NodeAgents, start_node_agents
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEVICE_CLASS = REPO_ROOT / "deploy" / "deviceclass.yaml"
+EXAMPLES_DIR = REPO_ROOT / "deploy" / "examples"
+NAMESPACE = "default"
+SHARED_POD = "shared-gpu"  # the example whose claim step 4 and 5 look into
+UNCAPPED_POD = "whole-gpu"  # the comparison run: a whole GPU, no SM cap
+CDI_KIND = DriverNames(DEFAULT_DRIVER_NAME).cdi_kind
+CAPPED_SECONDS = 6.0  # sampled; the first SETTLE_S are the controller learning the GPU
+UNCAPPED_SECONDS = 3.0
+SETTLE_S = 2.0
+T = TypeVar("T")
+
+KIND_PATHS = {
+    "DeviceClass": (RESOURCE_API, "deviceclasses", False),
+    "ResourceClaimTemplate": (RESOURCE_API, "resourceclaimtemplates", True),
+    "ResourceClaim": (RESOURCE_API, "resourceclaims", True),
+    "Pod": ("v1", "pods", True),
+}
+
+
+@dataclass
+class Prepared:
+    """One example pod after prepare: the API objects and the node that prepared it."""
+
+    pod: dict[str, Any]
+    claim: dict[str, Any]
+    record: dict[str, Any]
+    agents: NodeAgents
+    placement: report.Placement
+
+
+@dataclass
+class DemoContext:
+    """What steps share: options, the running cluster, its node agents, what was prepared."""
+
+    args: argparse.Namespace
+    t0: float = field(default_factory=time.monotonic)
+    cluster: Cluster | None = None
+    client: KubeClient | None = None
+    agents: dict[str, NodeAgents] = field(default_factory=dict)
+    prepared: dict[str, Prepared] = field(default_factory=dict)
+    results: dict[str, Any] = field(default_factory=dict)  # figures for the summary
+
+    def say(self, message: str = "") -> None:
+        print(f"      {message}".rstrip(), flush=True)
+
+    def need_cluster(self) -> Cluster:
+        if self.cluster is None:
+            raise RuntimeError("no cluster: the bring-up step did not run")
+        return self.cluster
+
+    def need_client(self) -> KubeClient:
+        if self.client is None:
+            raise RuntimeError("no API client: the bring-up step did not run")
+        return self.client
+
+    def need_prepared(self, pod: str) -> Prepared:
+        if pod not in self.prepared:
+            raise RuntimeError(f"pod {pod} was not prepared (deploy/examples/{pod}.yaml missing?)")
+        return self.prepared[pod]
+
+
+@dataclass(frozen=True)
+class Step:
+    title: str
+    run: Callable[[DemoContext], None]
+
+
+def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 60.0) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.2)
+
+
+# ---------------------------------------------------------------- 1. bring-up
+
+
+def step_bring_up(ctx: DemoContext) -> None:
+    root = ctx.args.dir or Path(tempfile.mkdtemp(prefix="vgpu-dra-demo-"))
+    ctx.cluster = Cluster.start(
+        root, ctx.args.nodes, die_with_parent=not ctx.args.keep, progress=ctx.say
+    )
+    ctx.client = KubeClient.from_kubeconfig(str(ctx.cluster.kubeconfig))
+    ctx.say("starting node agents: simulated GPUs, kubelet plugin, kubelet stand-in")
+    ctx.agents = start_node_agents(ctx.cluster)
+    pids = {p.name: p.pid for p in ctx.cluster.processes}
+    for name, agents in ctx.agents.items():
+        ctx.say(
+            f"{name}: simulated {agents.profile}, kubelet-plugin pid "
+            f"{pids.get(agents.plugin_process)}, kubelet stand-in pid "
+            f"{pids.get(agents.standin_process)}"
+        )
+
+
+# ---------------------------------------------------------------- 2. published devices
+
+
+def step_show_slices(ctx: DemoContext) -> None:
+    from vgpu_testbed import fakegpu
+
+    client = ctx.need_client()
+    slices_path = kube.path(RESOURCE_API, "resourceslices")
+    expected = {
+        name: len(fakegpu.load_profile(agents.profile).gpus) for name, agents in ctx.agents.items()
+    }
+
+    def published() -> list[dict[str, Any]] | None:
+        objs = client.list(slices_path, field_selector=f"spec.driver={DEFAULT_DRIVER_NAME}")
+        counts = {n: 0 for n in expected}
+        for obj in objs:
+            node = obj["spec"].get("nodeName")
+            if node in counts:
+                counts[node] += len(obj["spec"].get("devices") or [])
+        return objs if counts == expected else None
+
+    slices = wait_for("every node's ResourceSlices", published)
+    for line in report.device_table(report.device_rows(slices)):
+        ctx.say(line)
+    ctx.say(
+        "every device: allowMultipleAllocations=true; consumable capacity `memory` (bytes) "
+        "and `cores` (% of SMs)"
+    )
+
+
+# ---------------------------------------------------------------- 3. examples
+
+
+def apply_manifest(client: KubeClient, manifest: Path, namespace: str) -> list[str]:
+    """Create every object of a YAML file; returns `Kind/name` for each."""
+    created = []
+    for doc in yaml.safe_load_all(manifest.read_text()):
+        if not doc:
+            continue
+        kind = doc.get("kind")
+        if kind not in KIND_PATHS:
+            raise ValueError(f"{manifest}: kind {kind!r} is not one the demo knows how to apply")
+        api, plural, namespaced = KIND_PATHS[kind]
+        client.create(kube.path(api, plural, namespace=namespace if namespaced else None), doc)
+        created.append(f"{kind}/{doc['metadata']['name']}")
+    return created
+
+
+def example_pods(manifest: Path) -> list[str]:
+    return [
+        doc["metadata"]["name"]
+        for doc in yaml.safe_load_all(manifest.read_text())
+        if doc and doc.get("kind") == "Pod"
+    ]
+
+
+def step_apply_examples(ctx: DemoContext) -> None:
+    client = ctx.need_client()
+    created = apply_manifest(client, DEVICE_CLASS, NAMESPACE)
+    ctx.say(f"kubectl apply -f {DEVICE_CLASS.relative_to(REPO_ROOT)}: {', '.join(created)}")
+    manifests = sorted(EXAMPLES_DIR.glob("*.yaml"))
+    pods: list[str] = []
+    for manifest in manifests:
+        created = apply_manifest(client, manifest, NAMESPACE)
+        pods += example_pods(manifest)
+        ctx.say(f"kubectl apply -f {manifest.relative_to(REPO_ROOT)}: {', '.join(created)}")
+    ctx.say("waiting for kube-scheduler to allocate and the kubelet plugin to prepare ...")
+    for name in pods:
+        ctx.prepared[name] = wait_prepared(ctx, name)
+    ctx.say()
+    for line in report.placement_table([ctx.prepared[p].placement for p in pods]):
+        ctx.say(line)
+    ctx.results["prepared_pods"] = sorted(ctx.prepared)
+
+
+def wait_prepared(ctx: DemoContext, pod_name: str, timeout: float = 90.0) -> Prepared:
+    """Wait until the pod is bound, its claim allocated, and its node's stand-in recorded a
+    successful NodePrepareResources for it (the stand-in then marks the pod Running)."""
+    client = ctx.need_client()
+    pod_path = kube.path("v1", "pods", pod_name, namespace=NAMESPACE)
+
+    def check() -> Prepared | None:
+        pod = client.get(pod_path)
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node or node not in ctx.agents:
+            return None
+        agents = ctx.agents[node]
+        try:
+            record = json.loads(agents.paths.pod_record(NAMESPACE, pod_name).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+        errors = [c.get("error") for c in record.get("claims") or [] if c.get("error")]
+        if errors:
+            raise RuntimeError(f"kubelet plugin on {node} failed to prepare {pod_name}: {errors}")
+        if not record.get("ready") or record.get("uid") != pod["metadata"]["uid"]:
+            return None
+        statuses = (pod.get("status") or {}).get("resourceClaimStatuses") or []
+        if len(statuses) != 1:
+            raise RuntimeError(
+                f"the demo expects one claim per example pod; {pod_name} has {statuses}"
+            )
+        claim = client.get(
+            kube.path(
+                RESOURCE_API,
+                "resourceclaims",
+                statuses[0]["resourceClaimName"],
+                namespace=NAMESPACE,
+            )
+        )
+        return Prepared(pod, claim, record, agents, report.placement(pod, claim, record))
+
+    return wait_for(f"pod {pod_name} to be scheduled and prepared", check, timeout)
+
+
+# ---------------------------------------------------------------- 4. what prepare wrote
+
+
+def step_show_prepared_claim(ctx: DemoContext) -> None:
+    shared = ctx.need_prepared(SHARED_POD)
+    uid = shared.claim["metadata"]["uid"]
+    paths = shared.agents.paths
+    conf = paths.claim_dir(uid) / "vgpu.conf"
+    ctx.say(f"claim {shared.claim['metadata']['name']} (uid {uid}) on {shared.agents.node_name}")
+    ctx.say(f"{conf}:")
+    for line in conf.read_text().splitlines():
+        if line.startswith("device "):
+            ctx.say(f"  {line}")
+    ctx.say("CDI device IDs returned to the kubelet:")
+    for cdi_id in shared.placement.cdi_ids:
+        ctx.say(f"  {cdi_id}")
+    spec_path = paths.cdi_spec(uid)
+    ctx.say(f"{spec_path}:")
+    for line in report.cdi_summary(json.loads(spec_path.read_text())):
+        ctx.say(f"  {line}")
+
+
+# ---------------------------------------------------------------- 5. workloads
+
+
+def claim_container(prepared: Prepared) -> ClaimContainer:
+    uid = prepared.claim["metadata"]["uid"]
+    spec = json.loads(prepared.agents.paths.cdi_spec(uid).read_text())
+    names = report.cdi_device_names(CDI_KIND, prepared.placement.cdi_ids)
+    if not names:
+        raise RuntimeError(f"prepare returned no {CDI_KIND} device for claim {uid}")
+    return ClaimContainer(spec, names, prepared.agents.gpu_env)
+
+
+def claim_limits(prepared: Prepared) -> dict[str, str]:
+    uid = prepared.claim["metadata"]["uid"]
+    conf = (prepared.agents.paths.claim_dir(uid) / "vgpu.conf").read_text()
+    devices = report.conf_devices(conf)
+    if len(devices) != 1:
+        raise RuntimeError(f"expected one device in claim {uid}'s vgpu.conf, found {devices}")
+    return devices[0]
+
+
+def step_workloads(ctx: DemoContext) -> None:
+    if os.geteuid() != 0:
+        ctx.say("SKIPPED: running a program as a container would needs root (a private mount")
+        ctx.say("namespace to bind the claim dir, the hook and /etc/ld.so.preload); run the demo")
+        ctx.say("as root (e.g. `sudo make demo`) to see the caps enforced.")
+        ctx.results["workloads"] = "skipped"
+        return
+    shared = ctx.need_prepared(SHARED_POD)
+    container = claim_container(shared)
+    limits = claim_limits(shared)
+    show_nvml(ctx, shared, container, limits)
+    show_memory_cap(ctx, container, int(limits["memory"]))
+    show_compute_cap(ctx, shared, container, int(limits["cores"]), limits["uuid"])
+
+
+def show_nvml(
+    ctx: DemoContext, shared: Prepared, container: ClaimContainer, limits: dict[str, str]
+) -> None:
+    host = nvml_view(None, shared.agents.gpu_env)
+    inside = nvml_view(container, shared.agents.gpu_env)
+    host_gpu = next(g for g in host["gpus"] if g["uuid"] == limits["uuid"])
+    ctx.say(
+        f"(a) NVML on the host ({shared.agents.node_name}): {host['count']} GPUs; "
+        f"{limits['uuid'][:12]}… total {report.human_bytes(host_gpu['memory_total'])}"
+    )
+    for gpu in inside["gpus"]:
+        ctx.say(
+            f"    NVML in the container: {inside['count']} GPU: #{gpu['index']} {gpu['name']} "
+            f"{gpu['uuid'][:12]}… total {report.human_bytes(gpu['memory_total'])} "
+            f"(claim cap {report.human_bytes(int(limits['memory']))})"
+        )
+    ctx.results["nvml_container"] = inside
+    ctx.results["nvml_host_total"] = host_gpu["memory_total"]
+
+
+def show_memory_cap(ctx: DemoContext, container: ClaimContainer, cap: int) -> None:
+    hold = program("cuda_hold")
+    within, beyond, second = cap * 3 // 4, cap * 2, cap // 2
+    done = container.run([hold, "0", str(within)])
+    first = report.parse_hold(done.stdout, done.returncode)
+    over = container.run([hold, "0", str(beyond)])
+    over_result = report.parse_hold(over.stdout, over.returncode)
+    ctx.say(
+        f"(b) cuMemAlloc {report.human_bytes(within)} (within the cap): "
+        f"{'ok' if first.ok else first.error}"
+    )
+    ctx.say(
+        f"    cuMemAlloc {report.human_bytes(beyond)} (beyond the cap): "
+        f"{'ok' if over_result.ok else over_result.error}"
+    )
+    # The cap is the claim's, over all its processes: hold 3/4 in one, ask 1/2 in another.
+    holder = container.popen([hold, "0", str(within)])
+    try:
+        assert holder.stdout is not None and holder.stdin is not None
+        ready = holder.stdout.readline()
+        if not ready.startswith("ready"):
+            raise WorkloadError(f"cuda_hold did not allocate {within} bytes: {ready.strip()}")
+        again = container.run([hold, "0", str(second)])
+        shared_result = report.parse_hold(again.stdout, again.returncode)
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+    after = container.run([hold, "0", str(second)])
+    after_result = report.parse_hold(after.stdout, after.returncode)
+    ctx.say(
+        f"    another process asks {report.human_bytes(second)} while "
+        f"{report.human_bytes(within)} is held: "
+        f"{'ok' if shared_result.ok else shared_result.error}; after release: "
+        f"{'ok' if after_result.ok else after_result.error}"
+    )
+    ctx.results["memory"] = {
+        "cap": cap,
+        "within_ok": first.ok,
+        "beyond_error": over_result.error,
+        "shared_error": shared_result.error,
+        "after_release_ok": after_result.ok,
+    }
+    if not first.ok or over_result.ok or shared_result.ok or not after_result.ok:
+        raise WorkloadError(f"the memory cap was not enforced as expected: {ctx.results['memory']}")
+
+
+def show_compute_cap(
+    ctx: DemoContext, shared: Prepared, container: ClaimContainer, cores: int, uuid: str
+) -> None:
+    spin = program("cuda_spin")
+    samples, out = sampled_run(
+        container,
+        [spin, "0", str(CAPPED_SECONDS + 1.5)],
+        uuid=uuid,
+        seconds=CAPPED_SECONDS,
+    )
+    capped = report.util_stats(samples, settle_s=SETTLE_S)
+    ctx.say(
+        f"(c) cuda_spin (kernels back to back) capped at cores={cores}: NVML utilisation "
+        f"mean {capped.mean:.1f}% (min {capped.low:.0f}, max {capped.high:.0f}; "
+        f"{capped.samples} samples after {SETTLE_S:.0f}s settling)"
+    )
+    ctx.results["capped"] = {"cores": cores, "mean": round(capped.mean, 2), "out": out}
+    whole = ctx.prepared.get(UNCAPPED_POD)
+    if whole is None:
+        return
+    whole_limits = claim_limits(whole)
+    samples, out = sampled_run(
+        claim_container(whole),
+        [spin, "0", str(UNCAPPED_SECONDS + 1.5)],
+        uuid=whole_limits["uuid"],
+        seconds=UNCAPPED_SECONDS,
+    )
+    free = report.util_stats(samples, settle_s=0.5)
+    ctx.say(
+        f"    the same program in pod {UNCAPPED_POD} (whole GPU, no cores requested): "
+        f"mean {free.mean:.1f}%"
+    )
+    ctx.results["uncapped"] = {"mean": round(free.mean, 2), "out": out}
+
+
+STEPS: list[Step] = [
+    Step("Control plane + simulated GPU nodes with our kubelet plugin", step_bring_up),
+    Step("What the kubelet plugins published (ResourceSlices)", step_show_slices),
+    Step("Apply the DeviceClass and deploy/examples; schedule and prepare", step_apply_examples),
+    Step(f"What prepare wrote for pod {SHARED_POD}", step_show_prepared_claim),
+    Step(f"Inside pod {SHARED_POD}'s container: the hook enforces the caps", step_workloads),
+]
