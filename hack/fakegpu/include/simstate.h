@@ -60,7 +60,7 @@ extern "C" {
 #define SIM_MAX_GPUS 16
 #define SIM_MAX_PROCS 64    /* process slots per GPU */
 #define SIM_MAX_LINKS 18    /* NVLink links per GPU (H100 has 18) */
-#define SIM_TIMELINE 512    /* busy intervals kept per GPU */
+#define SIM_TIMELINE 4096   /* busy intervals kept per GPU (>= 1 s of 250 us kernels) */
 #define SIM_XID_QUEUE 64    /* XID events kept per GPU */
 
 /* Utilisation sampling window used by NVML-style queries: 1/6 s, like NVML's GPU sample period. */

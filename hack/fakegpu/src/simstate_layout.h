@@ -38,7 +38,7 @@ struct sim_busy {
     uint32_t reserved;
 };
 
-#define SIM_TIMELINE_SLOTS 4096 /* ring of busy intervals per GPU (>= 1 s of 250 us kernels) */
+#define SIM_TIMELINE_SLOTS SIM_TIMELINE /* ring of busy intervals per GPU */
 
 struct sim_gpu_dyn {
     uint32_t flags;           /* SIM_GPU_* */
