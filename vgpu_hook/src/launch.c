@@ -79,9 +79,13 @@ static bool sample_util(struct vgpu_dev *d, uint64_t window_ns, double *device_u
             }
         }
     }
-    /* Inside a pid namespace NVML reports host pids that match none of ours; then keep the
-     * conservative whole-GPU figure. */
-    if (matched) {
+    /* Inside a pid namespace NVML reports host pids that never match ours; then keep the
+     * conservative whole-GPU figure. Once a sample has matched, pids are comparable, and a
+     * window without our pids means we did not run (counting others' work as ours would
+     * starve a throttled claim further). */
+    static _Atomic bool pids_comparable;
+    if (matched) atomic_store(&pids_comparable, true);
+    if (matched || (atomic_load(&pids_comparable) && count > 0)) {
         *claim_util = ours;
         /* Same window as ours: the balance policy compares the two. */
         *device_util = all < 100 ? all : 100;
