@@ -9,8 +9,10 @@ Proves, each in a separate process loading the library through LD_LIBRARY_PATH:
 3. Topology: common ancestor and nearest GPUs follow NUMA placement; CPU affinity is disjoint
    per NUMA node.
 4. NVIDIA_VISIBLE_DEVICES gives the container's view (subset, reindexed).
-5. A process holding memory (through the state, as the fake CUDA driver does) shows in
-   GetMemoryInfo and GetComputeRunningProcesses (all struct versions pynvml uses).
+5. A process holding memory through the fake CUDA driver shows in GetMemoryInfo and
+   GetComputeRunningProcesses (all struct versions pynvml uses), and is gone once killed.
+6. A process launching kernels in a loop shows as ~100 % GPU utilisation and as the only
+   per-process utilisation sample (GetProcessUtilization), with a wall-clock timestamp.
 """
 
 from __future__ import annotations
@@ -209,3 +211,38 @@ def test_memory_held_by_a_process_is_reported(dgx: SimNode) -> None:
         proc.wait()
     after = dgx.python(HOLDER)
     assert after["used"] == 0 and after["v3"] == {}
+
+
+PROCESS_UTIL = """
+import json, time, pynvml as n
+n.nvmlInit()
+h = n.nvmlDeviceGetHandleByIndex(0)
+time.sleep(0.5)
+samples = n.nvmlDeviceGetProcessUtilization(h, 0)
+print(json.dumps({
+    "gpu": n.nvmlDeviceGetUtilizationRates(h).gpu,
+    "samples": {str(s.pid): s.smUtil for s in samples},
+    "stamp_s": max(s.timeStamp for s in samples) / 1e6,
+    "now_s": time.time(),
+}))
+"""
+
+
+def test_kernel_loop_shows_in_per_process_utilisation(dgx: SimNode) -> None:
+    spin = PROGRAMS / "cuda_spin"
+    if not spin.is_file():
+        pytest.skip("the fake CUDA driver's test programs are not built")
+    proc = subprocess.Popen(
+        [str(spin), "0", "3"],
+        env={**dgx.env, "CUDA_SPIN_KERNEL": "spin__ns100000", "VGPU_SIM_LAUNCH_NS": "0"},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        seen = dgx.python(PROCESS_UTIL)
+    finally:
+        proc.communicate(timeout=30)
+    assert seen["gpu"] >= 90
+    assert list(seen["samples"]) == [str(proc.pid)]
+    assert seen["samples"][str(proc.pid)] >= 80
+    assert abs(seen["now_s"] - seen["stamp_s"]) < 2  # CLOCK_REALTIME microseconds
