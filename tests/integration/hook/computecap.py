@@ -66,6 +66,7 @@ def run_tenants(
     policy: str = "fixed",
     sync_every_launch: bool = False,
     settle_s: float = SETTLE_S,
+    delays_ms: Sequence[int] | None = None,
 ) -> list[dict[str, float]]:
     """Run one tenant per cap on GPU 0 at once; per tenant: mean util and MAE from its cap."""
     tag = f"{'gov' if governor else 'hook'}-{'-'.join(map(str, caps))}-{time.monotonic_ns()}"
@@ -79,15 +80,18 @@ def run_tenants(
     env = dict(node.env, PROBE_KERNEL=KERNEL)
     # Tenants outlive the sampler, so every sample is taken while all of them run.
     run_step = f"run:{int(seconds) + 2}:{BLOCKS}:{1 if sync_every_launch else 0}"
+    delays = list(delays_ms) if delays_ms is not None else [0] * len(caps)
     tenants = [
         subprocess.Popen(
-            container_command(c.spec, c.device_names, [str(PROBE), "init", run_step]),
+            container_command(
+                c.spec, c.device_names, [str(PROBE), "init", f"sleep:{delay}", run_step]
+            ),
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        for c in claims
+        for c, delay in zip(claims, delays, strict=True)
     ]
     sampler = subprocess.run(
         [

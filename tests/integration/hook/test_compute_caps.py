@@ -168,3 +168,14 @@ def test_balance_borrows_idle_capacity_and_yields_under_contention(
         node, [30, 70], seconds=9, governor=governor, policy="balance", settle_s=4.0
     )
     assert low["mean_util"] >= 27 and high["mean_util"] >= 67, (low, high)
+
+
+@needs_nvml
+@pytest.mark.parametrize("governor", [False, True], ids=["in-process", "governor"])
+def test_late_tenant_is_not_starved(node: Node, governor: bool) -> None:
+    """The 30 % tenant starts launching 2 s after the 70 % one is throttled at its cap."""
+    high, low = run_tenants(
+        node, [70, 30], seconds=8, governor=governor, settle_s=4.0, delays_ms=[0, 2000]
+    )
+    assert abs(low["mean_util"] - 30) <= 3, (low, high)
+    assert abs(high["mean_util"] - 70) <= 3, (low, high)
