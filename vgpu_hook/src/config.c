@@ -145,8 +145,7 @@ int vgpu_config_parse(const char *text, const char *source, struct vgpu_claim_co
     if (copy == NULL) return -1;
     memcpy(copy, text, len + 1);
     int lineno = 0;
-    char *save = NULL;
-    /* strtok_r on "\n" skips empty lines, so count line numbers by hand. */
+    /* strtok_r on "\n" would skip empty lines and lose line numbers: split by hand. */
     char *cursor = copy;
     while (cursor != NULL) {
         char *line = cursor;
@@ -167,7 +166,6 @@ int vgpu_config_parse(const char *text, const char *source, struct vgpu_claim_co
         char *rest = NULL;
         char *word = strtok_r(line, " \t", &rest);
         if (word == NULL) continue;
-        (void)save;
         if (strcmp(word, "version") == 0) {
             unsigned long v = 0;
             char *val = strtok_r(NULL, " \t", &rest);
