@@ -270,3 +270,26 @@ def util_stats(samples: Sequence[tuple[float, float]], *, settle_s: float) -> Ut
     if not kept:
         raise ValueError(f"no utilisation samples after {settle_s:.1f}s (got {len(samples)})")
     return UtilStats(mean=sum(kept) / len(kept), low=min(kept), high=max(kept), samples=len(kept))
+
+
+def spin_rate(stdout: str) -> float | None:
+    """Kernel launches per second from cuda_spin's `launches=N seconds=S ...` line (None when
+    the line is missing). Its `gpu_ms` is event time on the stream, which a throttled program
+    stretches too, so the launch rate is the honest measure of work done."""
+    fields = dict(tok.split("=", 1) for tok in stdout.split() if "=" in tok)
+    try:
+        launches, seconds = int(fields["launches"]), float(fields["seconds"])
+    except (KeyError, ValueError):
+        return None
+    return launches / seconds if seconds > 0 else None
+
+
+def pod_state(pod: Mapping[str, Any]) -> str:
+    """Why a pod is not (yet) prepared, in one line: node, phase and its conditions' reasons."""
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    parts = [f"pod is on node {spec.get('nodeName') or '(none)'}, phase {status.get('phase')}"]
+    for cond in status.get("conditions") or []:
+        if cond.get("status") != "True":
+            message = cond.get("message") or cond.get("reason") or ""
+            parts.append(f"{cond.get('type')}=False: {message}")
+    return "; ".join(parts)

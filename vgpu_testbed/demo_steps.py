@@ -206,10 +206,11 @@ def step_apply_examples(ctx: DemoContext) -> None:
     ctx.results["prepared_pods"] = sorted(ctx.prepared)
 
 
-def wait_prepared(ctx: DemoContext, pod_name: str, timeout: float = 90.0) -> Prepared:
+def wait_prepared(ctx: DemoContext, pod_name: str) -> Prepared:
     """Wait until the pod is bound, its claim allocated, and its node's stand-in recorded a
     successful NodePrepareResources for it (the stand-in then marks the pod Running)."""
     client = ctx.need_client()
+    timeout = float(ctx.args.wait_timeout)
     pod_path = kube.path("v1", "pods", pod_name, namespace=NAMESPACE)
 
     def check() -> Prepared | None:
@@ -242,7 +243,10 @@ def wait_prepared(ctx: DemoContext, pod_name: str, timeout: float = 90.0) -> Pre
         )
         return Prepared(pod, claim, record, agents, report.placement(pod, claim, record))
 
-    return wait_for(f"pod {pod_name} to be scheduled and prepared", check, timeout)
+    try:
+        return wait_for(f"pod {pod_name} to be scheduled and prepared", check, timeout)
+    except TimeoutError as err:
+        raise TimeoutError(f"{err}; {report.pod_state(client.get(pod_path))}") from None
 
 
 # ---------------------------------------------------------------- 4. what prepare wrote
@@ -388,7 +392,8 @@ def show_compute_cap(
         f"mean {capped.mean:.1f}% (min {capped.low:.0f}, max {capped.high:.0f}; "
         f"{capped.samples} samples after {SETTLE_S:.0f}s settling)"
     )
-    ctx.results["capped"] = {"cores": cores, "mean": round(capped.mean, 2), "out": out}
+    capped_rate = report.spin_rate(out)
+    ctx.results["capped"] = {"cores": cores, "mean": round(capped.mean, 2), "rate": capped_rate}
     whole = ctx.prepared.get(UNCAPPED_POD)
     if whole is None:
         return
@@ -400,11 +405,17 @@ def show_compute_cap(
         seconds=UNCAPPED_SECONDS,
     )
     free = report.util_stats(samples, settle_s=0.5)
+    free_rate = report.spin_rate(out)
     ctx.say(
         f"    the same program in pod {UNCAPPED_POD} (whole GPU, no cores requested): "
         f"mean {free.mean:.1f}%"
     )
-    ctx.results["uncapped"] = {"mean": round(free.mean, 2), "out": out}
+    if capped_rate and free_rate:
+        ctx.say(
+            f"    kernel launches per second: {capped_rate:.0f} capped vs {free_rate:.0f} "
+            f"uncapped = {100 * capped_rate / free_rate:.1f}% (whole run, settling included)"
+        )
+    ctx.results["uncapped"] = {"mean": round(free.mean, 2), "rate": free_rate}
 
 
 STEPS: list[Step] = [

@@ -8,7 +8,8 @@ What this proves (asserted on the demo's own output):
 2. Inside the shared pod's container (when root): NVML shows one GPU whose total memory is the
    1 GiB cap; an allocation within the cap succeeds, one beyond it and one that would push the
    claim's processes together past it fail with CUDA_ERROR_OUT_OF_MEMORY; the capped kernel
-   loop reads 10 % +- 3 points of NVML utilisation while the uncapped one reads >= 90 %.
+   loop reads 10 % +- 3 points of NVML utilisation while the uncapped one reads >= 90 %, and
+   its launch rate is 5-16 % of the uncapped one's (whole run, settling included).
 3. Without --keep the cluster directory is gone afterwards; with an example that cannot be
    scheduled (no NVLink on an A10-only cluster) the demo names the failed step, the pod and
    the scheduler's reason, keeps the logs, stops every process, and exits 1.
@@ -96,6 +97,9 @@ def test_demo_runs_and_cleans_up(short_dir: Path) -> None:
         assert abs(float(capped.group(1)) - 10) <= 3, capped.group(0)
         uncapped = re.search(r"no cores requested\): mean ([\d.]+)%", out)
         assert uncapped and float(uncapped.group(1)) >= 90, out
+        # The programs' own launch counts tell the same story as NVML.
+        rates = re.search(r"launches per second: \d+ capped vs \d+ uncapped = ([\d.]+)%", out)
+        assert rates and 5 <= float(rates.group(1)) <= 16, out
 
     # 3. teardown
     assert "[6/6] Tear down" in out and "cluster stopped and removed" in out

@@ -12,7 +12,7 @@ What this proves:
 6. Tables: published devices sorted by node and index with `-` for absent attributes;
    placements joined from pod, claim and the stand-in's record; vgpu.conf and CDI summaries.
 7. Parsers: cuda_hold success/CUDA error/garbage, utilisation statistics after settling
-   (none left is an error), cuda_spin's summary, a pending pod's reasons.
+   (none left is an error), cuda_spin's launch rate, a pending pod's reasons.
 8. Manifests of a kind the demo cannot apply are refused, naming file and kind.
 """
 
@@ -304,10 +304,11 @@ def test_util_stats_ignores_the_settling_period() -> None:
         demo_report.util_stats(samples, settle_s=5.0)
 
 
-def test_spin_summary() -> None:
-    text = demo_report.spin_summary("started\nlaunches=4000 seconds=8.000 gpu_ms=800.0\n")
-    assert text.startswith("4000 launches in 8.0s, GPU busy 0.80s (10% of the run")
-    assert "unrecognised" in demo_report.spin_summary("launches=x")
+def test_spin_rate() -> None:
+    assert demo_report.spin_rate("started\nlaunches=4000 seconds=8.000 gpu_ms=800.0\n") == 500.0
+    assert demo_report.spin_rate("launches=x seconds=1") is None
+    assert demo_report.spin_rate("launches=10 seconds=0") is None
+    assert demo_report.spin_rate("error cuInit CUDA_ERROR_NO_DEVICE") is None
 
 
 def test_pod_state_names_the_scheduler_reason() -> None:
