@@ -57,7 +57,24 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="leave the cluster and its node agents running (stop them with dev-cluster down)",
     )
+    parser.add_argument(
+        "--wait-timeout",
+        type=_positive_seconds,
+        default=90.0,
+        metavar="SECONDS",
+        help="how long to wait for each example pod to be scheduled and prepared (default 90)",
+    )
     return parser
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0 seconds")
+    return value
 
 
 def run_steps(ctx: DemoContext, steps: Sequence[Step]) -> None:
@@ -115,6 +132,9 @@ def main(argv: Sequence[str]) -> int:
 def report_failure(ctx: DemoContext, err: StepFailedError) -> None:
     print(f"vgpu-dra demo: error: {err}", file=sys.stderr)
     if ctx.cluster is None:
+        # Cluster.start stops what it started and keeps the logs when it fails.
+        if ctx.root is not None and (ctx.root / "logs").is_dir():
+            print(f"vgpu-dra demo: logs (kept): {ctx.root / 'logs'}/", file=sys.stderr)
         return
     logs = ctx.cluster.layout.logs
     trace = logs / "demo-traceback.txt"

@@ -69,6 +69,7 @@ class DemoContext:
 
     args: argparse.Namespace
     t0: float = field(default_factory=time.monotonic)
+    root: Path | None = None  # the cluster directory, known before the cluster is up
     cluster: Cluster | None = None
     client: KubeClient | None = None
     agents: dict[str, NodeAgents] = field(default_factory=dict)
@@ -116,6 +117,7 @@ def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 60.0) -> T:
 
 def step_bring_up(ctx: DemoContext) -> None:
     root = ctx.args.dir or Path(tempfile.mkdtemp(prefix="vgpu-dra-demo-"))
+    ctx.root = Path(root).resolve()
     ctx.cluster = Cluster.start(
         root, ctx.args.nodes, die_with_parent=not ctx.args.keep, progress=ctx.say
     )

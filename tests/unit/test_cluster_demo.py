@@ -5,7 +5,8 @@ What this proves:
 1. Defaults (temp dir, dgx-h100 + a10-pcie, not kept, 90 s waits); bad --nodes and
    --wait-timeout are usage errors naming the value.
 2. Steps run in order with numbered titles (the teardown is the last number); a failing step
-   stops the run, and `main` reports the step's number, title and error and exits 1.
+   stops the run, and `main` reports the step's number, title and error (and the kept logs
+   when the cluster itself failed to start) and exits 1.
 3. Missing control-plane binaries are a clear error (`make controlplane`) that starts nothing.
 4. Teardown: after a failure the logs are kept; with --keep it prints KUBECONFIG and how to stop.
 5. Without root the workload step is skipped with an explanation instead of failing.
@@ -94,6 +95,22 @@ def test_main_reports_the_failed_step(
     assert demo.main([]) == 1
     err = capsys.readouterr().err
     assert "step 1 (explode) failed: ValueError: claim template 'x' has no requests" in err
+
+
+def test_failed_bring_up_points_to_the_kept_logs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def bring_up_fails(ctx: demo.DemoContext) -> None:
+        ctx.root = tmp_path  # as step_bring_up does before Cluster.start
+        (tmp_path / "logs").mkdir()
+        raise RuntimeError("kube-apiserver exited with status 1")
+
+    monkeypatch.setattr(demo, "check_prerequisites", lambda args: None)
+    monkeypatch.setattr(demo, "STEPS", [demo.Step("bring up", bring_up_fails)])
+    assert demo.main([]) == 1
+    err = capsys.readouterr().err
+    assert "step 1 (bring up) failed: RuntimeError: kube-apiserver exited" in err
+    assert f"logs (kept): {tmp_path / 'logs'}/" in err
 
 
 def test_missing_binaries(
