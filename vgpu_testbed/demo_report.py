@@ -198,6 +198,40 @@ def placement_table(rows: Sequence[Placement]) -> list[str]:
     return render_table(header, cells)
 
 
+def shared_devices(rows: Sequence[Placement]) -> list[str]:
+    """One line per device that more than one pod holds a share of (consumable capacity)."""
+    holders: dict[tuple[str, str], list[str]] = {}
+    for p in rows:
+        for device, memory, cores in zip(p.devices, p.memory, p.cores, strict=True):
+            share = "-" if memory is None else human_bytes(memory)
+            if cores:
+                share += f", {cores} cores"
+            holders.setdefault((p.node, device), []).append(f"{p.pod} ({share})")
+    return [
+        f"{node}/{device} is shared by {' and '.join(pods)}"
+        for (node, device), pods in sorted(holders.items())
+        if len(pods) > 1
+    ]
+
+
+def remaining_line(device: DeviceRow, rows: Sequence[Placement]) -> str:
+    """What is left of one device's capacity after every placement on it, for other claims."""
+    used_memory = used_cores = 0
+    for p in rows:
+        if p.node != device.node:
+            continue
+        for name, memory, cores in zip(p.devices, p.memory, p.cores, strict=True):
+            if name == device.device:
+                used_memory += memory or 0
+                used_cores += cores or 0
+    total_memory, total_cores = device.memory or 0, device.cores or 0
+    return (
+        f"{device.node}/{device.device}: {human_bytes(used_memory)} and {used_cores} cores "
+        f"allocated; {human_bytes(max(0, total_memory - used_memory))} and "
+        f"{max(0, total_cores - used_cores)} cores left for other claims"
+    )
+
+
 # ---------------------------------------------------------------- step 4: what prepare wrote
 
 

@@ -73,6 +73,7 @@ class DemoContext:
     cluster: Cluster | None = None
     client: KubeClient | None = None
     agents: dict[str, NodeAgents] = field(default_factory=dict)
+    devices: dict[tuple[str, str], report.DeviceRow] = field(default_factory=dict)
     prepared: dict[str, Prepared] = field(default_factory=dict)
     results: dict[str, Any] = field(default_factory=dict)  # figures for the summary
 
@@ -155,7 +156,9 @@ def step_show_slices(ctx: DemoContext) -> None:
         return objs if counts == expected else None
 
     slices = wait_for("every node's ResourceSlices", published)
-    for line in report.device_table(report.device_rows(slices)):
+    rows = report.device_rows(slices)
+    ctx.devices = {(r.node, r.device): r for r in rows}
+    for line in report.device_table(rows):
         ctx.say(line)
     ctx.say(
         "every device: allowMultipleAllocations=true; consumable capacity `memory` (bytes) "
@@ -203,8 +206,17 @@ def step_apply_examples(ctx: DemoContext) -> None:
     for name in pods:
         ctx.prepared[name] = wait_prepared(ctx, name)
     ctx.say()
-    for line in report.placement_table([ctx.prepared[p].placement for p in pods]):
+    placements = [ctx.prepared[p].placement for p in pods]
+    for line in report.placement_table(placements):
         ctx.say(line)
+    for line in report.shared_devices(placements):
+        ctx.say(line)
+    shared = ctx.prepared.get(SHARED_POD)
+    if shared is not None:
+        for device in shared.placement.devices:
+            row = ctx.devices.get((shared.placement.node, device))
+            if row is not None:
+                ctx.say(report.remaining_line(row, placements))
     ctx.results["prepared_pods"] = sorted(ctx.prepared)
 
 
@@ -420,10 +432,73 @@ def show_compute_cap(
     ctx.results["uncapped"] = {"mean": round(free.mean, 2), "rate": free_rate}
 
 
+# ---------------------------------------------------------------- 6. release
+
+
+def step_release(ctx: DemoContext) -> None:
+    """Delete the shared pod: the stand-in sees it terminating, calls NodeUnprepareResources,
+    the plugin removes the claim's files and checkpoint entry, and the pod and its generated
+    claim go away."""
+    client = ctx.need_client()
+    shared = ctx.need_prepared(SHARED_POD)
+    uid = shared.claim["metadata"]["uid"]
+    paths = shared.agents.paths
+    started = time.monotonic()
+    client.delete(kube.path("v1", "pods", SHARED_POD, namespace=NAMESPACE))
+    ctx.say(f"kubectl delete pod {SHARED_POD}")
+
+    def released() -> bool:
+        checkpoint = _read_json(paths.checkpoint).get("claims") or {}
+        return not (
+            paths.cdi_spec(uid).exists() or paths.claim_dir(uid).exists() or uid in checkpoint
+        )
+
+    wait_for(f"the plugin to unprepare claim {uid}", released, float(ctx.args.wait_timeout))
+    unprepared = time.monotonic() - started
+    ctx.say(
+        f"claim unprepared after {unprepared:.1f}s: CDI spec, claim dir and checkpoint entry "
+        "removed"
+    )
+    claim_path = kube.path(
+        RESOURCE_API, "resourceclaims", shared.claim["metadata"]["name"], namespace=NAMESPACE
+    )
+    pod_path = kube.path("v1", "pods", SHARED_POD, namespace=NAMESPACE)
+    wait_for(
+        f"pod {SHARED_POD} and its claim to be deleted",
+        lambda: _gone(client, pod_path) and _gone(client, claim_path),
+        float(ctx.args.wait_timeout),
+    )
+    memory = shared.placement.memory[0]
+    ctx.say(
+        f"pod and ResourceClaim {shared.claim['metadata']['name']} deleted after "
+        f"{time.monotonic() - started:.1f}s; its "
+        f"{'-' if memory is None else report.human_bytes(memory)} share of "
+        f"{shared.agents.node_name}/{shared.placement.devices[0]} is free again"
+    )
+    ctx.results["release_s"] = round(unprepared, 2)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _gone(client: KubeClient, resource_path: str) -> bool:
+    try:
+        client.get(resource_path)
+    except kube.NotFound:
+        return True
+    return False
+
+
 STEPS: list[Step] = [
     Step("Control plane + simulated GPU nodes with our kubelet plugin", step_bring_up),
     Step("What the kubelet plugins published (ResourceSlices)", step_show_slices),
     Step("Apply the DeviceClass and deploy/examples; schedule and prepare", step_apply_examples),
     Step(f"What prepare wrote for pod {SHARED_POD}", step_show_prepared_claim),
     Step(f"Inside pod {SHARED_POD}'s container: the hook enforces the caps", step_workloads),
+    Step(f"Delete pod {SHARED_POD}: the plugin releases its share", step_release),
 ]

@@ -4,13 +4,16 @@ What this proves (asserted on the demo's own output):
 1. The full demo exits 0 and runs every step: the plugins published 8 H100s (node-1) and 4 A10s
    (node-2) with their NUMA nodes and NVLink domain; kube-scheduler placed every example and
    the plugin prepared it (nvlink-pair: two GPUs of node-1; a10-only: node-2; shared-gpu:
-   1 GiB and 10 cores with a shareID), and the shared claim's vgpu.conf carries those limits.
+   1 GiB and 10 cores with a shareID, 90 cores left on its GPU), and the shared claim's
+   vgpu.conf carries those limits.
 2. Inside the shared pod's container (when root): NVML shows one GPU whose total memory is the
    1 GiB cap; an allocation within the cap succeeds, one beyond it and one that would push the
    claim's processes together past it fail with CUDA_ERROR_OUT_OF_MEMORY; the capped kernel
    loop reads 10 % +- 3 points of NVML utilisation while the uncapped one reads >= 90 %, and
    its launch rate is 5-16 % of the uncapped one's (whole run, settling included).
-3. Without --keep the cluster directory is gone afterwards; with an example that cannot be
+3. Deleting the shared pod makes the plugin unprepare its claim (CDI spec, claim dir and
+   checkpoint entry gone) and the pod and its generated claim disappear from the API.
+4. Without --keep the cluster directory is gone afterwards; with an example that cannot be
    scheduled (no NVLink on an A10-only cluster) the demo names the failed step, the pod and
    the scheduler's reason, keeps the logs, stops every process, and exits 1.
 """
@@ -101,8 +104,16 @@ def test_demo_runs_and_cleans_up(short_dir: Path) -> None:
         rates = re.search(r"launches per second: \d+ capped vs \d+ uncapped = ([\d.]+)%", out)
         assert rates and 5 <= float(rates.group(1)) <= 16, out
 
-    # 3. teardown
-    assert "[6/6] Tear down" in out and "cluster stopped and removed" in out
+    assert re.search(
+        r"node-\d/gpu-\d: 1 GiB and 10 cores allocated; [\d.]+ GiB and 90 cores left", out
+    )
+
+    # 3. deleting the shared pod releases its claim on the node and in the API
+    assert re.search(r"claim unprepared after [\d.]+s: CDI spec, claim dir and checkpoint", out)
+    assert re.search(r"pod and ResourceClaim shared-gpu-\S+ deleted after [\d.]+s; its 1 GiB", out)
+
+    # 4. teardown
+    assert "[7/7] Tear down" in out and "cluster stopped and removed" in out
     assert re.search(r"demo finished in [\d.]+s", out)
     assert not root.exists()
 

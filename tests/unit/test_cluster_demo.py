@@ -11,7 +11,8 @@ What this proves:
 4. Teardown: after a failure the logs are kept; with --keep it prints KUBECONFIG and how to stop.
 5. Without root the workload step is skipped with an explanation instead of failing.
 6. Tables: published devices sorted by node and index with `-` for absent attributes;
-   placements joined from pod, claim and the stand-in's record; vgpu.conf and CDI summaries.
+   placements joined from pod, claim and the stand-in's record; devices several pods share and
+   what is left of them; vgpu.conf and CDI summaries.
 7. Parsers: cuda_hold success/CUDA error/garbage, utilisation statistics after settling
    (none left is an error), cuda_spin's launch rate, a pending pod's reasons.
 8. Manifests of a kind the demo cannot apply are refused, naming file and kind.
@@ -268,6 +269,24 @@ def test_placement_joins_pod_claim_and_record() -> None:
     (_, row) = demo_report.placement_table([p])
     assert "79.6 GiB + -" in row and "0 + -" in row and "9f0545c4…,-" in row
     assert row.split()[-1] == "2"
+
+
+def test_shared_devices_and_what_is_left() -> None:
+    def place(pod: str, node: str, device: str, memory: int, cores: int) -> Any:
+        return demo_report.Placement(pod, node, (device,), (memory,), (cores,), ("s",), ())
+
+    rows = [
+        place("a10-only", "node-2", "gpu-0", 4 * GIB, 0),
+        place("shared-gpu", "node-2", "gpu-0", GIB, 10),
+        place("whole-gpu", "node-1", "gpu-0", 80 * GIB, 0),  # same name, other node
+    ]
+    assert demo_report.shared_devices(rows) == [
+        "node-2/gpu-0 is shared by a10-only (4 GiB) and shared-gpu (1 GiB, 10 cores)"
+    ]
+    a10 = demo_report.DeviceRow("node-2", "gpu-0", "NVIDIA A10", 24 * GIB, 100, 0, None, None)
+    assert demo_report.remaining_line(a10, rows) == (
+        "node-2/gpu-0: 5 GiB and 10 cores allocated; 19 GiB and 90 cores left for other claims"
+    )
 
 
 def test_conf_devices_and_cdi_names() -> None:
