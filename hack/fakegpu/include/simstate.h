@@ -211,10 +211,9 @@ unsigned long long sim_now_ns(void);
  * (window_ns 0 = SIM_UTIL_WINDOW_NS). If pid > 0, only that process's busy time counts. */
 unsigned int sim_utilization(int phys, int pid, unsigned long long window_ns);
 
-/* Per-process utilisation samples: for each process with busy time on GPU `phys` after
- * since_ns (at most the last second), writes {pid, its busy percent over the utilisation window
- * (SIM_UTIL_WINDOW_NS, as sim_utilization), end of its latest busy time}; returns the number
- * written (at most max). */
+/* Per-process utilisation samples: for each process with busy time on GPU `phys` that ended
+ * after since_ns, writes {pid, busy percent over [max(since_ns, now - 1 s), now]}; returns the
+ * number written (at most max). */
 struct sim_proc_util {
     int32_t pid;
     uint32_t sm_util;        /* percent */

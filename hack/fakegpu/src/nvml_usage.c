@@ -5,9 +5,9 @@
  *
  * Utilisation model: `gpu` is the fraction of the last SIM_UTIL_WINDOW_NS (1/6 s, NVML's
  * shortest sample period) during which simulated kernels occupied the SMs; `memory` (bandwidth
- * utilisation, not capacity) is reported as half of it. Per-process samples cover processes busy
- * since the caller's lastSeenTimeStamp (at most the last second), each with its share of the same
- * window, stamped with CLOCK_REALTIME microseconds like the real library. Reserved memory is 0, so
+ * utilisation, not capacity) is reported as half of it. Per-process samples are each process's
+ * share of busy time since the caller's lastSeenTimeStamp (at most the last second), with
+ * CLOCK_REALTIME microsecond timestamps like the real library. Reserved memory is 0, so
  * free = total - used exactly.
  */
 #include <string.h>

@@ -703,42 +703,37 @@ int sim_process_utilization(int phys, unsigned long long since_ns, struct sim_pr
     int n = 0;
     gpu_lock(phys);
     uint64_t now = sim_now_ns();
-    /* Who: processes busy after since_ns (at most the last second). How much: their share of
-     * the utilisation window, like the device-wide figure. */
     uint64_t from = now > 1000000000ULL ? now - 1000000000ULL : 0;
     if (since_ns > from)
         from = since_ns;
-    uint64_t win = now > SIM_UTIL_WINDOW_NS ? now - SIM_UTIL_WINDOW_NS : 0;
-    uint64_t lo_all = from < win ? from : win;
     uint64_t count = LOAD(&d->tl_count);
     uint64_t oldest = count > SIM_TIMELINE_SLOTS ? count - SIM_TIMELINE_SLOTS : 0;
     uint64_t busy[SIM_MAX_PROCS] = {0};
-    for (uint64_t k = count; k > oldest; k--) {
+    for (uint64_t k = count; k > oldest && from < now; k--) {
         const struct sim_busy *b = &d->tl[(k - 1) % SIM_TIMELINE_SLOTS];
         uint64_t e = LOAD(&b->end);
-        if (e <= lo_all)
+        if (e <= from)
             break;
-        uint64_t hi = e < now ? e : now;
+        uint64_t lo = b->start > from ? b->start : from, hi = e < now ? e : now;
+        if (hi <= lo)
+            continue;
         int j;
         for (j = 0; j < n; j++)
             if (out[j].pid == b->pid)
                 break;
         if (j == n) {
-            /* New process: only if it was busy after `from`. */
-            if (hi <= from || hi <= b->start || n == max || n == SIM_MAX_PROCS)
+            if (n == max || n == SIM_MAX_PROCS)
                 continue;
             out[n].pid = b->pid;
             out[n].last_ns = hi;
             n++;
         }
-        uint64_t lo = b->start > win ? b->start : win;
-        if (hi > lo)
-            busy[j] += hi - lo;
+        busy[j] += hi - lo;
     }
     gpu_unlock(phys);
-    uint64_t span = now - win;
     for (int j = 0; j < n; j++) {
-        unsigned int pct = span ? (unsigned int)((busy[j] * 100 + span / 2) / span) : 0;
+        uint64_t span = now - from;
+        unsigned int pct = (unsigned int)((busy[j] * 100 + span / 2) / span);
         out[j].sm_util = pct > 100 ? 100 : pct;
     }
     return n;

@@ -218,7 +218,8 @@ import json, time, pynvml as n
 n.nvmlInit()
 h = n.nvmlDeviceGetHandleByIndex(0)
 time.sleep(0.5)
-samples = n.nvmlDeviceGetProcessUtilization(h, 0)
+# As a poller does: samples since its previous look, here 0.3 s ago (the loop runs throughout).
+samples = n.nvmlDeviceGetProcessUtilization(h, int((time.time() - 0.3) * 1e6))
 print(json.dumps({
     "gpu": n.nvmlDeviceGetUtilizationRates(h).gpu,
     "samples": {str(s.pid): s.smUtil for s in samples},
