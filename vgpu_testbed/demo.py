@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Sequence
@@ -98,7 +99,9 @@ def check_prerequisites(args: argparse.Namespace) -> None:
     from vgpu_testbed.cluster_cli import _check_agent_prerequisites
 
     find_binaries(None)
-    root = args.dir if args.dir is not None else Path("/tmp/vgpu-dra-demo-XXXXXXXX")
+    # Without --dir the directory is made later by mkdtemp; check a name of the same length.
+    default_root = Path(tempfile.gettempdir()) / "vgpu-dra-demo-XXXXXXXX"
+    root = args.dir if args.dir is not None else default_root
     _check_agent_prerequisites(root, args.nodes)
 
 
