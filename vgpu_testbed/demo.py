@@ -4,9 +4,10 @@ A real Kubernetes control plane, simulated GPU nodes each running our kubelet pl
 kubelet stand-in, the real kube-scheduler allocating shares of GPUs from the plugin's
 ResourceSlices, the deploy/examples manifests prepared by the plugin, and `vgpu_hook` enforcing
 the shared claim's memory and compute caps inside a "container". The steps are in
-vgpu_testbed.demo_steps (`STEPS`); this module parses options, runs the steps with titles and
-durations, reports a failure (which step, the error, where the logs are) and always tears down
-unless `--keep`. Called by dra_driver.cli; see docs/demo.md.
+vgpu_testbed.demo_steps and vgpu_testbed.demo_caps; this module lists them (`STEPS`), parses
+options, runs the steps with titles and durations, reports a failure (which step, the error,
+where the logs are) and always tears down unless `--keep`. Called by dra_driver.cli; see
+docs/demo.md.
 """
 
 from __future__ import annotations
@@ -23,9 +24,29 @@ from pathlib import Path
 from vgpu_testbed import cluster_nodes
 from vgpu_testbed.cluster_binaries import BinariesMissingError, find_binaries
 from vgpu_testbed.cluster_cli import profiles_arg
-from vgpu_testbed.demo_steps import STEPS, DemoContext, Step
+from vgpu_testbed.demo_caps import step_workloads
+from vgpu_testbed.demo_steps import (
+    SHARED_POD,
+    DemoContext,
+    Step,
+    step_apply_examples,
+    step_bring_up,
+    step_release,
+    step_show_prepared_claim,
+    step_show_slices,
+)
 
 __all__ = ["STEPS", "DemoContext", "Step", "build_parser", "main", "run_steps"]
+
+
+STEPS: list[Step] = [
+    Step("Control plane + simulated GPU nodes with our kubelet plugin", step_bring_up),
+    Step("What the kubelet plugins published (ResourceSlices)", step_show_slices),
+    Step("Apply the DeviceClass and deploy/examples; schedule and prepare", step_apply_examples),
+    Step(f"What prepare wrote for pod {SHARED_POD}", step_show_prepared_claim),
+    Step(f"Inside pod {SHARED_POD}'s container: the hook enforces the caps", step_workloads),
+    Step(f"Delete pod {SHARED_POD}: the plugin releases its share", step_release),
+]
 
 
 class StepFailedError(RuntimeError):

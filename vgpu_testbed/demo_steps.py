@@ -1,19 +1,18 @@
-"""The steps of `vgpu-dra demo`, each a function of the shared `DemoContext`.
+"""The Kubernetes-side steps of `vgpu-dra demo` and the `DemoContext` every step shares.
 
 1. bring up the control plane and every node's agents (simulated GPUs, our kubelet plugin, the
    kubelet stand-in); 2. show the ResourceSlices our plugin published; 3. apply
    deploy/deviceclass.yaml and deploy/examples/*.yaml as files and wait until kube-scheduler
    allocated and the plugin prepared every pod; 4. show what prepare wrote for the shared pod;
-5. run workloads inside that pod's "container" (NVML view, memory cap, compute cap).
-Tables and parsing live in vgpu_testbed.demo_report (pure); programs and NVML sampling in
-vgpu_testbed.demo_workloads. The runner, options and teardown are in vgpu_testbed.demo.
+6. delete that pod and watch the plugin release its claim. Step 5 (the caps inside the
+container) is vgpu_testbed.demo_caps. Tables and parsing live in vgpu_testbed.demo_report
+(pure); the step list, runner, options and teardown in vgpu_testbed.demo.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
 import time
 from collections.abc import Callable
@@ -28,8 +27,6 @@ from dra_driver.kube import RESOURCE_API, KubeClient
 from dra_driver.names import DEFAULT_DRIVER_NAME, DriverNames
 from vgpu_testbed import demo_report as report
 from vgpu_testbed.cluster import Cluster
-from vgpu_testbed.demo_workloads import ClaimContainer, WorkloadError, nvml_view, program
-from vgpu_testbed.demo_workloads import run_with_samples as sampled_run
 from vgpu_testbed.node_agents import NodeAgents, start_node_agents
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -39,9 +36,6 @@ NAMESPACE = "default"
 SHARED_POD = "shared-gpu"  # the example whose claim step 4 and 5 look into
 UNCAPPED_POD = "whole-gpu"  # the comparison run: a whole GPU, no SM cap
 CDI_KIND = DriverNames(DEFAULT_DRIVER_NAME).cdi_kind
-CAPPED_SECONDS = 6.0  # sampled; the first SETTLE_S are the controller learning the GPU
-UNCAPPED_SECONDS = 3.0
-SETTLE_S = 2.0
 T = TypeVar("T")
 
 KIND_PATHS = {
@@ -285,153 +279,6 @@ def step_show_prepared_claim(ctx: DemoContext) -> None:
         ctx.say(f"  {line}")
 
 
-# ---------------------------------------------------------------- 5. workloads
-
-
-def claim_container(prepared: Prepared) -> ClaimContainer:
-    uid = prepared.claim["metadata"]["uid"]
-    spec = json.loads(prepared.agents.paths.cdi_spec(uid).read_text())
-    names = report.cdi_device_names(CDI_KIND, prepared.placement.cdi_ids)
-    if not names:
-        raise RuntimeError(f"prepare returned no {CDI_KIND} device for claim {uid}")
-    return ClaimContainer(spec, names, prepared.agents.gpu_env)
-
-
-def claim_limits(prepared: Prepared) -> dict[str, str]:
-    uid = prepared.claim["metadata"]["uid"]
-    conf = (prepared.agents.paths.claim_dir(uid) / "vgpu.conf").read_text()
-    devices = report.conf_devices(conf)
-    if len(devices) != 1:
-        raise RuntimeError(f"expected one device in claim {uid}'s vgpu.conf, found {devices}")
-    return devices[0]
-
-
-def step_workloads(ctx: DemoContext) -> None:
-    if os.geteuid() != 0:
-        ctx.say("SKIPPED: running a program as a container would needs root (a private mount")
-        ctx.say("namespace to bind the claim dir, the hook and /etc/ld.so.preload); run the demo")
-        ctx.say("as root (e.g. `sudo make demo`) to see the caps enforced.")
-        ctx.results["workloads"] = "skipped"
-        return
-    shared = ctx.need_prepared(SHARED_POD)
-    container = claim_container(shared)
-    limits = claim_limits(shared)
-    show_nvml(ctx, shared, container, limits)
-    show_memory_cap(ctx, container, int(limits["memory"]))
-    show_compute_cap(ctx, shared, container, int(limits["cores"]), limits["uuid"])
-
-
-def show_nvml(
-    ctx: DemoContext, shared: Prepared, container: ClaimContainer, limits: dict[str, str]
-) -> None:
-    host = nvml_view(None, shared.agents.gpu_env)
-    inside = nvml_view(container, shared.agents.gpu_env)
-    host_gpu = next(g for g in host["gpus"] if g["uuid"] == limits["uuid"])
-    ctx.say(
-        f"(a) NVML on the host ({shared.agents.node_name}): {host['count']} GPUs; "
-        f"{limits['uuid'][:12]}… total {report.human_bytes(host_gpu['memory_total'])}"
-    )
-    for gpu in inside["gpus"]:
-        ctx.say(
-            f"    NVML in the container: {inside['count']} GPU: #{gpu['index']} {gpu['name']} "
-            f"{gpu['uuid'][:12]}… total {report.human_bytes(gpu['memory_total'])} "
-            f"(claim cap {report.human_bytes(int(limits['memory']))})"
-        )
-    ctx.results["nvml_container"] = inside
-    ctx.results["nvml_host_total"] = host_gpu["memory_total"]
-
-
-def show_memory_cap(ctx: DemoContext, container: ClaimContainer, cap: int) -> None:
-    hold = program("cuda_hold")
-    within, beyond, second = cap * 3 // 4, cap * 2, cap // 2
-    done = container.run([hold, "0", str(within)])
-    first = report.parse_hold(done.stdout, done.returncode)
-    over = container.run([hold, "0", str(beyond)])
-    over_result = report.parse_hold(over.stdout, over.returncode)
-    ctx.say(
-        f"(b) cuMemAlloc {report.human_bytes(within)} (within the cap): "
-        f"{'ok' if first.ok else first.error}"
-    )
-    ctx.say(
-        f"    cuMemAlloc {report.human_bytes(beyond)} (beyond the cap): "
-        f"{'ok' if over_result.ok else over_result.error}"
-    )
-    # The cap is the claim's, over all its processes: hold 3/4 in one, ask 1/2 in another.
-    holder = container.popen([hold, "0", str(within)])
-    try:
-        assert holder.stdout is not None and holder.stdin is not None
-        ready = holder.stdout.readline()
-        if not ready.startswith("ready"):
-            raise WorkloadError(f"cuda_hold did not allocate {within} bytes: {ready.strip()}")
-        again = container.run([hold, "0", str(second)])
-        shared_result = report.parse_hold(again.stdout, again.returncode)
-        holder.stdin.close()
-        holder.wait(timeout=30)
-    finally:
-        if holder.poll() is None:
-            holder.kill()
-            holder.wait()
-    after = container.run([hold, "0", str(second)])
-    after_result = report.parse_hold(after.stdout, after.returncode)
-    ctx.say(
-        f"    another process asks {report.human_bytes(second)} while "
-        f"{report.human_bytes(within)} is held: "
-        f"{'ok' if shared_result.ok else shared_result.error}; after release: "
-        f"{'ok' if after_result.ok else after_result.error}"
-    )
-    ctx.results["memory"] = {
-        "cap": cap,
-        "within_ok": first.ok,
-        "beyond_error": over_result.error,
-        "shared_error": shared_result.error,
-        "after_release_ok": after_result.ok,
-    }
-    if not first.ok or over_result.ok or shared_result.ok or not after_result.ok:
-        raise WorkloadError(f"the memory cap was not enforced as expected: {ctx.results['memory']}")
-
-
-def show_compute_cap(
-    ctx: DemoContext, shared: Prepared, container: ClaimContainer, cores: int, uuid: str
-) -> None:
-    spin = program("cuda_spin")
-    samples, out = sampled_run(
-        container,
-        [spin, "0", str(CAPPED_SECONDS + 1.5)],
-        uuid=uuid,
-        seconds=CAPPED_SECONDS,
-    )
-    capped = report.util_stats(samples, settle_s=SETTLE_S)
-    ctx.say(
-        f"(c) cuda_spin (kernels back to back) capped at cores={cores}: NVML utilisation "
-        f"mean {capped.mean:.1f}% (min {capped.low:.0f}, max {capped.high:.0f}; "
-        f"{capped.samples} samples after {SETTLE_S:.0f}s settling)"
-    )
-    capped_rate = report.spin_rate(out)
-    ctx.results["capped"] = {"cores": cores, "mean": round(capped.mean, 2), "rate": capped_rate}
-    whole = ctx.prepared.get(UNCAPPED_POD)
-    if whole is None:
-        return
-    whole_limits = claim_limits(whole)
-    samples, out = sampled_run(
-        claim_container(whole),
-        [spin, "0", str(UNCAPPED_SECONDS + 1.5)],
-        uuid=whole_limits["uuid"],
-        seconds=UNCAPPED_SECONDS,
-    )
-    free = report.util_stats(samples, settle_s=0.5)
-    free_rate = report.spin_rate(out)
-    ctx.say(
-        f"    the same program in pod {UNCAPPED_POD} (whole GPU, no cores requested): "
-        f"mean {free.mean:.1f}%"
-    )
-    if capped_rate and free_rate:
-        ctx.say(
-            f"    kernel launches per second: {capped_rate:.0f} capped vs {free_rate:.0f} "
-            f"uncapped = {100 * capped_rate / free_rate:.1f}% (whole run, settling included)"
-        )
-    ctx.results["uncapped"] = {"mean": round(free.mean, 2), "rate": free_rate}
-
-
 # ---------------------------------------------------------------- 6. release
 
 
@@ -492,13 +339,3 @@ def _gone(client: KubeClient, resource_path: str) -> bool:
     except kube.NotFound:
         return True
     return False
-
-
-STEPS: list[Step] = [
-    Step("Control plane + simulated GPU nodes with our kubelet plugin", step_bring_up),
-    Step("What the kubelet plugins published (ResourceSlices)", step_show_slices),
-    Step("Apply the DeviceClass and deploy/examples; schedule and prepare", step_apply_examples),
-    Step(f"What prepare wrote for pod {SHARED_POD}", step_show_prepared_claim),
-    Step(f"Inside pod {SHARED_POD}'s container: the hook enforces the caps", step_workloads),
-    Step(f"Delete pod {SHARED_POD}: the plugin releases its share", step_release),
-]

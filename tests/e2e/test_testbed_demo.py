@@ -104,8 +104,9 @@ def test_demo_runs_and_cleans_up(short_dir: Path) -> None:
         rates = re.search(r"launches per second: \d+ capped vs \d+ uncapped = ([\d.]+)%", out)
         assert rates and 5 <= float(rates.group(1)) <= 16, out
 
+    # The shared pod's GPU may also hold a10-only's 4 GiB (no cores): the cores are certain.
     assert re.search(
-        r"node-\d/gpu-\d: 1 GiB and 10 cores allocated; [\d.]+ GiB and 90 cores left", out
+        r"node-\d/gpu-\d: [\d.]+ GiB and 10 cores allocated; [\d.]+ GiB and 90 cores left", out
     )
 
     # 3. deleting the shared pod releases its claim on the node and in the API

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from vgpu_testbed import demo, demo_report, demo_steps, demo_workloads
+from vgpu_testbed import demo, demo_caps, demo_report, demo_steps, demo_workloads
 
 GIB = 1 << 30
 
@@ -170,9 +170,9 @@ def test_keep_prints_how_to_reach_and_stop(
 def test_workloads_skipped_without_root(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(demo_steps.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(demo_caps.os, "geteuid", lambda: 1000)
     ctx = _ctx()
-    demo_steps.step_workloads(ctx)  # no prepared pods needed: it returns before using them
+    demo_caps.step_workloads(ctx)  # no prepared pods needed: it returns before using them
     assert "SKIPPED" in capsys.readouterr().out
     assert ctx.results["workloads"] == "skipped"
 
