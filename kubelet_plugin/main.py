@@ -2,7 +2,8 @@
 
 Start-up: discover GPUs (NVML) -> reconcile CDI specs and claim dirs with the checkpoint -> serve
 the DRA socket, then the registration socket -> publish ResourceSlices and watch device health in
-a background thread -> optional governor. SIGTERM/SIGINT stop the servers and remove the sockets.
+a background thread -> the compute governor (unless --no-governor). SIGTERM/SIGINT stop the
+servers and remove the sockets.
 Every flag has an environment twin (e.g. `--node-name` / `NODE_NAME`), handy in a DaemonSet.
 Dispatched from `dra_driver.cli`.
 """
@@ -10,14 +11,12 @@ Dispatched from `dra_driver.cli`.
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import signal
 import threading
 from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import Any
 
 from dra_driver import cdi, kube, names
 from dra_driver.gpu import NodeInventory
@@ -101,7 +100,7 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
         "--governor",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="run the per-GPU compute governor (kubelet_plugin.governor) when available",
+        help="run the per-GPU compute governor (kubelet_plugin.governor)",
     )
     add("--resync-seconds", type=float, default=60.0, help="slice and health re-check period")
     add("--workers", type=int, default=16, help="claims prepared in parallel per call")
@@ -315,15 +314,14 @@ def _background(
 def _start_governor(
     args: argparse.Namespace, settings: NodeSettings, stop: threading.Event
 ) -> threading.Thread | None:
-    """The compute-policy governor (vgpu_hook's side of the node), if this build has it.
-
-    Its interface: `kubelet_plugin.governor.start_governor(state_dir, stop) -> Thread`, which
-    samples NVML per GPU and writes each claim's launch budget into `<state-dir>/claims/*/region`.
-    Without it the hook falls back to sampling NVML in every process.
+    """The compute-policy governor: samples NVML once per GPU and writes each claim's launch
+    budget into `<state-dir>/claims/*/region`. Without it the hook paces itself from NVML in
+    every process, so a failure to start is a warning, not fatal.
     """
+    from kubelet_plugin.governor import start_governor
+
     try:
-        module: Any = importlib.import_module("kubelet_plugin.governor")
-        thread: threading.Thread = module.start_governor(settings.state_dir, stop)
+        thread = start_governor(settings.state_dir, stop)
     except Exception as exc:
         log.warning("governor not started (hooks will pace themselves): %s", exc)
         return None
