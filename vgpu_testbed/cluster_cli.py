@@ -106,7 +106,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     say = _progress(t0)
     if args.agents:
-        _check_agent_prerequisites(args.dir, args.nodes)
+        check_agent_prerequisites(args.dir, args.nodes)
     cluster = Cluster.start(
         args.dir,
         args.nodes,
@@ -131,7 +131,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_agent_prerequisites(root: Path, profiles: Sequence[str]) -> None:
+def check_agent_prerequisites(root: Path, profiles: Sequence[str]) -> None:
     """Fail before starting anything when node agents could not run: every profile must be a
     simulated machine, the simulated GPU libraries must be built, and the nodes' unix socket
     paths must fit the kernel's limit."""

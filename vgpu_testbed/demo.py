@@ -117,13 +117,13 @@ def run_steps(ctx: DemoContext, steps: Sequence[Step]) -> None:
 def check_prerequisites(args: argparse.Namespace) -> None:
     """Fail before anything starts when the demo cannot run: binaries, simulated GPU
     libraries, profiles, socket path lengths (the same checks as `dev-cluster up --agents`)."""
-    from vgpu_testbed.cluster_cli import _check_agent_prerequisites
+    from vgpu_testbed.cluster_cli import check_agent_prerequisites
 
     find_binaries(None)
     # Without --dir the directory is made later by mkdtemp; check a name of the same length.
     default_root = Path(tempfile.gettempdir()) / "vgpu-dra-demo-XXXXXXXX"
     root = args.dir if args.dir is not None else default_root
-    _check_agent_prerequisites(root, args.nodes)
+    check_agent_prerequisites(root, args.nodes)
 
 
 def main(argv: Sequence[str]) -> int:
