@@ -174,6 +174,12 @@ int sim_visible_gpus(int *phys_out, int max);
  * full; -3 if phys is invalid or the state is not attached; -4 if the GPU is lost. */
 int sim_mem_reserve(int phys, unsigned long long bytes);
 
+/* Reserve as much of `bytes` as is free on GPU `phys` right now (possibly 0) for the calling
+ * process, in one step under the GPU's lock; *got is set to what was reserved. For managed
+ * memory, whose pages beyond free device memory live in host memory. 0, or -2/-3/-4 as
+ * sim_mem_reserve() (never -1). */
+int sim_mem_reserve_upto(int phys, unsigned long long bytes, unsigned long long *got);
+
 /* Return `bytes` previously reserved by the calling process (clamped at what it holds). */
 void sim_mem_release(int phys, unsigned long long bytes);
 

@@ -16,6 +16,7 @@
 #include <strings.h>
 #include <sys/prctl.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cuda_internal.h"
 
@@ -44,6 +45,10 @@ static void read_config(struct cu_config *cfg) {
     cfg->launch_ns = env_ull("VGPU_SIM_LAUNCH_NS", 2000);
     cfg->max_queue_ns = env_ull("VGPU_SIM_MAX_QUEUE_NS", 20000000);
     cfg->backing_max = env_ull("VGPU_SIM_BACKING_MAX", 64ULL << 20);
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    unsigned long long ram =
+        pages > 0 && page > 0 ? (unsigned long long)pages * (unsigned long long)page : 0;
+    cfg->host_memory = env_ull("VGPU_SIM_HOST_MEMORY", ram);
     cfg->trace = (int)env_ull("VGPU_SIM_CUDA_TRACE", 0);
 }
 

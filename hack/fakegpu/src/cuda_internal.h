@@ -42,6 +42,9 @@ struct cu_config {
                                            may queue work before a launch blocks */
     unsigned long long backing_max;     /* VGPU_SIM_BACKING_MAX: largest allocation whose
                                            contents are kept for memcpy round trips */
+    unsigned long long host_memory;     /* VGPU_SIM_HOST_MEMORY: host memory the process's managed
+                                           allocations may spill into beyond free device
+                                           memory (default: the machine's physical RAM) */
     int trace;                          /* VGPU_SIM_CUDA_TRACE=1: log unresolved entry points */
 };
 
@@ -53,6 +56,7 @@ struct cu_driver {
     int count;
     int phys[SIM_MAX_GPUS];          /* ordinal -> physical GPU index in the state */
     struct cu_config cfg;
+    unsigned long long managed_host_bytes; /* host-resident part of live managed allocations */
     pthread_mutex_t lock;            /* guards every table below and in the other files */
 };
 
@@ -150,7 +154,7 @@ unsigned long long cu_stream_done(const struct CUstream_st *s);
 
 enum cu_mem_kind {
     CU_MEM_DEVICE = 1,   /* cuMemAlloc / cuMemAllocPitch */
-    CU_MEM_MANAGED,      /* cuMemAllocManaged (counted on the device: the simple model) */
+    CU_MEM_MANAGED,      /* cuMemAllocManaged (charged: its device-resident part only) */
     CU_MEM_POOL,         /* stream-ordered / pool allocations */
     CU_MEM_HOST,         /* cuMemAllocHost / cuMemHostAlloc: real host memory, not counted */
     CU_MEM_HOST_REGISTERED, /* cuMemHostRegister: the application's memory, never freed here */

@@ -10,7 +10,8 @@
  * record in one table sorted by base address (a range lookup is a binary search). Device memory
  * is charged to the node state per process (sim_mem_reserve), which is what NVML reports and what
  * bounds every allocation path by the profile's memory: a charge that does not fit fails with
- * CUDA_ERROR_OUT_OF_MEMORY before anything is recorded, so nothing leaks.
+ * CUDA_ERROR_OUT_OF_MEMORY before anything is recorded, so nothing leaks. Managed memory is
+ * the exception: only its device-resident part is charged (see cu_alloc_managed).
  *
  * Contents: an allocation up to cfg.backing_max bytes gets real host memory on its first copy
  * or set, so small HtoD/DtoH round trips return the data. Larger allocations accept copies but
@@ -72,6 +73,11 @@ struct cu_alloc *cu_alloc_find(CUdeviceptr p) {
 void cu_alloc_remove(CUdeviceptr base) {
     size_t i = first_ending_after(base);
     if (i >= table_len || table[i].base != base) return;
+    if (table[i].kind == CU_MEM_MANAGED) {
+        unsigned long long host = table[i].size - table[i].charged;
+        cu_drv.managed_host_bytes -=
+            host < cu_drv.managed_host_bytes ? host : cu_drv.managed_host_bytes;
+    }
     memmove(&table[i], &table[i + 1], (table_len - i - 1) * sizeof(*table));
     table_len--;
     if (table_len == 0) {
@@ -106,8 +112,8 @@ CUdeviceptr cu_va_pick(size_t size, size_t align) {
 
 /* ---- Charging the node state ----------------------------------------------------------------- */
 
-CUresult cu_charge(int phys, unsigned long long bytes) {
-    switch (sim_mem_reserve(phys, bytes)) {
+static CUresult reserve_result(int rc) {
+    switch (rc) {
     case 0: return CUDA_SUCCESS;
     case -1:
     case -2: return CUDA_ERROR_OUT_OF_MEMORY;
@@ -116,36 +122,68 @@ CUresult cu_charge(int phys, unsigned long long bytes) {
     }
 }
 
+CUresult cu_charge(int phys, unsigned long long bytes) {
+    return reserve_result(sim_mem_reserve(phys, bytes));
+}
+
 void cu_uncharge(int phys, unsigned long long bytes, int owner_pid) {
     /* After fork, the child's copy of an inherited record was charged to the parent. */
     if (bytes > 0 && phys >= 0 && owner_pid == getpid()) sim_mem_release(phys, bytes);
+}
+
+/* Record an allocation of `size` bytes of which `charged` are already reserved on the context's
+ * GPU; on failure the reservation is given back. Managed allocations also take their
+ * host-resident part (size - charged) from the process's host budget (cfg.host_memory). */
+static CUresult record_alloc(struct CUctx_st *ctx, size_t size, unsigned long long charged,
+                             enum cu_mem_kind kind, struct CUmemPoolHandle_st *pool,
+                             CUdeviceptr *out) {
+    unsigned long long host = kind == CU_MEM_MANAGED ? size - charged : 0;
+    int rc = -1;
+    CUdeviceptr base = 0;
+    pthread_mutex_lock(&cu_drv.lock);
+    if (host == 0 || (cu_drv.managed_host_bytes <= cu_drv.cfg.host_memory &&
+                      host <= cu_drv.cfg.host_memory - cu_drv.managed_host_bytes))
+        base = cu_va_pick(size, size >= LARGE_ALIGN ? LARGE_ALIGN : SMALL_ALIGN);
+    struct cu_alloc a = {
+        .base = base,
+        .size = size,
+        .kind = kind,
+        .phys = ctx->phys,
+        .charged = charged,
+        .ctx = ctx,
+        .pool = pool,
+        .owner_pid = getpid(),
+        .backing = NULL,
+    };
+    if (base != 0) rc = cu_alloc_insert(&a);
+    if (rc == 0) cu_drv.managed_host_bytes += host;
+    pthread_mutex_unlock(&cu_drv.lock);
+    if (rc != 0) {
+        cu_uncharge(ctx->phys, charged, getpid());
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *out = base;
+    return CUDA_SUCCESS;
 }
 
 CUresult cu_alloc_device(struct CUctx_st *ctx, size_t size, enum cu_mem_kind kind,
                          struct CUmemPoolHandle_st *pool, CUdeviceptr *out) {
     if (size == 0) return CUDA_ERROR_INVALID_VALUE;
     CU_TRY(cu_charge(ctx->phys, size));
-    pthread_mutex_lock(&cu_drv.lock);
-    CUdeviceptr base = cu_va_pick(size, size >= LARGE_ALIGN ? LARGE_ALIGN : SMALL_ALIGN);
-    struct cu_alloc a = {
-        .base = base,
-        .size = size,
-        .kind = kind,
-        .phys = ctx->phys,
-        .charged = size,
-        .ctx = ctx,
-        .pool = pool,
-        .owner_pid = getpid(),
-        .backing = NULL,
-    };
-    int rc = base != 0 ? cu_alloc_insert(&a) : -1;
-    pthread_mutex_unlock(&cu_drv.lock);
-    if (rc != 0) {
-        cu_uncharge(ctx->phys, size, getpid());
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    *out = base;
-    return CUDA_SUCCESS;
+    return record_alloc(ctx, size, size, kind, pool, out);
+}
+
+/* Managed memory may exceed the GPU, as on Pascal and later GPUs under Linux, where its pages
+ * migrate on demand and are evicted to host memory. The simulator fixes residency once, at
+ * allocation: the part that fits in the GPU's free memory at that moment is device-resident and
+ * charged like device memory (NVML, cuMemGetInfo and other processes see it); the rest is
+ * host-resident, is not charged to the GPU, and is bounded per process by cfg.host_memory.
+ * Nothing migrates afterwards, so device allocations by anyone still fail when the GPU is full. */
+static CUresult cu_alloc_managed(struct CUctx_st *ctx, size_t size, CUdeviceptr *out) {
+    if (size == 0) return CUDA_ERROR_INVALID_VALUE;
+    unsigned long long resident = 0;
+    CU_TRY(reserve_result(sim_mem_reserve_upto(ctx->phys, size, &resident)));
+    return record_alloc(ctx, size, resident, CU_MEM_MANAGED, NULL, out);
 }
 
 static int is_device_kind(enum cu_mem_kind k) {
@@ -244,7 +282,7 @@ CU_API CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned i
         return CUDA_ERROR_INVALID_VALUE;
     struct CUctx_st *ctx;
     CU_TRY(cu_ctx_require(&ctx));
-    return cu_alloc_device(ctx, bytesize, CU_MEM_MANAGED, NULL, dptr);
+    return cu_alloc_managed(ctx, bytesize, dptr);
 }
 
 CU_API CUresult cuMemFree_v2(CUdeviceptr dptr) {

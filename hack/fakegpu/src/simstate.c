@@ -533,6 +533,35 @@ int sim_mem_reserve(int phys, unsigned long long bytes)
     return rc;
 }
 
+int sim_mem_reserve_upto(int phys, unsigned long long bytes, unsigned long long *got)
+{
+    *got = 0;
+    if (!valid_gpu(phys))
+        return -3;
+    struct sim_gpu_dyn *d = &g_st->dyn[phys];
+    if (LOAD(&d->flags) & SIM_GPU_LOST)
+        return -4;
+    uint64_t total = g_st->gpus[phys].memory_total;
+    int me = self_pid(), rc = 0;
+    gpu_lock(phys);
+    uint64_t used = used_locked(d);
+    if (used > total || bytes > total - used) {
+        reap_locked(phys, me, 1);
+        used = used_locked(d);
+    }
+    uint64_t free_bytes = used >= total ? 0 : total - used;
+    uint64_t take = bytes < free_bytes ? bytes : free_bytes;
+    struct sim_proc_slot *s = own_slot(phys, me);
+    if (!s) {
+        rc = -2;
+    } else {
+        STORE(&s->bytes, LOAD(&s->bytes) + take);
+        *got = take;
+    }
+    gpu_unlock(phys);
+    return rc;
+}
+
 void sim_mem_release(int phys, unsigned long long bytes)
 {
     if (!valid_gpu(phys))

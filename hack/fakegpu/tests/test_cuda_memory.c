@@ -11,6 +11,9 @@
  *     freed pointers are rejected; pointer attributes and address ranges describe allocations.
  *  4. Pitch, managed, stream-ordered and pool allocations are charged; host allocations are
  *     real memory and not charged; destroying a pool or a context frees what it still holds.
+ *  4b. Managed memory oversubscribes: only the part that fits in free device memory is
+ *     charged, the rest is host-resident within VGPU_SIM_HOST_MEMORY; device allocations still
+ *     fail on a full GPU; frees and context teardown return both parts.
  *  5. VMM: physical memory is charged at cuMemCreate and released only when released and
  *     unmapped; reservations cost nothing; mapping rules are enforced.
  *  6. Arrays and mipmapped arrays are charged from format x channels x extent.
@@ -139,7 +142,6 @@ static void case_alloc_bounded(void)
     CHECK_EQ_U(free_now(), 0);
     CHECK(a != b && a != 0 && b != 0);
     CHECK(cuMemAlloc_v2(&c, 1) == CUDA_ERROR_OUT_OF_MEMORY);
-    CHECK(cuMemAllocManaged(&c, 1, CU_MEM_ATTACH_GLOBAL) == CUDA_ERROR_OUT_OF_MEMORY);
     CHECK(cuMemAllocAsync(&c, 1, NULL) == CUDA_ERROR_OUT_OF_MEMORY);
     size_t pitch;
     CHECK(cuMemAllocPitch_v2(&c, &pitch, 100, 1, 4) == CUDA_ERROR_OUT_OF_MEMORY);
@@ -153,6 +155,60 @@ static void case_alloc_bounded(void)
     CHECK(cuMemAlloc_v2(NULL, 16) == CUDA_ERROR_INVALID_VALUE);
     CHECK(cuMemAlloc_v2(&c, 2 * GiB) == CUDA_ERROR_OUT_OF_MEMORY);
     CHECK(cuMemFree_v2(b) == CUDA_SUCCESS);
+    CHECK_EQ_U(free_now(), 1 * GiB);
+}
+
+static void case_managed_oversubscribes(void)
+{
+    setenv("VGPU_SIM_HOST_MEMORY", "4294967296", 1); /* 4 GiB of host memory to spill into */
+    CUcontext ctx = setup(0);                         /* GPU A: 1 GiB */
+    CUdeviceptr d, m1, m2, m3, c;
+    CHECK(cuMemAlloc_v2(&d, 768 * MiB) == CUDA_SUCCESS);
+    /* Twice the GPU: 256 MiB device-resident (all that is free), 1.75 GiB host-resident. */
+    CHECK(cuMemAllocManaged(&m1, 2 * GiB, CU_MEM_ATTACH_GLOBAL) == CUDA_SUCCESS);
+    CHECK_EQ_U(free_now(), 0);
+    size_t range = 0;
+    CHECK(cuPointerGetAttribute(&range, CU_POINTER_ATTRIBUTE_RANGE_SIZE, m1 + GiB) == 0);
+    CHECK_EQ_U(range, 2 * GiB);
+    int managed = 0;
+    CHECK(cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, m1) == 0 && managed);
+    /* The GPU is full: device memory is still refused, by every device path. */
+    CHECK(cuMemAlloc_v2(&c, 1) == CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK(cuMemAllocAsync(&c, 1, NULL) == CUDA_ERROR_OUT_OF_MEMORY);
+    /* Managed memory now lives wholly in host memory: 1.75 + 2 = 3.75 GiB of the 4 GiB. */
+    CHECK(cuMemAllocManaged(&m2, 2 * GiB, CU_MEM_ATTACH_HOST) == CUDA_SUCCESS);
+    CHECK(cuMemAllocManaged(&c, 512 * MiB, CU_MEM_ATTACH_GLOBAL) == CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK_EQ_U(free_now(), 0); /* the refusal leaked nothing */
+    /* Freeing m1 returns its device-resident part to the GPU and its host part to the budget. */
+    CHECK(cuMemFree_v2(m1) == CUDA_SUCCESS);
+    CHECK_EQ_U(free_now(), 256 * MiB);
+    CHECK(cuMemAllocManaged(&m3, 2 * GiB, CU_MEM_ATTACH_GLOBAL) == CUDA_SUCCESS);
+    CHECK_EQ_U(free_now(), 0);
+    CHECK(cuMemFree_v2(d) == CUDA_SUCCESS);
+    CHECK_EQ_U(free_now(), 768 * MiB);
+    /* A managed allocation that fits is wholly device-resident. */
+    CHECK(cuMemAllocManaged(&c, 512 * MiB, CU_MEM_ATTACH_GLOBAL) == CUDA_SUCCESS);
+    CHECK_EQ_U(free_now(), 256 * MiB);
+    /* Context teardown frees what is left (m2, m3, c) and restores both budgets. */
+    CHECK(cuCtxDestroy_v2(ctx) == CUDA_SUCCESS);
+    CHECK(cuCtxCreate_v2(&ctx, 0, 0) == CUDA_SUCCESS);
+    CHECK_EQ_U(free_now(), 1 * GiB);
+    CHECK(cuMemAllocManaged(&m1, 4 * GiB, CU_MEM_ATTACH_GLOBAL) == CUDA_SUCCESS);
+    CHECK_EQ_U(free_now(), 0);
+    CHECK(cuMemFree_v2(m1) == CUDA_SUCCESS);
+    CHECK_EQ_U(free_now(), 1 * GiB);
+}
+
+static void case_managed_without_host_memory(void)
+{
+    setenv("VGPU_SIM_HOST_MEMORY", "0", 1); /* nothing to spill into: bounded by the GPU */
+    setup(0);
+    CUdeviceptr m, c;
+    CHECK(cuMemAllocManaged(&m, 1 * GiB, CU_MEM_ATTACH_GLOBAL) == CUDA_SUCCESS);
+    CHECK(cuMemAllocManaged(&c, 1, CU_MEM_ATTACH_GLOBAL) == CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK_EQ_U(free_now(), 0);
+    CHECK(cuMemFree_v2(m) == CUDA_SUCCESS);
+    CHECK(cuMemAllocManaged(&c, 1 * GiB + 1, CU_MEM_ATTACH_GLOBAL) == CUDA_ERROR_OUT_OF_MEMORY);
     CHECK_EQ_U(free_now(), 1 * GiB);
 }
 
@@ -537,6 +593,8 @@ int main(void)
     int failures = 0;
     failures += tu_fork_case("contexts", case_contexts);
     failures += tu_fork_case("allocation bounded by the profile", case_alloc_bounded);
+    failures += tu_fork_case("managed memory oversubscribes", case_managed_oversubscribes);
+    failures += tu_fork_case("managed memory, no host memory", case_managed_without_host_memory);
     failures += tu_fork_case("contents round-trip", case_contents);
     failures += tu_fork_case("large allocations keep no contents", case_large_contents_not_kept);
     failures += tu_fork_case("pitch, managed, host, async, pools", case_other_kinds);

@@ -11,6 +11,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -224,8 +225,8 @@ NULL_UUID = "GPU-11111111-1111-1111-1111-111111111111"  # what the null driver r
 
 
 def test_oversubscription_falls_back_to_managed_within_the_cap(node: Node) -> None:
-    """A driver that refuses device memory but grants managed memory (the simulated GPU bounds
-    managed memory by physical memory, so this uses the null driver that can refuse)."""
+    """The same fallback against the null driver, which refuses device memory at a set size and
+    grants any managed memory (the hook alone, no simulated memory model involved)."""
     claim = node.claim(
         "c-oversub", [f"device uuid={NULL_UUID} memory={4 * GIB} cores=0 oversubscribe=1"]
     )
@@ -255,6 +256,81 @@ def test_oversubscription_off_means_out_of_memory(node: Node) -> None:
     out = done.stdout.splitlines()
     assert field(out[1], "rc") == 2
     assert field(out[2], "free") == 4 * GIB  # the refused charge was refunded
+
+
+OVERSUB_CAP = 8 * GIB
+FILLER = 36 * GIB  # another tenant leaves 4 GiB of the 40 GiB GPU free
+
+
+def _oversub_line(oversubscribe: int) -> str:
+    return (
+        f"device uuid={UUIDS[0]} memory={OVERSUB_CAP} cores=0 policy=fixed "
+        f"oversubscribe={oversubscribe}"
+    )
+
+
+@pytest.fixture
+def filled_gpu(node: Node) -> Iterator[None]:
+    """An uncapped process (no vgpu.conf) holding 36 GiB of the 40 GiB simulated GPU."""
+    other = node.claim("c-filler", None)
+    holder = subprocess.Popen(
+        container_command(
+            other.spec, other.device_names, [str(PROBE), "init", f"alloc:{FILLER}", "sleep:60000"]
+        ),
+        env=node.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().startswith("init rc=0")
+        assert holder.stdout.readline().startswith("alloc rc=0")
+        yield
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+# 2 GiB fits in the 4 GiB the GPU has free; 3 GiB more does not (2 GiB left); 4 GiB more would
+# cross the 8 GiB cap.
+OVERSUB_STEPS = ["init", "alloc:2147483648", "alloc:3221225472", "info", "alloc:4294967296"]
+
+
+def test_oversubscription_on_the_simulated_gpu(node: Node, filled_gpu: None) -> None:
+    """The simulated driver grants managed memory beyond free device memory (the excess is
+    host-resident), so the hook's fallback runs against a GPU that is really full."""
+    claim = node.claim("c-oversub-sim", [_oversub_line(1)])
+    done = claim.run(
+        [str(PROBE), *OVERSUB_STEPS], VGPU_LOG_LEVEL="info", VGPU_SIM_HOST_MEMORY=str(16 * GIB)
+    )
+    out = done.stdout.splitlines()
+    assert field(out[1], "rc") == 0, done.stderr  # 2 GiB of device memory
+    assert field(out[2], "rc") == 0, done.stderr  # device full: managed fallback
+    assert field(out[3], "free") == OVERSUB_CAP - 5 * GIB  # both count against the cap
+    assert field(out[4], "rc") == 2  # 9 GiB > 8 GiB cap: still out of memory
+    assert "3221225472 bytes" in done.stderr
+    assert "oversubscribed into managed memory" in done.stderr
+    with Region(str(claim.dir / "region")) as region:
+        assert region.layout.devices[0].oversub_allocs == 1
+    # Only the device-resident part was ever charged to the GPU: the filler's 36 GiB is intact
+    # and the process's memory went back at exit.
+    probe = node.claim("c-after", None).probe("init", "info")
+    assert field(probe[1], "free") == 40 * GIB - FILLER
+
+
+def test_no_oversubscription_on_the_simulated_gpu_is_out_of_memory(
+    node: Node, filled_gpu: None
+) -> None:
+    claim = node.claim("c-nooversub-sim", [_oversub_line(0)])
+    done = claim.run([str(PROBE), *OVERSUB_STEPS], VGPU_LOG_LEVEL="info")
+    out = done.stdout.splitlines()
+    assert field(out[1], "rc") == 0, done.stderr
+    assert field(out[2], "rc") == 2  # the GPU has 2 GiB free: the driver refuses 3 GiB
+    assert field(out[3], "free") == 2 * GIB  # cap - 2 GiB, bounded by the GPU's free memory
+    assert "oversubscribed into" not in done.stderr
+    with Region(str(claim.dir / "region")) as region:
+        assert region.layout.devices[0].oversub_allocs == 0
 
 
 def test_many_processes_starting_together_share_the_cap_exactly(node: Node) -> None:
