@@ -9,7 +9,8 @@ Proves:
    asks for that we simulate is found), allocates 1 GiB on GPU 3, and NVML (pynvml, another
    process) sees that process using 1 GiB on GPU 3; cuda.core's pool allocations count too.
 2. Allocation beyond the profile's memory fails with CUDA_ERROR_OUT_OF_MEMORY, in cuda-python and
-   in a C program, and leaves nothing charged.
+   in a C program, and leaves nothing charged; managed memory may exceed the GPU, and NVML shows
+   only its device-resident part.
 3. A process launching kernels in a loop drives NVML utilisation near 100 %.
 4. Two such processes on one GPU share its SMs fairly and keep it near 100 % busy.
 5. A process SIGKILLed while holding memory disappears from NVML with its memory.
@@ -259,6 +260,43 @@ print(free, tot)
     assert lines[0] == "CUDA_ERROR_OUT_OF_MEMORY"
     assert lines[1] == "CUDA_ERROR_OUT_OF_MEMORY"
     assert lines[2] == f"{total - total // 2} {total}"  # the failures charged nothing
+
+
+MANAGED_OVERSUBSCRIBE = """
+import sys
+from cuda.bindings import driver as d
+def ok(ret):
+    err, *rest = ret
+    assert err == d.CUresult.CUDA_SUCCESS, err
+    return rest[0] if len(rest) == 1 else rest
+ok(d.cuInit(0))
+ctx = ok(d.cuCtxCreate(None, 0, 3))
+total = ok(d.cuDeviceTotalMem(3))
+ok(d.cuMemAlloc(total - (8 << 30)))
+managed = ok(d.cuMemAllocManaged(2 * total, d.CUmemAttach_flags.CU_MEM_ATTACH_GLOBAL.value))
+err, _ = d.cuMemAlloc(1)
+free, _ = ok(d.cuMemGetInfo())
+print("ready", int(managed), err.name, free, flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_managed_memory_oversubscribes_and_nvml_shows_the_resident_part(node: Node) -> None:
+    """Managed memory may be twice the GPU; only what fitted in free device memory (8 GiB here)
+    is device-resident, which is what NVML shows; device memory is still refused."""
+    total = _devices(node)[3][1]
+    proc = node.start(
+        [sys.executable, "-c", MANAGED_OVERSUBSCRIBE], VGPU_SIM_HOST_MEMORY=str(4 * total)
+    )
+    try:
+        _, ptr, err, free = _wait_ready(proc).split()
+        assert int(ptr) != 0
+        assert err == "CUDA_ERROR_OUT_OF_MEMORY"  # the GPU is full
+        assert int(free) == 0
+        assert node.nvml()[3]["procs"] == {str(proc.pid): total}
+    finally:
+        proc.communicate("\n", timeout=30)
+    assert proc.returncode == 0
 
 
 def test_c_program_out_of_memory_exit(node: Node) -> None:
