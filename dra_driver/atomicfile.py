@@ -19,12 +19,15 @@ def write_atomic(
     *,
     mode: int = 0o644,
     gid: int | None = None,
+    sync: bool = True,
     sync_dir: bool = True,
 ) -> None:
     """Replace `path` with `data` atomically; the file gets exactly `mode` (umask ignored).
 
-    `gid` changes the file's group (before it becomes visible). The temp file is removed when
-    anything fails, so a failed write leaves no debris.
+    `gid` changes the file's group (before it becomes visible). `sync=False` skips the fsyncs
+    (file and directory): readers still never see a torn file, but a power loss may take the
+    write back — only for files that another, synced record can rebuild. The temp file is removed
+    when anything fails, so a failed write leaves no debris.
     """
     directory = os.path.dirname(path) or "."
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
@@ -38,7 +41,8 @@ def write_atomic(
             while view:
                 written = os.write(fd, view)
                 view = view[written:]
-            os.fsync(fd)
+            if sync:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)
@@ -46,7 +50,7 @@ def write_atomic(
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    if sync_dir:
+    if sync and sync_dir:
         fsync_dir(directory)
 
 
