@@ -30,37 +30,12 @@ from typing import Any
 
 from controller.slice_publisher import SlicePublisher, plan_sync
 from dra_driver import slices
-from dra_driver.gpu import GpuInfo, NodeInventory
 from dra_driver.kube import KubeClient
+from tests.inventories import synthetic_inventory
 
 RESULTS = Path(__file__).parent / "results" / "slices.json"
 DRIVER = "vgpu.dra.dev"
 SAMPLES = 100
-
-
-def inventory(count: int, memory: int = 80 << 30) -> NodeInventory:
-    return NodeInventory(
-        driver_version="580.95.05",
-        cuda_driver_version="13.0",
-        gpus=tuple(
-            GpuInfo(
-                index=i,
-                uuid=f"GPU-{i:08x}-0000-4000-8000-000000000000",
-                product_name="NVIDIA H100 80GB HBM3",
-                brand="NVIDIA",
-                architecture="Hopper",
-                cuda_compute_capability="9.0",
-                memory_bytes=memory,
-                sm_count=132,
-                numa_node=i // 4 % 2,
-                pci_bus_id=f"0000:{i % 256:02x}:00.0",
-                pcie_root=f"pci0000:{i % 256:02x}",
-                minor_number=i,
-                nvlink_domain=0,
-            )
-            for i in range(count)
-        ),
-    )
 
 
 def timed(fn: Callable[[], object], samples: int) -> dict[str, float]:
@@ -84,10 +59,12 @@ def timed(fn: Callable[[], object], samples: int) -> dict[str, float]:
 
 def pure_figures() -> dict[str, Any]:
     def build(count: int) -> Callable[[], object]:
-        inv = inventory(count)
+        inv = synthetic_inventory(count)
         return lambda: slices.build_slices(inv, driver=DRIVER, node_name="n", node_uid="u")
 
-    desired = slices.build_slices(inventory(8), driver=DRIVER, node_name="n", node_uid="u")
+    desired = slices.build_slices(
+        synthetic_inventory(8), driver=DRIVER, node_name="n", node_uid="u"
+    )
     listed = [{**obj, "spec": {**obj["spec"], "pool": {**obj["spec"]["pool"]}}} for obj in desired]
     for obj in listed:
         obj["spec"]["pool"]["generation"] = 3
@@ -105,7 +82,7 @@ def api_figures() -> dict[str, Any]:
     with Cluster.start(root, ["dgx-h100"], die_with_parent=True) as cluster:
         client = KubeClient.from_kubeconfig(str(cluster.kubeconfig))
         publisher = SlicePublisher(client, driver=DRIVER, node_name="node-1")
-        small, big = inventory(8), inventory(8, memory=40 << 30)
+        small, big = synthetic_inventory(8), synthetic_inventory(8, memory=40 << 30)
         first = timed(lambda: publisher.sync(small), 1)
         noop = timed(lambda: publisher.sync(small), SAMPLES)
         flip = [small, big]

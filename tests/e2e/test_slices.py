@@ -26,40 +26,13 @@ import pytest
 
 from controller.slice_publisher import SlicePublisher
 from dra_driver import kube
-from dra_driver.gpu import GpuInfo, NodeInventory
 from dra_driver.kube import RESOURCE_API, KubeClient
+from tests.inventories import synthetic_inventory
 
 pytestmark = pytest.mark.e2e
 
 GIB = 1 << 30
 SLICES = kube.path(RESOURCE_API, "resourceslices")
-
-
-def make_inventory(count: int, *, memory: int = 80 * GIB) -> NodeInventory:
-    return NodeInventory(
-        driver_version="580.95.05",
-        cuda_driver_version="13.0",
-        gpus=tuple(
-            GpuInfo(
-                index=i,
-                uuid=f"GPU-{i:08x}-1111-4000-8000-000000000000",
-                product_name="NVIDIA H100 80GB HBM3",
-                brand="NVIDIA",
-                architecture="Hopper",
-                cuda_compute_capability="9.0",
-                memory_bytes=memory,
-                sm_count=132,
-                numa_node=i // 4 % 2,
-                pci_bus_id=f"{i // 256:04x}:{i % 256:02x}:00.0",
-                pcie_root=f"pci{i // 256:04x}:{i % 256:02x}",
-                minor_number=i,
-                mig_capable=True,
-                nvlink_peers=(),
-                nvlink_domain=0,
-            )
-            for i in range(count)
-        ),
-    )
 
 
 @pytest.fixture
@@ -99,7 +72,7 @@ def wait_for(check: Callable[[], bool], timeout: float = 30.0) -> None:
 
 
 def test_publish_then_restart_writes_nothing(client: KubeClient, node: str, driver: str) -> None:
-    inventory = make_inventory(8)
+    inventory = synthetic_inventory(8)
     first = SlicePublisher(client, driver=driver, node_name=node)
     assert first.sync(inventory) is True
     (obj,) = listed(client, driver, node)
@@ -118,13 +91,13 @@ def test_publish_then_restart_writes_nothing(client: KubeClient, node: str, driv
 
 def test_inventory_change_bumps_the_generation(client: KubeClient, node: str, driver: str) -> None:
     publisher = SlicePublisher(client, driver=driver, node_name=node)
-    publisher.sync(make_inventory(2))
-    assert publisher.sync(make_inventory(2, memory=40 * GIB)) is True
+    publisher.sync(synthetic_inventory(2))
+    assert publisher.sync(synthetic_inventory(2, memory=40 * GIB)) is True
     (obj,) = listed(client, driver, node)
     assert obj["spec"]["pool"]["generation"] == 2
     assert obj["spec"]["devices"][0]["capacity"]["memory"]["value"] in (str(40 * GIB), "40Gi")
     oversubscribed = SlicePublisher(client, driver=driver, node_name=node, oversubscription_ratio=2)
-    assert oversubscribed.sync(make_inventory(2, memory=40 * GIB)) is True
+    assert oversubscribed.sync(synthetic_inventory(2, memory=40 * GIB)) is True
     (obj,) = listed(client, driver, node)
     assert obj["spec"]["pool"]["generation"] == 3
 
@@ -133,13 +106,13 @@ def test_large_pools_are_split_and_shrink_cleanly(
     client: KubeClient, node: str, driver: str
 ) -> None:
     publisher = SlicePublisher(client, driver=driver, node_name=node)
-    assert publisher.sync(make_inventory(130)) is True  # > 128: the API refuses bigger slices
+    assert publisher.sync(synthetic_inventory(130)) is True  # > 128: the API refuses bigger slices
     objs = listed(client, driver, node)
     assert sorted(len(o["spec"]["devices"]) for o in objs) == [2, 128]
     assert {o["spec"]["pool"]["generation"] for o in objs} == {1}
     assert {o["spec"]["pool"]["resourceSliceCount"] for o in objs} == {2}
 
-    assert publisher.sync(make_inventory(100)) is True
+    assert publisher.sync(synthetic_inventory(100)) is True
     (obj,) = listed(client, driver, node)
     assert obj["spec"]["pool"] == {"name": node, "generation": 2, "resourceSliceCount": 1}
     assert len(obj["spec"]["devices"]) == 100
@@ -151,7 +124,7 @@ def test_run_repairs_slices_changed_behind_its_back(
     publisher = SlicePublisher(client, driver=driver, node_name=node)
     stop = threading.Event()
     thread = threading.Thread(
-        target=publisher.run, args=(lambda: make_inventory(3), stop), kwargs={"resync_s": 0.3}
+        target=publisher.run, args=(lambda: synthetic_inventory(3), stop), kwargs={"resync_s": 0.3}
     )
     thread.start()
     try:
@@ -176,7 +149,7 @@ def test_deleting_the_node_garbage_collects_its_slices(client: KubeClient, drive
     client.create(
         kube.path("v1", "nodes"), {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
     )
-    SlicePublisher(client, driver=driver, node_name=name).sync(make_inventory(1))
+    SlicePublisher(client, driver=driver, node_name=name).sync(synthetic_inventory(1))
     assert len(listed(client, driver, name)) == 1
     client.delete(kube.path("v1", "nodes", name))
     wait_for(lambda: not listed(client, driver, name), timeout=60)
@@ -185,7 +158,7 @@ def test_deleting_the_node_garbage_collects_its_slices(client: KubeClient, drive
 def test_a_missing_node_is_an_error_not_an_ownerless_slice(client: KubeClient, driver: str) -> None:
     publisher = SlicePublisher(client, driver=driver, node_name="no-such-node")
     with pytest.raises(kube.NotFound):
-        publisher.sync(make_inventory(1))
+        publisher.sync(synthetic_inventory(1))
     assert not listed(client, driver, "no-such-node")
 
 
@@ -217,10 +190,10 @@ class RacingClient(KubeClient):
 def test_a_concurrent_writer_causes_a_conflict_then_convergence(
     cluster: Any, client: KubeClient, node: str, driver: str
 ) -> None:
-    SlicePublisher(client, driver=driver, node_name=node).sync(make_inventory(2))
+    SlicePublisher(client, driver=driver, node_name=node).sync(synthetic_inventory(2))
     racing = RacingClient(KubeClient.from_kubeconfig(str(cluster.kubeconfig)).api_client)
     publisher = SlicePublisher(racing, driver=driver, node_name=node)
-    changed = make_inventory(2, memory=16 * GIB)
+    changed = synthetic_inventory(2, memory=16 * GIB)
     with pytest.raises(kube.Conflict):
         publisher.sync(changed)  # our PUT carried the resourceVersion we listed: refused
     assert publisher.sync(changed) is True

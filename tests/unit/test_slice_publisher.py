@@ -11,28 +11,10 @@ import pytest
 from controller.backoff import Backoff
 from controller.slice_publisher import plan_sync
 from dra_driver import slices
-from dra_driver.gpu import GpuInfo, NodeInventory
+from dra_driver.gpu import NodeInventory
+from tests.inventories import synthetic_inventory
 
 GIB = 1 << 30
-
-
-def inventory(count: int, memory: int = 24 * GIB) -> NodeInventory:
-    gpus = tuple(
-        GpuInfo(
-            index=i,
-            uuid=f"GPU-{i:08x}-0000-4000-8000-000000000000",
-            product_name="NVIDIA A10",
-            brand="NVIDIA",
-            architecture="Ampere",
-            cuda_compute_capability="8.6",
-            memory_bytes=memory,
-            sm_count=72,
-            pci_bus_id=f"0000:{0x18 + i:02x}:00.0",
-            minor_number=i,
-        )
-        for i in range(count)
-    )
-    return NodeInventory(driver_version="580.95.05", cuda_driver_version="13.0", gpus=gpus)
 
 
 def desired(inv: NodeInventory, per_slice: int = 128) -> list[dict[str, Any]]:
@@ -58,7 +40,7 @@ def served(objs: list[dict[str, Any]], generation: int) -> list[dict[str, Any]]:
 
 
 def test_first_sync_creates_everything_at_generation_one() -> None:
-    plan = plan_sync(desired(inventory(3)), [])
+    plan = plan_sync(desired(synthetic_inventory(3)), [])
     assert plan.generation == 1
     assert [o["metadata"]["name"] for o in plan.create] == ["node-1-vgpu-dra-dev-0"]
     assert plan.create[0]["spec"]["pool"]["generation"] == 1
@@ -66,15 +48,15 @@ def test_first_sync_creates_everything_at_generation_one() -> None:
 
 
 def test_unchanged_content_means_no_writes() -> None:
-    want = desired(inventory(3))
+    want = desired(synthetic_inventory(3))
     plan = plan_sync(want, served(want, 4))
     assert not plan.writes
     assert plan.generation == 4
 
 
 def test_a_change_bumps_the_generation_of_every_slice_in_the_pool() -> None:
-    before = served(desired(inventory(4), per_slice=2), 2)
-    after = desired(inventory(4, memory=16 * GIB), per_slice=2)
+    before = served(desired(synthetic_inventory(4), per_slice=2), 2)
+    after = desired(synthetic_inventory(4, memory=16 * GIB), per_slice=2)
     plan = plan_sync(after, before)
     assert plan.generation == 3
     assert len(plan.update) == 2 and not plan.create and not plan.delete
@@ -86,15 +68,15 @@ def test_a_change_bumps_the_generation_of_every_slice_in_the_pool() -> None:
 
 
 def test_shrinking_deletes_extra_slices_and_updates_the_count() -> None:
-    before = served(desired(inventory(4), per_slice=2), 1)
-    plan = plan_sync(desired(inventory(2), per_slice=2), before)
+    before = served(desired(synthetic_inventory(4), per_slice=2), 1)
+    plan = plan_sync(desired(synthetic_inventory(2), per_slice=2), before)
     assert plan.generation == 2
     assert plan.delete == ["node-1-vgpu-dra-dev-1"]
     assert plan.update[0]["spec"]["pool"]["resourceSliceCount"] == 1
 
 
 def test_mixed_generations_are_repaired_even_if_content_matches() -> None:
-    want = desired(inventory(4), per_slice=2)
+    want = desired(synthetic_inventory(4), per_slice=2)
     listed = served(want, 5)
     listed[1]["spec"]["pool"]["generation"] = 4  # a half-finished earlier sync
     plan = plan_sync(want, listed)
@@ -102,7 +84,7 @@ def test_mixed_generations_are_repaired_even_if_content_matches() -> None:
 
 
 def test_foreign_slice_names_of_this_node_and_driver_are_removed() -> None:
-    want = desired(inventory(1))
+    want = desired(synthetic_inventory(1))
     listed = served(want, 1)
     stale = copy.deepcopy(listed[0])
     stale["metadata"]["name"] = "node-1-old-naming-0"
@@ -145,7 +127,7 @@ def test_run_survives_an_unreachable_api_server_with_growing_delays() -> None:
     backoff = Backoff(initial_s=0.01, maximum_s=0.05, rng=random.Random(1))
     publisher = SlicePublisher(kube_client, driver="vgpu.dra.dev", node_name="n", backoff=backoff)
     stop = threading.Event()
-    thread = threading.Thread(target=publisher.run, args=(lambda: inventory(1), stop))
+    thread = threading.Thread(target=publisher.run, args=(lambda: synthetic_inventory(1), stop))
     thread.start()
     try:
         deadline = 50
@@ -161,10 +143,10 @@ def test_run_survives_an_unreachable_api_server_with_growing_delays() -> None:
 
 
 def test_updates_keep_labels_and_annotations_other_tools_added() -> None:
-    before = served(desired(inventory(1)), 1)
+    before = served(desired(synthetic_inventory(1)), 1)
     before[0]["metadata"]["labels"] = {"team": "ml", "vgpu.dra.dev/node": "stale"}
     before[0]["metadata"]["annotations"] = {"note": "hi"}
-    (update,) = plan_sync(desired(inventory(1, memory=8 * GIB)), before).update
+    (update,) = plan_sync(desired(synthetic_inventory(1, memory=8 * GIB)), before).update
     assert update["metadata"]["labels"]["team"] == "ml"
     assert update["metadata"]["labels"]["vgpu.dra.dev/node"] == "node-1"  # ours win
     assert update["metadata"]["annotations"] == {"note": "hi"}
