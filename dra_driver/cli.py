@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 # and returns a process exit code.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "kubelet-plugin": ("kubelet_plugin.main:main", "run the node daemon (DRA kubelet plugin)"),
-    "controller": ("controller.main:main", "run the cluster controller"),
     "dev-cluster": (
         "vgpu_testbed.cluster_cli:main",
         "local control plane with simulated GPU nodes",
