@@ -30,7 +30,7 @@ native: dra_driver/allocator/_fastquantity.stamp
 native-test: native
 	@for d in $(NATIVE_DIRS); do $(MAKE) --no-print-directory -C $$d test || exit 1; done
 
-controlplane:
+controlplane: venv
 	bash hack/testbed/build.sh
 
 lint: venv

@@ -5,7 +5,7 @@ Proves: (1) only the hooks.def symbols and dlsym are exported; (2) no constructo
 public dlsym; (3) a program without any GPU library, and a CUDA program whose driver is
 missing, run normally under the hook; (4) cuda-python 13 (dlsym + cuGetProcAddress_v2) sees
 the cap in cuMemGetInfo/cuDeviceTotalMem and gets CUDA_ERROR_OUT_OF_MEMORY past it;
-(5) pynvml inside the container reports total = cap and used = the claim's usage;
+(5) pynvml and nvitop inside the container report total = cap and used = the claim's usage;
 (6) the ASan+UBSan build of the hook runs every wrapper cleanly, also with a sanitizer
 runtime that calls our dlsym while it initialises.
 """
@@ -124,6 +124,34 @@ def test_pynvml_inside_shows_the_cap(node: Node) -> None:
     assert total == GIB
     assert used == 300 << 20
     assert free == GIB - (300 << 20)
+
+
+@pytest.mark.skipif(not fake_has_nvml(), reason="the simulated NVML is not built yet")
+def test_nvitop_inside_shows_the_capped_gpu(node: Node) -> None:
+    """A monitoring tool users run in a pod (nvitop's one-shot mode, `nvidia-smi`-like) sees one
+    GPU whose total is the claim's 1 GiB cap and whose used memory is the claim's usage."""
+    claim = node.claim("c-nvitop", [f"device uuid={UUIDS[0]} memory={GIB} cores=0"])
+    done = claim.run(
+        [
+            "sh",
+            "-c",
+            f"{PROBE} init alloc:314572800 sleep:4000 & sleep 1; "
+            f"{sys.executable} -m nvitop --once --no-unicode; wait",
+        ],
+        timeout=120,
+        COLUMNS="200",
+        LINES="100",
+        TERM="xterm",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    # One device row (only the claim's GPU is visible), reading used / total = usage / cap; the
+    # physical 40 GiB total never shows.
+    assert re.findall(r"\|\s+([\d.]+[MG]iB) / ([\d.]+[MG]iB) \|", out) == [
+        ("300.0MiB", "1024MiB")
+    ], out
+    assert "40960MiB" not in out and "40.00GiB" not in out, out
+    assert re.search(r"\b300\.0MiB .*cuda_probe init alloc", out), out  # the process row
 
 
 def _runtime(name: str) -> str:
