@@ -10,12 +10,12 @@ leaves a file from which `down` can stop what did start. Called by `vgpu_testbed
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from dra_driver.atomicfile import write_atomic
 from vgpu_testbed.procs import ProcessRecord
 
 
@@ -55,15 +55,8 @@ class StateError(RuntimeError):
 
 def save(state: ClusterState, path: Path) -> None:
     """Replace `path` atomically (temp file in the same directory, fsync, rename), mode 0600."""
-    tmp = path.with_name(f".{path.name}.tmp")
     data = json.dumps(state.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, data.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    write_atomic(str(path), data.encode(), mode=0o600)
 
 
 def load(path: Path) -> ClusterState:

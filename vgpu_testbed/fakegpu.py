@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from dra_driver.atomicfile import write_atomic
 from vgpu_testbed.profiles import (
     PROFILES_DIR,
     GpuSpec,
@@ -116,14 +117,7 @@ def profile_file_for(state_path: Path) -> Path:
 
 def _write_private(path: Path, text: str) -> None:
     """Atomically replace `path` with `text`, readable by the owner only."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, text.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    write_atomic(str(path), text.encode(), mode=0o600)
 
 
 def prepare_node(profile: Profile, state_path: str | os.PathLike[str]) -> dict[str, str]:

@@ -43,6 +43,7 @@ from typing import Any
 import grpc
 
 from dra_driver import kube
+from dra_driver.atomicfile import write_atomic
 from dra_driver.kube import RESOURCE_API, KubeClient, KubeError
 from vgpu_testbed.standin_plugins import Plugin, register, rpc_text
 from vgpu_testbed.standin_rules import (
@@ -439,10 +440,10 @@ def _read_json(path: Path) -> JSON | None:
 
 
 def _write_json(path: Path, doc: Mapping[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
-    os.chmod(tmp, 0o640)
-    os.replace(tmp, path)
+    # A test record, not durable state: atomic for readers, no fsync.
+    write_atomic(
+        str(path), json.dumps(doc, indent=1, sort_keys=True).encode(), mode=0o640, sync=False
+    )
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
