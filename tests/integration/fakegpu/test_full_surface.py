@@ -2,7 +2,8 @@
 
 Proves, against cuda.h and nvml.h of CUDA 12 and 13 (from the venv's NVIDIA wheels):
 1. the committed lists of unsimulated entry points (src/*_unsimulated.def) are what
-   gen_unsimulated.py derives from the headers and our hand-written tables today;
+   gen_unsimulated.py derives from the headers and our hand-written tables today (and a list
+   with one entry missing is reported stale);
 2. libcuda.so.1 exports exactly the functions cuda.h declares, legacy, versioned (`_v2`...) and
    per-thread (`_ptds`/`_ptsz`) names included; libnvidia-ml.so.1 exports exactly the functions
    nvml.h declares plus our own `vgpusim_*` fault-injection calls;
@@ -14,6 +15,7 @@ Proves, against cuda.h and nvml.h of CUDA 12 and 13 (from the venv's NVIDIA whee
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -64,6 +66,26 @@ def _exports(lib: str) -> set[str]:
 def test_committed_stub_lists_are_current() -> None:
     done = _generator("--check")
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_stale_list_is_caught(tmp_path: Path) -> None:
+    copy = tmp_path / "fakegpu"
+    for part in ("src", "include"):
+        shutil.copytree(FAKEGPU / part, copy / part)
+    shutil.copy(GENERATOR, copy / GENERATOR.name)
+    stubs = copy / "src" / "nvml_unsimulated.def"
+    text = stubs.read_text()
+    assert "NVML_STUB(nvmlUnitGetCount)\n" in text
+    stubs.write_text(text.replace("NVML_STUB(nvmlUnitGetCount)\n", ""))
+    done = subprocess.run(
+        [sys.executable, str(copy / GENERATOR.name), f"--site={SITE}", "--check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "src/nvml_unsimulated.def is stale" in done.stdout
 
 
 def test_cuda_exports_exactly_the_header_functions() -> None:
