@@ -290,7 +290,7 @@ def _background(
 
     def loop() -> None:
         if args.publish_slices:
-            from controller.slice_publisher import SlicePublisher
+            from kubelet_plugin.slice_publisher import SlicePublisher
 
             publisher = SlicePublisher(
                 client,
