@@ -250,7 +250,7 @@ def _serve(
         )
         xids.start()
         threads.append(xids)
-    governor = _start_governor(args, settings, stop) if args.governor else None
+    governor = _start_governor(settings, preparer, stop) if args.governor else None
     if governor is not None:
         threads.append(governor)
     log.info("kubelet plugin for %s on %s is running", settings.driver, settings.node_name)
@@ -312,16 +312,17 @@ def _background(
 
 
 def _start_governor(
-    args: argparse.Namespace, settings: NodeSettings, stop: threading.Event
+    settings: NodeSettings, preparer: Preparer, stop: threading.Event
 ) -> threading.Thread | None:
-    """The compute-policy governor: samples NVML once per GPU and writes each claim's launch
-    budget into `<state-dir>/claims/*/region`. Without it the hook paces itself from NVML in
-    every process, so a failure to start is a warning, not fatal.
+    """The compute-policy governor: samples NVML once per GPU and writes each prepared claim's
+    launch budget (caps from the Preparer's plans) into `<state-dir>/claims/<uid>/region`.
+    Without it the hook paces itself from NVML in every process, so a failure to start is a
+    warning, not fatal.
     """
-    from kubelet_plugin.governor import start_governor
+    from kubelet_plugin.governor import caps_of_prepared, start_governor
 
     try:
-        thread = start_governor(settings.state_dir, stop)
+        thread = start_governor(settings.state_dir, stop, caps_of_prepared(preparer.prepared))
     except Exception as exc:
         log.warning("governor not started (hooks will pace themselves): %s", exc)
         return None
