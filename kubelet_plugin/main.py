@@ -13,13 +13,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import threading
 from collections.abc import Callable, Sequence
-from types import FrameType
 
 from dra_driver import cdi, kube, names
 from dra_driver.gpu import NodeInventory
+from dra_driver.lifecycle import stop_on_signals
 from kubelet_plugin.checkpoint import CheckpointError
 from kubelet_plugin.health import HealthBoard, watch_xids
 from kubelet_plugin.prepare import NodeSettings, Preparer, kube_claim_source
@@ -231,7 +230,7 @@ def _serve(
         driver=settings.driver, sockets=socket_paths(args), preparer=preparer, health=board
     )
     stop = threading.Event()
-    _on_signals(stop)
+    stop_on_signals(stop, log)
     server.start()
     threads = [
         _background(
@@ -334,15 +333,6 @@ def _discover_function() -> Callable[[], NodeInventory]:
     from dra_driver.inventory import discover
 
     return discover
-
-
-def _on_signals(stop: threading.Event) -> None:
-    def handler(signum: int, frame: FrameType | None) -> None:
-        log.info("received %s", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
 
 
 def _split(text: str) -> tuple[str, ...]:
