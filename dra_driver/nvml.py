@@ -71,12 +71,16 @@ class EventSet:
 
 @dataclass(frozen=True, slots=True)
 class XidEvent:
+    """A critical XID error the driver reported for `device`."""
+
     device: DeviceHandle
     xid: int
 
 
 @dataclass(frozen=True, slots=True)
 class ProcessUtilization:
+    """One process's share of a GPU over the sampled window (host pid)."""
+
     pid: int
     sm_util: int  # SM utilisation points over the sample window
 

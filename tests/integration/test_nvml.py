@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from tests.integration.test_inventory import run_python
 from vgpu_testbed import fakegpu
 
 SCRIPT = textwrap.dedent(
@@ -64,20 +65,9 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def run(env: dict[str, str], script: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", script],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
 def test_handles_errors_and_xid_events_on_simulated_gpus(tmp_path: Path) -> None:
     env = fakegpu.prepare_node(fakegpu.load_profile("a10-pcie"), tmp_path / "node.state")
-    done = run(env, SCRIPT)
+    done = run_python(env, SCRIPT)
     assert done.returncode == 0, done.stderr
     out: dict[str, Any] = json.loads(done.stdout)
     assert out["uuid_handle_equal"] is True
