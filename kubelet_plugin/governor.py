@@ -86,8 +86,8 @@ def compute_caps(plan: ClaimPlan) -> list[CappedDevice]:
 def caps_of_prepared(prepared: Callable[[], Mapping[str, ClaimPlan]]) -> ClaimCaps:
     """`ClaimCaps` over the Preparer's in-memory plans (`Preparer.prepared`).
 
-    The governor asks every tick; caps are recomputed only for plans it has not seen (a
-    prepared plan is immutable, so object identity says "unchanged").
+    The governor asks every tick, from its one thread; caps are recomputed only for plans it
+    has not seen (a prepared plan is immutable, so object identity says "unchanged").
     """
     seen: dict[str, tuple[ClaimPlan, list[CappedDevice]]] = {}
 
