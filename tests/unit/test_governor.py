@@ -36,6 +36,7 @@ from kubelet_plugin.governor import (
 from kubelet_plugin.plan import ClaimPlan, DevicePlan
 from kubelet_plugin.prepare import NodeSettings, Preparer
 from tests.integration.plugin import claimdata
+from tests.regions import write_region
 
 UUID = "GPU-00000000-1111-2222-3333-444444444444"
 
@@ -195,14 +196,7 @@ def _make_claim(root: Path, uid: str, cores: int, pid: int, policy: str = "fixed
     CAPS[uid] = [CappedDevice(UUID, cores, kind)]
     claim_dir = root / "claims" / uid
     claim_dir.mkdir(parents=True)
-    layout = rg.RegionLayout()
-    layout.magic, layout.version, layout.size = rg.REGION_MAGIC, rg.REGION_VERSION, rg.REGION_SIZE
-    layout.device_count, layout.ready, layout.slot_hwm = 1, 1, 1
-    layout.devices[0].uuid = UUID.encode()
-    layout.devices[0].cores = cores
-    layout.slots[0].pid = pid
-    (claim_dir / "region").write_bytes(bytes(layout))
-    return claim_dir / "region"
+    return write_region(claim_dir / "region", UUID, cores, pid=pid)
 
 
 class SimGpu:
