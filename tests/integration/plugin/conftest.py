@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -116,3 +117,23 @@ def run_json(argv: list[str]) -> dict[str, Any]:
     assert done.returncode == 0, f"{argv[0]} failed: {done.stderr}"
     result: dict[str, Any] = json.loads(done.stdout)
     return result
+
+
+def plugin_process_argv(root: Path, kubeconfig: Path | str, node: str, *extra: str) -> list[str]:
+    """`vgpu-dra kubelet-plugin` with every path under `root` (short: unix sockets allow 107
+    bytes) and no slice publishing; `extra` flags are appended."""
+    return [
+        sys.executable,
+        "-m",
+        "dra_driver.cli",
+        "kubelet-plugin",
+        f"--node-name={node}",
+        f"--kubeconfig={kubeconfig}",
+        f"--plugin-dir={root}/plugins/vgpu.dra.dev",
+        f"--registrar-dir={root}/registry",
+        f"--cdi-root={root}/cdi",
+        f"--state-dir={root}/state",
+        f"--hook-path={root}/libvgpu.so",
+        "--no-publish-slices",
+        *extra,
+    ]

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -31,7 +30,7 @@ from kubelet_plugin import region as rg
 from kubelet_plugin.claims import ClaimRef
 from kubelet_plugin.proto import dra_v1_pb2, dra_v1_pb2_grpc
 from tests.integration.plugin.claimdata import NODE, create_allocated_claim, result
-from tests.integration.plugin.conftest import ROOT
+from tests.integration.plugin.conftest import ROOT, plugin_process_argv
 from tests.regions import write_region
 
 
@@ -77,21 +76,7 @@ def test_the_plugins_governor_caps_exactly_the_prepared_capped_claims(
     profile = load_profile("l4-2")
     root = Path(tempfile.mkdtemp(prefix="vgpu-gov-"))
     gpu_env = fakegpu.prepare_node(profile, root / "gpus.state")
-    argv = [
-        sys.executable,
-        "-m",
-        "dra_driver.cli",
-        "kubelet-plugin",
-        f"--node-name={NODE}",
-        f"--kubeconfig={cluster.kubeconfig}",
-        f"--plugin-dir={root}/plugins/vgpu.dra.dev",
-        f"--registrar-dir={root}/registry",
-        f"--cdi-root={root}/cdi",
-        f"--state-dir={root}/state",
-        f"--hook-path={root}/libvgpu.so",
-        "--no-publish-slices",
-        "--no-nvidia-cdi",
-    ]
+    argv = plugin_process_argv(root, cluster.kubeconfig, NODE, "--no-nvidia-cdi")
     dra = root / "plugins" / "vgpu.dra.dev" / "dra.sock"
     log_path = root / "plugin.log"
     with log_path.open("w") as log:
