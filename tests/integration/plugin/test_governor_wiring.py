@@ -13,12 +13,8 @@ does so without reading vgpu.conf (the capped claim's file is emptied before its
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,16 +26,8 @@ from kubelet_plugin import region as rg
 from kubelet_plugin.claims import ClaimRef
 from kubelet_plugin.proto import dra_v1_pb2, dra_v1_pb2_grpc
 from tests.integration.plugin.claimdata import NODE, create_allocated_claim, result
-from tests.integration.plugin.conftest import ROOT, plugin_process_argv
+from tests.integration.plugin.conftest import plugin_process, plugin_process_argv, wait_for
 from tests.regions import write_region
-
-
-def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def prepare(dra_socket: Path, refs: list[ClaimRef]) -> dict[str, str]:
@@ -79,12 +67,8 @@ def test_the_plugins_governor_caps_exactly_the_prepared_capped_claims(
     argv = plugin_process_argv(root, cluster.kubeconfig, NODE, "--no-nvidia-cdi")
     dra = root / "plugins" / "vgpu.dra.dev" / "dra.sock"
     log_path = root / "plugin.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            argv, cwd=ROOT, env={**os.environ, **gpu_env}, stdout=log, stderr=subprocess.STDOUT
-        )
-    try:
-        wait_for(lambda: "governor running" in log_path.read_text(), "the governor to start")
+    with plugin_process(argv, gpu_env, log_path) as proc:
+        wait_for(lambda: "governor running" in log_path.read_text(), what="the governor to start")
         capped = create_allocated_claim(
             kube_client, namespace, [result("gpu-0", memory="1Gi", cores=30)]
         )
@@ -101,13 +85,8 @@ def test_the_plugins_governor_caps_exactly_the_prepared_capped_claims(
             source, stamp, _ = device_record(capped_region)
             return source == rg.RATE_GOVERNOR and stamp > 0
 
-        wait_for(governed, "the governor to take over the capped claim's device")
+        wait_for(governed, what="the governor to take over the capped claim's device")
         assert device_record(uncapped_region) == (0, 0, 5000)
 
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        print(log_path.read_text()[-3000:])
