@@ -37,6 +37,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-logo
 
 unit: native
 	$(VENV)/bin/pytest -q tests/unit $(PYTEST_ARGS)

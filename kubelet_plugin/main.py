@@ -13,13 +13,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import threading
 from collections.abc import Callable, Sequence
-from types import FrameType
 
 from dra_driver import cdi, kube, names
 from dra_driver.gpu import NodeInventory
+from dra_driver.lifecycle import stop_on_signals
 from kubelet_plugin.checkpoint import CheckpointError
 from kubelet_plugin.health import HealthBoard, watch_xids
 from kubelet_plugin.prepare import NodeSettings, Preparer, kube_claim_source
@@ -231,7 +230,7 @@ def _serve(
         driver=settings.driver, sockets=socket_paths(args), preparer=preparer, health=board
     )
     stop = threading.Event()
-    _on_signals(stop)
+    stop_on_signals(stop, log)
     server.start()
     threads = [
         _background(
@@ -250,7 +249,7 @@ def _serve(
         )
         xids.start()
         threads.append(xids)
-    governor = _start_governor(args, settings, stop) if args.governor else None
+    governor = _start_governor(settings, preparer, stop) if args.governor else None
     if governor is not None:
         threads.append(governor)
     log.info("kubelet plugin for %s on %s is running", settings.driver, settings.node_name)
@@ -290,7 +289,7 @@ def _background(
 
     def loop() -> None:
         if args.publish_slices:
-            from controller.slice_publisher import SlicePublisher
+            from kubelet_plugin.slice_publisher import SlicePublisher
 
             publisher = SlicePublisher(
                 client,
@@ -312,16 +311,17 @@ def _background(
 
 
 def _start_governor(
-    args: argparse.Namespace, settings: NodeSettings, stop: threading.Event
+    settings: NodeSettings, preparer: Preparer, stop: threading.Event
 ) -> threading.Thread | None:
-    """The compute-policy governor: samples NVML once per GPU and writes each claim's launch
-    budget into `<state-dir>/claims/*/region`. Without it the hook paces itself from NVML in
-    every process, so a failure to start is a warning, not fatal.
+    """The compute-policy governor: samples NVML once per GPU and writes each prepared claim's
+    launch budget (caps from the Preparer's plans) into `<state-dir>/claims/<uid>/region`.
+    Without it the hook paces itself from NVML in every process, so a failure to start is a
+    warning, not fatal.
     """
-    from kubelet_plugin.governor import start_governor
+    from kubelet_plugin.governor import caps_of_prepared, start_governor
 
     try:
-        thread = start_governor(settings.state_dir, stop)
+        thread = start_governor(settings.state_dir, stop, caps_of_prepared(preparer.prepared))
     except Exception as exc:
         log.warning("governor not started (hooks will pace themselves): %s", exc)
         return None
@@ -333,15 +333,6 @@ def _discover_function() -> Callable[[], NodeInventory]:
     from dra_driver.inventory import discover
 
     return discover
-
-
-def _on_signals(stop: threading.Event) -> None:
-    def handler(signum: int, frame: FrameType | None) -> None:
-        log.info("received %s", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
 
 
 def _split(text: str) -> tuple[str, ...]:
