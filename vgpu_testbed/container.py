@@ -86,7 +86,9 @@ def _merge(acc: dict[str, Any], edits: Mapping[str, Any]) -> None:
         # Two claims both carry the control nodes (/dev/nvidiactl): one node per path.
         if all(known.path != path for known in acc["devices"]):
             acc["devices"].append(edit)
-    acc["gids"].extend(g for g in map(int, edits.get("additionalGids", [])) if g not in acc["gids"])
+    for gid in map(int, edits.get("additionalGids", [])):
+        if gid not in acc["gids"]:
+            acc["gids"].append(gid)
 
 
 def edits_from_specs(claims: Sequence[SpecDevices]) -> ContainerEdits:
