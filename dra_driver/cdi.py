@@ -28,6 +28,8 @@ NVIDIA_TOOLKIT_KIND = "nvidia.com/gpu"
 # UID) from 0.5.0 on; spec-level additionalGids need 0.7.0.
 CDI_VERSION_BASE = "0.5.0"
 CDI_VERSION_WITH_GIDS = "0.7.0"
+# NVIDIA_VISIBLE_DEVICES of every claim spec: GPUs come from the injected device nodes.
+CDI_VISIBLE_DEVICES = "void"
 _CLAIM_UID = re.compile(r"^[0-9A-Za-z][-0-9A-Za-z]*$")
 
 
@@ -106,14 +108,14 @@ def build_claim_spec(
     settings: SpecSettings,
     claim_uid: str,
     devices: Sequence[ClaimDevice],
-    visible_uuids: Sequence[str],
     extra_env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The CDI spec of one prepared claim (see docs/kubelet-plugin.md for every edit's purpose)."""
-    env = [
-        f"NVIDIA_VISIBLE_DEVICES={','.join(visible_uuids)}",
-        f"VGPU_DRA_CLAIMS={claim_uid}",
-    ]
+    # The GPUs a container sees are the device nodes its CDI devices inject (one per GPU of every
+    # claim it uses), as with the NVIDIA toolkit's own CDI specs. Every claim therefore sets the
+    # same value here ("void": the toolkit's runtime adds no GPU of its own), so a container with
+    # several claims keeps all of them; a per-claim value would leave only the last claim's GPUs.
+    env = [f"NVIDIA_VISIBLE_DEVICES={CDI_VISIBLE_DEVICES}"]
     env += [f"{key}={value}" for key, value in sorted((extra_env or {}).items())]
     container_claim_dir = f"{names.CONTAINER_CLAIMS_DIR}/{claim_uid}"
     edits: dict[str, Any] = {

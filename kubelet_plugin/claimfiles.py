@@ -81,7 +81,6 @@ class ClaimFiles:
                 cdi.ClaimDevice(plan.cdi_device_name(device), device.minor)
                 for device in plan.devices
             ],
-            visible_uuids=plan.visible_uuids(),
             extra_env={"VGPU_LOG_LEVEL": level} if level else None,
         )
 

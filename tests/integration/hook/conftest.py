@@ -102,7 +102,6 @@ class Node:
             settings=settings,
             claim_uid=uid,
             devices=devices,
-            visible_uuids=[UUIDS[g] for g in gpus],
         )
         return Claim(self, uid, claim_dir, spec, [d.name for d in devices])
 

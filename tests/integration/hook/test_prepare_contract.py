@@ -56,7 +56,6 @@ def _prepare(node: Node, plan: ClaimPlan) -> tuple[dict[str, object], list[str],
         settings=settings,
         claim_uid=plan.uid,
         devices=devices,
-        visible_uuids=plan.visible_uuids(),
     )
     return spec, [d.name for d in devices], claim_dir
 

@@ -177,8 +177,8 @@ def test_every_written_spec_loads_and_injects_the_contract(
     )
     oci = check["oci"]
     env = oci["process"]["env"]
-    assert f"NVIDIA_VISIBLE_DEVICES={gpu(1).uuid},{gpu(3).uuid}" in env
-    assert f"VGPU_DRA_CLAIMS={multi.uid}" in env
+    assert "NVIDIA_VISIBLE_DEVICES=void" in env
+    assert not [e for e in env if e.startswith("VGPU_DRA_CLAIMS=")]
     assert "VGPU_LOG_LEVEL=debug" in env
     mounts = {m["destination"]: m for m in oci["mounts"]}
     claim_mount = mounts[f"/run/vgpu-dra/claims/{multi.uid}"]
@@ -247,7 +247,6 @@ def test_spec_without_extra_group_declares_a_version_the_library_accepts(
         settings=settings,
         claim_uid=uid,
         devices=[cdi.ClaimDevice(f"{uid}-gpu-0", 0)],
-        visible_uuids=["GPU-a"],
     )
     assert spec["cdiVersion"] == "0.5.0"
     (tmp_path / cdi.spec_file_name(KIND, uid)).write_bytes(cdi.encode_spec(spec))
