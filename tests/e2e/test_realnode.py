@@ -21,9 +21,12 @@ What this proves:
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -189,7 +192,7 @@ def test_dra_pod_runs_on_a_real_node(
     assert "hook=mapped" in lines
     gpus = [line for line in lines if line.startswith("gpu ")]
     assert "count=1" in lines, log
-    fields = dict(f.split("=", 1) for f in gpus[0].split()[2:])
+    fields = dict(re.findall(r"(uuid|total|used|free)=(\S+)", gpus[0]))
     visible = next(line for line in lines if line.startswith("env:NVIDIA_VISIBLE_DEVICES="))
     assert fields["uuid"] == visible.split("=", 1)[1]
     assert int(fields["total"]) == GIB, f"NVML total {fields['total']} is not the 1 GiB cap"
@@ -270,11 +273,13 @@ def _mentions(root: Path) -> list[int]:
     return found
 
 
-def test_sigkilled_starter_leaves_no_node_behind(tmp_path: Path) -> None:
+def test_sigkilled_starter_leaves_no_node_behind() -> None:
     require_binaries()
     if check_host():
         pytest.skip(f"real nodes not possible here: {check_host()}")
-    root = tmp_path / "crash"
+    # Unix socket paths are limited to 107 characters: pytest's tmp_path is too deep.
+    short = Path(tempfile.mkdtemp(prefix="rn-", dir="/tmp"))
+    root = short / "crash"
     starter = subprocess.Popen(
         [sys.executable, "-c", STARTER, str(root)], stdout=subprocess.PIPE, text=True, cwd=REPO
     )
@@ -302,3 +307,4 @@ def test_sigkilled_starter_leaves_no_node_behind(tmp_path: Path) -> None:
             starter.kill()
         if (root / "state.json").exists():
             Cluster.attach(root).stop()
+        shutil.rmtree(short, ignore_errors=True)
