@@ -308,3 +308,53 @@ def test_sigkilled_starter_leaves_no_node_behind() -> None:
         if (root / "state.json").exists():
             Cluster.attach(root).stop()
         shutil.rmtree(short, ignore_errors=True)
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dra_driver.cli", "dev-cluster", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+
+
+def test_dev_cluster_up_with_real_nodes_and_down() -> None:
+    require_binaries()
+    if check_host():
+        pytest.skip(f"real nodes not possible here: {check_host()}")
+    short = Path(tempfile.mkdtemp(prefix="rn-", dir="/tmp"))
+    root = short / "c"
+    try:
+        up = _cli(
+            "up",
+            "--agents",
+            "--runtime",
+            "real",
+            "--nodes",
+            "a10-pcie",
+            "--dir",
+            str(root),
+            cwd=short,
+        )
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "node-1: real node ready in" in up.stdout
+        assert up.stdout.splitlines()[-1] == f"export KUBECONFIG={root}/kubeconfig"
+        names = {p.name for p in Cluster.attach(root).processes}
+        assert {"containerd-node-1", "kubelet-node-1", "kubelet-plugin-node-1"} <= names
+        status = _cli("status", "--dir", str(root), cwd=short)
+        assert status.returncode == 0, status.stdout
+        cgroup_root = cgroup_root_of(root, NODE)
+        assert cgroups.existing(cgroup_root)
+        down = _cli("down", "--dir", str(root), cwd=short)
+        assert down.returncode == 0, down.stderr
+        assert not _mentions(root)
+        assert not cgroups.existing(cgroup_root)
+        assert not root.exists()
+    finally:
+        if (root / "state.json").exists():
+            Cluster.attach(root).stop()
+        shutil.rmtree(short, ignore_errors=True)

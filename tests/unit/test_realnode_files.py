@@ -8,7 +8,9 @@ import json
 import tarfile
 import tomllib
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
 
 from dra_driver.cdi import NVIDIA_TOOLKIT_KIND, nvidia_toolkit_ids
@@ -110,3 +112,18 @@ def test_toolkit_spec_is_found_by_the_plugin(tmp_path: Path) -> None:
     assert "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1" in targets
     assert "/usr/lib/x86_64-linux-gnu/libcuda.so.1" in targets
     assert f"{fakegpu.ENV_STATE}=/run/vgpu-sim/gpus.state" in edits["env"]
+
+
+def test_runtime_choice_says_why_real_nodes_are_not_possible(monkeypatch: Any) -> None:
+    from vgpu_testbed import cluster_cli
+    from vgpu_testbed.realnode import host
+
+    said: list[str] = []
+    monkeypatch.setattr(host, "check_host", lambda: ["not root (real nodes need namespaces)"])
+    assert cluster_cli.choose_runtime("auto", said.append) == "standin"
+    assert said and "not root" in said[0] and "stand-in" in said[0]
+    assert cluster_cli.choose_runtime("standin", said.append) == "standin"
+    with pytest.raises(RuntimeError, match="--runtime real is not possible on this host: not root"):
+        cluster_cli.choose_runtime("real", said.append)
+    monkeypatch.setattr(host, "check_host", lambda: [])
+    assert cluster_cli.choose_runtime("auto", said.append) == "real"

@@ -73,6 +73,7 @@ class RealNode(NodeAgents):
         self.ip = node_ip(index)
         self.cgroup_root = cgroup_root_of(cluster.root, node_name)
         self.pid1 = 0
+        self.start_seconds = 0.0  # how long start() took (namespaces to a Ready kubelet + plugin)
         self.ctr_bin = containerd_bin_dir()
 
     # ----- process names and how to enter the node ---------------------------------------
@@ -373,7 +374,9 @@ def start_real_nodes(
         for name in names:
             node = RealNode(cluster, name, order[name], **kwargs)
             started[name] = node
+            t0 = time.monotonic()
             node.start()
+            node.start_seconds = time.monotonic() - t0
     except BaseException:
         for node in started.values():
             node.stop()
