@@ -14,6 +14,7 @@ What this proves:
    simulated libnvidia-ml, injected by the toolkit-like spec) shows exactly the allocated GPU
    with 1 GiB total: the cap, not the card's 23028 MiB.
 3. Deleting the pod unprepares the claim (CDI spec and claim dir gone).
+3b. Logs and exec work through the API server (kubectl logs/exec).
 4. Stopping the node leaves no process or cgroup behind; so does a SIGKILLed starter whose
    node runs a pod (containers and daemonised shims included).
 """
@@ -207,6 +208,46 @@ def test_dra_pod_runs_on_a_real_node(
     )
     wait_for("the claim to be unprepared", lambda: not node.paths.cdi_spec(claim_uid).exists())
     assert not node.paths.claim_dir(claim_uid).exists()
+
+
+def test_logs_and_exec_through_the_api_server(real_cluster: Cluster, node: RealNode) -> None:
+    """kubectl logs/exec: the API server reaches the kubelet at its InternalIP through the bed
+    network's egress relay, verifies its CA-signed serving certificate, and authenticates with
+    its kubelet client certificate."""
+    from kubernetes import client as k8s
+    from kubernetes.stream import stream
+
+    api = real_cluster.api_client()
+    try:
+        core = k8s.CoreV1Api(api)
+        pod = _pod("talker")
+        pod["spec"]["terminationGracePeriodSeconds"] = 1
+        pod["spec"]["containers"][0]["command"] = ["sh", "-c", "echo said-hello; exec sleep 3600"]
+        core.create_namespaced_pod("default", pod)
+        wait_for("the pod to be Ready", lambda: pod_ready_api(core, "talker"))
+        log = wait_for(
+            "the container's log", lambda: core.read_namespaced_pod_log("talker", "default")
+        )
+        assert log.splitlines() == ["said-hello"]
+        out = stream(
+            core.connect_get_namespaced_pod_exec,
+            "talker",
+            "default",
+            command=["sh", "-c", "echo exec-$((6 * 7)); cat /proc/1/cmdline | tr '\\0' ' '"],
+            stderr=True,
+            stdin=False,
+            stdout=True,
+            tty=False,
+        )
+        assert out.splitlines() == ["exec-42", "sleep 3600 "]
+        core.delete_namespaced_pod("talker", "default")
+    finally:
+        api.close()
+
+
+def pod_ready_api(core: Any, name: str) -> bool:
+    statuses = core.read_namespaced_pod(name, "default").status.container_statuses or []
+    return bool(statuses) and all(s.ready for s in statuses)
 
 
 def test_stopping_a_real_node_leaves_nothing(real_cluster: Cluster, node: RealNode) -> None:

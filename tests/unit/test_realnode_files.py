@@ -127,3 +127,15 @@ def test_runtime_choice_says_why_real_nodes_are_not_possible(monkeypatch: Any) -
         cluster_cli.choose_runtime("real", said.append)
     monkeypatch.setattr(host, "check_host", lambda: [])
     assert cluster_cli.choose_runtime("auto", said.append) == "real"
+
+
+def test_egress_relay_only_reaches_bed_node_addresses() -> None:
+    from vgpu_testbed.realnode.egress import allowed, render_config
+
+    assert allowed("10.250.0.2:10250") == ("10.250.0.2", 10250)
+    for target in ("127.0.0.1:2379", "node-1:10250", "10.250.1.2:10250", "10.250.0.2:0", "x"):
+        assert allowed(target) is None, target
+    conf = yaml.safe_load(render_config(Path("/c/nodes/egress.sock")))
+    selection = conf["egressSelections"][0]
+    assert selection["name"] == "cluster"
+    assert selection["connection"]["transport"]["uds"]["udsName"] == "/c/nodes/egress.sock"

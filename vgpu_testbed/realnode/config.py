@@ -156,7 +156,14 @@ def cni_config(layout: NodeLayout, index: int) -> str:
     return json.dumps(conf, indent=2) + "\n"
 
 
-def kubelet_config(layout: NodeLayout, *, cgroup_root: str, ip: str, client_ca: Path) -> str:
+def kubelet_config(
+    layout: NodeLayout,
+    *,
+    cgroup_root: str,
+    ip: str,
+    client_ca: Path,
+    serving: tuple[Path, Path] | None = None,
+) -> str:
     conf: dict[str, Any] = {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -191,4 +198,7 @@ def kubelet_config(layout: NodeLayout, *, cgroup_root: str, ip: str, client_ca: 
         "maxPods": 110,
         "serializeImagePulls": False,
     }
+    if serving is not None:
+        # Signed by the bed CA for the node name and IP: the API server verifies it.
+        conf["tlsCertFile"], conf["tlsPrivateKeyFile"] = str(serving[0]), str(serving[1])
     return yaml.safe_dump(conf, sort_keys=False)

@@ -6,16 +6,18 @@ once per cluster as `bed-network`) unshares a network namespace, creates the bri
 (10.250.0.1/24) there and waits; `connect_node` adds a veth pair whose bridge end stays here and
 whose other end is the node's `eth0` with 10.250.0.N/24. Nothing touches the host's own network
 namespace; when the process dies its namespace, bridge and veth ends disappear with it.
+The same process serves the API server's egress socket (`realnode.egress`): the way from the
+API server to the kubelets for logs and exec.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -69,6 +71,7 @@ def connect_node(bed_pid: int, node_pid: int, index: int, ip: str) -> None:
 
 
 def main(argv: Sequence[str]) -> int:
+    """argv: READY_FILE [EGRESS_SOCKET]"""
     ready = Path(argv[0])
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.unshare(CLONE_NEWNET) != 0:
@@ -78,18 +81,26 @@ def main(argv: Sequence[str]) -> int:
     _run(["ip", "link", "add", BRIDGE, "type", "bridge"])
     _run(["ip", "addr", "add", f"{GATEWAY}/24", "dev", BRIDGE])
     _run(["ip", "link", "set", BRIDGE, "up"])
-    ready.write_text("ready\n")
-    stop = False
-
-    def on_term(_sig: int, _frame: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
-    while not stop:
-        time.sleep(0.5)
+    asyncio.run(_serve(ready, Path(argv[1]) if len(argv) > 1 else None))
     return 0
+
+
+async def _serve(ready: Path, egress_socket: Path | None) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if egress_socket is None:
+        ready.write_text("ready\n")
+        await stop.wait()
+        return
+    from vgpu_testbed.realnode import egress
+
+    task = asyncio.create_task(egress.serve(egress_socket, stop))
+    while not egress_socket.exists() and not task.done():
+        await asyncio.sleep(0.01)
+    ready.write_text("ready\n")
+    await task
 
 
 if __name__ == "__main__":

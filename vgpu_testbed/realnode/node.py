@@ -30,6 +30,7 @@ from vgpu_testbed import cluster_binaries, fakegpu
 from vgpu_testbed.cluster import Cluster
 from vgpu_testbed.node_agents import DEFAULT_HOOK_PATH, REPO_ROOT, NodeAgentError, NodeAgents
 from vgpu_testbed.realnode import images as bed_images
+from vgpu_testbed.realnode import pki
 from vgpu_testbed.realnode.config import (
     NodeLayout,
     cni_config,
@@ -231,12 +232,16 @@ class RealNode(NodeAgents):
     def _start_kubelet(self) -> None:
         bins = cluster_binaries.default_bin_dir()
         kubelet = bins / "kubelet"
+        serving = pki.kubelet_serving(
+            self.bed.layout.pki, self.node_name, self.ip, self.layout.cert_dir
+        )
         self.layout.kubelet_config.write_text(
             kubelet_config(
                 self.layout,
                 cgroup_root=self.cgroup_root,
                 ip=self.ip,
                 client_ca=self.cluster_ca(),
+                serving=serving,
             )
         )
         self.cluster.spawn(
@@ -352,9 +357,9 @@ def start_bed_network(cluster: Cluster, timeout: float = START_TIMEOUT) -> None:
     ready = cluster.root / "nodes" / "bed-network.ready"
     ready.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
     ready.unlink(missing_ok=True)
-    record = cluster.spawn(
-        BED_NETWORK, [_python(), "-m", "vgpu_testbed.realnode.network", str(ready)], cwd=REPO_ROOT
-    )
+    argv = [_python(), "-m", "vgpu_testbed.realnode.network", str(ready)]
+    argv.append(str(pki.egress_socket(cluster.root)))
+    record = cluster.spawn(BED_NETWORK, argv, cwd=REPO_ROOT)
     _wait_file(ready, BED_NETWORK, lambda: _proc_alive(record.pid), timeout)
 
 
