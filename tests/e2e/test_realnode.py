@@ -390,12 +390,30 @@ def test_dev_cluster_up_with_real_nodes_and_down() -> None:
         assert status.returncode == 0, status.stdout
         cgroup_root = cgroup_root_of(root, NODE)
         assert cgroups.existing(cgroup_root)
+        # The node's mounts (rootfs, volumes, netns files) and the bed's links stay in the
+        # namespaces the bed created: the host sees none of them, before or after.
+        links_before = _host_links()
+        assert not _host_mounts(root)
+        assert not {"bedbr0", "cni0", "vn0"} & links_before
         down = _cli("down", "--dir", str(root), cwd=short)
         assert down.returncode == 0, down.stderr
         assert not _mentions(root)
         assert not cgroups.existing(cgroup_root)
+        assert not _host_mounts(root)
+        assert _host_links() <= links_before
         assert not root.exists()
     finally:
         if (root / "state.json").exists():
             Cluster.attach(root).stop()
         shutil.rmtree(short, ignore_errors=True)
+
+
+def _host_mounts(root: Path) -> list[str]:
+    return [
+        line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(root) in line
+    ]
+
+
+def _host_links() -> set[str]:
+    out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
+    return {line.split(":")[1].strip().split("@")[0] for line in out.splitlines()}
