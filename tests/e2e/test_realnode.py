@@ -12,7 +12,7 @@ What this proves:
    are applied (claim env, the claim dir with vgpu.conf, /etc/ld.so.preload naming the hook), a
    dynamically linked program has libvgpu.so mapped without asking for it, and NVML (the
    simulated libnvidia-ml, injected by the toolkit-like spec) shows exactly the allocated GPU
-   with 1 GiB total: the cap, not the card's 23028 MiB.
+   with 1 GiB total: the cap, not the card's 23028 MiB; CUDA cannot allocate beyond it.
 3. Deleting the pod unprepares the claim (CDI spec and claim dir gone).
 3b. Logs and exec work through the API server (kubectl logs/exec).
 4. Stopping the node leaves no process or cgroup behind; so does a SIGKILLed starter whose
@@ -70,7 +70,9 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI must allow real nodes: {problems}", pytrace=False)
         pytest.skip(f"real nodes not possible here: {problems}")
-    started = Cluster.start(tmp_path_factory.mktemp("real"), ["a10-pcie"], die_with_parent=True)
+    started = Cluster.start(
+        tmp_path_factory.mktemp("real"), ["a10-pcie", "dgx-h100"], die_with_parent=True
+    )
     try:
         yield started
     finally:
@@ -85,15 +87,21 @@ def client(real_cluster: Cluster) -> Iterator[KubeClient]:
 
 
 @pytest.fixture(scope="module")
-def node(real_cluster: Cluster, client: KubeClient) -> Iterator[RealNode]:
+def nodes(real_cluster: Cluster, client: KubeClient) -> Iterator[dict[str, RealNode]]:
     device_class = yaml.safe_load((REPO / "deploy" / "deviceclass.yaml").read_text())
     client.create(kube.path(RESOURCE_API, "deviceclasses"), device_class)
-    nodes = start_real_nodes(real_cluster, [NODE])
+    started = start_real_nodes(real_cluster)
     try:
-        yield nodes[NODE]
+        yield started
     finally:
-        for started in nodes.values():
-            started.stop()
+        for one in started.values():
+            one.stop()
+
+
+@pytest.fixture(scope="module")
+def node(nodes: dict[str, RealNode]) -> RealNode:
+    """node-1, the simulated a10-pcie."""
+    return nodes[NODE]
 
 
 def kubelet_ready(client: KubeClient) -> bool:
@@ -124,7 +132,7 @@ PROBE = (
     "echo env:VGPU_DRA_CLAIMS=$VGPU_DRA_CLAIMS; "
     "echo env:NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES; "
     "echo preload:$(cat /etc/ld.so.preload); ls /run/vgpu-dra/claims/*/vgpu.conf | sed s/^/conf:/; "
-    "nvml-query; echo done; exec sleep 3600"
+    "nvml-query; cuda-probe init alloc:805306368 alloc:536870912; echo done; exec sleep 3600"
 )
 
 
@@ -164,6 +172,7 @@ def test_dra_pod_runs_on_a_real_node(
             "metadata": {"name": "probe"},
             "spec": {
                 "terminationGracePeriodSeconds": 1,
+                "nodeSelector": {"kubernetes.io/hostname": NODE},
                 "containers": [
                     {
                         "name": "probe",
@@ -197,6 +206,10 @@ def test_dra_pod_runs_on_a_real_node(
     visible = next(line for line in lines if line.startswith("env:NVIDIA_VISIBLE_DEVICES="))
     assert fields["uuid"] == visible.split("=", 1)[1]
     assert int(fields["total"]) == GIB, f"NVML total {fields['total']} is not the 1 GiB cap"
+    # The cap holds for CUDA too: 768 MiB fit, 512 MiB more do not (2 = out of memory), on a
+    # card with 23028 MiB.
+    assert "alloc rc=0 bytes=805306368" in lines, log
+    assert "alloc rc=2 bytes=536870912" in lines, log
     assert allocated.startswith("gpu-")
     assert node.paths.cdi_spec(claim_uid).is_file()
     print(f"pod Ready {ready_after:.1f}s after creation")
@@ -248,6 +261,76 @@ def test_logs_and_exec_through_the_api_server(real_cluster: Cluster, node: RealN
 def pod_ready_api(core: Any, name: str) -> bool:
     statuses = core.read_namespaced_pod(name, "default").status.container_statuses or []
     return bool(statuses) and all(s.ready for s in statuses)
+
+
+EXAMPLE_GPUS = {  # pod -> (GPUs it sees, NVML total per GPU or None for the whole card)
+    "whole-gpu": (1, None),
+    "shared-gpu": (1, GIB),
+    "a10-only": (1, 4 * GIB),
+    "nvlink-pair": (2, None),
+}
+
+
+def test_deploy_examples_run_for_real(real_cluster: Cluster, nodes: dict[str, RealNode]) -> None:
+    """Every deploy/examples manifest, as it is but for the image, runs on the real nodes; each
+    container sees through NVML exactly the GPUs and memory its claim was given."""
+    from kubernetes import client as k8s
+
+    kc = KubeClient.from_kubeconfig(str(real_cluster.kubeconfig))
+    api = real_cluster.api_client()
+    namespace = "examples"
+    try:
+        kc.create(kube.path("v1", "namespaces"), {"metadata": {"name": namespace}})
+        wait_for(
+            "the default ServiceAccount",
+            lambda: _exists(kc, kube.path("v1", "serviceaccounts", "default", namespace=namespace)),
+        )
+        for manifest in sorted((REPO / "deploy" / "examples").glob("*.yaml")):
+            for doc in yaml.safe_load_all(manifest.read_text()):
+                if doc["kind"] == "Pod":
+                    doc["spec"]["terminationGracePeriodSeconds"] = 1
+                    for container in doc["spec"]["containers"]:
+                        container["image"] = WORKLOAD
+                        container["imagePullPolicy"] = "Never"
+                        container["command"] = ["sh", "-c", "nvml-query; exec sleep 3600"]
+                    kc.create(kube.path("v1", "pods", namespace=namespace), doc)
+                else:
+                    plural = "resourceclaimtemplates"
+                    kc.create(kube.path(RESOURCE_API, plural, namespace=namespace), doc)
+        core = k8s.CoreV1Api(api)
+        for pod, (count, total) in EXAMPLE_GPUS.items():
+            wait_for(f"pod {pod} to be Ready", lambda p=pod: pod_ready(kc, namespace, p))
+            log = wait_for(
+                f"{pod}'s NVML view",
+                lambda p=pod: _gpu_lines(core.read_namespaced_pod_log(p, namespace)),
+            )
+            assert f"count={count}" in log, (pod, log)
+            gpus = [dict(re.findall(r"(uuid|total)=(\S+)", line)) for line in log if "gpu " in line]
+            assert len(gpus) == count, (pod, log)
+            if total is not None:
+                assert all(int(g["total"]) == total for g in gpus), (pod, log)
+            if pod == "a10-only":
+                assert "name=NVIDIA A10 " in " ".join(log) + " ", log
+        for pod in EXAMPLE_GPUS:
+            kc.delete(kube.path("v1", "pods", pod, namespace=namespace))
+        for pod in EXAMPLE_GPUS:
+            wait_for(
+                f"pod {pod} to be gone",
+                lambda p=pod: not _exists(kc, kube.path("v1", "pods", p, namespace=namespace)),
+            )
+        for one in nodes.values():
+            wait_for(
+                f"{one.node_name}: every claim unprepared",
+                lambda n=one: not list(n.paths.state_dir.glob("claims/*")),
+            )
+    finally:
+        api.close()
+        kc.close()
+
+
+def _gpu_lines(log: str) -> list[str] | None:
+    lines = log.splitlines()
+    return lines if any(line.startswith("count=") for line in lines) else None
 
 
 def test_stopping_a_real_node_leaves_nothing(real_cluster: Cluster, node: RealNode) -> None:
