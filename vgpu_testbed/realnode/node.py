@@ -232,6 +232,7 @@ class RealNode(NodeAgents):
     def _start_kubelet(self) -> None:
         bins = cluster_binaries.default_bin_dir()
         kubelet = bins / "kubelet"
+        (self.paths.root / "tmp").mkdir(mode=0o700, exist_ok=True)
         serving = pki.kubelet_serving(
             self.bed.layout.pki, self.node_name, self.ip, self.layout.cert_dir
         )
@@ -264,7 +265,10 @@ class RealNode(NodeAgents):
                     "--v=2",
                 ]
             ),
-            env={"PATH": f"{self.ctr_bin}:/usr/sbin:/usr/bin:/sbin:/bin"},
+            env={
+                "PATH": f"{self.ctr_bin}:/usr/sbin:/usr/bin:/sbin:/bin",
+                "TMPDIR": str(self.paths.root / "tmp"),
+            },
         )
 
     def kubelet_ready(self) -> bool:
