@@ -37,6 +37,7 @@ from kubelet_plugin.proto import dra_v1_pb2, dra_v1_pb2_grpc
 from kubelet_plugin.server import PluginServer, SocketPaths
 from tests.integration.plugin.claimdata import (
     DRIVER,
+    HOOK_LIB,
     NODE,
     create_allocated_claim,
     inventory,
@@ -97,7 +98,7 @@ class Bench:
             spec=cdi.SpecSettings(
                 kind="k8s.vgpu.dra.dev/claim",
                 state_dir=str(base / "state"),
-                hook_path="/usr/local/vgpu-dra/lib/libvgpu.so",
+                hook_path=str(HOOK_LIB),
             ),
         )
         preparer = Preparer(settings, inventory(count=8), source(self.client))
@@ -171,7 +172,9 @@ def measure_cached(bench: Bench, refs: list[ClaimRef]) -> dict[str, Any]:
         )
         for r in refs
     }
-    server, preparer = bench.serve("cached", lambda _client: lambda ref: objects[ref.uid])
+    server, preparer = bench.serve(
+        "cached", lambda _client: lambda ref, _timeout_s: objects[ref.uid]
+    )
     try:
         with grpc.insecure_channel(f"unix://{server.sockets.dra}") as channel:
             stub = dra_v1_pb2_grpc.DRAPluginStub(channel)

@@ -21,10 +21,16 @@ from urllib.parse import quote, urlencode
 
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
+from urllib3.util.retry import Retry
 
 JSON = dict[str, Any]
 RESOURCE_API = "resource.k8s.io/v1"
 DEFAULT_TIMEOUT_S = 30.0
+# urllib3's default (3 retries, read timeouts included) multiplies every timeout by four. Only a
+# failed connect is retried here, once (it fails fast); a request that was sent and got no answer
+# is not: callers with deadlines (prepare) must be able to trust `timeout_s`, and the slice
+# publisher has its own backoff.
+NO_READ_RETRIES = Retry(total=1, connect=1, read=0, redirect=0, status=0, other=0)
 
 
 class KubeError(Exception):
@@ -51,6 +57,10 @@ class AlreadyExists(KubeError):
 
 class Unreachable(KubeError):
     """No HTTP answer at all (connection refused, TLS failure, timeout)."""
+
+
+class TooDeep(KubeError):
+    """The answer is JSON nested deeper than the decoder's recursion limit."""
 
 
 def path(
@@ -90,6 +100,7 @@ class KubeClient:
             k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
         else:
             k8s_config.load_incluster_config(client_configuration=configuration)
+        configuration.retries = NO_READ_RETRIES
         return cls(k8s.ApiClient(configuration))
 
     @property
@@ -107,8 +118,14 @@ class KubeClient:
         body: Mapping[str, Any] | list[Any] | None = None,
         query: Mapping[str, str | int | bool] | None = None,
         content_type: str = "application/json",
+        timeout_s: float | None = None,
     ) -> JSON:
-        """Send one request; return the decoded JSON body or raise a KubeError subclass."""
+        """Send one request; return the decoded JSON body or raise a KubeError subclass.
+
+        `timeout_s` bounds the whole exchange (connect and answer; default: the client's).
+        """
+        if timeout_s is not None and timeout_s <= 0:  # 0 would mean "no timeout" below
+            raise Unreachable(0, "Timeout", f"{method} {resource_path}: no time left to ask")
         url = self._api.configuration.host + resource_path
         if query:
             url += "?" + urlencode({k: _query_value(v) for k, v in query.items()})
@@ -122,7 +139,7 @@ class KubeClient:
                 url,
                 header_params=headers,
                 body=body,
-                _request_timeout=self._timeout,
+                _request_timeout=self._timeout if timeout_s is None else timeout_s,
             )
             raw = response.read()
         except k8s.ApiException as exc:
@@ -132,10 +149,17 @@ class KubeClient:
         text = raw.decode() if isinstance(raw, bytes) else str(raw or "")
         if not 200 <= response.status < 300:
             raise _error(response.status, response.reason or "", text)
-        return cast(JSON, json.loads(text)) if text else {}
+        if not text:
+            return {}
+        try:
+            return cast(JSON, json.loads(text))
+        except RecursionError:
+            raise TooDeep(
+                0, "TooDeep", f"{method} {resource_path}: the object is nested too deeply to read"
+            ) from None
 
-    def get(self, resource_path: str) -> JSON:
-        return self.request("GET", resource_path)
+    def get(self, resource_path: str, *, timeout_s: float | None = None) -> JSON:
+        return self.request("GET", resource_path, timeout_s=timeout_s)
 
     def list(
         self,

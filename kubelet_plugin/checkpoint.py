@@ -41,13 +41,13 @@ class CheckpointFile:
     def load(self) -> dict[str, ClaimPlan]:
         """Prepared claims by UID; an absent file means nothing is prepared."""
         try:
-            with open(self.path, encoding="utf-8") as handle:
+            with open(self.path, "rb") as handle:
                 raw = handle.read()
         except FileNotFoundError:
             return {}
-        try:
-            document = CheckpointDocument.model_validate(json.loads(raw))
-        except (ValueError, ValidationError) as exc:
+        try:  # bytes: a non-UTF-8 file gets the same advice as any other corrupt one
+            document = CheckpointDocument.model_validate(json.loads(raw.decode("utf-8")))
+        except (ValueError, ValidationError, RecursionError) as exc:
             raise CheckpointError(
                 f"checkpoint {self.path} is unreadable ({_first_line(exc)}); move it aside to "
                 f"start from scratch (prepared claims will then be re-prepared by the kubelet)"

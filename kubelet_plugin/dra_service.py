@@ -31,7 +31,8 @@ class DraServicer:
     def NodePrepareResources(self, request: Any, context: Any) -> Any:  # noqa: N802
         refs = _refs(request)
         started = time.perf_counter()
-        outcomes = self._preparer.prepare(refs)
+        # The API calls of this prepare must end before the kubelet gives up on the call.
+        outcomes = self._preparer.prepare(refs, time_remaining_s=context.time_remaining())
         response = self._pb.NodePrepareResourcesResponse()
         for uid, outcome in outcomes.items():
             entry = response.claims[uid]

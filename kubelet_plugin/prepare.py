@@ -18,9 +18,11 @@ one (group commit). A per-UID lock keeps one claim from being worked on twice at
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -31,14 +33,20 @@ from dra_driver import cdi, kube
 from dra_driver.gpu import NodeInventory
 from kubelet_plugin.checkpoint import CheckpointFile
 from kubelet_plugin.claimfiles import ClaimFiles, ReconcileReport
-from kubelet_plugin.claims import ClaimError, ClaimRef, fetch_claim, parse_allocation
+from kubelet_plugin.claims import ClaimError, ClaimRef, clip, fetch_claim, parse_allocation
+from kubelet_plugin.hookcheck import HookLibraryCheck, HookLibraryError
 from kubelet_plugin.plan import ClaimPlan, check_capacity, plan_claim
 
 log = logging.getLogger(__name__)
 
 
 _T = TypeVar("_T")
-ClaimSource = Callable[[ClaimRef], dict[str, Any]]
+# Reads a claim; the float is the time budget in seconds (None: the source's own default).
+ClaimSource = Callable[[ClaimRef, float | None], dict[str, Any]]
+# Of the kubelet call's remaining time, this share (at most API_MARGIN_S) is kept back for
+# answering: a claim GET that runs out of time fails that claim, it never makes the call late.
+API_MARGIN_SHARE = 0.2
+API_MARGIN_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +84,7 @@ class PrepareOutcome:
 
 def kube_claim_source(client: kube.KubeClient) -> ClaimSource:
     """Claims from the API server (the production source)."""
-    return lambda ref: fetch_claim(client, ref)
+    return lambda ref, timeout_s: fetch_claim(client, ref, timeout_s)
 
 
 class Preparer:
@@ -89,6 +97,7 @@ class Preparer:
         claim_source: ClaimSource,
         *,
         max_workers: int = 16,
+        hook_check: HookLibraryCheck | None = None,
     ) -> None:
         self._settings = settings
         self._inventory = inventory
@@ -105,11 +114,19 @@ class Preparer:
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="prepare")
         self._toolkit = _ToolkitIds(settings.toolkit_spec_dirs)
         self._files = ClaimFiles(cdi_root=settings.cdi_root, spec=settings.spec)
+        self._hook = hook_check or HookLibraryCheck(settings.spec.hook_path)
 
     # --- kubelet calls ---------------------------------------------------------------------
 
-    def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareOutcome]:
-        return self._batch(refs, self._prepare_claim)
+    def prepare(
+        self, refs: Sequence[ClaimRef], *, time_remaining_s: float | None = None
+    ) -> dict[str, PrepareOutcome]:
+        """Prepare each claim; `time_remaining_s` is what is left of the kubelet's deadline."""
+        api_deadline = None
+        if time_remaining_s is not None:
+            margin = min(API_MARGIN_S, time_remaining_s * API_MARGIN_SHARE)
+            api_deadline = time.monotonic() + time_remaining_s - margin
+        return self._batch(refs, lambda ref: self._prepare_claim(ref, api_deadline))
 
     def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
         """Claim UID -> error text ("" = success)."""
@@ -136,19 +153,28 @@ class Preparer:
 
     # --- prepare ---------------------------------------------------------------------------
 
-    def _prepare_claim(self, ref: ClaimRef) -> PrepareOutcome:
+    def _prepare_claim(self, ref: ClaimRef, api_deadline: float | None) -> PrepareOutcome:
         try:
             _check_uid(ref)
+            self._hook.verify()  # fail closed: a hook that cannot load means no caps
             with self._claim_lock(ref.uid):
-                return PrepareOutcome(devices=self._prepare_locked(ref))
+                return PrepareOutcome(devices=self._prepare_locked(ref, api_deadline))
         except (ClaimError, kube.KubeError) as exc:
             log.warning("prepare %s failed: %s", ref, exc)
             return PrepareOutcome(error=_user_error(exc, ref))
+        except HookLibraryError as exc:
+            log.error("prepare %s refused: %s", ref, exc)
+            return PrepareOutcome(error=f"prepare {ref} refused: {exc}")
+        except OSError as exc:
+            log.exception("prepare %s failed writing files", ref)
+            return PrepareOutcome(error=f"prepare {ref}: {_os_error(exc)}")
         except Exception as exc:
             log.exception("prepare %s failed unexpectedly", ref)
             return PrepareOutcome(error=f"prepare {ref}: internal error: {exc}")
 
-    def _prepare_locked(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
+    def _prepare_locked(
+        self, ref: ClaimRef, api_deadline: float | None
+    ) -> tuple[PreparedDevice, ...]:
         with self._lock:
             known = self._prepared.get(ref.uid)
         if known is not None:
@@ -157,7 +183,13 @@ class Preparer:
                 log.warning("claim %s: CDI spec or hook config missing; rewriting", ref)
                 self._files.write(known)
             return self._result(known)
-        claim = self._source(ref)
+        budget = None if api_deadline is None else api_deadline - time.monotonic()
+        if budget is not None and budget <= 0:
+            raise ClaimError(
+                f"prepare {ref}: the kubelet's deadline passed before the claim could be read "
+                f"(retryable, the kubelet retries the prepare)"
+            )
+        claim = self._source(ref, budget)
         allocation = parse_allocation(
             claim, ref, driver=self._settings.driver, node_name=self._settings.node_name
         )
@@ -233,6 +265,9 @@ class Preparer:
                 else:
                     log.debug("unprepare %s: not prepared here; nothing to do", ref)
             return ""
+        except OSError as exc:
+            log.exception("unprepare %s failed", ref)
+            return f"unprepare {ref}: {_os_error(exc)}"
         except Exception as exc:
             log.exception("unprepare %s failed", ref)
             return f"unprepare {ref}: {exc}"
@@ -288,9 +323,20 @@ class Preparer:
 def _check_uid(ref: ClaimRef) -> None:
     if not cdi.valid_claim_uid(ref.uid):
         raise ClaimError(
-            f"claim {ref.namespace}/{ref.name}: invalid UID {ref.uid!r} (expected a Kubernetes "
-            f"UID: letters, digits and '-')"
+            f"claim {clip(ref.namespace)}/{clip(ref.name)}: invalid UID {clip(ref.uid)!r} "
+            f"(expected a Kubernetes UID: letters, digits and '-')"
         )
+
+
+def _os_error(exc: OSError) -> str:
+    """A file error as the operator needs it: which path, and for a full disk, what to do."""
+    where = f" {exc.filename}" if exc.filename else ""
+    if exc.errno == errno.ENOSPC:
+        return (
+            f"no space left on the filesystem of{where or ' the state or CDI directory'}: free "
+            f"space there (the claim is retried by the kubelet)"
+        )
+    return f"cannot write{where}: {exc.strerror or exc}"
 
 
 def _user_error(exc: Exception, ref: ClaimRef) -> str:

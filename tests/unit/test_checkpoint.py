@@ -72,3 +72,15 @@ def test_entry_key_must_match_its_uid(tmp_path: Path) -> None:
     store.store({"a": plan("b")})
     with pytest.raises(CheckpointError, match="entry a describes claim b"):
         store.load()
+
+
+def test_non_utf8_checkpoint_gets_the_same_advice(tmp_path: Path) -> None:
+    (tmp_path / "checkpoint.json").write_bytes(b'{"version": 1, "claims": {"\xff\xfe": {}}}')
+    with pytest.raises(CheckpointError, match="move it aside"):
+        CheckpointFile(str(tmp_path)).load()
+
+
+def test_checkpoint_nested_thousands_deep_gets_the_same_advice(tmp_path: Path) -> None:
+    (tmp_path / "checkpoint.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(CheckpointError, match="move it aside"):
+        CheckpointFile(str(tmp_path)).load()

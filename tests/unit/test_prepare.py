@@ -20,6 +20,7 @@ from kubelet_plugin.claims import ClaimError, ClaimRef
 from kubelet_plugin.prepare import NodeSettings, Preparer
 from tests.integration.plugin.claimdata import (
     DRIVER,
+    HOOK_LIB,
     NODE,
     GiB,
     claim,
@@ -45,7 +46,7 @@ class Claims:
         self.objects[(meta["namespace"], meta["name"])] = obj
         return ClaimRef(meta["namespace"], meta["name"], meta["uid"])
 
-    def __call__(self, ref: ClaimRef) -> dict[str, Any]:
+    def __call__(self, ref: ClaimRef, timeout_s: float | None = None) -> dict[str, Any]:
         self.reads += 1
         if self.delay_s:
             time.sleep(self.delay_s)
@@ -63,7 +64,7 @@ def node_settings(root: Path, ratio: float = 1.0) -> NodeSettings:
         spec=cdi.SpecSettings(
             kind=KIND,
             state_dir=str(root / "state"),
-            hook_path="/opt/libvgpu.so",
+            hook_path=str(HOOK_LIB),
             claim_gid=os.getgid(),
         ),
         oversubscription_ratio=ratio,
@@ -252,7 +253,7 @@ def test_failed_write_rolls_back(tmp_path: Path, claims: Claims, preparer: Prepa
     ref = claims.add(claim([result("gpu-0", memory="16Gi")]))
     shutil.rmtree(tmp_path / "cdi")  # the spec write fails after the claim dir was made
     outcome = preparer.prepare([ref])[ref.uid]
-    assert "internal error" in outcome.error
+    assert f"cannot write {tmp_path / 'cdi'}/" in outcome.error  # names the file
     assert "No such file or directory" in outcome.error
     assert preparer.prepared() == {}
     assert not (tmp_path / "state" / "claims" / ref.uid).exists()
@@ -284,6 +285,18 @@ def test_hostile_uids_never_reach_the_filesystem(
     assert victim.exists()
     assert (tmp_path / "state" / "claims").exists()
     assert claims.reads == 0
+
+
+def test_hostile_uid_is_truncated_in_errors_and_logs(
+    claims: Claims, preparer: Preparer, caplog: pytest.LogCaptureFixture
+) -> None:
+    uid = "A" * 100_000
+    ref = ClaimRef("n" * 5000, "c" * 5000, uid)
+    error = preparer.prepare([ref])[uid].error
+    assert "invalid UID" in error and "(100000 chars)" in error
+    assert len(error) < 500
+    assert preparer.unprepare([ref])[uid].count("A") < 100
+    assert "A" * 100 not in caplog.text and "n" * 100 not in caplog.text
 
 
 def test_nvidia_toolkit_ids_are_returned_with_ours(tmp_path: Path, claims: Claims) -> None:

@@ -22,7 +22,7 @@ from dra_driver.gpu import NodeInventory
 from kubelet_plugin.health import HealthBoard
 from kubelet_plugin.prepare import NodeSettings, Preparer, kube_claim_source
 from kubelet_plugin.server import PluginServer, SocketPaths
-from tests.integration.plugin.claimdata import DRIVER, NODE, GiB, inventory
+from tests.integration.plugin.claimdata import DRIVER, HOOK_LIB, NODE, GiB, inventory
 
 ROOT = Path(__file__).resolve().parents[3]
 KIND = "k8s.vgpu.dra.dev/claim"
@@ -91,7 +91,7 @@ def plugin(kube_client: kube.KubeClient) -> Iterator[RunningPlugin]:
         spec=cdi.SpecSettings(
             kind=KIND,
             state_dir=str(root / "state"),
-            hook_path=str(root / "libvgpu.so"),
+            hook_path=str(HOOK_LIB),
             claim_gid=4242,
         ),
     )

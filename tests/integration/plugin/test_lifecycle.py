@@ -35,7 +35,7 @@ from kubelet_plugin.proto import (
     dra_health_v1alpha1_pb2,
     dra_health_v1alpha1_pb2_grpc,
 )
-from tests.integration.plugin.claimdata import inventory
+from tests.integration.plugin.claimdata import HOOK_LIB, inventory
 from tests.integration.plugin.conftest import ROOT, RunningPlugin
 
 LAUNCHER = """
@@ -74,7 +74,7 @@ def test_plugin_process_lifecycle(cluster: Any, kube_client: kube.KubeClient) ->
         f"--registrar-dir={root}/registry",
         f"--cdi-root={cdi_root}",
         f"--state-dir={root}/state",
-        f"--hook-path={root}/libvgpu.so",
+        f"--hook-path={HOOK_LIB}",
         "--no-nvidia-cdi",
         "--no-governor",
     ]
@@ -185,7 +185,7 @@ def test_gpu_faults_on_simulated_node_are_streamed_unhealthy(cluster: Any) -> No
         f"--registrar-dir={root}/registry",
         f"--cdi-root={root}/cdi",
         f"--state-dir={root}/state",
-        f"--hook-path={root}/libvgpu.so",
+        f"--hook-path={HOOK_LIB}",
         "--no-publish-slices",
         "--no-governor",
         "--resync-seconds=0.5",
