@@ -92,7 +92,9 @@ class KubeClient:
         self._timeout = timeout_s
 
     @classmethod
-    def from_kubeconfig(cls, kubeconfig: str | None = None) -> KubeClient:
+    def from_kubeconfig(
+        cls, kubeconfig: str | None = None, *, timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> KubeClient:
         """Kubeconfig file when given (or $KUBECONFIG), else the in-cluster service account."""
         configuration = k8s.Configuration()
         kubeconfig = kubeconfig or os.environ.get("KUBECONFIG")
@@ -101,7 +103,7 @@ class KubeClient:
         else:
             k8s_config.load_incluster_config(client_configuration=configuration)
         configuration.retries = NO_READ_RETRIES
-        return cls(k8s.ApiClient(configuration))
+        return cls(k8s.ApiClient(configuration), timeout_s=timeout_s)
 
     @property
     def api_client(self) -> k8s.ApiClient:
