@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 from dra_driver import cdi, kube
 from dra_driver.gpu import NodeInventory
-from kubelet_plugin.checkpoint import CheckpointFile
+from kubelet_plugin.checkpoint import CheckpointJournal, Record
 from kubelet_plugin.claimfiles import ClaimFiles, ReconcileReport
 from kubelet_plugin.claims import ClaimError, ClaimRef, clip, fetch_claim, parse_allocation
 from kubelet_plugin.hookcheck import HookLibraryCheck, HookLibraryError
@@ -102,8 +102,10 @@ class Preparer:
         self._settings = settings
         self._inventory = inventory
         self._source = claim_source
-        self._checkpoint = CheckpointFile(settings.state_dir)
+        self._checkpoint = CheckpointJournal(settings.state_dir)
         self._prepared: dict[str, ClaimPlan] = self._checkpoint.load()
+        self._checkpoint.open(self._prepared)
+        self._pending: list[Record] = []  # changes not yet in the journal (under _lock)
         self._reserved: dict[str, ClaimPlan] = {}  # passed the guard, files being written
         self._lock = threading.Lock()
         self._version = 0
@@ -144,6 +146,7 @@ class Preparer:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._checkpoint.close()
 
     def _batch(self, refs: Sequence[ClaimRef], work: Callable[[ClaimRef], _T]) -> dict[str, _T]:
         if len(refs) <= 1:  # the common case: no thread hop on the latency path
@@ -208,13 +211,12 @@ class Preparer:
             self._files.write(plan)
             with self._lock:
                 self._prepared[plan.uid] = self._reserved.pop(plan.uid)
-                self._version += 1
-                target = self._version
+                target = self._record(("put", plan))
             self._flush(target)
         except BaseException:
             with self._lock:
-                self._prepared.pop(plan.uid, None)
-                self._version += 1
+                if self._prepared.pop(plan.uid, None) is not None:
+                    self._record(("del", plan.uid))
             self._files.remove(plan.uid)
             raise
         finally:
@@ -257,8 +259,7 @@ class Preparer:
                 self._files.remove(ref.uid)
                 with self._lock:
                     known = self._prepared.pop(ref.uid, None)
-                    self._version += 1
-                    target = self._version
+                    target = self._record(("del", ref.uid)) if known is not None else 0
                 if known is not None:
                     self._flush(target)
                     log.info("unprepared claim %s", ref)
@@ -274,15 +275,35 @@ class Preparer:
 
     # --- state ---------------------------------------------------------------------------
 
+    def _record(self, record: Record) -> int:
+        """Queue a change for the journal (caller holds _lock); returns its version."""
+        self._pending.append(record)
+        self._version += 1
+        return self._version
+
     def _flush(self, target: int) -> None:
-        """Persist the state at least as new as `target`; concurrent callers share one write."""
+        """Persist the state at least as new as `target`; concurrent callers share one write.
+
+        Usually one journal append (one fdatasync) for every change queued so far; a full
+        snapshot instead when the journal is long or an append failed half-way.
+        """
         with self._flush_lock:
             if self._persisted >= target:
                 return
             with self._lock:
-                snapshot = dict(self._prepared)
+                records, self._pending = self._pending, []
                 version = self._version
-            self._checkpoint.store(snapshot)
+                snapshot = dict(self._prepared) if self._checkpoint.wants_compaction else None
+            if snapshot is not None:
+                self._checkpoint.compact(snapshot)
+            else:
+                try:
+                    self._checkpoint.append(records)
+                except OSError:
+                    # Other claims' records went with this write: the next flush rewrites the
+                    # whole state (a snapshot) so theirs are not lost.
+                    self._checkpoint.mark_broken()
+                    raise
             self._persisted = version
 
     @contextmanager
