@@ -161,7 +161,7 @@ def test_bad_flags_exit_with_a_clear_message() -> None:
         check=False,
     )
     assert done.returncode == 2
-    assert "--oversubscription-ratio must be >= 1.0, got 0.5" in done.stderr
+    assert "--oversubscription-ratio must be a number from 1.0 to 64, got 0.5" in done.stderr
 
 
 def test_gpu_faults_on_simulated_node_are_streamed_unhealthy(cluster: Any) -> None:
