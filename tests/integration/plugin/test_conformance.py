@@ -184,7 +184,7 @@ def test_every_written_spec_loads_and_injects_the_contract(
     claim_mount = mounts[f"/run/vgpu-dra/claims/{multi.uid}"]
     assert claim_mount["source"] == str(plugin.state_dir / "claims" / multi.uid)
     assert "rw" in claim_mount["options"]
-    assert mounts["/usr/local/vgpu-dra/lib/libvgpu.so"]["source"] == str(plugin.root / "libvgpu.so")
+    assert mounts["/usr/local/vgpu-dra/lib/libvgpu.so"]["source"] == plugin.settings.spec.hook_path
     preload = mounts["/etc/ld.so.preload"]
     assert "ro" in preload["options"]
     assert Path(preload["source"]).read_text() == "/usr/local/vgpu-dra/lib/libvgpu.so\n"
