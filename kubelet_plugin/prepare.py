@@ -4,16 +4,19 @@ Called by the gRPC adapters (`kubelet_plugin.dra_service`) with claim references
 outcome per claim, so a bad claim never fails its neighbours. Per claim the order is fixed, which
 is what makes kubelet retries and crashes safe:
 
-    checkpoint says prepared? -> return the recorded IDs
-    read the claim (API) -> plan (pure, `kubelet_plugin.plan`) -> overbooking guard (under lock)
-    -> claim dir + vgpu.conf -> CDI spec -> checkpoint (fsynced) -> answer
+    hook library usable? (`kubelet_plugin.hookcheck`, fail closed) -> checkpoint says prepared?
+    -> return the recorded IDs
+    read the claim (API, bounded by the kubelet call's deadline) -> plan (pure,
+    `kubelet_plugin.plan`) -> overbooking guard (under lock) -> claim dir + vgpu.conf -> CDI spec
+    -> checkpoint record (journal line, fdatasync'ed) -> answer
 
 Unprepare removes the spec, the claim dir, then the checkpoint entry; unknown claims succeed.
 `reconcile()` runs at start-up and makes the CDI root and claim dirs agree with the checkpoint.
 
 Concurrency: claims of one call run on a thread pool; one lock guards the in-memory state and the
-overbooking decision, file I/O happens outside it, and concurrent checkpoint writes coalesce into
-one (group commit). A per-UID lock keeps one claim from being worked on twice at once.
+overbooking decision, file I/O happens outside it, and concurrent checkpoint records coalesce into
+one append and one sync (group commit). A per-UID lock keeps one claim from being worked on twice
+at once.
 """
 
 from __future__ import annotations
