@@ -130,7 +130,9 @@ class Preparer:
         api_deadline = None
         if time_remaining_s is not None:
             margin = min(API_MARGIN_S, time_remaining_s * API_MARGIN_SHARE)
-            api_deadline = time.monotonic() + time_remaining_s - margin
+            # Never longer than the client's own timeout (a far deadline is no reason to wait).
+            budget = min(time_remaining_s - margin, kube.DEFAULT_TIMEOUT_S)
+            api_deadline = time.monotonic() + budget
         return self._batch(refs, lambda ref: self._prepare_claim(ref, api_deadline))
 
     def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:

@@ -132,3 +132,50 @@ def test_prepare_fails_the_claim_within_the_deadline_and_known_claims_still_answ
         server.stop(grace_s=0)
         preparer.close()
         client.close()
+
+
+class RecordingSource:
+    """A claim source that remembers the time budget each read was given."""
+
+    def __init__(self, claims: Claims) -> None:
+        self.claims = claims
+        self.budgets: list[float | None] = []
+
+    def __call__(self, ref: ClaimRef, timeout_s: float | None) -> dict[str, object]:
+        self.budgets.append(timeout_s)
+        return self.claims(ref, timeout_s)
+
+
+@pytest.mark.parametrize("timeout", [None, 3.0])
+def test_the_read_budget_follows_the_callers_deadline(
+    tmp_path: Path, timeout: float | None
+) -> None:
+    """A call without a deadline (gRPC reports ~292 years left) leaves the client's default
+    timeout in charge, not an absurd budget; a call with a deadline gets less than is left."""
+    claims = Claims()
+    source = RecordingSource(claims)
+    preparer = Preparer(node_settings(tmp_path), inventory(memory=16 * GiB), source)
+    preparer.reconcile()
+    sockets = SocketPaths.for_driver(
+        DRIVER, plugins_dir=str(tmp_path / "plugins"), registrar_dir=str(tmp_path / "reg")
+    )
+    server = PluginServer(driver=DRIVER, sockets=sockets, preparer=preparer, watch_period_s=0)
+    server.start()
+    ref = claims.add(claim([result("gpu-0", memory="1Gi")]))
+    try:
+        with grpc.insecure_channel(f"unix://{sockets.dra}") as channel:
+            response = dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
+                dra_v1_pb2.NodePrepareResourcesRequest(
+                    claims=[dra_v1_pb2.Claim(namespace=ref.namespace, name=ref.name, uid=ref.uid)]
+                ),
+                timeout=timeout,
+            )
+        assert response.claims[ref.uid].error == ""
+        [budget] = source.budgets
+        if timeout is None:
+            assert budget is None  # the client's own timeout (30 s, no read retries) applies
+        else:
+            assert budget is not None and 0 < budget < timeout * 0.8
+    finally:
+        server.stop(grace_s=0)
+        preparer.close()
