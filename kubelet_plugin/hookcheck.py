@@ -55,14 +55,20 @@ class ElfIdentity:
         return "<" if self.data == 1 else ">"
 
 
-def node_identity(executable: str = sys.executable) -> ElfIdentity:
-    """The running interpreter's ELF identity: the machine the hook must have been built for."""
-    with open(os.path.realpath(executable), "rb") as handle:
-        head = handle.read(20)
-    identity = _identity(head)
-    if identity is None:
-        raise HookLibraryError(f"cannot tell this node's ELF machine from {executable}")
-    return identity
+def node_identity() -> ElfIdentity:
+    """The running interpreter's ELF identity: the machine the hook must have been built for.
+
+    /proc/self/exe is the binary actually running (sys.executable may be a wrapper script).
+    """
+    for executable in ("/proc/self/exe", os.path.realpath(sys.executable)):
+        try:
+            with open(executable, "rb") as handle:
+                identity = _identity(handle.read(20))
+        except OSError:
+            continue
+        if identity is not None:
+            return identity
+    raise HookLibraryError("cannot tell this node's ELF machine (/proc/self/exe is not readable)")
 
 
 def _identity(head: bytes) -> ElfIdentity | None:
