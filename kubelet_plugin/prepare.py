@@ -299,16 +299,16 @@ class Preparer:
                 records, self._pending = self._pending, []
                 version = self._version
                 snapshot = dict(self._prepared) if self._checkpoint.wants_compaction else None
-            if snapshot is not None:
-                self._checkpoint.compact(snapshot)
-            else:
-                try:
+            try:
+                if snapshot is not None:
+                    self._checkpoint.compact(snapshot)
+                else:
                     self._checkpoint.append(records)
-                except OSError:
-                    # Other claims' records went with this write: the next flush rewrites the
-                    # whole state (a snapshot) so theirs are not lost.
-                    self._checkpoint.mark_broken()
-                    raise
+            except BaseException:
+                # Other claims' records went with this write: the next flush rewrites the
+                # whole state (a snapshot) so theirs are not lost.
+                self._checkpoint.mark_broken()
+                raise
             self._persisted = version
 
     @contextmanager

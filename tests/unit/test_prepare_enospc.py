@@ -29,6 +29,8 @@ root = Path(sys.argv[1])
 claims = Claims()
 preparer = Preparer(node_settings(root), inventory(memory=16 * GiB), claims)
 preparer.reconcile()
+before = claims.add(claim([result("gpu-1", memory="1Gi")], name="before"))
+assert preparer.prepare([before])[before.uid].error == ""
 ref = claims.add(claim([result("gpu-0", memory="1Gi")]))
 fd = os.open(root / "filler", os.O_WRONLY | os.O_CREAT)  # use up every block
 try:
@@ -37,9 +39,16 @@ try:
 except OSError as exc:
     assert exc.errno == errno.ENOSPC, exc
 os.close(fd)
-print(json.dumps({"error": preparer.prepare([ref])[ref.uid].error,
-                  "prepared": list(preparer.prepared())}))
+error = preparer.prepare([ref])[ref.uid].error
+prepared = sorted(preparer.prepared())
+os.unlink(root / "filler")  # space again: the next claim goes through, nothing was lost
+after = claims.add(claim([result("gpu-2", memory="1Gi")], name="after"))
+assert preparer.prepare([after])[after.uid].error == ""
 preparer.close()
+from kubelet_plugin.checkpoint import CheckpointJournal
+on_disk = sorted(CheckpointJournal(str(root / "state")).load())
+print(json.dumps({"error": error, "prepared": prepared, "on_disk": on_disk,
+                  "expected": sorted([before.uid, after.uid])}))
 """
 
 
@@ -63,6 +72,7 @@ def test_full_state_filesystem_names_the_path(tmp_path: Path) -> None:
         pytest.skip("cannot mount a tmpfs here")
     assert done.returncode == 0, done.stderr
     outcome = json.loads(done.stdout.strip().splitlines()[-1])
-    assert outcome["prepared"] == []
+    assert len(outcome["prepared"]) == 1  # the claim prepared before the disk filled
+    assert outcome["on_disk"] == outcome["expected"]
     assert f"no space left on the filesystem of {mount}/" in outcome["error"], outcome["error"]
     assert "free space there" in outcome["error"]
