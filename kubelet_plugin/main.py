@@ -144,6 +144,10 @@ def settings_from(args: argparse.Namespace) -> NodeSettings:
         raise ValueError(
             f"--claim-gid must be a group id from 0 to {MAX_GID}, got {args.claim_gid}"
         )
+    if not (math.isfinite(args.state_lock_timeout) and args.state_lock_timeout >= 0):
+        raise ValueError(
+            f"--state-lock-timeout must be a number of seconds >= 0, got {args.state_lock_timeout}"
+        )
     if not 1 <= args.workers <= MAX_WORKERS:
         raise ValueError(f"--workers must be from 1 to {MAX_WORKERS}, got {args.workers}")
     if len(args.driver_name) > 63 or not _DRIVER_NAME.match(args.driver_name):
@@ -224,8 +228,8 @@ def main(argv: Sequence[str]) -> int:
             max_workers=args.workers,
             hook_check=HookLibraryCheck(settings.spec.hook_path),
         )
-    except CheckpointError as exc:
-        log.error("%s", exc)
+    except (CheckpointError, OSError) as exc:
+        log.error("cannot load the checkpoint: %s", exc)
         state_lock.release()
         client.close()
         return 1

@@ -71,6 +71,8 @@ def test_invalid_settings_name_the_flag(argv: list[str], message: str) -> None:
         (["--oversubscription-ratio", "inf"], "--oversubscription-ratio must be a number from"),
         (["--oversubscription-ratio", "1e308"], "--oversubscription-ratio must be a number from"),
         (["--workers", "0"], "--workers must be from 1 to 256, got 0"),
+        (["--state-lock-timeout", "nan"], "--state-lock-timeout must be a number of seconds"),
+        (["--state-lock-timeout", "-1"], "--state-lock-timeout must be a number of seconds"),
         (["--claim-gid", "4294967295"], "--claim-gid must be a group id from 0 to 4294967294"),
         (["--claim-gid", str(2**40)], "--claim-gid must be a group id"),
         (["--driver-name", "Bad_Driver"], "--driver-name 'Bad_Driver' is not a valid DRA driver"),
