@@ -1,4 +1,5 @@
-"""Fixtures for tests against the real control plane (vgpu_testbed.cluster), shared by every level.
+"""Fixtures for tests against the real control plane (vgpu_testbed.cluster.control_plane), shared by
+every level.
 
 Registered once as a plugin by tests/conftest.py, so e2e and integration tests share ONE session
 cluster (importing fixtures into two conftests would start two).
@@ -24,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from vgpu_testbed.cluster import BinariesMissingError, Cluster, find_binaries
+from vgpu_testbed.cluster.control_plane import BinariesMissingError, Cluster, find_binaries
 
 # The session cluster's nodes: one per simulated GPU profile (labels only until the kubelet
 # plugin runs against simulated GPUs).

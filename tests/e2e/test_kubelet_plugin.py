@@ -1,7 +1,7 @@
 """The whole node path on the test bed: simulated GPUs -> kubelet plugin -> slices -> real
 kube-scheduler -> kubelet stand-in -> NodePrepareResources -> CDI specs, and back on deletion.
 
-Two nodes of the session cluster get their agents (`vgpu_testbed.node_agents`): node-1 is a
+Two nodes of the session cluster get their agents (`vgpu_testbed.standin.node_agents`): node-1 is a
 simulated `dgx-h100`, node-2 an `a10-pcie`; each runs its own `vgpu-dra kubelet-plugin` process
 with its own directories and a kubelet stand-in speaking the real registration and DRA gRPC
 protocols with the node's credentials. Claims come from deploy/deviceclass.yaml and the
@@ -36,7 +36,7 @@ from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
 from kubelet_plugin.checkpoint import CheckpointJournal
 from kubelet_plugin.proto import dra_v1_pb2, dra_v1_pb2_grpc
-from vgpu_testbed.node_agents import NodeAgents, start_node_agents
+from vgpu_testbed.standin.node_agents import NodeAgents, start_node_agents
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "deploy" / "examples"
@@ -193,7 +193,7 @@ def prepared_example(
 def test_slices_describe_the_simulated_machines(
     client: KubeClient, agents: dict[str, NodeAgents]
 ) -> None:
-    from vgpu_testbed import fakegpu  # the profiles are the ground truth
+    from vgpu_testbed.fakegpu import simulator as fakegpu  # the profiles are the ground truth
 
     h100 = wait_for("node-1 slices", lambda: node_devices(client, "node-1"))
     a10 = wait_for("node-2 slices", lambda: node_devices(client, "node-2"))
@@ -445,7 +445,7 @@ def test_sigkill_during_a_prepare_batch_loses_nothing(
 def test_a_lost_gpu_leaves_the_pool_and_comes_back(
     client: KubeClient, agents: dict[str, NodeAgents]
 ) -> None:
-    from vgpu_testbed import fakegpu
+    from vgpu_testbed.fakegpu import simulator as fakegpu
 
     node_agents = agents["node-2"]
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from dra_driver import kube
-from vgpu_testbed.cluster import Cluster
+from vgpu_testbed.cluster.control_plane import Cluster
 
 SLICES = kube.path(kube.RESOURCE_API, "resourceslices")
 

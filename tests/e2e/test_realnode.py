@@ -39,7 +39,7 @@ import yaml
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
 from tests.cluster_fixtures import require_binaries
-from vgpu_testbed.cluster import Cluster
+from vgpu_testbed.cluster.control_plane import Cluster
 from vgpu_testbed.realnode import cgroups
 from vgpu_testbed.realnode.host import check_host
 from vgpu_testbed.realnode.images import WORKLOAD
@@ -359,7 +359,7 @@ def _done(log: str) -> str | None:
 STARTER = """
 import sys, time
 from pathlib import Path
-from vgpu_testbed.cluster import Cluster
+from vgpu_testbed.cluster.control_plane import Cluster
 from vgpu_testbed.realnode.node import start_real_nodes
 cluster = Cluster.start(Path(sys.argv[1]), ["a10-pcie"], die_with_parent=True)
 start_real_nodes(cluster)

@@ -32,10 +32,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from vgpu_testbed import cluster_example as example
-from vgpu_testbed.cluster import Cluster, default_bin_dir
-from vgpu_testbed.cluster_flags import FEATURE_GATES, LOCKED_ON
-from vgpu_testbed.cluster_health import http_get
+from vgpu_testbed.cluster import example
+from vgpu_testbed.cluster.control_plane import Cluster, default_bin_dir
+from vgpu_testbed.cluster.flags import FEATURE_GATES, LOCKED_ON
+from vgpu_testbed.cluster.health import http_get
 
 DRIVER = "vgpu.dra.dev"
 NODE = "node-1"
@@ -346,7 +346,7 @@ def test_pods_bind_without_a_kubelet_on_either_node(k8s: Any, namespace: str) ->
 
 
 def test_second_start_in_a_live_directory_is_refused(cluster: Cluster) -> None:
-    from vgpu_testbed.cluster import ClusterBusyError
+    from vgpu_testbed.cluster.control_plane import ClusterBusyError
 
     with pytest.raises(ClusterBusyError, match="already running"):
         Cluster.start(cluster.root, ["x"])
@@ -354,7 +354,7 @@ def test_second_start_in_a_live_directory_is_refused(cluster: Cluster) -> None:
 
 
 def test_node_profiles_are_labelled_and_recorded(k8s: Any, cluster: Cluster) -> None:
-    from vgpu_testbed.cluster_nodes import PROFILE_LABEL
+    from vgpu_testbed.cluster.nodes import PROFILE_LABEL
 
     nodes = {n.metadata.name: n for n in client.CoreV1Api(k8s).list_node().items}
     recorded = {n.name: n.profile for n in cluster.nodes}

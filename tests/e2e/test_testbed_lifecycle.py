@@ -31,9 +31,9 @@ from pathlib import Path
 import pytest
 
 from tests.cluster_fixtures import require_binaries
-from vgpu_testbed.cluster import Cluster, default_bin_dir
-from vgpu_testbed.cluster_health import ComponentDiedError
-from vgpu_testbed.cluster_state import ClusterState
+from vgpu_testbed.cluster.control_plane import Cluster, default_bin_dir
+from vgpu_testbed.cluster.health import ComponentDiedError
+from vgpu_testbed.cluster.state import ClusterState
 from vgpu_testbed.procs import ProcessRecord, is_alive
 
 
@@ -249,7 +249,7 @@ def test_dev_cluster_cli_up_status_down(tmp_path: Path) -> None:
 CRASHING_STARTER = """
 import sys
 from pathlib import Path
-from vgpu_testbed.cluster import Cluster
+from vgpu_testbed.cluster.control_plane import Cluster
 cluster = Cluster.start(Path(sys.argv[1]), ["t4"], die_with_parent=True)
 print("READY", flush=True)
 sys.stdin.read()  # until killed
@@ -257,7 +257,7 @@ sys.stdin.read()  # until killed
 
 INTERRUPTED_SESSION = """
 import os, signal
-from vgpu_testbed.cluster import Cluster
+from vgpu_testbed.cluster.control_plane import Cluster
 
 def test_interrupted(cluster: Cluster) -> None:
     with open(os.environ["STATE_COPY"], "w") as out:
@@ -337,7 +337,7 @@ def test_dev_cluster_up_with_node_agents(tmp_path: Path) -> None:
     # `up --agents`: each node also gets simulated GPUs, the kubelet plugin and the kubelet
     # stand-in; they publish the node's GPUs, run detached, and `down` stops them too.
     require_binaries()
-    from vgpu_testbed import fakegpu
+    from vgpu_testbed.fakegpu import simulator as fakegpu
 
     try:
         fakegpu.library_dir()

@@ -1,8 +1,8 @@
 """`discover()` against the simulated GPUs, through the real pynvml and the fake libnvidia-ml.so.1.
 
 Each case runs discovery in a fresh subprocess started with the simulated node's environment
-(`vgpu_testbed.fakegpu.prepare_node`), exactly as the kubelet plugin process is started by the
-test bed, and compares the inventory with the machine profile.
+(`vgpu_testbed.fakegpu.simulator.prepare_node`), exactly as the kubelet plugin process is started by
+the test bed, and compares the inventory with the machine profile.
 
 What this proves:
 1. dgx-h100: 8 GPUs with the profile's UUIDs, names, memory, 132 SMs (derived from NVML), Hopper,
@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from vgpu_testbed import fakegpu
+from vgpu_testbed.fakegpu import simulator as fakegpu
 
 DISCOVER = "from dra_driver.inventory import discover; print(discover().model_dump_json())"
 

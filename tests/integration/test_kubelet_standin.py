@@ -32,8 +32,8 @@ from kubelet_plugin.proto import (
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
-from vgpu_testbed.kubelet_standin import KubeletStandin
-from vgpu_testbed.standin_rules import ClaimRef
+from vgpu_testbed.standin.kubelet import KubeletStandin
+from vgpu_testbed.standin.rules import ClaimRef
 
 DRIVER = "test.dra.dev"
 

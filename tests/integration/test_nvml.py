@@ -26,14 +26,14 @@ from typing import Any
 import pytest
 
 from tests.integration.test_inventory import run_python
-from vgpu_testbed import fakegpu
+from vgpu_testbed.fakegpu import simulator as fakegpu
 
 SCRIPT = textwrap.dedent(
     """
     import json, os
     from dra_driver import nvml
     from dra_driver.nvml import NvmlError, NvmlNotSupported, PyNvml, session
-    from vgpu_testbed import fakegpu
+    from vgpu_testbed.fakegpu import simulator as fakegpu
 
     out = {}
     with session(PyNvml()) as lib:

@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from vgpu_testbed import certs
+from vgpu_testbed.cluster import certs
 
 
 def test_generate(tmp_path: Path) -> None:

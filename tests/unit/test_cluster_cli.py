@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from vgpu_testbed import cluster_cli
-from vgpu_testbed.cluster import ClusterStatus, ComponentStatus, NodeStatus
+from vgpu_testbed.cluster import cli as cluster_cli
+from vgpu_testbed.cluster.control_plane import ClusterStatus, ComponentStatus, NodeStatus
 
 
 def test_defaults() -> None:

@@ -1,5 +1,5 @@
 """`vgpu-dra demo` without a cluster: options, the step runner, failure reporting, teardown
-choices, and every table and parser the demo prints from (vgpu_testbed.demo_report).
+choices, and every table and parser the demo prints from (vgpu_testbed.demo.report).
 
 What this proves:
 1. Defaults (temp dir, dgx-h100 + a10-pcie, not kept, 90 s waits); bad --nodes and
@@ -27,7 +27,11 @@ from typing import Any
 
 import pytest
 
-from vgpu_testbed import demo, demo_caps, demo_report, demo_steps, demo_workloads
+from vgpu_testbed.demo import caps as demo_caps
+from vgpu_testbed.demo import cli as demo
+from vgpu_testbed.demo import report as demo_report
+from vgpu_testbed.demo import steps as demo_steps
+from vgpu_testbed.demo import workloads as demo_workloads
 
 GIB = 1 << 30
 

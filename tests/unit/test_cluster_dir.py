@@ -16,9 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from vgpu_testbed import cluster_binaries, cluster_dir, cluster_state, procs
-from vgpu_testbed.cluster_flags import Layout
-from vgpu_testbed.cluster_status import health_url, healthy_answer
+from vgpu_testbed import procs
+from vgpu_testbed.cluster import binaries as cluster_binaries
+from vgpu_testbed.cluster import directory as cluster_dir
+from vgpu_testbed.cluster import state as cluster_state
+from vgpu_testbed.cluster.flags import Layout
+from vgpu_testbed.cluster.status import health_url, healthy_answer
 
 
 def test_foreign_files_are_refused_and_kept(tmp_path: Path) -> None:

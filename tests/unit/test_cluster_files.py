@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vgpu_testbed import cluster_files as cfiles
+from vgpu_testbed.cluster import identities as cfiles
 
 
 def test_token_file_round_trips_through_a_csv_reader() -> None:

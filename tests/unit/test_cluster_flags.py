@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from vgpu_testbed import cluster_flags as cf
+from vgpu_testbed.cluster import flags as cf
 
 
 def test_gate_string_is_sorted_and_complete() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from vgpu_testbed import cluster_nodes as cn
+from vgpu_testbed.cluster import nodes as cn
 
 
 def test_parse_and_name() -> None:

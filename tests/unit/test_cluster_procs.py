@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from vgpu_testbed import cluster_state, procs
+from vgpu_testbed import procs
+from vgpu_testbed.cluster import state as cluster_state
 
 
 def test_spawn_and_stop_group(tmp_path: Path) -> None:

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from vgpu_testbed import standin_rules as ks
-from vgpu_testbed.kubelet_standin import parse_args
-from vgpu_testbed.standin_rules import ClaimRef
+from vgpu_testbed.standin import rules as ks
+from vgpu_testbed.standin.kubelet import parse_args
+from vgpu_testbed.standin.rules import ClaimRef
 
 
 def test_the_first_advertised_version_we_know_wins() -> None:

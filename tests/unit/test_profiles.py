@@ -1,6 +1,6 @@
-"""Machine profiles (vgpu_testbed.profiles): every shipped profile loads and describes the machine
-it claims to; every kind of invalid profile is refused with a message naming the profile, the GPU
-and the field; the text rendering the C side reads carries every field."""
+"""Machine profiles (vgpu_testbed.fakegpu.profiles): every shipped profile loads and describes the
+machine it claims to; every kind of invalid profile is refused with a message naming the profile,
+the GPU and the field; the text rendering the C side reads carries every field."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from vgpu_testbed import fakegpu
-from vgpu_testbed.profiles import ProfileError, load_profile, parse_profile, profile_names
+from vgpu_testbed.fakegpu import simulator as fakegpu
+from vgpu_testbed.fakegpu.profiles import ProfileError, load_profile, parse_profile, profile_names
 
 SHIPPED = ["a10-pcie", "a100-2x4", "dgx-h100", "l4-2", "mixed"]
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from dra_driver.cdi import NVIDIA_TOOLKIT_KIND, nvidia_toolkit_ids
-from vgpu_testbed import fakegpu
+from vgpu_testbed.fakegpu import simulator as fakegpu
 from vgpu_testbed.realnode.config import NodeLayout, cni_config, containerd_config, kubelet_config
 from vgpu_testbed.realnode.oci import ImageSpec, write_archive
 from vgpu_testbed.realnode.toolkit_cdi import SPEC_FILE, toolkit_spec
@@ -115,7 +115,7 @@ def test_toolkit_spec_is_found_by_the_plugin(tmp_path: Path) -> None:
 
 
 def test_runtime_choice_says_why_real_nodes_are_not_possible(monkeypatch: Any) -> None:
-    from vgpu_testbed import cluster_cli
+    from vgpu_testbed.cluster import cli as cluster_cli
     from vgpu_testbed.realnode import host
 
     said: list[str] = []

@@ -1,6 +1,6 @@
 """Helpers for the fake-NVML integration tests: a simulated node made by
-`vgpu_testbed.fakegpu.prepare_node` and Python snippets run against it in child processes (the
-fake libraries attach to one node per process, exactly as real clients load them)."""
+`vgpu_testbed.fakegpu.simulator.prepare_node` and Python snippets run against it in child processes
+(the fake libraries attach to one node per process, exactly as real clients load them)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vgpu_testbed import fakegpu
+from vgpu_testbed.fakegpu import simulator as fakegpu
 
 REPO = Path(__file__).resolve().parents[3]
 FAKEGPU = REPO / "hack" / "fakegpu"

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.fakegpu.nvml_node import PROGRAMS, SimNode, build_fakegpu
-from vgpu_testbed import fakegpu
+from vgpu_testbed.fakegpu import simulator as fakegpu
 
 
 @pytest.fixture(scope="module", autouse=True)

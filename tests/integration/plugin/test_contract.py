@@ -47,8 +47,8 @@ def field(line: str, key: str) -> int:
 
 @pytest.fixture
 def simulated_node() -> Iterator[tuple[Path, dict[str, str], NodeInventory]]:
-    from vgpu_testbed import fakegpu
-    from vgpu_testbed.profiles import load_profile
+    from vgpu_testbed.fakegpu import simulator as fakegpu
+    from vgpu_testbed.fakegpu.profiles import load_profile
 
     if os.geteuid() != 0:
         pytest.skip("container emulation needs root (mount namespaces, bind mounts)")

@@ -54,8 +54,8 @@ def device_record(path: Path) -> tuple[int, int, int]:
 def test_the_plugins_governor_caps_exactly_the_prepared_capped_claims(
     cluster: Any, kube_client: kube.KubeClient, namespace: str
 ) -> None:
-    from vgpu_testbed import fakegpu
-    from vgpu_testbed.profiles import load_profile
+    from vgpu_testbed.fakegpu import simulator as fakegpu
+    from vgpu_testbed.fakegpu.profiles import load_profile
 
     try:
         fakegpu.library_dir()

@@ -161,8 +161,8 @@ def test_bad_flags_exit_with_a_clear_message() -> None:
 
 
 def test_gpu_faults_on_simulated_node_are_streamed_unhealthy(cluster: Any) -> None:
-    from vgpu_testbed import fakegpu
-    from vgpu_testbed.profiles import load_profile
+    from vgpu_testbed.fakegpu import simulator as fakegpu
+    from vgpu_testbed.fakegpu.profiles import load_profile
 
     try:
         fakegpu.library_dir()

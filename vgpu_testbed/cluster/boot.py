@@ -1,7 +1,8 @@
 """The writes of a cluster start that are not processes: credentials on disk, Node objects and
 the wait for the `default` ServiceAccount.
 
-Split from `vgpu_testbed.cluster` (which sequences the start) so each step is readable alone.
+Split from `vgpu_testbed.cluster.control_plane` (which sequences the start) so each step is readable
+alone.
 """
 
 from __future__ import annotations
@@ -9,9 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vgpu_testbed import cluster_files, cluster_nodes
-from vgpu_testbed.cluster_flags import Layout
-from vgpu_testbed.cluster_state import NodeRecord
+from vgpu_testbed.cluster import identities as cluster_files
+from vgpu_testbed.cluster import nodes as cluster_nodes
+from vgpu_testbed.cluster.flags import Layout
+from vgpu_testbed.cluster.state import NodeRecord
 
 CLUSTER_NAME = "vgpu-dra-testbed"
 

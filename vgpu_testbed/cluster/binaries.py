@@ -1,8 +1,8 @@
 """Where the control-plane binaries are, and which Kubernetes version they are.
 
 The version comes from hack/testbed/versions.env (the one place it is pinned; build.sh reads it
-too), the binaries from the cache build.sh fills. Called by `vgpu_testbed.cluster` and the
-e2e fixture (to skip or fail early with the fix).
+too), the binaries from the cache build.sh fills. Called by `vgpu_testbed.cluster.control_plane` and
+the e2e fixture (to skip or fail early with the fix).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 VERSIONS_ENV = REPO_ROOT / "hack" / "testbed" / "versions.env"
 FALLBACK_K8S_VERSION = "v1.37.1"
 BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.atomicfile import write_atomic
-from vgpu_testbed.profiles import (
+from vgpu_testbed.fakegpu.profiles import (
     PROFILES_DIR,
     GpuSpec,
     Profile,
@@ -50,7 +50,7 @@ __all__ = [
     "set_gpu_removed",
 ]
 
-FAKEGPU_DIR = Path(__file__).resolve().parent.parent / "hack" / "fakegpu"
+FAKEGPU_DIR = Path(__file__).resolve().parents[2] / "hack" / "fakegpu"
 NVML_SONAME = "libnvidia-ml.so.1"
 CUDA_SONAME = "libcuda.so.1"
 
@@ -211,7 +211,7 @@ def resolve_gpu(status: Mapping[str, Any], gpu: str | int) -> int:
 def _run_cli(node: str | os.PathLike[str] | Mapping[str, str], *args: str) -> str:
     state = _state_of(node)
     done = subprocess.run(
-        [sys.executable, "-m", "vgpu_testbed.fakegpu_cli", *args, "--state", str(state)],
+        [sys.executable, "-m", "vgpu_testbed.fakegpu.cli", *args, "--state", str(state)],
         capture_output=True,
         text=True,
         timeout=60,

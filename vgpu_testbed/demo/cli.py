@@ -4,7 +4,7 @@ A real Kubernetes control plane, simulated GPU nodes each running our kubelet pl
 kubelet stand-in, the real kube-scheduler allocating shares of GPUs from the plugin's
 ResourceSlices, the deploy/examples manifests prepared by the plugin, and `vgpu_hook` enforcing
 the shared claim's memory and compute caps inside a "container". The steps are in
-vgpu_testbed.demo_steps and vgpu_testbed.demo_caps; this module lists them (`STEPS`), parses
+vgpu_testbed.demo.steps and vgpu_testbed.demo.caps; this module lists them (`STEPS`), parses
 options, runs the steps with titles and durations, reports a failure (which step, the error,
 where the logs are) and always tears down unless `--keep`. Called by dra_driver.cli; see
 docs/demo.md.
@@ -21,11 +21,10 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-from vgpu_testbed import cluster_nodes
-from vgpu_testbed.cluster_binaries import BinariesMissingError, find_binaries
-from vgpu_testbed.cluster_cli import profiles_arg
-from vgpu_testbed.demo_caps import step_workloads
-from vgpu_testbed.demo_steps import (
+from vgpu_testbed.cluster import nodes as cluster_nodes
+from vgpu_testbed.cluster.binaries import BinariesMissingError, find_binaries
+from vgpu_testbed.demo.caps import step_workloads
+from vgpu_testbed.demo.steps import (
     SHARED_POD,
     DemoContext,
     Step,
@@ -69,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--nodes",
-        type=profiles_arg,
+        type=cluster_nodes.profiles_arg,
         default=list(cluster_nodes.DEFAULT_PROFILES),
         metavar="PROFILE,PROFILE,...",
         help="simulated GPU profile per node (default: dgx-h100,a10-pcie)",
@@ -117,13 +116,13 @@ def run_steps(ctx: DemoContext, steps: Sequence[Step]) -> None:
 def check_prerequisites(args: argparse.Namespace) -> None:
     """Fail before anything starts when the demo cannot run: binaries, simulated GPU
     libraries, profiles, socket path lengths (the same checks as `dev-cluster up --agents`)."""
-    from vgpu_testbed.cluster_cli import check_agent_prerequisites
+    from vgpu_testbed.standin import node_agents
 
     find_binaries(None)
     # Without --dir the directory is made later by mkdtemp; check a name of the same length.
     default_root = Path(tempfile.gettempdir()) / "vgpu-dra-demo-XXXXXXXX"
     root = args.dir if args.dir is not None else default_root
-    check_agent_prerequisites(root, args.nodes)
+    node_agents.check_prerequisites(root, args.nodes)
 
 
 def main(argv: Sequence[str]) -> int:

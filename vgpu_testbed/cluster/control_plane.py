@@ -9,10 +9,10 @@ Who uses it: the e2e test fixture (`tests/cluster_fixtures.py`), `vgpu-dra dev-c
 The directory holds everything: `pki/` (CA, serving cert, service-account keys, token file),
 `etcd/`, `logs/<component>.log`, `kubeconfig` (admin), `kubeconfigs/` (scheduler,
 controller-manager, one per node), `nodes/<node>/` (files of per-node agents started later) and
-`state.json` (see cluster_state). The pieces live in cluster_flags (command lines, gates,
-ports), cluster_files (identities, kubeconfigs), cluster_nodes (Node objects), cluster_boot
-(credentials on disk, Node creation), cluster_dir (claiming and clearing the directory),
-cluster_status (probes), cluster_binaries (where the binaries are); this module sequences them.
+`state.json` (see `state`). The pieces, all in this package: `flags` (command lines, gates,
+ports), `identities` (tokens, kubeconfigs), `nodes` (Node objects), `boot` (credentials on disk,
+Node creation), `directory` (claiming and clearing the directory), `status` and `health`
+(probes), `binaries` (where the binaries are), `certs` (the PKI); this module sequences them.
 """
 
 from __future__ import annotations
@@ -25,18 +25,23 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from vgpu_testbed import certs, cluster_boot, cluster_flags, cluster_nodes, cluster_state, procs
-from vgpu_testbed.cluster_binaries import (
+from vgpu_testbed import procs
+from vgpu_testbed.cluster import boot as cluster_boot
+from vgpu_testbed.cluster import certs
+from vgpu_testbed.cluster import flags as cluster_flags
+from vgpu_testbed.cluster import nodes as cluster_nodes
+from vgpu_testbed.cluster import state as cluster_state
+from vgpu_testbed.cluster.binaries import (
     BinariesMissingError,
     default_bin_dir,
     find_binaries,
     k8s_version,
 )
-from vgpu_testbed.cluster_dir import ClusterBusyError, prepare_dir, remove_owned
-from vgpu_testbed.cluster_flags import FEATURE_GATES, Layout, Ports
-from vgpu_testbed.cluster_health import wait_for
-from vgpu_testbed.cluster_state import ClusterState, NodeRecord
-from vgpu_testbed.cluster_status import (
+from vgpu_testbed.cluster.directory import ClusterBusyError, prepare_dir, remove_owned
+from vgpu_testbed.cluster.flags import FEATURE_GATES, Layout, Ports
+from vgpu_testbed.cluster.health import wait_for
+from vgpu_testbed.cluster.state import ClusterState, NodeRecord
+from vgpu_testbed.cluster.status import (
     ClusterStatus,
     ComponentStatus,
     NodeStatus,

@@ -5,8 +5,8 @@
    deploy/deviceclass.yaml and deploy/examples/*.yaml as files and wait until kube-scheduler
    allocated and the plugin prepared every pod; 4. show what prepare wrote for the shared pod;
 6. delete that pod and watch the plugin release its claim. Step 5 (the caps inside the
-container) is vgpu_testbed.demo_caps. Tables and parsing live in vgpu_testbed.demo_report
-(pure); the step list, runner, options and teardown in vgpu_testbed.demo.
+container) is vgpu_testbed.demo.caps. Tables and parsing live in vgpu_testbed.demo.report
+(pure); the step list, runner, options and teardown in vgpu_testbed.demo.cli.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
 from dra_driver.names import DEFAULT_DRIVER_NAME, DriverNames
 from kubelet_plugin.checkpoint import CheckpointJournal
-from vgpu_testbed import demo_report as report
-from vgpu_testbed.cluster import Cluster
-from vgpu_testbed.node_agents import NodeAgents, start_node_agents
+from vgpu_testbed.cluster.control_plane import Cluster
+from vgpu_testbed.demo import report
+from vgpu_testbed.standin.node_agents import NodeAgents, start_node_agents
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DEVICE_CLASS = REPO_ROOT / "deploy" / "deviceclass.yaml"
 EXAMPLES_DIR = REPO_ROOT / "deploy" / "examples"
 NAMESPACE = "default"
@@ -133,7 +133,7 @@ def step_bring_up(ctx: DemoContext) -> None:
 
 
 def step_show_slices(ctx: DemoContext) -> None:
-    from vgpu_testbed import fakegpu
+    from vgpu_testbed.fakegpu import simulator as fakegpu
 
     client = ctx.need_client()
     slices_path = kube.path(RESOURCE_API, "resourceslices")

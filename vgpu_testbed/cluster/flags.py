@@ -3,7 +3,7 @@ a set of ports — plus the feature gates and the controller list they share.
 
 Why pure: the flags are where a test bed silently diverges from a real cluster (a gate set on one
 component but not another, a controller that taints our kubelet-less nodes). Keeping them as data
-makes them unit-testable and readable in one place. Called by `vgpu_testbed.cluster`.
+makes them unit-testable and readable in one place. Called by `vgpu_testbed.cluster.control_plane`.
 
 Feature gates (checked against pkg/features/kube_features.go of v1.37.1):
 - DRAConsumableCapacity, DRAPartitionableDevices: beta and on by default since 1.36; set

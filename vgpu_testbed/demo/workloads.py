@@ -7,9 +7,9 @@ libraries come through `LD_LIBRARY_PATH`). Programs run through `vgpu_testbed.co
 `vgpu_hook` arrives through `/etc/ld.so.preload` exactly as the CDI spec arranges.
 
 Also a small command line used as the programs themselves (`python -m
-vgpu_testbed.demo_workloads nvml` inside the container, `... sample UUID SECONDS` on the host),
+vgpu_testbed.demo.workloads nvml` inside the container, `... sample UUID SECONDS` on the host),
 because pynvml must be loaded by a process that starts with the node's environment.
-Called by vgpu_testbed.demo_steps.
+Called by vgpu_testbed.demo.steps.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 from vgpu_testbed.container import container_command
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 CUDA_PROGRAMS = REPO_ROOT / "hack" / "fakegpu" / "build" / "cuda_programs"
 SAMPLE_INTERVAL_S = 0.1
 
@@ -86,7 +86,7 @@ def program(name: str) -> str:
 
 def nvml_view(container: ClaimContainer | None, node_env: Mapping[str, str]) -> dict[str, Any]:
     """What NVML reports inside the container (or on the host when `container` is None)."""
-    argv = [sys.executable, "-m", "vgpu_testbed.demo_workloads", "nvml"]
+    argv = [sys.executable, "-m", "vgpu_testbed.demo.workloads", "nvml"]
     if container is not None:
         done = container.run(argv)
     else:
@@ -118,7 +118,7 @@ def run_with_samples(
             _, err = proc.communicate(timeout=10)
             raise WorkloadError(f"{argv[0]} did not start: {first.strip()} {err.strip()}")
         sampler = subprocess.run(
-            [sys.executable, "-m", "vgpu_testbed.demo_workloads", "sample", uuid, str(seconds)],
+            [sys.executable, "-m", "vgpu_testbed.demo.workloads", "sample", uuid, str(seconds)],
             env={**os.environ, **container.node_env},
             capture_output=True,
             text=True,
@@ -189,7 +189,7 @@ def main(argv: Sequence[str]) -> int:
     if argv[:1] == ["sample"] and len(argv) == 3:
         return _sample_main(argv[1], float(argv[2]))
     print(
-        "usage: python -m vgpu_testbed.demo_workloads nvml | sample UUID SECONDS", file=sys.stderr
+        "usage: python -m vgpu_testbed.demo.workloads nvml | sample UUID SECONDS", file=sys.stderr
     )
     return 2
 

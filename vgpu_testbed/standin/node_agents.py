@@ -1,11 +1,12 @@
 """Brings one simulated node of a test-bed Cluster to life: GPUs, kubelet plugin, kubelet stand-in.
 
-For a node created by `vgpu_testbed.cluster` (a Node object labelled with a simulated GPU
-profile) this module
-1. creates the node's simulated GPU state from its profile (`vgpu_testbed.fakegpu.prepare_node`),
+For a node created by `vgpu_testbed.cluster.control_plane` (a Node object labelled with a simulated
+GPU profile) this module
+1. creates the node's simulated GPU state from its profile
+   (`vgpu_testbed.fakegpu.simulator.prepare_node`),
 2. starts `vgpu-dra kubelet-plugin` with that environment (so NVML sees the node's fake GPUs) and
    per-node directories, and
-3. starts the kubelet stand-in (`vgpu_testbed.kubelet_standin`) with the node's own credentials,
+3. starts the kubelet stand-in (`vgpu_testbed.standin.kubelet`) with the node's own credentials,
 all through `cluster.spawn`, so the processes are torn down with the cluster.
 
 Per node everything lives under `<cluster root>/nodes/<node>/` (see `NodePaths`), so tests can read
@@ -27,15 +28,13 @@ from pathlib import Path
 from typing import Protocol
 
 from dra_driver.names import DEFAULT_DRIVER_NAME, DriverNames
+from vgpu_testbed import procs
+from vgpu_testbed.cluster.nodes import node_specs
+from vgpu_testbed.procs import ProcessRecord
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_HOOK_PATH = REPO_ROOT / "vgpu_hook" / "build" / "libvgpu.so"
 UNIX_PATH_MAX = 107  # sun_path is 108 bytes including the NUL
-
-
-class _ProcessRecord(Protocol):
-    name: str
-    pid: int
 
 
 class _NodeRecord(Protocol):
@@ -45,7 +44,7 @@ class _NodeRecord(Protocol):
 
 
 class ClusterLike(Protocol):
-    """What node agents need from `vgpu_testbed.cluster.Cluster`."""
+    """What node agents need from `vgpu_testbed.cluster.control_plane.Cluster`."""
 
     @property
     def root(self) -> Path: ...
@@ -57,7 +56,7 @@ class ClusterLike(Protocol):
     def nodes(self) -> Sequence[_NodeRecord]: ...
 
     @property
-    def processes(self) -> Sequence[_ProcessRecord]: ...
+    def processes(self) -> Sequence[ProcessRecord]: ...
 
     def spawn(
         self,
@@ -68,7 +67,7 @@ class ClusterLike(Protocol):
         log_path: Path | None = None,
         cwd: Path | None = None,
         port: int | None = None,
-    ) -> _ProcessRecord: ...
+    ) -> ProcessRecord: ...
 
     def stop_process(self, name: str) -> bool: ...
 
@@ -191,7 +190,9 @@ class NodeAgents:
 
     def prepare_gpus(self) -> dict[str, str]:
         """Create the node's simulated GPU state; returns the env a process needs to see it."""
-        from vgpu_testbed import fakegpu  # late: only this step needs the simulated GPUs
+        from vgpu_testbed.fakegpu import (
+            simulator as fakegpu,
+        )  # late: only this step needs the simulated GPUs
 
         self.paths.make()
         profile = fakegpu.load_profile(self.profile)
@@ -227,7 +228,7 @@ class NodeAgents:
         return [
             sys.executable,
             "-m",
-            "vgpu_testbed.kubelet_standin",
+            "vgpu_testbed.standin.kubelet",
             "--node-name",
             self.node_name,
             "--kubeconfig",
@@ -261,7 +262,7 @@ class NodeAgents:
         deadline = time.monotonic() + timeout
         while not sock.exists():
             record = self._record(self.plugin_process)
-            if record is None or not _alive(record.pid):
+            if record is None or not procs.is_alive(record):
                 raise NodeAgentError(
                     f"{self.plugin_process} exited before creating {sock}; see "
                     f"{self.cluster.root / 'logs' / (self.plugin_process + '.log')}"
@@ -287,20 +288,32 @@ class NodeAgents:
     def remove_files(self) -> None:
         shutil.rmtree(self.paths.root, ignore_errors=True)
 
-    def _record(self, name: str) -> _ProcessRecord | None:
+    def _record(self, name: str) -> ProcessRecord | None:
         return next((p for p in self.cluster.processes if p.name == name), None)
 
     def _running(self, name: str) -> bool:
         return self._record(name) is not None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            state = stat.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return False
-    return state not in ("Z", "X")
+def check_prerequisites(root: Path, profiles: Sequence[str]) -> None:
+    """Fail before starting anything when node agents could not run: every profile must be a
+    simulated machine, the simulated GPU libraries must be built, and the nodes' unix socket
+    paths must fit the kernel's limit."""
+    from vgpu_testbed.fakegpu import profiles as machine_profiles
+    from vgpu_testbed.fakegpu import simulator as fakegpu
+
+    for name in profiles:
+        machine_profiles.load_profile(name)  # ProfileError names the profile and the known ones
+    fakegpu.library_dir()  # FakeGpuError says to run `make native`
+    for spec in node_specs(list(profiles)):
+        paths = NodePaths(root.resolve() / "nodes" / spec.name)
+        for sock in (paths.dra_socket, paths.registration_socket):
+            if len(str(sock)) > UNIX_PATH_MAX:
+                raise ValueError(
+                    f"--dir {root} is too deep for node agents: {sock} has {len(str(sock))} "
+                    f"characters, unix sockets allow {UNIX_PATH_MAX}; "
+                    "use a shorter --dir"
+                )
 
 
 def start_node_agents(

@@ -3,7 +3,7 @@ files), and give it back (removing only what the test bed created).
 
 Why careful: `--dir` is user input; `down` must never delete a directory's unrelated contents,
 and `up` must never start a second control plane over a running one. Called by
-`vgpu_testbed.cluster`.
+`vgpu_testbed.cluster.control_plane`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import contextlib
 import os
 import shutil
 
-from vgpu_testbed import cluster_state, procs
-from vgpu_testbed.cluster_flags import Layout
+from vgpu_testbed import procs
+from vgpu_testbed.cluster import state as cluster_state
+from vgpu_testbed.cluster.flags import Layout
 
 # What we create inside a cluster directory, and so the only things teardown removes.
 # `nodes/<node>/` is where per-node agents (simulated GPUs, kubelet plugin, kubelet stand-in)

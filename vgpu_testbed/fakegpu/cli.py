@@ -9,8 +9,8 @@
     vgpu-dra fakegpu inject removed|added GPU --state PATH
 
 GPU is a physical index or a UUID. Called through dra_driver.cli; also `python -m
-vgpu_testbed.fakegpu_cli`, which `vgpu_testbed.fakegpu` uses to run control operations in a
-process of their own.
+vgpu_testbed.fakegpu.cli`, which `vgpu_testbed.fakegpu.simulator` uses to run control operations in
+a process of their own.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from vgpu_testbed import fakegpu
+from vgpu_testbed.fakegpu import simulator as fakegpu
 
 
 def _default_state(profile: str) -> Path:

@@ -2,7 +2,7 @@
 
 Why not the Kubernetes client: probes run before any kubeconfig works (etcd) or against
 components with a self-signed serving certificate (scheduler, controller-manager), and a probe
-must never hang: every request has a short timeout. Called by `vgpu_testbed.cluster`.
+must never hang: every request has a short timeout. Called by `vgpu_testbed.cluster.control_plane`.
 """
 
 from __future__ import annotations

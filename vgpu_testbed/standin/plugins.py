@@ -3,7 +3,7 @@
 `register()` does what the kubelet's plugin watcher does with a new registration socket
 (GetInfo, validation, NotifyRegistrationStatus); the returned `Plugin` sends
 NodePrepareResources / NodeUnprepareResources over the version chosen at registration, using
-the generated stubs of `kubelet_plugin/proto/`. Used by `vgpu_testbed.kubelet_standin`.
+the generated stubs of `kubelet_plugin/proto/`. Used by `vgpu_testbed.standin.kubelet`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from kubelet_plugin.proto import (
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
-from vgpu_testbed.standin_rules import JSON, ClaimRef, choose_version, validate_plugin_info
+from vgpu_testbed.standin.rules import JSON, ClaimRef, choose_version, validate_plugin_info
 
 log = logging.getLogger("kubelet-standin")
 

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from vgpu_testbed import procs
-from vgpu_testbed.cluster_flags import LOOPBACK
-from vgpu_testbed.cluster_health import http_get
-from vgpu_testbed.cluster_state import NodeRecord
+from vgpu_testbed.cluster.flags import LOOPBACK
+from vgpu_testbed.cluster.health import http_get
+from vgpu_testbed.cluster.state import NodeRecord
 from vgpu_testbed.procs import ProcessRecord
 
 
@@ -56,7 +56,7 @@ def healthy_answer(code: int, body: str) -> bool:
 
 
 def probe(url: str, **kwargs: Any) -> Callable[[], tuple[bool, str]]:
-    """A readiness probe for `cluster_health.wait_for`: (healthy, what answered)."""
+    """A readiness probe for `health.wait_for`: (healthy, what answered)."""
 
     def check() -> tuple[bool, str]:
         code, body = http_get(url, **kwargs)

@@ -3,8 +3,8 @@
 A profile describes one node's GPUs (product, memory, SMs, identity, PCI placement, NUMA node,
 NVLink links) and its driver. This module loads and validates profiles strictly, so that a typo
 or an impossible machine is an error naming the profile, the GPU and the field instead of a
-simulated node that silently differs from what a test meant. `vgpu_testbed.fakegpu` turns a
-validated profile into the text file the C libraries read; tests use the profile as ground truth.
+simulated node that silently differs from what a test meant. `vgpu_testbed.fakegpu.simulator` turns
+a validated profile into the text file the C libraries read; tests use the profile as ground truth.
 
 YAML shape (see the shipped profiles):
     name, description, driver_version, cuda_driver_version (e.g. 13000 for 13.0)
@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-PROFILES_DIR = Path(__file__).resolve().parent.parent / "hack" / "fakegpu" / "profiles"
+PROFILES_DIR = Path(__file__).resolve().parents[2] / "hack" / "fakegpu" / "profiles"
 
 MAX_GPUS = 16  # SIM_MAX_GPUS in hack/fakegpu/include/simstate.h
 MAX_NVLINKS = 18  # SIM_MAX_LINKS

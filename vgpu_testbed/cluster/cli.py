@@ -2,7 +2,7 @@
 
 `up` starts the components in their own sessions (they survive this process and the
 terminal) — with `--agents` also each node's simulated GPUs, kubelet plugin and kubelet stand-in
-(vgpu_testbed.node_agents) — records them in `<dir>/state.json`, and prints
+(vgpu_testbed.standin.node_agents) — records them in `<dir>/state.json`, and prints
 `export KUBECONFIG=<path>` as its last line so `eval "$(vgpu-dra dev-cluster up | tail -1)"`
 works. `down` stops everything recorded and removes the directory's contents; `status` probes
 each component and node. Called by dra_driver.cli.
@@ -18,21 +18,20 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from vgpu_testbed import cluster_nodes
-from vgpu_testbed.cluster import BinariesMissingError, Cluster, ClusterBusyError, ClusterStatus
-from vgpu_testbed.cluster_flags import PortInUseError
-from vgpu_testbed.cluster_health import ComponentDiedError, NotReadyError
-from vgpu_testbed.cluster_state import StateError
+from vgpu_testbed.cluster import nodes as cluster_nodes
+from vgpu_testbed.cluster.control_plane import (
+    BinariesMissingError,
+    Cluster,
+    ClusterBusyError,
+    ClusterStatus,
+)
+from vgpu_testbed.cluster.flags import PortInUseError
+from vgpu_testbed.cluster.health import ComponentDiedError, NotReadyError
+from vgpu_testbed.cluster.state import StateError
+from vgpu_testbed.standin import node_agents
 
 DEFAULT_DIR = Path(".dev-cluster")
 PROG = "vgpu-dra dev-cluster"
-
-
-def profiles_arg(text: str) -> list[str]:
-    try:
-        return cluster_nodes.parse_profiles(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _port(text: str) -> int:
@@ -63,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     up = with_dir(sub.add_parser("up", help="start the control plane and create the nodes"))
     up.add_argument(
         "--nodes",
-        type=profiles_arg,
+        type=cluster_nodes.profiles_arg,
         default=list(cluster_nodes.DEFAULT_PROFILES),
         metavar="PROFILE,PROFILE,...",
         help="one node per simulated GPU profile, named node-1, node-2, ... "
@@ -115,7 +114,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     say = _progress(t0)
     runtime = "standin"
     if args.agents:
-        check_agent_prerequisites(args.dir, args.nodes)
+        node_agents.check_prerequisites(args.dir, args.nodes)
         runtime = choose_runtime(args.runtime, say)
     cluster = Cluster.start(
         args.dir,
@@ -125,8 +124,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         progress=say,
     )
     if args.agents:
-        from vgpu_testbed.node_agents import start_node_agents
         from vgpu_testbed.realnode.node import start_real_nodes
+        from vgpu_testbed.standin.node_agents import start_node_agents
 
         if runtime == "real":
             say("starting real nodes: simulated GPUs, containerd, kubelet plugin, kubelet")
@@ -163,27 +162,6 @@ def choose_runtime(wanted: str, say: Callable[[str], None]) -> str:
         raise RuntimeError(f"--runtime real is not possible on this host: {reason}")
     say(f"real nodes not possible here ({reason}): using the kubelet stand-in")
     return "standin"
-
-
-def check_agent_prerequisites(root: Path, profiles: Sequence[str]) -> None:
-    """Fail before starting anything when node agents could not run: every profile must be a
-    simulated machine, the simulated GPU libraries must be built, and the nodes' unix socket
-    paths must fit the kernel's limit."""
-    from vgpu_testbed import fakegpu, node_agents
-    from vgpu_testbed import profiles as machine_profiles
-
-    for name in profiles:
-        machine_profiles.load_profile(name)  # ProfileError names the profile and the known ones
-    fakegpu.library_dir()  # FakeGpuError says to run `make native`
-    for spec in cluster_nodes.node_specs(list(profiles)):
-        paths = node_agents.NodePaths(root.resolve() / "nodes" / spec.name)
-        for sock in (paths.dra_socket, paths.registration_socket):
-            if len(str(sock)) > node_agents.UNIX_PATH_MAX:
-                raise ValueError(
-                    f"--dir {root} is too deep for node agents: {sock} has {len(str(sock))} "
-                    f"characters, unix sockets allow {node_agents.UNIX_PATH_MAX}; "
-                    "use a shorter --dir"
-                )
 
 
 def cmd_down(args: argparse.Namespace) -> int:

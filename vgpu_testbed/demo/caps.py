@@ -7,7 +7,7 @@ CUDA_ERROR_OUT_OF_MEMORY, also across two processes of the claim, and (c) a kern
 the claim's `cores` share of NVML utilisation, next to the same loop in the uncapped whole-GPU
 pod. The step fails when the memory cap is not enforced; utilisation is reported for the reader
 (and asserted by tests/e2e/test_testbed_demo.py). Needs root; skipped with a message otherwise.
-Steps 1-4 and 6 are in vgpu_testbed.demo_steps; the list is assembled in vgpu_testbed.demo.
+Steps 1-4 and 6 are in vgpu_testbed.demo.steps; the list is assembled in vgpu_testbed.demo.cli.
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ from __future__ import annotations
 import json
 import os
 
-from vgpu_testbed import demo_report as report
-from vgpu_testbed.demo_steps import (
+from vgpu_testbed.demo import report
+from vgpu_testbed.demo.steps import (
     CDI_KIND,
     SHARED_POD,
     UNCAPPED_POD,
     DemoContext,
     Prepared,
 )
-from vgpu_testbed.demo_workloads import ClaimContainer, WorkloadError, nvml_view, program
-from vgpu_testbed.demo_workloads import run_with_samples as sampled_run
+from vgpu_testbed.demo.workloads import ClaimContainer, WorkloadError, nvml_view, program
+from vgpu_testbed.demo.workloads import run_with_samples as sampled_run
 
 CAPPED_SECONDS = 6.0  # sampled; the first SETTLE_S are the controller learning the GPU
 UNCAPPED_SECONDS = 3.0

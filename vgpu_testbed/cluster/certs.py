@@ -5,7 +5,7 @@ Why not let kube-apiserver self-sign: clients (kubeconfig, the Python client, la
 stand-in) then need to skip verification. With our own CA every client verifies the server, and
 the same CA can sign client certificates later. EC P-256 keys: fast to generate (a few ms), and
 accepted by Kubernetes for both TLS and service-account tokens (ES256). Called by
-`vgpu_testbed.cluster` once per cluster directory.
+`vgpu_testbed.cluster.control_plane` once per cluster directory.
 """
 
 from __future__ import annotations

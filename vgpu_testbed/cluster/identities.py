@@ -5,7 +5,7 @@ Why static tokens: they need no signing and no controller, and each identity map
 and groups Kubernetes' bootstrap RBAC already knows (`system:kube-scheduler`,
 `system:node:<name>` in `system:nodes`), so the scheduler and a later kubelet stand-in run with
 realistic permissions while the admin is in `system:masters`. Rendering is pure; writing is one
-helper. Called by `vgpu_testbed.cluster`.
+helper. Called by `vgpu_testbed.cluster.control_plane`.
 """
 
 from __future__ import annotations

@@ -22,8 +22,9 @@ protocols and with the node's own credentials:
 
 The set of prepared claims survives a restart of the stand-in (`<state-dir>/prepared.json`).
 Failed calls (plugin restarting, socket gone, a claim's own error) are retried on the next poll.
-Started per node by `vgpu_testbed.node_agents`; `python -m vgpu_testbed.kubelet_standin --help`.
-Decisions live in `vgpu_testbed.standin_rules` (pure), gRPC in `vgpu_testbed.standin_plugins`.
+Started per node by `vgpu_testbed.standin.node_agents`; `python -m vgpu_testbed.standin.kubelet
+--help`. Decisions live in `vgpu_testbed.standin.rules` (pure), gRPC in
+`vgpu_testbed.standin.plugins`.
 """
 
 from __future__ import annotations
@@ -45,8 +46,8 @@ import grpc
 from dra_driver import kube
 from dra_driver.atomicfile import write_atomic
 from dra_driver.kube import RESOURCE_API, KubeClient, KubeError
-from vgpu_testbed.standin_plugins import Plugin, register, rpc_text
-from vgpu_testbed.standin_rules import (
+from vgpu_testbed.standin.plugins import Plugin, register, rpc_text
+from vgpu_testbed.standin.rules import (
     JSON,
     ClaimRef,
     claim_drivers_if_ready,

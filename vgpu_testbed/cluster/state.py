@@ -4,7 +4,8 @@ profile each node has.
 Why a file: `vgpu-dra dev-cluster up` exits while the components keep running, and `down`,
 `status`, the demo or another engineer's tooling (the kubelet stand-in needs the node -> profile
 map) must find them again. Written atomically after every change, so a crash mid-start still
-leaves a file from which `down` can stop what did start. Called by `vgpu_testbed.cluster`.
+leaves a file from which `down` can stop what did start. Called by
+`vgpu_testbed.cluster.control_plane`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What `vgpu-dra demo` prints, computed from plain API and file data (no I/O here).
 
-The demo's steps (vgpu_testbed.demo_steps) fetch ResourceSlices, claims, pod records, CDI specs
+The demo's steps (vgpu_testbed.demo.steps) fetch ResourceSlices, claims, pod records, CDI specs
 and utilisation samples; this module turns them into rows and text: the devices each node's
 plugin published, where each example pod landed and what it consumed, the claim's `vgpu.conf`
 and CDI edits, and the statistics of a compute-cap run. Pure so that unit tests

@@ -2,13 +2,14 @@
 and the manifest the scheduler needs to place pods on them.
 
 Why kubelet-less nodes work: the scheduler only needs a Node with allocatable resources and no
-taints; nothing heartbeats, so node-lifecycle must not run (see cluster_flags.CONTROLLERS). The
+taints; nothing heartbeats, so node-lifecycle must not run (see flags.CONTROLLERS). The
 GPU profile label tells a later kubelet plugin which simulated machine this node is. Called by
-`vgpu_testbed.cluster`, the CLI and the demo.
+`vgpu_testbed.cluster.control_plane`, the CLI and the demo.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,6 +44,14 @@ def parse_profiles(text: str) -> list[str]:
                 "'_', '.'; at most 63 characters; starting and ending with a letter or digit)"
             )
     return items
+
+
+def profiles_arg(text: str) -> list[str]:
+    """`parse_profiles` as an argparse `type=`: the `--nodes` option of dev-cluster and demo."""
+    try:
+        return parse_profiles(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def node_specs(profiles: Sequence[str]) -> list[NodeSpec]:
