@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.integration.hook import conftest as hook_env
-from tests.integration.hook.computecap import measure_accuracy
+from tests.integration.vgpu_hook import conftest as hook_env
+from tests.integration.vgpu_hook.computecap import measure_accuracy
 from vgpu_testbed.container import run_in_container
 
 REPO = Path(__file__).resolve().parents[1]

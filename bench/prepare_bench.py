@@ -38,7 +38,7 @@ from kubelet_plugin.claims import ClaimRef
 from kubelet_plugin.prepare import ClaimSource, NodeSettings, Preparer, kube_claim_source
 from kubelet_plugin.proto import dra_v1_pb2, dra_v1_pb2_grpc
 from kubelet_plugin.server import PluginServer, SocketPaths
-from tests.integration.plugin.claimdata import (
+from tests.fixtures.claimdata import (
     DRIVER,
     HOOK_LIB,
     NODE,

@@ -31,7 +31,7 @@ from typing import Any
 from dra_driver import slices
 from dra_driver.kube import KubeClient
 from kubelet_plugin.slice_publisher import SlicePublisher, plan_sync
-from tests.inventories import synthetic_inventory
+from tests.fixtures.inventories import synthetic_inventory
 
 RESULTS = Path(__file__).parent / "results" / "slices.json"
 DRIVER = "vgpu.dra.dev"

@@ -2,7 +2,7 @@
 kube-controller-manager, started in one directory and torn down without leaving a process or a
 listening port behind.
 
-Who uses it: the e2e test fixture (`tests/cluster_fixtures.py`), `vgpu-dra dev-cluster` and
+Who uses it: the e2e test fixture (`tests/fixtures/cluster.py`), `vgpu-dra dev-cluster` and
 `vgpu-dra demo`. Later parts start per-node processes (kubelet plugin, kubelet stand-in) with
 `Cluster.spawn`, so they are stopped with the cluster.
 

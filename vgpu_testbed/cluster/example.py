@@ -4,7 +4,8 @@ our kubelet plugin publishes (shareable GPUs with consumable `memory` and `cores
 
 Why here: the e2e test and `vgpu-dra demo` apply the same objects, so the demo shows exactly
 what the test proves. Manifests are built as `kubernetes` client models (validated locally);
-`apply_*` helpers are thin I/O seams. Called by tests/e2e/test_testbed.py and vgpu_testbed.demo.cli.
+`apply_*` helpers are thin I/O seams. Called by tests/e2e/vgpu_testbed/test_cluster.py and
+vgpu_testbed.demo.cli.
 """
 
 from __future__ import annotations

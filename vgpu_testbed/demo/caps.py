@@ -6,7 +6,7 @@ GPU's total, (b) allocations within the cap succeeding and beyond it failing wit
 CUDA_ERROR_OUT_OF_MEMORY, also across two processes of the claim, and (c) a kernel loop held at
 the claim's `cores` share of NVML utilisation, next to the same loop in the uncapped whole-GPU
 pod. The step fails when the memory cap is not enforced; utilisation is reported for the reader
-(and asserted by tests/e2e/test_testbed_demo.py). Needs root; skipped with a message otherwise.
+(and asserted by tests/e2e/vgpu_testbed/test_demo.py). Needs root; skipped with a message otherwise.
 Steps 1-4 and 6 are in vgpu_testbed.demo.steps; the list is assembled in vgpu_testbed.demo.cli.
 """
 

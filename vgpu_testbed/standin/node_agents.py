@@ -11,7 +11,7 @@ all through `cluster.spawn`, so the processes are torn down with the cluster.
 
 Per node everything lives under `<cluster root>/nodes/<node>/` (see `NodePaths`), so tests can read
 CDI specs, claim directories and the checkpoint. The plugin can be stopped, SIGKILLed and started
-again (crash-recovery tests). Used by tests/e2e/test_kubelet_plugin.py and, for
+again (crash-recovery tests). Used by tests/e2e/kubelet_plugin/test_node_path.py and, for
 `vgpu-dra dev-cluster up` and the demo, through `start_node_agents(cluster)`.
 """
 

@@ -3,7 +3,7 @@
 Which DRA service version to use, whether a plugin's registration info is acceptable, which
 claims a pod uses and whether they are ready for it, which prepared claims nobody needs any
 more. Used by `vgpu_testbed.standin.kubelet` and `vgpu_testbed.standin.plugins`; unit-tested in
-tests/unit/test_kubelet_standin.py without servers.
+tests/unit/vgpu_testbed/standin/test_rules.py without servers.
 """
 
 from __future__ import annotations
