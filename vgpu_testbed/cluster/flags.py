@@ -247,19 +247,27 @@ def apiserver_argv(
     ]
 
 
-def scheduler_argv(
-    binary: Path, layout: Layout, ports: Ports, *, gates: Mapping[str, bool] = FEATURE_GATES
-) -> list[str]:
-    kubeconfig = layout.component_kubeconfig("kube-scheduler")
+def _secure_component_flags(name: str, layout: Layout, port: int) -> list[str]:
+    """What kube-scheduler and kube-controller-manager share: their own kubeconfig for the API,
+    delegated authn/authz, no leader election (one replica), HTTPS on loopback."""
+    kubeconfig = layout.component_kubeconfig(name)
     return [
-        str(binary),
         f"--kubeconfig={kubeconfig}",
         f"--authentication-kubeconfig={kubeconfig}",
         f"--authorization-kubeconfig={kubeconfig}",
         "--leader-elect=false",
         f"--bind-address={LOOPBACK}",
-        f"--secure-port={ports.scheduler}",
-        f"--cert-dir={layout.component_certs('kube-scheduler')}",
+        f"--secure-port={port}",
+        f"--cert-dir={layout.component_certs(name)}",
+    ]
+
+
+def scheduler_argv(
+    binary: Path, layout: Layout, ports: Ports, *, gates: Mapping[str, bool] = FEATURE_GATES
+) -> list[str]:
+    return [
+        str(binary),
+        *_secure_component_flags("kube-scheduler", layout, ports.scheduler),
         f"--feature-gates={feature_gate_flag(gates)}",
         "--v=1",
     ]
@@ -273,16 +281,9 @@ def controller_manager_argv(
     ca_cert: Path,
     gates: Mapping[str, bool] = FEATURE_GATES,
 ) -> list[str]:
-    kubeconfig = layout.component_kubeconfig("kube-controller-manager")
     return [
         str(binary),
-        f"--kubeconfig={kubeconfig}",
-        f"--authentication-kubeconfig={kubeconfig}",
-        f"--authorization-kubeconfig={kubeconfig}",
-        "--leader-elect=false",
-        f"--bind-address={LOOPBACK}",
-        f"--secure-port={ports.controller_manager}",
-        f"--cert-dir={layout.component_certs('kube-controller-manager')}",
+        *_secure_component_flags("kube-controller-manager", layout, ports.controller_manager),
         f"--controllers={','.join(CONTROLLERS)}",
         f"--root-ca-file={ca_cert}",
         f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",

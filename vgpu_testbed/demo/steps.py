@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 
@@ -28,6 +28,7 @@ from dra_driver.names import DEFAULT_DRIVER_NAME, DriverNames
 from kubelet_plugin.checkpoint import CheckpointJournal
 from vgpu_testbed.cluster.control_plane import Cluster
 from vgpu_testbed.demo import report
+from vgpu_testbed.polling import wait_for
 from vgpu_testbed.standin.node_agents import NodeAgents, start_node_agents
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -37,7 +38,6 @@ NAMESPACE = "default"
 SHARED_POD = "shared-gpu"  # the example whose claim step 4 and 5 look into
 UNCAPPED_POD = "whole-gpu"  # the comparison run: a whole GPU, no SM cap
 CDI_KIND = DriverNames(DEFAULT_DRIVER_NAME).cdi_kind
-T = TypeVar("T")
 
 KIND_PATHS = {
     "DeviceClass": (RESOURCE_API, "deviceclasses", False),
@@ -95,17 +95,6 @@ class DemoContext:
 class Step:
     title: str
     run: Callable[[DemoContext], None]
-
-
-def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 60.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.2)
 
 
 # ---------------------------------------------------------------- 1. bring-up

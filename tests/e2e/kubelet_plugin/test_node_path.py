@@ -23,10 +23,9 @@ What this proves:
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 import pytest
@@ -36,13 +35,13 @@ from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
 from kubelet_plugin.checkpoint import CheckpointJournal
 from kubelet_plugin.proto import dra_v1_pb2, dra_v1_pb2_grpc
+from vgpu_testbed.polling import wait_for
 from vgpu_testbed.standin.node_agents import NodeAgents, start_node_agents
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLES = REPO / "deploy" / "examples"
 DRIVER = "vgpu.dra.dev"
 GIB = 1 << 30
-T = TypeVar("T")
 RESYNC = ["--resync-seconds", "1"]  # re-discover GPUs every second (default 60)
 
 KIND_PATHS = {
@@ -50,19 +49,6 @@ KIND_PATHS = {
     "ResourceClaimTemplate": (RESOURCE_API, "resourceclaimtemplates"),
     "ResourceClaim": (RESOURCE_API, "resourceclaims"),
 }
-
-
-def wait_for(
-    what: str, fn: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.2
-) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
 
 
 @pytest.fixture(scope="module")

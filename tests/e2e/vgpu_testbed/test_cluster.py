@@ -32,6 +32,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from vgpu_testbed import polling
 from vgpu_testbed.cluster import example
 from vgpu_testbed.cluster.control_plane import Cluster, default_bin_dir
 from vgpu_testbed.cluster.flags import FEATURE_GATES, LOCKED_ON
@@ -44,14 +45,7 @@ T = TypeVar("T")
 
 
 def wait_until(what: str, fn: Callable[[], T | None], timeout: float = 45.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.2)
+    return polling.wait_for(what, fn, timeout)
 
 
 def foreign_slices(k8s: Any) -> list[str]:

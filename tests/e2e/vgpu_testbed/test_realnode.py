@@ -39,6 +39,7 @@ import yaml
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
 from tests.fixtures.cluster import require_binaries
+from vgpu_testbed import polling
 from vgpu_testbed.cluster.control_plane import Cluster
 from vgpu_testbed.realnode import cgroups
 from vgpu_testbed.realnode.host import check_host
@@ -52,14 +53,7 @@ NODE = "node-1"
 
 
 def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 90.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.25)
+    return polling.wait_for(what, fn, timeout, interval=0.25)
 
 
 @pytest.fixture(scope="module")

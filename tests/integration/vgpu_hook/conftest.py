@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from dra_driver.cdi import ClaimDevice, SpecSettings, build_claim_spec
-from vgpu_testbed.container import run_in_container
+from vgpu_testbed.container import container_command, run_in_container
 
 REPO = Path(__file__).resolve().parents[3]
 HOOK_DIR = REPO / "vgpu_hook"
@@ -121,6 +121,16 @@ class Claim:
         full_env.update(env)
         return run_in_container(
             self.spec, self.device_names, list(argv), base_env=full_env, timeout=timeout
+        )
+
+    def start(self, argv: Sequence[str]) -> subprocess.Popen[str]:
+        """`argv` in this claim's container, running on; the caller stops and reaps it."""
+        return subprocess.Popen(
+            container_command(self.spec, self.device_names, list(argv)),
+            env=self.node.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
 
     def probe(self, *steps: str, procaddr: bool = False, **env: str) -> list[str]:

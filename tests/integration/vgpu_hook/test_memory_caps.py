@@ -90,17 +90,7 @@ def test_bad_memory_value_fails_closed(node: Node) -> None:
 
 def test_processes_of_a_claim_share_one_cap(node: Node) -> None:
     claim = node.claim("c-share", [_line()])
-    holder = subprocess.Popen(
-        container_command(
-            claim.spec,
-            claim.device_names,
-            [str(PROBE), "init", "alloc:629145600", "ready", "sleep:5000"],
-        ),
-        env=node.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    holder = claim.start([str(PROBE), "init", "alloc:629145600", "ready", "sleep:5000"])
     try:
         assert holder.stdout is not None
         assert holder.stdout.readline().startswith("init rc=0")
@@ -117,17 +107,7 @@ def test_processes_of_a_claim_share_one_cap(node: Node) -> None:
 
 def test_sigkill_during_use_releases_the_share_quickly(node: Node) -> None:
     claim = node.claim("c-kill", [_line()])
-    victim = subprocess.Popen(
-        container_command(
-            claim.spec,
-            claim.device_names,
-            [str(PROBE), "init", "alloc:943718400", "ready", "sleep:30000"],
-        ),
-        env=node.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    victim = claim.start([str(PROBE), "init", "alloc:943718400", "ready", "sleep:30000"])
     assert victim.stdout is not None
     for _ in range(3):
         victim.stdout.readline()
