@@ -21,6 +21,10 @@ from tests.integration.vgpu_hook.computecap import run_tenants
 from tests.integration.vgpu_hook.conftest import PROBE, UUIDS, Node, fake_has_nvml, field
 from vgpu_testbed.container import container_command
 
+# Each case runs tenants for 5-15 s and the session's first test builds the hook and the
+# simulated GPUs; on a loaded machine a case has taken 40 s.
+pytestmark = pytest.mark.timeout(180)
+
 BLOCKS, THREADS = 216, 128  # cuda_probe's launch shape: cost 27648 per launch
 
 

@@ -6,6 +6,7 @@ the new instance binds before the old one has shut down.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -95,3 +96,21 @@ def test_a_deleted_socket_is_served_again(tmp_path: Path, preparer: Preparer) ->
     finally:
         server.stop(grace_s=0)
     assert not Path(paths.dra).exists() and not Path(paths.registration).exists()
+
+
+def test_stop_ends_the_worker_threads_of_both_servers(tmp_path: Path, preparer: Preparer) -> None:
+    # grpc's Server.stop() leaves the executor it was given running; the plugin must end them,
+    # also while the PluginServer object is still referenced (here: by this frame).
+    def workers() -> list[str]:
+        names = [t.name for t in threading.enumerate()]
+        return [name for name in names if name.startswith(("grpc-dra", "grpc-reg"))]
+
+    server = PluginServer(driver=DRIVER, sockets=sockets(tmp_path), preparer=preparer)
+    server.start()
+    try:
+        assert answers(server.sockets)  # one call per server starts its workers
+        assert workers()
+    finally:
+        server.stop(grace_s=0)
+    wait_for(lambda: not workers(), timeout=5)
+    assert not Path(server.sockets.dra).exists()
