@@ -38,6 +38,11 @@ from kubelet_plugin.proto import dra_v1_pb2, dra_v1_pb2_grpc
 from vgpu_testbed.polling import wait_for
 from vgpu_testbed.standin.node_agents import NodeAgents, start_node_agents
 
+# Longer than the 60 s default: module fixtures start two nodes' agents (the first test also the
+# session cluster); the batch test waits up to 120 s for 48 claims.
+pytestmark = pytest.mark.timeout(300)
+
+
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLES = REPO / "deploy" / "examples"
 DRIVER = "vgpu.dra.dev"

@@ -29,7 +29,9 @@ from dra_driver.kube import RESOURCE_API, KubeClient
 from kubelet_plugin.slice_publisher import SlicePublisher
 from tests.fixtures.inventories import synthetic_inventory
 
-pytestmark = pytest.mark.e2e
+# Longer than the 60 s default: the first test may start the session cluster.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
 
 GIB = 1 << 30
 SLICES = kube.path(RESOURCE_API, "resourceslices")

@@ -38,6 +38,10 @@ from vgpu_testbed.cluster.control_plane import Cluster, default_bin_dir
 from vgpu_testbed.cluster.flags import FEATURE_GATES, LOCKED_ON
 from vgpu_testbed.cluster.health import http_get
 
+# Longer than the 60 s default: the first test may start the session cluster; helm installs a chart.
+pytestmark = pytest.mark.timeout(180)
+
+
 DRIVER = "vgpu.dra.dev"
 NODE = "node-1"
 SLICE = "testbed-node-1"

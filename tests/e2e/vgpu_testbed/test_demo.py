@@ -33,6 +33,11 @@ import pytest
 
 from tests.fixtures.cluster import require_binaries
 
+# Longer than the 60 s default: each test runs the whole demo: a cluster, node agents, compute-cap
+# runs.
+pytestmark = pytest.mark.timeout(600)
+
+
 REPO = Path(__file__).resolve().parents[3]
 
 

@@ -36,6 +36,10 @@ from vgpu_testbed.cluster.health import ComponentDiedError
 from vgpu_testbed.cluster.state import ClusterState
 from vgpu_testbed.procs import ProcessRecord, is_alive
 
+# Longer than the 60 s default: each test starts and stops clusters of its own, one through a nested
+# pytest session.
+pytestmark = pytest.mark.timeout(600)
+
 
 def group_members(pgid: int) -> list[int]:
     """PIDs whose process group is `pgid` (from /proc)."""
@@ -258,6 +262,7 @@ sys.stdin.read()  # until killed
 INTERRUPTED_SESSION = """
 import os, signal
 from vgpu_testbed.cluster.control_plane import Cluster
+
 
 def test_interrupted(cluster: Cluster) -> None:
     with open(os.environ["STATE_COPY"], "w") as out:

@@ -16,6 +16,10 @@ import pytest
 from dra_driver import kube
 from vgpu_testbed.cluster.control_plane import Cluster
 
+# Longer than the 60 s default: the first test may start the session cluster.
+pytestmark = pytest.mark.timeout(180)
+
+
 SLICES = kube.path(kube.RESOURCE_API, "resourceslices")
 
 

@@ -46,6 +46,10 @@ from vgpu_testbed.realnode.host import check_host
 from vgpu_testbed.realnode.images import WORKLOAD
 from vgpu_testbed.realnode.node import RealNode, cgroup_root_of, start_real_nodes
 
+# Longer than the 60 s default: clusters with real nodes (kubelet, containerd) of its own; the first
+# test starts two.
+pytestmark = pytest.mark.timeout(600)
+
 REPO = Path(__file__).resolve().parents[3]
 GIB = 1 << 30
 T = TypeVar("T")
@@ -355,6 +359,7 @@ import sys, time
 from pathlib import Path
 from vgpu_testbed.cluster.control_plane import Cluster
 from vgpu_testbed.realnode.node import start_real_nodes
+
 cluster = Cluster.start(Path(sys.argv[1]), ["a10-pcie"], die_with_parent=True)
 start_real_nodes(cluster)
 print("READY", flush=True)
