@@ -4,7 +4,7 @@ The demo's steps (vgpu_testbed.demo.steps) fetch ResourceSlices, claims, pod rec
 and utilisation samples; this module turns them into rows and text: the devices each node's
 plugin published, where each example pod landed and what it consumed, the claim's `vgpu.conf`
 and CDI edits, and the statistics of a compute-cap run. Pure so that unit tests
-(tests/unit/vgpu_testbed/demo/test_cli.py) can check every table against hand-made objects.
+(tests/unit/vgpu_testbed/demo/test_report.py) can check every table against hand-made objects.
 """
 
 from __future__ import annotations
