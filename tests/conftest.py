@@ -38,16 +38,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(autouse=True)
-def no_leaked_threads_or_processes() -> Iterator[None]:
+def no_leaked_threads_or_processes(request: pytest.FixtureRequest) -> Iterator[None]:
     """Fail the test (at teardown) when threads or child processes it started outlive it.
 
     Function-scoped autouse fixtures are set up after every session- and module-scoped fixture
     the test uses and torn down after all its other function-scoped ones, so the snapshot
-    excludes the shared control plane and the check includes the test's own fixtures.
+    excludes the shared control plane and the check includes the test's own fixtures. A process
+    that a live test-bed Cluster of the test's fixtures records is the cluster's to stop.
     """
     before = leaks.snapshot()
+    fixture_values = list(getattr(request.node, "funcargs", {}).values())
     yield
-    threads, children = leaks.leaks(before)
+    threads, children = leaks.leaks(before, owned=lambda: leaks.cluster_owned(fixture_values))
     if threads or children:
         leaks.kill(children)
         pytest.fail(
