@@ -39,6 +39,7 @@ from kubelet_plugin.region import (
     POLICY_NONE,
     Region,
     RegionError,
+    enforce_size,
 )
 
 log = logging.getLogger(__name__)
@@ -253,7 +254,12 @@ class Governor:
     def refresh(self) -> None:
         """Follow the prepared claims: pick up capped ones once the hook has created their
         region, take cap changes, drop claims that are no longer prepared or capped."""
-        wanted = {uid: caps for uid, caps in self.claim_caps().items() if caps}
+        prepared = self.claim_caps()
+        for uid in prepared:  # every claim's region, capped or not (docs/security.md)
+            region_path = os.path.join(self.claims_dir, uid, "region")
+            if not enforce_size(region_path):
+                log.warning("governor: claim %s: a tenant resized its region; set back", uid)
+        wanted = {uid: caps for uid, caps in prepared.items() if caps}
         for uid in list(self.claims):
             if uid not in wanted:
                 self.claims.pop(uid).region.close()

@@ -141,8 +141,10 @@ static void release_at_exit(void) {
 
 static void init_once(void) {
     vgpu_alloc_register_atfork();
-    const char *dir = getenv("VGPU_DRA_CLAIMS_DIR");
-    if (dir == NULL || *dir == '\0') dir = DEFAULT_CLAIMS_DIR;
+    /* Fixed path, no override: whatever a tenant can set (environment, files it owns) must not
+     * move the hook away from the read-only claim mounts. Tests use the real path through the
+     * container runner's mount namespace (vgpu_testbed/container.py). */
+    const char *dir = DEFAULT_CLAIMS_DIR;
     struct dirent **names = NULL;
     int n = scandir(dir, &names, NULL, by_name);
     if (n < 0) {
