@@ -271,6 +271,36 @@ NO_SANITIZE VGPU_EXPORT void *dlvsym(void *handle, const char *name, const char 
     return remap_symbol(fn ? fn(handle, name, version) : NULL, name);
 }
 
+/*
+ * A new link-map namespace (dlmopen LM_ID_NEWLM) gets no preloads, so a library opened into one
+ * would bind its cu* calls straight to the driver. Load this library into the namespace first:
+ * the first object of a namespace is the head of every later object's lookup scope there, so
+ * the library's cu* and dl* references bind to the hook's copy, which enforces the same claims
+ * through the same regions (its own slot). If the hook cannot be loaded there, nothing is.
+ */
+typedef void *(*dlmopen_fn)(Lmid_t, const char *, int);
+
+VGPU_EXPORT void *dlmopen(Lmid_t lmid, const char *file, int mode) {
+    static _Atomic(dlmopen_fn) real_fn;
+    dlmopen_fn real = atomic_load_explicit(&real_fn, memory_order_acquire);
+    if (real == NULL) {
+        real = (dlmopen_fn)libc_symbol("dlmopen");
+        if (real == NULL) return NULL;
+        atomic_store_explicit(&real_fn, real, memory_order_release);
+    }
+    if (lmid != LM_ID_NEWLM || file == NULL) return real(lmid, file, mode);
+    Dl_info self;
+    if (dladdr((void *)&dlmopen, &self) == 0 || self.dli_fname == NULL) return NULL;
+    void *hook = real(LM_ID_NEWLM, self.dli_fname, RTLD_NOW);
+    Lmid_t ns;
+    if (hook == NULL || dlinfo(hook, RTLD_DI_LMID, &ns) != 0) {
+        LOG_ERROR("dlmopen(%s): cannot load the hook into a new namespace; refused", file);
+        return NULL;
+    }
+    LOG_DEBUG("dlmopen(%s): hook loaded first into namespace %ld", file, (long)ns);
+    return real(ns, file, mode);
+}
+
 static void map_proc(const char *symbol, void **pfn) {
     void *wrapper = vgpu_wrapper_for_real(*pfn);
     if (wrapper != NULL) {

@@ -1,10 +1,11 @@
 """Properties of libvgpu.so itself and of real client libraries using it.
 
-Proves: (1) only the hooks.def symbols and dlsym are exported; (2) no constructor does work
-(.init_array holds only the compiler's frame_dummy) and no internal call goes through the
-public dlsym; (3) a program without any GPU library, and a CUDA program whose driver is
-missing, run normally under the hook; (4) cuda-python 13 (dlsym + cuGetProcAddress_v2) sees
-the cap in cuMemGetInfo/cuDeviceTotalMem and gets CUDA_ERROR_OUT_OF_MEMORY past it;
+Proves: (1) only the hooks.def symbols, dlsym, dlvsym and dlmopen are exported; (2) no
+constructor does work (.init_array holds only the compiler's frame_dummy) and no internal call
+goes through the public dlsym; (3) a program without any GPU library, and a CUDA program
+whose driver is missing, run normally under the hook; (4) cuda-python 13 (dlsym +
+cuGetProcAddress_v2) sees the cap in cuMemGetInfo/cuDeviceTotalMem and gets
+CUDA_ERROR_OUT_OF_MEMORY past it;
 (5) pynvml and nvitop inside the container report total = cap and used = the claim's usage;
 (6) the ASan+UBSan build of the hook runs every wrapper cleanly, also with a sanitizer
 runtime that calls our dlsym while it initialises.
@@ -44,7 +45,7 @@ def test_exports_are_exactly_the_hook_list(built: None) -> None:
         ["nm", "-D", "--defined-only", str(HOOK_LIB)], capture_output=True, text=True, check=True
     ).stdout
     exported = {line.split()[-1] for line in out.splitlines() if line.strip()}
-    assert exported == _hooked_names() | {"dlsym", "dlvsym"}
+    assert exported == _hooked_names() | {"dlsym", "dlvsym", "dlmopen"}
 
 
 def test_no_constructor_work_and_no_public_dlsym_calls(built: None) -> None:
