@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -58,6 +59,26 @@ static char *read_small_file(const char *path) {
     return buf;
 }
 
+#ifndef STATX_ATTR_MOUNT_ROOT
+#define STATX_ATTR_MOUNT_ROOT 0x2000 /* Linux 5.8 */
+#endif
+
+/* A claim directory is a mount the container runtime made from the CDI spec. A directory a
+ * tenant created itself beside them (e.g. as root in the container, with a cap of its own
+ * choosing) is not the root of a mount, and is ignored. Kernels before 5.8 do not report mount
+ * roots: there a claim dir must at least sit on another device than its parent. */
+static bool is_mount_root(const char *dir, const char *name) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    struct statx sx;
+    if (statx(AT_FDCWD, path, AT_SYMLINK_NOFOLLOW, STATX_TYPE, &sx) != 0) return false;
+    if (!S_ISDIR(sx.stx_mode)) return false;
+    if (sx.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT)
+        return (sx.stx_attributes & STATX_ATTR_MOUNT_ROOT) != 0;
+    struct stat parent, child;
+    return stat(dir, &parent) == 0 && lstat(path, &child) == 0 && child.st_dev != parent.st_dev;
+}
+
 static void add_claim(const char *dir, const char *name) {
     struct vgpu_state *s = &g_state;
     if (s->region_count >= VGPU_MAX_CLAIMS) {
@@ -66,6 +87,10 @@ static void add_claim(const char *dir, const char *name) {
     }
     char path[4096];
     snprintf(path, sizeof path, "%s/%s/vgpu.conf", dir, name);
+    if (!is_mount_root(dir, name)) {
+        LOG_ERROR("%s/%s is not a mount made from a claim's CDI spec; ignored", dir, name);
+        return;
+    }
     char *text = read_small_file(path);
     if (text == NULL) return; /* not a claim directory */
     struct vgpu_claim_conf conf;

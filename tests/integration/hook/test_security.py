@@ -125,3 +125,21 @@ def test_forged_usage_counters_are_caught(node: Node) -> None:
     assert "forged" in done.stdout, done.stderr
     second = [line for line in done.stdout.splitlines() if line.startswith("alloc")][-1]
     assert field(second, "rc") == 2  # would need the node to see 1.8 GiB used on a 1 GiB cap
+
+
+def test_claim_dir_made_by_the_tenant_is_ignored(node: Node) -> None:
+    """Failed before the fix: a root tenant could mkdir a claim dir of its own beside the mounted
+    ones, sorting first, with a 40 GiB cap for the same GPU; the hook took the first line."""
+    claim = node.claim("c-real", [CAP_LINE])
+    fake = "/run/vgpu-dra/claims/0-fake"
+    script = (
+        f"mkdir {fake} && printf 'version 1\\nclaim 0-fake\\n"
+        f"device uuid={UUIDS[0]} memory=40Gi cores=0\\n' > {fake}/vgpu.conf && "
+        f"{PROBE} init alloc:{2 * GIB} total"
+    )
+    done = claim.run(["sh", "-c", script])
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.splitlines()
+    assert field(out[1], "rc") == 2
+    assert field(out[2], "bytes") == GIB
+    assert "0-fake" in done.stderr and "not a mount" in done.stderr
