@@ -250,6 +250,10 @@ NO_SANITIZE static void *wrapper_for_name(const char *name) {
  */
 NO_SANITIZE static void *remap_symbol(void *sym, const char *name) {
     if (sym == NULL || name == NULL || t_in_loader) return sym;
+    /* glibc before 2.34 exported its internal lookups (GLIBC_PRIVATE): a second real dlsym. */
+    if (name[0] == '_' && (same_name(name, "__libc_dlsym") || same_name(name, "__libc_dlvsym") ||
+                           same_name(name, "_dl_sym") || same_name(name, "_dl_vsym")))
+        return NULL;
     if (name[0] == 'd') {
         if (same_name(name, "dlsym")) return (void *)&dlsym;
         if (same_name(name, "dlvsym")) return (void *)&dlvsym;
