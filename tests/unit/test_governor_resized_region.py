@@ -1,0 +1,82 @@
+"""A tenant that resizes its region must not crash the kubelet plugin or fill the node's disk.
+
+The governor maps every claim's region; a read beyond the end of a file a tenant shrank raises
+SIGBUS and kills the process. Each governor pass first sets a resized region back to its layout
+size (`kubelet_plugin.region.enforce_size`), so the pass that follows reads valid pages, and a
+region grown to fill the disk is cut back. The tick runs in a child process so that a SIGBUS
+(what happened before the fix) fails this test instead of killing pytest.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from kubelet_plugin import region as rg
+
+UUID = "GPU-00000000-1111-2222-3333-444444444444"
+REPO = Path(__file__).resolve().parents[2]
+
+SCRIPT = textwrap.dedent(
+    """
+    import os, sys
+    from kubelet_plugin.governor import Governor, GpuSample
+
+    class Source:
+        def sample(self, uuid, since_us):
+            return GpuSample(device_util=50.0, process_util={101: 50.0})
+
+    state, size = sys.argv[1], int(sys.argv[2])
+    governor = Governor(state, Source())
+    governor.tick()  # maps the region
+    os.truncate(os.path.join(state, "claims", "c1", "region"), size)  # the tenant resizes it
+    governor.tick()
+    governor.tick()
+    print("ticked", os.path.getsize(os.path.join(state, "claims", "c1", "region")))
+    """
+)
+
+
+def _claim(state: Path) -> Path:
+    claim_dir = state / "claims" / "c1"
+    claim_dir.mkdir(parents=True)
+    (claim_dir / "vgpu.conf").write_text(
+        f"version 1\nclaim c1\ndevice uuid={UUID} memory=1000 cores=30 policy=fixed\n"
+    )
+    layout = rg.RegionLayout()
+    layout.magic, layout.version, layout.size = rg.REGION_MAGIC, rg.REGION_VERSION, rg.REGION_SIZE
+    layout.device_count, layout.ready, layout.slot_hwm = 1, 1, 1
+    layout.devices[0].uuid = UUID.encode()
+    layout.devices[0].cores = 30
+    layout.slots[0].pid = 101
+    (claim_dir / "region").write_bytes(bytes(layout))
+    return claim_dir / "region"
+
+
+def _tick_after_resize(tmp_path: Path, size: int) -> subprocess.CompletedProcess[str]:
+    _claim(tmp_path)
+    return subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp_path), str(size)],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_shrunk_region_does_not_kill_the_governor(tmp_path: Path) -> None:
+    done = _tick_after_resize(tmp_path, 0)
+    assert done.returncode != -signal.SIGBUS, "the governor died of SIGBUS"
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["ticked", str(rg.REGION_SIZE)]
+
+
+def test_grown_region_is_cut_back_by_the_governor(tmp_path: Path) -> None:
+    done = _tick_after_resize(tmp_path, rg.REGION_SIZE + (64 << 20))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["ticked", str(rg.REGION_SIZE)]
