@@ -172,13 +172,7 @@ def ensure_region(path: str, gid: int) -> bool:
             os.ftruncate(fd, REGION_SIZE)
             changed = True
         if created or status.st_gid != gid:
-            try:
-                os.fchown(fd, -1, gid)
-            except PermissionError:
-                raise ClaimError(
-                    f"cannot give {path} group {gid} (--claim-gid): the plugin must run as "
-                    f"root or be a member of that group"
-                ) from None
+            _set_group(fd, path, gid)
         if created or stat.S_IMODE(status.st_mode) != REGION_MODE:
             os.fchmod(fd, REGION_MODE)  # after fchown: it may clear mode bits
     finally:
@@ -190,15 +184,20 @@ def _make_claim_dir(directory: str, gid: int) -> None:
     os.makedirs(directory, exist_ok=True)
     status = os.stat(directory)
     if status.st_gid != gid:
-        try:
-            os.chown(directory, -1, gid)
-        except PermissionError:
-            raise ClaimError(
-                f"cannot give claim directory {directory} group {gid} (--claim-gid): the plugin "
-                f"must run as root or be a member of that group"
-            ) from None
+        _set_group(directory, directory, gid)
     if status.st_mode & 0o7777 != CLAIM_DIR_MODE:
         os.chmod(directory, CLAIM_DIR_MODE)
+
+
+def _set_group(target: int | str, path: str, gid: int) -> None:
+    """chgrp a claim file (by descriptor or path); a plugin that may not gets a clear error."""
+    try:
+        os.chown(target, -1, gid)
+    except PermissionError:
+        raise ClaimError(
+            f"cannot give {path} group {gid} (--claim-gid): the plugin must run as root or be "
+            f"a member of that group"
+        ) from None
 
 
 def _size(path: str) -> int | None:

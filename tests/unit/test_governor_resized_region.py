@@ -17,8 +17,8 @@ import textwrap
 from pathlib import Path
 
 from kubelet_plugin import region as rg
+from tests.unit.test_governor import _make_claim  # the governor tests' claim builder
 
-UUID = "GPU-00000000-1111-2222-3333-444444444444"
 REPO = Path(__file__).resolve().parents[2]
 
 SCRIPT = textwrap.dedent(
@@ -41,24 +41,8 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _claim(state: Path) -> Path:
-    claim_dir = state / "claims" / "c1"
-    claim_dir.mkdir(parents=True)
-    (claim_dir / "vgpu.conf").write_text(
-        f"version 1\nclaim c1\ndevice uuid={UUID} memory=1000 cores=30 policy=fixed\n"
-    )
-    layout = rg.RegionLayout()
-    layout.magic, layout.version, layout.size = rg.REGION_MAGIC, rg.REGION_VERSION, rg.REGION_SIZE
-    layout.device_count, layout.ready, layout.slot_hwm = 1, 1, 1
-    layout.devices[0].uuid = UUID.encode()
-    layout.devices[0].cores = 30
-    layout.slots[0].pid = 101
-    (claim_dir / "region").write_bytes(bytes(layout))
-    return claim_dir / "region"
-
-
 def _tick_after_resize(tmp_path: Path, size: int) -> subprocess.CompletedProcess[str]:
-    _claim(tmp_path)
+    _make_claim(tmp_path, "c1", 30, pid=101)
     return subprocess.run(
         [sys.executable, "-c", SCRIPT, str(tmp_path), str(size)],
         env={**os.environ, "PYTHONPATH": str(REPO)},

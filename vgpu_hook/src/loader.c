@@ -35,8 +35,9 @@ static __thread int t_in_loader __attribute__((tls_model("initial-exec")));
 
 typedef void *(*dlsym_fn)(void *, const char *);
 typedef void *(*dlvsym_fn)(void *, const char *, const char *);
-static _Atomic(dlsym_fn) g_real_dlsym;
-static _Atomic(dlvsym_fn) g_real_dlvsym;
+typedef void *(*dlmopen_fn)(Lmid_t, const char *, int);
+/* libc's own dlsym, dlvsym and dlmopen (ours replace them for everyone else). */
+static void *_Atomic g_real_dlsym, *_Atomic g_real_dlvsym, *_Atomic g_real_dlmopen;
 
 /* The functions our dlsym runs before returning are not sanitizer-instrumented: a sanitizer
  * runtime calls dlsym while initialising, before its shadow memory exists. */
@@ -121,22 +122,22 @@ NO_SANITIZE static void *libc_symbol(const char *name) {
     return NULL;
 }
 
-NO_SANITIZE static dlsym_fn real_dlsym_fn(void) {
-    dlsym_fn fn = atomic_load_explicit(&g_real_dlsym, memory_order_acquire);
+/* libc_symbol(name), looked up once and kept in *slot. */
+NO_SANITIZE static void *libc_symbol_once(void *_Atomic *slot, const char *name) {
+    void *fn = atomic_load_explicit(slot, memory_order_acquire);
     if (fn == NULL) {
-        fn = (dlsym_fn)libc_symbol("dlsym");
-        atomic_store_explicit(&g_real_dlsym, fn, memory_order_release);
+        fn = libc_symbol(name);
+        atomic_store_explicit(slot, fn, memory_order_release);
     }
     return fn;
 }
 
+NO_SANITIZE static dlsym_fn real_dlsym_fn(void) {
+    return (dlsym_fn)libc_symbol_once(&g_real_dlsym, "dlsym");
+}
+
 NO_SANITIZE static dlvsym_fn real_dlvsym_fn(void) {
-    dlvsym_fn fn = atomic_load_explicit(&g_real_dlvsym, memory_order_acquire);
-    if (fn == NULL) {
-        fn = (dlvsym_fn)libc_symbol("dlvsym");
-        atomic_store_explicit(&g_real_dlvsym, fn, memory_order_release);
-    }
-    return fn;
+    return (dlvsym_fn)libc_symbol_once(&g_real_dlvsym, "dlvsym");
 }
 
 NO_SANITIZE void *vgpu_real_dlsym(void *handle, const char *name) {
@@ -282,16 +283,9 @@ NO_SANITIZE VGPU_EXPORT void *dlvsym(void *handle, const char *name, const char 
  * the library's cu* and dl* references bind to the hook's copy, which enforces the same claims
  * through the same regions (its own slot). If the hook cannot be loaded there, nothing is.
  */
-typedef void *(*dlmopen_fn)(Lmid_t, const char *, int);
-
 VGPU_EXPORT void *dlmopen(Lmid_t lmid, const char *file, int mode) {
-    static _Atomic(dlmopen_fn) real_fn;
-    dlmopen_fn real = atomic_load_explicit(&real_fn, memory_order_acquire);
-    if (real == NULL) {
-        real = (dlmopen_fn)libc_symbol("dlmopen");
-        if (real == NULL) return NULL;
-        atomic_store_explicit(&real_fn, real, memory_order_release);
-    }
+    dlmopen_fn real = (dlmopen_fn)libc_symbol_once(&g_real_dlmopen, "dlmopen");
+    if (real == NULL) return NULL;
     if (lmid != LM_ID_NEWLM || file == NULL) return real(lmid, file, mode);
     Dl_info self;
     if (dladdr((void *)&dlmopen, &self) == 0 || self.dli_fname == NULL) return NULL;
