@@ -17,21 +17,23 @@ import textwrap
 from pathlib import Path
 
 from kubelet_plugin import region as rg
-from tests.unit.test_governor import _make_claim  # the governor tests' claim builder
+from tests.regions import write_region
 
 REPO = Path(__file__).resolve().parents[2]
+UUID = "GPU-00000000-1111-2222-3333-444444444444"
 
 SCRIPT = textwrap.dedent(
     """
     import os, sys
-    from kubelet_plugin.governor import Governor, GpuSample
+    from kubelet_plugin.governor import CappedDevice, Governor, GpuSample
+    from kubelet_plugin.region import POLICY_FIXED
 
     class Source:
         def sample(self, uuid, since_us):
             return GpuSample(device_util=50.0, process_util={101: 50.0})
 
-    state, size = sys.argv[1], int(sys.argv[2])
-    governor = Governor(state, Source())
+    state, size, uuid = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    governor = Governor(state, Source(), lambda: {"c1": [CappedDevice(uuid, 30, POLICY_FIXED)]})
     governor.tick()  # maps the region
     os.truncate(os.path.join(state, "claims", "c1", "region"), size)  # the tenant resizes it
     governor.tick()
@@ -42,9 +44,10 @@ SCRIPT = textwrap.dedent(
 
 
 def _tick_after_resize(tmp_path: Path, size: int) -> subprocess.CompletedProcess[str]:
-    _make_claim(tmp_path, "c1", 30, pid=101)
+    (tmp_path / "claims" / "c1").mkdir(parents=True)
+    write_region(tmp_path / "claims" / "c1" / "region", UUID, 30, pid=101)
     return subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(tmp_path), str(size)],
+        [sys.executable, "-c", SCRIPT, str(tmp_path), str(size), UUID],
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,
         text=True,
