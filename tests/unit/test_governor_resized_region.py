@@ -17,6 +17,7 @@ import textwrap
 from pathlib import Path
 
 from kubelet_plugin import region as rg
+from kubelet_plugin.governor import REGION_SWEEP_TICKS, Governor, GpuSample
 from tests.regions import write_region
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,3 +68,22 @@ def test_grown_region_is_cut_back_by_the_governor(tmp_path: Path) -> None:
     done = _tick_after_resize(tmp_path, rg.REGION_SIZE + (64 << 20))
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["ticked", str(rg.REGION_SIZE)]
+
+
+def test_uncapped_claims_regions_are_swept_too(tmp_path: Path) -> None:
+    """A claim without a compute cap is not mapped by the governor, but its region is still the
+    tenant's one writable file: the sweep cuts it back within REGION_SWEEP_TICKS passes."""
+
+    class Idle:
+        def sample(self, uuid: str, since_us: int) -> GpuSample | None:
+            return None
+
+    regions = []
+    for uid in ("u1", "u2", "u3"):
+        (tmp_path / "claims" / uid).mkdir(parents=True)
+        regions.append(write_region(tmp_path / "claims" / uid / "region", UUID, 0))
+        os.truncate(regions[-1], rg.REGION_SIZE + (16 << 20))
+    governor = Governor(str(tmp_path), Idle(), lambda: {"u1": [], "u2": [], "u3": []})
+    for _ in range(REGION_SWEEP_TICKS):
+        governor.tick()
+    assert [path.stat().st_size for path in regions] == [rg.REGION_SIZE] * 3
