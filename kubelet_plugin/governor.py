@@ -39,6 +39,7 @@ from kubelet_plugin.region import (
     POLICY_NONE,
     Region,
     RegionError,
+    RegionNotReady,
     enforce_size,
 )
 
@@ -254,7 +255,7 @@ class Governor:
         self.claims.clear()
 
     def refresh(self) -> None:
-        """Follow the prepared claims: pick up capped ones once the hook has created their
+        """Follow the prepared claims: pick up capped ones once the hook has initialised their
         region, take cap changes, drop claims that are no longer prepared or capped."""
         prepared = self.claim_caps()
         wanted = {uid: caps for uid, caps in prepared.items() if caps}
@@ -272,6 +273,8 @@ class Governor:
                 continue
             try:
                 region = Region(region_path)
+            except RegionNotReady:  # created at prepare; the claim's first process fills it
+                continue
             except (OSError, RegionError) as err:
                 log.warning("governor: claim %s: %s", uid, err)
                 continue

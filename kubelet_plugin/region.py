@@ -102,6 +102,10 @@ class RegionError(Exception):
     """The file is not a region this code understands (wrong size, magic or version)."""
 
 
+class RegionNotReady(RegionError):
+    """The plugin created the file at prepare, but no hooked process has initialised it yet."""
+
+
 def enforce_size(path: str) -> bool:
     """Set a claim's region file back to REGION_SIZE if it is another size; True if it was intact.
 
@@ -138,6 +142,9 @@ class Region:
         finally:
             os.close(fd)
         self.layout = RegionLayout.from_buffer(self._map)
+        if self.layout.magic == 0 and self.layout.ready == 0:
+            self.close()
+            raise RegionNotReady(f"{path}: not initialised by a hooked process yet")
         if self.layout.magic != REGION_MAGIC or self.layout.version != REGION_VERSION:
             version = self.layout.version
             self.close()

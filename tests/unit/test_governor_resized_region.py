@@ -9,6 +9,7 @@ region grown to fill the disk is cut back. The tick runs in a child process so t
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -16,8 +17,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from kubelet_plugin import region as rg
-from kubelet_plugin.governor import REGION_SWEEP_TICKS, Governor, GpuSample
+from kubelet_plugin.claimfiles import ensure_region
+from kubelet_plugin.governor import REGION_SWEEP_TICKS, CappedDevice, Governor, GpuSample
 from tests.regions import write_region
 
 REPO = Path(__file__).resolve().parents[2]
@@ -87,3 +91,28 @@ def test_uncapped_claims_regions_are_swept_too(tmp_path: Path) -> None:
     for _ in range(REGION_SWEEP_TICKS):
         governor.tick()
     assert [path.stat().st_size for path in regions] == [rg.REGION_SIZE] * 3
+
+
+def test_region_not_yet_initialised_is_waited_for_quietly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Prepare creates the region zero-filled; until the claim's first hooked process writes its
+    header the governor skips the claim without a warning per pass, then picks it up."""
+
+    class Idle:
+        def sample(self, uuid: str, since_us: int) -> GpuSample | None:
+            return None
+
+    path = tmp_path / "claims" / "c1" / "region"
+    path.parent.mkdir(parents=True)
+    ensure_region(str(path), os.getgid())
+    caps = {"c1": [CappedDevice(UUID, 30, rg.POLICY_FIXED)]}
+    governor = Governor(str(tmp_path), Idle(), lambda: caps)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            governor.tick()
+    assert caplog.records == [] and governor.claims == {}
+    write_region(path, UUID, 30, pid=101)  # what the hook's first process does
+    governor.tick()
+    assert list(governor.claims) == ["c1"]
+    governor.close()
