@@ -143,3 +143,27 @@ def test_claim_dir_made_by_the_tenant_is_ignored(node: Node) -> None:
     assert field(out[1], "rc") == 2
     assert field(out[2], "bytes") == GIB
     assert "0-fake" in done.stderr and "not a mount" in done.stderr
+
+
+def test_claims_renamed_away_fail_closed(node: Node) -> None:
+    """Failed before the fix: a root tenant with a writable root filesystem renamed
+    /run/vgpu-dra (not a mount itself, so rename is allowed; the claim mounts move with it) and
+    the hook, finding no claims, let everything through. /etc/ld.so.preload is still our mount,
+    so this is a vgpu-dra container: with no claim mounted, every allocation is refused."""
+    claim = node.claim("c-moved", [CAP_LINE])
+    done = claim.run(
+        ["sh", "-c", f"mv /run/vgpu-dra /run/elsewhere && {PROBE} init alloc:{100 * MIB} total"]
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.splitlines()
+    assert field(out[1], "rc") == 2
+    assert field(out[2], "bytes") == 0
+    assert "every GPU allocation is refused" in done.stderr
+
+
+def test_container_with_a_claim_but_no_configuration_passes_through(node: Node) -> None:
+    """The fail-closed rule needs no claim mount at all: a mounted claim dir without vgpu.conf
+    keeps the documented pass-through."""
+    claim = node.claim("c-noconf", None)
+    out = claim.probe("init", f"alloc:{2 * GIB}")
+    assert field(out[1], "rc") == 0
