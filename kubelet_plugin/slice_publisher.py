@@ -28,6 +28,7 @@ from typing import Any
 from dra_driver import kube, slices
 from dra_driver.gpu import NodeInventory
 from dra_driver.kube import RESOURCE_API, KubeClient, KubeError
+from kubelet_plugin.api_support import whole_device_slice
 from kubelet_plugin.backoff import Backoff
 
 log = logging.getLogger(__name__)
@@ -117,6 +118,7 @@ class SlicePublisher:
         oversubscription_ratio: float = 1.0,
         backoff: Backoff | None = None,
         max_devices_per_slice: int = slices.MAX_DEVICES_PER_SLICE,
+        whole_devices: bool = False,
     ) -> None:
         slices.scaled_memory(1 << 30, oversubscription_ratio)  # validate the ratio up front
         self._client = client
@@ -125,6 +127,8 @@ class SlicePublisher:
         self._ratio = oversubscription_ratio
         self._backoff = backoff or Backoff()
         self._per_slice = max_devices_per_slice
+        # The server drops consumable capacity (kubelet_plugin.api_support): publish whole GPUs.
+        self._whole_devices = whole_devices
         self.generation = 0
         """Pool generation after the last successful sync (0 before the first)."""
 
@@ -135,7 +139,7 @@ class SlicePublisher:
     def desired(self, inventory: NodeInventory) -> list[JSON]:
         """The slices for `inventory`, owned by the Node as it exists right now."""
         node = self._client.get(kube.path("v1", "nodes", self._node_name))
-        return slices.build_slices(
+        built = slices.build_slices(
             inventory,
             driver=self._driver,
             node_name=self._node_name,
@@ -143,6 +147,9 @@ class SlicePublisher:
             oversubscription_ratio=self._ratio,
             max_devices_per_slice=self._per_slice,
         )
+        if self._whole_devices:
+            return [whole_device_slice(obj) for obj in built]
+        return built
 
     def existing(self) -> list[JSON]:
         return self._client.list(
