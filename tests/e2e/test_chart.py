@@ -241,6 +241,15 @@ def test_wrong_values_are_refused_naming_the_value(home: Path, values: JSON, nam
     assert named in run.stderr, run.stderr
 
 
+def test_decimals_from_set_are_accepted_and_checked(home: Path) -> None:
+    # `helm --set` passes decimals as strings: the schema takes numeric strings, still bounded.
+    base = ["template", "t", str(CHART), "--kube-version", KUBE_VERSION]
+    ok = helm(home, *base, "--set", "defaults.oversubscriptionRatio=1.5")
+    assert 'value: "1.5"' in ok.stdout
+    bad = helm(home, *base, "--set", "defaults.oversubscriptionRatio=0.5", check=False)
+    assert bad.returncode != 0 and "/defaults/oversubscriptionRatio" in bad.stderr
+
+
 # ---------------------------------------------------------------- 2. server-side dry run
 
 
@@ -493,7 +502,10 @@ def test_plugin_works_with_the_charts_service_account(
     client: KubeClient, plugin_on_node1: NodeAgents, namespace: str
 ) -> None:
     slices = wait_for("node-1's slices", lambda: node_slices(client, "node-1"))
-    assert sum(len(s["spec"]["devices"]) for s in slices) == 8  # dgx-h100
+    devices = [d for s in slices for d in s["spec"]["devices"]]
+    assert len(devices) == 8  # dgx-h100
+    # The bed serves consumable capacity: the start-up probe chose the shareable form.
+    assert all(d.get("allowMultipleAllocations") for d in devices)
     claim = prepared_whole_gpu(client, namespace)
     assert plugin_on_node1.paths.cdi_spec(claim["metadata"]["uid"]).is_file()
     log = Path(plugin_on_node1.cluster.root) / "logs" / f"{plugin_on_node1.plugin_process}.log"
