@@ -17,8 +17,10 @@
 from __future__ import annotations
 
 import hashlib
+import subprocess
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -42,6 +44,7 @@ from tests.e2e.chart_helpers import (
     token_kubeconfig,
     values_file,
 )
+from tests.image_tree import build_tree, tree_bin, tree_env
 from vgpu_testbed.node_agents import NodeAgents
 
 JSON = dict[str, Any]
@@ -446,23 +449,98 @@ def node1_token(client: KubeClient, release: tuple[str, list[JSON]]) -> str:
     return request_token(client, namespace, PLUGIN_SA, pods)
 
 
+@dataclass(frozen=True)
+class RunningPlugin:
+    """The chart's plugin container running on node-1 of the bed."""
+
+    agents: NodeAgents
+    tree: Path
+    container: JSON
+
+
+def resolved_env(container: JSON, node: str) -> dict[str, str]:
+    """The container's environment as the kubelet would give it on `node`."""
+    env = {}
+    for item in container.get("env", []):
+        if "value" in item:
+            env[item["name"]] = str(item["value"])
+        elif item["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName":
+            env[item["name"]] = node
+        else:
+            raise AssertionError(f"the bed cannot resolve {item}")
+    return env
+
+
+def host_path_of(pod: JSON, container: JSON, mount_path: str) -> str:
+    """The host path behind one of the container's mounts."""
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == mount_path]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    return str(volume["hostPath"]["path"])
+
+
 @pytest.fixture(scope="module")
 def plugin_on_node1(
-    cluster: Any, client: KubeClient, node1_token: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[NodeAgents]:
-    """node-1's simulated GPUs, the kubelet plugin with the chart's credentials, the stand-in."""
+    *,
+    cluster: Any,
+    client: KubeClient,
+    home: Path,
+    node1_token: str,
+    release: tuple[str, list[JSON]],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[RunningPlugin]:
+    """The chart's DaemonSet pod for node-1, run from the image tree without a container
+    runtime: the DaemonSet is rendered with node-1's bed directories as its host paths, its
+    init container installs the hook, its container runs with the rendered command, args and
+    environment (NODE_NAME resolved as the downward API would) and the pod's ServiceAccount
+    token. Plus node-1's simulated GPUs and kubelet stand-in."""
+    namespace, _ = release
+    tree = build_tree(tmp_path_factory.mktemp("tree"))
+    agents = NodeAgents(cluster, "node-1")
+    gpu_env = agents.prepare_gpus()
+    hook_dir = agents.paths.root / "hook"
+    values = {
+        "kubeletPlugin": {
+            "kubeletDir": str(agents.paths.root),
+            "cdiRoot": str(agents.paths.cdi_root),
+            "stateDir": str(agents.paths.state_dir),
+            "hookDir": str(hook_dir),
+            "nvidiaCdiSpecDirs": [],
+            "resyncSeconds": 1,
+        }
+    }
+    (ds,) = by_kind(render(home, values, namespace=namespace, release=RELEASE), "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    (plugin,) = pod["containers"]
+    # CDI specs name host paths, so the plugin must see every host path at the same place.
+    for mount in plugin["volumeMounts"]:
+        if mount["name"] != "tmp":
+            assert host_path_of(pod, plugin, mount["mountPath"]) == mount["mountPath"]
+    env = tree_env(tree)
+    installer = [str(tree / init["command"][0].lstrip("/"))] + [
+        host_path_of(pod, init, arg) for arg in init["command"][1:]
+    ]
+    run = subprocess.run(installer, capture_output=True, text=True, env=env, check=False)
+    assert run.returncode == 0, run.stderr
     kubeconfig = token_kubeconfig(
         tmp_path_factory.mktemp("sa") / "plugin.kubeconfig",
         cluster.server,
         Path(cluster.ca_cert),
         node1_token,
     )
-    agents = NodeAgents(
-        cluster, "node-1", plugin_kubeconfig=kubeconfig, plugin_args=["--resync-seconds", "1"]
-    )
-    agents.start()
+    argv = [str(tree_bin(tree) / plugin["command"][0]), *plugin["command"][1:], *plugin["args"]]
+    process_env = {
+        **resolved_env(plugin, "node-1"),
+        **gpu_env,
+        **env,
+        "KUBECONFIG": str(kubeconfig),  # in a pod: the projected token, same identity
+        "PYTHONUNBUFFERED": "1",
+    }
+    cluster.spawn(agents.plugin_process, argv, env=process_env, cwd=agents.paths.root)
     try:
-        yield agents
+        agents.wait_for_socket(agents.paths.registration_socket, timeout=60)
+        cluster.spawn(agents.standin_process, agents.standin_argv(), cwd=REPO)
+        yield RunningPlugin(agents=agents, tree=tree, container=plugin)
     finally:
         agents.stop()
         for obj in client.list(
@@ -470,6 +548,15 @@ def plugin_on_node1(
         ):
             client.delete(kube.path(RESOURCE_API, "resourceslices", obj["metadata"]["name"]))
         agents.remove_files()
+
+
+def test_the_charts_probes_pass_on_the_running_plugin(plugin_on_node1: RunningPlugin) -> None:
+    for probe in ("livenessProbe", "readinessProbe"):
+        command = plugin_on_node1.container[probe]["exec"]["command"]
+        run = subprocess.run(
+            command, capture_output=True, text=True, env=tree_env(plugin_on_node1.tree), check=False
+        )
+        assert run.returncode == 0, f"{probe}: {run.stderr}"
 
 
 def node_slices(client: KubeClient, node: str) -> list[JSON]:
@@ -499,7 +586,7 @@ def prepared_whole_gpu(client: KubeClient, namespace: str) -> JSON:
 
 
 def test_plugin_works_with_the_charts_service_account(
-    client: KubeClient, plugin_on_node1: NodeAgents, namespace: str
+    client: KubeClient, plugin_on_node1: RunningPlugin, namespace: str
 ) -> None:
     slices = wait_for("node-1's slices", lambda: node_slices(client, "node-1"))
     devices = [d for s in slices for d in s["spec"]["devices"]]
@@ -507,8 +594,11 @@ def test_plugin_works_with_the_charts_service_account(
     # The bed serves consumable capacity: the start-up probe chose the shareable form.
     assert all(d.get("allowMultipleAllocations") for d in devices)
     claim = prepared_whole_gpu(client, namespace)
-    assert plugin_on_node1.paths.cdi_spec(claim["metadata"]["uid"]).is_file()
-    log = Path(plugin_on_node1.cluster.root) / "logs" / f"{plugin_on_node1.plugin_process}.log"
+    agents = plugin_on_node1.agents
+    spec = agents.paths.cdi_spec(claim["metadata"]["uid"]).read_text()
+    # Containers get the hook the init container installed into the chart's hookDir.
+    assert str(agents.paths.root / "hook" / "libvgpu.so") in spec
+    log = agents.cluster.root / "logs" / f"{agents.plugin_process}.log"
     assert "Forbidden" not in log.read_text()
 
 
@@ -621,11 +711,11 @@ def test_upgrade_and_uninstall_leave_no_orphans_and_keep_node_files(
     client: KubeClient,
     home: Path,
     release: tuple[str, list[JSON]],
-    plugin_on_node1: NodeAgents,
+    plugin_on_node1: RunningPlugin,
     namespace: str,
 ) -> None:
     claim = prepared_whole_gpu(client, namespace)
-    paths = plugin_on_node1.paths
+    paths = plugin_on_node1.agents.paths
     node_files = [paths.cdi_root, paths.state_dir / "claims"]
     before = digest(node_files)
     assert str(paths.cdi_spec(claim["metadata"]["uid"])) in before

@@ -11,40 +11,22 @@ the developer's virtualenv.
 from __future__ import annotations
 
 import hashlib
-import os
 import socket
 import stat
 import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from kubelet_plugin.region import REGION_VERSION
+from tests.image_tree import BASE_PYTHON, build_tree, tree_env
 
-REPO = Path(__file__).resolve().parents[2]
-BASE_PYTHON = str(Path(sys.base_prefix) / "bin" / "python3")
 PRODUCT_PACKAGES = ("dra_driver", "kubelet_plugin", "controller")
 
 
 @pytest.fixture(scope="module")
-def tree(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    root = tmp_path_factory.mktemp("image-tree")
-    run = subprocess.run(
-        ["sh", str(REPO / "deploy" / "image" / "build-tree.sh"), str(root), sys.executable],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert run.returncode == 0, run.stdout + run.stderr
-    yield root
-
-
-def tree_env(root: Path) -> dict[str, str]:
-    path = f"{root / 'usr' / 'local' / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}"
-    return {"PATH": path, "VGPU_DRA_PYTHON": BASE_PYTHON, "HOME": str(root)}
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tree(tmp_path_factory.mktemp("image-tree"))
 
 
 def run_tree(
@@ -54,7 +36,7 @@ def run_tree(
         list(argv),
         capture_output=True,
         text=True,
-        env={**tree_env(root), **(env or {})},
+        env={**tree_env(root), "HOME": str(root), **(env or {})},
         cwd=root,
         timeout=120,
         check=False,
