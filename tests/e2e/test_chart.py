@@ -19,6 +19,8 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +47,7 @@ from tests.e2e.chart_helpers import (
     values_file,
 )
 from tests.image_tree import build_tree, tree_bin, tree_env
+from vgpu_testbed.cluster_flags import free_ports
 from vgpu_testbed.node_agents import NodeAgents
 
 JSON = dict[str, Any]
@@ -149,6 +152,9 @@ def test_default_render(home: Path) -> None:
     (init,) = pod["initContainers"]
     assert init["command"] == ["/usr/local/bin/vgpu-dra-install-hook", "/host-hook-dir"]
     (plugin,) = pod["containers"]
+    # The image runs as 65532; the node-side containers write root-owned host directories.
+    assert init["securityContext"]["runAsUser"] == plugin["securityContext"]["runAsUser"] == 0
+    assert init["securityContext"]["capabilities"]["drop"] == ["ALL"]
     env = env_of(plugin)
     assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert env["VGPU_DRA_PLUGIN_DIR"] == "/var/lib/kubelet/plugins/vgpu.dra.dev"
@@ -449,6 +455,12 @@ def node1_token(client: KubeClient, release: tuple[str, list[JSON]]) -> str:
     return request_token(client, namespace, PLUGIN_SA, pods)
 
 
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The image's file tree (what the chart's containers run), built once for this module."""
+    return build_tree(tmp_path_factory.mktemp("tree"))
+
+
 @dataclass(frozen=True)
 class RunningPlugin:
     """The chart's plugin container running on node-1 of the bed."""
@@ -458,16 +470,18 @@ class RunningPlugin:
     container: JSON
 
 
-def resolved_env(container: JSON, node: str) -> dict[str, str]:
-    """The container's environment as the kubelet would give it on `node`."""
-    env = {}
+def resolved_env(container: JSON, fields: dict[str, str]) -> dict[str, str]:
+    """The container's environment as the kubelet would give it: downward-API `fields`
+    (fieldPath -> value) filled in, `$(VAR)` references to earlier variables expanded."""
+    env: dict[str, str] = {}
     for item in container.get("env", []):
         if "value" in item:
-            env[item["name"]] = str(item["value"])
-        elif item["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName":
-            env[item["name"]] = node
+            value = str(item["value"])
+            for name, known in env.items():
+                value = value.replace(f"$({name})", known)
+            env[item["name"]] = value
         else:
-            raise AssertionError(f"the bed cannot resolve {item}")
+            env[item["name"]] = fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
     return env
 
 
@@ -486,6 +500,7 @@ def plugin_on_node1(
     home: Path,
     node1_token: str,
     release: tuple[str, list[JSON]],
+    tree: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[RunningPlugin]:
     """The chart's DaemonSet pod for node-1, run from the image tree without a container
@@ -494,7 +509,6 @@ def plugin_on_node1(
     environment (NODE_NAME resolved as the downward API would) and the pod's ServiceAccount
     token. Plus node-1's simulated GPUs and kubelet stand-in."""
     namespace, _ = release
-    tree = build_tree(tmp_path_factory.mktemp("tree"))
     agents = NodeAgents(cluster, "node-1")
     gpu_env = agents.prepare_gpus()
     hook_dir = agents.paths.root / "hook"
@@ -530,7 +544,7 @@ def plugin_on_node1(
     )
     argv = [str(tree_bin(tree) / plugin["command"][0]), *plugin["command"][1:], *plugin["args"]]
     process_env = {
-        **resolved_env(plugin, "node-1"),
+        **resolved_env(plugin, {"spec.nodeName": "node-1"}),
         **gpu_env,
         **env,
         "KUBECONFIG": str(kubeconfig),  # in a pod: the projected token, same identity
@@ -557,6 +571,57 @@ def test_the_charts_probes_pass_on_the_running_plugin(plugin_on_node1: RunningPl
             command, capture_output=True, text=True, env=tree_env(plugin_on_node1.tree), check=False
         )
         assert run.returncode == 0, f"{probe}: {run.stderr}"
+
+
+def test_the_controller_runs_with_its_charts_service_account(
+    *,
+    cluster: Any,
+    client: KubeClient,
+    home: Path,
+    release: tuple[str, list[JSON]],
+    tree: Path,
+    tmp_path: Path,
+) -> None:
+    """The controller container of the chart's Deployment, run from the image tree with its
+    rendered command and environment and a token bound to one of its pods: credentials load,
+    /readyz answers on the pod IP (here loopback), it stops cleanly."""
+    namespace, _ = release
+    (port,) = free_ports(1)
+    values = {"controller": {"enabled": True, "healthPort": port}}
+    (deploy,) = by_kind(render(home, values, namespace=namespace, release=RELEASE), "Deployment")
+    (container,) = deploy["spec"]["template"]["spec"]["containers"]
+
+    def controller_pod() -> JSON | None:
+        pods = client.list(
+            kube.path("v1", "pods", namespace=namespace),
+            label_selector=f"app.kubernetes.io/instance={RELEASE},"
+            "app.kubernetes.io/component=controller",
+        )
+        return next((p for p in pods if p["spec"].get("nodeName")), None)
+
+    token = request_token(
+        client, namespace, CONTROLLER_SA, wait_for("a controller pod", controller_pod)
+    )
+    kubeconfig = token_kubeconfig(tmp_path / "kc", cluster.server, Path(cluster.ca_cert), token)
+    fields = {"status.podIP": "127.0.0.1", "metadata.namespace": namespace}
+    env = {**resolved_env(container, fields), **tree_env(tree), "KUBECONFIG": str(kubeconfig)}
+    argv = [str(tree_bin(tree) / container["command"][0]), *container["command"][1:]]
+    cluster.spawn("chart-controller", argv, env=env, cwd=tmp_path)
+    try:
+        url = f"http://127.0.0.1:{port}/readyz"
+        wait_for("the controller's /readyz", lambda: http_status(url) == 200)
+    finally:
+        assert cluster.stop_process("chart-controller")
+    log = (cluster.root / "logs" / "chart-controller.log").read_text()
+    assert "no reconcilers are enabled yet" in log and "stopped" in log
+
+
+def http_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            return int(answer.status)
+    except (OSError, urllib.error.HTTPError):
+        return 0
 
 
 def node_slices(client: KubeClient, node: str) -> list[JSON]:
