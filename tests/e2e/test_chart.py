@@ -307,10 +307,15 @@ def release(
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
     )
     try:
-        helm(
+        installed = helm(
             home, "install", RELEASE, str(CHART), "--namespace", namespace,
             "-f", str(values_file(home, "install", values)), kubeconfig=cluster.kubeconfig,
         )  # fmt: skip
+        # NOTES.txt: how to check the install, and that the controller has no reconcilers yet.
+        assert "kubectl get resourceslices --field-selector spec.driver=vgpu.dra.dev" in (
+            installed.stdout
+        )
+        assert "runs no reconcilers yet" in installed.stdout
         docs = render(home, values, namespace=namespace, release=RELEASE)
         yield namespace, docs
     finally:
