@@ -15,10 +15,14 @@ Rules that keep it cheap and correct:
 - Failures (API server unreachable, conflicts, a Node not yet registered) are retried with capped,
   jittered exponential backoff (`kubelet_plugin.backoff`); the loop converges whenever the server is
   reachable again.
+- Never a rewrite loop: a server that stores a slice differently from what was written (a field
+  dropped by a disabled feature gate the start-up probe in `kubelet_plugin.api_support` does not
+  cover) is reported once, and that content is not written again until the desired slices change.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -100,6 +104,18 @@ def plan_sync(desired: Sequence[JSON], existing: Sequence[JSON]) -> SyncPlan:
     return plan
 
 
+def _fingerprint(desired: Sequence[JSON]) -> str:
+    """The content of `desired` as the comparison sees it (names, specs, owners)."""
+    return json.dumps(
+        [
+            [o["metadata"]["name"], slices.comparable_spec(o["spec"]), slices.owner_uids(o)]
+            for o in desired
+        ],
+        sort_keys=True,
+        default=str,
+    )
+
+
 def _with_generation(obj: JSON, generation: int) -> JSON:
     spec = dict(obj["spec"])
     spec["pool"] = {**spec["pool"], "generation": generation}
@@ -129,6 +145,9 @@ class SlicePublisher:
         self._per_slice = max_devices_per_slice
         # The server drops consumable capacity (kubelet_plugin.api_support): publish whole GPUs.
         self._whole_devices = whole_devices
+        # Fingerprint of desired slices the server altered on write (a loop guard for fields the
+        # start-up probe does not know about); None when the last write was stored as sent.
+        self._altered_by_server: str | None = None
         self.generation = 0
         """Pool generation after the last successful sync (0 before the first)."""
 
@@ -162,15 +181,29 @@ class SlicePublisher:
         Raises KubeError (the caller retries): NotFound when the Node does not exist yet, Conflict
         when someone else changed a slice between our list and our write, Unreachable, ...
         """
-        plan = plan_sync(self.desired(inventory), self.existing())
+        desired = self.desired(inventory)
+        if self._altered_by_server == _fingerprint(desired):
+            return False  # the server changes this content on every write: do not loop
+        plan = plan_sync(desired, self.existing())
         collection = kube.path(RESOURCE_API, SLICES)
+        altered = []
         for obj in plan.create:
-            self._client.create(collection, obj)
+            if not slices.same_content(obj, self._client.create(collection, obj)):
+                altered.append(obj["metadata"]["name"])
         for obj in plan.update:
-            self._client.replace(kube.path(RESOURCE_API, SLICES, obj["metadata"]["name"]), obj)
+            path = kube.path(RESOURCE_API, SLICES, obj["metadata"]["name"])
+            if not slices.same_content(obj, self._client.replace(path, obj)):
+                altered.append(obj["metadata"]["name"])
         for name in plan.delete:
             self._client.delete(kube.path(RESOURCE_API, SLICES, name))
         self.generation = plan.generation
+        self._altered_by_server = _fingerprint(desired) if altered else None
+        if altered:
+            log.error(
+                "the API server stored %s differently from what was written (fields dropped by a "
+                "disabled feature gate?); not rewriting this content until the GPUs change",
+                ", ".join(altered),
+            )
         if plan.writes:
             log.info(
                 "published pool %s generation %d: %d created, %d updated, %d deleted",

@@ -20,7 +20,9 @@ import yaml
 
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
+from kubelet_plugin.slice_publisher import SlicePublisher
 from tests.cluster_fixtures import require_binaries
+from tests.inventories import synthetic_inventory
 from vgpu_testbed.cluster import Cluster
 from vgpu_testbed.cluster_flags import FEATURE_GATES
 from vgpu_testbed.node_agents import NodeAgents
@@ -140,3 +142,29 @@ def test_a_whole_gpu_claim_is_allocated_and_prepared(
     (result,) = claim["status"]["allocation"]["devices"]["results"]
     assert "consumedCapacity" not in result  # allocated whole, not by capacity
     assert agents.paths.cdi_spec(claim["metadata"]["uid"]).is_file()
+
+
+def test_the_publisher_never_rewrites_what_the_server_alters(client: KubeClient) -> None:
+    # The loop guard behind the probe: publishing the shareable form to this server (as a field
+    # the probe does not know about would) is written once, then left alone until the GPUs change.
+    driver = "loopguard.example.com"
+    publisher = SlicePublisher(client, driver=driver, node_name="node-1")
+    listed = kube.path(RESOURCE_API, "resourceslices")
+    selector = f"spec.driver={driver}"
+    try:
+        assert publisher.sync(synthetic_inventory(2)) is True
+        versions = [
+            s["metadata"]["resourceVersion"] for s in client.list(listed, field_selector=selector)
+        ]
+        assert publisher.sync(synthetic_inventory(2)) is False
+        assert publisher.sync(synthetic_inventory(2)) is False
+        after = [
+            s["metadata"]["resourceVersion"] for s in client.list(listed, field_selector=selector)
+        ]
+        assert after == versions
+        # New GPUs are new content: published (once) again.
+        assert publisher.sync(synthetic_inventory(3)) is True
+        assert publisher.sync(synthetic_inventory(3)) is False
+    finally:
+        for obj in client.list(listed, field_selector=selector):
+            client.delete(kube.path(RESOURCE_API, "resourceslices", obj["metadata"]["name"]))
