@@ -7,7 +7,7 @@ PY          := $(VENV)/bin/python
 NATIVE_DIRS := $(patsubst %/Makefile,%,$(wildcard hack/fakegpu/Makefile vgpu_hook/Makefile))
 PYTEST_ARGS ?=
 
-.PHONY: all venv native native-test controlplane test unit lint demo bench clean protos
+.PHONY: all venv native native-test controlplane test unit lint demo bench clean protos image image-tree
 
 all: venv native
 
@@ -52,6 +52,31 @@ demo: native controlplane
 
 bench: native controlplane
 	$(PY) -m bench
+
+# The container image (Dockerfile) with whichever engine is here; IMAGE names it.
+IMAGE      ?= vgpu-dra:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE_TREE ?= build/image-tree
+
+image:
+	@engine=""; \
+	for e in docker podman buildah; do \
+	    if command -v $$e >/dev/null 2>&1; then \
+	        case $$e in \
+	            docker) docker info >/dev/null 2>&1 || { echo "image: docker is installed but its daemon is not reachable"; continue; } ;; \
+	        esac; engine=$$e; break; \
+	    fi; \
+	done; \
+	if [ -z "$$engine" ]; then \
+	    echo "image: no usable container engine (docker, podman or buildah); 'make image-tree' builds the same file tree without one" >&2; \
+	    exit 1; \
+	fi; \
+	echo "image: building $(IMAGE) with $$engine"; \
+	if [ "$$engine" = buildah ]; then buildah bud -t $(IMAGE) .; else $$engine build -t $(IMAGE) .; fi
+
+# The image's file tree without a container engine (deploy/image/build-tree.sh), for tests and
+# for packing into an OCI image elsewhere.
+image-tree: venv
+	sh deploy/image/build-tree.sh $(IMAGE_TREE) $(PY)
 
 clean:
 	rm -rf build $(VENV) .mypy_cache .ruff_cache .pytest_cache dra_driver/allocator/*.so \
