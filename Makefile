@@ -44,7 +44,7 @@ unit: native
 	$(VENV)/bin/pytest -q tests/unit $(PYTEST_ARGS)
 
 # The whole suite: what CI runs.
-test: lint native-test controlplane
+test: lint native-test controlplane image-tree
 	$(VENV)/bin/pytest -q -rs tests $(PYTEST_ARGS)
 
 demo: native controlplane
@@ -75,8 +75,15 @@ image:
 
 # The image's file tree without a container engine (deploy/image/build-tree.sh), for tests and
 # for packing into an OCI image elsewhere.
-image-tree: venv
+# Built before the tests (which use it read-only) so no test reaches a package index.
+IMAGE_TREE_SOURCES := $(shell git ls-files pyproject.toml setup.py dra_driver kubelet_plugin \
+    controller vgpu_hook deploy/image 2>/dev/null)
+
+$(IMAGE_TREE)/.built: $(VENV)/.stamp $(IMAGE_TREE_SOURCES)
 	sh deploy/image/build-tree.sh $(IMAGE_TREE) $(PY)
+	touch $@
+
+image-tree: $(IMAGE_TREE)/.built
 
 clean:
 	rm -rf build $(VENV) .mypy_cache .ruff_cache .pytest_cache dra_driver/allocator/*.so \

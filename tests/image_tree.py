@@ -4,7 +4,6 @@ Dockerfile runs), run on the base interpreter so nothing from the developer's vi
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,16 +11,11 @@ REPO = Path(__file__).resolve().parents[1]
 BASE_PYTHON = str(Path(sys.base_prefix) / "bin" / "python3")
 
 
-def build_tree(root: Path) -> Path:
-    """Build the tree under `root` (about a minute: pip installs the wheel's dependencies)."""
-    run = subprocess.run(
-        ["sh", str(REPO / "deploy" / "image" / "build-tree.sh"), str(root), sys.executable],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert run.returncode == 0, run.stdout + run.stderr
+def built_tree() -> Path:
+    """The tree `make image-tree` built (`make test` builds it first): tests only read it, so no
+    test installs packages from an index. VGPU_DRA_IMAGE_TREE points elsewhere if set."""
+    root = Path(os.environ.get("VGPU_DRA_IMAGE_TREE", REPO / "build" / "image-tree"))
+    assert (root / ".built").is_file(), f"no image tree at {root}: run `make image-tree` first"
     return root
 
 

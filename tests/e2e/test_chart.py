@@ -46,7 +46,7 @@ from tests.e2e.chart_helpers import (
     token_kubeconfig,
     values_file,
 )
-from tests.image_tree import build_tree, tree_bin, tree_env
+from tests.image_tree import built_tree, tree_bin, tree_env
 from vgpu_testbed.cluster_flags import free_ports
 from vgpu_testbed.node_agents import NodeAgents
 
@@ -461,9 +461,9 @@ def node1_token(client: KubeClient, release: tuple[str, list[JSON]]) -> str:
 
 
 @pytest.fixture(scope="module")
-def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The image's file tree (what the chart's containers run), built once for this module."""
-    return build_tree(tmp_path_factory.mktemp("tree"))
+def tree() -> Path:
+    """The image's file tree (what the chart's containers run), from `make image-tree`."""
+    return built_tree()
 
 
 @dataclass(frozen=True)

@@ -19,14 +19,14 @@ from pathlib import Path
 import pytest
 
 from kubelet_plugin.region import REGION_VERSION
-from tests.image_tree import BASE_PYTHON, build_tree, tree_env
+from tests.image_tree import BASE_PYTHON, built_tree, tree_env
 
 PRODUCT_PACKAGES = ("dra_driver", "kubelet_plugin", "controller")
 
 
 @pytest.fixture(scope="module")
-def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tree(tmp_path_factory.mktemp("image-tree"))
+def tree() -> Path:
+    return built_tree()
 
 
 def run_tree(
