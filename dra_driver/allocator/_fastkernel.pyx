@@ -41,6 +41,7 @@ def scan(
     cdef double frac, key
     cdef bint feasible, grouped
     cdef Py_ssize_t fit[256]
+    cdef int64_t table[64]
     for n in range(n_nodes):
         keys[n] = -1.0
         closeness[n] = 0
@@ -93,15 +94,27 @@ def scan(
             if topo:
                 best_count = 0
                 best_size = 1 << 30
+                # Devices per group: a small table for the usual small ids, a scan otherwise.
+                for d in range(nfit):
+                    group = numa[fit[d]] if topo == 1 else link[fit[d]]
+                    if 0 <= group < 64:
+                        table[group] = 0
+                for d in range(nfit):
+                    group = numa[fit[d]] if topo == 1 else link[fit[d]]
+                    if 0 <= group < 64:
+                        table[group] += 1
                 for d in range(nfit):
                     group = numa[fit[d]] if topo == 1 else link[fit[d]]
                     if group < 0:
                         continue
-                    count = 0
-                    for e in range(nfit):
-                        other = numa[fit[e]] if topo == 1 else link[fit[e]]
-                        if other == group:
-                            count += 1
+                    if group < 64:
+                        count = table[group]
+                    else:
+                        count = 0
+                        for e in range(nfit):
+                            other = numa[fit[e]] if topo == 1 else link[fit[e]]
+                            if other == group:
+                                count += 1
                     if count > best_count:
                         best_count = count
                     if count >= need and topo == 2 and link_size[fit[d]] < best_size:

@@ -31,10 +31,11 @@ import numpy as np
 import numpy.typing as npt
 
 from dra_driver.allocator import kernel as py_kernel
+from dra_driver.allocator import round_request
 from dra_driver.allocator.cel import CelError
 from dra_driver.allocator.model import ClusterModel, Consumption, Device, Layout
 from dra_driver.allocator.nodefit import blocking_taint, static_misfit
-from dra_driver.allocator.quantity import format_quantity, round_request
+from dra_driver.allocator.quantity import format_quantity
 from dra_driver.allocator.request import Alternative, Claim, Constraint, Policy, Request
 
 try:

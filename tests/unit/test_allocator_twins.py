@@ -16,6 +16,7 @@ from dra_driver.allocator.allocate import Allocator, Placement, Unschedulable
 from dra_driver.allocator.model import ClusterModel
 from dra_driver.allocator.quantity import parse_quantity
 from dra_driver.allocator.request import Policy, parse_claim
+from dra_driver.allocator.verify import check_allocation
 from tests.allocator_cluster import DEVICE_CLASS, DRIVER, PRODUCTS, SHAPES, claim_obj, node_events
 
 pytestmark = pytest.mark.skipif(allocate.FAST_KERNEL is None, reason="Cython kernel not built")
@@ -53,6 +54,9 @@ def outcome(alloc: Allocator, claim: Any, policy: Policy) -> Placement | str:
         placement = alloc.place({"spec": {}}, [claim], policy)
     except Unschedulable as exc:
         return f"refused: {exc}"
+    # Every placement is one the API allows (the same check the e2e test applies to
+    # kube-scheduler's allocations).
+    assert check_allocation(alloc.model, claim, placement.allocation(claim.uid)) == []
     alloc.commit(placement)
     return placement
 
