@@ -243,6 +243,8 @@ class ClusterModel:
         pool = spec.get("pool") or {}
         if not spec.get("driver") or not pool.get("name"):
             raise ModelError(f"ResourceSlice {name}: spec.driver and spec.pool.name are required")
+        for raw in spec.get("devices") or []:  # validate first: a bad slice changes nothing
+            self._device(str(spec["driver"]), str(pool["name"]), str(spec.get("nodeName")), raw)
         old = self._slices.get(name)
         self._slices[name] = dict(obj)
         self._rebuild_pool(str(spec["driver"]), str(pool["name"]))
