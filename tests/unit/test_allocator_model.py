@@ -110,11 +110,11 @@ def test_bad_objects_are_refused_with_their_name() -> None:
     model = ClusterModel()
     with pytest.raises(ModelError, match="unknown kind 'Secret'"):
         model.apply("Secret", {})
-    with pytest.raises(ModelError, match="spec.driver and spec.pool.name"):
+    with pytest.raises(ModelError, match=r"spec\.driver and spec\.pool\.name"):
         model.apply("ResourceSlice", {"metadata": {"name": "s"}, "spec": {}})
     bad = copy.deepcopy(node_events(0, gpus=1)[1][1])
     bad["spec"]["devices"][0]["capacity"]["memory"]["value"] = "lots"
-    with pytest.raises(ModelError, match="device gpu-0.*lots"):
+    with pytest.raises(ModelError, match=r"device gpu-0.*lots"):
         model.apply("ResourceSlice", bad)
     # The bad slice changed nothing: a good slice of the same pool is taken afterwards.
     assert model.devices == {}
