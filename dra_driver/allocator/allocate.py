@@ -231,17 +231,13 @@ class Allocator:
             self._static[shape] = cached
         ok, reasons = cached[1], dict(cached[2])
         if cpu or mem:
-            ok = ok.copy()
-            for i, name in enumerate(layout.nodes):
-                if not ok[i]:
-                    continue
-                info = self.model.nodes[name]
-                if cpu and info.cpu_milli - self.model.node_cpu_used.get(name, 0) < cpu:
-                    ok[i] = 0
-                    reasons["insufficient cpu"] = reasons.get("insufficient cpu", 0) + 1
-                elif mem and info.memory - self.model.node_mem_used.get(name, 0) < mem:
-                    ok[i] = 0
-                    reasons["insufficient memory"] = reasons.get("insufficient memory", 0) + 1
+            short_cpu = (ok > 0) & (layout.cpu_free < cpu)
+            short_mem = (ok > 0) & ~short_cpu & (layout.mem_free < mem)
+            for why, short in (("insufficient cpu", short_cpu), ("insufficient memory", short_mem)):
+                count = int(short.sum())
+                if count:
+                    reasons[why] = reasons.get(why, 0) + count
+            ok = ((ok > 0) & ~short_cpu & ~short_mem).astype(np.int8)
         return ok, reasons
 
     # ------------------------------------------------------------ decision

@@ -137,7 +137,10 @@ class Layout:
     numa: npt.NDArray[np.int64]
     link: npt.NDArray[np.int64]
     link_size: npt.NDArray[np.int64]  # devices of this node in the same NVLink domain
+    cpu_free: npt.NDArray[np.int64]  # per node: allocatable cpu millis minus bound pods
+    mem_free: npt.NDArray[np.int64]  # per node: allocatable memory minus bound pods
     index: dict[DeviceKey, int] = field(default_factory=dict)
+    node_index: dict[str, int] = field(default_factory=dict)
     epoch: int = 0
 
 
@@ -350,6 +353,7 @@ class ClusterModel:
             self._pods[uid] = (str(node), cpu, mem)
             self.node_cpu_used[node] = self.node_cpu_used.get(node, 0) + cpu
             self.node_mem_used[node] = self.node_mem_used.get(node, 0) + mem
+            self._node_free_changed(str(node))
 
     def _unbind_pod(self, uid: str) -> None:
         old = self._pods.pop(uid, None)
@@ -357,6 +361,15 @@ class ClusterModel:
             node, cpu, mem = old
             self.node_cpu_used[node] -= cpu
             self.node_mem_used[node] -= mem
+            self._node_free_changed(node)
+
+    def _node_free_changed(self, node: str) -> None:
+        layout = self._layout
+        if layout is not None and node in layout.node_index:
+            i = layout.node_index[node]
+            info = self.nodes[node]
+            layout.cpu_free[i] = info.cpu_milli - self.node_cpu_used.get(node, 0)
+            layout.mem_free[i] = info.memory - self.node_mem_used.get(node, 0)
 
     def _apply_claim(self, obj: Mapping[str, Any]) -> None:
         uid = str((obj.get("metadata") or {}).get("uid"))
@@ -469,7 +482,12 @@ class ClusterModel:
             numa=arr([d.numa for d in devices]),
             link=arr([d.link for d in devices]),
             link_size=arr(link_size),
+            cpu_free=arr(
+                [self.nodes[n].cpu_milli - self.node_cpu_used.get(n, 0) for n in node_names]
+            ),
+            mem_free=arr([self.nodes[n].memory - self.node_mem_used.get(n, 0) for n in node_names]),
             index={d.key: i for i, d in enumerate(devices)},
+            node_index={n: i for i, n in enumerate(node_names)},
             epoch=self.layout_epoch,
         )
 
