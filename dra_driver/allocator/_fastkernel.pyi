@@ -18,6 +18,7 @@ def scan(
     req_mem: Any,
     req_cores: Any,
     req_count: Any,
+    req_group: Any,
     topo: int,
     strict: int,
     binpack: int,

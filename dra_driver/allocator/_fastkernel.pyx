@@ -9,6 +9,50 @@ point keys are identical (the property tests compare them exactly).
 from libc.stdint cimport int64_t
 
 
+cdef inline int64_t _best_group(
+    Py_ssize_t* fit,
+    Py_ssize_t nfit,
+    const int64_t[:] numa,
+    const int64_t[:] link,
+    const int64_t[:] link_size,
+    int64_t kind,
+    int64_t need,
+    int64_t* table,
+    int64_t* best_size,
+) noexcept:
+    """Most fitting devices in one group of `kind`; the smallest NVLink domain holding `need`."""
+    cdef Py_ssize_t d, e
+    cdef int64_t group, other, count
+    cdef int64_t best_count = 0
+    best_size[0] = 1 << 30
+    # Devices per group: a small table for the usual small ids, a scan otherwise.
+    for d in range(nfit):
+        group = numa[fit[d]] if kind == 1 else link[fit[d]]
+        if 0 <= group < 64:
+            table[group] = 0
+    for d in range(nfit):
+        group = numa[fit[d]] if kind == 1 else link[fit[d]]
+        if 0 <= group < 64:
+            table[group] += 1
+    for d in range(nfit):
+        group = numa[fit[d]] if kind == 1 else link[fit[d]]
+        if group < 0:
+            continue
+        if group < 64:
+            count = table[group]
+        else:
+            count = 0
+            for e in range(nfit):
+                other = numa[fit[e]] if kind == 1 else link[fit[e]]
+                if other == group:
+                    count += 1
+        if count > best_count:
+            best_count = count
+        if count >= need and kind == 2 and link_size[fit[d]] < best_size[0]:
+            best_size[0] = link_size[fit[d]]
+    return best_count
+
+
 def scan(
     const int64_t[:] node_start,
     const int64_t[:] node_end,
@@ -27,6 +71,7 @@ def scan(
     const int64_t[:] req_mem,
     const int64_t[:] req_cores,
     const int64_t[:] req_count,
+    const int64_t[:] req_group,
     int topo,
     int strict,
     int binpack,
@@ -35,9 +80,9 @@ def scan(
 ):
     cdef Py_ssize_t n_nodes = node_start.shape[0]
     cdef Py_ssize_t n_req = req_mem.shape[0]
-    cdef Py_ssize_t n, d, e, r, start, end, nfit
+    cdef Py_ssize_t n, d, r, start, end, nfit
     cdef int64_t mt, mu, ct, cu, want_mem, want_cores, need, matching, have, wm, wc
-    cdef int64_t best_count, best_size, group, other, count, widest, least
+    cdef int64_t best_count, best_size, widest, least, forced, forced_count, forced_size
     cdef double frac, key
     cdef bint feasible, grouped
     cdef Py_ssize_t fit[256]
@@ -92,33 +137,7 @@ def scan(
                 need = matching if matching > 0 else 1
             have = nfit
             if topo:
-                best_count = 0
-                best_size = 1 << 30
-                # Devices per group: a small table for the usual small ids, a scan otherwise.
-                for d in range(nfit):
-                    group = numa[fit[d]] if topo == 1 else link[fit[d]]
-                    if 0 <= group < 64:
-                        table[group] = 0
-                for d in range(nfit):
-                    group = numa[fit[d]] if topo == 1 else link[fit[d]]
-                    if 0 <= group < 64:
-                        table[group] += 1
-                for d in range(nfit):
-                    group = numa[fit[d]] if topo == 1 else link[fit[d]]
-                    if group < 0:
-                        continue
-                    if group < 64:
-                        count = table[group]
-                    else:
-                        count = 0
-                        for e in range(nfit):
-                            other = numa[fit[e]] if topo == 1 else link[fit[e]]
-                            if other == group:
-                                count += 1
-                    if count > best_count:
-                        best_count = count
-                    if count >= need and topo == 2 and link_size[fit[d]] < best_size:
-                        best_size = link_size[fit[d]]
+                best_count = _best_group(fit, nfit, numa, link, link_size, topo, need, table, &best_size)
                 if best_count >= need:
                     if topo == 2 and best_size > widest:
                         widest = best_size
@@ -126,6 +145,13 @@ def scan(
                     grouped = False
                 if strict:
                     have = best_count
+            forced = req_group[r]
+            if forced:
+                forced_count = _best_group(
+                    fit, nfit, numa, link, link_size, forced, need, table, &forced_size
+                )
+                if forced_count < have:
+                    have = forced_count
             if have < need:
                 feasible = False
             if have < least:

@@ -159,6 +159,7 @@ class Allocator:
             FAST_KERNEL if (fast is not False and FAST_KERNEL is not None) else py_kernel.scan
         )
         self._masks: dict[tuple[Any, ...], npt.NDArray[np.int8]] = {}
+        self._mask_drivers: dict[tuple[Any, ...], set[str]] = {}
         self._mask_epoch = -1
         self._cel: dict[tuple[str, tuple[str, str, str]], tuple[int, bool | str]] = {}
         self._static: dict[str, tuple[int, npt.NDArray[np.int8], dict[str, int]]] = {}
@@ -189,6 +190,7 @@ class Allocator:
     def _mask(self, layout: Layout, alt: Alternative, policy: Policy) -> npt.NDArray[np.int8]:
         if self._mask_epoch != layout.epoch:
             self._masks.clear()
+            self._mask_drivers.clear()
             self._mask_epoch = layout.epoch
         key = (
             alt.signature,
@@ -205,7 +207,37 @@ class Allocator:
                 count=len(layout.devices),
             )
             self._masks[key] = mask
+            self._mask_drivers[key] = {
+                d.key[0] for d, m in zip(layout.devices, mask, strict=True) if m
+            }
         return mask
+
+    def _forced_group(
+        self, layout: Layout, claim: Claim, request: Request, alt: Alternative, policy: Policy
+    ) -> int:
+        """1 / 2 when a matchAttribute of the claim puts this request's devices on one NUMA node /
+        NVLink domain, as the layout's arrays know them (the attribute in the driver's domain of
+        every selectable device); else 0. Lets the scan drop nodes that cannot satisfy it."""
+        self._mask(layout, alt, policy)
+        drivers = self._mask_drivers[
+            (
+                alt.signature,
+                policy.include_types,
+                policy.exclude_types,
+                policy.include_uuids,
+                policy.exclude_uuids,
+            )
+        ]
+        for constraint in claim.constraints:
+            if constraint.distinct or (
+                constraint.requests and request.name not in constraint.requests
+            ):
+                continue
+            domain, _, name = constraint.attribute.rpartition("/")
+            kind = {"numaNode": 1, "nvlinkDomain": 2}.get(name, 0)
+            if kind and drivers == {domain}:
+                return kind
+        return 0
 
     # ------------------------------------------------------------ node fit
 
@@ -255,11 +287,19 @@ class Allocator:
             raise Unschedulable("no node publishes devices (no complete ResourceSlice pool)")
         node_ok, reasons = self._node_ok(layout, pod, *pod_resources)
         flat = [(ci, req) for ci, claim in enumerate(claims) for req in claim.requests]
-        screened = [
-            req.alternatives[0]
-            for _, req in flat
+        screened_requests = [
+            (claims[ci], req)
+            for ci, req in flat
             if len(req.alternatives) == 1 and not req.alternatives[0].admin
         ]
+        screened = [req.alternatives[0] for _, req in screened_requests]
+        req_group = np.asarray(
+            [
+                self._forced_group(layout, claim, req, req.alternatives[0], policy)
+                for claim, req in screened_requests
+            ],
+            dtype=np.int64,
+        )
         n_dev = len(layout.devices)
         masks = np.zeros((len(screened), n_dev), dtype=np.int8)
         for row, alt in enumerate(screened):
@@ -287,6 +327,7 @@ class Allocator:
             req_mem,
             req_cores,
             req_count,
+            req_group,
             policy.topology_mode,
             int(policy.strict),
             int(policy.node == "binpack"),

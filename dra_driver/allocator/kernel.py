@@ -2,8 +2,10 @@
 
 For every node that passed node fit, and every request of the pod, count the devices that are
 selectable (mask), not exclusively held, and have the requested memory and cores free; group them
-by NUMA node or NVLink domain when the topology policy asks; then give the node a key (higher is
-better, -1 = infeasible) and a closeness count (for "closest: node-3 (1 GPU)" messages).
+by NUMA node or NVLink domain when the topology policy asks, or when the claim has a
+matchAttribute on `numaNode` / `nvlinkDomain` for the request (`req_group`: 1 / 2, always
+strict); then give the node a key (higher is better, -1 = infeasible) and a closeness count (for
+"closest: node-3 (1 GPU)" messages).
 
 This is a necessary-condition screen plus the node score: the exact placement on the chosen node
 (capacity rounding, constraints, several requests sharing devices) is decided afterwards by the
@@ -25,6 +27,28 @@ Array = Any  # 1-D / 2-D numpy arrays (int64; masks int8)
 MAX_FIT = 256  # devices per node and request the scan counts (a fixed buffer in the Cython twin)
 
 
+def _best_group(
+    fit: list[int], numa: Array, link: Array, link_size: Array, *, kind: int, need: int
+) -> tuple[int, int]:
+    """(most fitting devices in one NUMA node (kind 1) / NVLink domain (kind 2), size of the
+    smallest NVLink domain holding `need` of them, or 2**30)."""
+    best_count = 0
+    best_size = 1 << 30
+    for d in fit:
+        group = int(numa[d]) if kind == 1 else int(link[d])
+        if group < 0:
+            continue
+        count = 0
+        for e in fit:
+            other = int(numa[e]) if kind == 1 else int(link[e])
+            if other == group:
+                count += 1
+        best_count = max(best_count, count)
+        if count >= need and kind == 2 and int(link_size[d]) < best_size:
+            best_size = int(link_size[d])
+    return best_count, best_size
+
+
 def scan(  # noqa: PLR0915, PLR0917 - mirrors the Cython signature and loop one to one
     node_start: Array,
     node_end: Array,
@@ -43,6 +67,7 @@ def scan(  # noqa: PLR0915, PLR0917 - mirrors the Cython signature and loop one 
     req_mem: Array,
     req_cores: Array,
     req_count: Array,
+    req_group: Array,
     topo: int,
     strict: int,
     binpack: int,
@@ -101,20 +126,9 @@ def scan(  # noqa: PLR0915, PLR0917 - mirrors the Cython signature and loop one 
                 need = matching if matching > 0 else 1
             have = len(fit)
             if topo:
-                best_count = 0
-                best_size = 1 << 30
-                for d in fit:
-                    group = int(numa[d]) if topo == 1 else int(link[d])
-                    if group < 0:
-                        continue
-                    count = 0
-                    for e in fit:
-                        other = int(numa[e]) if topo == 1 else int(link[e])
-                        if other == group:
-                            count += 1
-                    best_count = max(best_count, count)
-                    if count >= need and topo == 2 and int(link_size[d]) < best_size:
-                        best_size = int(link_size[d])
+                best_count, best_size = _best_group(
+                    fit, numa, link, link_size, kind=topo, need=need
+                )
                 if best_count >= need:
                     if topo == 2 and best_size > widest:
                         widest = best_size
@@ -122,6 +136,10 @@ def scan(  # noqa: PLR0915, PLR0917 - mirrors the Cython signature and loop one 
                     grouped = False
                 if strict:
                     have = best_count
+            forced = int(req_group[r])
+            if forced:  # a matchAttribute on numaNode / nvlinkDomain: one group, always
+                forced_count, _ = _best_group(fit, numa, link, link_size, kind=forced, need=need)
+                have = min(have, forced_count)
             if have < need:
                 feasible = False
             least = min(least, have)

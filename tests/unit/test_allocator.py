@@ -266,3 +266,12 @@ def test_claims_of_one_pod_are_placed_together() -> None:
     placement = place(alloc, claim_obj("a", memory="50Gi"), claim_obj("b", memory="50Gi"))
     assert placement.node == "node-00001"  # node 0's single GPU cannot hold both
     assert sorted(picked(placement)) == ["gpu-0", "gpu-1"]
+
+
+def test_match_attribute_on_nvlink_domain_is_screened_per_node() -> None:
+    # The scan knows that matchAttribute on nvlinkDomain needs one domain, so a node with only
+    # 2-GPU islands is ruled out up front and the reason names the closest node (it used to pass
+    # the screen and fail only in the exact search, once per such node).
+    alloc = allocator(node_events(0, shape="pairs"))
+    with pytest.raises(Unschedulable, match=r"closest: node-00000 \(2 GPUs\)"):
+        place(alloc, claim_obj("a", count=4, memory="1Gi", match=f"{DRIVER}/nvlinkDomain"))

@@ -188,6 +188,7 @@ def test_scan_keys_are_bit_identical(
         arr(st.integers(-1, 1 << 40), n_req),
         arr(st.integers(-1, 100), n_req),
         arr(st.integers(-1, 5), n_req),
+        arr(st.integers(0, 2), n_req),
     ]
     out = []
     for scan in (allocate.FAST_KERNEL, kernel.scan):
