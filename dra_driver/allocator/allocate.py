@@ -191,6 +191,10 @@ class Allocator:
         if self._mask_epoch != layout.epoch:
             self._masks.clear()
             self._mask_drivers.clear()
+            self._static.clear()
+            # Forget CEL results of devices that are gone (the cache is keyed by device).
+            devices = self.model.devices
+            self._cel = {k: v for k, v in self._cel.items() if k[1] in devices}
             self._mask_epoch = layout.epoch
         key = (
             alt.signature,

@@ -275,3 +275,18 @@ def test_match_attribute_on_nvlink_domain_is_screened_per_node() -> None:
     alloc = allocator(node_events(0, shape="pairs"))
     with pytest.raises(Unschedulable, match=r"closest: node-00000 \(2 GPUs\)"):
         place(alloc, claim_obj("a", count=4, memory="1Gi", match=f"{DRIVER}/nvlinkDomain"))
+
+
+def test_selector_results_follow_a_republished_device() -> None:
+    events = node_events(0, product="NVIDIA A10", gpus=1)
+    alloc = allocator(events)
+    claim = claim_obj(
+        "a", memory="1Gi", selectors=(f'device.attributes["{DRIVER}"].productName == "H100"',)
+    )
+    with pytest.raises(Unschedulable):
+        place(alloc, claim, commit=False)
+    renamed = copy.deepcopy(events[1][1])
+    renamed["spec"]["pool"]["generation"] = 1
+    renamed["spec"]["devices"][0]["attributes"]["productName"] = {"string": "H100"}
+    alloc.model.apply("ResourceSlice", renamed)  # a new device generation: cached result dropped
+    assert picked(place(alloc, claim)) == ["gpu-0"]
