@@ -30,6 +30,7 @@ of the claim, not as "does not match".
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -37,7 +38,8 @@ from typing import Any
 
 from cel_expr_python import cel
 
-from dra_driver.allocator.quantity import QuantityError, parse_quantity
+from dra_driver.allocator import parse_quantity
+from dra_driver.allocator.quantity import QuantityError
 
 QUANTITY_KEY = "k8s.quantity"
 SEMVER_KEY = "k8s.semver"
@@ -67,9 +69,14 @@ def nano_units(text: str) -> int:
         return parse_quantity(text, 0) * ONE
 
 
+@functools.lru_cache(maxsize=4096)
+def _quantity_text(text: str) -> str:
+    return str(nano_units(text))
+
+
 def quantity_value(text: str) -> dict[str, str]:
     """A quantity string as the CEL value our library functions understand."""
-    return {QUANTITY_KEY: str(nano_units(text))}
+    return {QUANTITY_KEY: _quantity_text(text)}
 
 
 def _nano(value: Any) -> int:

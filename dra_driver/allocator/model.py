@@ -18,6 +18,7 @@ rebuilds it once; a claim change only adjusts the affected rows in place.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,16 +28,16 @@ import numpy as np
 import numpy.typing as npt
 
 from dra_driver import names
+from dra_driver.allocator import parse_quantity as _parse_quantity
+from dra_driver.allocator import round_request
 from dra_driver.allocator.cel import device_view
-from dra_driver.allocator.quantity import (
-    QuantityError,
-    RequestPolicy,
-    parse_quantity,
-    round_request,
-)
+from dra_driver.allocator.quantity import QuantityError, RequestPolicy
 
 JSON = dict[str, Any]
 KINDS = ("ResourceSlice", "Node", "Pod", "ResourceClaim")
+# Slices repeat the same few quantity strings ("1Mi", "100", each GPU model's memory) thousands
+# of times: parse each text once.
+parse_quantity = functools.lru_cache(maxsize=4096)(_parse_quantity)
 DeviceKey = tuple[str, str, str]  # (driver, pool, device)
 
 
@@ -57,15 +58,37 @@ def _int_policy(raw: Mapping[str, Any] | None) -> RequestPolicy | None:
         return None
     valid_range = raw.get("validRange") or {}
 
-    def q(value: Any) -> int | None:
-        return None if value is None else parse_quantity(str(value))
+    def text(value: Any) -> str | None:
+        return None if value is None else str(value)
+
+    return _policy(
+        text(raw.get("default")),
+        tuple(str(v) for v in raw.get("validValues") or []),
+        text(valid_range.get("min")),
+        text(valid_range.get("max")),
+        text(valid_range.get("step")),
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _policy(
+    default: str | None,
+    valid_values: tuple[str, ...],
+    min_value: str | None,
+    max_value: str | None,
+    step: str | None,
+) -> RequestPolicy:
+    """One RequestPolicy per distinct text (every GPU of a model publishes the same one)."""
+
+    def q(value: str | None) -> int | None:
+        return None if value is None else parse_quantity(value)
 
     return RequestPolicy(
-        default=q(raw.get("default")),
-        valid_values=tuple(sorted(parse_quantity(str(v)) for v in raw.get("validValues") or [])),
-        min_value=q(valid_range.get("min")),
-        max_value=q(valid_range.get("max")),
-        step=q(valid_range.get("step")),
+        default=q(default),
+        valid_values=tuple(sorted(parse_quantity(v) for v in valid_values)),
+        min_value=q(min_value),
+        max_value=q(max_value),
+        step=q(step),
     )
 
 
@@ -95,6 +118,17 @@ class Device:
             if kind in typed:
                 return (kind, typed[kind])
         return None
+
+
+@dataclass(slots=True)
+class _Slice:
+    """What the model keeps of one ResourceSlice: its pool position and parsed devices."""
+
+    driver: str
+    pool: str
+    generation: int
+    count: int  # resourceSliceCount
+    devices: list[Device]
 
 
 @dataclass(slots=True)
@@ -188,7 +222,8 @@ class ClusterModel:
     """Devices, nodes, bound pods and allocated claims; see the module docstring."""
 
     def __init__(self) -> None:
-        self._slices: dict[str, JSON] = {}
+        self._slices: dict[str, _Slice] = {}
+        self._pools: dict[tuple[str, str], set[str]] = {}  # pool -> names of its slices
         self._pool_devices: dict[tuple[str, str], list[Device]] = {}
         self.devices: dict[DeviceKey, Device] = {}
         self.nodes: dict[str, NodeInfo] = {}
@@ -225,10 +260,11 @@ class ClusterModel:
         """A delete event of one object (only its identity is read)."""
         meta = obj.get("metadata") or {}
         if kind == "ResourceSlice":
-            old = self._slices.pop(str(meta.get("name")), None)
+            name = str(meta.get("name"))
+            old = self._slices.pop(name, None)
             if old is not None:
-                spec = old.get("spec") or {}
-                self._rebuild_pool(str(spec.get("driver")), str((spec.get("pool") or {})["name"]))
+                self._pools[(old.driver, old.pool)].discard(name)
+                self._rebuild_pool(old.driver, old.pool)
         elif kind == "Node":
             if self.nodes.pop(str(meta.get("name")), None) is not None:
                 self._nodes_changed()
@@ -246,39 +282,45 @@ class ClusterModel:
         pool = spec.get("pool") or {}
         if not spec.get("driver") or not pool.get("name"):
             raise ModelError(f"ResourceSlice {name}: spec.driver and spec.pool.name are required")
-        for raw in spec.get("devices") or []:  # validate first: a bad slice changes nothing
-            self._device(str(spec["driver"]), str(pool["name"]), str(spec.get("nodeName")), raw)
+        driver, pool_name, node = str(spec["driver"]), str(pool["name"]), spec.get("nodeName")
+        # Parsed before anything is stored: a bad slice changes nothing. Network-attached slices
+        # (no nodeName) are kept for the pool's completeness count but carry no devices.
+        devices = (
+            [self._device(driver, pool_name, str(node), raw) for raw in spec.get("devices") or []]
+            if node
+            else []
+        )
+        entry = _Slice(
+            driver,
+            pool_name,
+            int(pool.get("generation", 0)),
+            int(pool.get("resourceSliceCount", 1)),
+            devices,
+        )
         old = self._slices.get(name)
-        self._slices[name] = dict(obj)
-        self._rebuild_pool(str(spec["driver"]), str(pool["name"]))
         if old is not None:
-            old_spec = old.get("spec") or {}
-            old_pool = (str(old_spec.get("driver")), str((old_spec.get("pool") or {}).get("name")))
-            if old_pool != (spec["driver"], pool["name"]):
-                self._rebuild_pool(*old_pool)
+            self._pools[(old.driver, old.pool)].discard(name)
+        self._slices[name] = entry
+        self._pools.setdefault((driver, pool_name), set()).add(name)
+        self._rebuild_pool(driver, pool_name)
+        if old is not None and (old.driver, old.pool) != (driver, pool_name):
+            self._rebuild_pool(old.driver, old.pool)
 
     def _rebuild_pool(self, driver: str, pool: str) -> None:
         """Recompute one pool's devices: highest generation, complete, node-local slices only."""
-        mine = [
-            s["spec"]
-            for s in self._slices.values()
-            if (s.get("spec") or {}).get("driver") == driver
-            and ((s.get("spec") or {}).get("pool") or {}).get("name") == pool
-        ]
+        names = self._pools.get((driver, pool), set())
+        mine = [self._slices[n] for n in names]
         for device in self._pool_devices.pop((driver, pool), []):
             self.devices.pop(device.key, None)
         devices: list[Device] = []
         if mine:
-            top = max(int(s["pool"].get("generation", 0)) for s in mine)
-            current = [s for s in mine if int(s["pool"].get("generation", 0)) == top]
-            expected = max(int(s["pool"].get("resourceSliceCount", 1)) for s in current)
-            if len(current) >= expected:
-                for spec in current:
-                    node = spec.get("nodeName")
-                    if not node:
-                        continue  # network-attached pools: not modelled (docs/scheduling.md)
-                    for raw in spec.get("devices") or []:
-                        devices.append(self._device(driver, pool, str(node), raw))
+            top = max(s.generation for s in mine)
+            current = [s for s in mine if s.generation == top]
+            if len(current) >= max(s.count for s in current):
+                for entry in current:
+                    devices += entry.devices
+        else:
+            self._pools.pop((driver, pool), None)
         for device in devices:
             self.devices[device.key] = device
         if devices:
