@@ -32,12 +32,14 @@ native-test: native
 	@for d in $(NATIVE_DIRS); do $(MAKE) --no-print-directory -C $$d test || exit 1; done
 
 controlplane: venv
+	bash hack/testbed/node-packages.sh
 	bash hack/testbed/build.sh
 
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-logo
 
 unit: native
 	$(VENV)/bin/pytest -q tests/unit $(PYTEST_ARGS)

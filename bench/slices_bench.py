@@ -28,9 +28,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from controller.slice_publisher import SlicePublisher, plan_sync
 from dra_driver import slices
 from dra_driver.kube import KubeClient
+from kubelet_plugin.slice_publisher import SlicePublisher, plan_sync
 from tests.inventories import synthetic_inventory
 
 RESULTS = Path(__file__).parent / "results" / "slices.json"

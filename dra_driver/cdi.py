@@ -28,6 +28,8 @@ NVIDIA_TOOLKIT_KIND = "nvidia.com/gpu"
 # UID) from 0.5.0 on; spec-level additionalGids need 0.7.0.
 CDI_VERSION_BASE = "0.5.0"
 CDI_VERSION_WITH_GIDS = "0.7.0"
+# NVIDIA_VISIBLE_DEVICES of every claim spec: GPUs come from the injected device nodes.
+CDI_VISIBLE_DEVICES = "void"
 _CLAIM_UID = re.compile(r"^[0-9A-Za-z][-0-9A-Za-z]*$")
 
 
@@ -75,6 +77,15 @@ def claim_dir(state_dir: str, claim_uid: str) -> str:
     return os.path.join(state_dir, "claims", claim_uid)
 
 
+REGION_FILE = "region"
+
+
+def region_path(state_dir: str, claim_uid: str) -> str:
+    """The claim's shared accounting region: the only file a container may write (see
+    docs/security.md); the plugin creates it at its fixed layout size at prepare."""
+    return os.path.join(claim_dir(state_dir, claim_uid), REGION_FILE)
+
+
 def spec_file_name(kind: str, claim_uid: str) -> str:
     """`k8s.vgpu.dra.dev-claim_<uid>.json`: unique per claim, so runtimes never see stale data."""
     vendor, cls = kind.split("/", 1)
@@ -106,21 +117,29 @@ def build_claim_spec(
     settings: SpecSettings,
     claim_uid: str,
     devices: Sequence[ClaimDevice],
-    visible_uuids: Sequence[str],
     extra_env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The CDI spec of one prepared claim (see docs/kubelet-plugin.md for every edit's purpose)."""
-    env = [
-        f"NVIDIA_VISIBLE_DEVICES={','.join(visible_uuids)}",
-        f"VGPU_DRA_CLAIMS={claim_uid}",
-    ]
+    # The GPUs a container sees are the device nodes its CDI devices inject (one per GPU of every
+    # claim it uses), as with the NVIDIA toolkit's own CDI specs. Every claim therefore sets the
+    # same value here ("void": the toolkit's runtime adds no GPU of its own), so a container with
+    # several claims keeps all of them; a per-claim value would leave only the last claim's GPUs.
+    env = [f"NVIDIA_VISIBLE_DEVICES={CDI_VISIBLE_DEVICES}"]
     env += [f"{key}={value}" for key, value in sorted((extra_env or {}).items())]
     container_claim_dir = f"{names.CONTAINER_CLAIMS_DIR}/{claim_uid}"
     edits: dict[str, Any] = {
         "env": env,
         "deviceNodes": [node.to_spec() for node in settings.control_nodes],
+        # The claim dir (vgpu.conf) read-only, then the region file alone read-write over it
+        # (runtimes apply mounts parents first): a tenant can neither raise its cap nor create
+        # files on the node's state filesystem.
         "mounts": [
-            _bind(claim_dir(settings.state_dir, claim_uid), container_claim_dir, "rw"),
+            _bind(claim_dir(settings.state_dir, claim_uid), container_claim_dir, "ro"),
+            _bind(
+                region_path(settings.state_dir, claim_uid),
+                f"{container_claim_dir}/{REGION_FILE}",
+                "rw",
+            ),
             _bind(settings.hook_path, names.CONTAINER_HOOK_PATH, "ro"),
             _bind(settings.preload_file, "/etc/ld.so.preload", "ro"),
         ],

@@ -2,6 +2,13 @@
 
 Subcommands are imported lazily so that `vgpu-dra fakegpu env` does not pay for grpc and the
 Kubernetes client, and so that each component owns its own argument parsing in its own module.
+
+Two kinds of subcommands:
+- product commands (`kubelet-plugin`, `controller`), which a plain `pip install vgpu-dra` runs;
+- test-bed commands (`dev-cluster`, `fakegpu`, `demo`), which live in `vgpu_testbed` and need
+  the `testbed` extra. `_load_testbed` is the product's only way into the test bed (the layer
+  contract in pyproject.toml allows exactly its `import vgpu_testbed`); when the test bed or one
+  of its dependencies is missing it ends the command with a message that names the extra.
 """
 
 from __future__ import annotations
@@ -10,32 +17,56 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
+Command = Callable[[Sequence[str]], int]
+
+TESTBED_EXTRA = "pip install 'vgpu-dra[testbed]'"
+
 # name -> ("module:function", one-line help). The function takes argv (after the subcommand)
 # and returns a process exit code.
-SUBCOMMANDS: dict[str, tuple[str, str]] = {
+PRODUCT_COMMANDS: dict[str, tuple[str, str]] = {
     "kubelet-plugin": ("kubelet_plugin.main:main", "run the node daemon (DRA kubelet plugin)"),
-    "dev-cluster": (
-        "vgpu_testbed.cluster_cli:main",
-        "local control plane with simulated GPU nodes",
-    ),
-    "fakegpu": (
-        "vgpu_testbed.fakegpu_cli:main",
-        "simulated GPUs: print env, inspect, inject faults",
-    ),
-    "demo": ("vgpu_testbed.demo:main", "the end-to-end demo on a local dev cluster"),
+    "controller": ("controller.main:main", "run the cluster-side controller (probes only, today)"),
 }
+# name -> ("module of vgpu_testbed:function", one-line help).
+TESTBED_COMMANDS: dict[str, tuple[str, str]] = {
+    "dev-cluster": ("cluster_cli:main", "local control plane with simulated GPU nodes"),
+    "fakegpu": ("fakegpu_cli:main", "simulated GPUs: print env, inspect, inject faults"),
+    "demo": ("demo:main", "the end-to-end demo on a local dev cluster"),
+}
+
+
+class TestbedMissingError(Exception):
+    """A test-bed command was asked for but the test bed cannot be imported."""
 
 
 def _usage() -> str:
     lines = ["usage: vgpu-dra <command> [args...]", "", "commands:"]
-    lines += [f"  {name:<16} {text}" for name, (_, text) in SUBCOMMANDS.items()]
+    lines += [f"  {name:<16} {text}" for name, (_, text) in PRODUCT_COMMANDS.items()]
+    lines += ["", f"test-bed commands (need {TESTBED_EXTRA}):"]
+    lines += [f"  {name:<16} {text}" for name, (_, text) in TESTBED_COMMANDS.items()]
     return "\n".join(lines)
 
 
-def _load(target: str) -> Callable[[Sequence[str]], int]:
+def _load(target: str) -> Command:
     module_name, func_name = target.split(":")
-    func: Callable[[Sequence[str]], int] = getattr(importlib.import_module(module_name), func_name)
+    func: Command = getattr(importlib.import_module(module_name), func_name)
     return func
+
+
+def _load_testbed(name: str) -> Command:
+    """The test-bed command `name`; TestbedMissingError (naming the extra) when not installed."""
+    target = TESTBED_COMMANDS[name][0]
+    try:
+        import vgpu_testbed  # the one import of the test bed the layer contract allows
+
+        return _load(f"{vgpu_testbed.__name__}.{target}")
+    except ModuleNotFoundError as exc:
+        # A plain install has every product dependency, so whatever is missing here is the test
+        # bed itself or one of its own dependencies.
+        raise TestbedMissingError(
+            f"vgpu-dra {name}: the test bed is not installed (missing module {exc.name!r}); "
+            f"install it with: {TESTBED_EXTRA}"
+        ) from exc
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -48,11 +79,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(__version__)
         return 0
-    entry = SUBCOMMANDS.get(args[0])
-    if entry is None:
-        print(f"vgpu-dra: unknown command {args[0]!r}\n\n{_usage()}", file=sys.stderr)
-        return 2
-    return _load(entry[0])(args[1:])
+    name = args[0]
+    if name in PRODUCT_COMMANDS:
+        return _load(PRODUCT_COMMANDS[name][0])(args[1:])
+    if name in TESTBED_COMMANDS:
+        try:
+            command = _load_testbed(name)
+        except TestbedMissingError as exc:
+            print(exc, file=sys.stderr)
+            return 1
+        return command(args[1:])
+    print(f"vgpu-dra: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

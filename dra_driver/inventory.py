@@ -2,13 +2,14 @@
 
 Called once at start-up (and on every resync) by the kubelet plugin (`kubelet_plugin.main`), whose
 slice publisher turns the inventory into ResourceSlices and whose prepare path uses UUIDs, minor
-numbers and capacities from it. NVML is reached through pynvml (nvidia-ml-py), which loads
-`libnvidia-ml.so.1` through the normal loader search, so the simulated GPUs of the test bed are
-picked up with `LD_LIBRARY_PATH` exactly as a real driver would be.
+numbers and capacities from it. NVML is reached through the project's one NVML seam
+(`dra_driver.nvml`), whose pynvml implementation loads `libnvidia-ml.so.1` through the normal
+loader search, so the simulated GPUs of the test bed are picked up with `LD_LIBRARY_PATH` exactly
+as a real driver would be.
 
 The module is split in two: pure helpers (enum names, SM count from CUDA cores, bus-ID
 normalisation, PCIe root from a sysfs path, NVLink graph -> domains) that are unit-tested without
-NVML, and `discover()`, the thin I/O seam that calls NVML and sysfs.
+NVML, and `discover()`, which asks an `Nvml` (any implementation of the protocol) and sysfs.
 
 Choices worth knowing (see docs/resource-slices.md):
 - SM count: `nvmlDeviceGetAttributes_v2().multiprocessorCount` when the driver answers it (older
@@ -36,6 +37,15 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.gpu import GpuInfo, NodeInventory
+from dra_driver.nvml import (
+    DeviceHandle,
+    Nvml,
+    NvmlError,
+    NvmlNotSupported,
+    NvmlUnavailable,
+    PyNvml,
+    session,
+)
 
 log = logging.getLogger(__name__)
 
@@ -99,9 +109,6 @@ _CORES_PER_SM_BY_MAJOR: Mapping[int, int] = {
 # NVML_TOPOLOGY_INTERNAL=0, SINGLE=10, MULTIPLE=20, HOSTBRIDGE=30, NODE=40, SYSTEM=50.
 TOPOLOGY_HOSTBRIDGE = 30
 
-# NVML return codes we treat specially (nvmlReturn_t).
-_NVML_ERROR_NOT_SUPPORTED = 3
-_NVML_ERROR_FUNCTION_NOT_FOUND = 13
 # nvmlNvLinkDeviceType_t NVML_NVLINK_DEVICE_TYPE_SWITCH, nvmlGpuP2PCapsIndex_t NVLINK, status OK.
 _NVLINK_REMOTE_SWITCH = 2
 _P2P_CAPS_INDEX_NVLINK = 3
@@ -236,7 +243,7 @@ def cuda_version_string(encoded: int) -> str:
     return f"{encoded // 1000}.{(encoded % 1000) // 10}"
 
 
-# ---------------------------------------------------------------- NVML seam
+# ---------------------------------------------------------------- NVML queries
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,69 +251,38 @@ class _RawGpu:
     """What one GPU told us before the node-wide passes (NVLink, PCIe roots)."""
 
     info: dict[str, Any]
-    handle: Any
+    handle: DeviceHandle
     link_bus_ids: tuple[str, ...]
     links_to_switch: bool
 
 
-def _text(value: Any) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-
-
-def _nvml_code(exc: BaseException) -> int | None:
-    value = getattr(exc, "value", None)
-    return value if isinstance(value, int) else None
-
-
-def _unsupported(exc: BaseException) -> bool:
-    return _nvml_code(exc) in (_NVML_ERROR_NOT_SUPPORTED, _NVML_ERROR_FUNCTION_NOT_FOUND)
-
-
-def _load_pynvml() -> Any:
-    try:
-        import pynvml
-    except ImportError as exc:  # pragma: no cover - a dependency of the package
-        raise InventoryError("the nvidia-ml-py package (module pynvml) is not installed") from exc
-    return pynvml
-
-
-def discover(*, nvml: Any = None, sysfs_root: str = "/sys") -> NodeInventory:
+def discover(*, nvml: Nvml | None = None, sysfs_root: str = "/sys") -> NodeInventory:
     """Enumerate the node's GPUs through NVML.
 
     Raises InventoryError when NVML cannot be loaded or initialised or node-wide queries fail.
     A GPU whose own queries fail is left out with a warning (one sick GPU must not hide the rest).
-    `nvml` defaults to the pynvml module; `sysfs_root` exists for tests.
+    `nvml` defaults to the pynvml-backed `dra_driver.nvml.PyNvml`; `sysfs_root` exists for tests.
     """
-    nvml = nvml or _load_pynvml()
     try:
-        nvml.nvmlInit()
-    except Exception as exc:
-        raise InventoryError(
-            f"cannot initialise NVML ({exc}); is the NVIDIA driver installed and "
-            "libnvidia-ml.so.1 on the loader path (LD_LIBRARY_PATH)?"
-        ) from exc
-    try:
-        return _discover_initialised(nvml, sysfs_root)
-    finally:
-        try:
-            nvml.nvmlShutdown()
-        except Exception as exc:  # shutting down must never hide the real result
-            log.warning("nvmlShutdown failed: %s", exc)
+        with session(nvml or PyNvml()) as opened:
+            return _discover_initialised(opened, sysfs_root)
+    except NvmlUnavailable as exc:
+        raise InventoryError(f"cannot initialise NVML ({exc})") from exc
 
 
-def _discover_initialised(nvml: Any, sysfs_root: str) -> NodeInventory:
+def _discover_initialised(nvml: Nvml, sysfs_root: str) -> NodeInventory:
     try:
-        driver_version = _text(nvml.nvmlSystemGetDriverVersion())
-        cuda_version = cuda_version_string(int(nvml.nvmlSystemGetCudaDriverVersion()))
-        count = int(nvml.nvmlDeviceGetCount())
-    except Exception as exc:
+        driver_version = nvml.driver_version()
+        cuda_version = cuda_version_string(nvml.cuda_driver_version())
+        count = nvml.device_count()
+    except NvmlError as exc:
         raise InventoryError(f"NVML node queries failed: {exc}") from exc
 
     raws: list[_RawGpu] = []
     for index in range(count):
         try:
             raws.append(_query_gpu(nvml, index, sysfs_root))
-        except Exception as exc:
+        except Exception as exc:  # one sick GPU (or odd data) must not hide the rest
             log.warning("GPU %d left out of the inventory: NVML query failed: %s", index, exc)
 
     index_by_bus = {raw.info["pci_bus_id"]: raw.info["index"] for raw in raws}
@@ -330,52 +306,46 @@ def _discover_initialised(nvml: Any, sysfs_root: str) -> NodeInventory:
     )
 
 
-def _query_gpu(nvml: Any, index: int, sysfs_root: str) -> _RawGpu:
-    handle = nvml.nvmlDeviceGetHandleByIndex(index)
-    pci = nvml.nvmlDeviceGetPciInfo(handle)
-    bus_id = normalize_bus_id(_text(pci.busId))
-    cc_major, cc_minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
+def _query_gpu(nvml: Nvml, index: int, sysfs_root: str) -> _RawGpu:
+    handle = nvml.device_by_index(index)
+    bus_id = normalize_bus_id(nvml.pci_bus_id(handle))
+    cc_major, cc_minor = nvml.cuda_compute_capability(handle)
     info: dict[str, Any] = {
         "index": index,
-        "uuid": _text(nvml.nvmlDeviceGetUUID(handle)),
-        "product_name": _text(nvml.nvmlDeviceGetName(handle)),
-        "brand": brand_name(int(nvml.nvmlDeviceGetBrand(handle))),
+        "uuid": nvml.uuid(handle),
+        "product_name": nvml.name(handle),
+        "brand": brand_name(nvml.brand(handle)),
         "architecture": _architecture(nvml, handle),
         "cuda_compute_capability": f"{cc_major}.{cc_minor}",
-        "memory_bytes": int(nvml.nvmlDeviceGetMemoryInfo(handle).total),
-        "sm_count": _sm_count(nvml, handle, int(cc_major), int(cc_minor)),
+        "memory_bytes": nvml.memory_total(handle),
+        "sm_count": _sm_count(nvml, handle, cc_major, cc_minor),
         "numa_node": _numa_node(nvml, handle, bus_id, sysfs_root),
         "pci_bus_id": bus_id,
         "pcie_root": _sysfs_pcie_root(bus_id, sysfs_root),
-        "minor_number": int(nvml.nvmlDeviceGetMinorNumber(handle)),
+        "minor_number": nvml.minor_number(handle),
         "mig_capable": _mig_capable(nvml, handle),
     }
     link_bus_ids, to_switch = _active_links(nvml, handle)
     return _RawGpu(info=info, handle=handle, link_bus_ids=link_bus_ids, links_to_switch=to_switch)
 
 
-def _architecture(nvml: Any, handle: Any) -> str:
+def _architecture(nvml: Nvml, handle: DeviceHandle) -> str:
     try:
-        return architecture_name(int(nvml.nvmlDeviceGetArchitecture(handle)))
-    except Exception as exc:
-        if _unsupported(exc):
-            return "Unknown"
-        raise
+        return architecture_name(nvml.architecture(handle))
+    except NvmlNotSupported:
+        return "Unknown"
 
 
-def _sm_count(nvml: Any, handle: Any, cc_major: int, cc_minor: int) -> int:
+def _sm_count(nvml: Nvml, handle: DeviceHandle, cc_major: int, cc_minor: int) -> int:
     try:
-        count = int(nvml.nvmlDeviceGetAttributes_v2(handle).multiprocessorCount)
+        count = nvml.multiprocessor_count(handle)
         if count > 0:
             return count
-    except Exception as exc:
-        if not _unsupported(exc):
-            raise
+    except NvmlNotSupported:
+        pass
     try:
-        cores = int(nvml.nvmlDeviceGetNumGpuCores(handle))
-    except Exception as exc:
-        if not _unsupported(exc):
-            raise
+        cores = nvml.cuda_cores(handle)
+    except NvmlNotSupported:
         return 0
     sms = sm_count_from_cores(cores, cc_major, cc_minor)
     if sms is None:
@@ -389,13 +359,12 @@ def _sm_count(nvml: Any, handle: Any, cc_major: int, cc_minor: int) -> int:
     return sms
 
 
-def _numa_node(nvml: Any, handle: Any, bus_id: str, sysfs_root: str) -> int | None:
+def _numa_node(nvml: Nvml, handle: DeviceHandle, bus_id: str, sysfs_root: str) -> int | None:
     try:
-        node = int(nvml.nvmlDeviceGetNumaNodeId(handle))
+        node = nvml.numa_node(handle)
         return node if node >= 0 else None
-    except Exception as exc:
-        if not _unsupported(exc):
-            raise
+    except NvmlNotSupported:
+        pass
     try:
         text = Path(sysfs_root, "bus/pci/devices", bus_id, "numa_node").read_text().strip()
     except OSError:
@@ -411,43 +380,40 @@ def _sysfs_pcie_root(bus_id: str, sysfs_root: str) -> str | None:
     return pcie_root_from_sysfs_path(os.path.realpath(link))
 
 
-def _mig_capable(nvml: Any, handle: Any) -> bool:
+def _mig_capable(nvml: Nvml, handle: DeviceHandle) -> bool:
     try:
-        nvml.nvmlDeviceGetMigMode(handle)
-    except Exception as exc:
-        if _unsupported(exc):
-            return False
-        raise
+        nvml.mig_mode(handle)
+    except NvmlNotSupported:
+        return False
     return True
 
 
-def _active_links(nvml: Any, handle: Any) -> tuple[tuple[str, ...], bool]:
+def _active_links(nvml: Nvml, handle: DeviceHandle) -> tuple[tuple[str, ...], bool]:
     """Remote bus IDs of the GPU's active NVLinks, and whether any link ends at an NVSwitch."""
     remotes: list[str] = []
     to_switch = False
     for link in range(_NVLINK_MAX_LINKS):
         try:
-            if not nvml.nvmlDeviceGetNvLinkState(handle, link):
+            if not nvml.nvlink_active(handle, link):
                 continue
-        except Exception:
+        except NvmlError:
             # NOT_SUPPORTED: no NVLink on this GPU; INVALID_ARGUMENT: past its last link.
             break
         try:
-            if int(nvml.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link)) == _NVLINK_REMOTE_SWITCH:
+            if nvml.nvlink_remote_type(handle, link) == _NVLINK_REMOTE_SWITCH:
                 to_switch = True
                 continue
-        except Exception:  # older drivers: no device type; the remote bus ID decides
+        except NvmlError:  # older drivers: no device type; the remote bus ID decides
             pass
-        remote = nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link)
         try:
-            remotes.append(normalize_bus_id(_text(remote.busId)))
+            remotes.append(normalize_bus_id(nvml.nvlink_remote_bus_id(handle, link)))
         except ValueError:
             to_switch = True
     return tuple(remotes), to_switch
 
 
 def _nvlink_peers(
-    nvml: Any, raw: _RawGpu, raws: list[_RawGpu], index_by_bus: Mapping[str, int]
+    nvml: Nvml, raw: _RawGpu, raws: list[_RawGpu], index_by_bus: Mapping[str, int]
 ) -> set[int]:
     index = raw.info["index"]
     peers = {index_by_bus[bus] for bus in raw.link_bus_ids if bus in index_by_bus} - {index}
@@ -457,18 +423,16 @@ def _nvlink_peers(
             if other is raw:
                 continue
             try:
-                status = nvml.nvmlDeviceGetP2PStatus(
-                    raw.handle, other.handle, _P2P_CAPS_INDEX_NVLINK
-                )
-            except Exception as exc:
+                status = nvml.p2p_status(raw.handle, other.handle, _P2P_CAPS_INDEX_NVLINK)
+            except NvmlError as exc:
                 log.debug("P2P status %d->%d unavailable: %s", index, other.info["index"], exc)
                 continue
-            if int(status) == _P2P_STATUS_OK:
+            if status == _P2P_STATUS_OK:
                 peers.add(other.info["index"])
     return peers
 
 
-def _pcie_roots(nvml: Any, raws: list[_RawGpu]) -> dict[int, str]:
+def _pcie_roots(nvml: Nvml, raws: list[_RawGpu]) -> dict[int, str]:
     """Synthetic roots for GPUs sysfs did not resolve, from NVML's topology (see module doc)."""
     missing = [raw for raw in raws if not raw.info.get("pcie_root")]
     if not missing:
@@ -477,8 +441,8 @@ def _pcie_roots(nvml: Any, raws: list[_RawGpu]) -> dict[int, str]:
     for position, first in enumerate(missing):
         for second in missing[position + 1 :]:
             try:
-                level = int(nvml.nvmlDeviceGetTopologyCommonAncestor(first.handle, second.handle))
-            except Exception as exc:
+                level = nvml.common_ancestor(first.handle, second.handle)
+            except NvmlError as exc:
                 log.debug("topology query failed: %s", exc)
                 continue
             if level <= TOPOLOGY_HOSTBRIDGE:

@@ -1,6 +1,6 @@
 """What this node should publish: `NodeInventory` -> desired `resource.k8s.io/v1` ResourceSlices.
 
-Pure functions over typed data, called by the slice publisher (`controller.slice_publisher`) on
+Pure functions over typed data, called by the slice publisher (`kubelet_plugin.slice_publisher`) on
 every sync and unit-tested without a server. The publisher owns the pool generation (it depends on
 what the API already holds), so the builder returns slices with generation 0 and the publisher
 stamps the real value; `comparable_spec()` is how the publisher decides whether anything really

@@ -4,15 +4,19 @@ Why: each hooked process could sample NVML itself (the hook's fallback does), bu
 per GPU is cheaper, sees every tenant of the GPU at once (needed for the `balance` policy) and
 keeps working inside pid namespaces, where a container cannot match NVML's host pids.
 
-What it does, every `period` seconds: read each claim's vgpu.conf and shared region under
-`<state-dir>/claims/*/`, sample each GPU that has a capped claim once (utilisation plus
-per-process utilisation), attribute process utilisation to claims (by the pids in the region's
-slots, or else by which processes hold the claim's region file open), run the same controller
-as the hook (vgpu_hook/src/bucket.c) and write the new refill rate into the claim's region.
-The hook uses a governor rate while `governor_stamp_ns` is under 2 s old.
+What it does, every `period` seconds: take each prepared claim's compute caps from the
+Preparer's in-memory plans (the same device lines prepare rendered into the claim's vgpu.conf;
+the file is never read back), open the claim's shared region under `<state-dir>/claims/<uid>/`,
+sample each GPU that has a capped claim once (utilisation plus per-process utilisation),
+attribute process utilisation to claims (by the pids in the region's slots, or else by which
+processes hold the claim's region file open), run the same controller as the hook
+(vgpu_hook/src/bucket.c) and write the new refill rate into the claim's region. The
+hook uses a governor rate while `governor_stamp_ns` is under 2 s old.
 
-Who calls it: the kubelet plugin starts `start_governor(state_dir, stop)` next to its servers;
-tests drive `Governor.tick()` with a fake `UtilSource`.
+Who calls it: the kubelet plugin starts
+`start_governor(state_dir, stop, caps_of_prepared(preparer.prepared))` next to its servers;
+tests drive `Governor.tick()` with a fake `UtilSource` and hand-made caps. NVML is reached only
+through `dra_driver.nvml`.
 """
 
 from __future__ import annotations
@@ -22,56 +26,84 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from dra_driver.config import ComputePolicy
+from dra_driver.nvml import DeviceHandle, Nvml, NvmlError, PyNvml
+from kubelet_plugin.plan import MAX_CORES, ClaimPlan, hook_device_lines
 from kubelet_plugin.region import (
     POLICY_BALANCE,
+    POLICY_FIXED,
     POLICY_NONE,
     Region,
     RegionError,
+    RegionNotReady,
+    enforce_size,
 )
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PERIOD_S = 0.1
 BALANCE_HEADROOM = 5.0
-_POLICIES = {"none": POLICY_NONE, "fixed": 1, "balance": POLICY_BALANCE}
+REGION_SWEEP_TICKS = 10  # uncapped claims' regions are size-checked once per 10 passes (1 s)
+_POLICIES: Mapping[ComputePolicy, int] = {
+    "none": POLICY_NONE,
+    "fixed": POLICY_FIXED,
+    "balance": POLICY_BALANCE,
+}
 
 
-# ---- configuration -------------------------------------------------------------------------
+# ---- which claims are capped ----------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class CappedDevice:
-    """One `device` line of a claim's vgpu.conf that carries a compute cap."""
+    """One GPU of a prepared claim that carries an effective compute cap."""
 
     uuid: str
     cores: int
     policy: int
 
 
-def parse_compute_caps(text: str) -> list[CappedDevice]:
-    """The compute-capped devices of a vgpu.conf (same rules as the hook's parser).
+ClaimCaps = Callable[[], Mapping[str, Sequence[CappedDevice]]]
+"""Claim UID -> its capped GPUs, for the claims prepared on this node right now."""
 
-    Lines the hook would reject, and devices without an effective cap (cores 0 or 100, policy
-    none), are left out: the governor never limits what the hook would not.
+
+def compute_caps(plan: ClaimPlan) -> list[CappedDevice]:
+    """The compute-capped GPUs of a prepared claim, as its vgpu.conf states them to the hook.
+
+    Built from the same merged device lines the plugin renders into vgpu.conf
+    (`plan.hook_device_lines`), keeping the caps the hook would enforce: devices without an
+    effective cap (cores 0 or 100, policy none) are left out, so the governor never limits what
+    the hook would not.
     """
-    caps: list[CappedDevice] = []
-    for raw in text.splitlines():
-        words = raw.split("#", 1)[0].split()
-        if not words or words[0] != "device":
-            continue
-        tokens = dict(w.split("=", 1) for w in words[1:] if "=" in w)
-        uuid = tokens.get("uuid", "")
-        cores_text = tokens.get("cores", "0")
-        policy = _POLICIES.get(tokens.get("policy", "fixed"), 1)
-        if not uuid or not cores_text.isdigit():
-            continue
-        cores = int(cores_text)
-        if 0 < cores < 100 and policy != POLICY_NONE:
-            caps.append(CappedDevice(uuid, cores, policy))
+    return [
+        CappedDevice(line.uuid, line.cores, _POLICIES[line.policy])
+        for line in hook_device_lines(plan)
+        if 0 < line.cores < MAX_CORES and line.policy != "none"
+    ]
+
+
+def caps_of_prepared(prepared: Callable[[], Mapping[str, ClaimPlan]]) -> ClaimCaps:
+    """`ClaimCaps` over the Preparer's in-memory plans (`Preparer.prepared`).
+
+    The governor asks every tick, from its one thread; caps are recomputed only for plans it
+    has not seen (a prepared plan is immutable, so object identity says "unchanged").
+    """
+    seen: dict[str, tuple[ClaimPlan, list[CappedDevice]]] = {}
+
+    def caps() -> dict[str, list[CappedDevice]]:
+        plans = prepared()
+        for uid in seen.keys() - plans.keys():
+            del seen[uid]
+        for uid, plan in plans.items():
+            known = seen.get(uid)
+            if known is None or known[0] is not plan:
+                seen[uid] = (plan, compute_caps(plan))
+        return {uid: capped for uid, (_, capped) in seen.items()}
+
     return caps
 
 
@@ -124,34 +156,38 @@ class UtilSource(Protocol):
 
 
 class NvmlUtilSource:
-    """UtilSource over pynvml (the one place the governor touches NVML)."""
+    """UtilSource over the NVML seam (`dra_driver.nvml`); holds NVML open until `close()`."""
 
-    def __init__(self) -> None:
-        import pynvml
-
-        self._nvml = pynvml
-        pynvml.nvmlInit()
-        self._handles: dict[str, object] = {}
+    def __init__(self, nvml: Nvml | None = None) -> None:
+        self._nvml = nvml or PyNvml()
+        self._nvml.init()  # NvmlUnavailable: the caller runs without a governor
+        self._handles: dict[str, DeviceHandle] = {}
 
     def sample(self, uuid: str, since_us: int) -> GpuSample | None:
         nvml = self._nvml
         try:
             handle = self._handles.get(uuid)
             if handle is None:
-                handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+                handle = nvml.device_by_uuid(uuid)
                 self._handles[uuid] = handle
-            device_util = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            device_util = float(nvml.gpu_utilization(handle))
             try:
-                samples = nvml.nvmlDeviceGetProcessUtilization(handle, since_us)
-            except nvml.NVMLError:
+                samples = nvml.process_utilization(handle, since_us)
+            except NvmlError:  # NOT_FOUND: no process ran in the window
                 samples = []
             per_pid: dict[int, float] = {}
             for s in samples:
-                per_pid[int(s.pid)] = per_pid.get(int(s.pid), 0.0) + float(s.smUtil)
+                per_pid[s.pid] = per_pid.get(s.pid, 0.0) + float(s.sm_util)
             return GpuSample(device_util, per_pid)
-        except nvml.NVMLError as err:
+        except NvmlError as err:
             log.warning("governor: NVML sample of %s failed: %s", uuid, err)
             return None
+
+    def close(self) -> None:
+        try:
+            self._nvml.shutdown()
+        except NvmlError as err:
+            log.warning("governor: nvmlShutdown failed: %s", err)
 
 
 # ---- pid attribution -----------------------------------------------------------------------------
@@ -187,8 +223,7 @@ def pids_holding(path: str, candidates: Iterable[int], proc: str = "/proc") -> s
 class _Claim:
     uid: str
     region: Region
-    caps: list[CappedDevice]
-    conf_mtime: float
+    caps: Sequence[CappedDevice]
     controllers: dict[str, Controller] = field(default_factory=dict)
     marks: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # cost, throttled, ns
 
@@ -200,16 +235,19 @@ class Governor:
         self,
         state_dir: str,
         source: UtilSource,
+        claims: ClaimCaps,
         *,
         clock_ns: Callable[[], int] = time.monotonic_ns,
         wall_us: Callable[[], int] = lambda: time.time_ns() // 1000,
     ) -> None:
         self.claims_dir = os.path.join(state_dir, "claims")
         self.source = source
+        self.claim_caps = claims
         self.clock_ns = clock_ns
         self.wall_us = wall_us
         self.claims: dict[str, _Claim] = {}
         self._last_sample_us = wall_us()
+        self._sweep = 0
 
     def close(self) -> None:
         for claim in self.claims.values():
@@ -217,41 +255,40 @@ class Governor:
         self.claims.clear()
 
     def refresh(self) -> None:
-        """Pick up new claims (once the hook has created their region), drop removed ones."""
-        try:
-            names = set(os.listdir(self.claims_dir))
-        except OSError:
-            names = set()
+        """Follow the prepared claims: pick up capped ones once the hook has initialised their
+        region, take cap changes, drop claims that are no longer prepared or capped."""
+        prepared = self.claim_caps()
+        wanted = {uid: caps for uid, caps in prepared.items() if caps}
+        self._bound_regions(prepared, mapped=wanted)
         for uid in list(self.claims):
-            if uid not in names:
+            if uid not in wanted:
                 self.claims.pop(uid).region.close()
-        for uid in sorted(names):
-            conf_path = os.path.join(self.claims_dir, uid, "vgpu.conf")
-            region_path = os.path.join(self.claims_dir, uid, "region")
-            try:
-                mtime = os.stat(conf_path).st_mtime
-            except OSError:
-                continue
+        for uid, caps in wanted.items():
             known = self.claims.get(uid)
-            if known is not None and known.conf_mtime == mtime:
-                continue
-            try:
-                with open(conf_path, encoding="utf-8", errors="replace") as f:
-                    caps = parse_compute_caps(f.read())
-            except OSError as err:
-                log.warning("governor: cannot read %s: %s", conf_path, err)
-                continue
             if known is not None:
-                known.caps, known.conf_mtime = caps, mtime
+                known.caps = caps
                 continue
-            if not caps or not os.path.exists(region_path):
+            region_path = os.path.join(self.claims_dir, uid, "region")
+            if not os.path.exists(region_path):
                 continue
             try:
                 region = Region(region_path)
+            except RegionNotReady:  # created at prepare; the claim's first process fills it
+                continue
             except (OSError, RegionError) as err:
                 log.warning("governor: claim %s: %s", uid, err)
                 continue
-            self.claims[uid] = _Claim(uid, region, caps, mtime)
+            self.claims[uid] = _Claim(uid, region, caps)
+
+    def _bound_regions(self, prepared: Mapping[str, object], mapped: Mapping[str, object]) -> None:
+        """Set regions a tenant resized back to their layout size (docs/security.md): the ones
+        this process maps every pass (a shrunk one would SIGBUS our reads), every other claim's
+        once per REGION_SWEEP_TICKS passes (a grown one fills the node's disk)."""
+        self._sweep = (self._sweep + 1) % REGION_SWEEP_TICKS
+        for index, uid in enumerate(prepared):
+            due = uid in mapped or index % REGION_SWEEP_TICKS == self._sweep
+            if due and not enforce_size(os.path.join(self.claims_dir, uid, "region")):
+                log.warning("governor: claim %s: a tenant resized its region; set back", uid)
 
     def tick(self) -> None:
         self.refresh()
@@ -332,34 +369,25 @@ class Governor:
 
 
 def start_governor(
-    state_dir: str, stop: threading.Event, source: UtilSource | None = None
+    state_dir: str, stop: threading.Event, claims: ClaimCaps, source: UtilSource | None = None
 ) -> threading.Thread:
-    """Run the governor in a daemon thread until `stop` is set (kubelet plugin entry point)."""
-    governor = Governor(state_dir, source if source is not None else NvmlUtilSource())
-    thread = threading.Thread(target=governor.run, args=(stop,), name="vgpu-governor", daemon=True)
+    """Run the governor in a daemon thread until `stop` is set (kubelet plugin entry point).
+
+    Without `source`, NVML is opened here (NvmlUnavailable if it cannot be) and closed when the
+    thread ends.
+    """
+    nvml_source = None
+    if source is None:
+        source = nvml_source = NvmlUtilSource()
+    governor = Governor(state_dir, source, claims)
+
+    def body() -> None:
+        try:
+            governor.run(stop)
+        finally:
+            if nvml_source is not None:
+                nvml_source.close()
+
+    thread = threading.Thread(target=body, name="vgpu-governor", daemon=True)
     thread.start()
     return thread
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m kubelet_plugin.governor --state-dir DIR`: run the governor standalone."""
-    import argparse
-    import signal
-
-    parser = argparse.ArgumentParser(description="vgpu-dra node compute governor")
-    parser.add_argument("--state-dir", default="/var/lib/vgpu-dra")
-    parser.add_argument("--period", type=float, default=DEFAULT_PERIOD_S, help="seconds")
-    parser.add_argument("-v", "--verbose", action="store_true")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO)
-    if args.period <= 0:
-        parser.error(f"--period must be positive, got {args.period}")
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    Governor(args.state_dir, NvmlUtilSource()).run(stop, args.period)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

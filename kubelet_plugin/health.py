@@ -10,7 +10,6 @@ different packages). Fed by `kubelet_plugin.main`'s discovery loop and XID threa
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import threading
 import time
@@ -20,6 +19,7 @@ from types import ModuleType
 from typing import Any
 
 from dra_driver.gpu import NodeInventory
+from dra_driver.nvml import DeviceHandle, Nvml, NvmlError, NvmlUnavailable, PyNvml, session
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,6 @@ _STREAM_POLL_S = 1.0
 # XIDs raised by faulty applications rather than a faulty GPU (illegal address, MMU fault in a
 # kernel, ...): the same default skip list as NVIDIA's device plugin. Any other XID taints the GPU.
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
-_NVML_ERROR_TIMEOUT = 10
 
 
 def xid_is_critical(xid: int) -> bool:
@@ -140,57 +139,56 @@ def watch_xids(
     inventory: NodeInventory,
     stop: threading.Event,
     *,
-    nvml: Any = None,
+    nvml: Nvml | None = None,
     poll_ms: int = 500,
 ) -> None:
     """Taint GPUs on critical XID events until `stop` is set (a thread body; never raises).
 
-    Handles are matched by address rather than by asking NVML for the UUID, because a GPU that
-    fell off the bus (XID 79) no longer answers queries.
+    Events are traced back to GPUs by handle identity rather than by asking NVML for the UUID,
+    because a GPU that fell off the bus (XID 79) no longer answers queries.
     """
-    if nvml is None:
-        import pynvml
+    try:
+        with session(nvml or PyNvml()) as opened:
+            _watch(board, inventory, stop, opened, poll_ms)
+    except NvmlUnavailable as exc:
+        log.warning("XID watch disabled: %s", exc)
+    except Exception:
+        log.exception("XID watch stopped")
 
-        nvml = pynvml
+
+def _watch(
+    board: HealthBoard,
+    inventory: NodeInventory,
+    stop: threading.Event,
+    nvml: Nvml,
+    poll_ms: int,
+) -> None:
+    events = nvml.create_event_set()
     try:
-        nvml.nvmlInit()
-    except Exception as exc:
-        log.warning("XID watch disabled: NVML init failed: %s", exc)
-        return
-    event_set = None
-    try:
-        event_set = nvml.nvmlEventSetCreate()
-        names: dict[int | None, str] = {}
+        names: dict[DeviceHandle, str] = {}
         for gpu in inventory.gpus:
             try:
-                handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid.encode())
-                nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, event_set)
-            except nvml.NVMLError as exc:
+                handle = nvml.device_by_uuid(gpu.uuid)
+                nvml.register_xid_events(handle, events)
+            except NvmlError as exc:
                 log.warning("XID events of %s not watched: %s", gpu.device_name, exc)
                 continue
-            names[_address(handle)] = gpu.device_name
+            names[handle] = gpu.device_name
         log.info("watching XID events of %s", ", ".join(names.values()) or "no GPU")
         while names and not stop.is_set():
             try:
-                event = nvml.nvmlEventSetWait_v2(event_set, poll_ms)
-            except nvml.NVMLError as exc:
-                if getattr(exc, "value", None) != _NVML_ERROR_TIMEOUT:
-                    log.warning("waiting for XID events failed: %s", exc)
-                    stop.wait(1.0)
+                event = nvml.wait_xid(events, poll_ms)
+            except NvmlError as exc:
+                log.warning("waiting for XID events failed: %s", exc)
+                stop.wait(1.0)
                 continue
-            _handle_xid(board, names.get(_address(event.device)), int(event.eventData))
-    except Exception:
-        log.exception("XID watch stopped")
+            if event is not None:
+                _handle_xid(board, names.get(event.device), event.xid)
     finally:
-        if event_set is not None:
-            try:
-                nvml.nvmlEventSetFree(event_set)
-            except Exception as exc:
-                log.debug("nvmlEventSetFree: %s", exc)
         try:
-            nvml.nvmlShutdown()
-        except Exception as exc:
-            log.debug("nvmlShutdown: %s", exc)
+            nvml.free_event_set(events)
+        except NvmlError as exc:
+            log.debug("freeing the NVML event set: %s", exc)
 
 
 def _handle_xid(board: HealthBoard, device: str | None, xid: int) -> None:
@@ -200,7 +198,3 @@ def _handle_xid(board: HealthBoard, device: str | None, xid: int) -> None:
         log.info("XID %d on %s is an application error; the GPU stays healthy", xid, device)
     elif board.taint(device, f"XID {xid} (GPU error) reported by the driver"):
         log.error("XID %d on %s: device marked UNHEALTHY until the plugin restarts", xid, device)
-
-
-def _address(handle: Any) -> int | None:
-    return ctypes.cast(handle, ctypes.c_void_p).value

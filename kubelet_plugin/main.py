@@ -12,18 +12,21 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
-import signal
+import re
 import threading
 from collections.abc import Callable, Sequence
-from types import FrameType
 
 from dra_driver import cdi, kube, names
 from dra_driver.gpu import NodeInventory
+from dra_driver.lifecycle import stop_on_signals
 from kubelet_plugin.checkpoint import CheckpointError
 from kubelet_plugin.health import HealthBoard, watch_xids
+from kubelet_plugin.hookcheck import HookLibraryCheck, HookLibraryError
 from kubelet_plugin.prepare import NodeSettings, Preparer, kube_claim_source
 from kubelet_plugin.server import PluginServer, SocketPaths
+from kubelet_plugin.statelock import StateDirLock, StateLockError
 
 log = logging.getLogger("vgpu-dra.kubelet-plugin")
 
@@ -72,17 +75,19 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
         default=default("hook_path", DEFAULT_HOOK_PATH),
         help="host path of libvgpu.so, bind-mounted into every container",
     )
+    # String defaults go through `type` too, so a bad environment value is an argparse error
+    # (exit 2, naming the flag) rather than a traceback.
     add(
         "--claim-gid",
         type=int,
-        default=int(default("claim_gid", "0") or 0),
+        default=default("claim_gid", "0") or "0",
         help="group owning claim dirs; added to containers so non-root processes can use them",
     )
     add(
         "--oversubscription-ratio",
         type=float,
-        default=float(default("oversubscription_ratio", "1.0") or 1.0),
-        help="published memory = physical memory x ratio (>= 1.0)",
+        default=default("oversubscription_ratio", "1.0") or "1.0",
+        help=f"published memory = physical memory x ratio (1.0 .. {MAX_OVERSUBSCRIPTION_RATIO:g})",
     )
     add(
         "--nvidia-cdi-spec-dir",
@@ -104,23 +109,52 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
     )
     add("--resync-seconds", type=float, default=60.0, help="slice and health re-check period")
     add("--workers", type=int, default=16, help="claims prepared in parallel per call")
+    add(
+        "--state-lock-timeout",
+        type=float,
+        default=30.0,
+        help="seconds to wait for another plugin holding --state-dir to exit (0: fail at once)",
+    )
     add("--log-level", default=default("log_level", "info"), choices=_LEVELS)
     return parser
 
 
 _LEVELS = ["debug", "info", "warning", "error"]
+# Far above any sane overcommit; what matters is that capacity arithmetic stays finite.
+MAX_OVERSUBSCRIPTION_RATIO = 64.0
+MAX_GID = 2**32 - 2  # (gid_t)-1 means "unchanged" to chown, so the largest real gid is one less
+MAX_WORKERS = 256
+# A DRA driver name is a DNS subdomain of at most 63 characters (it names slices, sockets and
+# CDI kinds, so it must be valid in all of them).
+_DRIVER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 def settings_from(args: argparse.Namespace) -> NodeSettings:
     """Validated node settings from parsed flags (ValueError names the flag)."""
     if not args.node_name:
         raise ValueError("--node-name (or env NODE_NAME) is required")
-    if args.oversubscription_ratio < 1.0:
+    ratio = args.oversubscription_ratio
+    if not (math.isfinite(ratio) and 1.0 <= ratio <= MAX_OVERSUBSCRIPTION_RATIO):
         raise ValueError(
-            f"--oversubscription-ratio must be >= 1.0, got {args.oversubscription_ratio}"
+            f"--oversubscription-ratio must be a number from 1.0 to "
+            f"{MAX_OVERSUBSCRIPTION_RATIO:g}, got {ratio}"
         )
-    if args.claim_gid < 0:
-        raise ValueError(f"--claim-gid must be >= 0, got {args.claim_gid}")
+    if not 0 <= args.claim_gid <= MAX_GID:
+        raise ValueError(
+            f"--claim-gid must be a group id from 0 to {MAX_GID}, got {args.claim_gid}"
+        )
+    if not (math.isfinite(args.state_lock_timeout) and args.state_lock_timeout >= 0):
+        raise ValueError(
+            f"--state-lock-timeout must be a number of seconds >= 0, got {args.state_lock_timeout}"
+        )
+    if not 1 <= args.workers <= MAX_WORKERS:
+        raise ValueError(f"--workers must be from 1 to {MAX_WORKERS}, got {args.workers}")
+    if len(args.driver_name) > 63 or not _DRIVER_NAME.match(args.driver_name):
+        raise ValueError(
+            f"--driver-name {args.driver_name!r} is not a valid DRA driver name (a DNS subdomain "
+            f"of at most 63 characters: lower-case letters, digits, '-' and '.', e.g. "
+            f"{names.DEFAULT_DRIVER_NAME!r})"
+        )
     driver_names = names.DriverNames(args.driver_name)
     spec_dirs = () if args.no_nvidia_cdi else _split(args.nvidia_cdi_spec_dir)
     return NodeSettings(
@@ -177,12 +211,26 @@ def main(argv: Sequence[str]) -> int:
     except Exception as exc:  # the client raises several unrelated types for bad configs
         log.error("cannot load Kubernetes credentials (--kubeconfig %s): %s", args.kubeconfig, exc)
         return 1
+    # Before the checkpoint is read: a second instance must never act on a copy of it.
+    state_lock = StateDirLock(settings.state_dir)
+    try:
+        state_lock.acquire(wait_s=args.state_lock_timeout)
+    except (StateLockError, OSError) as exc:
+        log.error("%s", exc)
+        client.close()
+        return 1
     try:
         preparer = Preparer(
-            settings, inventory, kube_claim_source(client), max_workers=args.workers
+            settings,
+            inventory,
+            kube_claim_source(client),
+            max_workers=args.workers,
+            hook_check=HookLibraryCheck(settings.spec.hook_path),
         )
-    except CheckpointError as exc:
-        log.error("%s", exc)
+    except (CheckpointError, OSError) as exc:
+        log.error("cannot load the checkpoint: %s", exc)
+        state_lock.release()
+        client.close()
         return 1
     try:
         return _serve(
@@ -199,6 +247,7 @@ def main(argv: Sequence[str]) -> int:
     finally:
         preparer.close()
         client.close()
+        state_lock.release()
 
 
 def _serve(
@@ -211,12 +260,10 @@ def _serve(
     preparer: Preparer,
 ) -> int:
     """Reconcile, serve until SIGTERM/SIGINT, then stop the servers and background threads."""
-    if not os.path.isfile(settings.spec.hook_path):
-        log.warning(
-            "hook library %s (--hook-path) does not exist: containers using claims will fail to "
-            "start until it is installed",
-            settings.spec.hook_path,
-        )
+    try:
+        HookLibraryCheck(settings.spec.hook_path).verify()
+    except HookLibraryError as exc:
+        log.error("%s; every prepare is refused until it is fixed", exc)
     report = preparer.reconcile()
     log.info(
         "checkpoint: %d prepared claims (%d orphan specs and %d orphan claim dirs removed, %d "
@@ -231,7 +278,7 @@ def _serve(
         driver=settings.driver, sockets=socket_paths(args), preparer=preparer, health=board
     )
     stop = threading.Event()
-    _on_signals(stop)
+    stop_on_signals(stop, log)
     server.start()
     threads = [
         _background(
@@ -250,7 +297,7 @@ def _serve(
         )
         xids.start()
         threads.append(xids)
-    governor = _start_governor(args, settings, stop) if args.governor else None
+    governor = _start_governor(settings, preparer, stop) if args.governor else None
     if governor is not None:
         threads.append(governor)
     log.info("kubelet plugin for %s on %s is running", settings.driver, settings.node_name)
@@ -290,7 +337,7 @@ def _background(
 
     def loop() -> None:
         if args.publish_slices:
-            from controller.slice_publisher import SlicePublisher
+            from kubelet_plugin.slice_publisher import SlicePublisher
 
             publisher = SlicePublisher(
                 client,
@@ -312,16 +359,17 @@ def _background(
 
 
 def _start_governor(
-    args: argparse.Namespace, settings: NodeSettings, stop: threading.Event
+    settings: NodeSettings, preparer: Preparer, stop: threading.Event
 ) -> threading.Thread | None:
-    """The compute-policy governor: samples NVML once per GPU and writes each claim's launch
-    budget into `<state-dir>/claims/*/region`. Without it the hook paces itself from NVML in
-    every process, so a failure to start is a warning, not fatal.
+    """The compute-policy governor: samples NVML once per GPU and writes each prepared claim's
+    launch budget (caps from the Preparer's plans) into `<state-dir>/claims/<uid>/region`.
+    Without it the hook paces itself from NVML in every process, so a failure to start is a
+    warning, not fatal.
     """
-    from kubelet_plugin.governor import start_governor
+    from kubelet_plugin.governor import caps_of_prepared, start_governor
 
     try:
-        thread = start_governor(settings.state_dir, stop)
+        thread = start_governor(settings.state_dir, stop, caps_of_prepared(preparer.prepared))
     except Exception as exc:
         log.warning("governor not started (hooks will pace themselves): %s", exc)
         return None
@@ -333,15 +381,6 @@ def _discover_function() -> Callable[[], NodeInventory]:
     from dra_driver.inventory import discover
 
     return discover
-
-
-def _on_signals(stop: threading.Event) -> None:
-    def handler(signum: int, frame: FrameType | None) -> None:
-        log.info("received %s", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
 
 
 def _split(text: str) -> tuple[str, ...]:

@@ -34,6 +34,7 @@ import yaml
 
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
+from kubelet_plugin.checkpoint import CheckpointJournal
 from kubelet_plugin.proto import dra_v1_pb2, dra_v1_pb2_grpc
 from vgpu_testbed.node_agents import NodeAgents, start_node_agents
 
@@ -158,13 +159,15 @@ def cdi_env(node_agents: NodeAgents, claim_uid: str) -> dict[str, str]:
     return dict(item.split("=", 1) for item in env)
 
 
+def cdi_gpu_nodes(node_agents: NodeAgents, claim_uid: str) -> set[str]:
+    """The GPU device nodes the claim's CDI devices inject: the GPUs its container sees."""
+    spec = json.loads(node_agents.paths.cdi_spec(claim_uid).read_text())
+    assert cdi_env(node_agents, claim_uid)["NVIDIA_VISIBLE_DEVICES"] == "void"
+    return {n["path"] for d in spec["devices"] for n in d["containerEdits"]["deviceNodes"]}
+
+
 def checkpoint_claims(node_agents: NodeAgents) -> dict[str, Any]:
-    try:
-        doc = json.loads(node_agents.paths.checkpoint.read_text())
-    except FileNotFoundError:
-        return {}
-    claims: dict[str, Any] = doc.get("claims", {})
-    return claims
+    return dict(CheckpointJournal(str(node_agents.paths.checkpoint.parent)).load())
 
 
 def prepared_example(
@@ -235,8 +238,7 @@ def test_whole_gpu(client: KubeClient, agents: dict[str, NodeAgents], namespace:
     assert conf["uuid"] == attr(device, "uuid")
     assert int(conf["memory"]) == kube_quantity(device["capacity"]["memory"]["value"])
     assert conf["cores"] == "0"
-    env = cdi_env(node_agents, claim["metadata"]["uid"])
-    assert env["NVIDIA_VISIBLE_DEVICES"] == attr(device, "uuid")
+    assert len(cdi_gpu_nodes(node_agents, claim["metadata"]["uid"])) == 1
 
 
 def test_shared_slice_of_a_gpu(
@@ -248,9 +250,8 @@ def test_shared_slice_of_a_gpu(
     (result,) = claim["status"]["allocation"]["devices"]["results"]
     assert result.get("shareID")
     device = node_devices(client, node_agents.node_name)[result["device"]]
-    assert cdi_env(node_agents, claim["metadata"]["uid"])["NVIDIA_VISIBLE_DEVICES"] == attr(
-        device, "uuid"
-    )
+    assert conf["uuid"] == attr(device, "uuid")
+    assert len(cdi_gpu_nodes(node_agents, claim["metadata"]["uid"])) == 1
 
 
 def test_two_gpus_in_one_nvlink_domain(
@@ -265,8 +266,7 @@ def test_two_gpus_in_one_nvlink_domain(
     assert len({attr(d, "nvlinkDomain") for d in chosen}) == 1
     uuids = {attr(d, "uuid") for d in chosen}
     assert {d["uuid"] for d in devices} == uuids
-    visible = cdi_env(node_agents, claim["metadata"]["uid"])["NVIDIA_VISIBLE_DEVICES"]
-    assert set(visible.split(",")) == uuids
+    assert len(cdi_gpu_nodes(node_agents, claim["metadata"]["uid"])) == 2
 
 
 def test_cel_selector_on_product_name(

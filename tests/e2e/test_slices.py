@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 
-from controller.slice_publisher import SlicePublisher
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
+from kubelet_plugin.slice_publisher import SlicePublisher
 from tests.inventories import synthetic_inventory
 
 pytestmark = pytest.mark.e2e

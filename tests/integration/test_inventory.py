@@ -36,15 +36,20 @@ def node_env(profile_name: str, tmp_path: Path) -> dict[str, str]:
     return dict(fakegpu.prepare_node(profile, tmp_path / f"{profile_name}.state"))
 
 
-def run_discover(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def run_python(env: dict[str, str], script: str) -> subprocess.CompletedProcess[str]:
+    """`script` in a fresh interpreter on the simulated node `env` (also used by test_nvml.py)."""
     return subprocess.run(
-        [sys.executable, "-c", DISCOVER],
+        [sys.executable, "-c", script],
         env={**os.environ, **env},
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
+
+
+def run_discover(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return run_python(env, DISCOVER)
 
 
 def discovered(profile_name: str, tmp_path: Path) -> dict[str, Any]:

@@ -22,7 +22,6 @@ def test_spec_follows_the_contract() -> None:
         settings=settings(gid=2000),
         claim_uid=UID,
         devices=[cdi.ClaimDevice(f"{UID}-gpu-3", 3), cdi.ClaimDevice(f"{UID}-gpu-5", 5)],
-        visible_uuids=["GPU-a", "GPU-b"],
     )
     assert spec["cdiVersion"] == "0.7.0"
     assert spec["kind"] == KIND
@@ -31,13 +30,25 @@ def test_spec_follows_the_contract() -> None:
         {"path": "/dev/nvidia3", "type": "c", "major": 195, "minor": 3}
     ]
     edits = spec["containerEdits"]
-    assert edits["env"] == ["NVIDIA_VISIBLE_DEVICES=GPU-a,GPU-b", f"VGPU_DRA_CLAIMS={UID}"]
+    # The same value in every claim's spec: visibility comes from the device nodes above.
+    assert edits["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
     assert {"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255} in edits[
         "deviceNodes"
     ]
     mounts = {m["containerPath"]: m for m in edits["mounts"]}
     assert mounts[f"/run/vgpu-dra/claims/{UID}"]["hostPath"] == f"/var/lib/vgpu-dra/claims/{UID}"
-    assert "rw" in mounts[f"/run/vgpu-dra/claims/{UID}"]["options"]
+    # The claim dir (vgpu.conf) is read-only in the container; only the region file is writable.
+    claim_mount = mounts[f"/run/vgpu-dra/claims/{UID}"]
+    assert "ro" in claim_mount["options"] and "rw" not in claim_mount["options"]
+    region_mount = mounts[f"/run/vgpu-dra/claims/{UID}/region"]
+    assert region_mount["hostPath"] == f"/var/lib/vgpu-dra/claims/{UID}/region"
+    assert "rw" in region_mount["options"] and "ro" not in region_mount["options"]
+    # Runtimes mount in spec order: the region must come after the directory it sits in.
+    paths = [m["containerPath"] for m in edits["mounts"]]
+    assert paths.index(f"/run/vgpu-dra/claims/{UID}") < paths.index(
+        f"/run/vgpu-dra/claims/{UID}/region"
+    )
+    assert all("nosuid" in m["options"] and "nodev" in m["options"] for m in edits["mounts"])
     assert mounts["/usr/local/vgpu-dra/lib/libvgpu.so"]["hostPath"] == "/opt/vgpu/libvgpu.so"
     assert "ro" in mounts["/usr/local/vgpu-dra/lib/libvgpu.so"]["options"]
     assert mounts["/etc/ld.so.preload"]["hostPath"] == "/var/lib/vgpu-dra/hook/ld.so.preload"
@@ -45,9 +56,7 @@ def test_spec_follows_the_contract() -> None:
 
 
 def test_gid_zero_is_not_added_and_version_is_lower() -> None:
-    spec = cdi.build_claim_spec(
-        settings=settings(gid=0), claim_uid=UID, devices=[], visible_uuids=["GPU-a"]
-    )
+    spec = cdi.build_claim_spec(settings=settings(gid=0), claim_uid=UID, devices=[])
     assert "additionalGids" not in spec["containerEdits"]
     assert spec["cdiVersion"] == "0.5.0"
 
@@ -57,10 +66,9 @@ def test_extra_env_is_appended_sorted() -> None:
         settings=settings(),
         claim_uid=UID,
         devices=[],
-        visible_uuids=[],
         extra_env={"VGPU_LOG_LEVEL": "debug", "A": "1"},
     )
-    assert spec["containerEdits"]["env"][2:] == ["A=1", "VGPU_LOG_LEVEL=debug"]
+    assert spec["containerEdits"]["env"][1:] == ["A=1", "VGPU_LOG_LEVEL=debug"]
 
 
 def test_spec_file_name_round_trip() -> None:

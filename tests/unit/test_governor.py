@@ -1,12 +1,13 @@
 """The node governor's decisions, driven with real region files and a simulated GPU.
 
-Proves: (1) vgpu.conf caps are read with the hook's rules (only effective caps); (2) the
+Proves: (1) caps come from the prepared plans with the hook's rules (only effective caps, the
+same merged device lines as vgpu.conf), recomputed only for new plans; (2) the
 Python controller converges like the C one (<= 1 point mean error at 10/30/50/70 %);
 (3) balance borrows idle capacity and returns to the cap; (4) a tick writes a governor rate
 and stamp into the claim's region, and over many ticks drives a simulated GPU to the cap;
 (5) two claims on one GPU are attributed by their processes' pids and each held to its own
-cap; (6) removed claims are dropped; (7) processes are attributed by open region file even
-without matching pids (pid namespaces).
+cap; (6) claims no longer prepared are dropped; (7) processes are attributed by open region
+file even without matching pids (pid namespaces).
 """
 
 from __future__ import annotations
@@ -17,34 +18,120 @@ from pathlib import Path
 
 import pytest
 
+from dra_driver import cdi
+from dra_driver.config import ComputePolicy
+from kubelet_plugin import governor as governor_module
 from kubelet_plugin import region as rg
+from kubelet_plugin.claims import ClaimRef
 from kubelet_plugin.governor import (
     CappedDevice,
     Controller,
     Governor,
     GpuSample,
     balance_target,
-    parse_compute_caps,
+    caps_of_prepared,
+    compute_caps,
     pids_holding,
 )
+from kubelet_plugin.plan import ClaimPlan, DevicePlan
+from kubelet_plugin.prepare import NodeSettings, Preparer
+from tests.integration.plugin import claimdata
+from tests.regions import write_region
 
 UUID = "GPU-00000000-1111-2222-3333-444444444444"
 
 
-def test_parse_compute_caps() -> None:
-    text = (
-        "version 1\nclaim x\n"
-        f"device uuid={UUID} memory=1 cores=30 policy=fixed oversubscribe=0\n"
-        "device uuid=GPU-b memory=1 cores=0 policy=fixed\n"  # no cap
-        "device uuid=GPU-c memory=1 cores=100 policy=balance\n"  # whole GPU: no cap
-        "device uuid=GPU-d memory=1 cores=50 policy=none\n"  # policy none: no cap
-        "device uuid=GPU-e memory=1 cores=abc\n"  # hook rejects: no cap
-        "device uuid=GPU-f memory=1 cores=20 policy=balance # comment\n"
+def _plan(uid: str, *devices: tuple[str, int, ComputePolicy]) -> ClaimPlan:
+    """A prepared claim with one share per (uuid, cores, policy)."""
+    return ClaimPlan(
+        uid=uid,
+        namespace="ns",
+        name=uid,
+        devices=tuple(
+            DevicePlan(
+                request=f"r{i}",
+                pool="node",
+                device=f"gpu-{uuid[-1]}",
+                uuid=uuid,
+                minor=0,
+                memory=1 << 30,
+                cores=cores,
+                policy=policy,
+            )
+            for i, (uuid, cores, policy) in enumerate(devices)
+        ),
     )
-    assert parse_compute_caps(text) == [
+
+
+def test_compute_caps_keep_only_what_the_hook_enforces() -> None:
+    plan = _plan(
+        "x",
+        (UUID, 30, "fixed"),
+        ("GPU-b", 0, "fixed"),  # no cap
+        ("GPU-c", 100, "balance"),  # whole GPU: no cap
+        ("GPU-d", 50, "none"),  # policy none: no cap
+        ("GPU-f", 20, "balance"),
+        ("GPU-g", 60, "fixed"),  # two shares of one GPU add up, as in vgpu.conf...
+        ("GPU-g", 50, "fixed"),  # ...and reach 100: no cap
+    )
+    assert compute_caps(plan) == [
         CappedDevice(UUID, 30, rg.POLICY_FIXED),
         CappedDevice("GPU-f", 20, rg.POLICY_BALANCE),
     ]
+
+
+def test_caps_of_prepared_follow_the_plans_and_reuse_unchanged_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plans = {"a": _plan("a", (UUID, 30, "fixed"))}
+    calls: list[str] = []
+
+    def counting(plan: ClaimPlan) -> list[CappedDevice]:
+        calls.append(plan.uid)
+        return compute_caps(plan)
+
+    monkeypatch.setattr(governor_module, "compute_caps", counting)
+    caps = caps_of_prepared(lambda: plans)
+    assert caps() == {"a": [CappedDevice(UUID, 30, rg.POLICY_FIXED)]}
+    assert caps() == {"a": [CappedDevice(UUID, 30, rg.POLICY_FIXED)]}
+    assert calls == ["a"]  # the same plan object is not recomputed
+    plans["a"] = _plan("a", (UUID, 40, "balance"))  # re-prepared with other limits
+    plans["b"] = _plan("b", (UUID, 0, "fixed"))
+    assert caps() == {"a": [CappedDevice(UUID, 40, rg.POLICY_BALANCE)], "b": []}
+    del plans["a"]
+    assert caps() == {"b": []}
+
+
+def test_the_preparers_plans_feed_the_governor_without_reading_vgpu_conf(tmp_path: Path) -> None:
+    """The wiring kubelet_plugin.main uses: caps_of_prepared(preparer.prepared)."""
+    obj = claimdata.claim(
+        [claimdata.result("gpu-1", memory="1Gi", cores=30)],
+        configs=[claimdata.config_entry(claimdata.vgpu_config(computePolicy="balance"))],
+    )
+    settings = NodeSettings(
+        driver=claimdata.DRIVER,
+        node_name=claimdata.NODE,
+        cdi_root=str(tmp_path / "cdi"),
+        spec=cdi.SpecSettings(
+            kind="k8s.vgpu.dra.dev/claim",
+            state_dir=str(tmp_path),
+            hook_path=str(claimdata.HOOK_LIB),
+        ),
+    )
+    preparer = Preparer(settings, claimdata.inventory(), lambda ref, timeout_s: obj)
+    preparer.reconcile()  # creates the dirs, as the plugin does before serving
+    try:
+        ref = ClaimRef("default", "claim-a", obj["metadata"]["uid"])
+        assert preparer.prepare([ref])[ref.uid].error == ""
+        # Nothing reads the file: a damaged vgpu.conf does not change what the governor enforces.
+        (tmp_path / "claims" / ref.uid / "vgpu.conf").write_text("garbage\n")
+        caps = caps_of_prepared(preparer.prepared)
+        uuid = claimdata.gpu(1).uuid
+        assert caps() == {ref.uid: [CappedDevice(uuid, 30, rg.POLICY_BALANCE)]}
+        assert preparer.unprepare([ref]) == {ref.uid: ""}
+        assert caps() == {}
+    finally:
+        preparer.close()
 
 
 @pytest.mark.parametrize("target", [10, 30, 50, 70])
@@ -82,20 +169,36 @@ def test_balance_target() -> None:
     assert balance_target(30, 60, 10) == 45
 
 
+CAPS: dict[str, list[CappedDevice]] = {}
+
+
+def _governor(root: Path, gpu: SimGpu | None = None, clock: list[int] | None = None) -> Governor:
+    """A governor over `root` whose prepared claims are the ones _make_claim registered."""
+    source = gpu if gpu is not None else SimGpu({})
+    if clock is None:
+        return Governor(str(root), source, lambda: CAPS)
+    return Governor(
+        str(root),
+        source,
+        lambda: CAPS,
+        clock_ns=lambda: clock[0],
+        wall_us=lambda: clock[0] // 1000,
+    )
+
+
+@pytest.fixture(autouse=True)
+def _no_prepared_claims() -> None:
+    CAPS.clear()
+
+
 def _make_claim(root: Path, uid: str, cores: int, pid: int, policy: str = "fixed") -> Path:
+    """Prepare claim `uid` (caps as the plugin's Preparer would report them) with a region whose
+    first slot is `pid`, as the hook would have created it."""
+    kind = rg.POLICY_BALANCE if policy == "balance" else rg.POLICY_FIXED
+    CAPS[uid] = [CappedDevice(UUID, cores, kind)]
     claim_dir = root / "claims" / uid
     claim_dir.mkdir(parents=True)
-    (claim_dir / "vgpu.conf").write_text(
-        f"version 1\nclaim {uid}\ndevice uuid={UUID} memory=1000 cores={cores} policy={policy}\n"
-    )
-    layout = rg.RegionLayout()
-    layout.magic, layout.version, layout.size = rg.REGION_MAGIC, rg.REGION_VERSION, rg.REGION_SIZE
-    layout.device_count, layout.ready, layout.slot_hwm = 1, 1, 1
-    layout.devices[0].uuid = UUID.encode()
-    layout.devices[0].cores = cores
-    layout.slots[0].pid = pid
-    (claim_dir / "region").write_bytes(bytes(layout))
-    return claim_dir / "region"
+    return write_region(claim_dir / "region", UUID, cores, pid=pid)
 
 
 class SimGpu:
@@ -145,7 +248,7 @@ def test_single_claim_is_driven_to_its_cap(tmp_path: Path) -> None:
     region_path = _make_claim(tmp_path, "a", 30, pid=101)
     gpu = SimGpu({101: region_path})
     clock = [1_000_000_000]
-    gov = Governor(str(tmp_path), gpu, clock_ns=lambda: clock[0], wall_us=lambda: clock[0] // 1000)
+    gov = _governor(tmp_path, gpu, clock)
     try:
         history = _run(gov, gpu, clock, 60)
         with rg.Region(str(region_path)) as region:
@@ -164,7 +267,7 @@ def test_two_claims_share_one_gpu_by_their_caps(tmp_path: Path) -> None:
     b = _make_claim(tmp_path, "b", 70, pid=202)
     gpu = SimGpu({201: a, 202: b})
     clock = [1_000_000_000]
-    gov = Governor(str(tmp_path), gpu, clock_ns=lambda: clock[0], wall_us=lambda: clock[0] // 1000)
+    gov = _governor(tmp_path, gpu, clock)
     try:
         history = _run(gov, gpu, clock, 100)
         tail = history[-40:]
@@ -179,7 +282,7 @@ def test_balance_uses_idle_capacity(tmp_path: Path) -> None:
     a = _make_claim(tmp_path, "a", 30, pid=301, policy="balance")
     gpu = SimGpu({301: a})
     clock = [1_000_000_000]
-    gov = Governor(str(tmp_path), gpu, clock_ns=lambda: clock[0], wall_us=lambda: clock[0] // 1000)
+    gov = _governor(tmp_path, gpu, clock)
     try:
         history = _run(gov, gpu, clock, 60)
         tail = [h[301] for h in history[-20:]]
@@ -191,15 +294,13 @@ def test_balance_uses_idle_capacity(tmp_path: Path) -> None:
 
 def test_removed_claims_are_dropped(tmp_path: Path) -> None:
     region_path = _make_claim(tmp_path, "gone", 30, pid=401)
-    gpu = SimGpu({})
-    gov = Governor(str(tmp_path), gpu)
+    gov = _governor(tmp_path)
     gov.refresh()
     assert set(gov.claims) == {"gone"}
-    region_path.unlink()
-    (region_path.parent / "vgpu.conf").unlink()
-    region_path.parent.rmdir()
+    del CAPS["gone"]  # unprepared: the Preparer no longer reports it
     gov.refresh()
     assert gov.claims == {}
+    region_path.unlink()
 
 
 def test_pids_holding_finds_open_files(tmp_path: Path) -> None:

@@ -1,4 +1,3 @@
-# ruff: noqa: N802  (the NVML double must use pynvml's function names)
 """Pure parts of GPU discovery: enum names, SM derivation, bus IDs, PCIe roots, NVLink domains.
 
 Also drives `discover()` through a tiny in-memory NVML double to prove the error policy (a GPU
@@ -9,13 +8,21 @@ is covered against the simulated GPUs in tests/integration/test_inventory.py.
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
-from dra_driver import inventory
+from dra_driver import inventory, nvml
 from dra_driver.inventory import InventoryError
+from dra_driver.nvml import (
+    DeviceHandle,
+    EventSet,
+    Nvml,
+    NvmlError,
+    NvmlNotSupported,
+    NvmlUnavailable,
+    ProcessUtilization,
+    XidEvent,
+)
 
 
 def test_brand_and_architecture_names_follow_nvml_enums() -> None:
@@ -108,87 +115,120 @@ def test_cuda_version_string() -> None:
 # ---------------------------------------------------------------- discover() error policy
 
 
-class FakeNvmlError(Exception):
-    def __init__(self, value: int) -> None:
-        super().__init__(f"NVML error {value}")
-        self.value = value
+def _not_supported(call: str) -> NvmlNotSupported:
+    return NvmlNotSupported(call, nvml.NOT_SUPPORTED, "Not Supported")
 
 
 class TinyNvml:
-    """Just enough of the pynvml surface for two PCIe GPUs; `broken` GPUs fail their UUID query."""
+    """Just enough of the `Nvml` protocol for two PCIe GPUs; `broken` GPUs fail their UUID query.
+
+    Unused protocol calls are absent: mypy checks the double against `Nvml` where it is passed,
+    so a call discovery starts to make shows up here first.
+    """
 
     def __init__(self, *, broken: frozenset[int] = frozenset(), init_fails: bool = False) -> None:
         self.broken = broken
         self.init_fails = init_fails
         self.shutdown_calls = 0
 
-    def nvmlInit(self) -> None:
+    def init(self) -> None:
         if self.init_fails:
-            raise FakeNvmlError(12)  # LIBRARY_NOT_FOUND
+            raise NvmlUnavailable("nvmlInit", 12, "Library Not Found")
 
-    def nvmlShutdown(self) -> None:
+    def shutdown(self) -> None:
         self.shutdown_calls += 1
 
-    def nvmlSystemGetDriverVersion(self) -> bytes:
-        return b"580.95.05"
+    def driver_version(self) -> str:
+        return "580.95.05"
 
-    def nvmlSystemGetCudaDriverVersion(self) -> int:
+    def cuda_driver_version(self) -> int:
         return 13000
 
-    def nvmlDeviceGetCount(self) -> int:
+    def device_count(self) -> int:
         return 2
 
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
-        return index
+    def device_by_index(self, index: int) -> DeviceHandle:
+        return DeviceHandle(index)
 
-    def nvmlDeviceGetPciInfo(self, handle: int) -> Any:
-        return SimpleNamespace(busId=f"00000000:{0x18 + handle:02X}:00.0".encode())
+    def device_by_uuid(self, uuid: str) -> DeviceHandle:
+        raise AssertionError("discovery enumerates by index")
 
-    def nvmlDeviceGetCudaComputeCapability(self, handle: int) -> tuple[int, int]:
+    def pci_bus_id(self, device: DeviceHandle) -> str:
+        return f"00000000:{0x18 + device.address:02X}:00.0"
+
+    def cuda_compute_capability(self, device: DeviceHandle) -> tuple[int, int]:
         return (8, 6)
 
-    def nvmlDeviceGetUUID(self, handle: int) -> str:
-        if handle in self.broken:
-            raise FakeNvmlError(15)  # GPU_IS_LOST
-        return f"GPU-0000000{handle}-0000-0000-0000-000000000000"
+    def uuid(self, device: DeviceHandle) -> str:
+        if device.address in self.broken:
+            raise NvmlError("nvmlDeviceGetUUID", nvml.GPU_IS_LOST, "GPU is lost")
+        return f"GPU-0000000{device.address}-0000-0000-0000-000000000000"
 
-    def nvmlDeviceGetName(self, handle: int) -> str:
+    def name(self, device: DeviceHandle) -> str:
         return "NVIDIA A10"
 
-    def nvmlDeviceGetBrand(self, handle: int) -> int:
+    def brand(self, device: DeviceHandle) -> int:
         return 14
 
-    def nvmlDeviceGetArchitecture(self, handle: int) -> int:
+    def architecture(self, device: DeviceHandle) -> int:
         return 7
 
-    def nvmlDeviceGetMemoryInfo(self, handle: int) -> Any:
-        return SimpleNamespace(total=24 << 30)
+    def memory_total(self, device: DeviceHandle) -> int:
+        return 24 << 30
 
-    def nvmlDeviceGetAttributes_v2(self, handle: int) -> Any:
-        raise FakeNvmlError(3)  # NOT_SUPPORTED on full GPUs with older drivers
+    def multiprocessor_count(self, device: DeviceHandle) -> int:
+        raise _not_supported("nvmlDeviceGetAttributes_v2")  # full GPUs, older drivers
 
-    def nvmlDeviceGetNumGpuCores(self, handle: int) -> int:
+    def cuda_cores(self, device: DeviceHandle) -> int:
         return 9216
 
-    def nvmlDeviceGetNumaNodeId(self, handle: int) -> int:
-        return handle
+    def numa_node(self, device: DeviceHandle) -> int:
+        return device.address
 
-    def nvmlDeviceGetMinorNumber(self, handle: int) -> int:
-        return handle
+    def minor_number(self, device: DeviceHandle) -> int:
+        return device.address
 
-    def nvmlDeviceGetMigMode(self, handle: int) -> list[int]:
-        raise FakeNvmlError(3)
+    def mig_mode(self, device: DeviceHandle) -> tuple[int, int]:
+        raise _not_supported("nvmlDeviceGetMigMode")
 
-    def nvmlDeviceGetNvLinkState(self, handle: int, link: int) -> int:
-        raise FakeNvmlError(3)
+    def nvlink_active(self, device: DeviceHandle, link: int) -> bool:
+        raise _not_supported("nvmlDeviceGetNvLinkState")
 
-    def nvmlDeviceGetTopologyCommonAncestor(self, first: int, second: int) -> int:
+    def nvlink_remote_type(self, device: DeviceHandle, link: int) -> int:
+        raise AssertionError("no NVLink")
+
+    def nvlink_remote_bus_id(self, device: DeviceHandle, link: int) -> str:
+        raise AssertionError("no NVLink")
+
+    def p2p_status(self, first: DeviceHandle, second: DeviceHandle, caps_index: int) -> int:
+        raise AssertionError("no NVLink")
+
+    def common_ancestor(self, first: DeviceHandle, second: DeviceHandle) -> int:
         return 50  # SYSTEM: different root complexes
+
+    def gpu_utilization(self, device: DeviceHandle) -> int:
+        raise AssertionError("not a discovery call")
+
+    def process_utilization(self, device: DeviceHandle, since_us: int) -> list[ProcessUtilization]:
+        raise AssertionError("not a discovery call")
+
+    def create_event_set(self) -> EventSet:
+        raise AssertionError("not a discovery call")
+
+    def register_xid_events(self, device: DeviceHandle, events: EventSet) -> None:
+        raise AssertionError("not a discovery call")
+
+    def wait_xid(self, events: EventSet, timeout_ms: int) -> XidEvent | None:
+        raise AssertionError("not a discovery call")
+
+    def free_event_set(self, events: EventSet) -> None:
+        raise AssertionError("not a discovery call")
 
 
 def test_discover_reads_every_field_through_nvml(tmp_path: Path) -> None:
-    nvml = TinyNvml()
-    inv = inventory.discover(nvml=nvml, sysfs_root=str(tmp_path))
+    double = TinyNvml()
+    checked: Nvml = double  # the double implements the whole protocol
+    inv = inventory.discover(nvml=checked, sysfs_root=str(tmp_path))
     assert inv.driver_version == "580.95.05"
     assert inv.cuda_driver_version == "13.0"
     assert [gpu.index for gpu in inv.gpus] == [0, 1]
@@ -201,7 +241,7 @@ def test_discover_reads_every_field_through_nvml(tmp_path: Path) -> None:
     assert gpu.mig_capable is False
     assert gpu.nvlink_domain is None and gpu.nvlink_peers == ()
     assert gpu.pcie_root == "pci0000:19"  # no sysfs: synthetic, one root per GPU here
-    assert nvml.shutdown_calls == 1
+    assert double.shutdown_calls == 1
 
 
 def test_a_gpu_that_errors_is_skipped_not_fatal(
@@ -213,7 +253,8 @@ def test_a_gpu_that_errors_is_skipped_not_fatal(
 
 
 def test_nvml_that_cannot_start_raises_an_actionable_error() -> None:
-    with pytest.raises(InventoryError, match="LD_LIBRARY_PATH"):
+    # The loader-path hint itself comes from PyNvml.init (tests/integration/test_inventory.py).
+    with pytest.raises(InventoryError, match=r"cannot initialise NVML .*Library Not Found"):
         inventory.discover(nvml=TinyNvml(init_fails=True))
 
 
@@ -221,20 +262,20 @@ class SwitchedNvml(TinyNvml):
     """Four GPUs whose NVLinks all end at NVSwitches; GPUs 0-2 are P2P-reachable over NVLink,
     GPU 3's links are up but lead nowhere it can reach (e.g. another fabric partition)."""
 
-    def nvmlDeviceGetCount(self) -> int:
+    def device_count(self) -> int:
         return 4
 
-    def nvmlDeviceGetNvLinkState(self, handle: int, link: int) -> int:
+    def nvlink_active(self, device: DeviceHandle, link: int) -> bool:
         if link >= 4:
-            raise FakeNvmlError(2)  # INVALID_ARGUMENT: past the last link
-        return 1
+            raise NvmlError("nvmlDeviceGetNvLinkState", 2, "Invalid Argument")  # past the last
+        return True
 
-    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: int, link: int) -> int:
+    def nvlink_remote_type(self, device: DeviceHandle, link: int) -> int:
         return 2  # NVML_NVLINK_DEVICE_TYPE_SWITCH
 
-    def nvmlDeviceGetP2PStatus(self, first: int, second: int, caps: int) -> int:
-        assert caps == 3  # NVML_P2P_CAPS_INDEX_NVLINK
-        return 0 if first < 3 and second < 3 else 4  # OK / NOT_SUPPORTED
+    def p2p_status(self, first: DeviceHandle, second: DeviceHandle, caps_index: int) -> int:
+        assert caps_index == 3  # NVML_P2P_CAPS_INDEX_NVLINK
+        return 0 if first.address < 3 and second.address < 3 else 4  # OK / NOT_SUPPORTED
 
 
 def test_gpus_behind_nvswitches_are_peers_when_p2p_over_nvlink_works(tmp_path: Path) -> None:

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from controller.backoff import Backoff
-from controller.slice_publisher import plan_sync
 from dra_driver import slices
 from dra_driver.gpu import NodeInventory
+from kubelet_plugin.backoff import Backoff
+from kubelet_plugin.slice_publisher import plan_sync
 from tests.inventories import synthetic_inventory
 
 GIB = 1 << 30
@@ -115,8 +115,8 @@ def test_run_survives_an_unreachable_api_server_with_growing_delays() -> None:
 
     from kubernetes import client as k8s
 
-    from controller.slice_publisher import SlicePublisher
     from dra_driver.kube import KubeClient
+    from kubelet_plugin.slice_publisher import SlicePublisher
 
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))

@@ -15,7 +15,8 @@
  *                     file; later processes read the GPUs from the state file itself. If it is set
  *                     and its content differs from the profile the state was built from, attach
  *                     fails (-ESTALE) rather than mixing two machines.
- *   NVIDIA_VISIBLE_DEVICES  the container's view (see sim_visible_gpus()).
+ *   NVIDIA_VISIBLE_DEVICES  the container's view (see sim_visible_gpus()), with the device nodes
+ *                     /dev/nvidia<minor> (VGPU_SIM_DEV_DIR) when it is "void" or "none".
  *
  * State file design (details in src/simstate_layout.h):
  *   - A fixed-size file: header (magic, layout version, profile hash, node attributes), one
@@ -58,6 +59,7 @@ extern "C" {
 
 /* Capacities of the state file (changing one changes SIM_LAYOUT_VERSION). */
 #define SIM_MAX_GPUS 16
+#define SIM_NVIDIA_MAJOR 195 /* character major of /dev/nvidia<minor> */
 #define SIM_MAX_PROCS 64    /* process slots per GPU */
 #define SIM_MAX_LINKS 18    /* NVLink links per GPU (H100 has 18) */
 #define SIM_TIMELINE 4096   /* busy intervals kept per GPU (>= 1 s of 250 us kernels) */
@@ -163,10 +165,14 @@ int sim_find_gpu(const char *uuid_or_bus_id);
 
 /* The GPUs this process may see, in the container's order, as physical indices written to
  * phys_out (at most `max`); returns how many. Follows NVIDIA_VISIBLE_DEVICES as the NVIDIA
- * container runtime does: unset, empty or "all" -> every GPU; "none" or "void" -> none; else a
- * comma-separated list of indices and/or UUIDs (unknown entries are skipped with a stderr warning,
- * duplicates dropped). GPUs flagged SIM_GPU_REMOVED are left out. CUDA applies CUDA_VISIBLE_DEVICES
- * on top of this list itself. */
+ * container stack does: unset, empty or "all" -> every GPU (a host process); "none" or "void" ->
+ * the toolkit injected no GPU, so the container has the GPUs whose device nodes its runtime gave
+ * it (CDI mode, as with `nvidia-ctk cdi generate` specs and this project's claim specs): those
+ * with a character device /dev/nvidia<minor> of major 195 and the GPU's minor (VGPU_SIM_DEV_DIR
+ * replaces /dev, for tests), in physical order; else a comma-separated list of indices and/or
+ * UUIDs (legacy mode; unknown entries are skipped with a stderr warning, duplicates dropped).
+ * GPUs flagged SIM_GPU_REMOVED are left out. CUDA applies CUDA_VISIBLE_DEVICES on top of this
+ * list itself. */
 int sim_visible_gpus(int *phys_out, int max);
 
 /* Reserve `bytes` of device memory on GPU `phys` for the calling process.

@@ -20,6 +20,7 @@
 #include <strings.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -386,6 +387,19 @@ int sim_find_gpu(const char *key)
     return -1;
 }
 
+/* Whether the process has GPU `phys`'s device node: <dir>/nvidia<minor>, a character device
+ * 195:<minor> (dir: VGPU_SIM_DEV_DIR, default /dev). The simulated driver never opens it. */
+static int has_device_node(int phys)
+{
+    const char *dir = getenv("VGPU_SIM_DEV_DIR");
+    char path[512];
+    struct stat st;
+    int minor_no = g_st->gpus[phys].minor;
+    snprintf(path, sizeof(path), "%s/nvidia%d", dir && *dir ? dir : "/dev", minor_no);
+    return stat(path, &st) == 0 && S_ISCHR(st.st_mode) && major(st.st_rdev) == SIM_NVIDIA_MAJOR &&
+           minor(st.st_rdev) == (unsigned)minor_no;
+}
+
 int sim_visible_gpus(int *phys_out, int max)
 {
     if (sim_attach() != 0)
@@ -397,7 +411,10 @@ int sim_visible_gpus(int *phys_out, int max)
         for (int i = 0; i < n; i++)
             order[count++] = i;
     } else if (strcmp(env, "none") == 0 || strcmp(env, "void") == 0) {
-        return 0;
+        /* CDI mode: the runtime injected device nodes; those are the container's GPUs. */
+        for (int i = 0; i < n; i++)
+            if (has_device_node(i))
+                order[count++] = i;
     } else {
         char buf[1024];
         snprintf(buf, sizeof(buf), "%s", env);

@@ -280,7 +280,11 @@ static void case_proc_address(void)
     }
     void *fn = (void *)1;
     CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;
-    CHECK(cuGetProcAddress_v2("cuMemAlloc", &fn, 2000, 0, &st) == CUDA_ERROR_NOT_FOUND);
+    /* The legacy 32-bit cuMemAlloc ABI exists, as an unsimulated stub (cuda_unsimulated.def). */
+    CHECK(cuGetProcAddress_v2("cuMemAlloc", &fn, 2000, 0, &st) == CUDA_SUCCESS);
+    CHECK(st == CU_GET_PROC_ADDRESS_SUCCESS && fn == dlsym(lib, "cuMemAlloc"));
+    CHECK(((CUresult(*)(void))fn)() == CUDA_ERROR_NOT_SUPPORTED);
+    CHECK(cuGetProcAddress_v2("cuMemAllocAsync", &fn, 11010, 0, &st) == CUDA_ERROR_NOT_FOUND);
     CHECK(st == CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT && fn == NULL);
     CHECK(cuGetProcAddress_v2("cuNoSuchThing", &fn, 13000, 0, &st) == CUDA_ERROR_NOT_FOUND);
     CHECK(st == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND && fn == NULL);

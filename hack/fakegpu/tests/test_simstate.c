@@ -6,7 +6,8 @@
  *  2. A broken profile is refused with a message naming the line and key; a state built from
  *     another profile is refused (-ESTALE).
  *  3. Static attributes come from the profile; lookup by UUID and by bus id (4- or 8-digit
- *     domain); NVIDIA_VISIBLE_DEVICES selects and orders GPUs (indices, UUIDs, none/void/all).
+ *     domain); NVIDIA_VISIBLE_DEVICES selects and orders GPUs (indices, UUIDs, all); with
+ *     "void"/"none" (CDI mode) the GPUs are those whose /dev/nvidia<minor> node the process has.
  *  4. Memory reservation is exact: never more than the GPU's memory, released by release().
  *  5. Concurrent reservation by 4 processes x 3 threads never over-commits and fills the GPU
  *     exactly.
@@ -22,6 +23,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <sys/prctl.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 
 #include "simstate.h"
@@ -75,6 +77,43 @@ static void case_stale_profile(void)
     unlink(path);
 }
 
+/* CDI mode ("void"/"none"): the GPUs whose device nodes the process has, in physical order; a
+ * plain file or a node with the wrong numbers does not count. Needs CAP_MKNOD (root). */
+static void case_device_nodes(void)
+{
+    char dir[] = "/tmp/vgpu-sim-dev-XXXXXX", path[64];
+    int v[8];
+    if (geteuid() != 0) {
+        fprintf(stderr, "  (device-node view not tested: mknod needs root)\n");
+        return;
+    }
+    CHECK(mkdtemp(dir) != NULL);
+    setenv("VGPU_SIM_DEV_DIR", dir, 1);
+    setenv("NVIDIA_VISIBLE_DEVICES", "void", 1);
+    CHECK(sim_visible_gpus(v, 8) == 0);
+    snprintf(path, sizeof(path), "%s/nvidia1", dir);
+    CHECK(mknod(path, S_IFCHR | 0600, makedev(SIM_NVIDIA_MAJOR, 1)) == 0);
+    CHECK(sim_visible_gpus(v, 8) == 1 && v[0] == 1);
+    snprintf(path, sizeof(path), "%s/nvidia0", dir);
+    FILE *plain = fopen(path, "w");
+    CHECK(plain != NULL);
+    fclose(plain);
+    CHECK(sim_visible_gpus(v, 8) == 1 && v[0] == 1); /* a regular file is no device */
+    CHECK(unlink(path) == 0);
+    CHECK(mknod(path, S_IFCHR | 0600, makedev(SIM_NVIDIA_MAJOR, 7)) == 0);
+    CHECK(sim_visible_gpus(v, 8) == 1 && v[0] == 1); /* the wrong minor is another GPU's node */
+    CHECK(unlink(path) == 0);
+    CHECK(mknod(path, S_IFCHR | 0600, makedev(SIM_NVIDIA_MAJOR, 0)) == 0);
+    setenv("NVIDIA_VISIBLE_DEVICES", "none", 1);
+    CHECK(sim_visible_gpus(v, 8) == 2 && v[0] == 0 && v[1] == 1);
+    CHECK(unlink(path) == 0);
+    snprintf(path, sizeof(path), "%s/nvidia1", dir);
+    CHECK(unlink(path) == 0);
+    CHECK(rmdir(dir) == 0);
+    unsetenv("VGPU_SIM_DEV_DIR");
+    setenv("NVIDIA_VISIBLE_DEVICES", "void", 1);
+}
+
 static void case_static(void)
 {
     CHECK(sim_attach() == 0);
@@ -104,6 +143,7 @@ static void case_static(void)
     CHECK(sim_visible_gpus(v, 8) == 0);
     setenv("NVIDIA_VISIBLE_DEVICES", "void", 1);
     CHECK(sim_visible_gpus(v, 8) == 0);
+    case_device_nodes();
     setenv("NVIDIA_VISIBLE_DEVICES", "all", 1);
     CHECK(sim_visible_gpus(v, 1) == 1 && v[0] == 0);
     unsetenv("NVIDIA_VISIBLE_DEVICES");

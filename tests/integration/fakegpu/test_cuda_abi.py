@@ -8,7 +8,9 @@ Proves, for both major versions:
 2. sizeof of every struct, typedef and enum we declare, offsetof of every struct field, every
    enumerator value and every #define value are identical (two programs, one built on each
    header, print the same table);
-3. the library's dynamic symbol table is exactly the entry-point table (cuda_entry_points.def).
+3. the library's dynamic symbol table is exactly the entry-point table (cuda_entry_points.def)
+   plus the generated NOT_SUPPORTED stubs (cuda_unsimulated.def; test_full_surface.py proves
+   that together they are every function cuda.h declares).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ REPO = Path(__file__).resolve().parents[3]
 FAKEGPU = REPO / "hack" / "fakegpu"
 OUR_HEADER = FAKEGPU / "include" / "cuda_abi.h"
 TABLE = FAKEGPU / "src" / "cuda_entry_points.def"
+STUBS = FAKEGPU / "src" / "cuda_unsimulated.def"
 SITE = Path(sysconfig.get_paths()["purelib"])
 OFFICIAL = {
     "12": SITE / "nvidia" / "cuda_runtime" / "include",
@@ -230,11 +233,18 @@ def _table_symbols() -> set[str]:
     return {sym for row in rows for sym in row[2:]}
 
 
-def test_exports_are_exactly_the_entry_point_table() -> None:
+def _stub_symbols() -> set[str]:
+    stubs = set(re.findall(r"^CU_STUB\((\w+)\)", STUBS.read_text(), re.M))
+    assert len(stubs) > 400
+    assert not stubs & _table_symbols(), "a simulated entry point is also a stub"
+    return stubs
+
+
+def test_exports_are_exactly_the_entry_point_table_and_the_stubs() -> None:
     subprocess.run(["make", "-s", "-C", str(FAKEGPU), "all"], check=True)
     lib = FAKEGPU / "build" / "lib" / "libcuda.so.1"
     out = subprocess.run(
         ["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True
     ).stdout
     exported = {line.split()[-1] for line in out.splitlines() if line.strip()}
-    assert exported == _table_symbols()
+    assert exported == _table_symbols() | _stub_symbols()

@@ -3,7 +3,8 @@
 Tenants are cuda_probe processes launching kernels back to back inside containers whose
 claims carry `cores=<cap>`; a sampler process (same simulated node) reads NVML every 100 ms:
 GPU utilisation and per-process SM utilisation. Optionally the sampler also runs the node
-governor (kubelet_plugin.governor), otherwise the hooks' in-process controller acts.
+governor (kubelet_plugin.governor, given the claims' caps as the plugin's prepared plans would
+give them), otherwise the hooks' in-process controller acts.
 
 Result per tenant: mean utilisation and the mean absolute error from the cap over 0.5 s
 windows, after a settling period.
@@ -19,6 +20,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from kubelet_plugin.region import POLICY_BALANCE, POLICY_FIXED
 from tests.integration.hook.conftest import PROBE, UUIDS, Node
 from vgpu_testbed.container import container_command
 
@@ -26,19 +28,28 @@ SETTLE_S = 2.0
 WINDOW_S = 0.5
 KERNEL = "busy__ns20000"  # 20 us per wave of 108 blocks
 BLOCKS = "216"
+_POLICY_CODES = {"fixed": POLICY_FIXED, "balance": POLICY_BALANCE}
 
 
-def _sampler_main(uuid: str, seconds: float, state_dir: str) -> None:
-    """Runs in a child process with the simulated node's env; prints JSON lines."""
+def _sampler_main(uuid: str, seconds: float, state_dir: str, caps_json: str) -> None:
+    """Runs in a child process with the simulated node's env; prints JSON lines.
+
+    With a state dir, also runs the governor over the claims in `caps_json` ({uid: [[uuid,
+    cores, policy]]}), which stands in for the plugin's prepared plans.
+    """
     import pynvml
 
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
     stop = threading.Event()
     if state_dir:
-        from kubelet_plugin.governor import Governor, NvmlUtilSource
+        from kubelet_plugin.governor import CappedDevice, Governor, NvmlUtilSource
 
-        governor = Governor(state_dir, NvmlUtilSource())
+        caps = {
+            uid: [CappedDevice(u, int(cores), int(policy)) for u, cores, policy in devices]
+            for uid, devices in json.loads(caps_json).items()
+        }
+        governor = Governor(state_dir, NvmlUtilSource(), lambda: caps)
         threading.Thread(target=governor.run, args=(stop,), daemon=True).start()
     end = time.monotonic() + seconds
     last_us = time.time_ns() // 1000
@@ -101,6 +112,12 @@ def run_tenants(
             UUIDS[0],
             str(seconds),
             str(node.state_dir) if governor else "",
+            json.dumps(
+                {
+                    c.uid: [[UUIDS[0], cap, _POLICY_CODES[policy]]]
+                    for c, cap in zip(claims, caps, strict=True)
+                }
+            ),
         ],
         env=env,
         capture_output=True,
@@ -146,4 +163,4 @@ def measure_accuracy(node: Node, *, seconds: float) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    _sampler_main(sys.argv[1], float(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "")
+    _sampler_main(sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4])

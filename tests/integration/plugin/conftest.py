@@ -9,8 +9,11 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +25,7 @@ from dra_driver.gpu import NodeInventory
 from kubelet_plugin.health import HealthBoard
 from kubelet_plugin.prepare import NodeSettings, Preparer, kube_claim_source
 from kubelet_plugin.server import PluginServer, SocketPaths
-from tests.integration.plugin.claimdata import DRIVER, NODE, GiB, inventory
+from tests.integration.plugin.claimdata import DRIVER, HOOK_LIB, NODE, GiB, inventory
 
 ROOT = Path(__file__).resolve().parents[3]
 KIND = "k8s.vgpu.dra.dev/claim"
@@ -91,7 +94,7 @@ def plugin(kube_client: kube.KubeClient) -> Iterator[RunningPlugin]:
         spec=cdi.SpecSettings(
             kind=KIND,
             state_dir=str(root / "state"),
-            hook_path=str(root / "libvgpu.so"),
+            hook_path=str(HOOK_LIB),
             claim_gid=4242,
         ),
     )
@@ -116,3 +119,50 @@ def run_json(argv: list[str]) -> dict[str, Any]:
     assert done.returncode == 0, f"{argv[0]} failed: {done.stderr}"
     result: dict[str, Any] = json.loads(done.stdout)
     return result
+
+
+def plugin_process_argv(root: Path, kubeconfig: Path | str, node: str, *extra: str) -> list[str]:
+    """`vgpu-dra kubelet-plugin` with every path under `root` (short: unix sockets allow 107
+    bytes) and no slice publishing; `extra` flags are appended."""
+    return [
+        sys.executable,
+        "-m",
+        "dra_driver.cli",
+        "kubelet-plugin",
+        f"--node-name={node}",
+        f"--kubeconfig={kubeconfig}",
+        f"--plugin-dir={root}/plugins/vgpu.dra.dev",
+        f"--registrar-dir={root}/registry",
+        f"--cdi-root={root}/cdi",
+        f"--state-dir={root}/state",
+        f"--hook-path={HOOK_LIB}",
+        "--no-publish-slices",
+        *extra,
+    ]
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+@contextmanager
+def plugin_process(
+    argv: list[str], env: dict[str, str], log_path: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    """The plugin process, output to `log_path`; killed if still running at the end, and the
+    tail of its log printed (pytest shows it when the test fails)."""
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            argv, cwd=ROOT, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT
+        )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        print(log_path.read_text()[-3000:])

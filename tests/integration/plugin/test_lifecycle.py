@@ -21,7 +21,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +34,13 @@ from kubelet_plugin.proto import (
     dra_health_v1alpha1_pb2,
     dra_health_v1alpha1_pb2_grpc,
 )
-from tests.integration.plugin.claimdata import inventory
-from tests.integration.plugin.conftest import ROOT, RunningPlugin
+from tests.integration.plugin.claimdata import HOOK_LIB, inventory
+from tests.integration.plugin.conftest import (
+    ROOT,
+    RunningPlugin,
+    plugin_process_argv,
+    wait_for,
+)
 
 LAUNCHER = """
 import sys
@@ -45,14 +49,6 @@ import kubelet_plugin.main as main
 main._discover_function = lambda: (lambda: inventory(count=2))
 sys.exit(main.main(sys.argv[1:]))
 """
-
-
-def wait_for(predicate: Any, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def test_plugin_process_lifecycle(cluster: Any, kube_client: kube.KubeClient) -> None:
@@ -74,7 +70,7 @@ def test_plugin_process_lifecycle(cluster: Any, kube_client: kube.KubeClient) ->
         f"--registrar-dir={root}/registry",
         f"--cdi-root={cdi_root}",
         f"--state-dir={root}/state",
-        f"--hook-path={root}/libvgpu.so",
+        f"--hook-path={HOOK_LIB}",
         "--no-nvidia-cdi",
         "--no-governor",
     ]
@@ -161,7 +157,7 @@ def test_bad_flags_exit_with_a_clear_message() -> None:
         check=False,
     )
     assert done.returncode == 2
-    assert "--oversubscription-ratio must be >= 1.0, got 0.5" in done.stderr
+    assert "--oversubscription-ratio must be a number from 1.0 to 64, got 0.5" in done.stderr
 
 
 def test_gpu_faults_on_simulated_node_are_streamed_unhealthy(cluster: Any) -> None:
@@ -174,22 +170,9 @@ def test_gpu_faults_on_simulated_node_are_streamed_unhealthy(cluster: Any) -> No
         pytest.skip(f"simulated GPUs not built (make native): {exc}")
     root = Path(tempfile.mkdtemp(prefix="vgpu-sim-"))
     gpu_env = fakegpu.prepare_node(load_profile("l4-2"), root / "gpus.state")
-    argv = [
-        sys.executable,
-        "-m",
-        "dra_driver.cli",
-        "kubelet-plugin",
-        "--node-name=node-1",
-        f"--kubeconfig={cluster.kubeconfig}",
-        f"--plugin-dir={root}/plugins/vgpu.dra.dev",
-        f"--registrar-dir={root}/registry",
-        f"--cdi-root={root}/cdi",
-        f"--state-dir={root}/state",
-        f"--hook-path={root}/libvgpu.so",
-        "--no-publish-slices",
-        "--no-governor",
-        "--resync-seconds=0.5",
-    ]
+    argv = plugin_process_argv(
+        root, cluster.kubeconfig, "node-1", "--no-governor", "--resync-seconds=0.5"
+    )
     dra = root / "plugins" / "vgpu.dra.dev" / "dra.sock"
     registration = root / "registry" / "vgpu.dra.dev-reg.sock"
     log = (root / "plugin.log").open("w")

@@ -1,6 +1,6 @@
 """Capped, jittered exponential backoff for reconcile loops that talk to the API server.
 
-Used by the slice publisher (`controller.slice_publisher`) between failed syncs: when the API
+Used by the slice publisher (`kubelet_plugin.slice_publisher`) between failed syncs: when the API
 server is down or keeps answering with conflicts, every node retrying at a fixed pace would hit it
 in lock-step the moment it comes back; doubling delays with random jitter spread the retries, and
 the cap bounds how stale a node can stay once the server is healthy again. Pure and deterministic

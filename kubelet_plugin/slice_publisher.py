@@ -13,7 +13,7 @@ Rules that keep it cheap and correct:
   right `resourceSliceCount`): consumers use only the highest generation, so a half-written pool
   is never mistaken for a complete one. New and updated slices go first, deletions last.
 - Failures (API server unreachable, conflicts, a Node not yet registered) are retried with capped,
-  jittered exponential backoff (`controller.backoff`); the loop converges whenever the server is
+  jittered exponential backoff (`kubelet_plugin.backoff`); the loop converges whenever the server is
   reachable again.
 """
 
@@ -25,10 +25,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.backoff import Backoff
 from dra_driver import kube, slices
 from dra_driver.gpu import NodeInventory
 from dra_driver.kube import RESOURCE_API, KubeClient, KubeError
+from kubelet_plugin.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
