@@ -31,9 +31,15 @@ import numpy as np
 import numpy.typing as npt
 
 from dra_driver.allocator import kernel as py_kernel
-from dra_driver.allocator import round_request
 from dra_driver.allocator.cel import CelError
-from dra_driver.allocator.model import ClusterModel, Consumption, Device, Layout
+from dra_driver.allocator.model import (
+    ClusterModel,
+    Consumption,
+    Device,
+    Layout,
+    consumption,
+    requested_amounts,
+)
 from dra_driver.allocator.nodefit import blocking_taint, static_misfit
 from dra_driver.allocator.quantity import format_quantity
 from dra_driver.allocator.request import Alternative, Claim, Constraint, Policy, Request
@@ -162,6 +168,7 @@ class Allocator:
         self._mask_drivers: dict[tuple[Any, ...], set[str]] = {}
         self._mask_epoch = -1
         self._cel: dict[tuple[str, tuple[str, str, str]], tuple[int, bool | str]] = {}
+        self._amounts: dict[tuple[Any, ...], tuple[int, tuple[tuple[str, int], ...] | None]] = {}
         self._static: dict[str, tuple[int, npt.NDArray[np.int8], dict[str, int]]] = {}
 
     # ------------------------------------------------------------ selection
@@ -195,6 +202,7 @@ class Allocator:
             # Forget CEL results of devices that are gone (the cache is keyed by device).
             devices = self.model.devices
             self._cel = {k: v for k, v in self._cel.items() if k[1] in devices}
+            self._amounts = {k: v for k, v in self._amounts.items() if k[1] in devices}
             self._mask_epoch = layout.epoch
         key = (
             alt.signature,
@@ -459,16 +467,12 @@ class Allocator:
         self, alt: Alternative, device: Device, state: _Search
     ) -> tuple[tuple[str, int], ...] | None:
         """What `alt` would consume of `device` now, or None when it does not fit."""
-        driver = device.key[0]
-        requested: dict[str, int] = {}
-        for name, value in alt.capacity:
-            qualified = name if "/" in name else f"{driver}/{name}"
-            if qualified not in device.capacity:
-                return None  # a capacity the device does not have
-            requested[qualified] = value
         if alt.admin:
-            return ()
+            return () if requested_amounts(alt.capacity, device) is not None else None
         if not device.allow_multiple:
+            requested = requested_amounts(alt.capacity, device)
+            if requested is None:
+                return None
             if self.model.allocations.get(device.key, 0) > 0 or state.taken.get(device.key):
                 return None
             if any(device.capacity[n].value < v for n, v in requested.items()):
@@ -476,20 +480,21 @@ class Allocator:
             return ()
         if self.model.is_held(device.key):
             return None
+        # The amounts depend only on the request and the published device: cached per generation.
+        cache_key = (alt.capacity, device.key)
+        hit = self._amounts.get(cache_key)
+        if hit is None or hit[0] != device.generation:
+            hit = (device.generation, consumption(alt.capacity, device))
+            self._amounts[cache_key] = hit
+        amounts = hit[1]
+        if amounts is None:
+            return None
         used = self.model.device_used(device.key)
         extra = state.extra.get(device.key, {})
-        out = []
-        for name, cap in device.capacity.items():
-            want = requested.get(name)
-            amount: int | None
-            if cap.policy is not None:
-                amount = round_request(want, cap.policy, cap.value)
-            else:
-                amount = want if want is not None else cap.value
-            if amount is None or used.get(name, 0) + extra.get(name, 0) + amount > cap.value:
+        for name, amount in amounts:
+            if used.get(name, 0) + extra.get(name, 0) + amount > device.capacity[name].value:
                 return None
-            out.append((name, amount))
-        return tuple(sorted(out))
+        return amounts
 
     def _device_order(
         self, layout: Layout, row: int, device: Device, state: _Search, policy: Policy

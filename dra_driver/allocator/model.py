@@ -120,6 +120,43 @@ class Device:
         return None
 
 
+def requested_amounts(
+    requests: tuple[tuple[str, int], ...], device: Device
+) -> dict[str, int] | None:
+    """Capacity requests keyed by qualified name (bare names are the device driver's); None when
+    the device lacks a requested capacity (it cannot serve the request)."""
+    driver = device.key[0]
+    out: dict[str, int] = {}
+    for name, value in requests:
+        qualified = name if "/" in name else f"{driver}/{name}"
+        if qualified not in device.capacity:
+            return None
+        out[qualified] = value
+    return out
+
+
+def consumption(
+    requests: tuple[tuple[str, int], ...], device: Device
+) -> tuple[tuple[str, int], ...] | None:
+    """What a request consumes of a multi-allocatable device, per capacity, under its request
+    policies (sorted by name); None when the device lacks a capacity or a policy refuses."""
+    requested = requested_amounts(requests, device)
+    if requested is None:
+        return None
+    out = []
+    for name, cap in device.capacity.items():
+        want = requested.get(name)
+        amount: int | None
+        if cap.policy is not None:
+            amount = round_request(want, cap.policy, cap.value)
+        else:
+            amount = want if want is not None else cap.value
+        if amount is None:
+            return None
+        out.append((name, amount))
+    return tuple(sorted(out))
+
+
 @dataclass(slots=True)
 class _Slice:
     """What the model keeps of one ResourceSlice: its pool position and parsed devices."""

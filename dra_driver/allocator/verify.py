@@ -16,9 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dra_driver.allocator import round_request
 from dra_driver.allocator.cel import CelError
-from dra_driver.allocator.model import ClusterModel, Device
+from dra_driver.allocator.model import ClusterModel, Device, consumption
 from dra_driver.allocator.nodefit import blocking_taint
 from dra_driver.allocator.quantity import QuantityError, parse_quantity
 from dra_driver.allocator.request import Alternative, Claim
@@ -30,25 +29,8 @@ def _alternatives(claim: Claim) -> dict[str, Alternative]:
 
 def expected_consumption(alt: Alternative, device: Device) -> dict[str, int] | None:
     """What `alt` consumes of `device` under its request policies (None: not allowed)."""
-    driver = device.key[0]
-    requested = {}
-    for name, value in alt.capacity:
-        qualified = name if "/" in name else f"{driver}/{name}"
-        if qualified not in device.capacity:
-            return None
-        requested[qualified] = value
-    out = {}
-    for name, cap in device.capacity.items():
-        want = requested.get(name)
-        amount: int | None
-        if cap.policy is not None:
-            amount = round_request(want, cap.policy, cap.value)
-        else:
-            amount = want if want is not None else cap.value
-        if amount is None:
-            return None
-        out[name] = amount
-    return out
+    amounts = consumption(alt.capacity, device)
+    return None if amounts is None else dict(amounts)
 
 
 def check_allocation(model: ClusterModel, claim: Claim, allocation: Mapping[str, Any]) -> list[str]:
