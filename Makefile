@@ -19,7 +19,8 @@ $(VENV)/.stamp: pyproject.toml setup.py
 
 venv: $(VENV)/.stamp
 
-# Rebuild the Cython extension in place when its source changes (editable installs do not).
+# Rebuild the Cython extensions (_fastquantity, _fastkernel) in place when a source changes
+# (editable installs do not).
 dra_driver/allocator/_fastquantity.stamp: $(VENV)/.stamp $(wildcard dra_driver/allocator/*.pyx)
 	$(PY) setup.py --quiet build_ext --inplace
 	touch $@
