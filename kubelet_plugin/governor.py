@@ -88,15 +88,19 @@ class Controller:
     def step(
         self, *, target: float, util: float, cost_rate: float, throttled: bool, rate: float
     ) -> float:
+        learning = False
         if cost_rate > 0:
             # Below NVML's resolution counts as a quarter point: a gain learnt too high (work
             # starved to nothing) is corrected instead of freezing the budget.
             observed = (util if util > 0.5 else 0.25) / cost_rate
-            self.gain = 0.6 * self.gain + 0.4 * observed if self.gain > 0 else observed
+            learning = self.gain <= 0
+            self.gain = observed if learning else 0.6 * self.gain + 0.4 * observed
         if self.gain <= 0:
             return rate
         error = target - util
-        if throttled or error < 0:
+        # No integration on the step that first learns the gain: that window ran on the
+        # provisional budget the claim was seeded with, so its error is not model bias.
+        if not learning and (throttled or error < 0):
             bound = max(target, 10.0)
             self.integral = min(bound, max(-bound, self.integral + 0.5 * error))
         want = max(0.5, target + self.integral)

@@ -2,8 +2,10 @@
  * launch.c - kernel launches draw from the claim's per-device token bucket (compute cap).
  *
  * Fast path: when no configured device has a compute cap, a launch costs one atomic load and
- * a predictable branch before the real call. Otherwise the device of the calling context is
- * looked up, the controller is stepped if due, and the launch waits for its tokens.
+ * a predictable branch before the real call. Otherwise the device of the calling context comes
+ * from a per-thread cache (context.c: no driver call), the launch is charged to the bucket with
+ * one atomic add, and only a launch the bucket does not cover (or every 16th of a thread) reads
+ * the clock, steps the fallback controller if due, and waits for its tokens.
  *
  * The refill rate normally comes from the node governor (kubelet_plugin/governor.py), which
  * samples NVML once per GPU. When the governor has not written for GOVERNOR_STALE_NS, the
@@ -133,11 +135,31 @@ static void maybe_step_controller(struct vgpu_dev *d, struct vgpu_region_device 
               claim_util, s.target, s.cost_rate, st.gain, rate);
 }
 
-void vgpu_throttle(struct vgpu_dev *d, uint64_t cost) {
+/* A claim whose region has no rate yet (no governor or controller has measured it) is paced
+ * from its cap over a seed gain at once: its first launches run at or under the cap, never
+ * uncapped while the controller learns. The controller replaces the rate at its first step. */
+static void seed_rate(struct vgpu_dev *d, struct vgpu_region_device *rd, uint64_t now) {
+    double gain = bits_to_double(atomic_load(&rd->seed_gain_bits));
+    if (!(gain > 0) || !isfinite(gain)) gain = VGPU_SEED_GAIN_DEFAULT;
+    double rate = (double)d->conf.cores / gain;
+    if (!(rate >= 1) || !isfinite(rate) || rate > 1e18) return;
+    uint64_t expected = 0;
+    if (atomic_compare_exchange_strong(&rd->rate, &expected, (uint64_t)rate)) {
+        atomic_store(&rd->rate_stamp_ns, now);
+        atomic_store(&rd->rate_source, VGPU_RATE_SEED);
+    }
+}
+
+void vgpu_throttle_slow(struct vgpu_dev *d, uint64_t spent, uint64_t cost, bool covered) {
     struct vgpu_region_device *rd = &d->region->map->devices[d->region_dev];
     uint64_t now = vgpu_now_ns();
+    if (__builtin_expect(atomic_load_explicit(&rd->rate, memory_order_relaxed) == 0, 0)) {
+        seed_rate(d, rd, now);
+        covered = false; /* the first launch already draws from the seeded bucket */
+    }
     maybe_step_controller(d, rd, now);
-    uint64_t wait = vgpu_bucket_take(rd, cost, now);
+    if (covered) return;
+    uint64_t wait = vgpu_bucket_settle(rd, spent, cost, now);
     if (wait == 0) return;
     struct timespec ts = {.tv_sec = (time_t)(wait / 1000000000ULL),
                           .tv_nsec = (long)(wait % 1000000000ULL)};
@@ -146,11 +168,24 @@ void vgpu_throttle(struct vgpu_dev *d, uint64_t cost) {
     atomic_fetch_add_explicit(&rd->throttled_ns, wait, memory_order_relaxed);
 }
 
+/* Launches of one thread between two clock reads while the bucket covers them: the fallback
+ * controller is stepped from the slow path, which every CLOCK_EVERY-th launch also takes. */
+#define CLOCK_EVERY 16u
+static __thread uint32_t t_launch_tick __attribute__((tls_model("initial-exec")));
+
+static inline void throttle(struct vgpu_dev *d, uint64_t cost) {
+    bool covered;
+    uint64_t spent =
+        vgpu_bucket_charge(&d->region->map->devices[d->region_dev], cost, &covered);
+    if (__builtin_expect(covered && (t_launch_tick++ % CLOCK_EVERY) != 0, 1)) return;
+    vgpu_throttle_slow(d, spent, cost, covered);
+}
+
 /* Returns the device to limit, or NULL when this launch is not capped. */
 static inline struct vgpu_dev *capped_device(void) {
     struct vgpu_state *s = vgpu_state();
     if (__builtin_expect(!s->compute_capped, 1)) return NULL;
-    struct vgpu_dev *d = vgpu_dev_current();
+    struct vgpu_dev *d = vgpu_dev_current_cached();
     if (d == NULL || d->conf.cores == 0 || d->conf.cores >= 100 ||
         d->conf.policy == VGPU_POLICY_NONE || d->region->map == NULL)
         return NULL;
@@ -166,7 +201,7 @@ static inline struct vgpu_dev *capped_device(void) {
 #define LIMIT(gx, gy, gz, bx, by, bz)                                              \
     do {                                                                           \
         struct vgpu_dev *limited_ = capped_device();                               \
-        if (limited_ != NULL) vgpu_throttle(limited_, vgpu_launch_cost(gx, gy, gz, bx, by, bz)); \
+        if (limited_ != NULL) throttle(limited_, vgpu_launch_cost(gx, gy, gz, bx, by, bz));      \
     } while (0)
 
 VGPU_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy,
