@@ -36,6 +36,7 @@ from kubelet_plugin.region import (
 log = logging.getLogger(__name__)
 
 DEFAULT_PERIOD_S = 0.1
+GOVERNOR_REFRESH_NS = 500_000_000  # rewrite an unchanged budget at least this often
 BALANCE_HEADROOM = 5.0
 _POLICIES = {"none": POLICY_NONE, "fixed": 1, "balance": POLICY_BALANCE}
 
@@ -121,6 +122,10 @@ def balance_target(cores: int, device_util: float, own_util: float) -> float:
 class GpuSample:
     device_util: float
     process_util: dict[int, float]  # pid -> SM utilisation points since the last sample
+    # False when NVML had no per-process sample newer than `since`: real drivers publish one
+    # per sample period (~1/6 s), so a 100 ms poll often finds none. The controller then waits
+    # and measures the next window from its last step (one window per fresh sample).
+    fresh: bool = True
 
 
 class UtilSource(Protocol):
@@ -145,14 +150,17 @@ class NvmlUtilSource:
                 handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
                 self._handles[uuid] = handle
             device_util = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            fresh = True
             try:
                 samples = nvml.nvmlDeviceGetProcessUtilization(handle, since_us)
+            except nvml.NVMLError_NotFound:
+                samples, fresh = [], False
             except nvml.NVMLError:
                 samples = []
             per_pid: dict[int, float] = {}
             for s in samples:
                 per_pid[int(s.pid)] = per_pid.get(int(s.pid), 0.0) + float(s.smUtil)
-            return GpuSample(device_util, per_pid)
+            return GpuSample(device_util, per_pid, fresh)
         except nvml.NVMLError as err:
             log.warning("governor: NVML sample of %s failed: %s", uuid, err)
             return None
@@ -214,6 +222,9 @@ class Governor:
         self.wall_us = wall_us
         self.claims: dict[str, _Claim] = {}
         self._last_sample_us = wall_us()
+        # Last gain learnt per GPU (lower-case UUID): a new claim's first launches are paced
+        # with it (region seed_gain_bits) until its own controller has measured.
+        self._gpu_gain: dict[str, float] = {}
 
     def close(self) -> None:
         for claim in self.claims.values():
@@ -290,12 +301,23 @@ class Governor:
             return
         usage = claim.region.device(index)
         mark = claim.marks.get(cap.uuid)
-        claim.marks[cap.uuid] = (usage.launch_cost, usage.throttled_ns, now_ns)
         if mark is None or now_ns <= mark[2]:
-            # First sight: claim the device so the hook stops its own sampling meanwhile.
+            claim.marks[cap.uuid] = (usage.launch_cost, usage.throttled_ns, now_ns)
+            # First sight: offer the gain learnt on this GPU for pacing first launches, and
+            # claim the device so the hook stops its own sampling meanwhile.
+            seed = self._gpu_gain.get(cap.uuid.lower())
+            if seed:
+                claim.region.write_seed_gain(index, seed)
             if usage.rate:
                 claim.region.write_rate(index, usage.rate, now_ns)
             return
+        if not sample.fresh:
+            # No NVML sample since the last tick: keep the budget fresh in the region (the
+            # hook would otherwise take over after 2 s) and measure from the last step.
+            if usage.rate and now_ns - mark[2] > GOVERNOR_REFRESH_NS:
+                claim.region.write_rate(index, usage.rate, now_ns)
+            return
+        claim.marks[cap.uuid] = (usage.launch_cost, usage.throttled_ns, now_ns)
         dt = (now_ns - mark[2]) / 1e9
         util = self._claim_util(claim, sample, tenants)
         # For balance, compare with everyone's utilisation over the same window as ours.
@@ -315,6 +337,8 @@ class Governor:
         )
         if rate >= 1:
             claim.region.write_rate(index, int(rate), now_ns)
+        if controller.gain > 0:
+            self._gpu_gain[cap.uuid.lower()] = controller.gain
         log.debug(
             "governor: claim %s %s util %.1f target %.1f rate %.0f",
             claim.uid,

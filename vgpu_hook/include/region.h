@@ -81,7 +81,10 @@ struct vgpu_region_device {
     /* double: a gain (util points per cost unit/s) to pace a claim's first launches with,
      * written by the governor from what it learnt on this GPU; 0 = use the hook's default. */
     _Atomic uint64_t seed_gain_bits;
-    uint8_t reserved1[512 - 96 - 8 - 4 - 4 - 8 * 2 - 4 - 4 - 8 * 14];
+    /* End of the last window the in-process controller consumed a fresh NVML sample for (the
+     * marks above belong to it); windows without a new sample are merged into the next. */
+    _Atomic uint64_t ctl_window_ns;
+    uint8_t reserved1[512 - 96 - 8 - 4 - 4 - 8 * 2 - 4 - 4 - 8 * 15];
 };
 
 /* One per live process. 264 bytes. */
