@@ -203,6 +203,7 @@ class _Claim:
     conf_mtime: float
     controllers: dict[str, Controller] = field(default_factory=dict)
     marks: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # cost, throttled, ns
+    anchored: set[str] = field(default_factory=set)  # devices whose first sample was consumed
 
 
 class Governor:
@@ -318,6 +319,12 @@ class Governor:
                 claim.region.write_rate(index, usage.rate, now_ns)
             return
         claim.marks[cap.uuid] = (usage.launch_cost, usage.throttled_ns, now_ns)
+        controller = claim.controllers.setdefault(cap.uuid, Controller())
+        if controller.gain <= 0 and cap.uuid not in claim.anchored:
+            # The first fresh sample's period may reach back before the claim's first launch;
+            # learning the gain from it would underestimate it. It only starts the window.
+            claim.anchored.add(cap.uuid)
+            return
         dt = (now_ns - mark[2]) / 1e9
         util = self._claim_util(claim, sample, tenants)
         # For balance, compare with everyone's utilisation over the same window as ours.
@@ -327,7 +334,6 @@ class Governor:
             if cap.policy == POLICY_BALANCE
             else float(cap.cores)
         )
-        controller = claim.controllers.setdefault(cap.uuid, Controller())
         rate = controller.step(
             target=target,
             util=util,

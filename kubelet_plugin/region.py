@@ -57,7 +57,8 @@ class RegionDevice(ctypes.Structure):
         ("throttle_mark", ctypes.c_uint64),
         ("seed_gain_bits", ctypes.c_uint64),
         ("ctl_window_ns", ctypes.c_uint64),
-        ("reserved1", ctypes.c_uint8 * (512 - 96 - 8 - 4 - 4 - 16 - 4 - 4 - 120)),
+        ("ctl_learning_anchor", ctypes.c_uint64),
+        ("reserved1", ctypes.c_uint8 * (512 - 96 - 8 - 4 - 4 - 16 - 4 - 4 - 128)),
     )
 
 

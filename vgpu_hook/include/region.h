@@ -84,7 +84,10 @@ struct vgpu_region_device {
     /* End of the last window the in-process controller consumed a fresh NVML sample for (the
      * marks above belong to it); windows without a new sample are merged into the next. */
     _Atomic uint64_t ctl_window_ns;
-    uint8_t reserved1[512 - 96 - 8 - 4 - 4 - 8 * 2 - 4 - 4 - 8 * 15];
+    /* 1 while the controller has no gain yet and its first fresh sample is still to come: that
+     * sample's period may reach back before the first launch, so it only starts the window. */
+    _Atomic uint64_t ctl_learning_anchor;
+    uint8_t reserved1[512 - 96 - 8 - 4 - 4 - 8 * 2 - 4 - 4 - 8 * 16];
 };
 
 /* One per live process. 264 bytes. */

@@ -112,10 +112,12 @@ static void maybe_step_controller(struct vgpu_dev *d, struct vgpu_region_device 
     uint64_t cost = atomic_load(&rd->launch_cost);
     uint64_t throttled = atomic_load(&rd->throttled_ns);
     uint64_t start = atomic_load(&rd->ctl_window_ns);
+    bool learning = atomic_load(&rd->ctl_gain_bits) == 0;
     if (start == 0 || now - start > 10 * CTL_PERIOD_NS) { /* (re)start of a window */
         atomic_store(&rd->ctl_cost_mark, cost);
         atomic_store(&rd->throttle_mark, throttled);
         atomic_store(&rd->ctl_window_ns, now);
+        atomic_store(&rd->ctl_learning_anchor, learning ? 1 : 0);
         return;
     }
     double device_util = 0, claim_util = 0;
@@ -124,6 +126,9 @@ static void maybe_step_controller(struct vgpu_dev *d, struct vgpu_region_device 
     uint64_t cost_mark = atomic_exchange(&rd->ctl_cost_mark, cost);
     uint64_t throttle_mark = atomic_exchange(&rd->throttle_mark, throttled);
     atomic_store(&rd->ctl_window_ns, now);
+    /* Learning the gain from a sample period that began before the launches did would
+     * underestimate it (and overshoot the cap next): the first sample only anchors. */
+    if (atomic_exchange(&rd->ctl_learning_anchor, 0) != 0 && learning) return;
     atomic_store(&rd->util_milli, (uint64_t)(claim_util * 1000.0));
     struct vgpu_ctl_sample s = {
         .dt = (double)(now - start) / 1e9,
