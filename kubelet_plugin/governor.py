@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 DEFAULT_PERIOD_S = 0.1
 GOVERNOR_REFRESH_NS = 500_000_000  # rewrite an unchanged budget at least this often
 BALANCE_HEADROOM = 5.0
+STARVING_MARGIN = 2.0  # points under its cap before a throttled claim counts as starving
 _POLICIES = {"none": POLICY_NONE, "fixed": 1, "balance": POLICY_BALANCE}
 
 
@@ -282,8 +283,34 @@ class Governor:
             sample = self.source.sample(tenants[0][1].uuid, since_us)
             if sample is None:
                 continue
+            starving = self._starving(tenants, sample)
             for claim, cap in tenants:
-                self._control(claim, cap, sample, now_ns, len(tenants))
+                others_starving = bool(starving - {claim.uid})
+                self._control(
+                    claim, cap, sample, now_ns, len(tenants), others_starving=others_starving
+                )
+
+    def _starving(self, tenants: list[tuple[_Claim, CappedDevice]], sample: GpuSample) -> set[str]:
+        """Claims held below their cap by the GPU being busy: under it, and still throttled
+        (their bucket makes them wait, so they want more than they get).
+
+        The governor sees every tenant of a GPU, which the hooks cannot: a `balance` claim
+        borrowing above its cap yields at once when another claim starves, instead of waiting
+        for the other's utilisation to rise, which it cannot while the borrower holds the GPU.
+        """
+        found: set[str] = set()
+        if not sample.fresh:
+            return found
+        for claim, cap in tenants:
+            index = claim.region.device_index(cap.uuid)
+            mark = claim.marks.get(cap.uuid)
+            if index is None or mark is None:
+                continue
+            throttled = claim.region.device(index).throttled_ns > mark[1]
+            util = self._claim_util(claim, sample, len(tenants))
+            if throttled and util < cap.cores - STARVING_MARGIN:
+                found.add(claim.uid)
+        return found
 
     def _claim_util(self, claim: _Claim, sample: GpuSample, tenants: int) -> float:
         pids = claim.region.live_pids() & set(sample.process_util)
@@ -295,7 +322,14 @@ class Governor:
         return sample.device_util if tenants == 1 else 0.0
 
     def _control(
-        self, claim: _Claim, cap: CappedDevice, sample: GpuSample, now_ns: int, tenants: int
+        self,
+        claim: _Claim,
+        cap: CappedDevice,
+        sample: GpuSample,
+        now_ns: int,
+        tenants: int,
+        *,
+        others_starving: bool = False,
     ) -> None:
         index = claim.region.device_index(cap.uuid)
         if index is None:
@@ -331,7 +365,7 @@ class Governor:
         device_util = min(100.0, sum(sample.process_util.values())) or sample.device_util
         target = (
             balance_target(cap.cores, max(device_util, util), util)
-            if cap.policy == POLICY_BALANCE
+            if cap.policy == POLICY_BALANCE and not others_starving
             else float(cap.cores)
         )
         rate = controller.step(

@@ -80,7 +80,8 @@ def settle_time(
     per = max(1, round(0.3 / step))
     start = times[busy[0]] - step
     settled_from: float | None = None
-    for i in range(busy[0], len(rows) - per + 1):
+    # The last 0.3 s are left out, as for accuracy: the sampler's final poll may be partial.
+    for i in range(busy[0], len(rows) - 2 * per + 1):
         inside = all(
             abs(sum(s[i : i + per]) / per - cap) <= SETTLE_BAND
             for s, cap in zip(series, caps, strict=True)
