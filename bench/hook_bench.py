@@ -26,6 +26,9 @@ by /etc/ld.so.preload from a CDI spec exactly as in a container):
 Targets: launch overhead <= 30 ns with the limiter idle, and with it active against the
 context-locking null driver (never over 45 ns); settling <= 0.3 s fixed, <= 1 s balance;
 MAE <= 1 point per cap and the 30/70 split within 3 points under realistic sampling.
+With VGPU_DRA_REAL_GPU=1 (on a GPU machine) the overhead and single-tenant accuracy are also
+measured on GPU 0 with the real driver and NVML (tests/integration/hook/realgpu.py) and
+recorded under "real_gpu" in the same shape.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from typing import Any
 
 from kubelet_plugin.region import Region, RegionError
 from tests.integration.hook import conftest as hook_env
+from tests.integration.hook import realgpu
 from tests.integration.hook.computecap import measure_accuracy, measure_settling
 from vgpu_testbed.container import run_in_container
 
@@ -141,6 +145,64 @@ def _overhead(
     }
 
 
+def _instructions(node: hook_env.Node) -> dict[str, Any]:
+    """Instructions executed inside cuLaunchKernel per launch (callgrind; independent of the
+    machine's load): without the hook, with the limiter idle, with it active, against the null
+    driver whose context queries lock as the simulated driver's do."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        return {"skipped": "valgrind not installed"}
+    uuid = "GPU-11111111-1111-1111-1111-111111111111"
+    iterations, warmup = 100_000, 1000  # hook_bench warms up with 1000 launches
+    claims = node.state_dir / "claims"
+    idle = node.claim("ir-idle", [f"device uuid={uuid} memory={1 << 40} cores=0"])
+    active = node.claim("ir-active", [f"device uuid={uuid} memory={1 << 40} cores=50"])
+    result: dict[str, Any] = {"driver": "null, NULLDRV_CTX_LOCK=1", "unit": "instructions"}
+    with _budget(active.dir / "region", uuid), tempfile.TemporaryDirectory() as tmp:
+        for key, claim in (
+            ("without_hook", None),
+            ("limiter_idle", idle),
+            ("limiter_active", active),
+        ):
+            out = Path(tmp) / f"{key}.out"
+            env = dict(
+                node.env,
+                LD_LIBRARY_PATH=str(NULL_DRIVER),
+                NULLDRV_CTX_LOCK="1",
+                HOOK_BENCH_SETTLE_MS="300",
+            )
+            if claim is not None:
+                # Only this claim is visible: the claims dir holds the others too.
+                only = Path(tmp) / f"claims-{key}"
+                only.mkdir()
+                (only / claim.uid).symlink_to(claims / claim.uid)
+                env.update(LD_PRELOAD=str(hook_env.HOOK_LIB), VGPU_DRA_CLAIMS_DIR=str(only))
+            subprocess.run(
+                [
+                    valgrind,
+                    "--tool=callgrind",
+                    f"--callgrind-out-file={out}",
+                    "--toggle-collect=cuLaunchKernel",
+                    str(HOOK_BENCH),
+                    str(iterations),
+                ],
+                env=env,
+                capture_output=True,
+                check=True,
+            )
+            summary = [x for x in out.read_text().splitlines() if x.startswith("summary:")]
+            result[f"{key}_per_launch"] = round(
+                int(summary[0].split()[1]) / (iterations + warmup), 1
+            )
+    result["added_limiter_idle"] = round(
+        result["limiter_idle_per_launch"] - result["without_hook_per_launch"], 1
+    )
+    result["added_limiter_active"] = round(
+        result["limiter_active_per_launch"] - result["without_hook_per_launch"], 1
+    )
+    return result
+
+
 def _startup(node: hook_env.Node, processes: int) -> dict[str, Any]:
     claim = node.claim("startup", [f"device uuid={hook_env.UUIDS[0]} memory={1 << 34} cores=30"])
     script = (
@@ -200,6 +262,7 @@ def main() -> None:
                 node, NULL_DRIVER, 2_000_000, ctx_lock=True
             ),
             "overhead_simulated_driver": _overhead(node, hook_env.FAKE_LIB_DIR, 100_000),
+            "launch_instructions": _instructions(node),
             "startup": _startup(node, 500),
         }
         if hook_env.fake_has_nvml():
@@ -211,6 +274,11 @@ def main() -> None:
             }
         else:
             result["compute_cap_accuracy"] = "not measured: the simulated NVML is not built"
+        if os.environ.get("VGPU_DRA_REAL_GPU") == "1":
+            result["real_gpu"] = {
+                "overhead": realgpu.overhead(),
+                "compute_cap_accuracy": [realgpu.accuracy(cap) for cap in (10, 30, 50, 70)],
+            }
         result["conditions"]["load_average_at_end"] = list(os.getloadavg())
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps(result, indent=2) + "\n")

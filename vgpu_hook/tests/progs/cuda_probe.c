@@ -396,9 +396,21 @@ int main(int argc, char **argv) {
 static void load_kernel(int ordinal) {
     if (!cu.cuModuleLoadData || !cu.cuModuleGetFunction || ordinal < 0 || ordinal >= 8) return;
     const char *wave = getenv("PROBE_KERNEL");
+    const char *name = wave ? wave : "busy__ns100000";
+    const char *ns_part = strstr(name, "__ns");
+    unsigned long long ns = ns_part ? strtoull(ns_part + 4, NULL, 10) : 0;
+    /* Real PTX (the kernel spins on %globaltimer for its __ns<N> duration), so the probe also
+     * runs on a real GPU; the simulated driver reads the duration from the name. */
+    char image[1024];
+    snprintf(image, sizeof image,
+             ".version 7.0\n.target sm_50\n.address_size 64\n"
+             ".visible .entry %s()\n{\n\t.reg .u64 %%t<3>;\n\t.reg .pred %%p;\n"
+             "\tmov.u64 %%t0, %%globaltimer;\nSPIN:\n\tmov.u64 %%t1, %%globaltimer;\n"
+             "\tsub.u64 %%t2, %%t1, %%t0;\n\tsetp.lt.u64 %%p, %%t2, %llu;\n"
+             "\t@%%p bra SPIN;\n\tret;\n}\n",
+             name, ns);
     CUmodule mod = NULL;
-    static const char image[] = "// simulated module\n";
     if (g_kernels[ordinal] == NULL && cu.cuModuleLoadData(&mod, image) == 0)
-        cu.cuModuleGetFunction(&g_kernels[ordinal], mod, wave ? wave : "busy__ns100000");
+        cu.cuModuleGetFunction(&g_kernels[ordinal], mod, name);
     g_kernel = g_kernels[ordinal];
 }
