@@ -86,10 +86,16 @@ class Controller:
 
     gain: float = 0.0
     integral: float = 0.0
+    hold: bool = False  # the last step changed the rate by over a third: skip the next sample
 
     def step(
         self, *, target: float, util: float, cost_rate: float, throttled: bool, rate: float
     ) -> float:
+        if self.hold:
+            # NVML's sample period need not line up with our window: right after a big
+            # change it mixes the old and the new rate and would teach the gain a wrong value.
+            self.hold = False
+            return rate
         learning = False
         if cost_rate > 0:
             # Below NVML's resolution counts as a quarter point: a gain learnt too high (work
@@ -107,7 +113,10 @@ class Controller:
             self.integral = min(bound, max(-bound, self.integral + 0.5 * error))
         want = max(0.5, target + self.integral)
         new_rate = want / self.gain
-        return new_rate if math.isfinite(new_rate) and new_rate >= 1 else 1.0
+        if not (math.isfinite(new_rate) and new_rate >= 1):
+            new_rate = 1.0
+        self.hold = rate > 0 and abs(new_rate - rate) > rate / 3
+        return new_rate
 
 
 def balance_target(cores: int, device_util: float, own_util: float) -> float:

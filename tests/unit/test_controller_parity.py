@@ -28,7 +28,11 @@ LIB = REPO / "vgpu_hook" / "build" / "libvgpuctl.so"
 
 
 class CtlState(ctypes.Structure):
-    _fields_ = (("gain", ctypes.c_double), ("integral", ctypes.c_double))
+    _fields_ = (
+        ("gain", ctypes.c_double),
+        ("integral", ctypes.c_double),
+        ("hold", ctypes.c_bool),
+    )
 
 
 class CtlSample(ctypes.Structure):
@@ -80,6 +84,7 @@ class _Pair:
         assert _same(c_rate, py_rate), context
         assert _same(self.c.gain, self.py.gain), context
         assert _same(self.c.integral, self.py.integral), context
+        assert self.c.hold == self.py.hold, context
         return py_rate
 
 

@@ -87,7 +87,8 @@ struct vgpu_region_device {
     /* 1 while the controller has no gain yet and its first fresh sample is still to come: that
      * sample's period may reach back before the first launch, so it only starts the window. */
     _Atomic uint64_t ctl_learning_anchor;
-    uint8_t reserved1[512 - 96 - 8 - 4 - 4 - 8 * 2 - 4 - 4 - 8 * 16];
+    _Atomic uint64_t ctl_hold;           /* struct vgpu_ctl_state.hold of the fallback */
+    uint8_t reserved1[512 - 96 - 8 - 4 - 4 - 8 * 2 - 4 - 4 - 8 * 17];
 };
 
 /* One per live process. 264 bytes. */

@@ -127,6 +127,8 @@ struct vgpu_ctl_sample {
 struct vgpu_ctl_state {
     double gain;          /* util points per (cost unit / s); 0 = unknown */
     double integral;      /* accumulated error correction, points */
+    bool hold;            /* the last step changed the rate by more than a third: the next
+                             sample's period may straddle the change, so it is skipped */
 };
 /* One controller step; returns the new refill rate (cost units / s), 0 = no limit yet. */
 double vgpu_ctl_step(struct vgpu_ctl_state *st, const struct vgpu_ctl_sample *s,

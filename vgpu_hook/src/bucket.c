@@ -63,6 +63,12 @@ uint64_t vgpu_bucket_take(struct vgpu_region_device *d, uint64_t cost, uint64_t 
 double vgpu_ctl_step(struct vgpu_ctl_state *st, const struct vgpu_ctl_sample *s,
                      double current_rate) {
     if (s->dt <= 0) return current_rate;
+    if (st->hold) {
+        /* NVML's sample period need not line up with our window: right after a big change
+         * it mixes the old and the new rate, and would teach the gain a wrong value. */
+        st->hold = false;
+        return current_rate;
+    }
     bool learning = false;
     if (s->cost_rate > 0) {
         /* Utilisation under half a point is below NVML's resolution: count it as a quarter
@@ -88,6 +94,7 @@ double vgpu_ctl_step(struct vgpu_ctl_state *st, const struct vgpu_ctl_sample *s,
     if (want < 0.5) want = 0.5;
     double rate = want / st->gain;
     if (!isfinite(rate) || rate < 1) rate = 1;
+    st->hold = current_rate > 0 && fabs(rate - current_rate) > current_rate / 3;
     return rate;
 }
 

@@ -142,10 +142,12 @@ static void maybe_step_controller(struct vgpu_dev *d, struct vgpu_region_device 
     struct vgpu_ctl_state st = {
         .gain = bits_to_double(atomic_load(&rd->ctl_gain_bits)),
         .integral = bits_to_double(atomic_load(&rd->ctl_integral_bits)),
+        .hold = atomic_load(&rd->ctl_hold) != 0,
     };
     double rate = vgpu_ctl_step(&st, &s, (double)atomic_load(&rd->rate));
     atomic_store(&rd->ctl_gain_bits, double_to_bits(st.gain));
     atomic_store(&rd->ctl_integral_bits, double_to_bits(st.integral));
+    atomic_store(&rd->ctl_hold, st.hold ? 1 : 0);
     if (rate >= 1 && isfinite(rate)) {
         atomic_store(&rd->rate, (uint64_t)rate);
         atomic_store(&rd->rate_stamp_ns, now);

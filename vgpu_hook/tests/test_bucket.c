@@ -13,7 +13,7 @@
  *  8. a launch the credit covers needs no clock (charge alone says "go"), the refill is lazy and
  *     still admits exactly rate * time, and idle time never banks more than one burst;
  *  9. the step that first learns the gain does not integrate (a claim seeded under its cap
- *     does not overshoot at the next step).
+ *     does not overshoot at the next step), and the sample after a big rate change is skipped.
  */
 #include <math.h>
 #include <string.h>
@@ -168,9 +168,14 @@ static void test_learning_step_does_not_integrate(void) {
     double rate = vgpu_ctl_step(&st, &s, 5e6);
     CHECK(fabs(st.integral) < 1e-12);
     CHECK(fabs(rate - 30e6) < 1); /* exactly the cap over the learnt gain: no overshoot */
-    /* Later steps integrate again. */
-    s.util = 29;
+    /* That step moved the rate a lot: the next sample (its period may mix both rates) is
+     * skipped, the rate held; later steps integrate again. */
+    CHECK(st.hold);
+    s.util = 12;
     s.cost_rate = rate;
+    CHECK(vgpu_ctl_step(&st, &s, rate) == rate);
+    CHECK(!st.hold && fabs(st.integral) < 1e-12);
+    s.util = 29;
     vgpu_ctl_step(&st, &s, rate);
     CHECK(st.integral > 0);
 }
