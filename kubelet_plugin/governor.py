@@ -213,7 +213,8 @@ class _Claim:
     conf_mtime: float
     controllers: dict[str, Controller] = field(default_factory=dict)
     marks: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # cost, throttled, ns
-    anchored: set[str] = field(default_factory=set)  # devices whose first sample was consumed
+    # Per device, the rate in the region at the last fresh sample, kept until the gain is learnt.
+    anchored: dict[str, int] = field(default_factory=dict)
 
 
 class Governor:
@@ -363,10 +364,17 @@ class Governor:
             return
         claim.marks[cap.uuid] = (usage.launch_cost, usage.throttled_ns, now_ns)
         controller = claim.controllers.setdefault(cap.uuid, Controller())
-        if controller.gain <= 0 and cap.uuid not in claim.anchored:
-            # The first fresh sample's period may reach back before the claim's first launch;
-            # learning the gain from it would underestimate it. It only starts the window.
-            claim.anchored.add(cap.uuid)
+        previous_rate = claim.anchored.get(cap.uuid)
+        claim.anchored[cap.uuid] = usage.rate
+        if controller.gain <= 0 and (
+            previous_rate is None or abs(usage.rate - previous_rate) > previous_rate / 3
+        ):
+            # Not learning yet: the first fresh sample's period may reach back before the
+            # claim's first launch, and while the hook's own controller still moves the rate a
+            # period mixes rates. Take the device over (the hook stops stepping) and learn
+            # from a window in which the rate stood still.
+            if usage.rate:
+                claim.region.write_rate(index, usage.rate, now_ns)
             return
         dt = (now_ns - mark[2]) / 1e9
         util = self._claim_util(claim, sample, tenants)
