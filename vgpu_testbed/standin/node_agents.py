@@ -190,9 +190,8 @@ class NodeAgents:
 
     def prepare_gpus(self) -> dict[str, str]:
         """Create the node's simulated GPU state; returns the env a process needs to see it."""
-        from vgpu_testbed.fakegpu import (
-            simulator as fakegpu,
-        )  # late: only this step needs the simulated GPUs
+        # late: only this step needs the simulated GPUs
+        from vgpu_testbed.fakegpu import simulator as fakegpu
 
         self.paths.make()
         profile = fakegpu.load_profile(self.profile)

@@ -127,9 +127,9 @@ def container_log(node: RealNode, namespace: str, pod: dict[str, Any]) -> str:
 
 
 PROBE = (
-    "echo env:VGPU_DRA_CLAIMS=$VGPU_DRA_CLAIMS; "
     "echo env:NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES; "
     "echo preload:$(cat /etc/ld.so.preload); ls /run/vgpu-dra/claims/*/vgpu.conf | sed s/^/conf:/; "
+    "sed s/^/confline:/ /run/vgpu-dra/claims/*/vgpu.conf; "
     "nvml-query; cuda-probe init alloc:805306368 alloc:536870912; echo done; exec sleep 3600"
 )
 
@@ -193,7 +193,8 @@ def test_dra_pod_runs_on_a_real_node(
     lines = log.splitlines()
 
     # The CDI edits of our claim spec, applied by containerd.
-    assert f"env:VGPU_DRA_CLAIMS={claim_uid}" in lines
+    # Every claim spec says "void": the GPUs come from the claims' device nodes (CDI mode).
+    assert "env:NVIDIA_VISIBLE_DEVICES=void" in lines
     assert "preload:/usr/local/vgpu-dra/lib/libvgpu.so" in lines
     assert f"conf:/run/vgpu-dra/claims/{claim_uid}/vgpu.conf" in lines
     # The hook came in through /etc/ld.so.preload, the driver through the toolkit-like spec.
@@ -201,8 +202,9 @@ def test_dra_pod_runs_on_a_real_node(
     gpus = [line for line in lines if line.startswith("gpu ")]
     assert "count=1" in lines, log
     fields = dict(re.findall(r"(uuid|total|used|free)=(\S+)", gpus[0]))
-    visible = next(line for line in lines if line.startswith("env:NVIDIA_VISIBLE_DEVICES="))
-    assert fields["uuid"] == visible.split("=", 1)[1]
+    # The one GPU the container sees is the claim's (vgpu.conf names it by UUID).
+    device_line = next(line for line in lines if line.startswith("confline:device "))
+    assert f"uuid={fields['uuid']}" in device_line.split(), device_line
     assert int(fields["total"]) == GIB, f"NVML total {fields['total']} is not the 1 GiB cap"
     # The cap holds for CUDA too: 768 MiB fit, 512 MiB more do not (2 = out of memory), on a
     # card with 23028 MiB.

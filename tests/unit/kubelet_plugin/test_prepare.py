@@ -18,6 +18,7 @@ import pytest
 from kubelet_plugin.checkpoint import CheckpointJournal
 from kubelet_plugin.claims import ClaimRef
 from kubelet_plugin.prepare import NodeSettings, Preparer
+from kubelet_plugin.region import REGION_SIZE
 from tests.fixtures.claimdata import (
     NODE,
     GiB,
@@ -75,7 +76,9 @@ def test_prepare_writes_dir_conf_spec_and_checkpoint(
         "s1",
     )
     claim_dir = tmp_path / "state" / "claims" / ref.uid
-    assert stat.S_IMODE(claim_dir.stat().st_mode) & 0o777 == 0o770
+    assert stat.S_IMODE(claim_dir.stat().st_mode) == 0o750  # containers get it read-only
+    region = claim_dir / "region"  # the one writable file, created at its layout size
+    assert (stat.S_IMODE(region.stat().st_mode), region.stat().st_size) == (0o660, REGION_SIZE)
     conf = claim_dir / "vgpu.conf"
     assert stat.S_IMODE(conf.stat().st_mode) == 0o640
     assert f"memory={4 * GiB} cores=25 policy=fixed oversubscribe=0" in conf.read_text()
