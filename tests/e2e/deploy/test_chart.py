@@ -50,6 +50,10 @@ from tests.fixtures.image_tree import built_tree, tree_bin, tree_env
 from vgpu_testbed.cluster.flags import free_ports
 from vgpu_testbed.standin.node_agents import NodeAgents
 
+# Longer than the 60 s default: module fixtures install the chart into the session cluster, start a
+# node's plugin from the image tree and the controller; helm runs several times per test.
+pytestmark = pytest.mark.timeout(600)
+
 JSON = dict[str, Any]
 T = TypeVar("T")
 DRIVER = "vgpu.dra.dev"

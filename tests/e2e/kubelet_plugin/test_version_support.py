@@ -27,6 +27,9 @@ from vgpu_testbed.cluster.control_plane import Cluster
 from vgpu_testbed.cluster.flags import FEATURE_GATES
 from vgpu_testbed.standin.node_agents import NodeAgents
 
+# Longer than the 60 s default: the module starts a private cluster with a node's agents.
+pytestmark = pytest.mark.timeout(300)
+
 REPO = Path(__file__).resolve().parents[3]
 DRIVER = "vgpu.dra.dev"
 RESYNC_S = 0.5

@@ -31,7 +31,9 @@ from dra_driver.kube import RESOURCE_API, KubeClient
 from dra_driver.slices import build_slices
 from tests.fixtures.allocator_cluster import SHAPES, inventory
 
-pytestmark = pytest.mark.e2e
+# Longer than the 60 s default: the module fixtures load many nodes' slices into the session cluster
+# and the test waits for kube-scheduler on each claim.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 CLAIMS = 14
 SLICES = kube.path(RESOURCE_API, "resourceslices")
