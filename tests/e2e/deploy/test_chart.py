@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
@@ -48,6 +47,7 @@ from tests.e2e.deploy.chart_helpers import (
 )
 from tests.fixtures.image_tree import built_tree, tree_bin, tree_env
 from vgpu_testbed.cluster.flags import free_ports
+from vgpu_testbed.polling import wait_for
 from vgpu_testbed.standin.node_agents import NodeAgents
 
 # Longer than the 60 s default: module fixtures install the chart into the session cluster, start a
@@ -55,7 +55,6 @@ from vgpu_testbed.standin.node_agents import NodeAgents
 pytestmark = pytest.mark.timeout(600)
 
 JSON = dict[str, Any]
-T = TypeVar("T")
 DRIVER = "vgpu.dra.dev"
 RELEASE = "vgpu"
 PLUGIN_SA = f"{RELEASE}-vgpu-dra-kubelet-plugin"
@@ -93,17 +92,6 @@ VALUE_SETS: dict[str, JSON] = {
         "defaults": {"oversubscriptionRatio": 1.5, "computePolicy": "balance"},
     },
 }
-
-
-def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 60.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")

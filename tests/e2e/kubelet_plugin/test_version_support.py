@@ -11,9 +11,9 @@ tests/unit/kubelet_plugin/test_api_support.py shows the plan that would loop).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
@@ -25,6 +25,7 @@ from tests.fixtures.cluster import require_binaries
 from tests.fixtures.inventories import synthetic_inventory
 from vgpu_testbed.cluster.control_plane import Cluster
 from vgpu_testbed.cluster.flags import FEATURE_GATES
+from vgpu_testbed.polling import wait_for
 from vgpu_testbed.standin.node_agents import NodeAgents
 
 # Longer than the 60 s default: the module starts a private cluster with a node's agents.
@@ -33,18 +34,6 @@ pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[3]
 DRIVER = "vgpu.dra.dev"
 RESYNC_S = 0.5
-T = TypeVar("T")
-
-
-def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 60.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
