@@ -52,6 +52,9 @@ class NodeInventory(BaseModel):
     driver_version: str
     cuda_driver_version: str = Field(description='"major.minor", e.g. "13.0"')
     gpus: tuple[GpuInfo, ...] = ()
+    unreadable_gpus: int = Field(
+        default=0, ge=0, description="GPUs NVML enumerates but could not be read (left out)"
+    )
 
     def by_device_name(self) -> dict[str, GpuInfo]:
         return {gpu.device_name: gpu for gpu in self.gpus}

@@ -302,7 +302,10 @@ def _discover_initialised(nvml: Nvml, sysfs_root: str) -> NodeInventory:
         except ValueError as exc:
             log.warning("GPU %d left out of the inventory: invalid NVML data: %s", index, exc)
     return NodeInventory(
-        driver_version=driver_version, cuda_driver_version=cuda_version, gpus=tuple(gpus)
+        driver_version=driver_version,
+        cuda_driver_version=cuda_version,
+        gpus=tuple(gpus),
+        unreadable_gpus=max(0, count - len(gpus)),
     )
 
 
@@ -450,3 +453,25 @@ def _pcie_roots(nvml: Nvml, raws: list[_RawGpu]) -> dict[int, str]:
     return pcie_roots_from_groups(
         {raw.info["index"]: raw.info["pci_bus_id"] for raw in missing}, same_root
     )
+
+
+def main() -> int:
+    """`python -m dra_driver.inventory`: print this node's inventory as JSON (exit 1 on error).
+
+    The kubelet plugin re-discovers GPUs through this in a child process: NVML enumerates GPUs
+    when it is first initialised, and the plugin's own threads keep NVML initialised, so only a
+    fresh process sees GPUs added since (`kubelet_plugin.rediscover`).
+    """
+    import sys
+
+    try:
+        found = discover()
+    except InventoryError as exc:
+        print(f"GPU discovery failed: {exc}", file=sys.stderr)
+        return 1
+    sys.stdout.write(found.model_dump_json())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,9 +1,9 @@
 """`vgpu-dra kubelet-plugin`: flags, wiring and lifecycle of the node daemon.
 
 Start-up: discover GPUs (NVML) -> reconcile CDI specs and claim dirs with the checkpoint -> serve
-the DRA socket, then the registration socket -> publish ResourceSlices and watch device health in
-a background thread -> the compute governor (unless --no-governor). SIGTERM/SIGINT stop the
-servers and remove the sockets.
+the DRA socket, then the registration socket -> publish ResourceSlices, rescan GPUs and watch
+device health in background threads (`kubelet_plugin.monitoring`) -> the compute governor (unless
+--no-governor). SIGTERM/SIGINT stop the servers and remove the sockets.
 Every flag has an environment twin (e.g. `--node-name` / `NODE_NAME`), handy in a DaemonSet.
 Dispatched from `dra_driver.cli`.
 """
@@ -19,8 +19,9 @@ from collections.abc import Callable, Sequence
 from dra_driver import cdi, kube, names
 from dra_driver.gpu import NodeInventory
 from dra_driver.lifecycle import stop_on_signals
+from kubelet_plugin import monitoring
 from kubelet_plugin.checkpoint import CheckpointError
-from kubelet_plugin.health import HealthBoard, watch_xids
+from kubelet_plugin.health import HealthBoard
 from kubelet_plugin.prepare import NodeSettings, Preparer, kube_claim_source
 from kubelet_plugin.server import PluginServer, SocketPaths
 
@@ -102,6 +103,18 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
         help="run the per-GPU compute governor (kubelet_plugin.governor)",
     )
     add("--resync-seconds", type=float, default=60.0, help="slice and health re-check period")
+    add(
+        "--rescan-seconds",
+        type=float,
+        default=2.0,
+        help="GPU rediscovery period (hot-plug; a short child process each time)",
+    )
+    add(
+        "--xid-quiet-seconds",
+        type=float,
+        default=300.0,
+        help="a recoverable-XID taint is lifted after this long without another XID",
+    )
     add("--workers", type=int, default=16, help="claims prepared in parallel per call")
     add("--log-level", default=default("log_level", "info"), choices=_LEVELS)
     return parser
@@ -120,6 +133,12 @@ def settings_from(args: argparse.Namespace) -> NodeSettings:
         )
     if args.claim_gid < 0:
         raise ValueError(f"--claim-gid must be >= 0, got {args.claim_gid}")
+    for flag, value in (
+        ("--rescan-seconds", args.rescan_seconds),
+        ("--xid-quiet-seconds", args.xid_quiet_seconds),
+    ):
+        if not value > 0:
+            raise ValueError(f"{flag} must be > 0, got {value}")
     driver_names = names.DriverNames(args.driver_name)
     spec_dirs = () if args.no_nvidia_cdi else _split(args.nvidia_cdi_spec_dir)
     return NodeSettings(
@@ -232,23 +251,25 @@ def _serve(
     stop = threading.Event()
     stop_on_signals(stop, log)
     server.start()
-    threads = [
-        _background(
-            args=args,
-            client=client,
-            settings=settings,
-            discover=discover,
-            preparer=preparer,
-            board=board,
-            stop=stop,
-        )
-    ]
-    if board is not None:
-        xids = threading.Thread(
-            target=watch_xids, args=(board, inventory, stop), name="xid-watch", daemon=True
-        )
-        xids.start()
-        threads.append(xids)
+    _, threads = monitoring.start(
+        monitoring.MonitorSettings(
+            driver=settings.driver,
+            node_name=settings.node_name,
+            state_dir=settings.state_dir,
+            oversubscription_ratio=settings.oversubscription_ratio,
+            publish_slices=args.publish_slices,
+            health=args.health,
+            resync_s=args.resync_seconds,
+            rescan_s=args.rescan_seconds,
+            quiet_s=args.xid_quiet_seconds,
+        ),
+        inventory=inventory,
+        client=client,
+        board=board,
+        update_inventory=preparer.update_inventory,
+        rediscover=_rediscover_function(),
+        stop=stop,
+    )
     governor = _start_governor(settings, preparer, stop) if args.governor else None
     if governor is not None:
         threads.append(governor)
@@ -260,54 +281,6 @@ def _serve(
         thread.join(timeout=10)
     log.info("stopped")
     return 0
-
-
-def _background(
-    *,
-    args: argparse.Namespace,
-    client: kube.KubeClient,
-    settings: NodeSettings,
-    discover: Callable[[], NodeInventory],
-    preparer: Preparer,
-    board: HealthBoard | None,
-    stop: threading.Event,
-) -> threading.Thread:
-    """One thread re-runs discovery every resync period: feeds slices and device health."""
-
-    def observed() -> NodeInventory:
-        try:
-            inventory = discover()
-        except Exception as exc:
-            if board is not None:
-                board.observe(None, str(exc))
-            raise
-        preparer.update_inventory(inventory)
-        if board is not None:
-            for change in board.observe(inventory):
-                log.warning("device %s is now %s: %s", change.device, change.status, change.message)
-        return inventory
-
-    def loop() -> None:
-        if args.publish_slices:
-            from kubelet_plugin.slice_publisher import SlicePublisher
-
-            publisher = SlicePublisher(
-                client,
-                driver=settings.driver,
-                node_name=settings.node_name,
-                oversubscription_ratio=settings.oversubscription_ratio,
-            )
-            publisher.run(observed, stop, resync_s=args.resync_seconds)
-            return
-        while not stop.wait(args.resync_seconds):
-            try:
-                observed()
-            except Exception as exc:
-                log.warning("GPU re-discovery failed: %s", exc)
-
-    thread = threading.Thread(target=loop, name="slices-health", daemon=True)
-    thread.start()
-    return thread
 
 
 def _start_governor(
@@ -333,6 +306,12 @@ def _discover_function() -> Callable[[], NodeInventory]:
     from dra_driver.inventory import discover
 
     return discover
+
+
+def _rediscover_function() -> Callable[[], NodeInventory]:
+    from kubelet_plugin.rediscover import discover_in_child
+
+    return discover_in_child
 
 
 def _split(text: str) -> tuple[str, ...]:
