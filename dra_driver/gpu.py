@@ -37,11 +37,15 @@ class GpuInfo(BaseModel):
     nvlink_domain: int | None = Field(
         default=None, description="GPUs mutually reachable over NVLink share a value"
     )
+    name: str | None = Field(
+        default=None,
+        description="device name the node assigned for good (dra_driver.inventory.assign_names)",
+    )
 
     @property
     def device_name(self) -> str:
-        """The ResourceSlice device name (`gpu-<index>`)."""
-        return names.device_name(self.index)
+        """The ResourceSlice device name: the node's stable assignment, else `gpu-<index>`."""
+        return self.name or names.device_name(self.index)
 
 
 class NodeInventory(BaseModel):

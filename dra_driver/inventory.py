@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dra_driver import names
 from dra_driver.gpu import GpuInfo, NodeInventory
 from dra_driver.nvml import (
     DeviceHandle,
@@ -236,6 +237,34 @@ def _components(edges: Mapping[int, set[int]]) -> list[list[int]]:
                     stack.append(peer)
         groups.append(sorted(group))
     return groups
+
+
+def assign_names(
+    inventory: NodeInventory, known: Mapping[str, str]
+) -> tuple[NodeInventory, dict[str, str]]:
+    """Give every GPU a device name that never changes: (named inventory, uuid -> name map).
+
+    NVML indices shift when a GPU is hot-removed (the GPUs after it move up), so a name derived
+    from the index would rename devices that stayed and break claims prepared on them. A GPU keeps
+    the name it got when this node first saw it (`known`, persisted by the kubelet plugin); a new
+    GPU gets `gpu-<index>` when no GPU ever had that name, else the lowest free `gpu-<n>`. Names
+    are never reused, so a claim naming a removed GPU can never land on another one.
+    """
+    assigned = dict(known)
+    taken = set(assigned.values())
+    gpus = []
+    for gpu in sorted(inventory.gpus, key=lambda g: g.index):
+        name = assigned.get(gpu.uuid)
+        if name is None:
+            name = names.device_name(gpu.index)
+            number = 0
+            while name in taken:
+                name = names.device_name(number)
+                number += 1
+            assigned[gpu.uuid] = name
+            taken.add(name)
+        gpus.append(gpu.model_copy(update={"name": name}))
+    return inventory.model_copy(update={"gpus": tuple(gpus)}), assigned
 
 
 def cuda_version_string(encoded: int) -> str:

@@ -21,6 +21,7 @@ from dra_driver.gpu import NodeInventory
 from dra_driver.lifecycle import stop_on_signals
 from kubelet_plugin import monitoring
 from kubelet_plugin.checkpoint import CheckpointError
+from kubelet_plugin.device_names import DeviceNaming, DeviceNamingError
 from kubelet_plugin.health import HealthBoard
 from kubelet_plugin.prepare import NodeSettings, Preparer, kube_claim_source
 from kubelet_plugin.server import PluginServer, SocketPaths
@@ -177,9 +178,14 @@ def main(argv: Sequence[str]) -> int:
     except ValueError as exc:
         log.error("%s", exc)
         return 2
+    try:
+        naming = DeviceNaming(settings.state_dir)
+    except DeviceNamingError as exc:
+        log.error("%s", exc)
+        return 1
     discover = _discover_function()
     try:
-        inventory = discover()
+        inventory = naming.assign(discover())
     except Exception as exc:
         log.error("GPU discovery failed, cannot start: %s", exc)
         return 1
@@ -207,7 +213,7 @@ def main(argv: Sequence[str]) -> int:
             args=args,
             settings=settings,
             inventory=inventory,
-            discover=discover,
+            rediscover=lambda: naming.assign(_rediscover_function()()),
             client=client,
             preparer=preparer,
         )
@@ -224,7 +230,7 @@ def _serve(
     args: argparse.Namespace,
     settings: NodeSettings,
     inventory: NodeInventory,
-    discover: Callable[[], NodeInventory],
+    rediscover: Callable[[], NodeInventory],
     client: kube.KubeClient,
     preparer: Preparer,
 ) -> int:
@@ -267,7 +273,7 @@ def _serve(
         client=client,
         board=board,
         update_inventory=preparer.update_inventory,
-        rediscover=_rediscover_function(),
+        rediscover=rediscover,
         stop=stop,
     )
     governor = _start_governor(settings, preparer, stop) if args.governor else None
