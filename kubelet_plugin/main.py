@@ -103,6 +103,12 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
         default=True,
         help="run the per-GPU compute governor (kubelet_plugin.governor)",
     )
+    add(
+        "--enforcement",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="node-side memory enforcement: report (and with enforce: kill, kill) over-cap claims",
+    )
     add("--resync-seconds", type=float, default=60.0, help="slice and health re-check period")
     add(
         "--rescan-seconds",
@@ -268,6 +274,7 @@ def _serve(
             resync_s=args.resync_seconds,
             rescan_s=args.rescan_seconds,
             quiet_s=args.xid_quiet_seconds,
+            enforcement=args.enforcement,
         ),
         inventory=inventory,
         client=client,
@@ -275,6 +282,7 @@ def _serve(
         update_inventory=preparer.update_inventory,
         rediscover=rediscover,
         stop=stop,
+        prepared=preparer.prepared,
     )
     governor = _start_governor(settings, preparer, stop) if args.governor else None
     if governor is not None:

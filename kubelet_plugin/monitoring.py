@@ -7,7 +7,9 @@ Called once by `kubelet_plugin.main` (`start(...)`), which keeps only the wiring
 - `gpu-health` (with health on): the NVML health monitor (`kubelet_plugin.gpu_watch`) feeding
   device taints;
 - `slices` (with slice publishing on): the publisher, woken at once whenever `NodeDevices`
-  changes and otherwise resyncing every `resync_s`.
+  changes and otherwise resyncing every `resync_s`;
+- `enforcement` (with enforcement on): node-side memory enforcement over the prepared claims
+  (`kubelet_plugin.enforcement`), reporting to the log and as Events on the claims.
 Each change of the published GPUs is also handed to the Preparer (`update_inventory`), so prepare
 accepts a hot-plugged GPU and refuses a removed one.
 """
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from dra_driver import kube
@@ -25,6 +27,7 @@ from kubelet_plugin import taint_store
 from kubelet_plugin.devices import NodeDevices
 from kubelet_plugin.gpu_watch import watch_gpus
 from kubelet_plugin.health import HealthBoard
+from kubelet_plugin.plan import ClaimPlan
 from kubelet_plugin.taints import TaintState
 
 log = logging.getLogger(__name__)
@@ -41,6 +44,7 @@ class MonitorSettings:
     resync_s: float
     rescan_s: float
     quiet_s: float
+    enforcement: bool = True
 
 
 def start(
@@ -52,6 +56,7 @@ def start(
     update_inventory: Callable[[NodeInventory], None],
     rediscover: Callable[[], NodeInventory],
     stop: threading.Event,
+    prepared: Callable[[], Mapping[str, ClaimPlan]] | None = None,
 ) -> tuple[NodeDevices, list[threading.Thread]]:
     wake = threading.Event()
     devices: NodeDevices
@@ -96,6 +101,16 @@ def start(
                 ),
             )
         )
+    if settings.enforcement and prepared is not None:
+        from kubelet_plugin.enforcement import (
+            EventReporter,
+            LogReporter,
+            Reporter,
+            start_enforcer,
+        )
+
+        reporters: list[Reporter] = [LogReporter(), EventReporter(client, settings.node_name)]
+        threads.append(start_enforcer(settings.state_dir, prepared, stop, reporters))
     return devices, threads
 
 

@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from dra_driver import names
-from dra_driver.config import ComputePolicy, ConfigError, LogLevel, merge_configs, parse_config
+from dra_driver.config import (
+    ComputePolicy,
+    ConfigError,
+    Enforce,
+    LogLevel,
+    merge_configs,
+    parse_config,
+)
 from dra_driver.gpu import NodeInventory
 from kubelet_plugin.claims import ClaimAllocation, ClaimError, OpaqueConfig
 
@@ -41,6 +48,8 @@ class DevicePlan(BaseModel):
     policy: ComputePolicy = "fixed"
     oversubscribe: bool = False
     log_level: LogLevel | None = None
+    # Node-side memory enforcement (kubelet_plugin.enforcement): kill or only report.
+    enforce: Enforce = "kill"
     # Admin access: no caps, and not counted against the device's capacity.
     admin_access: bool = False
     # IDs of the NVIDIA Container Toolkit's CDI devices for this GPU (driver libraries).
@@ -134,6 +143,7 @@ def plan_claim(
                 policy=config.compute_policy,
                 oversubscribe=config.memory_oversubscription,
                 log_level=config.log_level,
+                enforce=config.enforce,
                 admin_access=result.admin_access,
                 toolkit_cdi_ids=(toolkit_ids or {}).get(gpu.uuid, ()),
             )
