@@ -8,7 +8,7 @@ changed, ignoring fields the API server defaults or re-formats.
 
 Shape (docs/resource-slices.md has the full reference):
 - one pool per node, named after the node, split into slices of <= 128 devices;
-- device `gpu-<index>`, `allowMultipleAllocations: true`, with the device taints the health
+- device `gpu-<n>` (stable per GPU: `dra_driver.inventory.assign_names`), with the taints the health
   monitor decided (`kubelet_plugin.taints`; at most 64 devices per slice when any has taints);
 - consumable capacity `memory` (bytes x oversubscription ratio, rounded down to whole MiB so it is
   a valid multiple of the 1Mi step; a request naming no memory gets all of it) and `cores`
