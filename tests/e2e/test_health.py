@@ -15,6 +15,9 @@ What this proves:
    re-enumeration, as after a reset) publishes it again untainted.
 4. A GPU that falls off the bus stays published with a NoExecute `unreachable` taint, lifted when
    it answers again, without a restart.
+5. Node-side enforcement in the plugin process: a container of a prepared claim that never loads
+   the hook and allocates past its cap is SIGKILLed, and Events (hook missing, cap exceeded) are
+   recorded on the claim with the node's credentials.
 """
 
 from __future__ import annotations
@@ -255,3 +258,62 @@ def test_a_lost_gpu_is_no_execute_until_it_answers_again(
         return taints is not None and all(t[0] != f"{DRIVER}/unreachable" for t in taints)
 
     wait_for("the unreachable taint lifted", lifted)
+
+
+TENANT = """
+import ctypes, time
+cuda = ctypes.CDLL("libcuda.so.1")
+dev, ctx, ptr = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
+assert cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0
+assert cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev) == 0
+assert cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(3 << 30)) == 0
+print("allocated", flush=True)
+time.sleep(120)
+"""
+
+
+def test_the_plugin_kills_a_container_without_the_hook_over_its_cap_and_records_events(
+    client: KubeClient, agents: NodeAgents, namespace: str
+) -> None:
+    """The plugin's enforcement thread, with the claim prepared through the real path: the
+    container gets the plugin's CDI spec minus the `/etc/ld.so.preload` mount (an image where the
+    hook never loads) and allocates 3 GiB on its 1 GiB claim through libcuda."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from vgpu_testbed.container import container_command
+
+    gpu_pod(client, namespace, "capped", uuid=uuid_of(1), memory="1Gi")
+    pod = running_pod(client, namespace, "capped")
+    (status,) = pod["status"]["resourceClaimStatuses"]
+    claim = client.get(
+        kube.path(RESOURCE_API, "resourceclaims", status["resourceClaimName"], namespace=namespace)
+    )
+    uid = claim["metadata"]["uid"]
+    spec = json.loads(agents.paths.cdi_spec(uid).read_text())
+    edits = spec["containerEdits"]
+    edits["mounts"] = [m for m in edits["mounts"] if m["containerPath"] != "/etc/ld.so.preload"]
+    tenant = subprocess.Popen(
+        container_command(
+            spec, [d["name"] for d in spec["devices"]], [sys.executable, "-c", TENANT]
+        ),
+        env={**os.environ, **agents.gpu_env},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert tenant.stdout is not None and tenant.stdout.readline().strip() == "allocated"
+        assert tenant.wait(timeout=60) == -9  # SIGKILL from the plugin
+    finally:
+        if tenant.poll() is None:
+            tenant.kill()
+            tenant.wait()
+
+    def reasons() -> set[str] | None:
+        events = client.list(kube.path("v1", "events", namespace=namespace))
+        found = {e["reason"] for e in events if e["involvedObject"].get("uid") == uid}
+        return found if {"GPUHookMissing", "GPUMemoryCapExceeded"} <= found else None
+
+    wait_for("the enforcement events on the claim", reasons)
