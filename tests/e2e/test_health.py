@@ -18,6 +18,7 @@ What this proves:
 5. Node-side enforcement in the plugin process: a container of a prepared claim that never loads
    the hook and allocates past its cap is SIGKILLed, and Events (hook missing, cap exceeded) are
    recorded on the claim with the node's credentials.
+6. A GPU added after the plugin started is published by the rescan, under its old name.
 """
 
 from __future__ import annotations
@@ -317,3 +318,23 @@ def test_the_plugin_kills_a_container_without_the_hook_over_its_cap_and_records_
         return found if {"GPUHookMissing", "GPUMemoryCapExceeded"} <= found else None
 
     wait_for("the enforcement events on the claim", reasons)
+
+
+def test_a_gpu_added_after_start_is_published_without_a_restart(
+    client: KubeClient, agents: NodeAgents
+) -> None:
+    """NVML enumerates GPUs once per process and the plugin keeps it initialised: only the
+    rescan in a child process sees a GPU that was not there when the plugin started."""
+    from vgpu_testbed import fakegpu
+
+    late = uuid_of(3)
+    wait_for("node-2 slices", lambda: len(devices_by_uuid(client)) == 4)
+    names_before = {u: d["name"] for u, d in devices_by_uuid(client).items()}
+    fakegpu.set_gpu_removed(agents.gpu_env, 3, True)
+    try:
+        agents.start_plugin()
+        wait_for("the pool without the late GPU", lambda: late not in devices_by_uuid(client))
+    finally:
+        fakegpu.set_gpu_removed(agents.gpu_env, 3, False)
+    wait_for("the late GPU published", lambda: late in devices_by_uuid(client))
+    assert {u: d["name"] for u, d in devices_by_uuid(client).items()} == names_before
