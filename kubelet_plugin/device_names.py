@@ -36,7 +36,7 @@ class DeviceNaming:
         with self._lock:
             named, known = assign_names(inventory, self._known)
             if known != self._known:
-                os.makedirs(os.path.dirname(self.path), exist_ok=True)
+                os.makedirs(os.path.dirname(self.path), mode=0o755, exist_ok=True)
                 document = {"version": VERSION, "names": dict(sorted(known.items()))}
                 write_atomic(self.path, json.dumps(document, indent=1).encode(), mode=0o600)
                 for uuid in known.keys() - self._known.keys():

@@ -279,6 +279,8 @@ class Enforcer:
                     over_now.add((cap.uid, cap.uuid))
                     self._enforce(verdict)
         self._reported_over &= over_now  # a claim that fits again is reported again next time
+        prepared = {cap.uid for cap in caps}
+        self._reported_unhooked = {k for k in self._reported_unhooked if k[0] in prepared}
         return verdicts
 
     def run(self, stop: threading.Event, period: float = DEFAULT_PERIOD_S) -> None:
