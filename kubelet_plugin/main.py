@@ -219,7 +219,7 @@ def main(argv: Sequence[str]) -> int:
             args=args,
             settings=settings,
             inventory=inventory,
-            rediscover=lambda: naming.assign(_rediscover_function()()),
+            rediscover=_named(naming, _rediscover_function()),
             client=client,
             preparer=preparer,
         )
@@ -323,9 +323,15 @@ def _discover_function() -> Callable[[], NodeInventory]:
 
 
 def _rediscover_function() -> Callable[[], NodeInventory]:
-    from kubelet_plugin.rediscover import discover_in_child
+    from kubelet_plugin.rediscover import Rediscovery
 
-    return discover_in_child
+    return Rediscovery()
+
+
+def _named(
+    naming: DeviceNaming, rediscover: Callable[[], NodeInventory]
+) -> Callable[[], NodeInventory]:
+    return lambda: naming.assign(rediscover())
 
 
 def _split(text: str) -> tuple[str, ...]:
