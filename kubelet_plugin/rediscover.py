@@ -68,5 +68,8 @@ class Rediscovery:
             if self._last is not None and self._last[0] == seen:
                 return self._last[1]
             inventory = discover_in_child()
-            self._last = (seen, inventory)
+            # Cache only what was stable across the discovery: a GPU removed or added between
+            # the two children would otherwise pair an old answer with a new inventory, and the
+            # change back would never be noticed.
+            self._last = (seen, inventory) if fingerprint_in_child() == seen else None
             return inventory
