@@ -10,6 +10,9 @@ Measured:
   (NVML event, decision, fsynced state file, publisher woken, API write);
 - `gpu_removed_to_slice`: GPU hot-removed -> its device is gone from the ResourceSlice (the rescan
   period dominates); `gpu_added_to_slice`: added back -> published again;
+- `fatal_xid_to_pod_evicted`: XID 48 on a GPU a running pod uses -> the pod is gone
+  (NoExecute taint, kube-controller-manager's device taint eviction, the kubelet stand-in
+  confirming the deletion);
 - `over_cap_to_kill`: a tenant without the hook allocates 3 GiB on a 1 GiB claim -> it is dead,
   with the enforcer's run loop at its default period (`DEFAULT_PERIOD_S`) in a fresh interpreter
   on the simulated node, as the plugin's `enforcement` thread runs it.
@@ -124,7 +127,7 @@ def timed(action: Callable[[], float], done: Callable[[], bool], timeout: float 
     started = action()
     while not done():
         if time.monotonic() - started > timeout:
-            raise TimeoutError("condition not reached")
+            raise TimeoutError(f"{getattr(done, '__name__', done)} not reached")
         time.sleep(POLL_S)
     return time.monotonic() - started
 
@@ -170,6 +173,58 @@ def slice_figures(client: kube.KubeClient, inject: Injector, node: str) -> dict[
         "gpu_removed_to_slice": stats(removed_s),
         "gpu_added_to_slice": stats(added_s),
     }
+
+
+def eviction_figures(client: kube.KubeClient, inject: Injector, node: str) -> dict[str, Any]:
+    """A fatal XID on a GPU in use -> its pod is gone (NoExecute, device taint eviction)."""
+    import yaml
+
+    from tests.e2e.test_health import gpu_pod
+    from tests.e2e.test_kubelet_plugin import running_pod
+    from vgpu_testbed import fakegpu
+
+    device_class = yaml.safe_load((ROOT / "deploy" / "deviceclass.yaml").read_text())
+    client.create(kube.path(RESOURCE_API, "deviceclasses"), device_class)
+    namespace = f"bench-{uuid.uuid4().hex[:6]}"
+    client.create(
+        kube.path("v1", "namespaces"),
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+    )
+    gpus = fakegpu.load_profile("a10-pcie").gpus
+    samples = []
+    for n, gpu in enumerate(gpus):
+        name = f"victim-{n}"
+        deadline = time.monotonic() + 60
+        while True:  # the namespace's default ServiceAccount appears asynchronously
+            try:
+                gpu_pod(client, namespace, name, uuid=gpu.uuid, memory="1Gi")
+                break
+            except kube.KubeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        running_pod(client, namespace, name)
+
+        def gone(pod: str = name) -> bool:
+            try:
+                client.get(kube.path("v1", "pods", pod, namespace=namespace))
+            except kube.NotFound:
+                return True
+            return False
+
+        samples.append(timed(partial(inject, "xid", n, 48), gone))
+
+        # Re-enumeration lifts the fatal taint (and frees nothing else of this node).
+        def absent(u: str = gpu.uuid) -> bool:
+            return u not in devices(client, node)
+
+        def clean(u: str = gpu.uuid) -> bool:
+            device = devices(client, node).get(u)
+            return device is not None and not device.get("taints")
+
+        timed(partial(inject, "removed", n, 1), absent)
+        timed(partial(inject, "removed", n, 0), clean)
+    return {"fatal_xid_to_pod_evicted": stats(samples)}
 
 
 def kill_figures(env: dict[str, str], root: Path) -> dict[str, Any]:
@@ -256,6 +311,7 @@ def main() -> None:
             inject = Injector(agents.gpu_env)
             try:
                 figures = slice_figures(client, inject, node)
+                figures.update(eviction_figures(client, inject, node))
             finally:
                 inject.close()
             figures.update(kill_figures(agents.gpu_env, root))
@@ -263,8 +319,12 @@ def main() -> None:
             agents.stop()
     finally:
         client.close()
-        cluster.stop()
-        shutil.rmtree(root, ignore_errors=True)
+        keep = os.environ.get("VGPU_BENCH_KEEP") is not None  # keep logs to debug a failure
+        cluster.stop(keep_logs=keep)
+        if keep:
+            print("kept", root)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
     document = {
         "benchmark": "health",
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
