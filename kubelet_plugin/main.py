@@ -1,9 +1,9 @@
 """`vgpu-dra kubelet-plugin`: flags, wiring and lifecycle of the node daemon.
 
 Start-up: discover GPUs (NVML) -> reconcile CDI specs and claim dirs with the checkpoint -> serve
-the DRA socket, then the registration socket -> publish ResourceSlices and watch device health in
-a background thread -> the compute governor (unless --no-governor). SIGTERM/SIGINT stop the
-servers and remove the sockets.
+the DRA socket, then the registration socket -> publish ResourceSlices, rescan GPUs and watch
+device health in background threads (`kubelet_plugin.monitoring`) -> the compute governor (unless
+--no-governor). SIGTERM/SIGINT stop the servers and remove the sockets.
 Every flag has an environment twin (e.g. `--node-name` / `NODE_NAME`), handy in a DaemonSet.
 Dispatched from `dra_driver.cli`.
 """
@@ -21,8 +21,10 @@ from collections.abc import Callable, Sequence
 from dra_driver import cdi, kube, names
 from dra_driver.gpu import NodeInventory
 from dra_driver.lifecycle import stop_on_signals
+from kubelet_plugin import monitoring
 from kubelet_plugin.checkpoint import CheckpointError
-from kubelet_plugin.health import HealthBoard, watch_xids
+from kubelet_plugin.device_names import DeviceNaming, DeviceNamingError
+from kubelet_plugin.health import HealthBoard
 from kubelet_plugin.hookcheck import HookLibraryCheck, HookLibraryError
 from kubelet_plugin.prepare import NodeSettings, Preparer, kube_claim_source
 from kubelet_plugin.server import PluginServer, SocketPaths
@@ -107,7 +109,25 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
         default=True,
         help="run the per-GPU compute governor (kubelet_plugin.governor)",
     )
+    add(
+        "--enforcement",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="node-side memory enforcement: report (and with enforce: kill, kill) over-cap claims",
+    )
     add("--resync-seconds", type=float, default=60.0, help="slice and health re-check period")
+    add(
+        "--rescan-seconds",
+        type=float,
+        default=2.0,
+        help="GPU rediscovery period (hot-plug; a short child process each time)",
+    )
+    add(
+        "--xid-quiet-seconds",
+        type=float,
+        default=300.0,
+        help="a recoverable-XID taint is lifted after this long without another XID",
+    )
     add("--workers", type=int, default=16, help="claims prepared in parallel per call")
     add(
         "--state-lock-timeout",
@@ -155,6 +175,12 @@ def settings_from(args: argparse.Namespace) -> NodeSettings:
             f"of at most 63 characters: lower-case letters, digits, '-' and '.', e.g. "
             f"{names.DEFAULT_DRIVER_NAME!r})"
         )
+    for flag, value in (
+        ("--rescan-seconds", args.rescan_seconds),
+        ("--xid-quiet-seconds", args.xid_quiet_seconds),
+    ):
+        if not value > 0:
+            raise ValueError(f"{flag} must be > 0, got {value}")
     driver_names = names.DriverNames(args.driver_name)
     spec_dirs = () if args.no_nvidia_cdi else _split(args.nvidia_cdi_spec_dir)
     return NodeSettings(
@@ -193,9 +219,14 @@ def main(argv: Sequence[str]) -> int:
     except ValueError as exc:
         log.error("%s", exc)
         return 2
+    try:
+        naming = DeviceNaming(settings.state_dir)
+    except DeviceNamingError as exc:
+        log.error("%s", exc)
+        return 1
     discover = _discover_function()
     try:
-        inventory = discover()
+        inventory = naming.assign(discover())
     except Exception as exc:
         log.error("GPU discovery failed, cannot start: %s", exc)
         return 1
@@ -237,7 +268,7 @@ def main(argv: Sequence[str]) -> int:
             args=args,
             settings=settings,
             inventory=inventory,
-            discover=discover,
+            rediscover=_named(naming, _rediscover_function()),
             client=client,
             preparer=preparer,
         )
@@ -255,7 +286,7 @@ def _serve(
     args: argparse.Namespace,
     settings: NodeSettings,
     inventory: NodeInventory,
-    discover: Callable[[], NodeInventory],
+    rediscover: Callable[[], NodeInventory],
     client: kube.KubeClient,
     preparer: Preparer,
 ) -> int:
@@ -280,23 +311,27 @@ def _serve(
     stop = threading.Event()
     stop_on_signals(stop, log)
     server.start()
-    threads = [
-        _background(
-            args=args,
-            client=client,
-            settings=settings,
-            discover=discover,
-            preparer=preparer,
-            board=board,
-            stop=stop,
-        )
-    ]
-    if board is not None:
-        xids = threading.Thread(
-            target=watch_xids, args=(board, inventory, stop), name="xid-watch", daemon=True
-        )
-        xids.start()
-        threads.append(xids)
+    _, threads = monitoring.start(
+        monitoring.MonitorSettings(
+            driver=settings.driver,
+            node_name=settings.node_name,
+            state_dir=settings.state_dir,
+            oversubscription_ratio=settings.oversubscription_ratio,
+            publish_slices=args.publish_slices,
+            health=args.health,
+            resync_s=args.resync_seconds,
+            rescan_s=args.rescan_seconds,
+            quiet_s=args.xid_quiet_seconds,
+            enforcement=args.enforcement,
+        ),
+        inventory=inventory,
+        client=client,
+        board=board,
+        update_inventory=preparer.update_inventory,
+        rediscover=rediscover,
+        stop=stop,
+        prepared=preparer.prepared,
+    )
     governor = _start_governor(settings, preparer, stop) if args.governor else None
     if governor is not None:
         threads.append(governor)
@@ -308,62 +343,6 @@ def _serve(
         thread.join(timeout=10)
     log.info("stopped")
     return 0
-
-
-def _background(
-    *,
-    args: argparse.Namespace,
-    client: kube.KubeClient,
-    settings: NodeSettings,
-    discover: Callable[[], NodeInventory],
-    preparer: Preparer,
-    board: HealthBoard | None,
-    stop: threading.Event,
-) -> threading.Thread:
-    """One thread re-runs discovery every resync period: feeds slices and device health."""
-
-    def observed() -> NodeInventory:
-        try:
-            inventory = discover()
-        except Exception as exc:
-            if board is not None:
-                board.observe(None, str(exc))
-            raise
-        preparer.update_inventory(inventory)
-        if board is not None:
-            for change in board.observe(inventory):
-                log.warning("device %s is now %s: %s", change.device, change.status, change.message)
-        return inventory
-
-    def loop() -> None:
-        if args.publish_slices:
-            from kubelet_plugin.api_support import SliceForm, wait_for_form
-            from kubelet_plugin.slice_publisher import SlicePublisher
-
-            # What the server stores decides the published form (never a rewrite loop).
-            form = wait_for_form(
-                client, driver=settings.driver, node_name=settings.node_name, stop=stop
-            )
-            if form is None:
-                return
-            publisher = SlicePublisher(
-                client,
-                driver=settings.driver,
-                node_name=settings.node_name,
-                oversubscription_ratio=settings.oversubscription_ratio,
-                whole_devices=form is SliceForm.WHOLE,
-            )
-            publisher.run(observed, stop, resync_s=args.resync_seconds)
-            return
-        while not stop.wait(args.resync_seconds):
-            try:
-                observed()
-            except Exception as exc:
-                log.warning("GPU re-discovery failed: %s", exc)
-
-    thread = threading.Thread(target=loop, name="slices-health", daemon=True)
-    thread.start()
-    return thread
 
 
 def _start_governor(
@@ -389,6 +368,18 @@ def _discover_function() -> Callable[[], NodeInventory]:
     from dra_driver.inventory import discover
 
     return discover
+
+
+def _rediscover_function() -> Callable[[], NodeInventory]:
+    from kubelet_plugin.rediscover import Rediscovery
+
+    return Rediscovery()
+
+
+def _named(
+    naming: DeviceNaming, rediscover: Callable[[], NodeInventory]
+) -> Callable[[], NodeInventory]:
+    return lambda: naming.assign(rediscover())
 
 
 def _split(text: str) -> tuple[str, ...]:

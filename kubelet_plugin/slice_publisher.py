@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -135,6 +136,7 @@ class SlicePublisher:
         backoff: Backoff | None = None,
         max_devices_per_slice: int = slices.MAX_DEVICES_PER_SLICE,
         whole_devices: bool = False,
+        taints: Callable[[], Mapping[str, Sequence[JSON]]] | None = None,
     ) -> None:
         slices.scaled_memory(1 << 30, oversubscription_ratio)  # validate the ratio up front
         self._client = client
@@ -148,6 +150,7 @@ class SlicePublisher:
         # Fingerprint of desired slices the server altered on write (a loop guard for fields the
         # start-up probe does not know about); None when the last write was stored as sent.
         self._altered_by_server: str | None = None
+        self._taints = taints
         self.generation = 0
         """Pool generation after the last successful sync (0 before the first)."""
 
@@ -165,6 +168,7 @@ class SlicePublisher:
             node_uid=str((node.get("metadata") or {}).get("uid") or ""),
             oversubscription_ratio=self._ratio,
             max_devices_per_slice=self._per_slice,
+            taints=self._taints() if self._taints is not None else None,
         )
         if self._whole_devices:
             return [whole_device_slice(obj) for obj in built]
@@ -221,8 +225,9 @@ class SlicePublisher:
         stop: threading.Event,
         *,
         resync_s: float = 60.0,
+        wake: threading.Event | None = None,
     ) -> None:
-        """Sync now, then every `resync_s` seconds, until `stop` is set.
+        """Sync now, then every `resync_s` seconds (or as soon as `wake` is set), until `stop`.
 
         A failed sync (inventory or API) is logged and retried after a backoff delay; the loop
         never dies on an error, because a node whose slices silently stop updating is worse than
@@ -240,4 +245,19 @@ class SlicePublisher:
             else:
                 self._backoff.reset()
                 delay = resync_s
-            stop.wait(delay)
+            _wait(stop, wake, delay)
+
+
+def _wait(stop: threading.Event, wake: threading.Event | None, delay: float) -> None:
+    """Sleep `delay` seconds, less if `stop` or `wake` is set (a wake is consumed)."""
+    if wake is None:
+        stop.wait(delay)
+        return
+    deadline = time.monotonic() + delay
+    while not stop.is_set():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return
+        if wake.wait(min(remaining, 0.25)):
+            wake.clear()
+            return
