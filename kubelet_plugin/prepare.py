@@ -18,21 +18,25 @@ one (group commit). A per-UID lock keeps one claim from being worked on twice at
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
+
+from opentelemetry import trace
 
 from dra_driver import cdi, kube
 from dra_driver.gpu import NodeInventory
 from kubelet_plugin.checkpoint import CheckpointFile
 from kubelet_plugin.claimfiles import ClaimFiles, ReconcileReport
 from kubelet_plugin.claims import ClaimError, ClaimRef, fetch_claim, parse_allocation
-from kubelet_plugin.plan import ClaimPlan, check_capacity, plan_claim
+from kubelet_plugin.plan import ClaimPlan, OverbookedError, check_capacity, plan_claim
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +76,16 @@ class PreparedDevice:
 class PrepareOutcome:
     devices: tuple[PreparedDevice, ...] = ()
     error: str = ""
+    # Why it failed, one word for metrics and events ("" on success): see `failure_reason`.
+    reason: str = ""
+
+
+class PrepareObserver(Protocol):
+    """Told about every claim prepared or unprepared (metrics, Events); must not raise."""
+
+    def prepared(self, ref: ClaimRef, outcome: PrepareOutcome, seconds: float) -> None: ...
+
+    def unprepared(self, ref: ClaimRef, error: str, seconds: float) -> None: ...
 
 
 def kube_claim_source(client: kube.KubeClient) -> ClaimSource:
@@ -89,8 +103,13 @@ class Preparer:
         claim_source: ClaimSource,
         *,
         max_workers: int = 16,
+        observer: PrepareObserver | None = None,
+        tracer: trace.Tracer | None = None,
     ) -> None:
         self._settings = settings
+        self._observer = observer
+        # A no-op tracer until a TracerProvider is installed (dra_driver.tracing): ~1 us a span.
+        self._tracer = tracer or trace.get_tracer("vgpu-dra.kubelet-plugin")
         self._inventory = inventory
         self._source = claim_source
         self._checkpoint = CheckpointFile(settings.state_dir)
@@ -109,16 +128,21 @@ class Preparer:
     # --- kubelet calls ---------------------------------------------------------------------
 
     def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareOutcome]:
-        return self._batch(refs, self._prepare_claim)
+        return self._batch(refs, self._observed_prepare)
 
     def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
         """Claim UID -> error text ("" = success)."""
-        return self._batch(refs, self._unprepare_claim)
+        return self._batch(refs, self._observed_unprepare)
 
     def prepared(self) -> dict[str, ClaimPlan]:
         """Snapshot of the prepared claims (for health, metrics and the governor)."""
         with self._lock:
             return dict(self._prepared)
+
+    def inventory(self) -> NodeInventory:
+        """The inventory new claims are planned against (for metrics)."""
+        with self._lock:
+            return self._inventory
 
     def update_inventory(self, inventory: NodeInventory) -> None:
         """Use a fresh discovery for new claims (prepared claims keep what they recorded)."""
@@ -131,10 +155,27 @@ class Preparer:
     def _batch(self, refs: Sequence[ClaimRef], work: Callable[[ClaimRef], _T]) -> dict[str, _T]:
         if len(refs) <= 1:  # the common case: no thread hop on the latency path
             return {ref.uid: work(ref) for ref in refs}
-        futures = {ref.uid: self._pool.submit(work, ref) for ref in refs}
+        # Each claim runs in a copy of the caller's context, so its span is a child of the call's.
+        futures = {
+            ref.uid: self._pool.submit(contextvars.copy_context().run, work, ref) for ref in refs
+        }
         return {uid: future.result() for uid, future in futures.items()}
 
     # --- prepare ---------------------------------------------------------------------------
+
+    def _observed_prepare(self, ref: ClaimRef) -> PrepareOutcome:
+        started = time.perf_counter()
+        attrs = _span_attrs(ref)
+        with self._tracer.start_as_current_span("prepare claim", attributes=attrs) as span:
+            outcome = self._prepare_claim(ref)
+            if span.is_recording():
+                span.set_attribute("vgpu_dra.outcome", outcome.reason or "prepared")
+                span.set_attribute("vgpu_dra.devices", [d.device for d in outcome.devices])
+                if outcome.error:
+                    span.set_status(trace.StatusCode.ERROR, outcome.error)
+        if self._observer is not None:
+            self._observer.prepared(ref, outcome, time.perf_counter() - started)
+        return outcome
 
     def _prepare_claim(self, ref: ClaimRef) -> PrepareOutcome:
         try:
@@ -143,10 +184,12 @@ class Preparer:
                 return PrepareOutcome(devices=self._prepare_locked(ref))
         except (ClaimError, kube.KubeError) as exc:
             log.warning("prepare %s failed: %s", ref, exc)
-            return PrepareOutcome(error=_user_error(exc, ref))
+            return PrepareOutcome(error=_user_error(exc, ref), reason=failure_reason(exc))
         except Exception as exc:
             log.exception("prepare %s failed unexpectedly", ref)
-            return PrepareOutcome(error=f"prepare {ref}: internal error: {exc}")
+            return PrepareOutcome(
+                error=f"prepare {ref}: internal error: {exc}", reason=failure_reason(exc)
+            )
 
     def _prepare_locked(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
         with self._lock:
@@ -157,7 +200,8 @@ class Preparer:
                 log.warning("claim %s: CDI spec or hook config missing; rewriting", ref)
                 self._files.write(known)
             return self._result(known)
-        claim = self._source(ref)
+        with self._tracer.start_as_current_span("read ResourceClaim"):
+            claim = self._source(ref)
         allocation = parse_allocation(
             claim, ref, driver=self._settings.driver, node_name=self._settings.node_name
         )
@@ -173,12 +217,14 @@ class Preparer:
             )
             self._reserved[plan.uid] = plan
         try:
-            self._files.write(plan)
+            with self._tracer.start_as_current_span("write claim files"):
+                self._files.write(plan)
             with self._lock:
                 self._prepared[plan.uid] = self._reserved.pop(plan.uid)
                 self._version += 1
                 target = self._version
-            self._flush(target)
+            with self._tracer.start_as_current_span("write checkpoint"):
+                self._flush(target)
         except BaseException:
             with self._lock:
                 self._prepared.pop(plan.uid, None)
@@ -214,6 +260,18 @@ class Preparer:
         )
 
     # --- unprepare -------------------------------------------------------------------------
+
+    def _observed_unprepare(self, ref: ClaimRef) -> str:
+        started = time.perf_counter()
+        with self._tracer.start_as_current_span(
+            "unprepare claim", attributes=_span_attrs(ref)
+        ) as span:
+            error = self._unprepare_claim(ref)
+            if error and span.is_recording():
+                span.set_status(trace.StatusCode.ERROR, error)
+        if self._observer is not None:
+            self._observer.unprepared(ref, error, time.perf_counter() - started)
+        return error
 
     def _unprepare_claim(self, ref: ClaimRef) -> str:
         try:
@@ -291,6 +349,25 @@ def _check_uid(ref: ClaimRef) -> None:
             f"claim {ref.namespace}/{ref.name}: invalid UID {ref.uid!r} (expected a Kubernetes "
             f"UID: letters, digits and '-')"
         )
+
+
+def _span_attrs(ref: ClaimRef) -> dict[str, str]:
+    return {
+        "vgpu_dra.claim.uid": ref.uid,
+        "vgpu_dra.claim.namespace": ref.namespace,
+        "vgpu_dra.claim.name": ref.name,
+    }
+
+
+def failure_reason(exc: BaseException) -> str:
+    """One bounded word per kind of prepare failure (a metrics label and an Event reason)."""
+    if isinstance(exc, OverbookedError):
+        return "overbooked"
+    if isinstance(exc, ClaimError):
+        return "invalid_claim"
+    if isinstance(exc, kube.KubeError):
+        return "api_error"
+    return "internal"
 
 
 def _user_error(exc: Exception, ref: ClaimRef) -> str:

@@ -166,6 +166,10 @@ class Region:
                 return i
         return None
 
+    def write_util(self, index: int, util: float) -> None:
+        """Record the claim's measured utilisation (percent points) for metrics to read."""
+        self.layout.devices[index].util_milli = int(min(100.0, max(0.0, util)) * 1000)
+
     def write_rate(self, index: int, rate: int, now_ns: int) -> None:
         """Publish a governor budget: the hook prefers it while governor_stamp_ns is fresh."""
         d = self.layout.devices[index]

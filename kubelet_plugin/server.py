@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -62,6 +63,7 @@ class PluginServer:
         preparer: Preparer,
         health: HealthBoard | None = None,
         max_workers: int = 8,
+        interceptors: Sequence[grpc.ServerInterceptor] = (),
     ) -> None:
         self.sockets = sockets
         self.registration = RegistrationServicer(
@@ -70,7 +72,7 @@ class PluginServer:
             services=supported_services(health=health is not None),
         )
         executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc-dra")
-        self._dra = grpc.server(executor)
+        self._dra = grpc.server(executor, interceptors=list(interceptors))
         dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(
             DraServicer(preparer, dra_v1_pb2, version="v1"), self._dra
         )
