@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -108,8 +108,10 @@ class Preparer:
     ) -> None:
         self._settings = settings
         self._observer = observer
-        # A no-op tracer until a TracerProvider is installed (dra_driver.tracing): ~1 us a span.
-        self._tracer = tracer or trace.get_tracer("vgpu-dra.kubelet-plugin")
+        # Tracing is off unless a tracer is given or a provider was installed before this
+        # (dra_driver.tracing): then no span is even created, since the OpenTelemetry API's
+        # no-op spans still cost ~5-25 us each (bench/telemetry_bench.py).
+        self._tracer = tracer if tracer is not None else _installed_tracer()
         self._inventory = inventory
         self._source = claim_source
         self._checkpoint = CheckpointFile(settings.state_dir)
@@ -165,10 +167,12 @@ class Preparer:
 
     def _observed_prepare(self, ref: ClaimRef) -> PrepareOutcome:
         started = time.perf_counter()
-        attrs = _span_attrs(ref)
-        with self._tracer.start_as_current_span("prepare claim", attributes=attrs) as span:
+        if self._tracer is None:
             outcome = self._prepare_claim(ref)
-            if span.is_recording():
+        else:
+            attrs = _span_attrs(ref)
+            with self._tracer.start_as_current_span("prepare claim", attributes=attrs) as span:
+                outcome = self._prepare_claim(ref)
                 span.set_attribute("vgpu_dra.outcome", outcome.reason or "prepared")
                 span.set_attribute("vgpu_dra.devices", [d.device for d in outcome.devices])
                 if outcome.error:
@@ -200,7 +204,7 @@ class Preparer:
                 log.warning("claim %s: CDI spec or hook config missing; rewriting", ref)
                 self._files.write(known)
             return self._result(known)
-        with self._tracer.start_as_current_span("read ResourceClaim"):
+        with self._step("read ResourceClaim"):
             claim = self._source(ref)
         allocation = parse_allocation(
             claim, ref, driver=self._settings.driver, node_name=self._settings.node_name
@@ -217,13 +221,13 @@ class Preparer:
             )
             self._reserved[plan.uid] = plan
         try:
-            with self._tracer.start_as_current_span("write claim files"):
+            with self._step("write claim files"):
                 self._files.write(plan)
             with self._lock:
                 self._prepared[plan.uid] = self._reserved.pop(plan.uid)
                 self._version += 1
                 target = self._version
-            with self._tracer.start_as_current_span("write checkpoint"):
+            with self._step("write checkpoint"):
                 self._flush(target)
         except BaseException:
             with self._lock:
@@ -263,12 +267,14 @@ class Preparer:
 
     def _observed_unprepare(self, ref: ClaimRef) -> str:
         started = time.perf_counter()
-        with self._tracer.start_as_current_span(
-            "unprepare claim", attributes=_span_attrs(ref)
-        ) as span:
+        if self._tracer is None:
             error = self._unprepare_claim(ref)
-            if error and span.is_recording():
-                span.set_status(trace.StatusCode.ERROR, error)
+        else:
+            attrs = _span_attrs(ref)
+            with self._tracer.start_as_current_span("unprepare claim", attributes=attrs) as span:
+                error = self._unprepare_claim(ref)
+                if error:
+                    span.set_status(trace.StatusCode.ERROR, error)
         if self._observer is not None:
             self._observer.unprepared(ref, error, time.perf_counter() - started)
         return error
@@ -294,6 +300,12 @@ class Preparer:
         except Exception as exc:
             log.exception("unprepare %s failed", ref)
             return f"unprepare {ref}: {exc}"
+
+    def _step(self, name: str) -> AbstractContextManager[object]:
+        """A child span of the claim's span when tracing is on, else nothing at all."""
+        if self._tracer is None:
+            return _NO_SPAN
+        return self._tracer.start_as_current_span(name)
 
     # --- state ---------------------------------------------------------------------------
 
@@ -349,6 +361,16 @@ def _check_uid(ref: ClaimRef) -> None:
             f"claim {ref.namespace}/{ref.name}: invalid UID {ref.uid!r} (expected a Kubernetes "
             f"UID: letters, digits and '-')"
         )
+
+
+_NO_SPAN = nullcontext()
+
+
+def _installed_tracer() -> trace.Tracer | None:
+    """The plugin's tracer if a real TracerProvider is installed, None while tracing is off."""
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        return None
+    return trace.get_tracer("vgpu-dra.kubelet-plugin")
 
 
 def _span_attrs(ref: ClaimRef) -> dict[str, str]:
