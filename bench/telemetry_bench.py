@@ -96,7 +96,7 @@ class Variant:
         tracer = None
         interceptors = []
         if name == "metrics":
-            self.metrics = PluginMetrics()
+            self.metrics = PluginMetrics(NODE)
             pods = ClaimPods()
             source = pods.wrap_source(source)
             observer = ClaimTelemetry(metrics=self.metrics, events=None, pods=pods)
@@ -199,7 +199,7 @@ def per_call_us(fn: Callable[[], object], count: int = 20000) -> float:
 
 
 def measure_direct() -> dict[str, float]:
-    metrics = PluginMetrics()
+    metrics = PluginMetrics(NODE)
     observer = ClaimTelemetry(metrics=metrics, events=None, pods=ClaimPods())
     ref = ClaimRef("ns", "name", str(uuid.uuid4()))
     outcome = PrepareOutcome()

@@ -210,7 +210,7 @@ def main(argv: Sequence[str]) -> int:
         logsetup.redact(secret)
     provider = tracing.configure_tracing("vgpu-dra-kubelet-plugin", args.otlp_endpoint)
     pods = ClaimPods()
-    metrics = PluginMetrics() if args.metrics_address else None
+    metrics = PluginMetrics(settings.node_name) if args.metrics_address else None
     events = PrepareEvents(client, node=settings.node_name) if args.events else None
     try:
         preparer = Preparer(

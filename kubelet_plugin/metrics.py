@@ -101,64 +101,70 @@ class NvmlGpuReader:
 class PluginMetrics:
     """The plugin's registry: event metrics plus a `NodeCollector` for the state metrics."""
 
-    def __init__(self) -> None:
+    def __init__(self, node: str = "") -> None:
+        # Every series carries `node`, like the scrape-time ones: dashboards and
+        # `vgpu-dra status` need no relabelling rules to tell the nodes apart.
+        self.node = node
         self.registry = CollectorRegistry(auto_describe=True)
         self.prepare_seconds = Histogram(
             PREFIX + "prepare_duration_seconds",
             "Time to prepare one claim (NodePrepareResources, per claim), failures included.",
+            ["node"],
             registry=self.registry,
             buckets=LATENCY_BUCKETS,
-        )
+        ).labels(node)
         self.unprepare_seconds = Histogram(
             PREFIX + "unprepare_duration_seconds",
             "Time to unprepare one claim (NodeUnprepareResources, per claim).",
+            ["node"],
             registry=self.registry,
             buckets=LATENCY_BUCKETS,
-        )
+        ).labels(node)
         self.prepare_errors = Counter(
             PREFIX + "prepare_errors",
             "Claims whose prepare failed, by reason (overbooked, invalid_claim, api_error, "
             "internal).",
-            ["reason"],
+            ["node", "reason"],
             registry=self.registry,
         )
         self.unprepare_errors = Counter(
             PREFIX + "unprepare_errors",
             "Claims whose unprepare failed, by reason (invalid_claim, internal).",
-            ["reason"],
+            ["node", "reason"],
             registry=self.registry,
         )
         self.slice_syncs = Counter(
             PREFIX + "slice_syncs",
             "ResourceSlice syncs of this node's pool, by outcome (written, unchanged, error).",
-            ["outcome"],
+            ["node", "outcome"],
             registry=self.registry,
         )
         self.governor_tick_seconds = Histogram(
             PREFIX + "governor_tick_duration_seconds",
             "Duration of one compute-governor pass (sample NVML, update every capped claim).",
+            ["node"],
             registry=self.registry,
             buckets=TICK_BUCKETS,
-        )
+        ).labels(node)
         for reason in ("overbooked", "invalid_claim", "api_error", "internal"):
-            self.prepare_errors.labels(reason)
+            self.prepare_errors.labels(node, reason)
         for reason in ("invalid_claim", "internal"):
-            self.unprepare_errors.labels(reason)
+            self.unprepare_errors.labels(node, reason)
         for outcome in ("written", "unchanged", "error"):
-            self.slice_syncs.labels(outcome)
+            self.slice_syncs.labels(node, outcome)
 
     def observe_prepare(self, seconds: float, reason: str) -> None:
         self.prepare_seconds.observe(seconds)
         if reason:
-            self.prepare_errors.labels(reason).inc()
+            self.prepare_errors.labels(self.node, reason).inc()
 
     def observe_unprepare(self, seconds: float, reason: str) -> None:
         self.unprepare_seconds.observe(seconds)
         if reason:
-            self.unprepare_errors.labels(reason).inc()
+            self.unprepare_errors.labels(self.node, reason).inc()
 
     def observe_slice_sync(self, outcome: str) -> None:
-        self.slice_syncs.labels(outcome).inc()
+        self.slice_syncs.labels(self.node, outcome).inc()
 
     def observe_governor_tick(self, seconds: float) -> None:
         self.governor_tick_seconds.observe(seconds)

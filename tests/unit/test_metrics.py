@@ -69,7 +69,7 @@ class Plugin:
             ),
         )
         self.inventory = inventory(count=2, memory=16 * GiB)
-        self.metrics = PluginMetrics()
+        self.metrics = PluginMetrics(NODE)
         self.pods = ClaimPods()
         self.preparer = Preparer(
             settings,
