@@ -31,6 +31,7 @@ native-test: native
 	@for d in $(NATIVE_DIRS); do $(MAKE) --no-print-directory -C $$d test || exit 1; done
 
 controlplane: venv
+	bash hack/testbed/node-packages.sh
 	bash hack/testbed/build.sh
 
 lint: venv

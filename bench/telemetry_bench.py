@@ -56,11 +56,11 @@ from dra_driver.metrics_http import serve_metrics
 from kubelet_plugin import region as rg
 from kubelet_plugin.claims import ClaimRef
 from kubelet_plugin.metrics import NodeCollector, PluginMetrics
-from kubelet_plugin.prepare import NodeSettings, PrepareOutcome, Preparer
+from kubelet_plugin.prepare import ClaimSource, NodeSettings, PrepareOutcome, Preparer
 from kubelet_plugin.proto import dra_v1_pb2, dra_v1_pb2_grpc
 from kubelet_plugin.server import PluginServer, SocketPaths
 from kubelet_plugin.telemetry import ClaimPods, ClaimTelemetry
-from tests.integration.plugin.claimdata import DRIVER, NODE, claim, inventory, result
+from tests.integration.plugin.claimdata import DRIVER, HOOK_LIB, NODE, claim, inventory, result
 
 RESULTS = Path(__file__).parent / "results" / "telemetry.json"
 ROUNDS = 16
@@ -86,10 +86,10 @@ class Variant:
             spec=cdi.SpecSettings(
                 kind="k8s.vgpu.dra.dev/claim",
                 state_dir=str(base / "state"),
-                hook_path="/usr/local/vgpu-dra/lib/libvgpu.so",
+                hook_path=str(HOOK_LIB),
             ),
         )
-        source: Callable[[ClaimRef], dict[str, Any]] = lambda ref: objects[ref.uid]  # noqa: E731
+        source: ClaimSource = lambda ref, timeout_s: objects[ref.uid]  # noqa: E731
         self.metrics: PluginMetrics | None = None
         self.provider: TracerProvider | None = None
         observer = None

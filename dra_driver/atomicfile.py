@@ -46,6 +46,12 @@ def write_atomic(
         finally:
             os.close(fd)
         os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        if exc.filename is None:  # write/fsync errors (ENOSPC, EIO) carry no path: name it
+            raise OSError(exc.errno, exc.strerror, path) from exc
+        raise
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

@@ -77,6 +77,15 @@ def claim_dir(state_dir: str, claim_uid: str) -> str:
     return os.path.join(state_dir, "claims", claim_uid)
 
 
+REGION_FILE = "region"
+
+
+def region_path(state_dir: str, claim_uid: str) -> str:
+    """The claim's shared accounting region: the only file a container may write (see
+    docs/security.md); the plugin creates it at its fixed layout size at prepare."""
+    return os.path.join(claim_dir(state_dir, claim_uid), REGION_FILE)
+
+
 def spec_file_name(kind: str, claim_uid: str) -> str:
     """`k8s.vgpu.dra.dev-claim_<uid>.json`: unique per claim, so runtimes never see stale data."""
     vendor, cls = kind.split("/", 1)
@@ -121,8 +130,16 @@ def build_claim_spec(
     edits: dict[str, Any] = {
         "env": env,
         "deviceNodes": [node.to_spec() for node in settings.control_nodes],
+        # The claim dir (vgpu.conf) read-only, then the region file alone read-write over it
+        # (runtimes apply mounts parents first): a tenant can neither raise its cap nor create
+        # files on the node's state filesystem.
         "mounts": [
-            _bind(claim_dir(settings.state_dir, claim_uid), container_claim_dir, "rw"),
+            _bind(claim_dir(settings.state_dir, claim_uid), container_claim_dir, "ro"),
+            _bind(
+                region_path(settings.state_dir, claim_uid),
+                f"{container_claim_dir}/{REGION_FILE}",
+                "rw",
+            ),
             _bind(settings.hook_path, names.CONTAINER_HOOK_PATH, "ro"),
             _bind(settings.preload_file, "/etc/ld.so.preload", "ro"),
         ],

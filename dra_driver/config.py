@@ -16,6 +16,7 @@ Example (in a ResourceClaim or DeviceClass `config[].opaque.parameters`):
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal, get_args
 
@@ -72,6 +73,17 @@ _ALLOWED: dict[str, str] = {
 }
 
 
+# A VgpuConfig is a flat object of scalars; anything deeper is refused before it is validated
+# or echoed (a value nested thousands deep would otherwise blow Python's recursion limit).
+MAX_DEPTH = 8
+# Values are echoed into errors shortened: errors reach the kubelet's events and logs.
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = 60
+_SHORT.maxother = 60
+_SHORT.maxdict = _SHORT.maxlist = 4
+_SHORT.maxlevel = 2
+
+
 def parse_config(parameters: Any) -> VgpuConfig:
     """Validate one opaque `parameters` object; raise ConfigError naming the offending field."""
     if not isinstance(parameters, Mapping):
@@ -79,6 +91,11 @@ def parse_config(parameters: Any) -> VgpuConfig:
             f"opaque config parameters must be an object with apiVersion "
             f"{names.CONFIG_API_VERSION!r} and kind {names.CONFIG_KIND!r}, got "
             f"{type(parameters).__name__}"
+        )
+    if _deeper_than(parameters, MAX_DEPTH):
+        raise ConfigError(
+            f"invalid {names.CONFIG_KIND}: nested more than {MAX_DEPTH} levels deep (a "
+            f"{names.CONFIG_KIND} is a flat object: {', '.join(_ALLOWED)})"
         )
     try:
         return VgpuConfig.model_validate(dict(parameters))
@@ -92,15 +109,32 @@ def _describe(exc: ValidationError, parameters: Mapping[str, Any]) -> str:
         field = ".".join(str(part) for part in error["loc"]) or "(object)"
         if error["type"] == "extra_forbidden":
             known = ", ".join(_ALLOWED)
-            problems.append(f"unknown field {field!r} (known fields: {known})")
+            problems.append(f"unknown field {_SHORT.repr(field)} (known fields: {known})")
         elif error["type"] == "missing":
             problems.append(f"missing field {field!r} (must be {_ALLOWED.get(field, '?')!r})")
         else:
             value = parameters.get(field, error.get("input"))
             allowed = _ALLOWED.get(field)
             hint = f"; allowed: {allowed}" if allowed else ""
-            problems.append(f"field {field!r} has invalid value {value!r}{hint}")
+            problems.append(f"field {field!r} has invalid value {_SHORT.repr(value)}{hint}")
     return f"invalid {names.CONFIG_KIND}: " + "; ".join(problems)
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """True when containers nest more than `limit` levels (iterative: no recursion to blow)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, Mapping):
+            children: Iterable[Any] = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def merge_configs(configs: Iterable[VgpuConfig]) -> EffectiveConfig:

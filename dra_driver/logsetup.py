@@ -104,19 +104,25 @@ class JsonFormatter(logging.Formatter):
         return scrub(json.dumps(_fields(record), default=str))
 
 
+class _OurHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The handler configure_logging installs (so a second call replaces it)."""
+
+
 def configure_logging(
     level: str = "info", fmt: LogFormat = "text", stream: TextIO | None = None
 ) -> logging.Handler:
-    """Install the one handler on the root logger (replacing any earlier one); returns it."""
+    """Install our handler on the root logger (replacing one an earlier call installed; other
+    handlers, e.g. a test harness's, stay); returns it."""
     if level not in LOG_LEVELS:
         raise ValueError(f"log level {level!r}: expected one of {', '.join(LOG_LEVELS)}")
     if fmt not in LOG_FORMATS:
         raise ValueError(f"log format {fmt!r}: expected one of {', '.join(LOG_FORMATS)}")
-    handler = logging.StreamHandler(stream or sys.stderr)
+    handler = _OurHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else KeyValueFormatter())
     root = logging.getLogger()
     for old in list(root.handlers):
-        root.removeHandler(old)
+        if isinstance(old, _OurHandler):
+            root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
     return handler

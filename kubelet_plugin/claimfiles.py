@@ -1,8 +1,11 @@
 """The files a prepared claim consists of on the host, and their start-up reconciliation.
 
-Per claim: `<state-dir>/claims/<uid>/` with `vgpu.conf` (read by vgpu_hook) and the CDI spec
+Per claim: `<state-dir>/claims/<uid>/` with `vgpu.conf` (read by vgpu_hook), `region` (the
+shared accounting file, created here at its fixed layout size) and the CDI spec
 `<cdi-root>/<vendor>-<class>_<uid>.json` (read by the container runtime); per node:
-`<state-dir>/hook/ld.so.preload`. Everything here is derived from a `ClaimPlan`, so the checkpoint
+`<state-dir>/hook/ld.so.preload`. The container sees the claim dir read-only and only `region`
+writable (dra_driver/cdi.py; the whole contract is in docs/security.md).
+Everything here is derived from a `ClaimPlan`, so the checkpoint
 alone can rebuild it (`reconcile`). Used by `kubelet_plugin.prepare`, which decides when.
 """
 
@@ -11,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,12 +23,16 @@ from dra_driver import cdi, names
 from dra_driver.atomicfile import fsync_dir, remove, write_atomic
 from kubelet_plugin.claims import ClaimError
 from kubelet_plugin.plan import ClaimPlan, log_level, render_hook_config
+from kubelet_plugin.region import REGION_SIZE
 
 log = logging.getLogger(__name__)
 
 HOOK_CONFIG_FILE = "vgpu.conf"
-CLAIM_DIR_MODE = 0o2770  # setgid: files the hook creates (the region) inherit the claim group
+# Group members (the containers, via additionalGids) may list and read; nobody but the plugin
+# writes: the container gets the dir read-only and the region through its own mount.
+CLAIM_DIR_MODE = 0o750
 HOOK_CONFIG_MODE = 0o640
+REGION_MODE = 0o660
 SPEC_MODE = 0o644
 
 
@@ -49,11 +57,15 @@ class ClaimFiles:
     def conf_path(self, uid: str) -> str:
         return os.path.join(self.claims_root, uid, HOOK_CONFIG_FILE)
 
+    def region_path(self, uid: str) -> str:
+        return cdi.region_path(self.spec_settings.state_dir, uid)
+
     def write(self, plan: ClaimPlan) -> None:
         """Claim dir, vgpu.conf, then the CDI spec (the runtime may use it from then on)."""
         gid = self.spec_settings.claim_gid
         write_preload_file(self.spec_settings.state_dir)  # a mount source; cheap to check
         _make_claim_dir(os.path.join(self.claims_root, plan.uid), gid)
+        ensure_region(self.region_path(plan.uid), gid)
         # Neither file is fsynced: the checkpoint written after them is (file and directory), and
         # start-up reconciliation compares every spec and config with it and rewrites what a power
         # loss took back or left empty. So the claim's files are recoverable whenever its entry
@@ -92,10 +104,13 @@ class ClaimFiles:
         return os.path.exists(self.conf_path(plan.uid)) and os.path.exists(self.spec_path(plan.uid))
 
     def stale(self, plan: ClaimPlan) -> bool:
-        """True when the conf or spec on disk differs from what the plan says (or is missing)."""
-        return _read(self.conf_path(plan.uid)) != render_hook_config(plan).encode() or _read(
-            self.spec_path(plan.uid)
-        ) != cdi.encode_spec(self.spec(plan))
+        """True when the conf or spec on disk differs from what the plan says (or is missing),
+        or the region is missing or not at its layout size."""
+        return (
+            _read(self.conf_path(plan.uid)) != render_hook_config(plan).encode()
+            or _read(self.spec_path(plan.uid)) != cdi.encode_spec(self.spec(plan))
+            or _size(self.region_path(plan.uid)) != REGION_SIZE
+        )
 
     def reconcile(self, prepared: Mapping[str, ClaimPlan]) -> ReconcileReport:
         """Remove our specs and claim dirs that `prepared` does not know; rewrite stale ones.
@@ -133,19 +148,63 @@ def write_preload_file(state_dir: str) -> None:
         write_atomic(path, content, mode=0o644)
 
 
+def ensure_region(path: str, gid: int) -> bool:
+    """Create a claim's region at its fixed layout size, or cut one back to it; True if changed.
+
+    The file is sparse and zero-filled: the first hooked process writes its header. It is the
+    only thing a container may write, so its size is the plugin's to keep: a region a tenant
+    grew (to fill the node's disk) or shrank is set back to REGION_SIZE here, at prepare, at
+    start-up reconciliation and by the governor's pass (`kubelet_plugin.region.Region.intact`).
+    Counters in a live region are never reset here.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        created = True
+    except FileExistsError:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        created = False
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            raise ClaimError(f"{path} is not a regular file; remove it and prepare again")
+        changed = created
+        if status.st_size != REGION_SIZE:
+            os.ftruncate(fd, REGION_SIZE)
+            changed = True
+        if created or status.st_gid != gid:
+            _set_group(fd, path, gid)
+        if created or stat.S_IMODE(status.st_mode) != REGION_MODE:
+            os.fchmod(fd, REGION_MODE)  # after fchown: it may clear mode bits
+    finally:
+        os.close(fd)
+    return changed
+
+
 def _make_claim_dir(directory: str, gid: int) -> None:
     os.makedirs(directory, exist_ok=True)
     status = os.stat(directory)
     if status.st_gid != gid:
-        try:
-            os.chown(directory, -1, gid)
-        except PermissionError:
-            raise ClaimError(
-                f"cannot give claim directory {directory} group {gid} (--claim-gid): the plugin "
-                f"must run as root or be a member of that group"
-            ) from None
+        _set_group(directory, directory, gid)
     if status.st_mode & 0o7777 != CLAIM_DIR_MODE:
         os.chmod(directory, CLAIM_DIR_MODE)
+
+
+def _set_group(target: int | str, path: str, gid: int) -> None:
+    """chgrp a claim file (by descriptor or path); a plugin that may not gets a clear error."""
+    try:
+        os.chown(target, -1, gid)
+    except PermissionError:
+        raise ClaimError(
+            f"cannot give {path} group {gid} (--claim-gid): the plugin must run as root or be "
+            f"a member of that group"
+        ) from None
+
+
+def _size(path: str) -> int | None:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return None
 
 
 def _read(path: str) -> bytes | None:

@@ -29,7 +29,20 @@ class ClaimRef:
     uid: str
 
     def __str__(self) -> str:
-        return f"{self.namespace}/{self.name} ({self.uid})"
+        # The kubelet passes these through from the API, but a hostile or broken caller may not:
+        # anything echoed into errors and logs is clipped.
+        return f"{clip(self.namespace)}/{clip(self.name)} ({clip(self.uid)})"
+
+
+# Longer than any valid namespace, name (253) is rare; a UID is 36 characters.
+CLIP_CHARS = 64
+
+
+def clip(text: str, limit: int = CLIP_CHARS) -> str:
+    """`text` shortened for errors and logs, saying how long it was."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}...({len(text)} chars)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,18 +85,37 @@ class ClaimAllocation:
     configs: tuple[OpaqueConfig, ...]
 
 
-def fetch_claim(client: kube.KubeClient, ref: ClaimRef) -> dict[str, Any]:
-    """GET the claim; its UID must be the one the kubelet asked for (else it was recreated)."""
+def fetch_claim(
+    client: kube.KubeClient, ref: ClaimRef, timeout_s: float | None = None
+) -> dict[str, Any]:
+    """GET the claim; its UID must be the one the kubelet asked for (else it was recreated).
+
+    `timeout_s` bounds the request (the kubelet call's remaining time); no answer in time is a
+    ClaimError that says the kubelet will retry.
+    """
     claim_path = kube.path(kube.RESOURCE_API, "resourceclaims", ref.name, namespace=ref.namespace)
     try:
-        claim = client.get(claim_path)
+        claim = client.get(claim_path, timeout_s=timeout_s)
     except kube.NotFound:
-        raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name} not found") from None
+        raise ClaimError(
+            f"ResourceClaim {clip(ref.namespace)}/{clip(ref.name)} not found"
+        ) from None
+    except kube.TooDeep:
+        raise ClaimError(
+            f"ResourceClaim {ref} is nested too deeply to read (an opaque config hundreds of "
+            f"levels deep?); a VgpuConfig is a flat object"
+        ) from None
+    except kube.Unreachable as exc:
+        budget = f" within {timeout_s:.1f} s" if timeout_s is not None else ""
+        raise ClaimError(
+            f"cannot read ResourceClaim {ref}: the API server did not answer{budget} "
+            f"({exc.message}); retryable, the kubelet retries the prepare"
+        ) from None
     uid = (claim.get("metadata") or {}).get("uid")
     if uid != ref.uid:
         raise ClaimError(
-            f"ResourceClaim {ref.namespace}/{ref.name} has UID {uid}, the kubelet asked for "
-            f"{ref.uid} (the claim was deleted and recreated)"
+            f"ResourceClaim {clip(ref.namespace)}/{clip(ref.name)} has UID {clip(str(uid))}, "
+            f"the kubelet asked for {clip(ref.uid)} (the claim was deleted and recreated)"
         )
     return claim
 

@@ -31,7 +31,8 @@ class DraServicer:
     def NodePrepareResources(self, request: Any, context: Any) -> Any:  # noqa: N802
         refs = _refs(request)
         started = time.perf_counter()
-        outcomes = self._preparer.prepare(refs)
+        # The API calls of this prepare must end before the kubelet gives up on the call.
+        outcomes = self._preparer.prepare(refs, time_remaining_s=_remaining(context))
         response = self._pb.NodePrepareResourcesResponse()
         for uid, outcome in outcomes.items():
             entry = response.claims[uid]
@@ -61,6 +62,17 @@ class DraServicer:
         for uid, error in errors.items():
             response.claims[uid].error = error
         return response
+
+
+# gRPC reports a call without a deadline as ~292 years remaining (or None); treat as no deadline.
+NO_DEADLINE_S = 1e6
+
+
+def _remaining(context: Any) -> float | None:
+    remaining = context.time_remaining()
+    if remaining is None or remaining > NO_DEADLINE_S:
+        return None
+    return float(remaining)
 
 
 def _refs(request: Any) -> list[ClaimRef]:

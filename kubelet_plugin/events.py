@@ -35,6 +35,8 @@ REASONS = {
     "overbooked": "PrepareOverbooked",
     "invalid_claim": "PrepareFailed",
     "api_error": "PrepareApiError",
+    "hook_library": "PrepareHookUnusable",
+    "node_io": "PrepareNodeError",
     "internal": "PrepareInternalError",
 }
 ADVICE = {
@@ -42,6 +44,9 @@ ADVICE = {
     "the claim stays pending until capacity is free or it is allocated elsewhere",
     "invalid_claim": "fix the claim (or its DeviceClass) and recreate it",
     "api_error": "the node could not read the claim from the API server; it retries",
+    "hook_library": "the node's vgpu-dra hook library is missing or unusable, so no caps could "
+    "be enforced; the node's administrator must reinstall it",
+    "node_io": "the node could not write the claim's files (disk full or read-only?); it retries",
     "internal": "a bug or a node problem: the node's kubelet-plugin log has the details",
 }
 

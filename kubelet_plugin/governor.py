@@ -39,12 +39,15 @@ from kubelet_plugin.region import (
     POLICY_NONE,
     Region,
     RegionError,
+    RegionNotReady,
+    enforce_size,
 )
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PERIOD_S = 0.1
 BALANCE_HEADROOM = 5.0
+REGION_SWEEP_TICKS = 10  # uncapped claims' regions are size-checked once per 10 passes (1 s)
 _POLICIES: Mapping[ComputePolicy, int] = {
     "none": POLICY_NONE,
     "fixed": POLICY_FIXED,
@@ -246,6 +249,7 @@ class Governor:
         self.wall_us = wall_us
         self.claims: dict[str, _Claim] = {}
         self._last_sample_us = wall_us()
+        self._sweep = 0
 
     def close(self) -> None:
         for claim in self.claims.values():
@@ -253,9 +257,11 @@ class Governor:
         self.claims.clear()
 
     def refresh(self) -> None:
-        """Follow the prepared claims: pick up capped ones once the hook has created their
+        """Follow the prepared claims: pick up capped ones once the hook has initialised their
         region, take cap changes, drop claims that are no longer prepared or capped."""
-        wanted = {uid: caps for uid, caps in self.claim_caps().items() if caps}
+        prepared = self.claim_caps()
+        wanted = {uid: caps for uid, caps in prepared.items() if caps}
+        self._bound_regions(prepared, mapped=wanted)
         for uid in list(self.claims):
             if uid not in wanted:
                 self.claims.pop(uid).region.close()
@@ -269,10 +275,22 @@ class Governor:
                 continue
             try:
                 region = Region(region_path)
+            except RegionNotReady:  # created at prepare; the claim's first process fills it
+                continue
             except (OSError, RegionError) as err:
                 log.warning("governor: claim %s: %s", uid, err)
                 continue
             self.claims[uid] = _Claim(uid, region, caps)
+
+    def _bound_regions(self, prepared: Mapping[str, object], mapped: Mapping[str, object]) -> None:
+        """Set regions a tenant resized back to their layout size (docs/security.md): the ones
+        this process maps every pass (a shrunk one would SIGBUS our reads), every other claim's
+        once per REGION_SWEEP_TICKS passes (a grown one fills the node's disk)."""
+        self._sweep = (self._sweep + 1) % REGION_SWEEP_TICKS
+        for index, uid in enumerate(prepared):
+            due = uid in mapped or index % REGION_SWEEP_TICKS == self._sweep
+            if due and not enforce_size(os.path.join(self.claims_dir, uid, "region")):
+                log.warning("governor: claim %s: a tenant resized its region; set back", uid)
 
     def tick(self) -> None:
         self.refresh()

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
+import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -26,10 +29,15 @@ from dra_driver.metrics_http import MetricsServer, parse_address, serve_metrics
 from kubelet_plugin.checkpoint import CheckpointError
 from kubelet_plugin.events import PrepareEvents
 from kubelet_plugin.health import HealthBoard, watch_xids
+from kubelet_plugin.hookcheck import HookLibraryCheck, HookLibraryError
 from kubelet_plugin.metrics import PluginMetrics
 from kubelet_plugin.prepare import NodeSettings, Preparer, kube_claim_source
 from kubelet_plugin.server import PluginServer, SocketPaths
+from kubelet_plugin.statelock import StateDirLock, StateLockError
 from kubelet_plugin.telemetry import ClaimPods, ClaimTelemetry
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
 
 log = logging.getLogger("vgpu-dra.kubelet-plugin")
 
@@ -81,17 +89,19 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
         default=default("hook_path", DEFAULT_HOOK_PATH),
         help="host path of libvgpu.so, bind-mounted into every container",
     )
+    # String defaults go through `type` too, so a bad environment value is an argparse error
+    # (exit 2, naming the flag) rather than a traceback.
     add(
         "--claim-gid",
         type=int,
-        default=int(default("claim_gid", "0") or 0),
+        default=default("claim_gid", "0") or "0",
         help="group owning claim dirs; added to containers so non-root processes can use them",
     )
     add(
         "--oversubscription-ratio",
         type=float,
-        default=float(default("oversubscription_ratio", "1.0") or 1.0),
-        help="published memory = physical memory x ratio (>= 1.0)",
+        default=default("oversubscription_ratio", "1.0") or "1.0",
+        help=f"published memory = physical memory x ratio (1.0 .. {MAX_OVERSUBSCRIPTION_RATIO:g})",
     )
     add(
         "--nvidia-cdi-spec-dir",
@@ -113,6 +123,12 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
     )
     add("--resync-seconds", type=float, default=60.0, help="slice and health re-check period")
     add("--workers", type=int, default=16, help="claims prepared in parallel per call")
+    add(
+        "--state-lock-timeout",
+        type=float,
+        default=30.0,
+        help="seconds to wait for another plugin holding --state-dir to exit (0: fail at once)",
+    )
     add("--log-level", default=default("log_level", "info"), choices=logsetup.LOG_LEVELS)
     add(
         "--log-format",
@@ -141,16 +157,41 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+# Far above any sane overcommit; what matters is that capacity arithmetic stays finite.
+MAX_OVERSUBSCRIPTION_RATIO = 64.0
+MAX_GID = 2**32 - 2  # (gid_t)-1 means "unchanged" to chown, so the largest real gid is one less
+MAX_WORKERS = 256
+# A DRA driver name is a DNS subdomain of at most 63 characters (it names slices, sockets and
+# CDI kinds, so it must be valid in all of them).
+_DRIVER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
 def settings_from(args: argparse.Namespace) -> NodeSettings:
     """Validated node settings from parsed flags (ValueError names the flag)."""
     if not args.node_name:
         raise ValueError("--node-name (or env NODE_NAME) is required")
-    if args.oversubscription_ratio < 1.0:
+    ratio = args.oversubscription_ratio
+    if not (math.isfinite(ratio) and 1.0 <= ratio <= MAX_OVERSUBSCRIPTION_RATIO):
         raise ValueError(
-            f"--oversubscription-ratio must be >= 1.0, got {args.oversubscription_ratio}"
+            f"--oversubscription-ratio must be a number from 1.0 to "
+            f"{MAX_OVERSUBSCRIPTION_RATIO:g}, got {ratio}"
         )
-    if args.claim_gid < 0:
-        raise ValueError(f"--claim-gid must be >= 0, got {args.claim_gid}")
+    if not 0 <= args.claim_gid <= MAX_GID:
+        raise ValueError(
+            f"--claim-gid must be a group id from 0 to {MAX_GID}, got {args.claim_gid}"
+        )
+    if not (math.isfinite(args.state_lock_timeout) and args.state_lock_timeout >= 0):
+        raise ValueError(
+            f"--state-lock-timeout must be a number of seconds >= 0, got {args.state_lock_timeout}"
+        )
+    if not 1 <= args.workers <= MAX_WORKERS:
+        raise ValueError(f"--workers must be from 1 to {MAX_WORKERS}, got {args.workers}")
+    if len(args.driver_name) > 63 or not _DRIVER_NAME.match(args.driver_name):
+        raise ValueError(
+            f"--driver-name {args.driver_name!r} is not a valid DRA driver name (a DNS subdomain "
+            f"of at most 63 characters: lower-case letters, digits, '-' and '.', e.g. "
+            f"{names.DEFAULT_DRIVER_NAME!r})"
+        )
     driver_names = names.DriverNames(args.driver_name)
     spec_dirs = () if args.no_nvidia_cdi else _split(args.nvidia_cdi_spec_dir)
     return NodeSettings(
@@ -208,6 +249,14 @@ def main(argv: Sequence[str]) -> int:
         return 1
     for secret in client.credential_strings():
         logsetup.redact(secret)
+    # Before the checkpoint is read: a second instance must never act on a copy of it.
+    state_lock = StateDirLock(settings.state_dir)
+    try:
+        state_lock.acquire(wait_s=args.state_lock_timeout)
+    except (StateLockError, OSError) as exc:
+        log.error("%s", exc)
+        client.close()
+        return 1
     provider = tracing.configure_tracing("vgpu-dra-kubelet-plugin", args.otlp_endpoint)
     pods = ClaimPods()
     metrics = PluginMetrics(settings.node_name) if args.metrics_address else None
@@ -218,10 +267,14 @@ def main(argv: Sequence[str]) -> int:
             inventory,
             pods.wrap_source(kube_claim_source(client)),
             max_workers=args.workers,
+            hook_check=HookLibraryCheck(settings.spec.hook_path),
             observer=ClaimTelemetry(metrics=metrics, events=events, pods=pods),
         )
-    except CheckpointError as exc:
-        log.error("%s", exc)
+    except (CheckpointError, OSError) as exc:
+        log.error("cannot load the checkpoint: %s", exc)
+        _stop_telemetry(events, provider)
+        state_lock.release()
+        client.close()
         return 1
     try:
         return _serve(
@@ -238,10 +291,9 @@ def main(argv: Sequence[str]) -> int:
         return 1
     finally:
         preparer.close()
-        if events is not None:
-            events.close()
-        tracing.shutdown_tracing(provider)
+        _stop_telemetry(events, provider)
         client.close()
+        state_lock.release()
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,6 +301,12 @@ class _Telemetry:
     metrics: PluginMetrics | None
     pods: ClaimPods
     traced: bool
+
+
+def _stop_telemetry(events: PrepareEvents | None, provider: TracerProvider | None) -> None:
+    if events is not None:
+        events.close()
+    tracing.shutdown_tracing(provider)
 
 
 def _serve(
@@ -262,12 +320,10 @@ def _serve(
     telemetry: _Telemetry,
 ) -> int:
     """Reconcile, serve until SIGTERM/SIGINT, then stop the servers and background threads."""
-    if not os.path.isfile(settings.spec.hook_path):
-        log.warning(
-            "hook library %s (--hook-path) does not exist: containers using claims will fail to "
-            "start until it is installed",
-            settings.spec.hook_path,
-        )
+    try:
+        HookLibraryCheck(settings.spec.hook_path).verify()
+    except HookLibraryError as exc:
+        log.error("%s; every prepare is refused until it is fixed", exc)
     report = preparer.reconcile()
     log.info(
         "checkpoint: %d prepared claims (%d orphan specs and %d orphan claim dirs removed, %d "

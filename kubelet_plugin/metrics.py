@@ -40,6 +40,15 @@ PREFIX = "vgpu_dra_"
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 TICK_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 GPU_LABELS = ("node", "gpu", "device")
+# kubelet_plugin.prepare's failure reasons (PrepareOutcome.reason), shown at 0 from the start.
+PREPARE_REASONS = (
+    "overbooked",
+    "invalid_claim",
+    "api_error",
+    "hook_library",
+    "node_io",
+    "internal",
+)
 CLAIM_LABELS = ("node", "namespace", "pod", "claim", "claim_uid", "gpu", "device")
 
 
@@ -123,7 +132,7 @@ class PluginMetrics:
         self.prepare_errors = Counter(
             PREFIX + "prepare_errors",
             "Claims whose prepare failed, by reason (overbooked, invalid_claim, api_error, "
-            "internal).",
+            "hook_library, node_io, internal).",
             ["node", "reason"],
             registry=self.registry,
         )
@@ -146,7 +155,7 @@ class PluginMetrics:
             registry=self.registry,
             buckets=TICK_BUCKETS,
         ).labels(node)
-        for reason in ("overbooked", "invalid_claim", "api_error", "internal"):
+        for reason in PREPARE_REASONS:
             self.prepare_errors.labels(node, reason)
         for reason in ("invalid_claim", "internal"):
             self.unprepare_errors.labels(node, reason)

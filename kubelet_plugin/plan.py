@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from dra_driver import names
-from dra_driver.config import ComputePolicy, ConfigError, LogLevel, merge_configs, parse_config
+from dra_driver.config import (
+    ComputePolicy,
+    ConfigError,
+    LogLevel,
+    VgpuConfig,
+    merge_configs,
+    parse_config,
+)
 from dra_driver.gpu import NodeInventory
 from kubelet_plugin.claims import ClaimAllocation, ClaimError, OpaqueConfig
 
@@ -91,16 +98,11 @@ def plan_claim(
                 f"ResourceClaim {allocation.ref}: device {result.device!r} is not on this node "
                 f"(known: {', '.join(sorted(gpus)) or 'none'})"
             )
-        try:
-            config = merge_configs(
-                parse_config(entry.parameters)
-                for entry in ordered
-                if entry.applies_to(result.request)
-            )
-        except ConfigError as exc:
-            raise ClaimError(
-                f"ResourceClaim {allocation.ref}, request {result.request!r}: {exc}"
-            ) from None
+        config = merge_configs(
+            _parse_entry(entry, allocation, result.request)
+            for entry in ordered
+            if entry.applies_to(result.request)
+        )
         cores = result.consumed.get(names.CAPACITY_CORES, 0)
         if not 0 <= cores <= MAX_CORES:
             raise ClaimError(
@@ -146,6 +148,21 @@ def plan_claim(
     )
     hook_device_lines(plan)  # rejects conflicting policies on one GPU now, not at write time
     return plan
+
+
+def _parse_entry(entry: OpaqueConfig, allocation: ClaimAllocation, request: str) -> VgpuConfig:
+    """One opaque config entry; the error says whether the claim or its DeviceClass is wrong."""
+    try:
+        return parse_config(entry.parameters)
+    except ConfigError as exc:
+        origin = (
+            "config from its DeviceClass (FromClass: fix the DeviceClass, not the claim)"
+            if entry.source == "FromClass"
+            else "config from the claim"
+        )
+        raise ClaimError(
+            f"ResourceClaim {allocation.ref}, request {request!r}: {origin}: {exc}"
+        ) from None
 
 
 def _class_then_claim(configs: Iterable[OpaqueConfig]) -> list[OpaqueConfig]:

@@ -4,21 +4,25 @@ Called by the gRPC adapters (`kubelet_plugin.dra_service`) with claim references
 outcome per claim, so a bad claim never fails its neighbours. Per claim the order is fixed, which
 is what makes kubelet retries and crashes safe:
 
-    checkpoint says prepared? -> return the recorded IDs
-    read the claim (API) -> plan (pure, `kubelet_plugin.plan`) -> overbooking guard (under lock)
-    -> claim dir + vgpu.conf -> CDI spec -> checkpoint (fsynced) -> answer
+    hook library usable? (`kubelet_plugin.hookcheck`, fail closed) -> checkpoint says prepared?
+    -> return the recorded IDs
+    read the claim (API, bounded by the kubelet call's deadline) -> plan (pure,
+    `kubelet_plugin.plan`) -> overbooking guard (under lock) -> claim dir + vgpu.conf -> CDI spec
+    -> checkpoint record (journal line, fdatasync'ed) -> answer
 
 Unprepare removes the spec, the claim dir, then the checkpoint entry; unknown claims succeed.
 `reconcile()` runs at start-up and makes the CDI root and claim dirs agree with the checkpoint.
 
 Concurrency: claims of one call run on a thread pool; one lock guards the in-memory state and the
-overbooking decision, file I/O happens outside it, and concurrent checkpoint writes coalesce into
-one (group commit). A per-UID lock keeps one claim from being worked on twice at once.
+overbooking decision, file I/O happens outside it, and concurrent checkpoint records coalesce into
+one append and one sync (group commit). A per-UID lock keeps one claim from being worked on twice
+at once.
 """
 
 from __future__ import annotations
 
 import contextvars
+import errno
 import logging
 import os
 import threading
@@ -33,16 +37,22 @@ from opentelemetry import trace
 
 from dra_driver import cdi, kube
 from dra_driver.gpu import NodeInventory
-from kubelet_plugin.checkpoint import CheckpointFile
+from kubelet_plugin.checkpoint import CheckpointJournal, Record
 from kubelet_plugin.claimfiles import ClaimFiles, ReconcileReport
-from kubelet_plugin.claims import ClaimError, ClaimRef, fetch_claim, parse_allocation
+from kubelet_plugin.claims import ClaimError, ClaimRef, clip, fetch_claim, parse_allocation
+from kubelet_plugin.hookcheck import HookLibraryCheck, HookLibraryError
 from kubelet_plugin.plan import ClaimPlan, OverbookedError, check_capacity, plan_claim
 
 log = logging.getLogger(__name__)
 
 
 _T = TypeVar("_T")
-ClaimSource = Callable[[ClaimRef], dict[str, Any]]
+# Reads a claim; the float is the time budget in seconds (None: the source's own default).
+ClaimSource = Callable[[ClaimRef, float | None], dict[str, Any]]
+# Of the kubelet call's remaining time, this share (at most API_MARGIN_S) is kept back for
+# answering: a claim GET that runs out of time fails that claim, it never makes the call late.
+API_MARGIN_SHARE = 0.2
+API_MARGIN_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +100,7 @@ class PrepareObserver(Protocol):
 
 def kube_claim_source(client: kube.KubeClient) -> ClaimSource:
     """Claims from the API server (the production source)."""
-    return lambda ref: fetch_claim(client, ref)
+    return lambda ref, timeout_s: fetch_claim(client, ref, timeout_s)
 
 
 class Preparer:
@@ -103,6 +113,7 @@ class Preparer:
         claim_source: ClaimSource,
         *,
         max_workers: int = 16,
+        hook_check: HookLibraryCheck | None = None,
         observer: PrepareObserver | None = None,
         tracer: trace.Tracer | None = None,
     ) -> None:
@@ -114,8 +125,10 @@ class Preparer:
         self._tracer = tracer if tracer is not None else _installed_tracer()
         self._inventory = inventory
         self._source = claim_source
-        self._checkpoint = CheckpointFile(settings.state_dir)
+        self._checkpoint = CheckpointJournal(settings.state_dir)
         self._prepared: dict[str, ClaimPlan] = self._checkpoint.load()
+        self._checkpoint.open(self._prepared)
+        self._pending: list[Record] = []  # changes not yet in the journal (under _lock)
         self._reserved: dict[str, ClaimPlan] = {}  # passed the guard, files being written
         self._lock = threading.Lock()
         self._version = 0
@@ -126,11 +139,21 @@ class Preparer:
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="prepare")
         self._toolkit = _ToolkitIds(settings.toolkit_spec_dirs)
         self._files = ClaimFiles(cdi_root=settings.cdi_root, spec=settings.spec)
+        self._hook = hook_check or HookLibraryCheck(settings.spec.hook_path)
 
     # --- kubelet calls ---------------------------------------------------------------------
 
-    def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareOutcome]:
-        return self._batch(refs, self._observed_prepare)
+    def prepare(
+        self, refs: Sequence[ClaimRef], *, time_remaining_s: float | None = None
+    ) -> dict[str, PrepareOutcome]:
+        """Prepare each claim; `time_remaining_s` is what is left of the kubelet's deadline."""
+        api_deadline = None
+        if time_remaining_s is not None:
+            margin = min(API_MARGIN_S, time_remaining_s * API_MARGIN_SHARE)
+            # Never longer than the client's own timeout (a far deadline is no reason to wait).
+            budget = min(time_remaining_s - margin, kube.DEFAULT_TIMEOUT_S)
+            api_deadline = time.monotonic() + budget
+        return self._batch(refs, lambda ref: self._observed_prepare(ref, api_deadline))
 
     def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
         """Claim UID -> error text ("" = success)."""
@@ -153,6 +176,7 @@ class Preparer:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._checkpoint.close()
 
     def _batch(self, refs: Sequence[ClaimRef], work: Callable[[ClaimRef], _T]) -> dict[str, _T]:
         if len(refs) <= 1:  # the common case: no thread hop on the latency path
@@ -165,14 +189,14 @@ class Preparer:
 
     # --- prepare ---------------------------------------------------------------------------
 
-    def _observed_prepare(self, ref: ClaimRef) -> PrepareOutcome:
+    def _observed_prepare(self, ref: ClaimRef, api_deadline: float | None) -> PrepareOutcome:
         started = time.perf_counter()
         if self._tracer is None:
-            outcome = self._prepare_claim(ref)
+            outcome = self._prepare_claim(ref, api_deadline)
         else:
             attrs = _span_attrs(ref)
             with self._tracer.start_as_current_span("prepare claim", attributes=attrs) as span:
-                outcome = self._prepare_claim(ref)
+                outcome = self._prepare_claim(ref, api_deadline)
                 span.set_attribute("vgpu_dra.outcome", outcome.reason or "prepared")
                 span.set_attribute("vgpu_dra.devices", [d.device for d in outcome.devices])
                 if outcome.error:
@@ -181,21 +205,30 @@ class Preparer:
             self._observer.prepared(ref, outcome, time.perf_counter() - started)
         return outcome
 
-    def _prepare_claim(self, ref: ClaimRef) -> PrepareOutcome:
+    def _prepare_claim(self, ref: ClaimRef, api_deadline: float | None) -> PrepareOutcome:
         try:
             _check_uid(ref)
+            self._hook.verify()  # fail closed: a hook that cannot load means no caps
             with self._claim_lock(ref.uid):
-                return PrepareOutcome(devices=self._prepare_locked(ref))
+                return PrepareOutcome(devices=self._prepare_locked(ref, api_deadline))
         except (ClaimError, kube.KubeError) as exc:
             log.warning("prepare %s failed: %s", ref, exc)
             return PrepareOutcome(error=_user_error(exc, ref), reason=failure_reason(exc))
+        except HookLibraryError as exc:
+            log.error("prepare %s refused: %s", ref, exc)
+            return PrepareOutcome(error=f"prepare {ref} refused: {exc}", reason="hook_library")
+        except OSError as exc:
+            log.exception("prepare %s failed writing files", ref)
+            return PrepareOutcome(error=f"prepare {ref}: {_os_error(exc)}", reason="node_io")
         except Exception as exc:
             log.exception("prepare %s failed unexpectedly", ref)
             return PrepareOutcome(
                 error=f"prepare {ref}: internal error: {exc}", reason=failure_reason(exc)
             )
 
-    def _prepare_locked(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
+    def _prepare_locked(
+        self, ref: ClaimRef, api_deadline: float | None
+    ) -> tuple[PreparedDevice, ...]:
         with self._lock:
             known = self._prepared.get(ref.uid)
         if known is not None:
@@ -204,8 +237,14 @@ class Preparer:
                 log.warning("claim %s: CDI spec or hook config missing; rewriting", ref)
                 self._files.write(known)
             return self._result(known)
+        budget = None if api_deadline is None else api_deadline - time.monotonic()
+        if budget is not None and budget <= 0:
+            raise ClaimError(
+                f"prepare {ref}: the kubelet's deadline passed before the claim could be read "
+                f"(retryable, the kubelet retries the prepare)"
+            )
         with self._step("read ResourceClaim"):
-            claim = self._source(ref)
+            claim = self._source(ref, budget)
         allocation = parse_allocation(
             claim, ref, driver=self._settings.driver, node_name=self._settings.node_name
         )
@@ -225,14 +264,13 @@ class Preparer:
                 self._files.write(plan)
             with self._lock:
                 self._prepared[plan.uid] = self._reserved.pop(plan.uid)
-                self._version += 1
-                target = self._version
+                target = self._record(("put", plan))
             with self._step("write checkpoint"):
                 self._flush(target)
         except BaseException:
             with self._lock:
-                self._prepared.pop(plan.uid, None)
-                self._version += 1
+                if self._prepared.pop(plan.uid, None) is not None:
+                    self._record(("del", plan.uid))
             self._files.remove(plan.uid)
             raise
         finally:
@@ -289,36 +327,58 @@ class Preparer:
                 self._files.remove(ref.uid)
                 with self._lock:
                     known = self._prepared.pop(ref.uid, None)
-                    self._version += 1
-                    target = self._version
+                    target = self._record(("del", ref.uid)) if known is not None else 0
                 if known is not None:
                     self._flush(target)
                     log.info("unprepared claim %s", ref)
                 else:
                     log.debug("unprepare %s: not prepared here; nothing to do", ref)
             return ""
+        except OSError as exc:
+            log.exception("unprepare %s failed", ref)
+            return f"unprepare {ref}: {_os_error(exc)}"
         except Exception as exc:
             log.exception("unprepare %s failed", ref)
             return f"unprepare {ref}: {exc}"
+
+    # --- state ---------------------------------------------------------------------------
+
+    def _record(self, record: Record) -> int:
+        """Queue a change for the journal (caller holds _lock); returns its version."""
+        self._pending.append(record)
+        self._version += 1
+        return self._version
+
+    def _flush(self, target: int) -> None:
+        """Persist the state at least as new as `target`; concurrent callers share one write.
+
+        Usually one journal append (one fdatasync) for every change queued so far; a full
+        snapshot instead when the journal is long or an append failed half-way.
+        """
+        with self._flush_lock:
+            if self._persisted >= target:
+                return
+            with self._lock:
+                records, self._pending = self._pending, []
+                version = self._version
+                snapshot = dict(self._prepared) if self._checkpoint.wants_compaction else None
+            try:
+                if snapshot is not None:
+                    self._checkpoint.compact(snapshot)
+                else:
+                    self._checkpoint.append(records)
+            except BaseException:
+                # Other claims' records went with this write: the next flush rewrites the
+                # whole state (a snapshot) so theirs are not lost.
+                self._checkpoint.mark_broken()
+                raise
+            self._persisted = version
 
     def _step(self, name: str) -> AbstractContextManager[object]:
         """A child span of the claim's span when tracing is on, else nothing at all."""
         if self._tracer is None:
             return _NO_SPAN
         return self._tracer.start_as_current_span(name)
-
-    # --- state ---------------------------------------------------------------------------
-
-    def _flush(self, target: int) -> None:
-        """Persist the state at least as new as `target`; concurrent callers share one write."""
-        with self._flush_lock:
-            if self._persisted >= target:
-                return
-            with self._lock:
-                snapshot = dict(self._prepared)
-                version = self._version
-            self._checkpoint.store(snapshot)
-            self._persisted = version
 
     @contextmanager
     def _claim_lock(self, uid: str) -> Iterator[None]:
@@ -358,9 +418,20 @@ class Preparer:
 def _check_uid(ref: ClaimRef) -> None:
     if not cdi.valid_claim_uid(ref.uid):
         raise ClaimError(
-            f"claim {ref.namespace}/{ref.name}: invalid UID {ref.uid!r} (expected a Kubernetes "
-            f"UID: letters, digits and '-')"
+            f"claim {clip(ref.namespace)}/{clip(ref.name)}: invalid UID {clip(ref.uid)!r} "
+            f"(expected a Kubernetes UID: letters, digits and '-')"
         )
+
+
+def _os_error(exc: OSError) -> str:
+    """A file error as the operator needs it: which path, and for a full disk, what to do."""
+    where = f" {exc.filename}" if exc.filename else ""
+    if exc.errno == errno.ENOSPC:
+        return (
+            f"no space left on the filesystem of{where or ' the state or CDI directory'}: free "
+            f"space there (the claim is retried by the kubelet)"
+        )
+    return f"cannot write{where}: {exc.strerror or exc}"
 
 
 _NO_SPAN = nullcontext()

@@ -102,6 +102,32 @@ class RegionError(Exception):
     """The file is not a region this code understands (wrong size, magic or version)."""
 
 
+class RegionNotReady(RegionError):
+    """The plugin created the file at prepare, but no hooked process has initialised it yet."""
+
+
+def enforce_size(path: str) -> bool:
+    """Set a claim's region file back to REGION_SIZE if it is another size; True if it was intact.
+
+    The region is the one file a container may write (docs/security.md). A tenant that grows it
+    would fill the node's state filesystem: the extra bytes are cut off here on every governor
+    pass. One that shrinks it would make readers of the mapping (this process) fault with
+    SIGBUS: restoring the size makes the mapping readable again (the lost pages read as zero).
+    A missing file is left alone (the claim is being prepared or removed).
+    """
+    try:
+        if os.stat(path).st_size == REGION_SIZE:
+            return True
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return True
+    try:
+        os.ftruncate(fd, REGION_SIZE)
+    finally:
+        os.close(fd)
+    return False
+
+
 class Region:
     """A mapped region file. Use as a context manager; `layout` is the live shared view."""
 
@@ -116,6 +142,9 @@ class Region:
         finally:
             os.close(fd)
         self.layout = RegionLayout.from_buffer(self._map)
+        if self.layout.magic == 0 and self.layout.ready == 0:
+            self.close()
+            raise RegionNotReady(f"{path}: not initialised by a hooked process yet")
         if self.layout.magic != REGION_MAGIC or self.layout.version != REGION_VERSION:
             version = self.layout.version
             self.close()

@@ -30,8 +30,8 @@ class ClaimPods:
     def wrap_source(self, source: ClaimSource) -> ClaimSource:
         """The same claim source, remembering each claim's pods on the way."""
 
-        def read(ref: ClaimRef) -> dict[str, Any]:
-            claim = source(ref)
+        def read(ref: ClaimRef, timeout_s: float | None) -> dict[str, Any]:
+            claim = source(ref, timeout_s)
             self.remember(ref.uid, claim)
             return claim
 

@@ -45,6 +45,7 @@ from vgpu_testbed.cluster_status import (
     probe,
 )
 from vgpu_testbed.procs import ProcessRecord
+from vgpu_testbed.realnode import pki as realnode_pki
 
 # Components in start order; stopped in reverse (extra per-node processes first).
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager")
@@ -326,6 +327,10 @@ class Cluster:
             sa_key=paths.sa_key,
             sa_pub=paths.sa_pub,
             gates=gates,
+        )
+        # The way to real nodes' kubelets (logs, exec): unused while nodes are kubelet-less.
+        api_argv += realnode_pki.apiserver_flags(
+            layout.pki, realnode_pki.egress_socket(layout.root)
         )
         api = self._spawn("kube-apiserver", api_argv, ports.apiserver)
         admin = identities["admin"].token

@@ -84,6 +84,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="also bring each node to life: simulated GPUs of its profile, the kubelet plugin "
         "and a kubelet stand-in (needs `make native`; see docs/node-agents.md)",
     )
+    up.add_argument(
+        "--runtime",
+        choices=("auto", "real", "standin"),
+        default="auto",
+        help="with --agents: real nodes (kubelet, containerd, runc in the node's own "
+        "namespaces; needs root and `make controlplane`) or the kubelet stand-in; auto = real "
+        "where this host allows it (see docs/testbed.md)",
+    )
     with_dir(sub.add_parser("down", help="stop everything and remove the cluster's files"))
     status = with_dir(sub.add_parser("status", help="components (pid, port, health) and nodes"))
     status.add_argument("--json", action="store_true", help="machine-readable output")
@@ -105,8 +113,10 @@ def _progress(t0: float) -> Callable[[str], None]:
 def cmd_up(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     say = _progress(t0)
+    runtime = "standin"
     if args.agents:
         check_agent_prerequisites(args.dir, args.nodes)
+        runtime = choose_runtime(args.runtime, say)
     cluster = Cluster.start(
         args.dir,
         args.nodes,
@@ -116,10 +126,18 @@ def cmd_up(args: argparse.Namespace) -> int:
     )
     if args.agents:
         from vgpu_testbed.node_agents import start_node_agents
+        from vgpu_testbed.realnode.node import start_real_nodes
 
-        say("starting node agents: simulated GPUs, kubelet plugin, kubelet stand-in")
+        if runtime == "real":
+            say("starting real nodes: simulated GPUs, containerd, kubelet plugin, kubelet")
+        else:
+            say("starting node agents: simulated GPUs, kubelet plugin, kubelet stand-in")
         try:
-            start_node_agents(cluster)
+            if runtime == "real":
+                for name, real in start_real_nodes(cluster).items():
+                    say(f"{name}: real node ready in {real.start_seconds:.1f}s (ip {real.ip})")
+            else:
+                start_node_agents(cluster)
         except BaseException:
             cluster.stop(keep_logs=True)
             raise
@@ -129,6 +147,22 @@ def cmd_up(args: argparse.Namespace) -> int:
     print(f"logs: {cluster.layout.logs}/   stop with: {PROG} down --dir {args.dir}")
     print(f"export KUBECONFIG={cluster.kubeconfig}")
     return 0
+
+
+def choose_runtime(wanted: str, say: Callable[[str], None]) -> str:
+    """`real` or `standin`: `auto` takes real nodes where the host allows them, else says why."""
+    from vgpu_testbed.realnode.host import check_host
+
+    if wanted == "standin":
+        return wanted
+    problems = check_host()
+    if not problems:
+        return "real"
+    reason = "; ".join(problems)
+    if wanted == "real":
+        raise RuntimeError(f"--runtime real is not possible on this host: {reason}")
+    say(f"real nodes not possible here ({reason}): using the kubelet stand-in")
+    return "standin"
 
 
 def check_agent_prerequisites(root: Path, profiles: Sequence[str]) -> None:

@@ -25,6 +25,7 @@ OWNED_ENTRIES = (
     "kubeconfig",
     "kubeconfigs",
     "serving",
+    "images",  # the image archives real nodes import (vgpu_testbed.realnode.images)
     "nodes",
     "state.json",
 )

@@ -233,6 +233,9 @@ def apiserver_argv(
         f"--client-ca-file={ca_cert}",
         f"--token-auth-file={layout.token_file}",
         "--authorization-mode=Node,RBAC",
+        # As on a real cluster: a node's credentials may write only its own Node object and
+        # ResourceSlices (the Node authorizer alone lets any node create any node's slice).
+        "--enable-admission-plugins=NodeRestriction",
         f"--service-account-issuer=https://{LOOPBACK}:{ports.apiserver}",
         f"--service-account-key-file={sa_pub}",
         f"--service-account-signing-key-file={sa_key}",

@@ -232,6 +232,17 @@ def _overlay_parent(target: str, scratch: str, overlaid: set[str]) -> None:
         overlaid.add(parent)
 
 
+def _provided_by_a_bind(target: str, binds: list[tuple[str, str, bool]]) -> bool:
+    """True when `target` lies inside another bind's directory whose host side already has it
+    (a claim's region file inside its claim dir): it exists once that bind is mounted."""
+    for host, container, _ in binds:
+        prefix = container.rstrip("/") + "/"
+        inside = target.startswith(prefix) and os.path.isdir(host)
+        if inside and os.path.lexists(os.path.join(host, target[len(prefix) :])):
+            return True
+    return False
+
+
 def _make_device_node(path: str, major: int, minor: int, scratch: str, overlaid: set[str]) -> None:
     """Create a character device the host lacks, inside this namespace only (as a runtime
     creates a CDI device node in the container's /dev)."""
@@ -259,7 +270,8 @@ def _inside(plan: dict[str, Any]) -> int:
     for host, target, _ in binds:
         if not os.path.exists(host):
             raise FileNotFoundError(f"CDI mount source {host} does not exist")
-        _prepare_target(target, os.path.isdir(host), scratch, overlaid)
+        if not _provided_by_a_bind(target, binds):
+            _prepare_target(target, os.path.isdir(host), scratch, overlaid)
     for host, target, read_only in binds:
         _mount("--bind", host, target)
         if read_only:

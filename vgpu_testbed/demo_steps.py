@@ -25,6 +25,7 @@ import yaml
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
 from dra_driver.names import DEFAULT_DRIVER_NAME, DriverNames
+from kubelet_plugin.checkpoint import CheckpointJournal
 from vgpu_testbed import demo_report as report
 from vgpu_testbed.cluster import Cluster
 from vgpu_testbed.node_agents import NodeAgents, start_node_agents
@@ -296,7 +297,7 @@ def step_release(ctx: DemoContext) -> None:
     ctx.say(f"kubectl delete pod {SHARED_POD}")
 
     def released() -> bool:
-        checkpoint = _read_json(paths.checkpoint).get("claims") or {}
+        checkpoint = CheckpointJournal(str(paths.checkpoint.parent)).load()
         return not (
             paths.cdi_spec(uid).exists() or paths.claim_dir(uid).exists() or uid in checkpoint
         )
@@ -324,14 +325,6 @@ def step_release(ctx: DemoContext) -> None:
         f"{shared.agents.node_name}/{shared.placement.devices[0]} is free again"
     )
     ctx.results["release_s"] = round(unprepared, 2)
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def _gone(client: KubeClient, resource_path: str) -> bool:

@@ -34,6 +34,7 @@ import yaml
 
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
+from kubelet_plugin.checkpoint import CheckpointJournal
 from kubelet_plugin.proto import dra_v1_pb2, dra_v1_pb2_grpc
 from vgpu_testbed.node_agents import NodeAgents, start_node_agents
 
@@ -166,12 +167,7 @@ def cdi_gpu_nodes(node_agents: NodeAgents, claim_uid: str) -> set[str]:
 
 
 def checkpoint_claims(node_agents: NodeAgents) -> dict[str, Any]:
-    try:
-        doc = json.loads(node_agents.paths.checkpoint.read_text())
-    except FileNotFoundError:
-        return {}
-    claims: dict[str, Any] = doc.get("claims", {})
-    return claims
+    return dict(CheckpointJournal(str(node_agents.paths.checkpoint.parent)).load())
 
 
 def prepared_example(

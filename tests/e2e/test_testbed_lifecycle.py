@@ -352,7 +352,17 @@ def test_dev_cluster_up_with_node_agents(tmp_path: Path) -> None:
     short = Path(tempfile.mkdtemp(prefix="vd-", dir="/tmp"))
     root = short / "c"
     try:
-        up = run_cli("up", "--agents", "--nodes", "dgx-h100", "--dir", str(root), cwd=short)
+        up = run_cli(
+            "up",
+            "--agents",
+            "--runtime",
+            "standin",
+            "--nodes",
+            "dgx-h100",
+            "--dir",
+            str(root),
+            cwd=short,
+        )
         assert up.returncode == 0, up.stdout + up.stderr
         cluster = Cluster.attach(root)
         records = cluster.processes

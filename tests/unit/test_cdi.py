@@ -37,7 +37,18 @@ def test_spec_follows_the_contract() -> None:
     ]
     mounts = {m["containerPath"]: m for m in edits["mounts"]}
     assert mounts[f"/run/vgpu-dra/claims/{UID}"]["hostPath"] == f"/var/lib/vgpu-dra/claims/{UID}"
-    assert "rw" in mounts[f"/run/vgpu-dra/claims/{UID}"]["options"]
+    # The claim dir (vgpu.conf) is read-only in the container; only the region file is writable.
+    claim_mount = mounts[f"/run/vgpu-dra/claims/{UID}"]
+    assert "ro" in claim_mount["options"] and "rw" not in claim_mount["options"]
+    region_mount = mounts[f"/run/vgpu-dra/claims/{UID}/region"]
+    assert region_mount["hostPath"] == f"/var/lib/vgpu-dra/claims/{UID}/region"
+    assert "rw" in region_mount["options"] and "ro" not in region_mount["options"]
+    # Runtimes mount in spec order: the region must come after the directory it sits in.
+    paths = [m["containerPath"] for m in edits["mounts"]]
+    assert paths.index(f"/run/vgpu-dra/claims/{UID}") < paths.index(
+        f"/run/vgpu-dra/claims/{UID}/region"
+    )
+    assert all("nosuid" in m["options"] and "nodev" in m["options"] for m in edits["mounts"])
     assert mounts["/usr/local/vgpu-dra/lib/libvgpu.so"]["hostPath"] == "/opt/vgpu/libvgpu.so"
     assert "ro" in mounts["/usr/local/vgpu-dra/lib/libvgpu.so"]["options"]
     assert mounts["/etc/ld.so.preload"]["hostPath"] == "/var/lib/vgpu-dra/hook/ld.so.preload"

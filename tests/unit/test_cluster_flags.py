@@ -130,6 +130,7 @@ def test_gates_identical_on_all_kubernetes_components(tmp_path: Path) -> None:
 def test_apiserver_auth_and_service_accounts(tmp_path: Path) -> None:
     api = _flags(_all_argv(tmp_path)["apiserver"])
     assert api["--authorization-mode"] == "Node,RBAC"
+    assert api["--enable-admission-plugins"] == "NodeRestriction"
     assert api["--token-auth-file"] == str(tmp_path / "pki" / "tokens.csv")
     assert api["--service-account-signing-key-file"].endswith("sa.key")
     assert api["--service-account-key-file"].endswith("sa.pub")

@@ -83,3 +83,26 @@ def test_explicit_default_still_overrides() -> None:
         ]
     )
     assert merged.compute_policy == "fixed"
+
+
+def nested(depth: int) -> dict[str, object]:
+    value: dict[str, object] = {}
+    for _ in range(depth):
+        value = {"x": value}
+    return value
+
+
+@pytest.mark.parametrize("where", ["unknown field", "known field"])
+def test_config_nested_thousands_deep_is_a_clear_error(where: str) -> None:
+    parameters = vgpu_config()
+    key = "x" if where == "unknown field" else "computePolicy"
+    parameters[key] = nested(5000)  # deeper than Python's recursion limit
+    with pytest.raises(ConfigError, match="nested more than 8 levels deep"):
+        parse_config(parameters)
+
+
+def test_echoed_values_are_shortened() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(vgpu_config(computePolicy="f" * 10_000))
+    assert "field 'computePolicy' has invalid value 'fff" in str(err.value)
+    assert len(str(err.value)) < 400

@@ -113,10 +113,12 @@ def test_the_preparers_plans_feed_the_governor_without_reading_vgpu_conf(tmp_pat
         node_name=claimdata.NODE,
         cdi_root=str(tmp_path / "cdi"),
         spec=cdi.SpecSettings(
-            kind="k8s.vgpu.dra.dev/claim", state_dir=str(tmp_path), hook_path="/opt/libvgpu.so"
+            kind="k8s.vgpu.dra.dev/claim",
+            state_dir=str(tmp_path),
+            hook_path=str(claimdata.HOOK_LIB),
         ),
     )
-    preparer = Preparer(settings, claimdata.inventory(), lambda ref: obj)
+    preparer = Preparer(settings, claimdata.inventory(), lambda ref, timeout_s: obj)
     preparer.reconcile()  # creates the dirs, as the plugin does before serving
     try:
         ref = ClaimRef("default", "claim-a", obj["metadata"]["uid"])

@@ -20,7 +20,7 @@ from kubelet_plugin.claims import ClaimRef
 from kubelet_plugin.metrics import GpuReading, NodeCollector, NvmlGpuReader, PluginMetrics
 from kubelet_plugin.prepare import NodeSettings, Preparer
 from kubelet_plugin.telemetry import ClaimPods, ClaimTelemetry
-from tests.integration.plugin.claimdata import DRIVER, NODE, GiB, claim, inventory, result
+from tests.integration.plugin.claimdata import DRIVER, HOOK_LIB, NODE, GiB, claim, inventory, result
 from tests.regions import write_region
 
 MIB = 1 << 20
@@ -64,7 +64,7 @@ class Plugin:
             spec=cdi.SpecSettings(
                 kind="k8s.vgpu.dra.dev/claim",
                 state_dir=str(root / "state"),
-                hook_path="/opt/libvgpu.so",
+                hook_path=str(HOOK_LIB),
                 claim_gid=os.getgid(),
             ),
         )
@@ -91,7 +91,7 @@ class Plugin:
             )
         )
 
-    def _source(self, ref: ClaimRef) -> dict[str, Any]:
+    def _source(self, ref: ClaimRef, timeout_s: float | None = None) -> dict[str, Any]:
         from kubelet_plugin.claims import ClaimError
 
         obj = self.objects.get(ref.uid)

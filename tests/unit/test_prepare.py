@@ -16,10 +16,13 @@ from typing import Any
 import pytest
 
 from dra_driver import cdi
+from kubelet_plugin.checkpoint import CheckpointJournal
 from kubelet_plugin.claims import ClaimError, ClaimRef
 from kubelet_plugin.prepare import NodeSettings, Preparer
+from kubelet_plugin.region import REGION_SIZE
 from tests.integration.plugin.claimdata import (
     DRIVER,
+    HOOK_LIB,
     NODE,
     GiB,
     claim,
@@ -45,7 +48,7 @@ class Claims:
         self.objects[(meta["namespace"], meta["name"])] = obj
         return ClaimRef(meta["namespace"], meta["name"], meta["uid"])
 
-    def __call__(self, ref: ClaimRef) -> dict[str, Any]:
+    def __call__(self, ref: ClaimRef, timeout_s: float | None = None) -> dict[str, Any]:
         self.reads += 1
         if self.delay_s:
             time.sleep(self.delay_s)
@@ -63,7 +66,7 @@ def node_settings(root: Path, ratio: float = 1.0) -> NodeSettings:
         spec=cdi.SpecSettings(
             kind=KIND,
             state_dir=str(root / "state"),
-            hook_path="/opt/libvgpu.so",
+            hook_path=str(HOOK_LIB),
             claim_gid=os.getgid(),
         ),
         oversubscription_ratio=ratio,
@@ -101,15 +104,19 @@ def test_prepare_writes_dir_conf_spec_and_checkpoint(
         "s1",
     )
     claim_dir = tmp_path / "state" / "claims" / ref.uid
-    assert stat.S_IMODE(claim_dir.stat().st_mode) & 0o777 == 0o770
+    assert stat.S_IMODE(claim_dir.stat().st_mode) == 0o750  # containers get it read-only
+    region = claim_dir / "region"  # the one writable file, created at its layout size
+    assert (stat.S_IMODE(region.stat().st_mode), region.stat().st_size) == (0o660, REGION_SIZE)
     conf = claim_dir / "vgpu.conf"
     assert stat.S_IMODE(conf.stat().st_mode) == 0o640
     assert f"memory={4 * GiB} cores=25 policy=fixed oversubscribe=0" in conf.read_text()
     spec = json.loads(spec_path(tmp_path, ref.uid).read_text())
     assert spec["devices"][0]["name"] == f"{ref.uid}-gpu-1-s1"
     assert stat.S_IMODE(spec_path(tmp_path, ref.uid).stat().st_mode) == 0o644
-    checkpoint = json.loads((tmp_path / "state" / "checkpoint.json").read_text())
-    assert list(checkpoint["claims"]) == [ref.uid]
+    assert list(CheckpointJournal(str(tmp_path / "state")).load()) == [ref.uid]
+    journal = (tmp_path / "state" / "checkpoint.log").read_text().splitlines()
+    assert [json.loads(line)["op"] for line in journal] == ["put"]
+    assert stat.S_IMODE((tmp_path / "state" / "checkpoint.log").stat().st_mode) == 0o600
     preload = tmp_path / "state" / "hook" / "ld.so.preload"
     assert preload.read_text() == "/usr/local/vgpu-dra/lib/libvgpu.so\n"
 
@@ -176,7 +183,7 @@ def test_unprepare_removes_everything_and_is_idempotent(
     assert preparer.unprepare([ref]) == {ref.uid: ""}
     assert not spec_path(tmp_path, ref.uid).exists()
     assert not (tmp_path / "state" / "claims" / ref.uid).exists()
-    assert json.loads((tmp_path / "state" / "checkpoint.json").read_text())["claims"] == {}
+    assert CheckpointJournal(str(tmp_path / "state")).load() == {}
     assert preparer.unprepare([ref, ClaimRef("x", "y", "never-seen")]) == {
         ref.uid: "",
         "never-seen": "",
@@ -224,8 +231,7 @@ def test_256_claims_in_one_call(tmp_path: Path, claims: Claims) -> None:
     ]
     outcomes = preparer.prepare(refs)
     assert [uid for uid, o in outcomes.items() if o.error] == []
-    checkpoint = json.loads((tmp_path / "state" / "checkpoint.json").read_text())
-    assert len(checkpoint["claims"]) == 256
+    assert len(CheckpointJournal(str(tmp_path / "state")).load()) == 256
     assert len(list((tmp_path / "cdi").iterdir())) == 256
     assert preparer.unprepare(refs) == {ref.uid: "" for ref in refs}
     assert list((tmp_path / "cdi").iterdir()) == []
@@ -252,7 +258,7 @@ def test_failed_write_rolls_back(tmp_path: Path, claims: Claims, preparer: Prepa
     ref = claims.add(claim([result("gpu-0", memory="16Gi")]))
     shutil.rmtree(tmp_path / "cdi")  # the spec write fails after the claim dir was made
     outcome = preparer.prepare([ref])[ref.uid]
-    assert "internal error" in outcome.error
+    assert f"cannot write {tmp_path / 'cdi'}/" in outcome.error  # names the file
     assert "No such file or directory" in outcome.error
     assert preparer.prepared() == {}
     assert not (tmp_path / "state" / "claims" / ref.uid).exists()
@@ -284,6 +290,18 @@ def test_hostile_uids_never_reach_the_filesystem(
     assert victim.exists()
     assert (tmp_path / "state" / "claims").exists()
     assert claims.reads == 0
+
+
+def test_hostile_uid_is_truncated_in_errors_and_logs(
+    claims: Claims, preparer: Preparer, caplog: pytest.LogCaptureFixture
+) -> None:
+    uid = "A" * 100_000
+    ref = ClaimRef("n" * 5000, "c" * 5000, uid)
+    error = preparer.prepare([ref])[uid].error
+    assert "invalid UID" in error and "(100000 chars)" in error
+    assert len(error) < 500
+    assert preparer.unprepare([ref])[uid].count("A") < 100
+    assert "A" * 100 not in caplog.text and "n" * 100 not in caplog.text
 
 
 def test_nvidia_toolkit_ids_are_returned_with_ours(tmp_path: Path, claims: Claims) -> None:
@@ -336,24 +354,24 @@ def test_subrequest_results_report_the_parent_request(claims: Claims, preparer: 
     assert device.request_names == ("gpu",)
 
 
-def test_prepare_fsyncs_only_the_checkpoint(
+def test_prepare_and_unprepare_sync_only_the_journal_once_each(
     monkeypatch: pytest.MonkeyPatch, claims: Claims, preparer: Preparer
 ) -> None:
     # The claim's files are rebuilt from the checkpoint after a power loss (next test), so the
-    # latency-critical path syncs only the checkpoint: its file and its directory.
+    # latency-critical path syncs only the checkpoint journal: one append each way, 2 per cycle.
     synced: list[str] = []
-    real_fsync = os.fsync
+    for name in ("fsync", "fdatasync"):
+        real = getattr(os, name)
 
-    def counting_fsync(fd: int) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
-        real_fsync(fd)
+        def counting(fd: int, real: Any = real) -> None:
+            synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+            real(fd)
 
-    monkeypatch.setattr(os, "fsync", counting_fsync)
+        monkeypatch.setattr(os, name, counting)
     ref = claims.add(claim([result("gpu-0", memory="1Gi")]))
     assert preparer.prepare([ref])[ref.uid].error == ""
-    assert len(synced) == 2, synced
-    assert "checkpoint" in synced[0]
-    assert synced[1].endswith("/state")
+    assert preparer.unprepare([ref])[ref.uid] == ""
+    assert [Path(p).name for p in synced] == ["checkpoint.log", "checkpoint.log"], synced
 
 
 def test_power_loss_emptied_files_are_rewritten_at_start(tmp_path: Path, claims: Claims) -> None:

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from kubelet_plugin.main import build_parser, settings_from, socket_paths
+from kubelet_plugin.main import build_parser, main, settings_from, socket_paths
 
 
 def parse(argv: list[str], env: dict[str, str] | None = None) -> argparse.Namespace:
@@ -54,11 +54,42 @@ def test_toolkit_lookup_can_be_disabled() -> None:
     ("argv", "message"),
     [
         ([], "--node-name (or env NODE_NAME) is required"),
-        (["--node-name", "n", "--oversubscription-ratio", "0.9"], "must be >= 1.0, got 0.9"),
-        (["--node-name", "n", "--claim-gid", "-1"], "--claim-gid must be >= 0, got -1"),
+        (["--node-name", "n", "--oversubscription-ratio", "0.9"], "from 1.0 to 64, got 0.9"),
+        (["--node-name", "n", "--claim-gid", "-1"], "--claim-gid must be a group id from 0 to"),
     ],
 )
 def test_invalid_settings_name_the_flag(argv: list[str], message: str) -> None:
     with pytest.raises(ValueError) as err:
         settings_from(parse(argv))
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--oversubscription-ratio", "nan"], "--oversubscription-ratio must be a number from"),
+        (["--oversubscription-ratio", "inf"], "--oversubscription-ratio must be a number from"),
+        (["--oversubscription-ratio", "1e308"], "--oversubscription-ratio must be a number from"),
+        (["--workers", "0"], "--workers must be from 1 to 256, got 0"),
+        (["--state-lock-timeout", "nan"], "--state-lock-timeout must be a number of seconds"),
+        (["--state-lock-timeout", "-1"], "--state-lock-timeout must be a number of seconds"),
+        (["--claim-gid", "4294967295"], "--claim-gid must be a group id from 0 to 4294967294"),
+        (["--claim-gid", str(2**40)], "--claim-gid must be a group id"),
+        (["--driver-name", "Bad_Driver"], "--driver-name 'Bad_Driver' is not a valid DRA driver"),
+        (["--driver-name", "a" * 64 + ".dev"], "is not a valid DRA driver name"),
+        (["--driver-name", "../etc"], "is not a valid DRA driver name"),
+    ],
+)
+def test_bad_flags_exit_2_at_start_with_a_message(
+    flags: list[str], message: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Checked before GPU discovery or any API call: main returns 2 and logs why."""
+    assert main(["--node-name", "n", *flags]) == 2
+    assert message in caplog.text
+
+
+def test_bad_environment_value_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        parse(["--node-name", "n"], env={"VGPU_DRA_CLAIM_GID": "staff"})
+    assert exit_.value.code == 2
+    assert "--claim-gid: invalid int value: 'staff'" in capsys.readouterr().err

@@ -190,3 +190,17 @@ def test_admin_access_is_uncapped_and_not_counted() -> None:
     )
     check_capacity(admin, [full], inv)  # monitoring a full GPU is allowed
     check_capacity(full, [admin], inv)  # and does not block tenants
+
+
+def test_bad_config_from_a_device_class_says_so() -> None:
+    obj = claim(
+        [result("gpu-0")],
+        configs=[config_entry(vgpu_config(computePolicy="fast"), source="FromClass")],
+    )
+    with pytest.raises(ClaimError) as err:
+        plan_of(obj)
+    assert "config from its DeviceClass (FromClass: fix the DeviceClass" in str(err.value)
+    assert "'computePolicy' has invalid value 'fast'" in str(err.value)
+    obj = claim([result("gpu-0")], configs=[config_entry(vgpu_config(computePolicy="fast"))])
+    with pytest.raises(ClaimError, match="config from the claim: invalid VgpuConfig"):
+        plan_of(obj)

@@ -147,6 +147,7 @@ struct vgpu_dev {          /* one configured device, matched by UUID */
 struct vgpu_state {
     bool configured;       /* at least one device line: enforcement on */
     bool compute_capped;   /* any device with a compute cap (fast path for launches) */
+    bool deny_all;         /* claims moved away: one catch-all device without memory */
     int dev_count;
     struct vgpu_dev devs[VGPU_MAX_DEVICES];
     int region_count;

@@ -7,8 +7,9 @@
  *   1. direct calls bind to our exported symbols (we are preloaded);
  *   2. cuGetProcAddress(_v2): we call the real one and map the returned pointer back to our
  *      wrapper, which covers versioned (_v2, _v3) and per-thread (_ptsz/_ptds) variants;
- *   3. dlsym(handle, "cu..."/"nvml..."), e.g. cuda-python and pynvml: we export dlsym, do the
- *      real lookup and, when it found a hooked name, return our wrapper of that name.
+ *   3. dlsym/dlvsym(handle, "cu..."/"nvml..."), e.g. cuda-python and pynvml: we export both, do
+ *      the real lookup and, when it found a hooked name, return our wrapper of that name; a
+ *      lookup of "dlsym"/"dlvsym" themselves returns ours (docs/security.md lists every path).
  * Recursion/deadlock guard: while this thread is inside a dlopen we issued, our dlsym is a
  * pure pass-through, and our dlsym never loads anything itself (see below).
  */
@@ -33,7 +34,10 @@ static _Atomic bool g_cuda_ok, g_nvml_ok;
 static __thread int t_in_loader __attribute__((tls_model("initial-exec")));
 
 typedef void *(*dlsym_fn)(void *, const char *);
-static _Atomic(dlsym_fn) g_real_dlsym;
+typedef void *(*dlvsym_fn)(void *, const char *, const char *);
+typedef void *(*dlmopen_fn)(Lmid_t, const char *, int);
+/* libc's own dlsym, dlvsym and dlmopen (ours replace them for everyone else). */
+static void *_Atomic g_real_dlsym, *_Atomic g_real_dlvsym, *_Atomic g_real_dlmopen;
 
 /* The functions our dlsym runs before returning are not sanitizer-instrumented: a sanitizer
  * runtime calls dlsym while initialising, before its shadow memory exists. */
@@ -98,30 +102,42 @@ NO_SANITIZE static void *lookup_in_object(const struct link_map *lm, const char 
     return NULL;
 }
 
-NO_SANITIZE static bool is_libc(const char *path) {
+/* The objects that define the real dlsym/dlvsym: libc.so.6 (glibc >= 2.34) or libdl.so.2. */
+NO_SANITIZE static bool defines_dl(const char *path) {
     const char *base = path;
     for (const char *c = path; *c; c++)
         if (*c == '/') base = c + 1;
-    return same_name(base, "libc.so.6");
+    return same_name(base, "libc.so.6") || same_name(base, "libdl.so.2");
+}
+
+/* Walk the loader's list of objects (plain data: no function another preloaded library could
+ * intercept before it is ready) and take the first definition of `name` in libc/libdl. Never
+ * through dlsym/dlvsym themselves: both are ours. */
+NO_SANITIZE static void *libc_symbol(const char *name) {
+    for (const struct link_map *lm = _r_debug.r_map; lm != NULL; lm = lm->l_next) {
+        if (lm->l_name == NULL || !defines_dl(lm->l_name)) continue;
+        void *fn = lookup_in_object(lm, name);
+        if (fn != NULL) return fn;
+    }
+    return NULL;
+}
+
+/* libc_symbol(name), looked up once and kept in *slot. */
+NO_SANITIZE static void *libc_symbol_once(void *_Atomic *slot, const char *name) {
+    void *fn = atomic_load_explicit(slot, memory_order_acquire);
+    if (fn == NULL) {
+        fn = libc_symbol(name);
+        atomic_store_explicit(slot, fn, memory_order_release);
+    }
+    return fn;
 }
 
 NO_SANITIZE static dlsym_fn real_dlsym_fn(void) {
-    dlsym_fn fn = atomic_load_explicit(&g_real_dlsym, memory_order_acquire);
-    if (fn != NULL) return fn;
-    /* Walk the loader's list of objects (plain data: no function another preloaded library
-     * could intercept before it is ready) and take libc's own dlsym. */
-    for (const struct link_map *lm = _r_debug.r_map; lm != NULL; lm = lm->l_next) {
-        if (lm->l_name != NULL && is_libc(lm->l_name)) {
-            fn = (dlsym_fn)lookup_in_object(lm, "dlsym");
-            break;
-        }
-    }
-    if (fn == NULL) { /* unusual libc: fall back to versioned lookups */
-        fn = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
-        if (fn == NULL) fn = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
-    }
-    atomic_store_explicit(&g_real_dlsym, fn, memory_order_release);
-    return fn;
+    return (dlsym_fn)libc_symbol_once(&g_real_dlsym, "dlsym");
+}
+
+NO_SANITIZE static dlvsym_fn real_dlvsym_fn(void) {
+    return (dlvsym_fn)libc_symbol_once(&g_real_dlvsym, "dlvsym");
 }
 
 NO_SANITIZE void *vgpu_real_dlsym(void *handle, const char *name) {
@@ -225,17 +241,62 @@ NO_SANITIZE static void *wrapper_for_name(const char *name) {
 }
 
 /*
- * Mapping is by name here, not by pointer: dlsym may run inside a library constructor while
- * the dynamic loader's lock is held, so it must never load anything or wait for our loaders.
- * The wrappers resolve their real functions lazily on first call instead.
+ * What dlsym/dlvsym hand out for a symbol the real lookup found. Mapping is by name, not by
+ * pointer: dlsym may run inside a library constructor while the dynamic loader's lock is held,
+ * so it must never load anything or wait for our loaders; the wrappers resolve their real
+ * functions lazily on first call instead. Asking for "dlsym" or "dlvsym" (through any handle,
+ * RTLD_NEXT included, or by version) yields ours, so libc's real lookup never reaches the
+ * program; cu* and nvml* names yield our wrapper whatever the handle (RTLD_NEXT included: our
+ * wrappers call the driver directly, so handing one to another interposer cannot loop).
  */
-NO_SANITIZE VGPU_EXPORT void *dlsym(void *handle, const char *name) {
-    void *sym = vgpu_real_dlsym(handle, name);
-    if (sym == NULL || handle == RTLD_NEXT || !is_driver_name(name) || t_in_loader) return sym;
+NO_SANITIZE static void *remap_symbol(void *sym, const char *name) {
+    if (sym == NULL || name == NULL || t_in_loader) return sym;
+    /* glibc before 2.34 exported its internal lookups (GLIBC_PRIVATE): a second real dlsym. */
+    if (name[0] == '_' && (same_name(name, "__libc_dlsym") || same_name(name, "__libc_dlvsym") ||
+                           same_name(name, "_dl_sym") || same_name(name, "_dl_vsym")))
+        return NULL;
+    if (name[0] == 'd') {
+        if (same_name(name, "dlsym")) return (void *)&dlsym;
+        if (same_name(name, "dlvsym")) return (void *)&dlvsym;
+        return sym;
+    }
+    if (!is_driver_name(name)) return sym;
     void *wrapper = wrapper_for_name(name);
     if (wrapper == NULL || wrapper == sym) return sym;
     LOG_DEBUG("dlsym(%s) -> hook wrapper", name);
     return wrapper;
+}
+
+NO_SANITIZE VGPU_EXPORT void *dlsym(void *handle, const char *name) {
+    return remap_symbol(vgpu_real_dlsym(handle, name), name);
+}
+
+NO_SANITIZE VGPU_EXPORT void *dlvsym(void *handle, const char *name, const char *version) {
+    dlvsym_fn fn = real_dlvsym_fn();
+    return remap_symbol(fn ? fn(handle, name, version) : NULL, name);
+}
+
+/*
+ * A new link-map namespace (dlmopen LM_ID_NEWLM) gets no preloads, so a library opened into one
+ * would bind its cu* calls straight to the driver. Load this library into the namespace first:
+ * the first object of a namespace is the head of every later object's lookup scope there, so
+ * the library's cu* and dl* references bind to the hook's copy, which enforces the same claims
+ * through the same regions (its own slot). If the hook cannot be loaded there, nothing is.
+ */
+VGPU_EXPORT void *dlmopen(Lmid_t lmid, const char *file, int mode) {
+    dlmopen_fn real = (dlmopen_fn)libc_symbol_once(&g_real_dlmopen, "dlmopen");
+    if (real == NULL) return NULL;
+    if (lmid != LM_ID_NEWLM || file == NULL) return real(lmid, file, mode);
+    Dl_info self;
+    if (dladdr((void *)&dlmopen, &self) == 0 || self.dli_fname == NULL) return NULL;
+    void *hook = real(LM_ID_NEWLM, self.dli_fname, RTLD_NOW);
+    Lmid_t ns;
+    if (hook == NULL || dlinfo(hook, RTLD_DI_LMID, &ns) != 0) {
+        LOG_ERROR("dlmopen(%s): cannot load the hook into a new namespace; refused", file);
+        return NULL;
+    }
+    LOG_DEBUG("dlmopen(%s): hook loaded first into namespace %ld", file, (long)ns);
+    return real(ns, file, mode);
 }
 
 static void map_proc(const char *symbol, void **pfn) {

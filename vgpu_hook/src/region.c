@@ -95,7 +95,6 @@ int vgpu_region_open(struct vgpu_region_handle *h, const char *path,
         return -1;
     }
     struct stat st;
-    bool fresh = false;
     if (fstat(fd, &st) != 0) goto fail;
     if ((size_t)st.st_size != sizeof(struct vgpu_region)) {
         if (st.st_size != 0) {
@@ -111,13 +110,18 @@ int vgpu_region_open(struct vgpu_region_handle *h, const char *path,
                 goto fail;
             }
         }
+        /* Never trust the size: map exactly the layout and cut a grown file back (a tenant
+         * appending to its region would fill the node's disk). Live counters are kept; a file
+         * shrunk below its header reads as zero and is initialised below. */
+        if (st.st_size != 0)
+            LOG_WARN("region %s is %lld bytes, the layout is %zu: cut back", path,
+                     (long long)st.st_size, sizeof(struct vgpu_region));
         if (ftruncate(fd, (off_t)sizeof(struct vgpu_region)) != 0) goto fail;
-        fresh = true;
     }
     void *map = mmap(NULL, sizeof(struct vgpu_region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (map == MAP_FAILED) goto fail;
     h->map = map;
-    if (fresh || h->map->magic != VGPU_REGION_MAGIC || atomic_load(&h->map->ready) != 1) {
+    if (h->map->magic != VGPU_REGION_MAGIC || atomic_load(&h->map->ready) != 1) {
         init_header(h->map, conf);
     } else if (h->map->version != VGPU_REGION_VERSION) {
         LOG_ERROR("region %s has layout version %u, this hook speaks %u; using a private "

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -26,6 +27,7 @@
 static struct vgpu_state g_state;
 static char g_region_paths[VGPU_MAX_CLAIMS][4096];
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static int g_mounted_claims; /* claim dirs found that are mounts, with or without vgpu.conf */
 static _Atomic bool g_ready;
 
 /* ordinal -> device index + 1 (0 = unknown yet, -1 = not one of ours) */
@@ -58,6 +60,31 @@ static char *read_small_file(const char *path) {
     return buf;
 }
 
+#ifndef STATX_ATTR_MOUNT_ROOT
+#define STATX_ATTR_MOUNT_ROOT 0x2000 /* Linux 5.8 */
+#endif
+
+/* Whether `path` (a directory or a regular file, never a symlink) is the root of a mount, i.e.
+ * something the container runtime mounted from the CDI spec. A claim directory a tenant created
+ * itself beside the real ones (e.g. as root in the container, with a cap of its own choosing)
+ * is not, and is ignored. Kernels before 5.8 do not report mount roots: there the path must at
+ * least sit on another device than its parent directory. */
+static bool is_mount_root(const char *path, bool want_dir) {
+    struct statx sx;
+    if (statx(AT_FDCWD, path, AT_SYMLINK_NOFOLLOW, STATX_TYPE, &sx) != 0) return false;
+    if (want_dir ? !S_ISDIR(sx.stx_mode) : !S_ISREG(sx.stx_mode)) return false;
+    if (sx.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT)
+        return (sx.stx_attributes & STATX_ATTR_MOUNT_ROOT) != 0;
+    char parent_path[4096];
+    snprintf(parent_path, sizeof parent_path, "%s", path);
+    char *slash = strrchr(parent_path, '/');
+    if (slash == NULL) return false;
+    slash[slash == parent_path ? 1 : 0] = '\0';
+    struct stat parent, child;
+    return stat(parent_path, &parent) == 0 && lstat(path, &child) == 0 &&
+           child.st_dev != parent.st_dev;
+}
+
 static void add_claim(const char *dir, const char *name) {
     struct vgpu_state *s = &g_state;
     if (s->region_count >= VGPU_MAX_CLAIMS) {
@@ -66,6 +93,13 @@ static void add_claim(const char *dir, const char *name) {
     }
     char path[4096];
     snprintf(path, sizeof path, "%s/%s/vgpu.conf", dir, name);
+    char claim_dir[4096];
+    snprintf(claim_dir, sizeof claim_dir, "%s/%s", dir, name);
+    if (!is_mount_root(claim_dir, true)) {
+        LOG_ERROR("%s is not a mount made from a claim's CDI spec; ignored", claim_dir);
+        return;
+    }
+    g_mounted_claims++;
     char *text = read_small_file(path);
     if (text == NULL) return; /* not a claim directory */
     struct vgpu_claim_conf conf;
@@ -139,10 +173,40 @@ static void release_at_exit(void) {
     for (int i = 0; i < g_state.region_count; i++) vgpu_region_release_slot(&g_state.regions[i]);
 }
 
+/*
+ * The CDI spec that mounts /etc/ld.so.preload (which is how this library got here) always mounts
+ * the claim dirs too. Seeing the first without the second means someone moved the claims away
+ * (e.g. a root tenant renamed /run/vgpu-dra, whose mounts move with it): fail closed, as for an
+ * unreadable memory cap. One catch-all device, matched by every GPU, with no memory at all.
+ */
+static void deny_all(void) {
+    LOG_ERROR("no claim is mounted under %s although /etc/ld.so.preload is: every GPU "
+              "allocation is refused", DEFAULT_CLAIMS_DIR);
+    struct vgpu_claim_conf conf;
+    memset(&conf, 0, sizeof conf);
+    conf.device_count = 1;
+    snprintf(conf.devices[0].uuid, sizeof conf.devices[0].uuid, "*");
+    conf.devices[0].memory_invalid = true;
+    struct vgpu_region_handle *h = &g_state.regions[0];
+    vgpu_region_open_private(h, &conf);
+    if (h->map == NULL) return;
+    g_state.region_count = 1;
+    g_state.deny_all = true;
+    struct vgpu_dev *d = &g_state.devs[0];
+    d->conf = conf.devices[0];
+    d->region = h;
+    d->region_dev = 0;
+    d->cuda_ordinal = -1;
+    d->nvml = NULL;
+    g_state.dev_count = 1;
+}
+
 static void init_once(void) {
     vgpu_alloc_register_atfork();
-    const char *dir = getenv("VGPU_DRA_CLAIMS_DIR");
-    if (dir == NULL || *dir == '\0') dir = DEFAULT_CLAIMS_DIR;
+    /* Fixed path, no override: whatever a tenant can set (environment, files it owns) must not
+     * move the hook away from the read-only claim mounts. Tests use the real path through the
+     * container runner's mount namespace (vgpu_testbed/container.py). */
+    const char *dir = DEFAULT_CLAIMS_DIR;
     struct dirent **names = NULL;
     int n = scandir(dir, &names, NULL, by_name);
     if (n < 0) {
@@ -154,6 +218,7 @@ static void init_once(void) {
         }
         free(names);
     }
+    if (g_mounted_claims == 0 && is_mount_root("/etc/ld.so.preload", false)) deny_all();
     g_state.configured = g_state.dev_count > 0;
     pthread_atfork(NULL, NULL, atfork_child);
     if (g_state.region_count > 0) atexit(release_at_exit);
@@ -182,6 +247,7 @@ static struct vgpu_dev *dev_by_uuid(const char *uuid) {
 
 struct vgpu_dev *vgpu_dev_for_ordinal(CUdevice ordinal) {
     struct vgpu_state *s = vgpu_state();
+    if (s->deny_all) return &s->devs[0];
     if (!s->configured || ordinal < 0 || ordinal >= MAX_ORDINALS) return NULL;
     int cached = atomic_load_explicit(&g_ordinal_map[ordinal], memory_order_relaxed);
     if (cached > 0) return &s->devs[cached - 1];
@@ -208,6 +274,7 @@ struct vgpu_dev *vgpu_dev_current(void) {
 
 struct vgpu_dev *vgpu_dev_for_nvml(nvmlDevice_t device) {
     struct vgpu_state *s = vgpu_state();
+    if (s->deny_all && device != NULL) return &s->devs[0];
     if (!s->configured || device == NULL) return NULL;
     for (int i = 0; i < s->dev_count; i++)
         if (__atomic_load_n(&s->devs[i].nvml, __ATOMIC_RELAXED) == device) return &s->devs[i];

@@ -226,6 +226,30 @@ static void test_version_mismatch(void) {
     unlink(other);
 }
 
+/* A tenant appends to the region (to fill the node's disk): the next process to open it cuts
+ * the file back to the layout size and keeps the live processes' usage (no re-initialisation). */
+static void test_grown_region_is_cut_back(void) {
+    struct vgpu_region_handle a, b;
+    CHECK(vgpu_region_open(&a, g_path, &g_conf) == 0);
+    CHECK(vgpu_region_claim_slot(&a, getpid()) >= 0);
+    CHECK(vgpu_region_charge(&a, 0, 700, 1000, false) == 0);
+    int fd = open(g_path, O_WRONLY);
+    CHECK(fd >= 0);
+    char junk[8192];
+    memset(junk, 'x', sizeof junk);
+    CHECK(pwrite(fd, junk, sizeof junk, (off_t)sizeof(struct vgpu_region)) == (ssize_t)sizeof junk);
+    close(fd);
+    CHECK(vgpu_region_open(&b, g_path, &g_conf) == 0);
+    struct stat st;
+    CHECK(stat(g_path, &st) == 0);
+    CHECK_EQ_U64(st.st_size, sizeof(struct vgpu_region));
+    CHECK_EQ_U64(vgpu_region_used(&b, 0), 700); /* a's charge survived */
+    CHECK(vgpu_region_claim_slot(&b, getpid()) >= 0);
+    CHECK(vgpu_region_charge(&b, 0, 301, 1000, false) == -1);
+    vgpu_region_close(&b);
+    vgpu_region_close(&a);
+}
+
 int main(void) {
     setup();
     test_create();
@@ -235,6 +259,7 @@ int main(void) {
     test_sigkill_reclaim();
     test_sigkill_holding_lock();
     test_version_mismatch();
+    test_grown_region_is_cut_back();
     unlink(g_path);
     rmdir(g_dir);
     CHECK_DONE();

@@ -12,15 +12,6 @@
 
 #include "nvml_internal.h"
 
-#define DEVICE_OR_RETURN(dev, phys, info)                       \
-    int phys;                                                   \
-    const struct sim_gpu_info *info;                            \
-    do {                                                        \
-        nvmlReturn_t rc_ = nv_device((dev), &phys, &info);      \
-        if (rc_ != NVML_SUCCESS)                                \
-            return rc_;                                         \
-    } while (0)
-
 #define ARG_OR_RETURN(cond)                                     \
     do {                                                        \
         if (!(cond))                                            \
@@ -29,13 +20,17 @@
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     return nv_copy_str(name, length, g->name);
 }
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, nvmlBrandType_t *type)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     ARG_OR_RETURN(type);
     *type = (nvmlBrandType_t)g->brand_code;
     return NVML_SUCCESS;
@@ -44,7 +39,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, nvmlBrandType_t 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t device,
                                                   nvmlDeviceArchitecture_t *arch)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     ARG_OR_RETURN(arch);
     *arch = (nvmlDeviceArchitecture_t)g->arch;
     return NVML_SUCCESS;
@@ -52,7 +49,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t device,
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     ARG_OR_RETURN(index);
     *index = device->index;
     return NVML_SUCCESS;
@@ -60,19 +59,25 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *in
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t device, char *serial, unsigned int length)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     return nv_copy_str(serial, length, g->serial);
 }
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     return nv_copy_str(uuid, length, g->uuid);
 }
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minorNumber)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     ARG_OR_RETURN(minorNumber);
     *minorNumber = (unsigned int)g->minor;
     return NVML_SUCCESS;
@@ -97,7 +102,9 @@ void nv_fill_pci(int phys, nvmlPciInfo_t *pci)
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     (void)g;
     ARG_OR_RETURN(pci);
     nv_fill_pci(phys, pci);
@@ -117,7 +124,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_t 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major,
                                                            int *minor)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     ARG_OR_RETURN(major && minor);
     *major = g->cc_major;
     *minor = g->cc_minor;
@@ -126,7 +135,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, 
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetNumGpuCores(nvmlDevice_t device, unsigned int *numCores)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     ARG_OR_RETURN(numCores);
     *numCores = g->sm_count * g->cores_per_sm;
     return NVML_SUCCESS;
@@ -134,7 +145,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetNumGpuCores(nvmlDevice_t device, unsigned i
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *node)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     ARG_OR_RETURN(node);
     if (g->numa_node < 0)
         return NVML_ERROR_NOT_SUPPORTED;
@@ -147,7 +160,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned in
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device,
                                                    nvmlDeviceAttributes_t *attributes)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     ARG_OR_RETURN(attributes);
     memset(attributes, 0, sizeof(*attributes));
     attributes->multiprocessorCount = g->sm_count;
@@ -165,7 +180,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device,
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode,
                                              unsigned int *pendingMode)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     ARG_OR_RETURN(currentMode && pendingMode);
     if (!g->mig_capable)
         return NVML_ERROR_NOT_SUPPORTED;
@@ -177,7 +194,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *
 static nvmlReturn_t enable_state(nvmlDevice_t device, nvmlEnableState_t *out,
                                  nvmlEnableState_t value)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     (void)g;
     ARG_OR_RETURN(out);
     *out = value;
@@ -215,7 +234,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device,
                                                     nvmlEccCounterType_t counterType,
                                                     unsigned long long *eccCounts)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     (void)g;
     ARG_OR_RETURN(eccCounts && (unsigned)errorType < 2 && (unsigned)counterType < 2);
     *eccCounts = 0;
@@ -224,7 +245,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device,
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, nvmlComputeMode_t *mode)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     (void)g;
     ARG_OR_RETURN(mode);
     *mode = NVML_COMPUTEMODE_DEFAULT;
@@ -233,7 +256,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, nvmlComput
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMigDevice)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     (void)g;
     ARG_OR_RETURN(isMigDevice);
     *isMigDevice = 0; /* handles are always whole GPUs */
@@ -244,7 +269,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigne
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetDriverModel_v2(nvmlDevice_t device, nvmlDriverModel_t *current,
                                                     nvmlDriverModel_t *pending)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     (void)g;
     (void)current;
     (void)pending;
@@ -261,7 +288,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetDriverModel(nvmlDevice_t device, nvmlDriver
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetConfComputeMemSizeInfo(nvmlDevice_t device,
                                                             nvmlConfComputeMemSizeInfo_t *memInfo)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     (void)g;
     (void)memInfo;
     return NVML_ERROR_NOT_SUPPORTED;
@@ -275,7 +304,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device,
                                                  nvmlTemperatureSensors_t sensorType,
                                                  unsigned int *temp)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     (void)g;
     ARG_OR_RETURN(temp && sensorType == NVML_TEMPERATURE_GPU);
     *temp = 32 + util_now(phys) * 40 / 100;
@@ -284,7 +315,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device,
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperature_t *temperature)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     (void)g;
     ARG_OR_RETURN(temperature);
     if (temperature->version != nvmlTemperature_v1)
@@ -298,7 +331,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device,
                                                           nvmlTemperatureThresholds_t thresholdType,
                                                           unsigned int *temp)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     (void)g;
     ARG_OR_RETURN(temp);
     switch (thresholdType) {
@@ -313,7 +348,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device,
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     ARG_OR_RETURN(power);
     unsigned long long limit = g->power_limit_mw;
     *power = (unsigned int)(limit * (20 + util_now(phys) * 70 / 100) / 100);
@@ -322,7 +359,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned in
 
 static nvmlReturn_t power_limit(nvmlDevice_t device, unsigned int *limit)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     ARG_OR_RETURN(limit);
     *limit = g->power_limit_mw;
     return NVML_SUCCESS;
@@ -347,7 +386,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementDefaultLimit(nvmlDevice_t de
 static nvmlReturn_t clock_of(nvmlDevice_t device, nvmlClockType_t type, unsigned int *clock,
                              int current)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     ARG_OR_RETURN(clock);
     unsigned int max;
     switch (type) {
@@ -377,7 +418,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, nvmlClock
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetFanSpeed(nvmlDevice_t device, unsigned int *speed)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     (void)g;
     (void)speed;
     return NVML_ERROR_NOT_SUPPORTED;
@@ -385,7 +428,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetFanSpeed(nvmlDevice_t device, unsigned int 
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetNumFans(nvmlDevice_t device, unsigned int *numFans)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     (void)g;
     ARG_OR_RETURN(numFans);
     *numFans = 0;
@@ -394,7 +439,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetNumFans(nvmlDevice_t device, unsigned int *
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetPerformanceState(nvmlDevice_t device, nvmlPstates_t *pState)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     (void)g;
     ARG_OR_RETURN(pState);
     *pState = util_now(phys) > 0 ? NVML_PSTATE_0 : NVML_PSTATE_8;
@@ -409,7 +456,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetPowerState(nvmlDevice_t device, nvmlPstates
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device,
                                                                unsigned long long *reasons)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     (void)g;
     ARG_OR_RETURN(reasons);
     *reasons = util_now(phys) == 0 ? 0x1ULL /* GPU idle */ : 0;
@@ -425,7 +474,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t d
 /* PCIe link: Gen5 x16 on Hopper, Gen4 x16 otherwise; no simulated PCIe traffic. */
 static nvmlReturn_t pcie_link(nvmlDevice_t device, unsigned int *out, int want_gen)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     ARG_OR_RETURN(out);
     *out = want_gen ? (g->arch >= SIM_ARCH_HOPPER ? 5 : 4) : 16;
     return NVML_SUCCESS;
@@ -455,7 +506,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t device,
                                                     nvmlPcieUtilCounter_t counter,
                                                     unsigned int *value)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     (void)g;
     ARG_OR_RETURN(value && (unsigned)counter < 2);
     *value = 0;

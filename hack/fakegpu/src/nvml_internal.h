@@ -20,6 +20,17 @@ struct nvmlDevice_st {
  * lost/removed flags. On NVML_SUCCESS *phys is set (and *info if info is non-NULL). */
 nvmlReturn_t nv_device(nvmlDevice_t device, int *phys, const struct sim_gpu_info **info);
 
+/* Resolve `dev` into *phys_out / *info_out (see nv_device) or return its error from the calling
+ * function. One statement: the caller declares the two variables, e.g.
+ *     int phys; const struct sim_gpu_info *g;
+ *     DEVICE_OR_RETURN(device, &phys, &g); */
+#define DEVICE_OR_RETURN(dev, phys_out, info_out)                       \
+    do {                                                                \
+        nvmlReturn_t dor_rc_ = nv_device((dev), (phys_out), (info_out)); \
+        if (dor_rc_ != NVML_SUCCESS)                                    \
+            return dor_rc_;                                             \
+    } while (0)
+
 /* Check that NVML is initialised. */
 nvmlReturn_t nv_initialised(void);
 

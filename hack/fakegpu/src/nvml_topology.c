@@ -19,15 +19,6 @@
 
 #include "nvml_internal.h"
 
-#define DEVICE_OR_RETURN(dev, phys, info)                       \
-    int phys;                                                   \
-    const struct sim_gpu_info *info;                            \
-    do {                                                        \
-        nvmlReturn_t rc_ = nv_device((dev), &phys, &info);      \
-        if (rc_ != NVML_SUCCESS)                                \
-            return rc_;                                         \
-    } while (0)
-
 static int max_links(const struct sim_gpu_info *g)
 {
     int used = 0;
@@ -191,7 +182,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetTopologyNearestGpus(nvmlDevice_t device,
                                                          unsigned int *count,
                                                          nvmlDevice_t *deviceArray)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     (void)g;
     if (!count || (*count > 0 && !deviceArray))
         return NVML_ERROR_INVALID_ARGUMENT;
@@ -269,7 +262,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetCpuAffinityWithinScope(nvmlDevice_t device,
                                                             unsigned long *cpuSet,
                                                             nvmlAffinityScope_t scope)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     if (!cpuSet || cpuSetSize == 0 || scope > NVML_AFFINITY_SCOPE_SOCKET)
         return NVML_ERROR_INVALID_ARGUMENT;
     memset(cpuSet, 0, cpuSetSize * sizeof(unsigned long));
@@ -299,7 +294,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetMemoryAffinity(nvmlDevice_t device, unsigne
                                                     unsigned long *nodeSet,
                                                     nvmlAffinityScope_t scope)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     if (!nodeSet || nodeSetSize == 0 || scope > NVML_AFFINITY_SCOPE_SOCKET)
         return NVML_ERROR_INVALID_ARGUMENT;
     memset(nodeSet, 0, nodeSetSize * sizeof(unsigned long));

@@ -15,18 +15,11 @@
 
 #include "nvml_internal.h"
 
-#define DEVICE_OR_RETURN(dev, phys, info)                       \
-    int phys;                                                   \
-    const struct sim_gpu_info *info;                            \
-    do {                                                        \
-        nvmlReturn_t rc_ = nv_device((dev), &phys, &info);      \
-        if (rc_ != NVML_SUCCESS)                                \
-            return rc_;                                         \
-    } while (0)
-
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     if (!memory)
         return NVML_ERROR_INVALID_ARGUMENT;
     unsigned long long used = sim_mem_used(phys);
@@ -38,7 +31,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     if (!memory)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (memory->version != nvmlMemory_v2)
@@ -53,7 +48,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemo
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t device, nvmlBAR1Memory_t *bar1)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     if (!bar1)
         return NVML_ERROR_INVALID_ARGUMENT;
     /* Data-centre GPUs map all of device memory through BAR1; nothing is mapped here. */
@@ -70,7 +67,9 @@ enum proc_layout { PROC_V1, PROC_V2 };
 static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *infoCount, void *infos,
                                       enum proc_layout layout, int compute)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     (void)g;
     if (!infoCount)
         return NVML_ERROR_INVALID_ARGUMENT;
@@ -156,7 +155,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t device,
                                                               nvmlProcessDetailList_t *plist)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     (void)g;
     if (!plist || plist->mode > PROC_MODE_ALL)
         return NVML_ERROR_INVALID_ARGUMENT;
@@ -188,7 +189,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t devic
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device,
                                                       nvmlUtilization_t *utilization)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     (void)g;
     if (!utilization)
         return NVML_ERROR_INVALID_ARGUMENT;
@@ -224,7 +227,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
                                                         unsigned int *processSamplesCount,
                                                         unsigned long long lastSeenTimeStamp)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     (void)g;
     if (!processSamplesCount)
         return NVML_ERROR_INVALID_ARGUMENT;
@@ -251,7 +256,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t device,
                                                               nvmlProcessesUtilizationInfo_t *info)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     (void)g;
     if (!info)
         return NVML_ERROR_INVALID_ARGUMENT;
@@ -280,7 +287,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t devic
 
 static nvmlReturn_t codec_util(nvmlDevice_t device, unsigned int *util, unsigned int *period)
 {
-    DEVICE_OR_RETURN(device, phys, g);
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
     (void)g;
     if (!util || !period)
         return NVML_ERROR_INVALID_ARGUMENT;

@@ -4,7 +4,7 @@
  * tu_node() creates a private temporary node (profile text + state path) and points
  * VGPU_SIM_STATE/VGPU_SIM_PROFILE at it; call it before the first sim_, nvml or cu call of the
  * process. tu_fork_case() runs a test case in a fresh child process, because attachment happens
- * once per process. CHECK() aborts the case with file:line on failure.
+ * once per process. CHECK() (vgpu_hook/tests/check.h) ends the case with file:line on failure.
  */
 #ifndef VGPU_TESTUTIL_H
 #define VGPU_TESTUTIL_H
@@ -18,23 +18,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define CHECK(cond)                                                                       \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);      \
-            exit(1);                                                                      \
-        }                                                                                 \
-    } while (0)
-
-#define CHECK_EQ_U(a, b)                                                                  \
-    do {                                                                                  \
-        unsigned long long va_ = (unsigned long long)(a), vb_ = (unsigned long long)(b);  \
-        if (va_ != vb_) {                                                                 \
-            fprintf(stderr, "%s:%d: CHECK failed: %s == %s (%llu != %llu)\n", __FILE__,   \
-                    __LINE__, #a, #b, va_, vb_);                                          \
-            exit(1);                                                                      \
-        }                                                                                 \
-    } while (0)
+/* CHECK, CHECK_EQ_U64: the project's one definition (a failure prints file:line and exits 1). */
+#include "../../../vgpu_hook/tests/check.h"
+#define CHECK_EQ_U(a, b) CHECK_EQ_U64(a, b) /* this harness's older name */
 
 /* Two small GPUs (1 GiB and 2 GiB) joined by 2 NVLink links, for tests. */
 static const char TU_PROFILE_2GPU[] =

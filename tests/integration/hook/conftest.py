@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from dra_driver.cdi import ClaimDevice, SpecSettings, build_claim_spec
+from kubelet_plugin.claimfiles import ensure_region
 from vgpu_testbed.container import run_in_container
 
 REPO = Path(__file__).resolve().parents[3]
@@ -84,10 +85,20 @@ class Node:
     def state_dir(self) -> Path:
         return self.root / "vgpu-dra"
 
-    def claim(self, uid: str, lines: Sequence[str] | None, gpus: Sequence[int] = (0,)) -> Claim:
-        """Prepare a claim like the kubelet plugin does; lines=None leaves vgpu.conf out."""
+    def claim(
+        self,
+        uid: str,
+        lines: Sequence[str] | None,
+        gpus: Sequence[int] = (0,),
+        hook: Path = HOOK_LIB,
+    ) -> Claim:
+        """Prepare a claim like the kubelet plugin does; lines=None leaves vgpu.conf out.
+
+        `hook` is the library the spec mounts as the container's libvgpu.so (e.g. the ASan build).
+        """
         claim_dir = self.state_dir / "claims" / uid
-        claim_dir.mkdir(parents=True, mode=0o770)
+        claim_dir.mkdir(parents=True, mode=0o750)
+        ensure_region(str(claim_dir / "region"), os.getgid())  # as prepare does
         if lines is not None:
             text = "version 1\nclaim " + uid + "\n" + "".join(line + "\n" for line in lines)
             conf = claim_dir / "vgpu.conf"
@@ -96,7 +107,7 @@ class Node:
         preload = self.state_dir / "hook" / "ld.so.preload"
         preload.parent.mkdir(parents=True, exist_ok=True)
         preload.write_text("/usr/local/vgpu-dra/lib/libvgpu.so\n")
-        settings = SpecSettings(kind=KIND, state_dir=str(self.state_dir), hook_path=str(HOOK_LIB))
+        settings = SpecSettings(kind=KIND, state_dir=str(self.state_dir), hook_path=str(hook))
         devices = [ClaimDevice(name=f"{uid}-gpu-{g}", minor=g) for g in gpus]
         spec = build_claim_spec(
             settings=settings,

@@ -1,10 +1,11 @@
 """Properties of libvgpu.so itself and of real client libraries using it.
 
-Proves: (1) only the hooks.def symbols and dlsym are exported; (2) no constructor does work
-(.init_array holds only the compiler's frame_dummy) and no internal call goes through the
-public dlsym; (3) a program without any GPU library, and a CUDA program whose driver is
-missing, run normally under the hook; (4) cuda-python 13 (dlsym + cuGetProcAddress_v2) sees
-the cap in cuMemGetInfo/cuDeviceTotalMem and gets CUDA_ERROR_OUT_OF_MEMORY past it;
+Proves: (1) only the hooks.def symbols, dlsym, dlvsym and dlmopen are exported; (2) no
+constructor does work (.init_array holds only the compiler's frame_dummy) and no internal call
+goes through the public dlsym; (3) a program without any GPU library, and a CUDA program
+whose driver is missing, run normally under the hook; (4) cuda-python 13 (dlsym +
+cuGetProcAddress_v2) sees the cap in cuMemGetInfo/cuDeviceTotalMem and gets
+CUDA_ERROR_OUT_OF_MEMORY past it;
 (5) pynvml and nvitop inside the container report total = cap and used = the claim's usage;
 (6) the ASan+UBSan build of the hook runs every wrapper cleanly, also with a sanitizer
 runtime that calls our dlsym while it initialises.
@@ -17,7 +18,6 @@ import re
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -45,7 +45,7 @@ def test_exports_are_exactly_the_hook_list(built: None) -> None:
         ["nm", "-D", "--defined-only", str(HOOK_LIB)], capture_output=True, text=True, check=True
     ).stdout
     exported = {line.split()[-1] for line in out.splitlines() if line.strip()}
-    assert exported == _hooked_names() | {"dlsym"}
+    assert exported == _hooked_names() | {"dlsym", "dlvsym", "dlmopen"}
 
 
 def test_no_constructor_work_and_no_public_dlsym_calls(built: None) -> None:
@@ -161,22 +161,17 @@ def _runtime(name: str) -> str:
     return os.path.realpath(path)
 
 
-def test_every_path_under_address_sanitizer(node: Node, tmp_path: Path) -> None:
+def test_every_path_under_address_sanitizer(node: Node) -> None:
     """The ASan+UBSan build of the hook runs every wrapper (all allocation paths, frees, info,
-    launches with the limiter, threads, fork) without a sanitizer report or leak. Run with
-    LD_PRELOAD because a sanitizer runtime must be loaded before everything else."""
-    claims = tmp_path / "claims" / "c-asan"
-    claims.mkdir(parents=True)
-    (claims / "vgpu.conf").write_text(
-        f"version 1\nclaim c-asan\ndevice uuid={UUIDS[0]} memory={GIB} cores=30\n"
-    )
-    preload = [_runtime("libasan.so"), _runtime("libubsan.so"), str(ASAN_HOOK)]
+    launches with the limiter, threads, fork) without a sanitizer report or leak. The claim's
+    spec mounts the ASan build as the container's libvgpu.so (so /etc/ld.so.preload loads it);
+    the sanitizer runtimes come through LD_PRELOAD, which the loader handles first, because a
+    sanitizer runtime must be loaded before everything else."""
+    claim = node.claim("c-asan", [f"device uuid={UUIDS[0]} memory={GIB} cores=30"], hook=ASAN_HOOK)
     env = dict(
-        node.env,
-        LD_PRELOAD=" ".join(preload),
+        LD_PRELOAD=f"{_runtime('libasan.so')} {_runtime('libubsan.so')}",
         ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:exitcode=66",
         UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1",
-        VGPU_DRA_CLAIMS_DIR=str(tmp_path / "claims"),
         VGPU_LOG_LEVEL="error",
     )
     steps = [
@@ -201,14 +196,7 @@ def test_every_path_under_address_sanitizer(node: Node, tmp_path: Path) -> None:
         "info",
     ]
     for procaddr in ([], ["-p"]):
-        done = subprocess.run(
-            [str(PROBE), *procaddr, *steps],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        done = claim.run([str(PROBE), *procaddr, *steps], timeout=120, **env)
         assert done.returncode == 0, done.stderr[-3000:]
         assert "ERROR: AddressSanitizer" not in done.stderr
         assert "runtime error" not in done.stderr

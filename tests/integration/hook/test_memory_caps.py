@@ -9,6 +9,7 @@ safe; cuMemGetInfo / cuDeviceTotalMem report the cap; no config = pass-through.
 from __future__ import annotations
 
 import signal
+import struct
 import subprocess
 import time
 from collections.abc import Iterator
@@ -352,7 +353,9 @@ def test_many_processes_starting_together_share_the_cap_exactly(node: Node) -> N
 
 def test_unusable_region_falls_back_to_per_process_caps(node: Node) -> None:
     claim = node.claim("c-noregion", [_line()])
-    (claim.dir / "region").mkdir()  # cannot be opened as the region file
+    # A region of another layout version (the plugin creates the file; its header says v99).
+    with open(claim.dir / "region", "r+b") as region:
+        region.write(struct.pack("<IIIII", 0x55504756, 99, 0, 1, 1))  # magic version size n ready
     done = claim.run([str(PROBE), "init", "alloc:629145600", "alloc:629145600"])
     out = done.stdout.splitlines()
     assert [field(x, "rc") for x in out[1:]] == [0, 2]  # still capped within the process

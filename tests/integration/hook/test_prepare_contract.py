@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dra_driver.cdi import ClaimDevice, SpecSettings, build_claim_spec
-from kubelet_plugin.plan import ClaimPlan, DevicePlan, render_hook_config
+from dra_driver.cdi import SpecSettings
+from kubelet_plugin.claimfiles import ClaimFiles
+from kubelet_plugin.plan import ClaimPlan, DevicePlan
 from kubelet_plugin.region import Region
 from tests.integration.hook.conftest import GIB, HOOK_LIB, KIND, PROBE, UUIDS, Node, field
 from vgpu_testbed.container import run_in_container
@@ -44,20 +45,13 @@ def _plan() -> ClaimPlan:
 
 
 def _prepare(node: Node, plan: ClaimPlan) -> tuple[dict[str, object], list[str], Path]:
-    claim_dir = node.state_dir / "claims" / plan.uid
-    claim_dir.mkdir(parents=True, mode=0o770)
-    (claim_dir / "vgpu.conf").write_text(render_hook_config(plan))
-    preload = node.state_dir / "hook" / "ld.so.preload"
-    preload.parent.mkdir(parents=True, exist_ok=True)
-    preload.write_text("/usr/local/vgpu-dra/lib/libvgpu.so\n")
+    """Write the claim's files with the plugin's own writer (claim dir, vgpu.conf, region)."""
     settings = SpecSettings(kind=KIND, state_dir=str(node.state_dir), hook_path=str(HOOK_LIB))
-    devices = [ClaimDevice(plan.cdi_device_name(d), d.minor) for d in plan.devices]
-    spec = build_claim_spec(
-        settings=settings,
-        claim_uid=plan.uid,
-        devices=devices,
-    )
-    return spec, [d.name for d in devices], claim_dir
+    (node.root / "cdi").mkdir(exist_ok=True)
+    files = ClaimFiles(cdi_root=str(node.root / "cdi"), spec=settings)
+    files.write(plan)
+    names = [plan.cdi_device_name(d) for d in plan.devices]
+    return files.spec(plan), names, node.state_dir / "claims" / plan.uid
 
 
 def test_plugin_written_claim_is_enforced(node: Node) -> None:

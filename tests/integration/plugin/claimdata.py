@@ -8,6 +8,7 @@ integration tests (the same claims created in the real API server). Shapes follo
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from typing import Any
 
 from dra_driver import kube
@@ -15,6 +16,8 @@ from dra_driver.gpu import GpuInfo, NodeInventory
 from kubelet_plugin.claims import ClaimRef
 
 DRIVER = "vgpu.dra.dev"
+# The hook library `make native` builds: prepare refuses claims unless --hook-path is a real one.
+HOOK_LIB = Path(__file__).resolve().parents[3] / "vgpu_hook" / "build" / "libvgpu.so"
 NODE = "node-1"
 GiB = 1 << 30
 

@@ -25,7 +25,7 @@ from dra_driver.gpu import NodeInventory
 from kubelet_plugin.health import HealthBoard
 from kubelet_plugin.prepare import NodeSettings, Preparer, kube_claim_source
 from kubelet_plugin.server import PluginServer, SocketPaths
-from tests.integration.plugin.claimdata import DRIVER, NODE, GiB, inventory
+from tests.integration.plugin.claimdata import DRIVER, HOOK_LIB, NODE, GiB, inventory
 
 ROOT = Path(__file__).resolve().parents[3]
 KIND = "k8s.vgpu.dra.dev/claim"
@@ -94,7 +94,7 @@ def plugin(kube_client: kube.KubeClient) -> Iterator[RunningPlugin]:
         spec=cdi.SpecSettings(
             kind=KIND,
             state_dir=str(root / "state"),
-            hook_path=str(root / "libvgpu.so"),
+            hook_path=str(HOOK_LIB),
             claim_gid=4242,
         ),
     )
@@ -135,7 +135,7 @@ def plugin_process_argv(root: Path, kubeconfig: Path | str, node: str, *extra: s
         f"--registrar-dir={root}/registry",
         f"--cdi-root={root}/cdi",
         f"--state-dir={root}/state",
-        f"--hook-path={root}/libvgpu.so",
+        f"--hook-path={HOOK_LIB}",
         "--no-publish-slices",
         *extra,
     ]

@@ -15,13 +15,13 @@ What this proves:
 
 from __future__ import annotations
 
-import json
 import stat
 import uuid
 from pathlib import Path
 from typing import Any
 
 from dra_driver import kube
+from kubelet_plugin.checkpoint import CheckpointJournal
 from kubelet_plugin.claims import ClaimRef
 from tests.integration.plugin.claimdata import (
     GiB,
@@ -184,7 +184,7 @@ def test_every_written_spec_loads_and_injects_the_contract(
     claim_mount = mounts[f"/run/vgpu-dra/claims/{multi.uid}"]
     assert claim_mount["source"] == str(plugin.state_dir / "claims" / multi.uid)
     assert "rw" in claim_mount["options"]
-    assert mounts["/usr/local/vgpu-dra/lib/libvgpu.so"]["source"] == str(plugin.root / "libvgpu.so")
+    assert mounts["/usr/local/vgpu-dra/lib/libvgpu.so"]["source"] == plugin.settings.spec.hook_path
     preload = mounts["/etc/ld.so.preload"]
     assert "ro" in preload["options"]
     assert Path(preload["source"]).read_text() == "/usr/local/vgpu-dra/lib/libvgpu.so\n"
@@ -195,8 +195,8 @@ def test_every_written_spec_loads_and_injects_the_contract(
     assert "/dev/nvidia0" not in devices  # the other claim's GPU stays out
     assert oci["process"]["user"]["additionalGids"] == [4242]
     # the checkpoint on disk agrees with what the kubelet was told
-    checkpoint = json.loads((plugin.state_dir / "checkpoint.json").read_text())
-    assert sorted(checkpoint["claims"]) == sorted([multi.uid, single.uid])
+    checkpoint = CheckpointJournal(str(plugin.state_dir)).load()
+    assert sorted(checkpoint) == sorted([multi.uid, single.uid])
 
 
 def test_overbooked_claim_is_refused_over_grpc(
@@ -229,8 +229,7 @@ def test_256_claims_in_one_call(
     assert [uid for uid, c in out["prepare"].items() if c["error"]] == []
     ids = {i for c in out["prepare"].values() for d in c["devices"] for i in d["cdiDeviceIDs"]}
     assert len(ids) == 256
-    checkpoint = json.loads((plugin.state_dir / "checkpoint.json").read_text())
-    assert len(checkpoint["claims"]) == 256
+    assert len(CheckpointJournal(str(plugin.state_dir)).load()) == 256
     out = kubelet(conformance_bin, plugin, "-unprepare", claims_arg(*refs))
     assert all(c["error"] == "" for c in out["unprepare"].values())
     assert list(plugin.cdi_root.iterdir()) == []

@@ -34,7 +34,7 @@ from kubelet_plugin.proto import (
     dra_health_v1alpha1_pb2,
     dra_health_v1alpha1_pb2_grpc,
 )
-from tests.integration.plugin.claimdata import inventory
+from tests.integration.plugin.claimdata import HOOK_LIB, inventory
 from tests.integration.plugin.conftest import (
     ROOT,
     RunningPlugin,
@@ -70,7 +70,7 @@ def test_plugin_process_lifecycle(cluster: Any, kube_client: kube.KubeClient) ->
         f"--registrar-dir={root}/registry",
         f"--cdi-root={cdi_root}",
         f"--state-dir={root}/state",
-        f"--hook-path={root}/libvgpu.so",
+        f"--hook-path={HOOK_LIB}",
         "--no-nvidia-cdi",
         "--no-governor",
     ]
@@ -157,7 +157,7 @@ def test_bad_flags_exit_with_a_clear_message() -> None:
         check=False,
     )
     assert done.returncode == 2
-    assert "--oversubscription-ratio must be >= 1.0, got 0.5" in done.stderr
+    assert "--oversubscription-ratio must be a number from 1.0 to 64, got 0.5" in done.stderr
 
 
 def test_gpu_faults_on_simulated_node_are_streamed_unhealthy(cluster: Any) -> None:

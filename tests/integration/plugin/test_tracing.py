@@ -35,7 +35,7 @@ from kubelet_plugin.claims import ClaimError, ClaimRef
 from kubelet_plugin.prepare import NodeSettings, Preparer
 from kubelet_plugin.proto import dra_v1_pb2, dra_v1_pb2_grpc
 from kubelet_plugin.server import PluginServer, SocketPaths
-from tests.integration.plugin.claimdata import DRIVER, NODE, GiB, claim, inventory, result
+from tests.integration.plugin.claimdata import DRIVER, HOOK_LIB, NODE, GiB, claim, inventory, result
 
 
 class Traced:
@@ -51,7 +51,7 @@ class Traced:
             spec=cdi.SpecSettings(
                 kind="k8s.vgpu.dra.dev/claim",
                 state_dir=str(root / "state"),
-                hook_path="/opt/libvgpu.so",
+                hook_path=str(HOOK_LIB),
                 claim_gid=os.getgid(),
             ),
         )
@@ -71,7 +71,7 @@ class Traced:
             interceptors=[server_interceptor(tracer_provider=self.provider)],
         )
 
-    def _source(self, ref: ClaimRef) -> dict[str, Any]:
+    def _source(self, ref: ClaimRef, timeout_s: float | None = None) -> dict[str, Any]:
         obj = self.objects.get(ref.uid)
         if obj is None:
             raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name} not found")
@@ -166,7 +166,7 @@ def test_unprepare_spans(traced: Traced) -> None:
     assert claim_span.status.status_code != trace.StatusCode.ERROR
 
 
-def test_without_a_provider_spans_do_not_record(tmp_path: Path) -> None:
+def test_without_a_provider_no_span_is_started(tmp_path: Path) -> None:
     settings = NodeSettings(
         driver=DRIVER,
         node_name=NODE,
@@ -174,25 +174,23 @@ def test_without_a_provider_spans_do_not_record(tmp_path: Path) -> None:
         spec=cdi.SpecSettings(
             kind="k8s.vgpu.dra.dev/claim",
             state_dir=str(tmp_path / "state"),
-            hook_path="/opt/libvgpu.so",
+            hook_path=str(HOOK_LIB),
             claim_gid=os.getgid(),
         ),
     )
     obj = claim([result("gpu-0", memory="1Gi")])
-    preparer = Preparer(settings, inventory(), lambda ref: obj)  # the default, global tracer
+    seen: list[object] = []
+
+    def source(ref: ClaimRef, timeout_s: float | None) -> dict[str, Any]:
+        seen.append(trace.get_current_span())  # what prepare runs in while reading the claim
+        return obj
+
+    preparer = Preparer(settings, inventory(), source)  # the default: the global provider
     preparer.reconcile()
-    seen: list[bool] = []
-    real = preparer._prepare_claim
-
-    def spy(ref: ClaimRef) -> Any:
-        seen.append(trace.get_current_span().is_recording())
-        return real(ref)
-
-    preparer._prepare_claim = spy  # type: ignore[method-assign]
     try:
         meta = obj["metadata"]
         outcome = preparer.prepare([ClaimRef(meta["namespace"], meta["name"], meta["uid"])])
         assert not next(iter(outcome.values())).error
-        assert seen == [False]
+        assert seen == [trace.INVALID_SPAN]  # no span was started at all
     finally:
         preparer.close()

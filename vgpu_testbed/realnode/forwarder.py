@@ -1,0 +1,93 @@
+"""Makes the bed's API server reachable on 127.0.0.1 inside a node's network namespace.
+
+The control plane listens on the host's loopback only (the bed's network rule), and a node's
+kubelet and plugin live in their own network namespace, whose loopback is a different one. This
+process listens on `127.0.0.1:<port>` *inside* the node namespace (the listening socket is
+created after `setns` into it; a socket stays in the namespace it was created in) and relays
+each connection to `127.0.0.1:<port>` of the host, where it runs. TLS passes through untouched,
+so clients verify the API server's certificate (SAN 127.0.0.1) as before, and node kubeconfigs
+stay unchanged. No library does a cross-namespace listen; the relay is a few lines of asyncio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import os
+import socket
+import sys
+from collections.abc import Sequence
+
+CLONE_NEWNET = 0x40000000
+
+
+def _setns(fd: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns: {os.strerror(err)}")
+
+
+def listen_in(netns: str, port: int) -> socket.socket:
+    """A listening socket on 127.0.0.1:port of the network namespace at `netns`."""
+    own = os.open("/proc/self/ns/net", os.O_RDONLY)
+    target = os.open(netns, os.O_RDONLY)
+    try:
+        _setns(target)
+        try:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", port))
+            sock.listen(128)
+        finally:
+            _setns(own)
+    finally:
+        os.close(own)
+        os.close(target)
+    sock.setblocking(False)
+    return sock
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except (ConnectionError, asyncio.CancelledError):
+        pass
+    finally:
+        writer.close()
+
+
+async def serve(listener: socket.socket, upstream_port: int) -> None:
+    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", upstream_port)
+        except OSError:
+            writer.close()
+            return
+        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+
+    server = await asyncio.start_server(relay, sock=listener)
+    async with server:
+        await server.serve_forever()
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="vgpu_testbed.realnode.forwarder")
+    parser.add_argument("--netns", required=True, help="e.g. /proc/<pid>/ns/net")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--ready-file", required=True)
+    args = parser.parse_args(list(argv))
+    listener = listen_in(args.netns, args.port)
+    with open(args.ready_file, "w") as ready:
+        ready.write(f"{args.port}\n")
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(listener, args.port))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

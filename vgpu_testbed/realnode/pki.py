@@ -1,0 +1,113 @@
+"""Certificates between the API server and real kubelets, signed by the bed's CA.
+
+- The API server authenticates to kubelets (logs, exec) with a client certificate
+  `kube-apiserver-kubelet-client` in group `system:masters`; the kubelet's webhook authorizer
+  then allows it, as the kubelet-api-admin binding does on a kubeadm cluster.
+- Each kubelet serves with a certificate for its node name and node IP, and the API server
+  verifies it (`--kubelet-certificate-authority`), instead of trusting a self-signed one.
+`apiserver_flags` is called once per cluster before the API server starts (it also writes the
+egress selector configuration, see `realnode.egress`); `kubelet_serving` per real node.
+Keys are 0600, EC P-256 like the rest of the bed's PKI (`vgpu_testbed.certs`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from vgpu_testbed.realnode import egress
+
+_VALIDITY = dt.timedelta(days=365)
+
+
+def _write(path: Path, data: bytes, mode: int) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.fchmod(fd, mode)
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def _issue(
+    pki_dir: Path,
+    subject: x509.Name,
+    usage: x509.ObjectIdentifier,
+    sans: list[x509.GeneralName],
+    *,
+    out: tuple[Path, Path],
+) -> None:
+    cert_path, key_path = out
+    ca_cert = x509.load_pem_x509_certificate((pki_dir / "ca.crt").read_bytes())
+    ca_key = serialization.load_pem_private_key((pki_dir / "ca.key").read_bytes(), None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise TypeError("the bed CA key is not an EC key")
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = dt.datetime.now(dt.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + _VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+    )
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    cert = builder.sign(ca_key, hashes.SHA256())
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    _write(key_path, key_pem, 0o600)
+    _write(cert_path, cert.public_bytes(serialization.Encoding.PEM), 0o644)
+
+
+def egress_socket(cluster_root: Path) -> Path:
+    """Where the bed network serves the API server's egress (`<cluster>/nodes/egress.sock`)."""
+    return cluster_root / "nodes" / egress.SOCKET_NAME
+
+
+def apiserver_flags(pki_dir: Path, egress_socket: Path) -> list[str]:
+    """Issue the API server's kubelet client certificate, write the egress selector config;
+    returns the API server flags that use them."""
+    cert, key = pki_dir / "apiserver-kubelet-client.crt", pki_dir / "apiserver-kubelet-client.key"
+    subject = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:masters"),
+            x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver-kubelet-client"),
+        ]
+    )
+    _issue(pki_dir, subject, ExtendedKeyUsageOID.CLIENT_AUTH, [], out=(cert, key))
+    config = pki_dir / egress.CONFIG_NAME
+    _write(config, egress.render_config(egress_socket).encode(), 0o644)
+    return [
+        f"--kubelet-client-certificate={cert}",
+        f"--kubelet-client-key={key}",
+        f"--kubelet-certificate-authority={pki_dir / 'ca.crt'}",
+        f"--egress-selector-config-file={config}",
+        # Node names resolve nowhere; the node IP is what the egress relay reaches.
+        "--kubelet-preferred-address-types=InternalIP",
+    ]
+
+
+def kubelet_serving(pki_dir: Path, node: str, ip: str, out_dir: Path) -> tuple[Path, Path]:
+    """A serving certificate for the kubelet of `node` (SANs: its name and node IP)."""
+    out_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    cert, key = out_dir / "kubelet-serving.crt", out_dir / "kubelet-serving.key"
+    sans: list[x509.GeneralName] = [
+        x509.DNSName(node),
+        x509.IPAddress(ipaddress.ip_address(ip)),
+    ]
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{node}")])
+    _issue(pki_dir, subject, ExtendedKeyUsageOID.SERVER_AUTH, sans, out=(cert, key))
+    return cert, key
