@@ -78,8 +78,13 @@ class ClaimTelemetry:
     def prepared(self, ref: ClaimRef, outcome: PrepareOutcome, seconds: float) -> None:
         if self._metrics is not None:
             self._metrics.observe_prepare(seconds, outcome.reason)
-        if outcome.error and self._events is not None:
-            self._events.prepare_failed(ref, outcome.reason, outcome.error, self._pods.of(ref.uid))
+        if outcome.error:
+            if self._events is not None:
+                pods = self._pods.of(ref.uid)
+                self._events.prepare_failed(ref, outcome.reason, outcome.error, pods)
+            # Only prepared claims are labelled with their pod; a failed one may never be
+            # unprepared, so its entry would never be dropped otherwise.
+            self._pods.forget(ref.uid)
 
     def unprepared(self, ref: ClaimRef, error: str, seconds: float) -> None:
         if self._metrics is not None:

@@ -163,10 +163,11 @@ def test_claim_and_gpu_figures_after_known_claims(plugin: Plugin, served: Metric
 
 def test_errors_are_counted_by_reason(plugin: Plugin, served: MetricsServer) -> None:
     missing = ClaimRef("tenant-a", "gone", "0b3c1f1e-0000-4000-8000-000000000001")
-    big = plugin.add([result("gpu-1", memory="17Gi")], name="too-big")
+    big = plugin.add([result("gpu-1", memory="17Gi")], name="too-big", pod="greedy")
     bad_uid = ClaimRef("tenant-a", "x", "../etc")
     plugin.preparer.prepare([missing])
     plugin.preparer.prepare([big])
+    assert plugin.pods.of(big.uid) == ()  # read, failed: not remembered (no unprepare comes)
     plugin.preparer.prepare([bad_uid])
     plugin.preparer.unprepare([bad_uid])
     samples = scrape(served.url)
