@@ -1,7 +1,7 @@
 """The demo's observability step: `vgpu-dra status` and the shared pod's metrics.
 
-Every node's kubelet plugin runs with `--metrics-address 127.0.0.1:0` (step 1) and logs the URL
-it serves (`metrics_url=...`). This step shows what an operator would look at after the
+Every node's kubelet plugin in the test bed serves metrics on a free loopback port and logs the
+URL (`NodeAgents.metrics_url()`). This step shows what an operator would look at after the
 workloads of step 5: the status table of the cluster (ResourceSlices + allocated claims, with
 live figures from those URLs; `dra_driver.status`, the code behind `vgpu-dra status`) and the
 Prometheus series of the shared pod's claim (its caps, memory held, last measured utilisation
@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 from collections.abc import Iterator
-from pathlib import Path
 
 from dra_driver import status as status_cmd
 from dra_driver.names import DEFAULT_DRIVER_NAME
@@ -32,22 +30,10 @@ CLAIM_SERIES = (
 )
 
 
-def metrics_url(log_path: Path) -> str | None:
-    """The URL a kubelet plugin said it serves /metrics on (the last start wins)."""
-    try:
-        found = re.findall(r"metrics_url=(\S+)", log_path.read_text())
-    except OSError:
-        return None
-    return found[-1] if found else None
-
-
 def step_observe(ctx: DemoContext) -> None:
-    cluster = ctx.need_cluster()
     client = ctx.need_client()
     endpoints = {
-        node: url
-        for node, agents in sorted(ctx.agents.items())
-        if (url := metrics_url(cluster.layout.logs / f"{agents.plugin_process}.log"))
+        node: url for node, agents in sorted(ctx.agents.items()) if (url := agents.metrics_url())
     }
     shared = ctx.need_prepared(SHARED_POD)
     claim_name = shared.claim["metadata"]["name"]

@@ -119,8 +119,7 @@ def step_bring_up(ctx: DemoContext) -> None:
     )
     ctx.client = KubeClient.from_kubeconfig(str(ctx.cluster.kubeconfig))
     ctx.say("starting node agents: simulated GPUs, kubelet plugin, kubelet stand-in")
-    # Metrics on a free loopback port per plugin, for the observability step.
-    ctx.agents = start_node_agents(ctx.cluster, plugin_args=["--metrics-address=127.0.0.1:0"])
+    ctx.agents = start_node_agents(ctx.cluster)
     pids = {p.name: p.pid for p in ctx.cluster.processes}
     for name, agents in ctx.agents.items():
         ctx.say(

@@ -3,7 +3,8 @@ against the real cluster with live figures from the plugin's /metrics.
 
 node-1 of the session cluster (a simulated `dgx-h100`) gets its agents: the kubelet plugin runs
 with the node's credentials (`system:node:node-1`, so the Node authorizer and NodeRestriction
-apply to every Event it writes) and `--metrics-address 127.0.0.1:0`; the kubelet stand-in
+apply to every Event it writes) and, as everywhere in the bed, metrics on a loopback port; the
+kubelet stand-in
 prepares the pods the real scheduler binds there.
 
 What this proves:
@@ -19,11 +20,9 @@ What this proves:
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -61,17 +60,12 @@ def node1(cluster: Any, client: KubeClient) -> Iterator[tuple[NodeAgents, str]]:
     client.delete(kube.path(RESOURCE_API, "deviceclasses", name))
     wait_for("an old DeviceClass to go", lambda: not deviceclass_exists(client, name))
     client.create(kube.path(RESOURCE_API, "deviceclasses"), device_class)
-    started = start_node_agents(
-        cluster, ["node-1"], plugin_args=["--resync-seconds", "1", "--metrics-address=127.0.0.1:0"]
-    )
+    started = start_node_agents(cluster, ["node-1"], plugin_args=["--resync-seconds", "1"])
     agents = started["node-1"]
-    log = Path(cluster.root) / "logs" / f"{agents.plugin_process}.log"
     try:
-        found = wait_for(
-            "the plugin's metrics URL in its log",
-            lambda: re.findall(r"metrics_url=(\S+)", log.read_text()),
-        )
-        yield agents, found[-1]
+        # The bed starts every plugin with metrics on a free loopback port.
+        url = wait_for("the plugin's metrics URL in its log", agents.metrics_url)
+        yield agents, url
     finally:
         agents.stop()
         for obj in client.list(
