@@ -7,7 +7,7 @@ PY          := $(VENV)/bin/python
 NATIVE_DIRS := $(patsubst %/Makefile,%,$(wildcard hack/fakegpu/Makefile vgpu_hook/Makefile))
 PYTEST_ARGS ?=
 
-.PHONY: all venv native native-test controlplane test unit lint demo bench clean protos
+.PHONY: all venv native native-test controlplane test unit lint demo bench clean protos image image-tree
 
 all: venv native
 
@@ -19,7 +19,8 @@ $(VENV)/.stamp: pyproject.toml setup.py
 
 venv: $(VENV)/.stamp
 
-# Rebuild the Cython extension in place when its source changes (editable installs do not).
+# Rebuild the Cython extensions (_fastquantity, _fastkernel) in place when a source changes
+# (editable installs do not).
 dra_driver/allocator/_fastquantity.stamp: $(VENV)/.stamp $(wildcard dra_driver/allocator/*.pyx)
 	$(PY) setup.py --quiet build_ext --inplace
 	touch $@
@@ -44,7 +45,7 @@ unit: native
 	$(VENV)/bin/pytest -q tests/unit $(PYTEST_ARGS)
 
 # The whole suite: what CI runs.
-test: lint native-test controlplane
+test: lint native-test controlplane image-tree
 	$(VENV)/bin/pytest -q -rs tests $(PYTEST_ARGS)
 
 demo: native controlplane
@@ -52,6 +53,38 @@ demo: native controlplane
 
 bench: native controlplane
 	$(PY) -m bench
+
+# The container image (Dockerfile) with whichever engine is here; IMAGE names it.
+IMAGE      ?= vgpu-dra:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE_TREE ?= build/image-tree
+
+image:
+	@engine=""; \
+	for e in docker podman buildah; do \
+	    if command -v $$e >/dev/null 2>&1; then \
+	        case $$e in \
+	            docker) docker info >/dev/null 2>&1 || { echo "image: docker is installed but its daemon is not reachable"; continue; } ;; \
+	        esac; engine=$$e; break; \
+	    fi; \
+	done; \
+	if [ -z "$$engine" ]; then \
+	    echo "image: no usable container engine (docker, podman or buildah); 'make image-tree' builds the same file tree without one" >&2; \
+	    exit 1; \
+	fi; \
+	echo "image: building $(IMAGE) with $$engine"; \
+	if [ "$$engine" = buildah ]; then buildah bud -t $(IMAGE) .; else $$engine build -t $(IMAGE) .; fi
+
+# The image's file tree without a container engine (deploy/image/build-tree.sh), for tests and
+# for packing into an OCI image elsewhere.
+# Built before the tests (which use it read-only) so no test reaches a package index.
+IMAGE_TREE_SOURCES := $(shell git ls-files pyproject.toml setup.py dra_driver kubelet_plugin \
+    controller vgpu_hook deploy/image 2>/dev/null)
+
+$(IMAGE_TREE)/.built: $(VENV)/.stamp $(IMAGE_TREE_SOURCES)
+	sh deploy/image/build-tree.sh $(IMAGE_TREE) $(PY)
+	touch $@
+
+image-tree: $(IMAGE_TREE)/.built
 
 clean:
 	rm -rf build $(VENV) .mypy_cache .ruff_cache .pytest_cache dra_driver/allocator/*.so \

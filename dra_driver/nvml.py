@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 NOT_SUPPORTED = 3
 TIMEOUT = 10
 FUNCTION_NOT_FOUND = 13
+NOT_FOUND = 6
 GPU_IS_LOST = 15
 
 
@@ -48,6 +49,11 @@ class NvmlError(Exception):
 
 class NvmlNotSupported(NvmlError):
     """The GPU or driver does not offer this query (NOT_SUPPORTED, FUNCTION_NOT_FOUND)."""
+
+
+class NvmlNotFound(NvmlError):
+    """NVML has nothing to report for the query (NOT_FOUND): e.g. no utilisation sample period
+    completed since the given timestamp, which real drivers report between sample periods."""
 
 
 class NvmlUnavailable(NvmlError):
@@ -149,6 +155,14 @@ def session(nvml: Nvml) -> Iterator[Nvml]:
 # ---- the pynvml implementation --------------------------------------------------------------
 
 
+# Typed errors by NVML return code; any other code is a plain NvmlError.
+_ERROR_KINDS: dict[int, type[NvmlError]] = {
+    NOT_SUPPORTED: NvmlNotSupported,
+    FUNCTION_NOT_FOUND: NvmlNotSupported,
+    NOT_FOUND: NvmlNotFound,
+}
+
+
 class PyNvml:
     """`Nvml` over pynvml (nvidia-ml-py): translates its errors and hides its handles."""
 
@@ -164,7 +178,7 @@ class PyNvml:
         except self._lib.NVMLError as exc:
             code = getattr(exc, "value", None)
             code = code if isinstance(code, int) else None
-            kind = NvmlNotSupported if code in (NOT_SUPPORTED, FUNCTION_NOT_FOUND) else NvmlError
+            kind = _ERROR_KINDS.get(code, NvmlError) if code is not None else NvmlError
             raise kind(name, code, str(exc)) from exc
 
     def init(self) -> None:

@@ -25,7 +25,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dra_driver import names
+from dra_driver import capacity, names
 from dra_driver.allocator import parse_quantity
 from dra_driver.gpu import GpuInfo, NodeInventory
 from dra_driver.kube import RESOURCE_API
@@ -41,8 +41,8 @@ MAX_STRING_ATTRIBUTE = 64
 MAX_OBJECT_NAME = 253
 MAX_LABEL_VALUE = 63
 
-MIB = 1 << 20
-CORES_TOTAL = 100
+MIB = capacity.MIB
+CORES_TOTAL = capacity.CORES_TOTAL
 
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "vgpu-dra"
@@ -85,11 +85,11 @@ def to_semver(version: str) -> str | None:
 
 
 def scaled_memory(memory_bytes: int, ratio: float) -> int:
-    """Memory capacity to publish: bytes x ratio, rounded down to whole MiB (the request step)."""
-    if not ratio >= 1.0:  # also rejects NaN
-        raise SliceError(f"oversubscription ratio must be >= 1.0, got {ratio!r}")
-    scaled = int(memory_bytes * ratio) if ratio != 1.0 else memory_bytes
-    return max(MIB, scaled // MIB * MIB)
+    """Memory capacity to publish (`dra_driver.capacity`); a bad ratio is a SliceError here."""
+    try:
+        return capacity.scaled_memory(memory_bytes, ratio)
+    except capacity.CapacityError as exc:
+        raise SliceError(str(exc)) from None
 
 
 def device_attributes(gpu: GpuInfo, inventory: NodeInventory) -> JSON:
@@ -132,23 +132,8 @@ def device_attributes(gpu: GpuInfo, inventory: NodeInventory) -> JSON:
 
 def device_capacity(gpu: GpuInfo, ratio: float) -> JSON:
     """Consumable capacities `memory` and `cores` with their request policies."""
-    memory = str(scaled_memory(gpu.memory_bytes, ratio))
-    return {
-        names.CAPACITY_MEMORY: {
-            "value": memory,
-            "requestPolicy": {
-                "default": memory,
-                "validRange": {"min": "1Mi", "max": memory, "step": "1Mi"},
-            },
-        },
-        names.CAPACITY_CORES: {
-            "value": str(CORES_TOTAL),
-            "requestPolicy": {
-                "default": "0",
-                "validRange": {"min": "0", "max": str(CORES_TOTAL), "step": "1"},
-            },
-        },
-    }
+    scaled_memory(gpu.memory_bytes, ratio)  # validates the ratio as a SliceError
+    return capacity.device_capacity(gpu.memory_bytes, ratio)
 
 
 def build_device(gpu: GpuInfo, inventory: NodeInventory, ratio: float) -> JSON:

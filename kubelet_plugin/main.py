@@ -444,14 +444,22 @@ def _background(
 
     def loop() -> None:
         if args.publish_slices:
+            from kubelet_plugin.api_support import SliceForm, wait_for_form
             from kubelet_plugin.slice_publisher import SlicePublisher
 
+            # What the server stores decides the published form (never a rewrite loop).
+            form = wait_for_form(
+                client, driver=settings.driver, node_name=settings.node_name, stop=stop
+            )
+            if form is None:
+                return
             publisher = SlicePublisher(
                 client,
                 driver=settings.driver,
                 node_name=settings.node_name,
                 oversubscription_ratio=settings.oversubscription_ratio,
                 on_sync=metrics.observe_slice_sync if metrics is not None else None,
+                whole_devices=form is SliceForm.WHOLE,
             )
             publisher.run(observed, stop, resync_s=args.resync_seconds)
             return

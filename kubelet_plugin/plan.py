@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dra_driver import capacity as device_capacity
 from dra_driver import names
 from dra_driver.config import (
     ComputePolicy,
@@ -25,7 +26,7 @@ from dra_driver.config import (
 from dra_driver.gpu import NodeInventory
 from kubelet_plugin.claims import ClaimAllocation, ClaimError, OpaqueConfig
 
-MAX_CORES = 100
+MAX_CORES = device_capacity.CORES_TOTAL
 
 
 class OverbookedError(ClaimError):
@@ -191,7 +192,7 @@ def check_capacity(
 ) -> None:
     """Refuse `plan` if it would overbook a device given the already prepared claims.
 
-    Capacity per device is memory x ratio and 100 cores, as published in the ResourceSlice; the
+    Capacity per device is what the ResourceSlice publishes (`dra_driver.capacity`); the
     scheduler normally guarantees this, the guard catches allocations written by hand or by a
     controller working from a stale view.
     """
@@ -211,7 +212,7 @@ def check_capacity(
         used_memory[device.device] = used_memory.get(device.device, 0) + device.memory
         used_cores[device.device] = used_cores.get(device.device, 0) + device.cores
     for name in dict.fromkeys(d.device for d in counted):
-        capacity = int(gpus[name].memory_bytes * oversubscription_ratio)
+        capacity = device_capacity.scaled_memory(gpus[name].memory_bytes, oversubscription_ratio)
         if used_memory[name] > capacity:
             raise OverbookedError(
                 f"ResourceClaim {plan.namespace}/{plan.name} ({plan.uid}) would overbook device "

@@ -15,10 +15,14 @@ Rules that keep it cheap and correct:
 - Failures (API server unreachable, conflicts, a Node not yet registered) are retried with capped,
   jittered exponential backoff (`kubelet_plugin.backoff`); the loop converges whenever the server is
   reachable again.
+- Never a rewrite loop: a server that stores a slice differently from what was written (a field
+  dropped by a disabled feature gate the start-up probe in `kubelet_plugin.api_support` does not
+  cover) is reported once, and that content is not written again until the desired slices change.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -28,6 +32,7 @@ from typing import Any
 from dra_driver import kube, slices
 from dra_driver.gpu import NodeInventory
 from dra_driver.kube import RESOURCE_API, KubeClient, KubeError
+from kubelet_plugin.api_support import whole_device_slice
 from kubelet_plugin.backoff import Backoff
 
 log = logging.getLogger(__name__)
@@ -99,6 +104,18 @@ def plan_sync(desired: Sequence[JSON], existing: Sequence[JSON]) -> SyncPlan:
     return plan
 
 
+def _fingerprint(desired: Sequence[JSON]) -> str:
+    """The content of `desired` as the comparison sees it (names, specs, owners)."""
+    return json.dumps(
+        [
+            [o["metadata"]["name"], slices.comparable_spec(o["spec"]), slices.owner_uids(o)]
+            for o in desired
+        ],
+        sort_keys=True,
+        default=str,
+    )
+
+
 def _with_generation(obj: JSON, generation: int) -> JSON:
     spec = dict(obj["spec"])
     spec["pool"] = {**spec["pool"], "generation": generation}
@@ -118,6 +135,7 @@ class SlicePublisher:
         backoff: Backoff | None = None,
         max_devices_per_slice: int = slices.MAX_DEVICES_PER_SLICE,
         on_sync: Callable[[str], None] | None = None,
+        whole_devices: bool = False,
     ) -> None:
         self._on_sync = on_sync  # told each sync's outcome: written, unchanged or error
         slices.scaled_memory(1 << 30, oversubscription_ratio)  # validate the ratio up front
@@ -127,6 +145,11 @@ class SlicePublisher:
         self._ratio = oversubscription_ratio
         self._backoff = backoff or Backoff()
         self._per_slice = max_devices_per_slice
+        # The server drops consumable capacity (kubelet_plugin.api_support): publish whole GPUs.
+        self._whole_devices = whole_devices
+        # Fingerprint of desired slices the server altered on write (a loop guard for fields the
+        # start-up probe does not know about); None when the last write was stored as sent.
+        self._altered_by_server: str | None = None
         self.generation = 0
         """Pool generation after the last successful sync (0 before the first)."""
 
@@ -137,7 +160,7 @@ class SlicePublisher:
     def desired(self, inventory: NodeInventory) -> list[JSON]:
         """The slices for `inventory`, owned by the Node as it exists right now."""
         node = self._client.get(kube.path("v1", "nodes", self._node_name))
-        return slices.build_slices(
+        built = slices.build_slices(
             inventory,
             driver=self._driver,
             node_name=self._node_name,
@@ -145,6 +168,9 @@ class SlicePublisher:
             oversubscription_ratio=self._ratio,
             max_devices_per_slice=self._per_slice,
         )
+        if self._whole_devices:
+            return [whole_device_slice(obj) for obj in built]
+        return built
 
     def existing(self) -> list[JSON]:
         return self._client.list(
@@ -157,15 +183,29 @@ class SlicePublisher:
         Raises KubeError (the caller retries): NotFound when the Node does not exist yet, Conflict
         when someone else changed a slice between our list and our write, Unreachable, ...
         """
-        plan = plan_sync(self.desired(inventory), self.existing())
+        desired = self.desired(inventory)
+        if self._altered_by_server == _fingerprint(desired):
+            return False  # the server changes this content on every write: do not loop
+        plan = plan_sync(desired, self.existing())
         collection = kube.path(RESOURCE_API, SLICES)
+        altered = []
         for obj in plan.create:
-            self._client.create(collection, obj)
+            if not slices.same_content(obj, self._client.create(collection, obj)):
+                altered.append(obj["metadata"]["name"])
         for obj in plan.update:
-            self._client.replace(kube.path(RESOURCE_API, SLICES, obj["metadata"]["name"]), obj)
+            path = kube.path(RESOURCE_API, SLICES, obj["metadata"]["name"])
+            if not slices.same_content(obj, self._client.replace(path, obj)):
+                altered.append(obj["metadata"]["name"])
         for name in plan.delete:
             self._client.delete(kube.path(RESOURCE_API, SLICES, name))
         self.generation = plan.generation
+        self._altered_by_server = _fingerprint(desired) if altered else None
+        if altered:
+            log.error(
+                "the API server stored %s differently from what was written (fields dropped by a "
+                "disabled feature gate?); not rewriting this content until the GPUs change",
+                ", ".join(altered),
+            )
         if plan.writes:
             log.info(
                 "published pool %s generation %d: %d created, %d updated, %d deleted",

@@ -1,0 +1,27 @@
+from typing import Any
+
+def scan(
+    node_start: Any,
+    node_end: Any,
+    node_ok: Any,
+    mem_total: Any,
+    cores_total: Any,
+    mem_default: Any,
+    cores_default: Any,
+    mem_used: Any,
+    cores_used: Any,
+    busy: Any,
+    numa: Any,
+    link: Any,
+    link_size: Any,
+    masks: Any,
+    req_mem: Any,
+    req_cores: Any,
+    req_count: Any,
+    req_group: Any,
+    topo: int,
+    strict: int,
+    binpack: int,
+    keys: Any,
+    closeness: Any,
+) -> None: ...

@@ -1,0 +1,581 @@
+"""The cluster as the allocator sees it, kept current by watch events, never rebuilt per decision.
+
+Inputs are plain dicts as the API serves them (what `dra_driver.kube` returns): ResourceSlices,
+Nodes, Pods and ResourceClaims, each applied with `apply(kind, obj)` / `delete(kind, obj)`.
+
+- Devices come only from the highest generation of each pool, and only once that generation is
+  complete (all `resourceSliceCount` slices seen), as the API asks consumers to do. Only
+  node-local slices (`spec.nodeName`) are modelled.
+- Consumption comes from every allocated claim whoever allocated it (`status.allocation`), keyed by
+  claim uid, so an update replaces and a delete releases; the allocator's own decisions enter the
+  same way (`assume`), and the claim's real update later replaces them.
+- Per node: labels, taints, unschedulable, allocatable cpu/memory and what bound pods request.
+
+The flat arrays the fitting kernel scans (one row per device, devices grouped by node, nodes in
+name order) are derived lazily: a slice or node change marks the layout stale and the next decision
+rebuilds it once; a claim change only adjusts the affected rows in place.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from dra_driver import names
+from dra_driver.allocator import parse_quantity as _parse_quantity
+from dra_driver.allocator import round_request
+from dra_driver.allocator.cel import device_view
+from dra_driver.allocator.quantity import QuantityError, RequestPolicy
+
+JSON = dict[str, Any]
+KINDS = ("ResourceSlice", "Node", "Pod", "ResourceClaim")
+# Slices repeat the same few quantity strings ("1Mi", "100", each GPU model's memory) thousands
+# of times: parse each text once.
+parse_quantity = functools.lru_cache(maxsize=4096)(_parse_quantity)
+DeviceKey = tuple[str, str, str]  # (driver, pool, device)
+
+
+class ModelError(ValueError):
+    """An object that cannot be modelled (names the object and the field)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """One consumable capacity of a device: its value and request policy, as integers."""
+
+    value: int
+    policy: RequestPolicy | None  # None: no requestPolicy (the request is taken as is)
+
+
+def _int_policy(raw: Mapping[str, Any] | None) -> RequestPolicy | None:
+    if not raw:
+        return None
+    valid_range = raw.get("validRange") or {}
+
+    def text(value: Any) -> str | None:
+        return None if value is None else str(value)
+
+    return _policy(
+        text(raw.get("default")),
+        tuple(str(v) for v in raw.get("validValues") or []),
+        text(valid_range.get("min")),
+        text(valid_range.get("max")),
+        text(valid_range.get("step")),
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _policy(
+    default: str | None,
+    valid_values: tuple[str, ...],
+    min_value: str | None,
+    max_value: str | None,
+    step: str | None,
+) -> RequestPolicy:
+    """One RequestPolicy per distinct text (every GPU of a model publishes the same one)."""
+
+    def q(value: str | None) -> int | None:
+        return None if value is None else parse_quantity(value)
+
+    return RequestPolicy(
+        default=q(default),
+        valid_values=tuple(sorted(parse_quantity(v) for v in valid_values)),
+        min_value=q(min_value),
+        max_value=q(max_value),
+        step=q(step),
+    )
+
+
+@dataclass(slots=True)
+class Device:
+    """One published device with everything selection and fitting need, parsed once."""
+
+    key: DeviceKey
+    node: str
+    allow_multiple: bool
+    attributes: dict[str, Any]  # qualified name -> typed value dict, as published
+    capacity: dict[str, Capacity]  # qualified name ("<domain>/<name>")
+    taints: list[JSON]
+    view: JSON  # the CEL `device` variable
+    generation: int  # bumped whenever this device is (re)published: keys the CEL cache
+    numa: int = -1
+    link: int = -1
+    product: str = ""
+    uuid: str = ""
+
+    def attribute(self, qualified: str) -> Any:
+        """Typed value of a fully qualified attribute, or None."""
+        typed = self.attributes.get(qualified)
+        if typed is None:
+            return None
+        for kind in ("int", "bool", "string", "version"):
+            if kind in typed:
+                return (kind, typed[kind])
+        return None
+
+
+def requested_amounts(
+    requests: tuple[tuple[str, int], ...], device: Device
+) -> dict[str, int] | None:
+    """Capacity requests keyed by qualified name (bare names are the device driver's); None when
+    the device lacks a requested capacity (it cannot serve the request)."""
+    driver = device.key[0]
+    out: dict[str, int] = {}
+    for name, value in requests:
+        qualified = name if "/" in name else f"{driver}/{name}"
+        if qualified not in device.capacity:
+            return None
+        out[qualified] = value
+    return out
+
+
+def consumption(
+    requests: tuple[tuple[str, int], ...], device: Device
+) -> tuple[tuple[str, int], ...] | None:
+    """What a request consumes of a multi-allocatable device, per capacity, under its request
+    policies (sorted by name); None when the device lacks a capacity or a policy refuses."""
+    requested = requested_amounts(requests, device)
+    if requested is None:
+        return None
+    out = []
+    for name, cap in device.capacity.items():
+        want = requested.get(name)
+        amount: int | None
+        if cap.policy is not None:
+            amount = round_request(want, cap.policy, cap.value)
+        else:
+            amount = want if want is not None else cap.value
+        if amount is None:
+            return None
+        out.append((name, amount))
+    return tuple(sorted(out))
+
+
+@dataclass(slots=True)
+class _Slice:
+    """What the model keeps of one ResourceSlice: its pool position and parsed devices."""
+
+    driver: str
+    pool: str
+    generation: int
+    count: int  # resourceSliceCount
+    devices: list[Device]
+
+
+@dataclass(slots=True)
+class NodeInfo:
+    name: str
+    labels: dict[str, str]
+    taints: list[JSON]
+    unschedulable: bool
+    cpu_milli: int  # allocatable
+    memory: int  # allocatable bytes
+    generation: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Consumption:
+    """What one allocation result takes of one device (capacity qualified name -> amount)."""
+
+    device: DeviceKey
+    amounts: tuple[tuple[str, int], ...]
+    exclusive: bool  # a device without allowMultipleAllocations (or admin access: False)
+
+
+@dataclass(slots=True)
+class Layout:
+    """Flat arrays over devices (grouped by node; nodes in name order), for the fitting kernel."""
+
+    nodes: list[str]
+    devices: list[Device]
+    node_start: npt.NDArray[np.int64]
+    node_end: npt.NDArray[np.int64]
+    dev_node: npt.NDArray[np.int64]
+    mem_total: npt.NDArray[np.int64]
+    cores_total: npt.NDArray[np.int64]
+    mem_default: npt.NDArray[np.int64]  # what a request naming no memory consumes
+    cores_default: npt.NDArray[np.int64]
+    mem_used: npt.NDArray[np.int64]
+    cores_used: npt.NDArray[np.int64]
+    busy: npt.NDArray[np.int64]  # 1 when the device can take no further allocation
+    multi: npt.NDArray[np.int64]  # 1 if allowMultipleAllocations
+    numa: npt.NDArray[np.int64]
+    link: npt.NDArray[np.int64]
+    link_size: npt.NDArray[np.int64]  # devices of this node in the same NVLink domain
+    cpu_free: npt.NDArray[np.int64]  # per node: allocatable cpu millis minus bound pods
+    mem_free: npt.NDArray[np.int64]  # per node: allocatable memory minus bound pods
+    index: dict[DeviceKey, int] = field(default_factory=dict)
+    node_index: dict[str, int] = field(default_factory=dict)
+    epoch: int = 0
+
+
+def default_consumption(capacity: Capacity | None) -> int:
+    """What a request that names this capacity not at all consumes (0 when absent)."""
+    if capacity is None:
+        return 0
+    if capacity.policy is None:
+        return capacity.value
+    amount = round_request(None, capacity.policy, capacity.value)
+    return capacity.value if amount is None else amount
+
+
+def _qualify(name: str, driver: str) -> str:
+    return name if "/" in name else f"{driver}/{name}"
+
+
+def _cpu_milli(text: Any) -> int:
+    return parse_quantity(str(text), 3) if text is not None else 0
+
+
+def _bytes(text: Any) -> int:
+    return parse_quantity(str(text)) if text is not None else 0
+
+
+def pod_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
+    """(cpu millis, memory bytes) a pod requests: containers summed, >= each init container."""
+    spec = pod.get("spec") or {}
+
+    def of(container: Mapping[str, Any]) -> tuple[int, int]:
+        requests = (container.get("resources") or {}).get("requests") or {}
+        return _cpu_milli(requests.get("cpu")), _bytes(requests.get("memory"))
+
+    cpu = mem = 0
+    for container in spec.get("containers") or []:
+        c, m = of(container)
+        cpu, mem = cpu + c, mem + m
+    for container in spec.get("initContainers") or []:
+        c, m = of(container)
+        cpu, mem = max(cpu, c), max(mem, m)
+    return cpu, mem
+
+
+class ClusterModel:
+    """Devices, nodes, bound pods and allocated claims; see the module docstring."""
+
+    def __init__(self) -> None:
+        self._slices: dict[str, _Slice] = {}
+        self._pools: dict[tuple[str, str], set[str]] = {}  # pool -> names of its slices
+        self._pool_devices: dict[tuple[str, str], list[Device]] = {}
+        self.devices: dict[DeviceKey, Device] = {}
+        self.nodes: dict[str, NodeInfo] = {}
+        self._pods: dict[str, tuple[str, int, int]] = {}  # uid -> (node, cpu, mem)
+        self.node_cpu_used: dict[str, int] = {}
+        self.node_mem_used: dict[str, int] = {}
+        self._claims: dict[str, list[Consumption]] = {}
+        self.used: dict[DeviceKey, dict[str, int]] = {}
+        self.allocations: dict[DeviceKey, int] = {}
+        self.exclusive: dict[DeviceKey, int] = {}
+        self._generation = itertools.count(1)
+        self._layout: Layout | None = None
+        self.node_epoch = 0  # bumped on any node change (node-fit caches key on it)
+        self.device_epoch = 0  # bumped on any device change (selection caches key on it)
+        self.layout_epoch = 0
+        self.pod_epoch = 0  # bumped on any bound-pod change (cpu/memory fit caches key on it)
+
+    # ------------------------------------------------------------ events
+
+    def apply(self, kind: str, obj: Mapping[str, Any]) -> None:
+        """An add or update event of one object."""
+        if kind == "ResourceSlice":
+            self._apply_slice(obj)
+        elif kind == "Node":
+            self._apply_node(obj)
+        elif kind == "Pod":
+            self._apply_pod(obj)
+        elif kind == "ResourceClaim":
+            self._apply_claim(obj)
+        else:
+            raise ModelError(f"unknown kind {kind!r}; expected one of {', '.join(KINDS)}")
+
+    def delete(self, kind: str, obj: Mapping[str, Any]) -> None:
+        """A delete event of one object (only its identity is read)."""
+        meta = obj.get("metadata") or {}
+        if kind == "ResourceSlice":
+            name = str(meta.get("name"))
+            old = self._slices.pop(name, None)
+            if old is not None:
+                self._pools[(old.driver, old.pool)].discard(name)
+                self._rebuild_pool(old.driver, old.pool)
+        elif kind == "Node":
+            if self.nodes.pop(str(meta.get("name")), None) is not None:
+                self._nodes_changed()
+        elif kind == "Pod":
+            self._unbind_pod(str(meta.get("uid")))
+            self.pod_epoch += 1
+        elif kind == "ResourceClaim":
+            self._set_claim(str(meta.get("uid")), [])
+        else:
+            raise ModelError(f"unknown kind {kind!r}; expected one of {', '.join(KINDS)}")
+
+    def _apply_slice(self, obj: Mapping[str, Any]) -> None:
+        spec = obj.get("spec") or {}
+        name = str((obj.get("metadata") or {}).get("name"))
+        pool = spec.get("pool") or {}
+        if not spec.get("driver") or not pool.get("name"):
+            raise ModelError(f"ResourceSlice {name}: spec.driver and spec.pool.name are required")
+        driver, pool_name, node = str(spec["driver"]), str(pool["name"]), spec.get("nodeName")
+        # Parsed before anything is stored: a bad slice changes nothing. Network-attached slices
+        # (no nodeName) are kept for the pool's completeness count but carry no devices.
+        devices = (
+            [self._device(driver, pool_name, str(node), raw) for raw in spec.get("devices") or []]
+            if node
+            else []
+        )
+        entry = _Slice(
+            driver,
+            pool_name,
+            int(pool.get("generation", 0)),
+            int(pool.get("resourceSliceCount", 1)),
+            devices,
+        )
+        old = self._slices.get(name)
+        if old is not None:
+            self._pools[(old.driver, old.pool)].discard(name)
+        self._slices[name] = entry
+        self._pools.setdefault((driver, pool_name), set()).add(name)
+        self._rebuild_pool(driver, pool_name)
+        if old is not None and (old.driver, old.pool) != (driver, pool_name):
+            self._rebuild_pool(old.driver, old.pool)
+
+    def _rebuild_pool(self, driver: str, pool: str) -> None:
+        """Recompute one pool's devices: highest generation, complete, node-local slices only."""
+        names = self._pools.get((driver, pool), set())
+        mine = [self._slices[n] for n in names]
+        for device in self._pool_devices.pop((driver, pool), []):
+            self.devices.pop(device.key, None)
+        devices: list[Device] = []
+        if mine:
+            top = max(s.generation for s in mine)
+            current = [s for s in mine if s.generation == top]
+            if len(current) >= max(s.count for s in current):
+                for entry in current:
+                    devices += entry.devices
+        else:
+            self._pools.pop((driver, pool), None)
+        for device in devices:
+            self.devices[device.key] = device
+        if devices:
+            self._pool_devices[(driver, pool)] = devices
+        self._layout = None
+        self.device_epoch += 1
+
+    def _device(self, driver: str, pool: str, node: str, raw: Mapping[str, Any]) -> Device:
+        key = (driver, pool, str(raw.get("name")))
+        attributes = {_qualify(k, driver): v for k, v in (raw.get("attributes") or {}).items()}
+        try:
+            capacity = {
+                _qualify(k, driver): Capacity(
+                    parse_quantity(str(v.get("value", "0"))), _int_policy(v.get("requestPolicy"))
+                )
+                for k, v in (raw.get("capacity") or {}).items()
+            }
+        except QuantityError as exc:
+            raise ModelError(f"ResourceSlice pool {pool}, device {key[2]}: {exc}") from None
+        allow_multiple = bool(raw.get("allowMultipleAllocations"))
+        device = Device(
+            key=key,
+            node=node,
+            allow_multiple=allow_multiple,
+            attributes=attributes,
+            capacity=capacity,
+            taints=list(raw.get("taints") or []),
+            view=device_view(
+                driver, raw.get("attributes") or {}, raw.get("capacity") or {}, allow_multiple
+            ),
+            generation=next(self._generation),
+        )
+        numa = attributes.get(f"{driver}/numaNode") or {}
+        link = attributes.get(f"{driver}/nvlinkDomain") or {}
+        device.numa = int(numa["int"]) if "int" in numa else -1
+        device.link = int(link["int"]) if "int" in link else -1
+        device.product = str((attributes.get(f"{driver}/productName") or {}).get("string", ""))
+        device.uuid = str((attributes.get(f"{driver}/uuid") or {}).get("string", ""))
+        return device
+
+    def _apply_node(self, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        spec = obj.get("spec") or {}
+        allocatable = (obj.get("status") or {}).get("allocatable") or {}
+        try:
+            info = NodeInfo(
+                name=str(meta.get("name")),
+                labels=dict(meta.get("labels") or {}),
+                taints=list(spec.get("taints") or []),
+                unschedulable=bool(spec.get("unschedulable")),
+                cpu_milli=_cpu_milli(allocatable.get("cpu", "0")),
+                memory=_bytes(allocatable.get("memory", "0")),
+            )
+        except QuantityError as exc:
+            raise ModelError(f"Node {meta.get('name')}: allocatable: {exc}") from None
+        self.nodes[info.name] = info
+        self._nodes_changed()
+
+    def _nodes_changed(self) -> None:
+        self.node_epoch += 1
+        self._layout = None
+
+    def _apply_pod(self, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        uid = str(meta.get("uid"))
+        node = (obj.get("spec") or {}).get("nodeName")
+        phase = (obj.get("status") or {}).get("phase")
+        self._unbind_pod(uid)
+        self.pod_epoch += 1
+        if node and phase not in ("Succeeded", "Failed"):
+            cpu, mem = pod_requests(obj)
+            self._pods[uid] = (str(node), cpu, mem)
+            self.node_cpu_used[node] = self.node_cpu_used.get(node, 0) + cpu
+            self.node_mem_used[node] = self.node_mem_used.get(node, 0) + mem
+            self._node_free_changed(str(node))
+
+    def _unbind_pod(self, uid: str) -> None:
+        old = self._pods.pop(uid, None)
+        if old is not None:
+            node, cpu, mem = old
+            self.node_cpu_used[node] -= cpu
+            self.node_mem_used[node] -= mem
+            self._node_free_changed(node)
+
+    def _node_free_changed(self, node: str) -> None:
+        layout = self._layout
+        if layout is not None and node in layout.node_index:
+            i = layout.node_index[node]
+            info = self.nodes[node]
+            layout.cpu_free[i] = info.cpu_milli - self.node_cpu_used.get(node, 0)
+            layout.mem_free[i] = info.memory - self.node_mem_used.get(node, 0)
+
+    def _apply_claim(self, obj: Mapping[str, Any]) -> None:
+        uid = str((obj.get("metadata") or {}).get("uid"))
+        allocation = (obj.get("status") or {}).get("allocation")
+        results = ((allocation or {}).get("devices") or {}).get("results") or []
+        consumption: list[Consumption] = []
+        for result in results:
+            if result.get("adminAccess"):
+                continue  # admin access never consumes
+            driver = str(result.get("driver"))
+            key = (driver, str(result.get("pool")), str(result.get("device")))
+            consumed = result.get("consumedCapacity") or {}
+            amounts = tuple(
+                sorted((_qualify(k, driver), parse_quantity(str(v))) for k, v in consumed.items())
+            )
+            device = self.devices.get(key)
+            exclusive = device is None or not device.allow_multiple
+            consumption.append(Consumption(key, amounts, exclusive and "shareID" not in result))
+        self._set_claim(uid, consumption)
+
+    def assume(self, claim_uid: str, consumption: list[Consumption]) -> None:
+        """Record the allocator's own decision until the claim's update event replaces it."""
+        self._set_claim(claim_uid, consumption)
+
+    def _set_claim(self, uid: str, consumption: list[Consumption]) -> None:
+        for entry in self._claims.pop(uid, []):
+            self._account(entry, -1)
+        if consumption:
+            self._claims[uid] = consumption
+            for entry in consumption:
+                self._account(entry, +1)
+
+    def _account(self, entry: Consumption, sign: int) -> None:
+        used = self.used.setdefault(entry.device, {})
+        for name, amount in entry.amounts:
+            used[name] = used.get(name, 0) + sign * amount
+        self.allocations[entry.device] = self.allocations.get(entry.device, 0) + sign
+        if entry.exclusive:
+            self.exclusive[entry.device] = self.exclusive.get(entry.device, 0) + sign
+        layout = self._layout
+        if layout is not None:
+            row = layout.index.get(entry.device)
+            if row is not None:
+                driver = entry.device[0]
+                layout.mem_used[row] = used.get(f"{driver}/{names.CAPACITY_MEMORY}", 0)
+                layout.cores_used[row] = used.get(f"{driver}/{names.CAPACITY_CORES}", 0)
+                layout.busy[row] = int(self.is_held(entry.device))
+
+    # ------------------------------------------------------------ derived
+
+    def layout(self) -> Layout:
+        """The kernel's flat arrays (rebuilt only after slice or node changes)."""
+        if self._layout is None:
+            self._layout = self._build_layout()
+        return self._layout
+
+    def _build_layout(self) -> Layout:
+        by_node: dict[str, list[Device]] = {}
+        for device in self.devices.values():
+            if device.node in self.nodes:
+                by_node.setdefault(device.node, []).append(device)
+        node_names = sorted(by_node)
+        devices: list[Device] = []
+        starts, ends = [], []
+        for name in node_names:
+            starts.append(len(devices))
+            devices.extend(sorted(by_node[name], key=lambda d: d.key))
+            ends.append(len(devices))
+        n = len(devices)
+
+        def arr(values: list[int]) -> npt.NDArray[np.int64]:
+            return np.asarray(values, dtype=np.int64).reshape(len(values))
+
+        node_of = [0] * n
+        for i, (s, e) in enumerate(zip(starts, ends, strict=True)):
+            node_of[s:e] = [i] * (e - s)
+        mem_total, cores_total, mem_used, cores_used, busy = [], [], [], [], []
+        mem_default, cores_default = [], []
+        for d in devices:
+            driver = d.key[0]
+            mem = d.capacity.get(f"{driver}/{names.CAPACITY_MEMORY}")
+            cores = d.capacity.get(f"{driver}/{names.CAPACITY_CORES}")
+            used = self.used.get(d.key, {})
+            mem_total.append(mem.value if mem else 0)
+            cores_total.append(cores.value if cores else 0)
+            mem_default.append(default_consumption(mem))
+            cores_default.append(default_consumption(cores))
+            mem_used.append(used.get(f"{driver}/{names.CAPACITY_MEMORY}", 0))
+            cores_used.append(used.get(f"{driver}/{names.CAPACITY_CORES}", 0))
+            busy.append(int(self.is_held(d.key)))
+        link_size = []
+        for i, d in enumerate(devices):
+            s, e = starts[node_of[i]], ends[node_of[i]]
+            link_size.append(sum(1 for o in devices[s:e] if o.link == d.link) if d.link >= 0 else 0)
+        self.layout_epoch += 1
+        return Layout(
+            nodes=node_names,
+            devices=devices,
+            node_start=arr(starts),
+            node_end=arr(ends),
+            dev_node=arr(node_of),
+            mem_total=arr(mem_total),
+            cores_total=arr(cores_total),
+            mem_default=arr(mem_default),
+            cores_default=arr(cores_default),
+            mem_used=arr(mem_used),
+            cores_used=arr(cores_used),
+            busy=arr(busy),
+            multi=arr([int(d.allow_multiple) for d in devices]),
+            numa=arr([d.numa for d in devices]),
+            link=arr([d.link for d in devices]),
+            link_size=arr(link_size),
+            cpu_free=arr(
+                [self.nodes[n].cpu_milli - self.node_cpu_used.get(n, 0) for n in node_names]
+            ),
+            mem_free=arr([self.nodes[n].memory - self.node_mem_used.get(n, 0) for n in node_names]),
+            index={d.key: i for i, d in enumerate(devices)},
+            node_index={n: i for i, n in enumerate(node_names)},
+            epoch=self.layout_epoch,
+        )
+
+    def device_used(self, key: DeviceKey) -> dict[str, int]:
+        return self.used.get(key, {})
+
+    def is_held(self, key: DeviceKey) -> bool:
+        """True when the device can take no further allocation at all."""
+        device = self.devices.get(key)
+        if self.exclusive.get(key, 0) > 0:
+            return True
+        return device is not None and not device.allow_multiple and self.allocations.get(key, 0) > 0

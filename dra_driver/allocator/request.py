@@ -1,0 +1,258 @@
+"""What a pod asks for, parsed once: its claims' requests, constraints and config, and its policies.
+
+Claims and DeviceClasses arrive as API dicts (`resource.k8s.io/v1`); everything is validated here
+so the allocator only ever sees well-formed input, and a bad claim fails with a message naming the
+claim and field. CEL expressions are compiled here (each text once per process).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from dra_driver.allocator.cel import CelError, Selector, compile_selector
+from dra_driver.allocator.quantity import QuantityError, parse_quantity
+
+JSON = dict[str, Any]
+NodePolicy = Literal["binpack", "spread"]
+Topology = Literal["none", "numa", "link", "numa-strict", "link-strict"]
+
+ANNOTATION_PREFIX = "vgpu.dra.dev/"
+MAX_COUNT = 128  # devices per request (the API's limit on results per claim)
+
+
+class RequestError(ValueError):
+    """A claim, class or policy that cannot be honoured; the message names the object and field."""
+
+
+def _csv(text: str | None) -> tuple[str, ...]:
+    return tuple(p.strip().lower() for p in (text or "").split(",") if p.strip())
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """How to choose among feasible placements (docs/scheduling.md defines each score)."""
+
+    node: NodePolicy = "binpack"
+    device: NodePolicy = "spread"
+    topology: Topology = "none"
+    include_types: tuple[str, ...] = ()  # lower-case substrings of productName
+    exclude_types: tuple[str, ...] = ()
+    include_uuids: tuple[str, ...] = ()  # lower-case UUIDs
+    exclude_uuids: tuple[str, ...] = ()
+
+    @classmethod
+    def from_annotations(cls, annotations: Mapping[str, str]) -> Policy:
+        """Read `vgpu.dra.dev/{node-policy,device-policy,topology,gpu-type,exclude-gpu-type,
+        gpu-uuid,exclude-gpu-uuid}` from a pod's annotations."""
+
+        def get(name: str) -> str | None:
+            return annotations.get(ANNOTATION_PREFIX + name)
+
+        node = get("node-policy") or "binpack"
+        device = get("device-policy") or "spread"
+        topology = get("topology") or "none"
+        for key, value, allowed in (
+            ("node-policy", node, ("binpack", "spread")),
+            ("device-policy", device, ("binpack", "spread")),
+            ("topology", topology, ("none", "numa", "link", "numa-strict", "link-strict")),
+        ):
+            if value not in allowed:
+                choices = ", ".join(allowed)
+                raise RequestError(f"annotation {ANNOTATION_PREFIX}{key}={value!r}: use {choices}")
+        return cls(
+            node=node,  # type: ignore[arg-type]
+            device=device,  # type: ignore[arg-type]
+            topology=topology,  # type: ignore[arg-type]
+            include_types=_csv(get("gpu-type")),
+            exclude_types=_csv(get("exclude-gpu-type")),
+            include_uuids=_csv(get("gpu-uuid")),
+            exclude_uuids=_csv(get("exclude-gpu-uuid")),
+        )
+
+    @property
+    def topology_mode(self) -> int:
+        """0 none, 1 NUMA node, 2 NVLink domain (the kernel's encoding)."""
+        return {"none": 0, "numa": 1, "numa-strict": 1, "link": 2, "link-strict": 2}[self.topology]
+
+    @property
+    def strict(self) -> bool:
+        return self.topology.endswith("-strict")
+
+    def admits(self, product: str, uuid: str) -> bool:
+        """Include/exclude by GPU type (case-insensitive substring) and UUID."""
+        product, uuid = product.lower(), uuid.lower()
+        if self.include_types and not any(t in product for t in self.include_types):
+            return False
+        if any(t in product for t in self.exclude_types):
+            return False
+        if self.include_uuids and uuid not in self.include_uuids:
+            return False
+        return uuid not in self.exclude_uuids
+
+
+@dataclass(frozen=True, slots=True)
+class Alternative:
+    """One way to satisfy a request: `exactly`, or one `firstAvailable` subrequest."""
+
+    name: str  # "req" or "req/sub", as it appears in allocation results
+    class_name: str
+    selectors: tuple[Selector, ...]  # class selectors first, then the request's
+    all_devices: bool  # allocationMode All
+    count: int
+    capacity: tuple[tuple[str, int], ...]  # capacity name as written -> requested amount
+    tolerations: tuple[JSON, ...]
+    admin: bool
+    class_config: tuple[JSON, ...]
+    own_selectors: int = 0  # how many of `selectors` the request itself added
+
+    @property
+    def signature(self) -> tuple[Any, ...]:
+        """What determines which devices are selectable (the selection cache key)."""
+        return (
+            tuple(s.source for s in self.selectors),
+            tuple(repr(sorted(t.items())) for t in self.tolerations),
+        )
+
+    def requested(self, name: str) -> int | None:
+        for key, value in self.capacity:
+            if key == name:
+                return value
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    name: str
+    alternatives: tuple[Alternative, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    requests: tuple[str, ...]  # empty: all requests of the claim
+    attribute: str  # fully qualified
+    distinct: bool  # distinctAttribute (else matchAttribute)
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    uid: str
+    namespace: str
+    name: str
+    requests: tuple[Request, ...]
+    constraints: tuple[Constraint, ...]
+    config: tuple[JSON, ...]  # the claim's own config entries
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def _selectors(raw: Sequence[Any] | None, where: str) -> tuple[Selector, ...]:
+    out = []
+    for i, entry in enumerate(raw or []):
+        expression = ((entry or {}).get("cel") or {}).get("expression")
+        if not isinstance(expression, str) or not expression:
+            raise RequestError(f"{where}: selectors[{i}] needs cel.expression")
+        try:
+            out.append(compile_selector(expression))
+        except CelError as exc:
+            raise RequestError(f"{where}: selectors[{i}]: {exc}") from None
+    return tuple(out)
+
+
+def _alternative(
+    name: str, raw: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]], where: str
+) -> Alternative:
+    class_name = raw.get("deviceClassName")
+    if not class_name:
+        raise RequestError(f"{where}: deviceClassName is required")
+    cls = classes.get(str(class_name))
+    if cls is None:
+        raise RequestError(f"{where}: DeviceClass {class_name!r} does not exist")
+    cls_spec = cls.get("spec") or {}
+    mode = raw.get("allocationMode") or "ExactCount"
+    if mode not in ("ExactCount", "All"):
+        raise RequestError(f"{where}: allocationMode {mode!r}: use ExactCount or All")
+    count = int(raw.get("count", 1)) if mode == "ExactCount" else 0
+    if mode == "ExactCount" and not 1 <= count <= MAX_COUNT:
+        raise RequestError(f"{where}: count {count} not in 1..{MAX_COUNT}")
+    capacity = []
+    for key, value in ((raw.get("capacity") or {}).get("requests") or {}).items():
+        try:
+            amount = parse_quantity(str(value))
+        except QuantityError as exc:
+            raise RequestError(f"{where}: capacity.requests[{key}]: {exc}") from None
+        if amount < 0:
+            raise RequestError(f"{where}: capacity.requests[{key}] must not be negative")
+        capacity.append((str(key), amount))
+    own = _selectors(raw.get("selectors"), where)
+    return Alternative(
+        name=name,
+        class_name=str(class_name),
+        selectors=_selectors(cls_spec.get("selectors"), f"DeviceClass {class_name}") + own,
+        all_devices=mode == "All",
+        count=count,
+        capacity=tuple(sorted(capacity)),
+        tolerations=tuple(dict(t) for t in raw.get("tolerations") or []),
+        admin=bool(raw.get("adminAccess")),
+        class_config=tuple(dict(c) for c in cls_spec.get("config") or []),
+        own_selectors=len(own),
+    )
+
+
+def parse_claim(obj: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]]) -> Claim:
+    """A ResourceClaim (API dict) and the DeviceClasses by name -> a validated `Claim`."""
+    meta = obj.get("metadata") or {}
+    ref = f"ResourceClaim {meta.get('namespace', '')}/{meta.get('name', '')}"
+    devices = (obj.get("spec") or {}).get("devices") or {}
+    requests = []
+    seen: set[str] = set()
+    for i, raw in enumerate(devices.get("requests") or []):
+        name = str(raw.get("name") or "")
+        where = f"{ref}: requests[{i}] ({name})"
+        if not name or name in seen:
+            raise RequestError(f"{where}: each request needs a unique name")
+        seen.add(name)
+        if raw.get("exactly") and raw.get("firstAvailable"):
+            raise RequestError(f"{where}: set exactly or firstAvailable, not both")
+        if raw.get("exactly"):
+            alternatives: tuple[Alternative, ...] = (
+                _alternative(name, raw["exactly"], classes, where),
+            )
+        elif raw.get("firstAvailable"):
+            alternatives = tuple(
+                _alternative(
+                    f"{name}/{sub.get('name')}", sub, classes, f"{where}/{sub.get('name')}"
+                )
+                for sub in raw["firstAvailable"]
+            )
+        else:
+            raise RequestError(f"{where}: set exactly or firstAvailable")
+        requests.append(Request(name, alternatives))
+    if not requests:
+        raise RequestError(f"{ref}: spec.devices.requests is empty")
+    constraints = []
+    for i, raw in enumerate(devices.get("constraints") or []):
+        match, distinct = raw.get("matchAttribute"), raw.get("distinctAttribute")
+        if bool(match) == bool(distinct):
+            raise RequestError(
+                f"{ref}: constraints[{i}] needs exactly one of matchAttribute/distinctAttribute"
+            )
+        names = tuple(str(r) for r in raw.get("requests") or [])
+        unknown = [n for n in names if n not in seen]
+        if unknown:
+            raise RequestError(f"{ref}: constraints[{i}] names unknown requests {unknown}")
+        attribute = str(match or distinct)
+        if "/" not in attribute:
+            raise RequestError(f"{ref}: constraints[{i}]: {attribute!r} must be fully qualified")
+        constraints.append(Constraint(names, attribute, bool(distinct)))
+    return Claim(
+        uid=str(meta.get("uid", "")),
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        requests=tuple(requests),
+        constraints=tuple(constraints),
+        config=tuple(dict(c) for c in devices.get("config") or []),
+    )
