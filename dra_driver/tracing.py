@@ -26,8 +26,9 @@ OTLP_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
 def configure_tracing(service: str, endpoint: str | None) -> TracerProvider | None:
     """Install a global provider exporting to `endpoint` over OTLP/gRPC; None when not asked.
 
-    `http://host:port` is sent in plain text, `https://...` (or a bare `host:port`) over TLS.
-    Spans are batched and exported from a background thread, never on the caller's path.
+    Transport as the OpenTelemetry SDK decides it: `http://host:port` in plain text, `https://`
+    over TLS, a bare `host:port` over TLS unless `OTEL_EXPORTER_OTLP_INSECURE=true`. Spans are
+    batched and exported from a background thread, never on the caller's path.
     """
     if not endpoint:
         return None
@@ -37,7 +38,7 @@ def configure_tracing(service: str, endpoint: str | None) -> TracerProvider | No
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     provider = TracerProvider(resource=Resource.create({"service.name": service}))
-    exporter = OTLPSpanExporter(endpoint=endpoint, insecure=endpoint.startswith("http://"))
+    exporter = OTLPSpanExporter(endpoint=endpoint)
     provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     log.info("exporting traces over OTLP", extra={"endpoint": endpoint, "service": service})
