@@ -17,18 +17,29 @@ import os
 import re
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from dra_driver import cdi, kube, names
+import grpc
+
+from dra_driver import cdi, kube, logsetup, names, tracing
 from dra_driver.gpu import NodeInventory
 from dra_driver.lifecycle import stop_on_signals
+from dra_driver.metrics_http import MetricsServer, parse_address, serve_metrics
 from kubelet_plugin import monitoring
 from kubelet_plugin.checkpoint import CheckpointError
 from kubelet_plugin.device_names import DeviceNaming, DeviceNamingError
+from kubelet_plugin.events import PrepareEvents
 from kubelet_plugin.health import HealthBoard
 from kubelet_plugin.hookcheck import HookLibraryCheck, HookLibraryError
+from kubelet_plugin.metrics import PluginMetrics
 from kubelet_plugin.prepare import NodeSettings, Preparer, kube_claim_source
 from kubelet_plugin.server import PluginServer, SocketPaths
 from kubelet_plugin.statelock import StateDirLock, StateLockError
+from kubelet_plugin.telemetry import ClaimPods, ClaimTelemetry
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
 
 log = logging.getLogger("vgpu-dra.kubelet-plugin")
 
@@ -46,6 +57,9 @@ ENV = {
     "oversubscription_ratio": "VGPU_DRA_OVERSUBSCRIPTION_RATIO",
     "nvidia_cdi_spec_dir": "VGPU_DRA_NVIDIA_CDI_SPEC_DIR",
     "log_level": "VGPU_DRA_LOG_LEVEL",
+    "log_format": "VGPU_DRA_LOG_FORMAT",
+    "metrics_address": "VGPU_DRA_METRICS_ADDRESS",
+    "otlp_endpoint": tracing.OTLP_ENV,
 }
 DEFAULT_HOOK_PATH = "/usr/local/vgpu-dra/lib/libvgpu.so"
 
@@ -135,11 +149,34 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
         default=30.0,
         help="seconds to wait for another plugin holding --state-dir to exit (0: fail at once)",
     )
-    add("--log-level", default=default("log_level", "info"), choices=_LEVELS)
+    add("--log-level", default=default("log_level", "info"), choices=logsetup.LOG_LEVELS)
+    add(
+        "--log-format",
+        default=default("log_format", "text"),
+        choices=logsetup.LOG_FORMATS,
+        help="text (key=value, default) or json (env VGPU_DRA_LOG_FORMAT)",
+    )
+    add(
+        "--metrics-address",
+        default=default("metrics_address", ""),
+        help="host:port to serve Prometheus /metrics on (e.g. 127.0.0.1:9402); empty = off "
+        "(env VGPU_DRA_METRICS_ADDRESS)",
+    )
+    add(
+        "--otlp-endpoint",
+        default=default("otlp_endpoint", ""),
+        help="OTLP/gRPC endpoint for traces (http://host:4317 = plain text); empty = no tracing "
+        f"(env {tracing.OTLP_ENV})",
+    )
+    add(
+        "--events",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write Kubernetes Events on claims (and their pods) that fail to prepare",
+    )
     return parser
 
 
-_LEVELS = ["debug", "info", "warning", "error"]
 # Far above any sane overcommit; what matters is that capacity arithmetic stays finite.
 MAX_OVERSUBSCRIPTION_RATIO = 64.0
 MAX_GID = 2**32 - 2  # (gid_t)-1 means "unchanged" to chown, so the largest real gid is one less
@@ -210,12 +247,11 @@ def socket_paths(args: argparse.Namespace) -> SocketPaths:
 
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logsetup.configure_logging(args.log_level, args.log_format)
     try:
         settings = settings_from(args)
+        if args.metrics_address:
+            parse_address(args.metrics_address)
     except ValueError as exc:
         log.error("%s", exc)
         return 2
@@ -242,6 +278,8 @@ def main(argv: Sequence[str]) -> int:
     except Exception as exc:  # the client raises several unrelated types for bad configs
         log.error("cannot load Kubernetes credentials (--kubeconfig %s): %s", args.kubeconfig, exc)
         return 1
+    for secret in client.credential_strings():
+        logsetup.redact(secret)
     # Before the checkpoint is read: a second instance must never act on a copy of it.
     state_lock = StateDirLock(settings.state_dir)
     try:
@@ -250,16 +288,22 @@ def main(argv: Sequence[str]) -> int:
         log.error("%s", exc)
         client.close()
         return 1
+    provider = tracing.configure_tracing("vgpu-dra-kubelet-plugin", args.otlp_endpoint)
+    pods = ClaimPods()
+    metrics = PluginMetrics(settings.node_name) if args.metrics_address else None
+    events = PrepareEvents(client, node=settings.node_name) if args.events else None
     try:
         preparer = Preparer(
             settings,
             inventory,
-            kube_claim_source(client),
+            pods.wrap_source(kube_claim_source(client)),
             max_workers=args.workers,
             hook_check=HookLibraryCheck(settings.spec.hook_path),
+            observer=ClaimTelemetry(metrics=metrics, events=events, pods=pods),
         )
     except (CheckpointError, OSError) as exc:
         log.error("cannot load the checkpoint: %s", exc)
+        _stop_telemetry(events, provider)
         state_lock.release()
         client.close()
         return 1
@@ -271,14 +315,29 @@ def main(argv: Sequence[str]) -> int:
             rediscover=_named(naming, _rediscover_function()),
             client=client,
             preparer=preparer,
+            telemetry=_Telemetry(metrics, pods, traced=provider is not None),
         )
     except OSError as exc:
         log.error("cannot start: %s", exc)
         return 1
     finally:
         preparer.close()
+        _stop_telemetry(events, provider)
         client.close()
         state_lock.release()
+
+
+@dataclass(frozen=True, slots=True)
+class _Telemetry:
+    metrics: PluginMetrics | None
+    pods: ClaimPods
+    traced: bool
+
+
+def _stop_telemetry(events: PrepareEvents | None, provider: TracerProvider | None) -> None:
+    if events is not None:
+        events.close()
+    tracing.shutdown_tracing(provider)
 
 
 def _serve(
@@ -289,6 +348,7 @@ def _serve(
     rediscover: Callable[[], NodeInventory],
     client: kube.KubeClient,
     preparer: Preparer,
+    telemetry: _Telemetry,
 ) -> int:
     """Reconcile, serve until SIGTERM/SIGINT, then stop the servers and background threads."""
     try:
@@ -305,8 +365,18 @@ def _serve(
         len(report.rewritten),
     )
     board = HealthBoard(settings.node_name, inventory) if args.health else None
+    metrics = telemetry.metrics
     server = PluginServer(
-        driver=settings.driver, sockets=socket_paths(args), preparer=preparer, health=board
+        driver=settings.driver,
+        sockets=socket_paths(args),
+        preparer=preparer,
+        health=board,
+        interceptors=_grpc_tracing() if telemetry.traced else (),
+    )
+    metrics_server = (
+        _serve_metrics(args.metrics_address, metrics, settings, preparer, telemetry.pods)
+        if metrics is not None
+        else None
     )
     stop = threading.Event()
     stop_on_signals(stop, log)
@@ -331,22 +401,61 @@ def _serve(
         rediscover=rediscover,
         stop=stop,
         prepared=preparer.prepared,
+        on_slice_sync=metrics.observe_slice_sync if metrics is not None else None,
     )
-    governor = _start_governor(settings, preparer, stop) if args.governor else None
+    governor = _start_governor(settings, preparer, stop, metrics) if args.governor else None
     if governor is not None:
         threads.append(governor)
     log.info("kubelet plugin for %s on %s is running", settings.driver, settings.node_name)
     stop.wait()
     log.info("shutting down")
     server.stop()
+    if metrics_server is not None:
+        metrics_server.stop()
     for thread in threads:
         thread.join(timeout=10)
     log.info("stopped")
     return 0
 
 
+def _serve_metrics(
+    address: str,
+    metrics: PluginMetrics,
+    settings: NodeSettings,
+    preparer: Preparer,
+    pods: ClaimPods,
+) -> MetricsServer:
+    """Register the scrape-time collector and serve /metrics (OSError if it cannot bind)."""
+    from dra_driver.nvml import PyNvml
+    from kubelet_plugin.metrics import NodeCollector, NvmlGpuReader
+
+    metrics.add_node_collector(
+        NodeCollector(
+            node=settings.node_name,
+            state_dir=settings.state_dir,
+            prepared=preparer.prepared,
+            inventory=preparer.inventory,
+            pods=pods.pod_label,
+            gpus=NvmlGpuReader(PyNvml),
+        )
+    )
+    served = serve_metrics(address, metrics.registry)
+    log.info("metrics on %s", served.url, extra={"metrics_url": served.url})
+    return served
+
+
+def _grpc_tracing() -> list[grpc.ServerInterceptor]:
+    """A server span per kubelet call (the per-claim spans of prepare become its children)."""
+    from opentelemetry.instrumentation.grpc import server_interceptor
+
+    return [server_interceptor()]
+
+
 def _start_governor(
-    settings: NodeSettings, preparer: Preparer, stop: threading.Event
+    settings: NodeSettings,
+    preparer: Preparer,
+    stop: threading.Event,
+    metrics: PluginMetrics | None,
 ) -> threading.Thread | None:
     """The compute-policy governor: samples NVML once per GPU and writes each prepared claim's
     launch budget (caps from the Preparer's plans) into `<state-dir>/claims/<uid>/region`.
@@ -356,7 +465,12 @@ def _start_governor(
     from kubelet_plugin.governor import caps_of_prepared, start_governor
 
     try:
-        thread = start_governor(settings.state_dir, stop, caps_of_prepared(preparer.prepared))
+        thread = start_governor(
+            settings.state_dir,
+            stop,
+            caps_of_prepared(preparer.prepared),
+            on_tick=metrics.observe_governor_tick if metrics is not None else None,
+        )
     except Exception as exc:
         log.warning("governor not started (hooks will pace themselves): %s", exc)
         return None

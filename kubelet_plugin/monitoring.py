@@ -58,6 +58,7 @@ def start(
     rediscover: Callable[[], NodeInventory],
     stop: threading.Event,
     prepared: Callable[[], Mapping[str, ClaimPlan]] | None = None,
+    on_slice_sync: Callable[[str], None] | None = None,
 ) -> tuple[NodeDevices, list[threading.Thread]]:
     wake = threading.Event()
     devices: NodeDevices
@@ -85,7 +86,19 @@ def start(
     if settings.health:
         threads.append(_thread("gpu-health", lambda: watch_gpus(devices, devices.uuids, stop)))
     if settings.publish_slices:
-        threads.append(_thread("slices", lambda: _publish(settings, client, devices, stop, wake)))
+        threads.append(
+            _thread(
+                "slices",
+                lambda: _publish(
+                    settings,
+                    client=client,
+                    devices=devices,
+                    stop=stop,
+                    wake=wake,
+                    on_sync=on_slice_sync,
+                ),
+            )
+        )
     if settings.enforcement and prepared is not None:
         from kubelet_plugin.enforcement import (
             EventReporter,
@@ -101,10 +114,12 @@ def start(
 
 def _publish(
     settings: MonitorSettings,
+    *,
     client: kube.KubeClient,
     devices: NodeDevices,
     stop: threading.Event,
     wake: threading.Event,
+    on_sync: Callable[[str], None] | None,
 ) -> None:
     """Publish the node's slices in the form the API server stores (never a rewrite loop)."""
     from kubelet_plugin.api_support import SliceForm, wait_for_form
@@ -120,6 +135,7 @@ def _publish(
         oversubscription_ratio=settings.oversubscription_ratio,
         whole_devices=form is SliceForm.WHOLE,
         taints=devices.taints,
+        on_sync=on_sync,
     )
     publisher.run(devices.inventory, stop, resync_s=settings.resync_s, wake=wake)
 

@@ -135,9 +135,11 @@ class SlicePublisher:
         oversubscription_ratio: float = 1.0,
         backoff: Backoff | None = None,
         max_devices_per_slice: int = slices.MAX_DEVICES_PER_SLICE,
+        on_sync: Callable[[str], None] | None = None,
         whole_devices: bool = False,
         taints: Callable[[], Mapping[str, Sequence[JSON]]] | None = None,
     ) -> None:
+        self._on_sync = on_sync  # told each sync's outcome: written, unchanged or error
         slices.scaled_memory(1 << 30, oversubscription_ratio)  # validate the ratio up front
         self._client = client
         self._driver = driver
@@ -219,6 +221,10 @@ class SlicePublisher:
             )
         return plan.writes
 
+    def _observe(self, outcome: str) -> None:
+        if self._on_sync is not None:
+            self._on_sync(outcome)
+
     def run(
         self,
         inventory_source: Callable[[], NodeInventory],
@@ -235,13 +241,15 @@ class SlicePublisher:
         """
         while not stop.is_set():
             try:
-                self.sync(inventory_source())
+                self._observe("written" if self.sync(inventory_source()) else "unchanged")
             except (KubeError, slices.SliceError, OSError) as exc:
                 delay = self._backoff.next_delay()
                 log.warning("slice sync failed (retry in %.1fs): %s", delay, exc)
+                self._observe("error")
             except Exception as exc:  # inventory errors and anything unforeseen: keep running
                 delay = self._backoff.next_delay()
                 log.exception("slice sync failed unexpectedly (retry in %.1fs): %s", delay, exc)
+                self._observe("error")
             else:
                 self._backoff.reset()
                 delay = resync_s
