@@ -84,6 +84,22 @@ class XidEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class ProcessMemory:
+    """Device memory one process holds on a GPU (host pid; bytes, 0 when NVML cannot say)."""
+
+    pid: int
+    used_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryRepair:
+    """Retired pages / row remapping: a GPU reset is `pending`, or remapping has `failed`."""
+
+    pending: bool
+    failed: bool
+
+
+@dataclass(frozen=True, slots=True)
 class ProcessUtilization:
     """One process's share of a GPU over the sampled window (host pid)."""
 
@@ -112,6 +128,7 @@ class Nvml(Protocol):
     def pci_bus_id(self, device: DeviceHandle) -> str: ...
     def cuda_compute_capability(self, device: DeviceHandle) -> tuple[int, int]: ...
     def memory_total(self, device: DeviceHandle) -> int: ...
+    def memory_used(self, device: DeviceHandle) -> int: ...
     def multiprocessor_count(self, device: DeviceHandle) -> int: ...
     def cuda_cores(self, device: DeviceHandle) -> int: ...
     def numa_node(self, device: DeviceHandle) -> int: ...
@@ -130,6 +147,12 @@ class Nvml(Protocol):
     def process_utilization(
         self, device: DeviceHandle, since_us: int
     ) -> list[ProcessUtilization]: ...
+
+    # enforcement (governor)
+    def running_processes(self, device: DeviceHandle) -> list[ProcessMemory]: ...
+
+    # health
+    def memory_repair(self, device: DeviceHandle) -> MemoryRepair: ...
 
     # XID events (health)
     def create_event_set(self) -> EventSet: ...
@@ -231,6 +254,9 @@ class PyNvml:
     def memory_total(self, device: DeviceHandle) -> int:
         return int(self._call("nvmlDeviceGetMemoryInfo", device.raw).total)
 
+    def memory_used(self, device: DeviceHandle) -> int:
+        return int(self._call("nvmlDeviceGetMemoryInfo", device.raw).used)
+
     def multiprocessor_count(self, device: DeviceHandle) -> int:
         return int(self._call("nvmlDeviceGetAttributes_v2", device.raw).multiprocessorCount)
 
@@ -268,6 +294,20 @@ class PyNvml:
     def process_utilization(self, device: DeviceHandle, since_us: int) -> list[ProcessUtilization]:
         samples = self._call("nvmlDeviceGetProcessUtilization", device.raw, since_us)
         return [ProcessUtilization(int(s.pid), int(s.smUtil)) for s in samples]
+
+    def running_processes(self, device: DeviceHandle) -> list[ProcessMemory]:
+        procs = self._call("nvmlDeviceGetComputeRunningProcesses", device.raw)
+        return [ProcessMemory(int(p.pid), int(p.usedGpuMemory or 0)) for p in procs]
+
+    def memory_repair(self, device: DeviceHandle) -> MemoryRepair:
+        """Row remapping where the GPU has it (Ampere and later), else page retirement."""
+        try:
+            _corr, _unc, pending, failed = self._call("nvmlDeviceGetRemappedRows", device.raw)
+            return MemoryRepair(bool(pending), bool(failed))
+        except NvmlNotSupported:
+            pass
+        pending_pages = self._call("nvmlDeviceGetRetiredPagesPendingStatus", device.raw)
+        return MemoryRepair(bool(pending_pages), False)
 
     def create_event_set(self) -> EventSet:
         return EventSet(self._call("nvmlEventSetCreate"))

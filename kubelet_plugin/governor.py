@@ -263,7 +263,9 @@ class Governor:
         *,
         clock_ns: Callable[[], int] = time.monotonic_ns,
         wall_us: Callable[[], int] = lambda: time.time_ns() // 1000,
+        on_tick: Callable[[float], None] | None = None,
     ) -> None:
+        self.on_tick = on_tick  # told each tick's duration in seconds (metrics)
         self.claims_dir = os.path.join(state_dir, "claims")
         self.source = source
         self.claim_caps = claims
@@ -431,6 +433,7 @@ class Governor:
         )
         if rate >= 1:
             claim.region.write_rate(index, int(rate), now_ns)
+        claim.region.write_util(index, util)  # what metrics report as the claim's utilisation
         if controller.gain > 0:
             self._gpu_gain[cap.uuid.lower()] = controller.gain
         log.debug(
@@ -449,12 +452,19 @@ class Governor:
                 self.tick()
             except Exception:  # one bad claim or sample must not stop the node's governor
                 log.exception("governor: tick failed")
+            if self.on_tick is not None:
+                self.on_tick(time.monotonic() - started)
             stop.wait(max(0.0, period - (time.monotonic() - started)))
         self.close()
 
 
 def start_governor(
-    state_dir: str, stop: threading.Event, claims: ClaimCaps, source: UtilSource | None = None
+    state_dir: str,
+    stop: threading.Event,
+    claims: ClaimCaps,
+    source: UtilSource | None = None,
+    *,
+    on_tick: Callable[[float], None] | None = None,
 ) -> threading.Thread:
     """Run the governor in a daemon thread until `stop` is set (kubelet plugin entry point).
 
@@ -464,7 +474,7 @@ def start_governor(
     nvml_source = None
     if source is None:
         source = nvml_source = NvmlUtilSource()
-    governor = Governor(state_dir, source, claims)
+    governor = Governor(state_dir, source, claims, on_tick=on_tick)
 
     def body() -> None:
         try:

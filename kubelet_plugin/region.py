@@ -205,6 +205,10 @@ class Region:
                 return i
         return None
 
+    def write_util(self, index: int, util: float) -> None:
+        """Record the claim's measured utilisation (percent points) for metrics to read."""
+        self.layout.devices[index].util_milli = int(min(100.0, max(0.0, util)) * 1000)
+
     def write_seed_gain(self, index: int, gain: float) -> None:
         """Offer the hook a gain to pace this device's first launches with (region.h)."""
         if gain > 0 and math.isfinite(gain):

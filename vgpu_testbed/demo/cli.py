@@ -24,6 +24,7 @@ from pathlib import Path
 from vgpu_testbed.cluster import nodes as cluster_nodes
 from vgpu_testbed.cluster.binaries import BinariesMissingError, find_binaries
 from vgpu_testbed.demo.caps import step_workloads
+from vgpu_testbed.demo.observe import step_observe
 from vgpu_testbed.demo.steps import (
     SHARED_POD,
     DemoContext,
@@ -44,6 +45,7 @@ STEPS: list[Step] = [
     Step("Apply the DeviceClass and deploy/examples; schedule and prepare", step_apply_examples),
     Step(f"What prepare wrote for pod {SHARED_POD}", step_show_prepared_claim),
     Step(f"Inside pod {SHARED_POD}'s container: the hook enforces the caps", step_workloads),
+    Step(f"What an operator sees: vgpu-dra status, pod {SHARED_POD}'s metrics", step_observe),
     Step(f"Delete pod {SHARED_POD}: the plugin releases its share", step_release),
 ]
 

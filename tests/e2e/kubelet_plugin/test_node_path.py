@@ -16,15 +16,16 @@ What this proves:
 4. SIGKILL of the plugin in the middle of a large prepare batch loses nothing: after a restart
    every pod is prepared, checkpoint, CDI specs and claim dirs agree, and a retried prepare
    returns the same CDI device IDs.
-5. A GPU that falls off the bus (simulated "lost") leaves the published pool at the next
-   resync, with a generation bump, and comes back when it recovers.
+5. A hot-removed GPU leaves the published pool at the next rescan, with a generation bump and
+   without renaming the GPUs after it, and comes back when it is added again (a GPU that falls
+   off the bus stays published with a NoExecute taint instead:
+   tests/e2e/kubelet_plugin/test_health.py).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -35,6 +36,15 @@ from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
 from kubelet_plugin.checkpoint import CheckpointJournal
 from kubelet_plugin.proto import dra_v1_pb2, dra_v1_pb2_grpc
+from tests.e2e.kubelet_plugin.pods import (
+    DRIVER,
+    EXAMPLES,
+    REPO,
+    apply,
+    deviceclass_exists,
+    pod_claim,
+    running_pod,
+)
 from vgpu_testbed.polling import wait_for
 from vgpu_testbed.standin.node_agents import NodeAgents, start_node_agents
 
@@ -43,17 +53,8 @@ from vgpu_testbed.standin.node_agents import NodeAgents, start_node_agents
 pytestmark = pytest.mark.timeout(300)
 
 
-REPO = Path(__file__).resolve().parents[3]
-EXAMPLES = REPO / "deploy" / "examples"
-DRIVER = "vgpu.dra.dev"
 GIB = 1 << 30
 RESYNC = ["--resync-seconds", "1"]  # re-discover GPUs every second (default 60)
-
-KIND_PATHS = {
-    "Pod": ("v1", "pods"),
-    "ResourceClaimTemplate": (RESOURCE_API, "resourceclaimtemplates"),
-    "ResourceClaim": (RESOURCE_API, "resourceclaims"),
-}
 
 
 @pytest.fixture(scope="module")
@@ -86,22 +87,6 @@ def agents(cluster: Any, client: KubeClient) -> Iterator[dict[str, NodeAgents]]:
         client.delete(kube.path(RESOURCE_API, "deviceclasses", name))
 
 
-def deviceclass_exists(client: KubeClient, name: str) -> bool:
-    try:
-        client.get(kube.path(RESOURCE_API, "deviceclasses", name))
-    except kube.NotFound:
-        return False
-    return True
-
-
-def apply(client: KubeClient, manifest: Path, namespace: str) -> list[dict[str, Any]]:
-    created = []
-    for doc in yaml.safe_load_all(manifest.read_text()):
-        api, plural = KIND_PATHS[doc["kind"]]
-        created.append(client.create(kube.path(api, plural, namespace=namespace), doc))
-    return created
-
-
 def node_devices(client: KubeClient, node: str) -> dict[str, dict[str, Any]]:
     objs = client.list(
         kube.path(RESOURCE_API, "resourceslices"),
@@ -113,26 +98,6 @@ def node_devices(client: KubeClient, node: str) -> dict[str, dict[str, Any]]:
 def attr(device: dict[str, Any], name: str) -> Any:
     value = device["attributes"].get(name)
     return None if value is None else next(iter(value.values()))
-
-
-def running_pod(client: KubeClient, namespace: str, name: str) -> dict[str, Any]:
-    def check() -> dict[str, Any] | None:
-        pod = client.get(kube.path("v1", "pods", name, namespace=namespace))
-        return pod if (pod.get("status") or {}).get("phase") == "Running" else None
-
-    return wait_for(f"pod {namespace}/{name} Running (prepared)", check)
-
-
-def pod_claim(client: KubeClient, pod: dict[str, Any]) -> dict[str, Any]:
-    (status,) = pod["status"]["resourceClaimStatuses"]
-    return client.get(
-        kube.path(
-            RESOURCE_API,
-            "resourceclaims",
-            status["resourceClaimName"],
-            namespace=pod["metadata"]["namespace"],
-        )
-    )
 
 
 def vgpu_conf_devices(node_agents: NodeAgents, claim_uid: str) -> list[dict[str, str]]:
@@ -433,7 +398,7 @@ def test_sigkill_during_a_prepare_batch_loses_nothing(
 # ---------------------------------------------------------------- 5. inventory changes
 
 
-def test_a_lost_gpu_leaves_the_pool_and_comes_back(
+def test_a_removed_gpu_leaves_the_pool_and_comes_back(
     client: KubeClient, agents: dict[str, NodeAgents]
 ) -> None:
     from vgpu_testbed.fakegpu import simulator as fakegpu
@@ -454,12 +419,16 @@ def test_a_lost_gpu_leaves_the_pool_and_comes_back(
 
     generation, devices = wait_for("node-2 pool", pool)
     assert devices == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
-    fakegpu.set_gpu_lost(node_agents.gpu_env, 2, True)
+    fakegpu.set_gpu_removed(node_agents.gpu_env, 2, True)  # hot-unplugged
     try:
-        lost_generation, _ = wait_for("gpu-2 to leave the pool", lambda: pool_if("gpu-2", False))
+        lost_generation, during = wait_for(
+            "gpu-2 to leave the pool", lambda: pool_if("gpu-2", False)
+        )
         assert lost_generation > generation
+        # NVML now enumerates the last GPU at index 2; its device name stays gpu-3.
+        assert during == ["gpu-0", "gpu-1", "gpu-3"]
     finally:
-        fakegpu.set_gpu_lost(node_agents.gpu_env, 2, False)
+        fakegpu.set_gpu_removed(node_agents.gpu_env, 2, False)
     back_generation, devices = wait_for("gpu-2 to come back", lambda: pool_if("gpu-2", True))
     assert devices == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
     assert back_generation > lost_generation

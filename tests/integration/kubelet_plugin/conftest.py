@@ -18,12 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from dra_driver import cdi, kube
 from dra_driver.gpu import NodeInventory
+from kubelet_plugin.claims import ClaimRef
 from kubelet_plugin.health import HealthBoard
 from kubelet_plugin.prepare import NodeSettings, Preparer, kube_claim_source
+from kubelet_plugin.proto import dra_v1_pb2, dra_v1_pb2_grpc
 from kubelet_plugin.server import PluginServer, SocketPaths
 from tests.fixtures.claimdata import DRIVER, HOOK_LIB, NODE, GiB, inventory
 
@@ -120,6 +123,20 @@ def plugin(kube_client: kube.KubeClient) -> Iterator[RunningPlugin]:
         server.stop(grace_s=1)
         preparer.close()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def prepare(dra_socket: Path, refs: list[ClaimRef]) -> dict[str, str]:
+    """NodePrepareResources over the plugin's socket; claim UID -> error ("" = prepared)."""
+    with grpc.insecure_channel(f"unix://{dra_socket}") as channel:
+        response = dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
+            dra_v1_pb2.NodePrepareResourcesRequest(
+                claims=[
+                    dra_v1_pb2.Claim(namespace=r.namespace, uid=r.uid, name=r.name) for r in refs
+                ]
+            ),
+            timeout=30,
+        )
+    return {uid: answer.error for uid, answer in response.claims.items()}
 
 
 def run_json(argv: list[str]) -> dict[str, Any]:

@@ -18,30 +18,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 
 from dra_driver import kube
 from kubelet_plugin import region as rg
-from kubelet_plugin.claims import ClaimRef
-from kubelet_plugin.proto import dra_v1_pb2, dra_v1_pb2_grpc
 from tests.fixtures.claimdata import NODE, create_allocated_claim, result
 from tests.fixtures.regions import write_region
-from tests.integration.kubelet_plugin.conftest import plugin_process, plugin_process_argv, wait_for
-
-
-def prepare(dra_socket: Path, refs: list[ClaimRef]) -> dict[str, str]:
-    """NodePrepareResources over the plugin's socket; claim UID -> error ("" = prepared)."""
-    with grpc.insecure_channel(f"unix://{dra_socket}") as channel:
-        response = dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
-            dra_v1_pb2.NodePrepareResourcesRequest(
-                claims=[
-                    dra_v1_pb2.Claim(namespace=r.namespace, uid=r.uid, name=r.name) for r in refs
-                ]
-            ),
-            timeout=30,
-        )
-    return {uid: answer.error for uid, answer in response.claims.items()}
+from tests.integration.kubelet_plugin.conftest import (
+    plugin_process,
+    plugin_process_argv,
+    prepare,
+    wait_for,
+)
 
 
 def device_record(path: Path) -> tuple[int, int, int]:

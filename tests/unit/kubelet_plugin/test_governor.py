@@ -27,7 +27,6 @@ from kubelet_plugin.claims import ClaimRef
 from kubelet_plugin.governor import (
     CappedDevice,
     Controller,
-    Governor,
     GpuSample,
     balance_target,
     caps_of_prepared,
@@ -37,9 +36,14 @@ from kubelet_plugin.governor import (
 from kubelet_plugin.plan import ClaimPlan, DevicePlan
 from kubelet_plugin.prepare import NodeSettings, Preparer
 from tests.fixtures import claimdata
-from tests.fixtures.regions import write_region
-
-UUID = "GPU-00000000-1111-2222-3333-444444444444"
+from tests.unit.kubelet_plugin.governor_sim import (
+    CAPS,
+    UUID,
+    SimGpu,
+    make_claim,
+    make_governor,
+    run_ticks,
+)
 
 
 def _plan(uid: str, *devices: tuple[str, int, ComputePolicy]) -> ClaimPlan:
@@ -170,88 +174,18 @@ def test_balance_target() -> None:
     assert balance_target(30, 60, 10) == 45
 
 
-CAPS: dict[str, list[CappedDevice]] = {}
-
-
-def _governor(root: Path, gpu: SimGpu | None = None, clock: list[int] | None = None) -> Governor:
-    """A governor over `root` whose prepared claims are the ones _make_claim registered."""
-    source = gpu if gpu is not None else SimGpu({})
-    if clock is None:
-        return Governor(str(root), source, lambda: CAPS)
-    return Governor(
-        str(root),
-        source,
-        lambda: CAPS,
-        clock_ns=lambda: clock[0],
-        wall_us=lambda: clock[0] // 1000,
-    )
-
-
 @pytest.fixture(autouse=True)
 def _no_prepared_claims() -> None:
     CAPS.clear()
 
 
-def _make_claim(root: Path, uid: str, cores: int, pid: int, policy: str = "fixed") -> Path:
-    """Prepare claim `uid` (caps as the plugin's Preparer would report them) with a region whose
-    first slot is `pid`, as the hook would have created it."""
-    kind = rg.POLICY_BALANCE if policy == "balance" else rg.POLICY_FIXED
-    CAPS[uid] = [CappedDevice(UUID, cores, kind)]
-    claim_dir = root / "claims" / uid
-    claim_dir.mkdir(parents=True)
-    return write_region(claim_dir / "region", UUID, cores, pid=pid)
-
-
-class SimGpu:
-    """A GPU shared by tenants: each launches cost units as fast as its budget allows."""
-
-    def __init__(self, regions: dict[int, Path], gain: float = 0.001) -> None:
-        self.regions = {pid: rg.Region(str(path)) for pid, path in regions.items()}
-        self.gain = gain
-        self.demand = 1e6  # cost units/s each tenant would launch unthrottled
-        self.util: dict[int, float] = {}
-
-    def advance(self, dt: float) -> None:
-        wanted = {}
-        for pid, region in self.regions.items():
-            rate = region.layout.devices[0].rate
-            wanted[pid] = rate if 0 < rate < self.demand else self.demand
-        total = sum(self.gain * w for w in wanted.values())
-        scale = min(1.0, 100.0 / total) if total else 1.0  # the GPU time-slices when full
-        for pid, region in self.regions.items():
-            admitted = wanted[pid] * scale
-            dev = region.layout.devices[0]
-            dev.launch_cost += int(admitted * dt)
-            if wanted[pid] < self.demand:
-                dev.throttled_ns += 1000
-            self.util[pid] = self.gain * admitted
-
-    def sample(self, uuid: str, since_us: int) -> GpuSample:
-        assert uuid == UUID
-        return GpuSample(min(100.0, sum(self.util.values())), dict(self.util))
-
-    def close(self) -> None:
-        for region in self.regions.values():
-            region.close()
-
-
-def _run(gov: Governor, gpu: SimGpu, clock: list[int], ticks: int) -> list[dict[int, float]]:
-    history = []
-    for _ in range(ticks):
-        clock[0] += 100_000_000
-        gpu.advance(0.1)
-        gov.tick()
-        history.append(dict(gpu.util))
-    return history
-
-
 def test_single_claim_is_driven_to_its_cap(tmp_path: Path) -> None:
-    region_path = _make_claim(tmp_path, "a", 30, pid=101)
+    region_path = make_claim(tmp_path, "a", 30, pid=101)
     gpu = SimGpu({101: region_path})
     clock = [1_000_000_000]
-    gov = _governor(tmp_path, gpu, clock)
+    gov = make_governor(tmp_path, gpu, clock)
     try:
-        history = _run(gov, gpu, clock, 60)
+        history = run_ticks(gov, gpu, clock, 60)
         with rg.Region(str(region_path)) as region:
             dev = region.layout.devices[0]
             assert dev.rate_source == rg.RATE_GOVERNOR
@@ -264,13 +198,13 @@ def test_single_claim_is_driven_to_its_cap(tmp_path: Path) -> None:
 
 
 def test_two_claims_share_one_gpu_by_their_caps(tmp_path: Path) -> None:
-    a = _make_claim(tmp_path, "a", 30, pid=201)
-    b = _make_claim(tmp_path, "b", 70, pid=202)
+    a = make_claim(tmp_path, "a", 30, pid=201)
+    b = make_claim(tmp_path, "b", 70, pid=202)
     gpu = SimGpu({201: a, 202: b})
     clock = [1_000_000_000]
-    gov = _governor(tmp_path, gpu, clock)
+    gov = make_governor(tmp_path, gpu, clock)
     try:
-        history = _run(gov, gpu, clock, 100)
+        history = run_ticks(gov, gpu, clock, 100)
         tail = history[-40:]
         assert abs(sum(h[201] for h in tail) / len(tail) - 30) <= 3
         assert abs(sum(h[202] for h in tail) / len(tail) - 70) <= 3
@@ -280,12 +214,12 @@ def test_two_claims_share_one_gpu_by_their_caps(tmp_path: Path) -> None:
 
 
 def test_balance_uses_idle_capacity(tmp_path: Path) -> None:
-    a = _make_claim(tmp_path, "a", 30, pid=301, policy="balance")
+    a = make_claim(tmp_path, "a", 30, pid=301, policy="balance")
     gpu = SimGpu({301: a})
     clock = [1_000_000_000]
-    gov = _governor(tmp_path, gpu, clock)
+    gov = make_governor(tmp_path, gpu, clock)
     try:
-        history = _run(gov, gpu, clock, 60)
+        history = run_ticks(gov, gpu, clock, 60)
         tail = [h[301] for h in history[-20:]]
         assert sum(tail) / len(tail) >= 85  # alone on the GPU: well above its 30 % floor
     finally:
@@ -294,8 +228,8 @@ def test_balance_uses_idle_capacity(tmp_path: Path) -> None:
 
 
 def test_removed_claims_are_dropped(tmp_path: Path) -> None:
-    region_path = _make_claim(tmp_path, "gone", 30, pid=401)
-    gov = _governor(tmp_path)
+    region_path = make_claim(tmp_path, "gone", 30, pid=401)
+    gov = make_governor(tmp_path)
     gov.refresh()
     assert set(gov.claims) == {"gone"}
     del CAPS["gone"]  # unprepared: the Preparer no longer reports it
@@ -336,10 +270,10 @@ class PeriodicGpu(SimGpu):
 
 
 def test_stale_polls_do_not_step_and_periodic_samples_converge(tmp_path: Path) -> None:
-    region_path = _make_claim(tmp_path, "a", 30, pid=401)
+    region_path = make_claim(tmp_path, "a", 30, pid=401)
     gpu = PeriodicGpu({401: region_path}, every=2)
     clock = [1_000_000_000]
-    gov = _governor(tmp_path, gpu, clock)
+    gov = make_governor(tmp_path, gpu, clock)
     try:
         rates = []
         history = []
@@ -355,7 +289,7 @@ def test_stale_polls_do_not_step_and_periodic_samples_converge(tmp_path: Path) -
         tail = history[-30:]
         assert sum(abs(u - 30) for u in tail) / len(tail) <= 1.0
         # A new claim on this GPU is offered the learnt gain as its seed.
-        new_region = _make_claim(tmp_path, "b", 50, pid=402)
+        new_region = make_claim(tmp_path, "b", 50, pid=402)
         gov.tick()
         with rg.Region(str(new_region)) as region:
             seed = struct.unpack("<d", struct.pack("<Q", region.layout.devices[0].seed_gain_bits))
