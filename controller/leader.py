@@ -181,15 +181,20 @@ class LeaderElector:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    def step(self) -> bool:
+        """One round: acquire or renew, step down when that failed past the renew deadline or
+        another replica holds the Lease; True while leader."""
+        if self.try_acquire_or_renew():
+            self._set_leader(True)
+        elif self._leader and not self.is_leader():
+            self._set_leader(False)  # could not renew within the deadline
+        elif self._leader and self._observed and self._observed[0] != self.identity:
+            self._set_leader(False)  # someone else holds it now
+        return self.is_leader()
+
     def _run(self, stop: threading.Event) -> None:
         while not stop.is_set():
-            held = self.try_acquire_or_renew()
-            if held:
-                self._set_leader(True)
-            elif self._leader and not self.is_leader():
-                self._set_leader(False)  # could not renew within the deadline: step down
-            elif self._leader and self._observed and self._observed[0] != self.identity:
-                self._set_leader(False)  # someone else holds it now
+            self.step()
             stop.wait(self.retry_period_s)
         self.release()
 

@@ -182,8 +182,10 @@ class Reconciler:
             try:
                 self.reconcile_pod(pod)
             except Retry as exc:
-                log.info("pod %s/%s: %s; deciding again", key[0], key[1], exc)
-                self.dirty.add(key)
+                # The change behind it (claim deleted/taken, leadership) arrives as an event
+                # and brings the pod back; retrying at once could loop on a stale cache.
+                log.info("pod %s/%s: %s; deciding again on the next change", key[0], key[1], exc)
+                self.waiting.add(key)
             except kube.KubeError as exc:
                 log.warning("pod %s/%s: %s; retried on the next change", key[0], key[1], exc)
                 self.waiting.add(key)
@@ -214,8 +216,10 @@ class Reconciler:
         if claims and len(mine) == len(claims):
             self._lift_gate(pod, _node_of(mine[0]))
             return
-        for claim in mine:  # a crash between writes: release, then place all together
-            self._release(claim)
+        if mine:  # a crash between writes: release, then place all together
+            for claim in mine:
+                self._release(claim)
+            claims = [self.claims.get(_nsname(c), c) for c in claims]  # as released
         try:
             policy = self.defaults.policy_for(pod)
             parsed = [parse_claim(c, self.classes) for c in claims]
