@@ -9,18 +9,23 @@ kube-scheduler binds them once the controller lifted the gate.
 
 Proves: exact placements of a scripted binpack and spread sequence; `link` keeps a 4-GPU claim in
 one island; `link-strict` refuses a 5-GPU claim with an Event and the Placement condition;
-include/exclude of GPU types; two replicas (the leader killed mid-stream) never overbook a
-device; a controller killed mid-allocation converges after a restart.
+include/exclude of GPU types; two replicas are both ready (leader and standby) and, the leader
+killed mid-stream, never overbook a device; a controller killed mid-allocation converges after a
+restart, including a pod left with one of its two claims written (released and placed again).
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -214,6 +219,17 @@ def controllers(bed: Bed) -> Iterator[list[Controller]]:
     yield started
     for c in started:
         c.kill()
+
+
+def ready(c: Controller) -> bool:
+    match = re.search(r"probes on (http://[\d.]+:\d+)", c.text())
+    if match is None:
+        return False
+    try:
+        with urllib.request.urlopen(match.group(1) + "/readyz", timeout=5) as answer:
+            return bool(answer.status == 200)
+    except urllib.error.HTTPError:
+        return False
 
 
 def leader(client: KubeClient, bed: Bed) -> str | None:
@@ -427,6 +443,9 @@ def test_two_replicas_never_overbook_when_the_leader_dies(
 ) -> None:
     controllers += [Controller(bed, "replica-a"), Controller(bed, "replica-b")]
     first = started(client, bed, *controllers)
+    # Leader and standby are both ready (the standby reaches the Lease and keeps its model).
+    for c in controllers:
+        await_(f"{c.log.stem} ready", functools.partial(ready, c))
     # Eight pods for four A10s at 20Gi each: exactly four fit, one per GPU.
     for i in range(8):
         claim = gpu_claim(f"p{i}", bed.driver, memory="20Gi",
@@ -474,6 +493,25 @@ def test_a_controller_killed_mid_allocation_converges(
 
     await_("a first allocation", any_allocated)
     controllers[0].kill()
+    # Make the crash between two claim writes certain for one more pod: its first claim is
+    # allocated for it (on a GPU next to k0's, as a dead controller would have written it), its
+    # second is not, and its gate is still on.
+    template = get_claim(client, namespace, "k0-0")["status"]["allocation"]
+    half = [gpu_claim(f"h-{j}", bed.driver, memory="2Gi") for j in range(2)]
+    submit(client, namespace, "h", half, {"node-policy": "spread"})
+    h_uid = get_pod(client, namespace, "h")["metadata"]["uid"]
+    first = get_claim(client, namespace, "h-0")
+    allocation = copy.deepcopy(template)
+    allocation["devices"]["results"][0]["shareID"] = str(uuid.uuid4())
+    first["status"] = {
+        "allocation": allocation,
+        "reservedFor": [{"resource": "pods", "name": "h", "uid": h_uid}],
+    }
+    client.replace(
+        kube.path(RESOURCE_API, "resourceclaims", "h-0", namespace=namespace, subresource="status"),
+        first,
+    )
+    names.append("h")
     controllers.append(Controller(bed, "successor"))
     for name in names:
         pod = await_(f"{name} ungated", functools.partial(ungated, client, namespace, name), 60)
