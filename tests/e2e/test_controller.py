@@ -524,3 +524,44 @@ def test_a_controller_killed_mid_allocation_converges(
             term = status["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]
             nodes.add(term["matchFields"][0]["values"][0])
         assert len(nodes) == 1, (name, nodes)  # both claims of a pod on one node
+
+
+def test_template_claims_are_placed_and_a_refused_pod_is_retried_on_change(
+    client: KubeClient, bed: Bed, namespace: str, controllers: list[Controller]
+) -> None:
+    """A claim generated from a ResourceClaimTemplate (found through the pod's
+    resourceClaimStatuses) is placed; a pod refused for lack of capacity is placed once a claim
+    is deleted and frees it."""
+    controllers.append(Controller(bed, "template"))
+    started(client, bed, *controllers)
+    only_a10 = A10_SELECTOR.format(d=bed.driver)
+    client.create(
+        kube.path(RESOURCE_API, "resourceclaimtemplates", namespace=namespace),
+        {
+            "apiVersion": RESOURCE_API,
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "whole-a10"},
+            "spec": {"spec": gpu_claim("x", bed.driver, count=4, selector=only_a10)["spec"]},
+        },
+    )
+    pod = gated_pod("tpl", [], {})
+    pod["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": "whole-a10"}]
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpus"}]}
+    client.create(kube.path("v1", "pods", namespace=namespace), pod)
+    placed_pod = await_("tpl ungated", functools.partial(ungated, client, namespace, "tpl"))
+    (status,) = placed_pod["status"]["resourceClaimStatuses"]
+    claim = get_claim(client, namespace, status["resourceClaimName"])
+    assert len(claim["status"]["allocation"]["devices"]["results"]) == 4
+    # All four A10s are taken whole: the next A10 pod is refused ...
+    submit(client, namespace, "late", [gpu_claim("late", bed.driver, selector=only_a10)], {})
+    await_("late refused", lambda: condition(get_pod(client, namespace, "late")))
+    assert GATE in [
+        g["name"] for g in get_pod(client, namespace, "late")["spec"]["schedulingGates"]
+    ]
+    # ... and placed as soon as the template pod and its claim are gone.
+    client.request("DELETE", kube.path("v1", "pods", "tpl", namespace=namespace),
+                   query={"gracePeriodSeconds": 0})  # fmt: skip
+    client.delete(
+        kube.path(RESOURCE_API, "resourceclaims", status["resourceClaimName"], namespace=namespace)
+    )
+    assert placed(client, namespace, "late")[0] == bed.node("a10")
