@@ -18,7 +18,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from typing import Any, cast
 from urllib.parse import quote, urlencode
 
@@ -229,7 +229,7 @@ class KubeClient:
 
     def watch(
         self, resource_path: str, resource_version: str, *, timeout_s: int = 300
-    ) -> Iterator[JSON]:
+    ) -> Generator[JSON, None, None]:
         """Watch events (`{"type": ADDED|MODIFIED|DELETED|BOOKMARK, "object": {...}}`) from
         `resource_version`, with bookmarks, until the server ends the stream (`timeout_s`).
 

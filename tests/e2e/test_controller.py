@@ -565,3 +565,16 @@ def test_template_claims_are_placed_and_a_refused_pod_is_retried_on_change(
         kube.path(RESOURCE_API, "resourceclaims", status["resourceClaimName"], namespace=namespace)
     )
     assert placed(client, namespace, "late")[0] == bed.node("a10")
+
+
+def test_watch_streams_events_from_a_listed_version(client: KubeClient, namespace: str) -> None:
+    """`KubeClient.watch` on the real API server: a change after the listed version arrives as
+    a dict event. (The server replays old versions from etcd until it compacts, so 410 Gone
+    cannot be provoked here; tests/unit/test_controller_informers.py covers it.)"""
+    path = kube.path("v1", "configmaps", namespace=namespace)
+    _, version = client.list_versioned(path)
+    client.create(path, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "w"}})
+    events = client.watch(path, version, timeout_s=5)
+    event = next(e for e in events if e["type"] != "BOOKMARK")
+    assert (event["type"], event["object"]["metadata"]["name"]) == ("ADDED", "w")
+    events.close()

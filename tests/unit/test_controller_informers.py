@@ -11,6 +11,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
+
 from controller.informers import PODS, Informer
 from dra_driver import kube
 
@@ -73,3 +75,14 @@ def test_list_watch_bookmark_resume_and_relist() -> None:
         ("apply", "c", "Pod"),
         ("delete", "a", "Pod"),
     ]
+
+
+def test_watch_error_events_become_typed_errors() -> None:
+    gone = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}}
+    with pytest.raises(kube.Gone):
+        kube._watch_event(gone)
+    with pytest.raises(kube.KubeError) as err:
+        kube._watch_event({"type": "ERROR", "object": {"code": 500, "message": "etcd down"}})
+    assert err.value.status == 500 and "etcd down" in str(err.value)
+    event = {"type": "ADDED", "object": {"metadata": {"name": "x"}}}
+    assert kube._watch_event(event) is event
