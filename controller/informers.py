@@ -54,6 +54,13 @@ CLASSES = Resource("DeviceClass", kube.RESOURCE_API, "deviceclasses")
 ALL = (NODES, SLICES, CLASSES, CLAIMS, PODS)
 
 
+def _identity(obj: JSON) -> JSON:
+    """What a delete needs (consumers read only the identity): keeping whole objects here would
+    double the controller's memory on large clusters."""
+    meta = obj.get("metadata") or {}
+    return {"metadata": {k: meta[k] for k in ("name", "namespace", "uid") if k in meta}}
+
+
 def _key(obj: JSON) -> str:
     meta = obj.get("metadata") or {}
     return str(meta.get("uid") or f"{meta.get('namespace', '')}/{meta.get('name', '')}")
@@ -75,7 +82,7 @@ class Informer:
         self._client = client
         self._sink = sink
         self._watch_timeout = watch_timeout_s
-        self._known: dict[str, JSON] = {}  # key -> last object reported (for relist deletions)
+        self._known: dict[str, JSON] = {}  # key -> identity reported (for relist deletions)
         self._version = ""
         self._thread: threading.Thread | None = None
         self.relists = 0  # lists done (1 + one per 410 Gone / failure before a list)
@@ -122,7 +129,7 @@ class Informer:
     def _list(self) -> None:
         items, version = self._client.list_versioned(self.resource.path)
         self.relists += 1
-        fresh = {_key(obj): obj for obj in items}
+        fresh = {_key(obj): _identity(obj) for obj in items}
         for key, old in list(self._known.items()):
             if key not in fresh:
                 self._sink(self.resource.kind, "delete", old)
@@ -144,5 +151,5 @@ class Informer:
             self._known.pop(_key(obj), None)
             self._sink(self.resource.kind, "delete", obj)
         elif kind in ("ADDED", "MODIFIED"):
-            self._known[_key(obj)] = obj
+            self._known[_key(obj)] = _identity(obj)
             self._sink(self.resource.kind, "apply", obj)
