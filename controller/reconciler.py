@@ -83,6 +83,18 @@ def claim_names(pod: Mapping[str, Any]) -> list[str] | None:
     return names
 
 
+# The long names of the allocation-controller issue (and of vgpu-manager, whose users bring them,
+# with its `nvidia.com/` prefix translated by the webhook) -> the allocator's names. The short
+# name wins when a pod sets both.
+ALIASES = {
+    ANNOTATION_PREFIX + "node-scheduler-policy": ANNOTATION_PREFIX + "node-policy",
+    ANNOTATION_PREFIX + "device-scheduler-policy": ANNOTATION_PREFIX + "device-policy",
+    ANNOTATION_PREFIX + "device-topology-mode": ANNOTATION_PREFIX + "topology",
+    ANNOTATION_PREFIX + "include-gpu-type": ANNOTATION_PREFIX + "gpu-type",
+    ANNOTATION_PREFIX + "include-gpu-uuid": ANNOTATION_PREFIX + "gpu-uuid",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Defaults:
     """Cluster default policies (controller flags): annotation name -> value."""
@@ -90,7 +102,9 @@ class Defaults:
     annotations: Mapping[str, str]
 
     def policy_for(self, pod: Mapping[str, Any]) -> Policy:
-        own = {k: v for k, v in (_meta(pod).get("annotations") or {}).items()}
+        given = dict(_meta(pod).get("annotations") or {})
+        own = {ALIASES[k]: v for k, v in given.items() if k in ALIASES}
+        own.update({k: v for k, v in given.items() if k not in ALIASES})
         return Policy.from_annotations({**self.annotations, **own})
 
 

@@ -47,3 +47,26 @@ def test_cluster_defaults_yield_to_the_pods_annotations() -> None:
         {"metadata": {"annotations": {"vgpu.dra.dev/node-policy": "binpack"}}}
     )
     assert (own.node, own.topology) == ("binpack", "link")
+
+
+def test_the_issues_long_annotation_names_are_aliases() -> None:
+    defaults = Defaults({})
+    policy = defaults.policy_for(
+        {
+            "metadata": {
+                "annotations": {
+                    "vgpu.dra.dev/node-scheduler-policy": "spread",
+                    "vgpu.dra.dev/device-scheduler-policy": "binpack",
+                    "vgpu.dra.dev/device-topology-mode": "link-strict",
+                    "vgpu.dra.dev/include-gpu-type": "H100",
+                    "vgpu.dra.dev/include-gpu-uuid": "GPU-1",
+                    "vgpu.dra.dev/exclude-gpu-type": "A10",
+                }
+            }
+        }
+    )
+    assert (policy.node, policy.device, policy.topology) == ("spread", "binpack", "link-strict")
+    assert (policy.include_types, policy.include_uuids) == (("h100",), ("gpu-1",))
+    assert policy.exclude_types == ("a10",)
+    both = {"vgpu.dra.dev/node-scheduler-policy": "spread", "vgpu.dra.dev/node-policy": "binpack"}
+    assert defaults.policy_for({"metadata": {"annotations": both}}).node == "binpack"
