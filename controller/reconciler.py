@@ -24,6 +24,7 @@ Only one thread (the controller's worker) calls into this class; informers only 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -41,6 +42,8 @@ GATE = "vgpu.dra.dev/policy"
 CONDITION = "vgpu.dra.dev/Placement"
 COMPONENT = "vgpu-dra-controller"
 CONFLICT_RETRIES = 5
+API_RETRY_START_S = 1.0
+API_RETRY_MAX_S = 60.0
 
 
 class Retry(Exception):
@@ -117,6 +120,7 @@ class Reconciler:
         defaults: Defaults,
         *,
         may_write: Callable[[], bool] = lambda: True,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
         self.defaults = defaults
@@ -130,6 +134,8 @@ class Reconciler:
         self.waiting: set[tuple[str, str]] = set()  # gated pods refused: retried on changes
         self._written: set[str] = set()  # claim uids written, until their allocation is seen
         self._reported: dict[str, str] = {}  # pod uid -> last refusal reported
+        self._api_retry: dict[tuple[str, str], tuple[float, float]] = {}  # key -> (due, delay)
+        self._clock = clock
 
     # ------------------------------------------------------------ events
 
@@ -187,22 +193,40 @@ class Reconciler:
 
     def reconcile(self) -> None:
         """Consider every dirty gated pod once (name order, for reproducible placements)."""
+        now = self._clock()
+        for key, (due, _) in list(self._api_retry.items()):
+            if due <= now:
+                self.dirty.add(key)
         while self.dirty and self.may_write():
-            key = min(self.dirty)
-            self.dirty.discard(key)
-            pod = self.pods.get(key)
-            if pod is None:
-                continue
-            try:
-                self.reconcile_pod(pod)
-            except Retry as exc:
-                # The change behind it (claim deleted/taken, leadership) arrives as an event
-                # and brings the pod back; retrying at once could loop on a stale cache.
-                log.info("pod %s/%s: %s; deciding again on the next change", key[0], key[1], exc)
-                self.waiting.add(key)
-            except kube.KubeError as exc:
-                log.warning("pod %s/%s: %s; retried on the next change", key[0], key[1], exc)
-                self.waiting.add(key)
+            batch = sorted(self.dirty)
+            self.dirty.clear()
+            for i, key in enumerate(batch):
+                if not self.may_write():
+                    self.dirty.update(batch[i:])
+                    return
+                self._reconcile_key(key)
+
+    def _reconcile_key(self, key: tuple[str, str]) -> None:
+        pod = self.pods.get(key)
+        if pod is None:
+            self._api_retry.pop(key, None)
+            return
+        try:
+            self.reconcile_pod(pod)
+        except Retry as exc:
+            # The change behind it (claim deleted/taken, leadership) arrives as an event and
+            # brings the pod back; retrying at once could loop on a stale cache.
+            log.info("pod %s/%s: %s; deciding again on the next change", key[0], key[1], exc)
+            self.waiting.add(key)
+        except kube.KubeError as exc:
+            # The API failed (unreachable, 5xx, refused): no event may follow, so try again
+            # after a backoff that doubles up to API_RETRY_MAX_S.
+            _, delay = self._api_retry.get(key, (0.0, API_RETRY_START_S / 2))
+            delay = min(delay * 2, API_RETRY_MAX_S)
+            self._api_retry[key] = (self._clock() + delay, delay)
+            log.warning("pod %s/%s: %s; retrying in %.0fs", key[0], key[1], exc, delay)
+        else:
+            self._api_retry.pop(key, None)
 
     def reconcile_pod(self, pod: JSON) -> None:
         ns = _nsname(pod)[0]

@@ -6,14 +6,16 @@ the pod) and only our gate is removed; a pod whose claim is not there yet waits;
 is retried after a fresh read; a claim deleted mid-placement leaves the claims already written
 released and the model without their consumption; a crash between two claim writes (one claim
 allocated for the pod, one not) converges to both on one node; a refused pod gets one Event and
-one condition, is not retried without a change, and is retried when a node or slice arrives.
+one condition, is not retried without a change, and is retried when a node or slice arrives; an
+API failure is retried after a doubling backoff even when no event follows.
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
@@ -146,8 +148,10 @@ def api() -> FakeApi:
     return FakeApi()
 
 
-def reconciler(api: FakeApi, nodes: int = 2) -> Reconciler:
-    r = Reconciler(api, Defaults({}))  # type: ignore[arg-type]
+def reconciler(
+    api: FakeApi, nodes: int = 2, clock: Callable[[], float] = time.monotonic
+) -> Reconciler:
+    r = Reconciler(api, Defaults({}), clock=clock)  # type: ignore[arg-type]
     r.on_event("DeviceClass", "apply", {**DEVICE_CLASS, "metadata": {"name": DRIVER}})
     for n in range(nodes):
         for kind, obj in node_events(n, gpus=2, shape="none"):
@@ -286,3 +290,25 @@ def test_an_invalid_policy_annotation_fails_that_pod_only(api: FakeApi) -> None:
     r.reconcile()
     assert api.events[0]["reason"] == "InvalidRequest" and "sideways" in api.events[0]["message"]
     assert api.get(claim_path("b"))["status"]["allocation"]
+
+
+def test_an_api_failure_is_retried_after_a_backoff_without_any_event(api: FakeApi) -> None:
+    now = [0.0]
+    r = reconciler(api, nodes=1, clock=lambda: now[0])
+    make_claim(api, "a")
+    make_pod(api, "p", ["a"])
+    feed(r, api)
+    api.fail[claim_path("a") + "/status"] = [kube.Unreachable(0, "Unreachable", "down")] * 2
+    r.reconcile()  # fails: retry due in 1s
+    assert "allocation" not in (api.get(claim_path("a")).get("status") or {})
+    now[0] = 0.5
+    r.reconcile()
+    assert len(api.fail[claim_path("a") + "/status"]) == 1  # not tried again before it is due
+    now[0] = 1.0
+    r.reconcile()  # fails again: next in 2s
+    now[0] = 2.9
+    r.reconcile()
+    assert "allocation" not in (api.get(claim_path("a")).get("status") or {})
+    now[0] = 3.0
+    r.reconcile()
+    assert api.get(claim_path("a"))["status"]["allocation"]
