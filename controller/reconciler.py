@@ -251,7 +251,10 @@ class Reconciler:
                 "path places only unallocated claims",
             )
             return
-        if claims and len(mine) == len(claims):
+        if not claims:  # nothing to allocate: the default scheduler can place it
+            self._lift_gate(pod, None)
+            return
+        if len(mine) == len(claims):
             self._lift_gate(pod, _node_of(mine[0]))
             return
         if mine:  # a crash between writes: release, then place all together
@@ -350,7 +353,7 @@ class Reconciler:
             return
         raise Retry(f"claim {ns}/{name} kept changing while being released")
 
-    def _lift_gate(self, pod: JSON, node: str) -> None:
+    def _lift_gate(self, pod: JSON, node: str | None) -> None:
         ns, name = _nsname(pod)
         pod_path = kube.path("v1", "pods", name, namespace=ns)
         current = pod
@@ -372,7 +375,10 @@ class Reconciler:
                 current = self.client.get(pod_path)
         else:
             raise Retry(f"pod {ns}/{name} kept changing while its gate was removed")
-        self._set_condition(pod, "True", "Placed", f"devices allocated on node {node}")
+        if node is None:
+            self._set_condition(pod, "True", "NoClaims", "the pod has no resource claims")
+        else:
+            self._set_condition(pod, "True", "Placed", f"devices allocated on node {node}")
         self._reported.pop(str(_meta(pod).get("uid")), None)
 
     # ------------------------------------------------------------ reporting

@@ -312,3 +312,13 @@ def test_an_api_failure_is_retried_after_a_backoff_without_any_event(api: FakeAp
     now[0] = 3.0
     r.reconcile()
     assert api.get(claim_path("a"))["status"]["allocation"]
+
+
+def test_a_gated_pod_without_claims_is_released_to_the_scheduler(api: FakeApi) -> None:
+    r = reconciler(api, nodes=0)
+    make_pod(api, "plain", [])
+    feed(r, api)
+    r.reconcile()
+    assert api.get(pod_path("plain"))["spec"]["schedulingGates"] == [{"name": "other/gate"}]
+    assert api.get(pod_path("plain"))["status"]["conditions"][0]["reason"] == "NoClaims"
+    assert api.events == []
