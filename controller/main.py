@@ -25,7 +25,7 @@ from controller.leader import LeaderElector
 from controller.probes import ProbeServer, parse_address
 from controller.reconciler import POLICY_ANNOTATIONS, Defaults, Reconciler
 from controller.worker import Worker
-from dra_driver import kube
+from dra_driver import kube, logsetup
 from dra_driver.lifecycle import stop_on_signals
 
 log = logging.getLogger("vgpu-dra.controller")
@@ -34,6 +34,7 @@ ENV = {
     "kubeconfig": "KUBECONFIG",
     "health_address": "VGPU_DRA_HEALTH_ADDRESS",
     "log_level": "VGPU_DRA_LOG_LEVEL",
+    "log_format": "VGPU_DRA_LOG_FORMAT",
     "leader_elect": "VGPU_DRA_LEADER_ELECT",
     "lease_namespace": "VGPU_DRA_LEASE_NAMESPACE",
     "lease_name": "VGPU_DRA_LEASE_NAME",
@@ -44,7 +45,6 @@ ENV = {
 }
 DEFAULT_LEASE_NAME = "vgpu-dra-controller"
 DEFAULT_HEALTH_ADDRESS = "127.0.0.1:8081"
-_LEVELS = ["debug", "info", "warning", "error"]
 
 
 def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
@@ -64,7 +64,15 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
         default=env.get(ENV["health_address"], DEFAULT_HEALTH_ADDRESS),
         help="host:port of /healthz and /readyz (env VGPU_DRA_HEALTH_ADDRESS; port 0 = any)",
     )
-    parser.add_argument("--log-level", default=env.get(ENV["log_level"], "info"), choices=_LEVELS)
+    parser.add_argument(
+        "--log-level", default=env.get(ENV["log_level"], "info"), choices=logsetup.LOG_LEVELS
+    )
+    parser.add_argument(
+        "--log-format",
+        default=env.get(ENV["log_format"], "text"),
+        choices=logsetup.LOG_FORMATS,
+        help="text (key=value, default) or json (env VGPU_DRA_LOG_FORMAT)",
+    )
     parser.add_argument(
         "--leader-elect",
         type=_boolean,
@@ -123,10 +131,7 @@ def _boolean(text: str | bool) -> bool:
 def main(argv: Sequence[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(list(argv))
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logsetup.configure_logging(args.log_level, args.log_format)
     try:
         address = parse_address(args.health_address)
     except ValueError as exc:
@@ -136,6 +141,8 @@ def main(argv: Sequence[str]) -> int:
     except Exception as exc:  # the client raises several unrelated types for bad configs
         log.error("cannot load Kubernetes credentials (--kubeconfig %s): %s", args.kubeconfig, exc)
         return 1
+    for secret in client.credential_strings():
+        logsetup.redact(secret)
     stop = threading.Event()
     stop_on_signals(stop, log)
     try:

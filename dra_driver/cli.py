@@ -26,6 +26,7 @@ TESTBED_EXTRA = "pip install 'vgpu-dra[testbed]'"
 PRODUCT_COMMANDS: dict[str, tuple[str, str]] = {
     "kubelet-plugin": ("kubelet_plugin.main:main", "run the node daemon (DRA kubelet plugin)"),
     "controller": ("controller.main:main", "run the cluster-side controller (probes only, today)"),
+    "status": ("dra_driver.status:main", "GPUs, claims, allocated and free memory/cores per GPU"),
 }
 # name -> ("module of vgpu_testbed:function", one-line help).
 TESTBED_COMMANDS: dict[str, tuple[str, str]] = {

@@ -26,6 +26,7 @@ from dra_driver import names
 
 ComputePolicy = Literal["fixed", "balance", "none"]
 LogLevel = Literal["error", "warn", "info", "debug"]
+Enforce = Literal["kill", "report"]
 
 
 class ConfigError(ValueError):
@@ -52,6 +53,10 @@ class VgpuConfig(BaseModel):
     log_level: LogLevel | None = Field(
         default=None, alias="logLevel", description="hook log level inside the container"
     )
+    enforce: Enforce = Field(
+        default="kill",
+        description="node-side memory enforcement: kill processes over the cap, or only report",
+    )
 
 
 class EffectiveConfig(BaseModel):
@@ -62,6 +67,7 @@ class EffectiveConfig(BaseModel):
     compute_policy: ComputePolicy = "fixed"
     memory_oversubscription: bool = False
     log_level: LogLevel | None = None
+    enforce: Enforce = "kill"
 
 
 _ALLOWED: dict[str, str] = {
@@ -70,6 +76,7 @@ _ALLOWED: dict[str, str] = {
     "computePolicy": "|".join(get_args(ComputePolicy)),
     "memoryOversubscription": "true|false",
     "logLevel": "|".join(get_args(LogLevel)),
+    "enforce": "|".join(get_args(Enforce)),
 }
 
 

@@ -37,11 +37,15 @@ class GpuInfo(BaseModel):
     nvlink_domain: int | None = Field(
         default=None, description="GPUs mutually reachable over NVLink share a value"
     )
+    name: str | None = Field(
+        default=None,
+        description="device name the node assigned for good (dra_driver.inventory.assign_names)",
+    )
 
     @property
     def device_name(self) -> str:
-        """The ResourceSlice device name (`gpu-<index>`)."""
-        return names.device_name(self.index)
+        """The ResourceSlice device name: the node's stable assignment, else `gpu-<index>`."""
+        return self.name or names.device_name(self.index)
 
 
 class NodeInventory(BaseModel):
@@ -52,6 +56,9 @@ class NodeInventory(BaseModel):
     driver_version: str
     cuda_driver_version: str = Field(description='"major.minor", e.g. "13.0"')
     gpus: tuple[GpuInfo, ...] = ()
+    unreadable_gpus: int = Field(
+        default=0, ge=0, description="GPUs NVML enumerates but could not be read (left out)"
+    )
 
     def by_device_name(self) -> dict[str, GpuInfo]:
         return {gpu.device_name: gpu for gpu in self.gpus}

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dra_driver import names
 from dra_driver.gpu import GpuInfo, NodeInventory
 from dra_driver.nvml import (
     DeviceHandle,
@@ -238,6 +239,34 @@ def _components(edges: Mapping[int, set[int]]) -> list[list[int]]:
     return groups
 
 
+def assign_names(
+    inventory: NodeInventory, known: Mapping[str, str]
+) -> tuple[NodeInventory, dict[str, str]]:
+    """Give every GPU a device name that never changes: (named inventory, uuid -> name map).
+
+    NVML indices shift when a GPU is hot-removed (the GPUs after it move up), so a name derived
+    from the index would rename devices that stayed and break claims prepared on them. A GPU keeps
+    the name it got when this node first saw it (`known`, persisted by the kubelet plugin); a new
+    GPU gets `gpu-<index>` when no GPU ever had that name, else the lowest free `gpu-<n>`. Names
+    are never reused, so a claim naming a removed GPU can never land on another one.
+    """
+    assigned = dict(known)
+    taken = set(assigned.values())
+    gpus = []
+    for gpu in sorted(inventory.gpus, key=lambda g: g.index):
+        name = assigned.get(gpu.uuid)
+        if name is None:
+            name = names.device_name(gpu.index)
+            number = 0
+            while name in taken:
+                name = names.device_name(number)
+                number += 1
+            assigned[gpu.uuid] = name
+            taken.add(name)
+        gpus.append(gpu.model_copy(update={"name": name}))
+    return inventory.model_copy(update={"gpus": tuple(gpus)}), assigned
+
+
 def cuda_version_string(encoded: int) -> str:
     """NVML's CUDA driver version integer (13000) -> "13.0"."""
     return f"{encoded // 1000}.{(encoded % 1000) // 10}"
@@ -302,7 +331,10 @@ def _discover_initialised(nvml: Nvml, sysfs_root: str) -> NodeInventory:
         except ValueError as exc:
             log.warning("GPU %d left out of the inventory: invalid NVML data: %s", index, exc)
     return NodeInventory(
-        driver_version=driver_version, cuda_driver_version=cuda_version, gpus=tuple(gpus)
+        driver_version=driver_version,
+        cuda_driver_version=cuda_version,
+        gpus=tuple(gpus),
+        unreadable_gpus=max(0, count - len(gpus)),
     )
 
 
@@ -450,3 +482,25 @@ def _pcie_roots(nvml: Nvml, raws: list[_RawGpu]) -> dict[int, str]:
     return pcie_roots_from_groups(
         {raw.info["index"]: raw.info["pci_bus_id"] for raw in missing}, same_root
     )
+
+
+def main() -> int:
+    """`python -m dra_driver.inventory`: print this node's inventory as JSON (exit 1 on error).
+
+    The kubelet plugin re-discovers GPUs through this in a child process: NVML enumerates GPUs
+    when it is first initialised, and the plugin's own threads keep NVML initialised, so only a
+    fresh process sees GPUs added since (`kubelet_plugin.rediscover`).
+    """
+    import sys
+
+    try:
+        found = discover()
+    except InventoryError as exc:
+        print(f"GPU discovery failed: {exc}", file=sys.stderr)
+        return 1
+    sys.stdout.write(found.model_dump_json())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -135,6 +135,16 @@ class KubeClient:
     def api_client(self) -> k8s.ApiClient:
         return self._api
 
+    def credential_strings(self) -> list[str]:
+        """The secrets this client authenticates with (bearer token, password), so that the
+        log setup can make sure they are never printed (`dra_driver.logsetup.redact`)."""
+        conf = self._api.configuration
+        found = [str(value) for value in (conf.api_key or {}).values() if value]
+        found += [token.split(" ", 1)[-1] for token in found if " " in token]
+        if conf.password:
+            found.append(str(conf.password))
+        return found
+
     def close(self) -> None:
         self._api.close()
 

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 NOT_SUPPORTED = 3
 TIMEOUT = 10
 FUNCTION_NOT_FOUND = 13
+NOT_FOUND = 6
 GPU_IS_LOST = 15
 
 
@@ -48,6 +49,11 @@ class NvmlError(Exception):
 
 class NvmlNotSupported(NvmlError):
     """The GPU or driver does not offer this query (NOT_SUPPORTED, FUNCTION_NOT_FOUND)."""
+
+
+class NvmlNotFound(NvmlError):
+    """NVML has nothing to report for the query (NOT_FOUND): e.g. no utilisation sample period
+    completed since the given timestamp, which real drivers report between sample periods."""
 
 
 class NvmlUnavailable(NvmlError):
@@ -75,6 +81,22 @@ class XidEvent:
 
     device: DeviceHandle
     xid: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessMemory:
+    """Device memory one process holds on a GPU (host pid; bytes, 0 when NVML cannot say)."""
+
+    pid: int
+    used_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryRepair:
+    """Retired pages / row remapping: a GPU reset is `pending`, or remapping has `failed`."""
+
+    pending: bool
+    failed: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +128,7 @@ class Nvml(Protocol):
     def pci_bus_id(self, device: DeviceHandle) -> str: ...
     def cuda_compute_capability(self, device: DeviceHandle) -> tuple[int, int]: ...
     def memory_total(self, device: DeviceHandle) -> int: ...
+    def memory_used(self, device: DeviceHandle) -> int: ...
     def multiprocessor_count(self, device: DeviceHandle) -> int: ...
     def cuda_cores(self, device: DeviceHandle) -> int: ...
     def numa_node(self, device: DeviceHandle) -> int: ...
@@ -124,6 +147,12 @@ class Nvml(Protocol):
     def process_utilization(
         self, device: DeviceHandle, since_us: int
     ) -> list[ProcessUtilization]: ...
+
+    # enforcement (governor)
+    def running_processes(self, device: DeviceHandle) -> list[ProcessMemory]: ...
+
+    # health
+    def memory_repair(self, device: DeviceHandle) -> MemoryRepair: ...
 
     # XID events (health)
     def create_event_set(self) -> EventSet: ...
@@ -148,6 +177,14 @@ def session(nvml: Nvml) -> Iterator[Nvml]:
 # ---- the pynvml implementation --------------------------------------------------------------
 
 
+# Typed errors by NVML return code; any other code is a plain NvmlError.
+_ERROR_KINDS: dict[int, type[NvmlError]] = {
+    NOT_SUPPORTED: NvmlNotSupported,
+    FUNCTION_NOT_FOUND: NvmlNotSupported,
+    NOT_FOUND: NvmlNotFound,
+}
+
+
 class PyNvml:
     """`Nvml` over pynvml (nvidia-ml-py): translates its errors and hides its handles."""
 
@@ -163,7 +200,7 @@ class PyNvml:
         except self._lib.NVMLError as exc:
             code = getattr(exc, "value", None)
             code = code if isinstance(code, int) else None
-            kind = NvmlNotSupported if code in (NOT_SUPPORTED, FUNCTION_NOT_FOUND) else NvmlError
+            kind = _ERROR_KINDS.get(code, NvmlError) if code is not None else NvmlError
             raise kind(name, code, str(exc)) from exc
 
     def init(self) -> None:
@@ -217,6 +254,9 @@ class PyNvml:
     def memory_total(self, device: DeviceHandle) -> int:
         return int(self._call("nvmlDeviceGetMemoryInfo", device.raw).total)
 
+    def memory_used(self, device: DeviceHandle) -> int:
+        return int(self._call("nvmlDeviceGetMemoryInfo", device.raw).used)
+
     def multiprocessor_count(self, device: DeviceHandle) -> int:
         return int(self._call("nvmlDeviceGetAttributes_v2", device.raw).multiprocessorCount)
 
@@ -254,6 +294,20 @@ class PyNvml:
     def process_utilization(self, device: DeviceHandle, since_us: int) -> list[ProcessUtilization]:
         samples = self._call("nvmlDeviceGetProcessUtilization", device.raw, since_us)
         return [ProcessUtilization(int(s.pid), int(s.smUtil)) for s in samples]
+
+    def running_processes(self, device: DeviceHandle) -> list[ProcessMemory]:
+        procs = self._call("nvmlDeviceGetComputeRunningProcesses", device.raw)
+        return [ProcessMemory(int(p.pid), int(p.usedGpuMemory or 0)) for p in procs]
+
+    def memory_repair(self, device: DeviceHandle) -> MemoryRepair:
+        """Row remapping where the GPU has it (Ampere and later), else page retirement."""
+        try:
+            _corr, _unc, pending, failed = self._call("nvmlDeviceGetRemappedRows", device.raw)
+            return MemoryRepair(bool(pending), bool(failed))
+        except NvmlNotSupported:
+            pass
+        pending_pages = self._call("nvmlDeviceGetRetiredPagesPendingStatus", device.raw)
+        return MemoryRepair(bool(pending_pages), False)
 
     def create_event_set(self) -> EventSet:
         return EventSet(self._call("nvmlEventSetCreate"))

@@ -8,7 +8,8 @@ changed, ignoring fields the API server defaults or re-formats.
 
 Shape (docs/resource-slices.md has the full reference):
 - one pool per node, named after the node, split into slices of <= 128 devices;
-- device `gpu-<index>`, `allowMultipleAllocations: true`;
+- device `gpu-<n>` (stable per GPU: `dra_driver.inventory.assign_names`), with the taints the health
+  monitor decided (`kubelet_plugin.taints`; at most 64 devices per slice when any has taints);
 - consumable capacity `memory` (bytes x oversubscription ratio, rounded down to whole MiB so it is
   a valid multiple of the 1Mi step; a request naming no memory gets all of it) and `cores`
   (percent of SMs, 0-100, default 0 = no reservation);
@@ -36,6 +37,8 @@ JSON = dict[str, Any]
 
 # API limits (resource.k8s.io/v1 validation).
 MAX_DEVICES_PER_SLICE = 128
+MAX_DEVICES_PER_SLICE_WITH_TAINTS = 64  # when any device of the slice has taints
+MAX_TAINTS_PER_DEVICE = 16
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_STRING_ATTRIBUTE = 64
 MAX_OBJECT_NAME = 253
@@ -136,17 +139,24 @@ def device_capacity(gpu: GpuInfo, ratio: float) -> JSON:
     return capacity.device_capacity(gpu.memory_bytes, ratio)
 
 
-def build_device(gpu: GpuInfo, inventory: NodeInventory, ratio: float) -> JSON:
+def build_device(
+    gpu: GpuInfo, inventory: NodeInventory, ratio: float, taints: Sequence[JSON] = ()
+) -> JSON:
     attributes = device_attributes(gpu, inventory)
     capacity = device_capacity(gpu, ratio)
     if len(attributes) + len(capacity) > MAX_ATTRIBUTES_AND_CAPACITIES:
         raise SliceError(f"{gpu.device_name}: more than 32 attributes and capacities")
-    return {
+    if len(taints) > MAX_TAINTS_PER_DEVICE:
+        raise SliceError(f"{gpu.device_name}: {len(taints)} taints, at most 16 are allowed")
+    device: JSON = {
         "name": gpu.device_name,
         "allowMultipleAllocations": True,
         "attributes": attributes,
         "capacity": capacity,
     }
+    if taints:
+        device["taints"] = [dict(taint) for taint in taints]
+    return device
 
 
 def slice_name(node_name: str, driver: str, part: int) -> str:
@@ -166,9 +176,12 @@ def build_slices(
     node_uid: str,
     oversubscription_ratio: float = 1.0,
     max_devices_per_slice: int = MAX_DEVICES_PER_SLICE,
+    taints: Mapping[str, Sequence[JSON]] | None = None,
 ) -> list[JSON]:
     """The slices this node should have, with `pool.generation` 0 (the publisher sets it).
 
+    `taints` maps device names to their DRA device taints (`kubelet_plugin.taints`). When any
+    device carries taints, slices hold at most 64 devices (the API's limit for such slices).
     A node without GPUs publishes one empty slice, so the scheduler sees the pool (and the node's
     plugin is visibly alive) rather than nothing.
     """
@@ -176,7 +189,13 @@ def build_slices(
         raise SliceError(f"max_devices_per_slice must be 1..128, got {max_devices_per_slice}")
     if not node_uid:
         raise SliceError(f"node {node_name!r} has no uid; the owner reference needs it")
-    devices = [build_device(gpu, inventory, oversubscription_ratio) for gpu in inventory.gpus]
+    taints = taints or {}
+    devices = [
+        build_device(gpu, inventory, oversubscription_ratio, taints.get(gpu.device_name, ()))
+        for gpu in inventory.gpus
+    ]
+    if any("taints" in device for device in devices):
+        max_devices_per_slice = min(max_devices_per_slice, MAX_DEVICES_PER_SLICE_WITH_TAINTS)
     chunks = [
         devices[start : start + max_devices_per_slice]
         for start in range(0, len(devices), max_devices_per_slice)
@@ -245,7 +264,10 @@ def comparable_spec(spec: Mapping[str, Any]) -> JSON:
                 "allowMultipleAllocations": bool(device.get("allowMultipleAllocations")),
                 "attributes": dict(sorted((device.get("attributes") or {}).items())),
                 "capacity": _comparable_capacity(device.get("capacity") or {}),
-                "taints": device.get("taints") or [],
+                "taints": sorted(
+                    (str(t.get("key")), str(t.get("value") or ""), str(t.get("effect")))
+                    for t in device.get("taints") or []
+                ),
             }
         )
     return {

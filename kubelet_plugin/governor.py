@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from dra_driver.config import ComputePolicy
-from dra_driver.nvml import DeviceHandle, Nvml, NvmlError, PyNvml
+from dra_driver.nvml import DeviceHandle, Nvml, NvmlError, NvmlNotFound, PyNvml
 from kubelet_plugin.plan import MAX_CORES, ClaimPlan, hook_device_lines
 from kubelet_plugin.region import (
     POLICY_BALANCE,
@@ -46,7 +46,9 @@ from kubelet_plugin.region import (
 log = logging.getLogger(__name__)
 
 DEFAULT_PERIOD_S = 0.1
+GOVERNOR_REFRESH_NS = 500_000_000  # rewrite an unchanged budget at least this often
 BALANCE_HEADROOM = 5.0
+STARVING_MARGIN = 2.0  # points under its cap before a throttled claim counts as starving
 REGION_SWEEP_TICKS = 10  # uncapped claims' regions are size-checked once per 10 passes (1 s)
 _POLICIES: Mapping[ComputePolicy, int] = {
     "none": POLICY_NONE,
@@ -116,24 +118,37 @@ class Controller:
 
     gain: float = 0.0
     integral: float = 0.0
+    hold: bool = False  # the last step changed the rate by over a third: skip the next sample
 
     def step(
         self, *, target: float, util: float, cost_rate: float, throttled: bool, rate: float
     ) -> float:
+        if self.hold:
+            # NVML's sample period need not line up with our window: right after a big
+            # change it mixes the old and the new rate and would teach the gain a wrong value.
+            self.hold = False
+            return rate
+        learning = False
         if cost_rate > 0:
             # Below NVML's resolution counts as a quarter point: a gain learnt too high (work
             # starved to nothing) is corrected instead of freezing the budget.
             observed = (util if util > 0.5 else 0.25) / cost_rate
-            self.gain = 0.6 * self.gain + 0.4 * observed if self.gain > 0 else observed
+            learning = self.gain <= 0
+            self.gain = observed if learning else 0.6 * self.gain + 0.4 * observed
         if self.gain <= 0:
             return rate
         error = target - util
-        if throttled or error < 0:
+        # No integration on the step that first learns the gain: that window ran on the
+        # provisional budget the claim was seeded with, so its error is not model bias.
+        if not learning and (throttled or error < 0):
             bound = max(target, 10.0)
             self.integral = min(bound, max(-bound, self.integral + 0.5 * error))
         want = max(0.5, target + self.integral)
         new_rate = want / self.gain
-        return new_rate if math.isfinite(new_rate) and new_rate >= 1 else 1.0
+        if not (math.isfinite(new_rate) and new_rate >= 1):
+            new_rate = 1.0
+        self.hold = rate > 0 and abs(new_rate - rate) > rate / 3
+        return new_rate
 
 
 def balance_target(cores: int, device_util: float, own_util: float) -> float:
@@ -149,6 +164,10 @@ def balance_target(cores: int, device_util: float, own_util: float) -> float:
 class GpuSample:
     device_util: float
     process_util: dict[int, float]  # pid -> SM utilisation points since the last sample
+    # False when NVML had no per-process sample newer than `since`: real drivers publish one
+    # per sample period (~1/6 s), so a 100 ms poll often finds none. The controller then waits
+    # and measures the next window from its last step (one window per fresh sample).
+    fresh: bool = True
 
 
 class UtilSource(Protocol):
@@ -171,14 +190,17 @@ class NvmlUtilSource:
                 handle = nvml.device_by_uuid(uuid)
                 self._handles[uuid] = handle
             device_util = float(nvml.gpu_utilization(handle))
+            fresh = True
             try:
                 samples = nvml.process_utilization(handle, since_us)
-            except NvmlError:  # NOT_FOUND: no process ran in the window
+            except NvmlNotFound:  # no sample period completed since since_us
+                samples, fresh = [], False
+            except NvmlError:
                 samples = []
             per_pid: dict[int, float] = {}
             for s in samples:
                 per_pid[s.pid] = per_pid.get(s.pid, 0.0) + float(s.sm_util)
-            return GpuSample(device_util, per_pid)
+            return GpuSample(device_util, per_pid, fresh)
         except NvmlError as err:
             log.warning("governor: NVML sample of %s failed: %s", uuid, err)
             return None
@@ -226,6 +248,8 @@ class _Claim:
     caps: Sequence[CappedDevice]
     controllers: dict[str, Controller] = field(default_factory=dict)
     marks: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # cost, throttled, ns
+    # Per device, the rate in the region at the last fresh sample, kept until the gain is learnt.
+    anchored: dict[str, int] = field(default_factory=dict)
 
 
 class Governor:
@@ -239,7 +263,9 @@ class Governor:
         *,
         clock_ns: Callable[[], int] = time.monotonic_ns,
         wall_us: Callable[[], int] = lambda: time.time_ns() // 1000,
+        on_tick: Callable[[float], None] | None = None,
     ) -> None:
+        self.on_tick = on_tick  # told each tick's duration in seconds (metrics)
         self.claims_dir = os.path.join(state_dir, "claims")
         self.source = source
         self.claim_caps = claims
@@ -248,6 +274,9 @@ class Governor:
         self.claims: dict[str, _Claim] = {}
         self._last_sample_us = wall_us()
         self._sweep = 0
+        # Last gain learnt per GPU (lower-case UUID): a new claim's first launches are paced
+        # with it (region seed_gain_bits) until its own controller has measured.
+        self._gpu_gain: dict[str, float] = {}
 
     def close(self) -> None:
         for claim in self.claims.values():
@@ -303,8 +332,34 @@ class Governor:
             sample = self.source.sample(tenants[0][1].uuid, since_us)
             if sample is None:
                 continue
+            starving = self._starving(tenants, sample)
             for claim, cap in tenants:
-                self._control(claim, cap, sample, now_ns, len(tenants))
+                others_starving = bool(starving - {claim.uid})
+                self._control(
+                    claim, cap, sample, now_ns, len(tenants), others_starving=others_starving
+                )
+
+    def _starving(self, tenants: list[tuple[_Claim, CappedDevice]], sample: GpuSample) -> set[str]:
+        """Claims held below their cap by the GPU being busy: under it, and still throttled
+        (their bucket makes them wait, so they want more than they get).
+
+        The governor sees every tenant of a GPU, which the hooks cannot: a `balance` claim
+        borrowing above its cap yields at once when another claim starves, instead of waiting
+        for the other's utilisation to rise, which it cannot while the borrower holds the GPU.
+        """
+        found: set[str] = set()
+        if not sample.fresh:
+            return found
+        for claim, cap in tenants:
+            index = claim.region.device_index(cap.uuid)
+            mark = claim.marks.get(cap.uuid)
+            if index is None or mark is None:
+                continue
+            throttled = claim.region.device(index).throttled_ns > mark[1]
+            util = self._claim_util(claim, sample, len(tenants))
+            if throttled and util < cap.cores - STARVING_MARGIN:
+                found.add(claim.uid)
+        return found
 
     def _claim_util(self, claim: _Claim, sample: GpuSample, tenants: int) -> float:
         pids = claim.region.live_pids() & set(sample.process_util)
@@ -316,16 +371,47 @@ class Governor:
         return sample.device_util if tenants == 1 else 0.0
 
     def _control(
-        self, claim: _Claim, cap: CappedDevice, sample: GpuSample, now_ns: int, tenants: int
+        self,
+        claim: _Claim,
+        cap: CappedDevice,
+        sample: GpuSample,
+        now_ns: int,
+        tenants: int,
+        *,
+        others_starving: bool = False,
     ) -> None:
         index = claim.region.device_index(cap.uuid)
         if index is None:
             return
         usage = claim.region.device(index)
         mark = claim.marks.get(cap.uuid)
-        claim.marks[cap.uuid] = (usage.launch_cost, usage.throttled_ns, now_ns)
         if mark is None or now_ns <= mark[2]:
-            # First sight: claim the device so the hook stops its own sampling meanwhile.
+            claim.marks[cap.uuid] = (usage.launch_cost, usage.throttled_ns, now_ns)
+            # First sight: offer the gain learnt on this GPU for pacing first launches, and
+            # claim the device so the hook stops its own sampling meanwhile.
+            seed = self._gpu_gain.get(cap.uuid.lower())
+            if seed:
+                claim.region.write_seed_gain(index, seed)
+            if usage.rate:
+                claim.region.write_rate(index, usage.rate, now_ns)
+            return
+        if not sample.fresh:
+            # No NVML sample since the last tick: keep the budget fresh in the region (the
+            # hook would otherwise take over after 2 s) and measure from the last step.
+            if usage.rate and now_ns - mark[2] > GOVERNOR_REFRESH_NS:
+                claim.region.write_rate(index, usage.rate, now_ns)
+            return
+        claim.marks[cap.uuid] = (usage.launch_cost, usage.throttled_ns, now_ns)
+        controller = claim.controllers.setdefault(cap.uuid, Controller())
+        previous_rate = claim.anchored.get(cap.uuid)
+        claim.anchored[cap.uuid] = usage.rate
+        if controller.gain <= 0 and (
+            previous_rate is None or abs(usage.rate - previous_rate) > previous_rate / 3
+        ):
+            # Not learning yet: the first fresh sample's period may reach back before the
+            # claim's first launch, and while the hook's own controller still moves the rate a
+            # period mixes rates. Take the device over (the hook stops stepping) and learn
+            # from a window in which the rate stood still.
             if usage.rate:
                 claim.region.write_rate(index, usage.rate, now_ns)
             return
@@ -335,10 +421,9 @@ class Governor:
         device_util = min(100.0, sum(sample.process_util.values())) or sample.device_util
         target = (
             balance_target(cap.cores, max(device_util, util), util)
-            if cap.policy == POLICY_BALANCE
+            if cap.policy == POLICY_BALANCE and not others_starving
             else float(cap.cores)
         )
-        controller = claim.controllers.setdefault(cap.uuid, Controller())
         rate = controller.step(
             target=target,
             util=util,
@@ -348,6 +433,9 @@ class Governor:
         )
         if rate >= 1:
             claim.region.write_rate(index, int(rate), now_ns)
+        claim.region.write_util(index, util)  # what metrics report as the claim's utilisation
+        if controller.gain > 0:
+            self._gpu_gain[cap.uuid.lower()] = controller.gain
         log.debug(
             "governor: claim %s %s util %.1f target %.1f rate %.0f",
             claim.uid,
@@ -364,12 +452,19 @@ class Governor:
                 self.tick()
             except Exception:  # one bad claim or sample must not stop the node's governor
                 log.exception("governor: tick failed")
+            if self.on_tick is not None:
+                self.on_tick(time.monotonic() - started)
             stop.wait(max(0.0, period - (time.monotonic() - started)))
         self.close()
 
 
 def start_governor(
-    state_dir: str, stop: threading.Event, claims: ClaimCaps, source: UtilSource | None = None
+    state_dir: str,
+    stop: threading.Event,
+    claims: ClaimCaps,
+    source: UtilSource | None = None,
+    *,
+    on_tick: Callable[[float], None] | None = None,
 ) -> threading.Thread:
     """Run the governor in a daemon thread until `stop` is set (kubelet plugin entry point).
 
@@ -379,7 +474,7 @@ def start_governor(
     nvml_source = None
     if source is None:
         source = nvml_source = NvmlUtilSource()
-    governor = Governor(state_dir, source, claims)
+    governor = Governor(state_dir, source, claims, on_tick=on_tick)
 
     def body() -> None:
         try:

@@ -1,9 +1,9 @@
 """`vgpu-dra kubelet-plugin`: flags, wiring and lifecycle of the node daemon.
 
 Start-up: discover GPUs (NVML) -> reconcile CDI specs and claim dirs with the checkpoint -> serve
-the DRA socket, then the registration socket -> publish ResourceSlices and watch device health in
-a background thread -> the compute governor (unless --no-governor). SIGTERM/SIGINT stop the
-servers and remove the sockets.
+the DRA socket, then the registration socket -> publish ResourceSlices, rescan GPUs and watch
+device health in background threads (`kubelet_plugin.monitoring`) -> the compute governor (unless
+--no-governor). SIGTERM/SIGINT stop the servers and remove the sockets.
 Every flag has an environment twin (e.g. `--node-name` / `NODE_NAME`), handy in a DaemonSet.
 Dispatched from `dra_driver.cli`.
 """
@@ -17,16 +17,29 @@ import os
 import re
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from dra_driver import cdi, kube, names
+import grpc
+
+from dra_driver import cdi, kube, logsetup, names, tracing
 from dra_driver.gpu import NodeInventory
 from dra_driver.lifecycle import stop_on_signals
+from dra_driver.metrics_http import MetricsServer, parse_address, serve_metrics
+from kubelet_plugin import monitoring
 from kubelet_plugin.checkpoint import CheckpointError
-from kubelet_plugin.health import HealthBoard, watch_xids
+from kubelet_plugin.device_names import DeviceNaming, DeviceNamingError
+from kubelet_plugin.events import PrepareEvents
+from kubelet_plugin.health import HealthBoard
 from kubelet_plugin.hookcheck import HookLibraryCheck, HookLibraryError
+from kubelet_plugin.metrics import PluginMetrics
 from kubelet_plugin.prepare import NodeSettings, Preparer, kube_claim_source
 from kubelet_plugin.server import PluginServer, SocketPaths
 from kubelet_plugin.statelock import StateDirLock, StateLockError
+from kubelet_plugin.telemetry import ClaimPods, ClaimTelemetry
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
 
 log = logging.getLogger("vgpu-dra.kubelet-plugin")
 
@@ -44,6 +57,9 @@ ENV = {
     "oversubscription_ratio": "VGPU_DRA_OVERSUBSCRIPTION_RATIO",
     "nvidia_cdi_spec_dir": "VGPU_DRA_NVIDIA_CDI_SPEC_DIR",
     "log_level": "VGPU_DRA_LOG_LEVEL",
+    "log_format": "VGPU_DRA_LOG_FORMAT",
+    "metrics_address": "VGPU_DRA_METRICS_ADDRESS",
+    "otlp_endpoint": tracing.OTLP_ENV,
 }
 DEFAULT_HOOK_PATH = "/usr/local/vgpu-dra/lib/libvgpu.so"
 
@@ -107,7 +123,25 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
         default=True,
         help="run the per-GPU compute governor (kubelet_plugin.governor)",
     )
+    add(
+        "--enforcement",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="node-side memory enforcement: report (and with enforce: kill, kill) over-cap claims",
+    )
     add("--resync-seconds", type=float, default=60.0, help="slice and health re-check period")
+    add(
+        "--rescan-seconds",
+        type=float,
+        default=2.0,
+        help="GPU rediscovery period (hot-plug; a short child process each time)",
+    )
+    add(
+        "--xid-quiet-seconds",
+        type=float,
+        default=300.0,
+        help="a recoverable-XID taint is lifted after this long without another XID",
+    )
     add("--workers", type=int, default=16, help="claims prepared in parallel per call")
     add(
         "--state-lock-timeout",
@@ -115,11 +149,34 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
         default=30.0,
         help="seconds to wait for another plugin holding --state-dir to exit (0: fail at once)",
     )
-    add("--log-level", default=default("log_level", "info"), choices=_LEVELS)
+    add("--log-level", default=default("log_level", "info"), choices=logsetup.LOG_LEVELS)
+    add(
+        "--log-format",
+        default=default("log_format", "text"),
+        choices=logsetup.LOG_FORMATS,
+        help="text (key=value, default) or json (env VGPU_DRA_LOG_FORMAT)",
+    )
+    add(
+        "--metrics-address",
+        default=default("metrics_address", ""),
+        help="host:port to serve Prometheus /metrics on (e.g. 127.0.0.1:9402); empty = off "
+        "(env VGPU_DRA_METRICS_ADDRESS)",
+    )
+    add(
+        "--otlp-endpoint",
+        default=default("otlp_endpoint", ""),
+        help="OTLP/gRPC endpoint for traces (http://host:4317 = plain text); empty = no tracing "
+        f"(env {tracing.OTLP_ENV})",
+    )
+    add(
+        "--events",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write Kubernetes Events on claims (and their pods) that fail to prepare",
+    )
     return parser
 
 
-_LEVELS = ["debug", "info", "warning", "error"]
 # Far above any sane overcommit; what matters is that capacity arithmetic stays finite.
 MAX_OVERSUBSCRIPTION_RATIO = 64.0
 MAX_GID = 2**32 - 2  # (gid_t)-1 means "unchanged" to chown, so the largest real gid is one less
@@ -155,6 +212,12 @@ def settings_from(args: argparse.Namespace) -> NodeSettings:
             f"of at most 63 characters: lower-case letters, digits, '-' and '.', e.g. "
             f"{names.DEFAULT_DRIVER_NAME!r})"
         )
+    for flag, value in (
+        ("--rescan-seconds", args.rescan_seconds),
+        ("--xid-quiet-seconds", args.xid_quiet_seconds),
+    ):
+        if not value > 0:
+            raise ValueError(f"{flag} must be > 0, got {value}")
     driver_names = names.DriverNames(args.driver_name)
     spec_dirs = () if args.no_nvidia_cdi else _split(args.nvidia_cdi_spec_dir)
     return NodeSettings(
@@ -184,18 +247,22 @@ def socket_paths(args: argparse.Namespace) -> SocketPaths:
 
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logsetup.configure_logging(args.log_level, args.log_format)
     try:
         settings = settings_from(args)
+        if args.metrics_address:
+            parse_address(args.metrics_address)
     except ValueError as exc:
         log.error("%s", exc)
         return 2
+    try:
+        naming = DeviceNaming(settings.state_dir)
+    except DeviceNamingError as exc:
+        log.error("%s", exc)
+        return 1
     discover = _discover_function()
     try:
-        inventory = discover()
+        inventory = naming.assign(discover())
     except Exception as exc:
         log.error("GPU discovery failed, cannot start: %s", exc)
         return 1
@@ -211,6 +278,8 @@ def main(argv: Sequence[str]) -> int:
     except Exception as exc:  # the client raises several unrelated types for bad configs
         log.error("cannot load Kubernetes credentials (--kubeconfig %s): %s", args.kubeconfig, exc)
         return 1
+    for secret in client.credential_strings():
+        logsetup.redact(secret)
     # Before the checkpoint is read: a second instance must never act on a copy of it.
     state_lock = StateDirLock(settings.state_dir)
     try:
@@ -219,16 +288,22 @@ def main(argv: Sequence[str]) -> int:
         log.error("%s", exc)
         client.close()
         return 1
+    provider = tracing.configure_tracing("vgpu-dra-kubelet-plugin", args.otlp_endpoint)
+    pods = ClaimPods()
+    metrics = PluginMetrics(settings.node_name) if args.metrics_address else None
+    events = PrepareEvents(client, node=settings.node_name) if args.events else None
     try:
         preparer = Preparer(
             settings,
             inventory,
-            kube_claim_source(client),
+            pods.wrap_source(kube_claim_source(client)),
             max_workers=args.workers,
             hook_check=HookLibraryCheck(settings.spec.hook_path),
+            observer=ClaimTelemetry(metrics=metrics, events=events, pods=pods),
         )
     except (CheckpointError, OSError) as exc:
         log.error("cannot load the checkpoint: %s", exc)
+        _stop_telemetry(events, provider)
         state_lock.release()
         client.close()
         return 1
@@ -237,17 +312,32 @@ def main(argv: Sequence[str]) -> int:
             args=args,
             settings=settings,
             inventory=inventory,
-            discover=discover,
+            rediscover=_named(naming, _rediscover_function()),
             client=client,
             preparer=preparer,
+            telemetry=_Telemetry(metrics, pods, traced=provider is not None),
         )
     except OSError as exc:
         log.error("cannot start: %s", exc)
         return 1
     finally:
         preparer.close()
+        _stop_telemetry(events, provider)
         client.close()
         state_lock.release()
+
+
+@dataclass(frozen=True, slots=True)
+class _Telemetry:
+    metrics: PluginMetrics | None
+    pods: ClaimPods
+    traced: bool
+
+
+def _stop_telemetry(events: PrepareEvents | None, provider: TracerProvider | None) -> None:
+    if events is not None:
+        events.close()
+    tracing.shutdown_tracing(provider)
 
 
 def _serve(
@@ -255,9 +345,10 @@ def _serve(
     args: argparse.Namespace,
     settings: NodeSettings,
     inventory: NodeInventory,
-    discover: Callable[[], NodeInventory],
+    rediscover: Callable[[], NodeInventory],
     client: kube.KubeClient,
     preparer: Preparer,
+    telemetry: _Telemetry,
 ) -> int:
     """Reconcile, serve until SIGTERM/SIGINT, then stop the servers and background threads."""
     try:
@@ -274,100 +365,98 @@ def _serve(
         len(report.rewritten),
     )
     board = HealthBoard(settings.node_name, inventory) if args.health else None
+    metrics = telemetry.metrics
     server = PluginServer(
-        driver=settings.driver, sockets=socket_paths(args), preparer=preparer, health=board
+        driver=settings.driver,
+        sockets=socket_paths(args),
+        preparer=preparer,
+        health=board,
+        interceptors=_grpc_tracing() if telemetry.traced else (),
+    )
+    metrics_server = (
+        _serve_metrics(args.metrics_address, metrics, settings, preparer, telemetry.pods)
+        if metrics is not None
+        else None
     )
     stop = threading.Event()
     stop_on_signals(stop, log)
     server.start()
-    threads = [
-        _background(
-            args=args,
-            client=client,
-            settings=settings,
-            discover=discover,
-            preparer=preparer,
-            board=board,
-            stop=stop,
-        )
-    ]
-    if board is not None:
-        xids = threading.Thread(
-            target=watch_xids, args=(board, inventory, stop), name="xid-watch", daemon=True
-        )
-        xids.start()
-        threads.append(xids)
-    governor = _start_governor(settings, preparer, stop) if args.governor else None
+    _, threads = monitoring.start(
+        monitoring.MonitorSettings(
+            driver=settings.driver,
+            node_name=settings.node_name,
+            state_dir=settings.state_dir,
+            oversubscription_ratio=settings.oversubscription_ratio,
+            publish_slices=args.publish_slices,
+            health=args.health,
+            resync_s=args.resync_seconds,
+            rescan_s=args.rescan_seconds,
+            quiet_s=args.xid_quiet_seconds,
+            enforcement=args.enforcement,
+        ),
+        inventory=inventory,
+        client=client,
+        board=board,
+        update_inventory=preparer.update_inventory,
+        rediscover=rediscover,
+        stop=stop,
+        prepared=preparer.prepared,
+        on_slice_sync=metrics.observe_slice_sync if metrics is not None else None,
+        on_enforcement=metrics.observe_enforcement if metrics is not None else None,
+    )
+    governor = _start_governor(settings, preparer, stop, metrics) if args.governor else None
     if governor is not None:
         threads.append(governor)
     log.info("kubelet plugin for %s on %s is running", settings.driver, settings.node_name)
     stop.wait()
     log.info("shutting down")
     server.stop()
+    if metrics_server is not None:
+        metrics_server.stop()
     for thread in threads:
         thread.join(timeout=10)
     log.info("stopped")
     return 0
 
 
-def _background(
-    *,
-    args: argparse.Namespace,
-    client: kube.KubeClient,
+def _serve_metrics(
+    address: str,
+    metrics: PluginMetrics,
     settings: NodeSettings,
-    discover: Callable[[], NodeInventory],
     preparer: Preparer,
-    board: HealthBoard | None,
-    stop: threading.Event,
-) -> threading.Thread:
-    """One thread re-runs discovery every resync period: feeds slices and device health."""
+    pods: ClaimPods,
+) -> MetricsServer:
+    """Register the scrape-time collector and serve /metrics (OSError if it cannot bind)."""
+    from dra_driver.nvml import PyNvml
+    from kubelet_plugin.metrics import NodeCollector, NvmlGpuReader
 
-    def observed() -> NodeInventory:
-        try:
-            inventory = discover()
-        except Exception as exc:
-            if board is not None:
-                board.observe(None, str(exc))
-            raise
-        preparer.update_inventory(inventory)
-        if board is not None:
-            for change in board.observe(inventory):
-                log.warning("device %s is now %s: %s", change.device, change.status, change.message)
-        return inventory
+    metrics.add_node_collector(
+        NodeCollector(
+            node=settings.node_name,
+            state_dir=settings.state_dir,
+            prepared=preparer.prepared,
+            inventory=preparer.inventory,
+            pods=pods.pod_label,
+            gpus=NvmlGpuReader(PyNvml),
+        )
+    )
+    served = serve_metrics(address, metrics.registry)
+    log.info("metrics on %s", served.url, extra={"metrics_url": served.url})
+    return served
 
-    def loop() -> None:
-        if args.publish_slices:
-            from kubelet_plugin.api_support import SliceForm, wait_for_form
-            from kubelet_plugin.slice_publisher import SlicePublisher
 
-            # What the server stores decides the published form (never a rewrite loop).
-            form = wait_for_form(
-                client, driver=settings.driver, node_name=settings.node_name, stop=stop
-            )
-            if form is None:
-                return
-            publisher = SlicePublisher(
-                client,
-                driver=settings.driver,
-                node_name=settings.node_name,
-                oversubscription_ratio=settings.oversubscription_ratio,
-                whole_devices=form is SliceForm.WHOLE,
-            )
-            publisher.run(observed, stop, resync_s=args.resync_seconds)
-            return
-        while not stop.wait(args.resync_seconds):
-            try:
-                observed()
-            except Exception as exc:
-                log.warning("GPU re-discovery failed: %s", exc)
+def _grpc_tracing() -> list[grpc.ServerInterceptor]:
+    """A server span per kubelet call (the per-claim spans of prepare become its children)."""
+    from opentelemetry.instrumentation.grpc import server_interceptor
 
-    thread = threading.Thread(target=loop, name="slices-health", daemon=True)
-    thread.start()
-    return thread
+    return [server_interceptor()]
 
 
 def _start_governor(
-    settings: NodeSettings, preparer: Preparer, stop: threading.Event
+    settings: NodeSettings,
+    preparer: Preparer,
+    stop: threading.Event,
+    metrics: PluginMetrics | None,
 ) -> threading.Thread | None:
     """The compute-policy governor: samples NVML once per GPU and writes each prepared claim's
     launch budget (caps from the Preparer's plans) into `<state-dir>/claims/<uid>/region`.
@@ -377,7 +466,12 @@ def _start_governor(
     from kubelet_plugin.governor import caps_of_prepared, start_governor
 
     try:
-        thread = start_governor(settings.state_dir, stop, caps_of_prepared(preparer.prepared))
+        thread = start_governor(
+            settings.state_dir,
+            stop,
+            caps_of_prepared(preparer.prepared),
+            on_tick=metrics.observe_governor_tick if metrics is not None else None,
+        )
     except Exception as exc:
         log.warning("governor not started (hooks will pace themselves): %s", exc)
         return None
@@ -389,6 +483,18 @@ def _discover_function() -> Callable[[], NodeInventory]:
     from dra_driver.inventory import discover
 
     return discover
+
+
+def _rediscover_function() -> Callable[[], NodeInventory]:
+    from kubelet_plugin.rediscover import Rediscovery
+
+    return Rediscovery()
+
+
+def _named(
+    naming: DeviceNaming, rediscover: Callable[[], NodeInventory]
+) -> Callable[[], NodeInventory]:
+    return lambda: naming.assign(rediscover())
 
 
 def _split(text: str) -> tuple[str, ...]:

@@ -18,6 +18,7 @@ from dra_driver import names
 from dra_driver.config import (
     ComputePolicy,
     ConfigError,
+    Enforce,
     LogLevel,
     VgpuConfig,
     merge_configs,
@@ -49,6 +50,8 @@ class DevicePlan(BaseModel):
     policy: ComputePolicy = "fixed"
     oversubscribe: bool = False
     log_level: LogLevel | None = None
+    # Node-side memory enforcement (kubelet_plugin.enforcement): kill or only report.
+    enforce: Enforce = "kill"
     # Admin access: no caps, and not counted against the device's capacity.
     admin_access: bool = False
     # IDs of the NVIDIA Container Toolkit's CDI devices for this GPU (driver libraries).
@@ -137,6 +140,7 @@ def plan_claim(
                 policy=config.compute_policy,
                 oversubscribe=config.memory_oversubscription,
                 log_level=config.log_level,
+                enforce=config.enforce,
                 admin_access=result.admin_access,
                 toolkit_cdi_ids=(toolkit_ids or {}).get(gpu.uuid, ()),
             )

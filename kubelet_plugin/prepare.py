@@ -21,6 +21,7 @@ at once.
 
 from __future__ import annotations
 
+import contextvars
 import errno
 import logging
 import os
@@ -28,9 +29,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
+
+from opentelemetry import trace
 
 from dra_driver import cdi, kube
 from dra_driver.gpu import NodeInventory
@@ -38,7 +41,7 @@ from kubelet_plugin.checkpoint import CheckpointJournal, Record
 from kubelet_plugin.claimfiles import ClaimFiles, ReconcileReport
 from kubelet_plugin.claims import ClaimError, ClaimRef, clip, fetch_claim, parse_allocation
 from kubelet_plugin.hookcheck import HookLibraryCheck, HookLibraryError
-from kubelet_plugin.plan import ClaimPlan, check_capacity, plan_claim
+from kubelet_plugin.plan import ClaimPlan, OverbookedError, check_capacity, plan_claim
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +86,16 @@ class PreparedDevice:
 class PrepareOutcome:
     devices: tuple[PreparedDevice, ...] = ()
     error: str = ""
+    # Why it failed, one word for metrics and events ("" on success): see `failure_reason`.
+    reason: str = ""
+
+
+class PrepareObserver(Protocol):
+    """Told about every claim prepared or unprepared (metrics, Events); must not raise."""
+
+    def prepared(self, ref: ClaimRef, outcome: PrepareOutcome, seconds: float) -> None: ...
+
+    def unprepared(self, ref: ClaimRef, error: str, seconds: float) -> None: ...
 
 
 def kube_claim_source(client: kube.KubeClient) -> ClaimSource:
@@ -101,8 +114,15 @@ class Preparer:
         *,
         max_workers: int = 16,
         hook_check: HookLibraryCheck | None = None,
+        observer: PrepareObserver | None = None,
+        tracer: trace.Tracer | None = None,
     ) -> None:
         self._settings = settings
+        self._observer = observer
+        # Tracing is off unless a tracer is given or a provider was installed before this
+        # (dra_driver.tracing): then no span is even created, since the OpenTelemetry API's
+        # no-op spans still cost ~5-25 us each (bench/telemetry_bench.py).
+        self._tracer = tracer if tracer is not None else _installed_tracer()
         self._inventory = inventory
         self._source = claim_source
         self._checkpoint = CheckpointJournal(settings.state_dir)
@@ -133,16 +153,21 @@ class Preparer:
             # Never longer than the client's own timeout (a far deadline is no reason to wait).
             budget = min(time_remaining_s - margin, kube.DEFAULT_TIMEOUT_S)
             api_deadline = time.monotonic() + budget
-        return self._batch(refs, lambda ref: self._prepare_claim(ref, api_deadline))
+        return self._batch(refs, lambda ref: self._observed_prepare(ref, api_deadline))
 
     def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
         """Claim UID -> error text ("" = success)."""
-        return self._batch(refs, self._unprepare_claim)
+        return self._batch(refs, self._observed_unprepare)
 
     def prepared(self) -> dict[str, ClaimPlan]:
         """Snapshot of the prepared claims (for health, metrics and the governor)."""
         with self._lock:
             return dict(self._prepared)
+
+    def inventory(self) -> NodeInventory:
+        """The inventory new claims are planned against (for metrics)."""
+        with self._lock:
+            return self._inventory
 
     def update_inventory(self, inventory: NodeInventory) -> None:
         """Use a fresh discovery for new claims (prepared claims keep what they recorded)."""
@@ -156,10 +181,29 @@ class Preparer:
     def _batch(self, refs: Sequence[ClaimRef], work: Callable[[ClaimRef], _T]) -> dict[str, _T]:
         if len(refs) <= 1:  # the common case: no thread hop on the latency path
             return {ref.uid: work(ref) for ref in refs}
-        futures = {ref.uid: self._pool.submit(work, ref) for ref in refs}
+        # Each claim runs in a copy of the caller's context, so its span is a child of the call's.
+        futures = {
+            ref.uid: self._pool.submit(contextvars.copy_context().run, work, ref) for ref in refs
+        }
         return {uid: future.result() for uid, future in futures.items()}
 
     # --- prepare ---------------------------------------------------------------------------
+
+    def _observed_prepare(self, ref: ClaimRef, api_deadline: float | None) -> PrepareOutcome:
+        started = time.perf_counter()
+        if self._tracer is None:
+            outcome = self._prepare_claim(ref, api_deadline)
+        else:
+            attrs = _span_attrs(ref)
+            with self._tracer.start_as_current_span("prepare claim", attributes=attrs) as span:
+                outcome = self._prepare_claim(ref, api_deadline)
+                span.set_attribute("vgpu_dra.outcome", outcome.reason or "prepared")
+                span.set_attribute("vgpu_dra.devices", [d.device for d in outcome.devices])
+                if outcome.error:
+                    span.set_status(trace.StatusCode.ERROR, outcome.error)
+        if self._observer is not None:
+            self._observer.prepared(ref, outcome, time.perf_counter() - started)
+        return outcome
 
     def _prepare_claim(self, ref: ClaimRef, api_deadline: float | None) -> PrepareOutcome:
         try:
@@ -169,16 +213,18 @@ class Preparer:
                 return PrepareOutcome(devices=self._prepare_locked(ref, api_deadline))
         except (ClaimError, kube.KubeError) as exc:
             log.warning("prepare %s failed: %s", ref, exc)
-            return PrepareOutcome(error=_user_error(exc, ref))
+            return PrepareOutcome(error=_user_error(exc, ref), reason=failure_reason(exc))
         except HookLibraryError as exc:
             log.error("prepare %s refused: %s", ref, exc)
-            return PrepareOutcome(error=f"prepare {ref} refused: {exc}")
+            return PrepareOutcome(error=f"prepare {ref} refused: {exc}", reason="hook_library")
         except OSError as exc:
             log.exception("prepare %s failed writing files", ref)
-            return PrepareOutcome(error=f"prepare {ref}: {_os_error(exc)}")
+            return PrepareOutcome(error=f"prepare {ref}: {_os_error(exc)}", reason="node_io")
         except Exception as exc:
             log.exception("prepare %s failed unexpectedly", ref)
-            return PrepareOutcome(error=f"prepare {ref}: internal error: {exc}")
+            return PrepareOutcome(
+                error=f"prepare {ref}: internal error: {exc}", reason=failure_reason(exc)
+            )
 
     def _prepare_locked(
         self, ref: ClaimRef, api_deadline: float | None
@@ -197,7 +243,8 @@ class Preparer:
                 f"prepare {ref}: the kubelet's deadline passed before the claim could be read "
                 f"(retryable, the kubelet retries the prepare)"
             )
-        claim = self._source(ref, budget)
+        with self._step("read ResourceClaim"):
+            claim = self._source(ref, budget)
         allocation = parse_allocation(
             claim, ref, driver=self._settings.driver, node_name=self._settings.node_name
         )
@@ -213,11 +260,13 @@ class Preparer:
             )
             self._reserved[plan.uid] = plan
         try:
-            self._files.write(plan)
+            with self._step("write claim files"):
+                self._files.write(plan)
             with self._lock:
                 self._prepared[plan.uid] = self._reserved.pop(plan.uid)
                 target = self._record(("put", plan))
-            self._flush(target)
+            with self._step("write checkpoint"):
+                self._flush(target)
         except BaseException:
             with self._lock:
                 if self._prepared.pop(plan.uid, None) is not None:
@@ -253,6 +302,20 @@ class Preparer:
         )
 
     # --- unprepare -------------------------------------------------------------------------
+
+    def _observed_unprepare(self, ref: ClaimRef) -> str:
+        started = time.perf_counter()
+        if self._tracer is None:
+            error = self._unprepare_claim(ref)
+        else:
+            attrs = _span_attrs(ref)
+            with self._tracer.start_as_current_span("unprepare claim", attributes=attrs) as span:
+                error = self._unprepare_claim(ref)
+                if error:
+                    span.set_status(trace.StatusCode.ERROR, error)
+        if self._observer is not None:
+            self._observer.unprepared(ref, error, time.perf_counter() - started)
+        return error
 
     def _unprepare_claim(self, ref: ClaimRef) -> str:
         try:
@@ -311,6 +374,12 @@ class Preparer:
                 raise
             self._persisted = version
 
+    def _step(self, name: str) -> AbstractContextManager[object]:
+        """A child span of the claim's span when tracing is on, else nothing at all."""
+        if self._tracer is None:
+            return _NO_SPAN
+        return self._tracer.start_as_current_span(name)
+
     @contextmanager
     def _claim_lock(self, uid: str) -> Iterator[None]:
         with self._uid_locks_guard:
@@ -363,6 +432,35 @@ def _os_error(exc: OSError) -> str:
             f"space there (the claim is retried by the kubelet)"
         )
     return f"cannot write{where}: {exc.strerror or exc}"
+
+
+_NO_SPAN = nullcontext()
+
+
+def _installed_tracer() -> trace.Tracer | None:
+    """The plugin's tracer if a real TracerProvider is installed, None while tracing is off."""
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        return None
+    return trace.get_tracer("vgpu-dra.kubelet-plugin")
+
+
+def _span_attrs(ref: ClaimRef) -> dict[str, str]:
+    return {
+        "vgpu_dra.claim.uid": ref.uid,
+        "vgpu_dra.claim.namespace": ref.namespace,
+        "vgpu_dra.claim.name": ref.name,
+    }
+
+
+def failure_reason(exc: BaseException) -> str:
+    """One bounded word per kind of prepare failure (a metrics label and an Event reason)."""
+    if isinstance(exc, OverbookedError):
+        return "overbooked"
+    if isinstance(exc, ClaimError):
+        return "invalid_claim"
+    if isinstance(exc, kube.KubeError):
+        return "api_error"
+    return "internal"
 
 
 def _user_error(exc: Exception, ref: ClaimRef) -> str:

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import mmap
 import os
+import struct
 from dataclasses import dataclass
 from types import TracebackType
 
 REGION_MAGIC = 0x55504756
-REGION_VERSION = 1
+REGION_VERSION = 2
 MAX_DEVICES = 16
 MAX_SLOTS = 1024
 UUID_LEN = 96
@@ -27,7 +29,7 @@ CLAIM_LEN = 64
 LOCK_BASE = 1 << 40
 
 POLICY_NONE, POLICY_FIXED, POLICY_BALANCE = 0, 1, 2
-RATE_UNSET, RATE_GOVERNOR, RATE_HOOK = 0, 1, 2
+RATE_UNSET, RATE_GOVERNOR, RATE_HOOK, RATE_SEED = 0, 1, 2, 3
 
 
 class RegionDevice(ctypes.Structure):
@@ -41,7 +43,7 @@ class RegionDevice(ctypes.Structure):
         ("rate_source", ctypes.c_uint32),
         ("reserved0", ctypes.c_uint32),
         ("governor_stamp_ns", ctypes.c_uint64),
-        ("tokens", ctypes.c_int64),
+        ("credit", ctypes.c_uint64),
         ("refill_stamp_ns", ctypes.c_uint64),
         ("launches", ctypes.c_uint64),
         ("launch_cost", ctypes.c_uint64),
@@ -53,7 +55,11 @@ class RegionDevice(ctypes.Structure):
         ("ctl_integral_bits", ctypes.c_uint64),
         ("util_milli", ctypes.c_uint64),
         ("throttle_mark", ctypes.c_uint64),
-        ("reserved1", ctypes.c_uint8 * (512 - 96 - 8 - 4 - 4 - 16 - 4 - 4 - 104)),
+        ("seed_gain_bits", ctypes.c_uint64),
+        ("ctl_window_ns", ctypes.c_uint64),
+        ("ctl_learning_anchor", ctypes.c_uint64),
+        ("ctl_hold", ctypes.c_uint64),
+        ("reserved1", ctypes.c_uint8 * (512 - 96 - 8 - 4 - 4 - 16 - 4 - 4 - 136)),
     )
 
 
@@ -137,7 +143,9 @@ class Region:
         try:
             size = os.fstat(fd).st_size
             if size != REGION_SIZE:
-                raise RegionError(f"{path}: size {size}, expected {REGION_SIZE} (layout v1)")
+                raise RegionError(
+                    f"{path}: size {size}, expected {REGION_SIZE} (layout v{REGION_VERSION})"
+                )
             self._map = mmap.mmap(fd, REGION_SIZE, mmap.MAP_SHARED)
         finally:
             os.close(fd)
@@ -148,7 +156,9 @@ class Region:
         if self.layout.magic != REGION_MAGIC or self.layout.version != REGION_VERSION:
             version = self.layout.version
             self.close()
-            raise RegionError(f"{path}: magic/version {version} is not region layout v1")
+            raise RegionError(
+                f"{path}: magic/version {version} is not region layout v{REGION_VERSION}"
+            )
 
     def close(self) -> None:
         self.__dict__.pop("layout", None)
@@ -194,6 +204,17 @@ class Region:
             if self.layout.devices[i].uuid.decode(errors="replace").lower() == uuid.lower():
                 return i
         return None
+
+    def write_util(self, index: int, util: float) -> None:
+        """Record the claim's measured utilisation (percent points) for metrics to read."""
+        self.layout.devices[index].util_milli = int(min(100.0, max(0.0, util)) * 1000)
+
+    def write_seed_gain(self, index: int, gain: float) -> None:
+        """Offer the hook a gain to pace this device's first launches with (region.h)."""
+        if gain > 0 and math.isfinite(gain):
+            self.layout.devices[index].seed_gain_bits = struct.unpack(
+                "<Q", struct.pack("<d", gain)
+            )[0]
 
     def write_rate(self, index: int, rate: int, now_ns: int) -> None:
         """Publish a governor budget: the hook prefers it while governor_stamp_ns is fresh."""

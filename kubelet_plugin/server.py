@@ -21,7 +21,7 @@ import os
 import secrets
 import stat
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -78,6 +78,7 @@ class PluginServer:
         health: HealthBoard | None = None,
         max_workers: int = 8,
         watch_period_s: float = WATCH_PERIOD_S,
+        interceptors: Sequence[grpc.ServerInterceptor] = (),
     ) -> None:
         self.sockets = sockets
         self.registration = RegistrationServicer(
@@ -89,6 +90,7 @@ class PluginServer:
         self._health = health
         self._max_workers = max_workers
         self._watch_period_s = watch_period_s
+        self._interceptors = list(interceptors)  # e.g. OpenTelemetry's, when tracing is on
         self._dra = self._dra_server()
         self._reg = self._reg_server()
         self._ids: dict[str, SocketId] = {}
@@ -99,7 +101,7 @@ class PluginServer:
 
     def _dra_server(self) -> grpc.Server:
         executor = ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="grpc-dra")
-        server = grpc.server(executor)
+        server = grpc.server(executor, interceptors=self._interceptors)
         dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(
             DraServicer(self._preparer, dra_v1_pb2, version="v1"), server
         )

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -134,8 +135,11 @@ class SlicePublisher:
         oversubscription_ratio: float = 1.0,
         backoff: Backoff | None = None,
         max_devices_per_slice: int = slices.MAX_DEVICES_PER_SLICE,
+        on_sync: Callable[[str], None] | None = None,
         whole_devices: bool = False,
+        taints: Callable[[], Mapping[str, Sequence[JSON]]] | None = None,
     ) -> None:
+        self._on_sync = on_sync  # told each sync's outcome: written, unchanged or error
         slices.scaled_memory(1 << 30, oversubscription_ratio)  # validate the ratio up front
         self._client = client
         self._driver = driver
@@ -148,6 +152,7 @@ class SlicePublisher:
         # Fingerprint of desired slices the server altered on write (a loop guard for fields the
         # start-up probe does not know about); None when the last write was stored as sent.
         self._altered_by_server: str | None = None
+        self._taints = taints
         self.generation = 0
         """Pool generation after the last successful sync (0 before the first)."""
 
@@ -165,6 +170,7 @@ class SlicePublisher:
             node_uid=str((node.get("metadata") or {}).get("uid") or ""),
             oversubscription_ratio=self._ratio,
             max_devices_per_slice=self._per_slice,
+            taints=self._taints() if self._taints is not None else None,
         )
         if self._whole_devices:
             return [whole_device_slice(obj) for obj in built]
@@ -215,14 +221,19 @@ class SlicePublisher:
             )
         return plan.writes
 
+    def _observe(self, outcome: str) -> None:
+        if self._on_sync is not None:
+            self._on_sync(outcome)
+
     def run(
         self,
         inventory_source: Callable[[], NodeInventory],
         stop: threading.Event,
         *,
         resync_s: float = 60.0,
+        wake: threading.Event | None = None,
     ) -> None:
-        """Sync now, then every `resync_s` seconds, until `stop` is set.
+        """Sync now, then every `resync_s` seconds (or as soon as `wake` is set), until `stop`.
 
         A failed sync (inventory or API) is logged and retried after a backoff delay; the loop
         never dies on an error, because a node whose slices silently stop updating is worse than
@@ -230,14 +241,31 @@ class SlicePublisher:
         """
         while not stop.is_set():
             try:
-                self.sync(inventory_source())
+                self._observe("written" if self.sync(inventory_source()) else "unchanged")
             except (KubeError, slices.SliceError, OSError) as exc:
                 delay = self._backoff.next_delay()
                 log.warning("slice sync failed (retry in %.1fs): %s", delay, exc)
+                self._observe("error")
             except Exception as exc:  # inventory errors and anything unforeseen: keep running
                 delay = self._backoff.next_delay()
                 log.exception("slice sync failed unexpectedly (retry in %.1fs): %s", delay, exc)
+                self._observe("error")
             else:
                 self._backoff.reset()
                 delay = resync_s
-            stop.wait(delay)
+            _wait(stop, wake, delay)
+
+
+def _wait(stop: threading.Event, wake: threading.Event | None, delay: float) -> None:
+    """Sleep `delay` seconds, less if `stop` or `wake` is set (a wake is consumed)."""
+    if wake is None:
+        stop.wait(delay)
+        return
+    deadline = time.monotonic() + delay
+    while not stop.is_set():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return
+        if wake.wait(min(remaining, 0.25)):
+            wake.clear()
+            return

@@ -25,6 +25,7 @@ from vgpu_testbed import cluster_nodes
 from vgpu_testbed.cluster_binaries import BinariesMissingError, find_binaries
 from vgpu_testbed.cluster_cli import profiles_arg
 from vgpu_testbed.demo_caps import step_workloads
+from vgpu_testbed.demo_observe import step_observe
 from vgpu_testbed.demo_steps import (
     SHARED_POD,
     DemoContext,
@@ -45,6 +46,7 @@ STEPS: list[Step] = [
     Step("Apply the DeviceClass and deploy/examples; schedule and prepare", step_apply_examples),
     Step(f"What prepare wrote for pod {SHARED_POD}", step_show_prepared_claim),
     Step(f"Inside pod {SHARED_POD}'s container: the hook enforces the caps", step_workloads),
+    Step(f"What an operator sees: vgpu-dra status, pod {SHARED_POD}'s metrics", step_observe),
     Step(f"Delete pod {SHARED_POD}: the plugin releases its share", step_release),
 ]
 

@@ -17,6 +17,7 @@ again (crash-recovery tests). Used by tests/e2e/test_kubelet_plugin.py and, for
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import sys
@@ -220,8 +221,21 @@ class NodeAgents:
             str(self.paths.state_dir),
             "--hook-path",
             str(self.hook_path),
+            # Metrics on a free loopback port (the URL is in the log: metrics_url()); a
+            # --metrics-address in plugin_args comes later and wins.
+            "--metrics-address",
+            "127.0.0.1:0",
             *self.plugin_args,
         ]
+
+    def metrics_url(self) -> str | None:
+        """The /metrics URL the running plugin logged (None before it serves, or when off)."""
+        log_path = self.cluster.root / "logs" / f"{self.plugin_process}.log"
+        try:
+            found = re.findall(r"metrics_url=(\S+)", log_path.read_text())
+        except OSError:
+            return None
+        return found[-1] if found else None
 
     def standin_argv(self) -> list[str]:
         return [

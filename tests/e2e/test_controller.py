@@ -346,7 +346,8 @@ def started(client: KubeClient, bed: Bed, *controllers: Controller) -> str:
         for c in controllers:
             assert c.proc.poll() is None, c.text()
         now = leader(client, bed)
-        return now if now and any(f" as {now}\n" in c.text() for c in controllers) else None
+        mine = now and any(re.search(rf" as {re.escape(now)}\b", c.text()) for c in controllers)
+        return now if mine else None
 
     return await_("a lease holder among the started controllers", holder, timeout=30)
 

@@ -113,8 +113,25 @@ def test_demo_runs_and_cleans_up(short_dir: Path) -> None:
     assert re.search(r"claim unprepared after [\d.]+s: CDI spec, claim dir and checkpoint", out)
     assert re.search(r"pod and ResourceClaim shared-gpu-\S+ deleted after [\d.]+s; its 1 GiB", out)
 
-    # 4. teardown
-    assert "[7/7] Tear down" in out and "cluster stopped and removed" in out
+    # 4. what an operator sees: the status table and the shared claim's series
+    assert re.search(r"\$ vgpu-dra status --metrics-endpoint node-1=http://127\.0\.0\.1:\d+/", out)
+    assert re.search(r"^ +NODE +GPU +MEMORY +ALLOCATED +FREE +CORES FREE +CLAIMS +USED +UTIL$",
+                     out, re.MULTILINE)  # fmt: skip
+    assert re.search(r"^ +default +shared-gpu-\S+ +node-\d +gpu-\d +1Gi +10% ", out, re.MULTILINE)
+    assert re.search(
+        r'vgpu_dra_claim_memory_limit_bytes\{namespace="default",pod="shared-gpu",'
+        r'claim="shared-gpu-\S+",device="gpu-\d"\} 1073741824',
+        out,
+    ), out
+    assert re.search(r"vgpu_dra_claim_cores_limit_ratio\{[^}]*\} 0\.1$", out, re.MULTILINE)
+    if os.geteuid() == 0:  # a program holds 300 MiB; the capped workload was throttled
+        assert re.search(r"vgpu_dra_claim_memory_used_bytes\{[^}]*\} 314572800$", out, re.M), out
+        assert re.search(r"vgpu_dra_claim_processes\{[^}]*\} 1$", out, re.MULTILINE), out
+        throttled = re.search(r"vgpu_dra_claim_throttled_seconds_total\{[^}]*\} ([\d.e+-]+)", out)
+        assert throttled and float(throttled.group(1)) > 0, out
+
+    # 5. teardown
+    assert "[8/8] Tear down" in out and "cluster stopped and removed" in out
     assert re.search(r"demo finished in [\d.]+s", out)
     assert not root.exists()
 

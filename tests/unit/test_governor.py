@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import random
+import struct
 from pathlib import Path
 
 import pytest
@@ -309,3 +310,56 @@ def test_pids_holding_finds_open_files(tmp_path: Path) -> None:
     with open(path, "rb"):
         assert pids_holding(str(path), [os.getpid(), 999_999_999]) == {os.getpid()}
     assert pids_holding(str(path), [os.getpid()]) == set()
+
+
+class PeriodicGpu(SimGpu):
+    """Like real NVML: a per-process sample only every `every`-th poll (a driver sample period
+    longer than the governor's), averaging the polls since the last one."""
+
+    def __init__(self, regions: dict[int, Path], every: int) -> None:
+        super().__init__(regions)
+        self.every, self.polls = every, 0
+        self.acc: dict[int, list[float]] = {}
+
+    def advance(self, dt: float) -> None:
+        super().advance(dt)
+        for pid, util in self.util.items():
+            self.acc.setdefault(pid, []).append(util)
+
+    def sample(self, uuid: str, since_us: int) -> GpuSample:
+        self.polls += 1
+        if self.polls % self.every:
+            return GpuSample(min(100.0, sum(self.util.values())), {}, fresh=False)
+        per_pid = {pid: sum(v) / len(v) for pid, v in self.acc.items()}
+        self.acc.clear()
+        return GpuSample(min(100.0, sum(per_pid.values())), per_pid)
+
+
+def test_stale_polls_do_not_step_and_periodic_samples_converge(tmp_path: Path) -> None:
+    region_path = _make_claim(tmp_path, "a", 30, pid=401)
+    gpu = PeriodicGpu({401: region_path}, every=2)
+    clock = [1_000_000_000]
+    gov = _governor(tmp_path, gpu, clock)
+    try:
+        rates = []
+        history = []
+        for _ in range(80):
+            clock[0] += 100_000_000
+            gpu.advance(0.1)
+            gov.tick()
+            history.append(gpu.util[401])
+            rates.append(gpu.regions[401].layout.devices[0].rate)
+        # A poll without a fresh sample never changes the budget.
+        stale = [i for i in range(2, 80) if (i + 1) % 2]
+        assert all(rates[i] == rates[i - 1] for i in stale)
+        tail = history[-30:]
+        assert sum(abs(u - 30) for u in tail) / len(tail) <= 1.0
+        # A new claim on this GPU is offered the learnt gain as its seed.
+        new_region = _make_claim(tmp_path, "b", 50, pid=402)
+        gov.tick()
+        with rg.Region(str(new_region)) as region:
+            seed = struct.unpack("<d", struct.pack("<Q", region.layout.devices[0].seed_gain_bits))
+            assert seed[0] == pytest.approx(gpu.gain, rel=0.05)
+    finally:
+        gov.close()
+        gpu.close()

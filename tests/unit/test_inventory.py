@@ -16,10 +16,12 @@ from dra_driver.inventory import InventoryError
 from dra_driver.nvml import (
     DeviceHandle,
     EventSet,
+    MemoryRepair,
     Nvml,
     NvmlError,
     NvmlNotSupported,
     NvmlUnavailable,
+    ProcessMemory,
     ProcessUtilization,
     XidEvent,
 )
@@ -210,6 +212,12 @@ class TinyNvml:
         raise AssertionError("not a discovery call")
 
     def process_utilization(self, device: DeviceHandle, since_us: int) -> list[ProcessUtilization]:
+        raise AssertionError("not a discovery call")
+
+    def running_processes(self, device: DeviceHandle) -> list[ProcessMemory]:
+        raise AssertionError("not a discovery call")
+
+    def memory_repair(self, device: DeviceHandle) -> MemoryRepair:
         raise AssertionError("not a discovery call")
 
     def create_event_set(self) -> EventSet:

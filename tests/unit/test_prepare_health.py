@@ -4,14 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from kubelet_plugin.health import (
-    HEALTHY,
-    UNHEALTHY,
-    UNKNOWN,
-    HealthBoard,
-    _handle_xid,
-    xid_is_critical,
-)
+from kubelet_plugin.health import HEALTHY, UNHEALTHY, UNKNOWN, HealthBoard
 from tests.integration.plugin.claimdata import inventory
 
 
@@ -53,24 +46,22 @@ def test_waiters_wake_on_change_only() -> None:
     timer.join()
 
 
-def test_taint_is_sticky_across_discoveries() -> None:
+def test_tainted_devices_are_unhealthy_until_their_taints_go() -> None:
     board = HealthBoard("node-1", inventory(2))
-    assert board.taint("gpu-1", "XID 48")
-    assert not board.taint("gpu-1", "XID 48 again")  # no second change
-    assert not board.taint("gpu-9", "unknown device")
+    [change] = board.set_tainted({"gpu-1": "XID 48: double-bit ECC error"})
+    assert (change.device, change.status) == ("gpu-1", UNHEALTHY)
+    assert board.set_tainted({"gpu-1": "XID 48: double-bit ECC error"}) == []  # no second change
     board.observe(inventory(2))
     assert statuses(board) == {"gpu-0": HEALTHY, "gpu-1": UNHEALTHY}
     board.observe(None, "NVML gone")
     assert statuses(board) == {"gpu-0": UNKNOWN, "gpu-1": UNHEALTHY}
+    board.observe(inventory(2))
+    [lifted] = board.set_tainted({})
+    assert (lifted.device, lifted.status) == ("gpu-1", HEALTHY)
 
 
-def test_application_xids_do_not_taint() -> None:
-    assert not xid_is_critical(13) and not xid_is_critical(43)
-    assert xid_is_critical(48) and xid_is_critical(79)
+def test_hot_plugged_devices_join_the_board() -> None:
     board = HealthBoard("node-1", inventory(2))
-    _handle_xid(board, "gpu-0", 13)
-    _handle_xid(board, None, 79)  # a GPU we do not publish
-    assert statuses(board) == {"gpu-0": HEALTHY, "gpu-1": HEALTHY}
-    _handle_xid(board, "gpu-0", 79)
-    [gpu0] = [s for s in board.snapshot()[1] if s.device == "gpu-0"]
-    assert (gpu0.status, gpu0.message) == (UNHEALTHY, "XID 79 (GPU error) reported by the driver")
+    changes = board.observe(inventory(3))
+    assert [(c.device, c.status) for c in changes] == [("gpu-2", HEALTHY)]
+    assert statuses(board) == {"gpu-0": HEALTHY, "gpu-1": HEALTHY, "gpu-2": HEALTHY}

@@ -10,6 +10,7 @@ import pytest
 from dra_driver import slices
 from dra_driver.gpu import GpuInfo, NodeInventory
 from dra_driver.slices import SliceError
+from tests.inventories import synthetic_inventory
 
 GIB = 1 << 30
 
@@ -179,3 +180,35 @@ def test_comparison_sees_real_changes() -> None:
     other_owner = copy.deepcopy(desired)
     other_owner["metadata"]["ownerReferences"][0]["uid"] = "someone-else"
     assert not slices.same_content(desired, other_owner)
+
+
+def test_device_taints_are_published_and_cap_slices_at_64_devices() -> None:
+    inv = synthetic_inventory(100)
+    name = inv.gpus[3].device_name
+    taint = {
+        "key": "vgpu.dra.dev/xid",
+        "value": "xid-94",
+        "effect": "NoSchedule",
+        "timeAdded": "2026-11-23T15:00:00Z",
+    }
+    built = slices.build_slices(
+        inv, driver="vgpu.dra.dev", node_name="node-1", node_uid="uid-1", taints={name: [taint]}
+    )
+    assert [len(s["spec"]["devices"]) for s in built] == [64, 36]
+    by_name = {d["name"]: d for s in built for d in s["spec"]["devices"]}
+    assert by_name[name]["taints"] == [taint]
+    assert "taints" not in by_name[inv.gpus[4].device_name]
+    untainted = slices.build_slices(
+        inv, driver="vgpu.dra.dev", node_name="node-1", node_uid="uid-1"
+    )
+    assert [len(s["spec"]["devices"]) for s in untainted] == [100]
+    # The API server stamps or re-formats timeAdded: not a change; a new taint value is.
+    served = copy.deepcopy(built[0])
+    served["spec"]["devices"][3]["taints"][0]["timeAdded"] = "2026-11-23T15:00:00+00:00"
+    assert slices.same_content(built[0], served)
+    served["spec"]["devices"][3]["taints"][0]["value"] = "xid-95"
+    assert not slices.same_content(built[0], served)
+    with pytest.raises(slices.SliceError, match="at most 16"):
+        slices.build_slices(
+            inv, driver="d.dev", node_name="n", node_uid="u", taints={name: [taint] * 17}
+        )

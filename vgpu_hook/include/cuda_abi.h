@@ -101,6 +101,9 @@ typedef struct CUmemAllocationProp_st {
 } CUmemAllocationProp;
 
 typedef struct CUlaunchAttribute_st CUlaunchAttribute; /* only passed through by pointer */
+/* Context creation parameters: only passed through by pointer. */
+typedef struct CUexecAffinityParam_st CUexecAffinityParam;
+typedef struct CUctxCreateParams_st CUctxCreateParams;
 typedef struct CUlaunchConfig_st {
     unsigned int gridDimX;
     unsigned int gridDimY;
@@ -141,6 +144,24 @@ CUresult cuDeviceGetCount(int *count);
 CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev);
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev);
 CUresult cuCtxGetDevice(CUdevice *device);
+/* Calls that change which context is current (or destroy one): the hook's per-thread cache of
+ * the current context's device is invalidated by them (context.c). */
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
+CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
+                        unsigned int flags, CUdevice dev);
+CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags,
+                        CUdevice dev);
+CUresult cuCtxDestroy(CUcontext ctx);
+CUresult cuCtxDestroy_v2(CUcontext ctx);
+CUresult cuCtxSetCurrent(CUcontext ctx);
+CUresult cuCtxPushCurrent(CUcontext ctx);
+CUresult cuCtxPushCurrent_v2(CUcontext ctx);
+CUresult cuCtxPopCurrent(CUcontext *pctx);
+CUresult cuCtxPopCurrent_v2(CUcontext *pctx);
+CUresult cuDevicePrimaryCtxRelease(CUdevice dev);
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev);
+CUresult cuDevicePrimaryCtxReset(CUdevice dev);
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev);
 CUresult cuMemGetInfo_v2(size_t *free, size_t *total);
 /* Legacy 32-bit ABIs (cuGetProcAddress(name, < 3020) still returns them). */
 CUresult cuMemGetInfo(unsigned int *free, unsigned int *total);

@@ -24,7 +24,7 @@
 #include <stdint.h>
 
 #define VGPU_REGION_MAGIC 0x55504756u /* "VGPU" little-endian */
-#define VGPU_REGION_VERSION 1u
+#define VGPU_REGION_VERSION 2u
 #define VGPU_MAX_DEVICES 16
 #define VGPU_MAX_SLOTS 1024
 #define VGPU_UUID_LEN 96
@@ -46,6 +46,7 @@ enum vgpu_rate_source {
     VGPU_RATE_UNSET = 0,
     VGPU_RATE_GOVERNOR = 1,
     VGPU_RATE_HOOK = 2,
+    VGPU_RATE_SEED = 3, /* provisional rate from the claim's cap, before any measurement */
 };
 
 /* One per device line of vgpu.conf, in file order. 512 bytes. */
@@ -60,8 +61,10 @@ struct vgpu_region_device {
     _Atomic uint32_t rate_source;        /* enum vgpu_rate_source */
     uint32_t reserved0;
     _Atomic uint64_t governor_stamp_ns;  /* last time the node governor wrote this device */
-    /* Shared token bucket (lock-free; tokens may go negative = debt). */
-    _Atomic int64_t tokens;
+    /* Shared token bucket (lock-free): tokens = credit - launch_cost (negative = debt). A
+     * launch adds its cost to launch_cost (one atomic add); credit grows with time at `rate`,
+     * added only when a launch finds the bucket short, at most a burst beyond launch_cost. */
+    _Atomic uint64_t credit;
     _Atomic uint64_t refill_stamp_ns;
     /* Monotonic counters, read by the controllers and by tests. */
     _Atomic uint64_t launches;
@@ -75,7 +78,17 @@ struct vgpu_region_device {
     _Atomic uint64_t ctl_integral_bits;  /* double: integral term, utilisation points */
     _Atomic uint64_t util_milli;         /* last measured claim utilisation, 1/1000 points */
     _Atomic uint64_t throttle_mark;      /* throttled_ns at the last step */
-    uint8_t reserved1[512 - 96 - 8 - 4 - 4 - 8 * 2 - 4 - 4 - 8 * 13];
+    /* double: a gain (util points per cost unit/s) to pace a claim's first launches with,
+     * written by the governor from what it learnt on this GPU; 0 = use the hook's default. */
+    _Atomic uint64_t seed_gain_bits;
+    /* End of the last window the in-process controller consumed a fresh NVML sample for (the
+     * marks above belong to it); windows without a new sample are merged into the next. */
+    _Atomic uint64_t ctl_window_ns;
+    /* 1 while the controller has no gain yet and its first fresh sample is still to come: that
+     * sample's period may reach back before the first launch, so it only starts the window. */
+    _Atomic uint64_t ctl_learning_anchor;
+    _Atomic uint64_t ctl_hold;           /* struct vgpu_ctl_state.hold of the fallback */
+    uint8_t reserved1[512 - 96 - 8 - 4 - 4 - 8 * 2 - 4 - 4 - 8 * 17];
 };
 
 /* One per live process. 264 bytes. */

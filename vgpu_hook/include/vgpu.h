@@ -7,6 +7,7 @@
 #ifndef VGPU_H
 #define VGPU_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -84,10 +85,38 @@ int vgpu_lock_ofd(int fd, long long offset, bool exclusive, bool wait);
 void vgpu_unlock_ofd(int fd, long long offset);
 
 /* ---- bucket.c: token bucket and utilisation controller (pure, no I/O) -------------------- */
-uint64_t vgpu_launch_cost(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
-                          unsigned bz);
-/* Take `cost` tokens. Returns the nanoseconds the caller must wait before launching (0 = go). */
+/* Launch cost: proportional to the threads launched (never 0, saturating at 2^48); the
+ * controller learns how that maps to GPU time. Inline: it runs on every capped launch. */
+static inline uint64_t vgpu_launch_cost(unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                        unsigned by, unsigned bz) {
+    uint64_t blocks = (uint64_t)(gx + !gx) * (gy + !gy), threads = (uint64_t)(bx + !bx) * (by + !by);
+    if (__builtin_mul_overflow(blocks, (uint64_t)(gz + !gz), &blocks) || blocks > (1ULL << 32))
+        return 1ULL << 48;
+    threads *= (uint64_t)(bz + !bz);
+    if (threads > (1ULL << 16)) return 1ULL << 48;
+    return blocks * threads;
+}
+/* Charge a launch of `cost` (no clock needed). Returns the claim's spending including it;
+ * *covered = true when it may launch at once (credit covers it, or no rate is known yet).
+ * Inline: this is the whole limiter on most capped launches. */
+static inline uint64_t vgpu_bucket_charge(struct vgpu_region_device *d, uint64_t cost,
+                                          bool *covered) {
+    atomic_fetch_add_explicit(&d->launches, 1, memory_order_relaxed);
+    uint64_t spent = atomic_fetch_add_explicit(&d->launch_cost, cost, memory_order_relaxed) + cost;
+    *covered = atomic_load_explicit(&d->rate, memory_order_relaxed) == 0 ||
+               (int64_t)(spent - atomic_load_explicit(&d->credit, memory_order_relaxed)) <= 0;
+    return spent;
+}
+/* For a launch charge() did not cover: refill for the time elapsed, then return the ns the
+ * caller must wait (0 = go). */
+uint64_t vgpu_bucket_settle(struct vgpu_region_device *d, uint64_t spent, uint64_t cost,
+                            uint64_t now_ns);
+/* charge + settle in one (tests). */
 uint64_t vgpu_bucket_take(struct vgpu_region_device *d, uint64_t cost, uint64_t now_ns);
+/* Default gain for pacing a claim's first launches before anything is measured: util points
+ * per (thread launched / s). Conservative (a thread costing ~2 ms of one SM slot on a
+ * ~200k-thread GPU): most kernels are lighter, so first launches run under the cap, not over. */
+#define VGPU_SEED_GAIN_DEFAULT 1e-6
 struct vgpu_ctl_sample {
     double target;        /* utilisation points the claim may use now */
     double util;          /* measured claim utilisation over the window, points */
@@ -98,6 +127,8 @@ struct vgpu_ctl_sample {
 struct vgpu_ctl_state {
     double gain;          /* util points per (cost unit / s); 0 = unknown */
     double integral;      /* accumulated error correction, points */
+    bool hold;            /* the last step changed the rate by more than a third: the next
+                             sample's period may straddle the change, so it is skipped */
 };
 /* One controller step; returns the new refill rate (cost units / s), 0 = no limit yet. */
 double vgpu_ctl_step(struct vgpu_ctl_state *st, const struct vgpu_ctl_sample *s,
@@ -156,6 +187,8 @@ struct vgpu_state {
 struct vgpu_state *vgpu_state(void);      /* lazily initialised, never NULL */
 struct vgpu_dev *vgpu_dev_for_ordinal(CUdevice ordinal);   /* NULL = not capped */
 struct vgpu_dev *vgpu_dev_current(void);  /* device of the calling thread's context */
+/* ---- context.c: the same, cached per thread, invalidated by context changes ---------------- */
+struct vgpu_dev *vgpu_dev_current_cached(void);
 struct vgpu_dev *vgpu_dev_for_nvml(nvmlDevice_t device);
 uint64_t vgpu_now_ns(void);
 
@@ -166,6 +199,7 @@ bool vgpu_alloc_take(uint64_t key, int *dev, uint64_t *bytes, bool *managed);
 void vgpu_alloc_register_atfork(void); /* once, from state.c */
 
 /* ---- launch.c ------------------------------------------------------------------------------ */
-void vgpu_throttle(struct vgpu_dev *d, uint64_t cost);
+/* The launch limiter's slow path: a launch the bucket did not cover, or a periodic clock read. */
+void vgpu_throttle_slow(struct vgpu_dev *d, uint64_t spent, uint64_t cost, bool covered);
 
 #endif /* VGPU_H */

@@ -2,6 +2,10 @@
  * bucket.c - the compute limiter's arithmetic: launch cost, the shared token bucket and the
  * utilisation controller that sets the bucket's refill rate.
  *
+ * Bucket: tokens = credit - launch_cost. A launch costs one atomic add and a compare while the
+ * credit covers it (no clock read); only a launch that finds the bucket short reads the clock,
+ * adds the credit earned since the last refill (capped at a 20 ms burst) and waits out its debt.
+ *
  * Pure functions over region fields and plain numbers (no clocks, no NVML), so that
  * tests/test_bucket.c can prove convergence against a simulated plant without a GPU. The same
  * controller is implemented by kubelet_plugin/governor.py for the node-side path.
@@ -18,61 +22,69 @@
 #include "vgpu.h"
 
 #define BUCKET_BURST_SECONDS 0.02 /* at most 20 ms of budget accumulates while idle */
-#define MAX_WAIT_NS 200000000ULL  /* one wait never exceeds 200 ms; the caller loops */
+#define MAX_WAIT_NS 200000000ULL  /* one wait never exceeds 200 ms (the debt stays) */
 
-uint64_t vgpu_launch_cost(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
-                          unsigned bz) {
-    /* Proportional to the threads launched; the controller learns how that maps to GPU time. */
-    unsigned long long blocks = (unsigned long long)(gx ? gx : 1) * (gy ? gy : 1) * (gz ? gz : 1);
-    unsigned long long threads = (unsigned long long)(bx ? bx : 1) * (by ? by : 1) * (bz ? bz : 1);
-    if (blocks > (1ULL << 32) || threads > (1ULL << 16)) return 1ULL << 48;
-    unsigned long long cost = blocks * threads;
-    return cost ? cost : 1;
-}
-
-uint64_t vgpu_bucket_take(struct vgpu_region_device *d, uint64_t cost, uint64_t now_ns) {
+uint64_t vgpu_bucket_settle(struct vgpu_region_device *d, uint64_t spent, uint64_t cost,
+                            uint64_t now_ns) {
     uint64_t rate = atomic_load_explicit(&d->rate, memory_order_relaxed);
-    atomic_fetch_add_explicit(&d->launches, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&d->launch_cost, cost, memory_order_relaxed);
     if (rate == 0) return 0;
-    /* Refill: whoever advances the stamp adds the tokens for the elapsed interval. */
+    /* Refill: whoever advances the stamp adds the credit for the elapsed interval. */
     uint64_t last = atomic_load_explicit(&d->refill_stamp_ns, memory_order_relaxed);
     if (last == 0) {
-        atomic_compare_exchange_strong(&d->refill_stamp_ns, &last, now_ns);
+        /* First limited launch: the bucket starts empty at what was spent before it. */
+        if (atomic_compare_exchange_strong(&d->refill_stamp_ns, &last, now_ns))
+            atomic_store(&d->credit, spent - cost);
     } else if (now_ns > last &&
                atomic_compare_exchange_strong(&d->refill_stamp_ns, &last, now_ns)) {
         double add = (double)rate * (double)(now_ns - last) / 1e9;
-        int64_t burst = (int64_t)((double)rate * BUCKET_BURST_SECONDS) + (int64_t)cost;
-        int64_t cur = atomic_load(&d->tokens);
-        int64_t next;
+        uint64_t burst = (uint64_t)((double)rate * BUCKET_BURST_SECONDS) + cost;
+        uint64_t cap = atomic_load(&d->launch_cost) + burst;
+        uint64_t cur = atomic_load(&d->credit);
+        uint64_t next;
         do {
             double want = (double)cur + add;
-            next = want > (double)burst ? burst : (int64_t)want;
-            if (next < cur) next = cur; /* already above burst: leave as is */
-        } while (!atomic_compare_exchange_weak(&d->tokens, &cur, next));
+            next = want > (double)cap ? cap : (uint64_t)want;
+            if ((int64_t)(next - cur) < 0) next = cur; /* already above the burst: keep */
+        } while (!atomic_compare_exchange_weak(&d->credit, &cur, next));
     }
-    int64_t after = atomic_fetch_sub(&d->tokens, (int64_t)cost) - (int64_t)cost;
-    if (after >= 0) return 0;
-    double wait = (double)(-after) * 1e9 / (double)rate;
+    int64_t short_by = (int64_t)(spent - atomic_load(&d->credit));
+    if (short_by <= 0) return 0;
+    double wait = (double)short_by * 1e9 / (double)rate;
     if (wait > (double)MAX_WAIT_NS) wait = (double)MAX_WAIT_NS;
     return (uint64_t)wait + 1;
+}
+
+uint64_t vgpu_bucket_take(struct vgpu_region_device *d, uint64_t cost, uint64_t now_ns) {
+    bool covered;
+    uint64_t spent = vgpu_bucket_charge(d, cost, &covered);
+    return covered ? 0 : vgpu_bucket_settle(d, spent, cost, now_ns);
 }
 
 double vgpu_ctl_step(struct vgpu_ctl_state *st, const struct vgpu_ctl_sample *s,
                      double current_rate) {
     if (s->dt <= 0) return current_rate;
+    if (st->hold) {
+        /* NVML's sample period need not line up with our window: right after a big change
+         * it mixes the old and the new rate, and would teach the gain a wrong value. */
+        st->hold = false;
+        return current_rate;
+    }
+    bool learning = false;
     if (s->cost_rate > 0) {
         /* Utilisation under half a point is below NVML's resolution: count it as a quarter
          * point, so a gain learnt too high (launches starved to nothing) is corrected instead
          * of freezing the budget, while zero-cost work still gets a generous budget. */
         double util = s->util > 0.5 ? s->util : 0.25;
         double observed = util / s->cost_rate;
-        st->gain = st->gain > 0 ? 0.6 * st->gain + 0.4 * observed : observed;
+        learning = st->gain <= 0;
+        st->gain = learning ? observed : 0.6 * st->gain + 0.4 * observed;
     }
-    if (st->gain <= 0) return current_rate; /* nothing learnt yet: leave launches unlimited */
+    if (st->gain <= 0) return current_rate; /* nothing learnt yet: keep the current budget */
     double error = s->target - s->util;
-    /* Integrate only while limited or over target (anti-windup). */
-    if (s->throttled || error < 0) {
+    /* Integrate only while limited or over target (anti-windup), and not on the step that
+     * first learns the gain: that window ran on a provisional budget (the claim's cap over a
+     * default gain), and its error says nothing about the model's bias. */
+    if (!learning && (s->throttled || error < 0)) {
         st->integral += 0.5 * error;
         double bound = s->target > 10 ? s->target : 10;
         if (st->integral > bound) st->integral = bound;
@@ -82,6 +94,7 @@ double vgpu_ctl_step(struct vgpu_ctl_state *st, const struct vgpu_ctl_sample *s,
     if (want < 0.5) want = 0.5;
     double rate = want / st->gain;
     if (!isfinite(rate) || rate < 1) rate = 1;
+    st->hold = current_rate > 0 && fabs(rate - current_rate) > current_rate / 3;
     return rate;
 }
 

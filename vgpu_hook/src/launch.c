@@ -2,8 +2,10 @@
  * launch.c - kernel launches draw from the claim's per-device token bucket (compute cap).
  *
  * Fast path: when no configured device has a compute cap, a launch costs one atomic load and
- * a predictable branch before the real call. Otherwise the device of the calling context is
- * looked up, the controller is stepped if due, and the launch waits for its tokens.
+ * a predictable branch before the real call. Otherwise the device of the calling context comes
+ * from a per-thread cache (context.c: no driver call), the launch is charged to the bucket with
+ * one atomic add, and only a launch the bucket does not cover (or every 16th of a thread) reads
+ * the clock, steps the fallback controller if due, and waits for its tokens.
  *
  * The refill rate normally comes from the node governor (kubelet_plugin/governor.py), which
  * samples NVML once per GPU. When the governor has not written for GOVERNOR_STALE_NS, the
@@ -31,41 +33,47 @@ static uint64_t double_to_bits(double d) {
     return bits;
 }
 
-/* Utilisation of the whole GPU and of this claim's processes, in points; false = unknown. */
-static bool sample_util(struct vgpu_dev *d, uint64_t window_ns, double *device_util,
-                        double *claim_util) {
+enum sample_result { SAMPLE_FAILED, SAMPLE_OK, SAMPLE_NOTHING_NEW };
+
+/* Utilisation of the whole GPU and of this claim's processes, in points, over the window
+ * since `window_ns` ago. SAMPLE_NOTHING_NEW: NVML has no per-process sample newer than the
+ * window's start (real drivers publish one per sample period, ~1/6 s; the simulator's
+ * realistic mode too), so the window is merged into the next one. */
+static enum sample_result sample_util(struct vgpu_dev *d, uint64_t window_ns,
+                                      double *device_util, double *claim_util) {
     static _Atomic int nvml_state; /* 0 untried, 1 ok, -1 failed */
-    if (!vgpu_nvml_load()) return false;
+    if (!vgpu_nvml_load()) return SAMPLE_FAILED;
     int st = atomic_load(&nvml_state);
     if (st == 0) {
         st = (vgpu_nvml.nvmlInit_v2_ && vgpu_nvml.nvmlInit_v2_() == NVML_SUCCESS) ? 1 : -1;
         atomic_store(&nvml_state, st);
     }
-    if (st < 0) return false;
+    if (st < 0) return SAMPLE_FAILED;
     nvmlDevice_t h = __atomic_load_n(&d->nvml, __ATOMIC_RELAXED);
     if (h == NULL) {
         if (vgpu_nvml.nvmlDeviceGetHandleByUUID_ == NULL ||
             vgpu_nvml.nvmlDeviceGetHandleByUUID_(d->conf.uuid, &h) != NVML_SUCCESS)
-            return false;
+            return SAMPLE_FAILED;
         __atomic_store_n(&d->nvml, h, __ATOMIC_RELAXED);
     }
     nvmlUtilization_t u;
     if (vgpu_nvml.nvmlDeviceGetUtilizationRates_ == NULL ||
         vgpu_nvml.nvmlDeviceGetUtilizationRates_(h, &u) != NVML_SUCCESS)
-        return false;
+        return SAMPLE_FAILED;
     *device_util = u.gpu;
     *claim_util = u.gpu; /* conservative default: all of it is ours */
-    if (vgpu_nvml.nvmlDeviceGetProcessUtilization_ == NULL) return true;
+    if (vgpu_nvml.nvmlDeviceGetProcessUtilization_ == NULL) return SAMPLE_OK;
     nvmlProcessUtilizationSample_t samples[64];
     unsigned int count = 64;
-    /* Per-process samples since the previous controller step (NVML stamps are wall-clock us). */
+    /* Per-process samples since the window's start (NVML stamps are wall-clock us). */
     struct timespec wall;
     clock_gettime(CLOCK_REALTIME, &wall);
     unsigned long long now_us =
         (unsigned long long)wall.tv_sec * 1000000ULL + (unsigned long long)wall.tv_nsec / 1000;
     unsigned long long since = now_us - window_ns / 1000;
-    if (vgpu_nvml.nvmlDeviceGetProcessUtilization_(h, samples, &count, since) != NVML_SUCCESS)
-        return true;
+    nvmlReturn_t rc = vgpu_nvml.nvmlDeviceGetProcessUtilization_(h, samples, &count, since);
+    if (rc == NVML_ERROR_NOT_FOUND) return SAMPLE_NOTHING_NEW;
+    if (rc != NVML_SUCCESS) return SAMPLE_OK;
     struct vgpu_region *r = d->region->map;
     double ours = 0, all = 0;
     bool matched = false;
@@ -90,7 +98,7 @@ static bool sample_util(struct vgpu_dev *d, uint64_t window_ns, double *device_u
         /* Same window as ours: the balance policy compares the two. */
         *device_util = all < 100 ? all : 100;
     }
-    return true;
+    return SAMPLE_OK;
 }
 
 static void maybe_step_controller(struct vgpu_dev *d, struct vgpu_region_device *rd,
@@ -100,16 +108,30 @@ static void maybe_step_controller(struct vgpu_dev *d, struct vgpu_region_device 
     uint64_t last = atomic_load_explicit(&rd->ctl_stamp_ns, memory_order_relaxed);
     if (last != 0 && now - last < CTL_PERIOD_NS) return;
     if (!atomic_compare_exchange_strong(&rd->ctl_stamp_ns, &last, now)) return;
+    /* Elected for this period. The window runs from the last consumed sample. */
     uint64_t cost = atomic_load(&rd->launch_cost);
     uint64_t throttled = atomic_load(&rd->throttled_ns);
+    uint64_t start = atomic_load(&rd->ctl_window_ns);
+    bool learning = atomic_load(&rd->ctl_gain_bits) == 0;
+    if (start == 0 || now - start > 10 * CTL_PERIOD_NS) { /* (re)start of a window */
+        atomic_store(&rd->ctl_cost_mark, cost);
+        atomic_store(&rd->throttle_mark, throttled);
+        atomic_store(&rd->ctl_window_ns, now);
+        atomic_store(&rd->ctl_learning_anchor, learning ? 1 : 0);
+        return;
+    }
+    double device_util = 0, claim_util = 0;
+    enum sample_result got = sample_util(d, now - start, &device_util, &claim_util);
+    if (got != SAMPLE_OK) return; /* nothing new yet: the window grows until a sample comes */
     uint64_t cost_mark = atomic_exchange(&rd->ctl_cost_mark, cost);
     uint64_t throttle_mark = atomic_exchange(&rd->throttle_mark, throttled);
-    if (last == 0 || now - last > 10 * CTL_PERIOD_NS) return; /* (re)start of a window */
-    double device_util = 0, claim_util = 0;
-    if (!sample_util(d, now - last, &device_util, &claim_util)) return;
+    atomic_store(&rd->ctl_window_ns, now);
+    /* Learning the gain from a sample period that began before the launches did would
+     * underestimate it (and overshoot the cap next): the first sample only anchors. */
+    if (atomic_exchange(&rd->ctl_learning_anchor, 0) != 0 && learning) return;
     atomic_store(&rd->util_milli, (uint64_t)(claim_util * 1000.0));
     struct vgpu_ctl_sample s = {
-        .dt = (double)(now - last) / 1e9,
+        .dt = (double)(now - start) / 1e9,
         .util = claim_util,
         .throttled = throttled > throttle_mark,
     };
@@ -120,10 +142,12 @@ static void maybe_step_controller(struct vgpu_dev *d, struct vgpu_region_device 
     struct vgpu_ctl_state st = {
         .gain = bits_to_double(atomic_load(&rd->ctl_gain_bits)),
         .integral = bits_to_double(atomic_load(&rd->ctl_integral_bits)),
+        .hold = atomic_load(&rd->ctl_hold) != 0,
     };
     double rate = vgpu_ctl_step(&st, &s, (double)atomic_load(&rd->rate));
     atomic_store(&rd->ctl_gain_bits, double_to_bits(st.gain));
     atomic_store(&rd->ctl_integral_bits, double_to_bits(st.integral));
+    atomic_store(&rd->ctl_hold, st.hold ? 1 : 0);
     if (rate >= 1 && isfinite(rate)) {
         atomic_store(&rd->rate, (uint64_t)rate);
         atomic_store(&rd->rate_stamp_ns, now);
@@ -133,11 +157,33 @@ static void maybe_step_controller(struct vgpu_dev *d, struct vgpu_region_device 
               claim_util, s.target, s.cost_rate, st.gain, rate);
 }
 
-void vgpu_throttle(struct vgpu_dev *d, uint64_t cost) {
+/* A claim whose region has no rate yet (no governor or controller has measured it) is paced
+ * from its cap over a seed gain at once: its first launches run at or under the cap, never
+ * uncapped while the controller learns. The controller replaces the rate at its first step. */
+static void seed_rate(struct vgpu_dev *d, struct vgpu_region_device *rd, uint64_t now) {
+    /* The governor's seed (a gain learnt on this GPU) may only make the start stricter: a
+     * new claim's kernels may be heavier per thread than its neighbours'. */
+    double gain = bits_to_double(atomic_load(&rd->seed_gain_bits));
+    if (!(gain > VGPU_SEED_GAIN_DEFAULT) || !isfinite(gain)) gain = VGPU_SEED_GAIN_DEFAULT;
+    double rate = (double)d->conf.cores / gain;
+    if (!(rate >= 1) || !isfinite(rate) || rate > 1e18) return;
+    uint64_t expected = 0;
+    if (atomic_compare_exchange_strong(&rd->rate, &expected, (uint64_t)rate)) {
+        atomic_store(&rd->rate_stamp_ns, now);
+        atomic_store(&rd->rate_source, VGPU_RATE_SEED);
+    }
+}
+
+void vgpu_throttle_slow(struct vgpu_dev *d, uint64_t spent, uint64_t cost, bool covered) {
     struct vgpu_region_device *rd = &d->region->map->devices[d->region_dev];
     uint64_t now = vgpu_now_ns();
+    if (__builtin_expect(atomic_load_explicit(&rd->rate, memory_order_relaxed) == 0, 0)) {
+        seed_rate(d, rd, now);
+        covered = false; /* the first launch already draws from the seeded bucket */
+    }
     maybe_step_controller(d, rd, now);
-    uint64_t wait = vgpu_bucket_take(rd, cost, now);
+    if (covered) return;
+    uint64_t wait = vgpu_bucket_settle(rd, spent, cost, now);
     if (wait == 0) return;
     struct timespec ts = {.tv_sec = (time_t)(wait / 1000000000ULL),
                           .tv_nsec = (long)(wait % 1000000000ULL)};
@@ -146,11 +192,24 @@ void vgpu_throttle(struct vgpu_dev *d, uint64_t cost) {
     atomic_fetch_add_explicit(&rd->throttled_ns, wait, memory_order_relaxed);
 }
 
+/* Launches of one thread between two clock reads while the bucket covers them: the fallback
+ * controller is stepped from the slow path, which every CLOCK_EVERY-th launch also takes. */
+#define CLOCK_EVERY 16u
+static __thread uint32_t t_launch_tick __attribute__((tls_model("initial-exec")));
+
+static inline void throttle(struct vgpu_dev *d, uint64_t cost) {
+    bool covered;
+    uint64_t spent =
+        vgpu_bucket_charge(&d->region->map->devices[d->region_dev], cost, &covered);
+    if (__builtin_expect(covered && (t_launch_tick++ % CLOCK_EVERY) != 0, 1)) return;
+    vgpu_throttle_slow(d, spent, cost, covered);
+}
+
 /* Returns the device to limit, or NULL when this launch is not capped. */
 static inline struct vgpu_dev *capped_device(void) {
     struct vgpu_state *s = vgpu_state();
     if (__builtin_expect(!s->compute_capped, 1)) return NULL;
-    struct vgpu_dev *d = vgpu_dev_current();
+    struct vgpu_dev *d = vgpu_dev_current_cached();
     if (d == NULL || d->conf.cores == 0 || d->conf.cores >= 100 ||
         d->conf.policy == VGPU_POLICY_NONE || d->region->map == NULL)
         return NULL;
@@ -166,7 +225,7 @@ static inline struct vgpu_dev *capped_device(void) {
 #define LIMIT(gx, gy, gz, bx, by, bz)                                              \
     do {                                                                           \
         struct vgpu_dev *limited_ = capped_device();                               \
-        if (limited_ != NULL) vgpu_throttle(limited_, vgpu_launch_cost(gx, gy, gz, bx, by, bz)); \
+        if (limited_ != NULL) throttle(limited_, vgpu_launch_cost(gx, gy, gz, bx, by, bz));      \
     } while (0)
 
 VGPU_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy,

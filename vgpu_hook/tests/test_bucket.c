@@ -9,7 +9,11 @@
  *  5. it re-converges when the kernel mix changes (gain steps by 3x);
  *  6. an application that wants less than its cap builds no credit (anti-windup);
  *  6b. a gain learnt 100x too high (launches starved below NVML's resolution) recovers;
- *  7. the balance policy borrows idle capacity and shrinks back to the cap under contention.
+ *  7. the balance policy borrows idle capacity and shrinks back to the cap under contention;
+ *  8. a launch the credit covers needs no clock (charge alone says "go"), the refill is lazy and
+ *     still admits exactly rate * time, and idle time never banks more than one burst;
+ *  9. the step that first learns the gain does not integrate (a claim seeded under its cap
+ *     does not overshoot at the next step), and the sample after a big rate change is skipped.
  */
 #include <math.h>
 #include <string.h>
@@ -132,6 +136,50 @@ static void test_balance(void) {
     CHECK(fabs(vgpu_balance_target(30, 10, 50) - 95) < 1e-9);  /* noisy samples: no negatives */
 }
 
+static void test_lazy_refill(void) {
+    struct vgpu_region_device d;
+    memset(&d, 0, sizeof d);
+    atomic_store(&d.rate, 1000000); /* 1e6 units/s */
+    uint64_t now = 1000000000ULL;
+    CHECK(vgpu_bucket_take(&d, 100, now) > 0); /* starts empty: 100 units of debt */
+    now += 1000000;                            /* 1 ms later: 1000 units earned */
+    CHECK_EQ_U64(vgpu_bucket_take(&d, 100, now), 0);
+    bool covered = false;
+    /* 800 more units are covered by what that refill credited, without any clock. */
+    for (int i = 0; i < 8; i++) {
+        vgpu_bucket_charge(&d, 100, &covered);
+        CHECK(covered);
+    }
+    uint64_t spent = vgpu_bucket_charge(&d, 100, &covered);
+    CHECK(!covered);
+    CHECK_EQ_U64(vgpu_bucket_settle(&d, spent, 100, now), 100000 + 1); /* 100 units at 1e6/s */
+    /* Idle for 10 s: at most one burst (20 ms = 20000 units, + one launch) is banked. */
+    now += 10000000000ULL;
+    uint64_t admitted = 0;
+    while (vgpu_bucket_take(&d, 100, now) == 0) admitted += 100;
+    CHECK(admitted >= 19900 && admitted <= 20200);
+}
+
+static void test_learning_step_does_not_integrate(void) {
+    /* Seeded at a rate giving 5 % while capped at 30: the first step learns the gain only. */
+    struct vgpu_ctl_state st = {0};
+    struct vgpu_ctl_sample s = {.target = 30, .util = 5, .cost_rate = 5e6, .dt = 0.1,
+                                .throttled = true};
+    double rate = vgpu_ctl_step(&st, &s, 5e6);
+    CHECK(fabs(st.integral) < 1e-12);
+    CHECK(fabs(rate - 30e6) < 1); /* exactly the cap over the learnt gain: no overshoot */
+    /* That step moved the rate a lot: the next sample (its period may mix both rates) is
+     * skipped, the rate held; later steps integrate again. */
+    CHECK(st.hold);
+    s.util = 12;
+    s.cost_rate = rate;
+    CHECK(vgpu_ctl_step(&st, &s, rate) == rate);
+    CHECK(!st.hold && fabs(st.integral) < 1e-12);
+    s.util = 29;
+    vgpu_ctl_step(&st, &s, rate);
+    CHECK(st.integral > 0);
+}
+
 int main(void) {
     test_cost();
     test_unknown_rate();
@@ -141,5 +189,7 @@ int main(void) {
     test_anti_windup();
     test_recovers_from_bad_gain();
     test_balance();
+    test_lazy_refill();
+    test_learning_step_does_not_integrate();
     CHECK_DONE();
 }

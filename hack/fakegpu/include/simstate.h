@@ -234,6 +234,16 @@ struct sim_proc_util {
 int sim_process_utilization(int phys, unsigned long long since_ns, struct sim_proc_util *out,
                             int max);
 
+/* Busy nanoseconds per process on GPU `phys` within [from_ns, to_ns) (sim_now_ns() clock):
+ * writes {pid, busy_ns} for each process with busy time there; returns the number written (at
+ * most max). Used by the fake NVML's sample-period model (nvml_usage.c). */
+struct sim_proc_busy {
+    int32_t pid;
+    uint64_t busy_ns;
+};
+int sim_process_busy(int phys, unsigned long long from_ns, unsigned long long to_ns,
+                     struct sim_proc_busy *out, int max);
+
 /* SIM_GPU_* bits of GPU `phys` (0 if invalid). */
 unsigned int sim_gpu_flags(int phys);
 int sim_set_flag(int phys, unsigned int flag, int on); /* 0, or -1 if phys is invalid */

@@ -3,13 +3,28 @@
  * that the fake CUDA driver writes: memory (per GPU and per process), the running compute
  * processes, and SM utilisation.
  *
- * Utilisation model: `gpu` is the fraction of the last SIM_UTIL_WINDOW_NS (1/6 s, NVML's
- * shortest sample period) during which simulated kernels occupied the SMs; `memory` (bandwidth
- * utilisation, not capacity) is reported as half of it. Per-process samples are each process's
- * share of busy time since the caller's lastSeenTimeStamp (at most the last second), with
- * CLOCK_REALTIME microsecond timestamps like the real library. Reserved memory is 0, so
+ * Utilisation has two models, chosen by VGPU_SIM_UTIL_SAMPLING (read once per process):
+ *
+ *   exact (default): `gpu` is the busy fraction of the last SIM_UTIL_WINDOW_NS (1/6 s);
+ *     per-process samples are each process's share of busy time from the caller's
+ *     lastSeenTimeStamp to now (at most the last second). A controller polling with its
+ *     previous call time gets exact figures for its own interval.
+ *
+ *   realistic: what real drivers do. The driver samples each GPU once per sample period
+ *     (VGPU_SIM_UTIL_PERIOD_US, default 166667 = 1/6 s; boundaries on a fixed grid, each moved
+ *     later by up to VGPU_SIM_UTIL_JITTER_US, default 0, pseudo-randomly per period) and keeps
+ *     the last second of samples. `gpu` is the busy percentage of the latest *completed*
+ *     period. nvmlDeviceGetProcessUtilization(lastSeen) averages, per process, the integer
+ *     percentages of the completed periods that ended after lastSeen, stamped with the end of
+ *     the latest period in which the process ran; no completed period since lastSeen =
+ *     NVML_ERROR_NOT_FOUND. So a poller gets nothing new between period ends, and figures
+ *     that lag by up to one period.
+ *
+ * Timestamps are CLOCK_REALTIME microseconds like the real library's. `memory` (bandwidth
+ * utilisation, not capacity) is reported as half of `gpu`. Reserved memory is 0, so
  * free = total - used exactly.
  */
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -186,18 +201,61 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t devic
 
 /* ---- utilisation --------------------------------------------------------------------------- */
 
-SIM_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device,
-                                                      nvmlUtilization_t *utilization)
+/* ---- the sampling model ------------------------------------------------------------------ */
+
+#define SAMPLE_BUFFER_NS 1000000000ULL /* the driver keeps about a second of samples */
+#define MAX_PERIODS 64
+
+struct sampling {
+    int realistic;
+    unsigned long long period_ns, jitter_ns;
+};
+
+static struct sampling sampling_config(void)
 {
-    int phys;
-    const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    (void)g;
-    if (!utilization)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    utilization->gpu = sim_utilization(phys, 0, 0);
-    utilization->memory = utilization->gpu / 2;
-    return NVML_SUCCESS;
+    static struct sampling cfg;
+    static int loaded; /* racy but idempotent: every thread computes the same values */
+    if (__atomic_load_n(&loaded, __ATOMIC_ACQUIRE))
+        return cfg;
+    struct sampling c = {0, SIM_UTIL_WINDOW_NS, 0};
+    const char *mode = getenv("VGPU_SIM_UTIL_SAMPLING");
+    c.realistic = mode != NULL && strcmp(mode, "realistic") == 0;
+    const char *period = getenv("VGPU_SIM_UTIL_PERIOD_US");
+    if (period != NULL && strtoull(period, NULL, 10) >= 1000)
+        c.period_ns = strtoull(period, NULL, 10) * 1000ULL;
+    const char *jitter = getenv("VGPU_SIM_UTIL_JITTER_US");
+    if (jitter != NULL)
+        c.jitter_ns = strtoull(jitter, NULL, 10) * 1000ULL;
+    if (c.jitter_ns >= c.period_ns)
+        c.jitter_ns = c.period_ns / 2; /* boundaries must stay in order */
+    cfg = c;
+    __atomic_store_n(&loaded, 1, __ATOMIC_RELEASE);
+    return cfg;
+}
+
+/* End of sample period k on the sim_now_ns() clock: the grid point plus a per-period jitter
+ * (a hash of k and the GPU, so every process sees the same boundaries). */
+static unsigned long long period_end(const struct sampling *c, int phys, unsigned long long k)
+{
+    unsigned long long j = 0;
+    if (c->jitter_ns > 0) {
+        unsigned long long h = (k + 1) * 0x9E3779B97F4A7C15ULL ^ (unsigned long long)phys << 32;
+        h ^= h >> 29;
+        h *= 0xBF58476D1CE4E5B9ULL;
+        h ^= h >> 32;
+        j = h % (c->jitter_ns + 1);
+    }
+    return (k + 1) * c->period_ns + j;
+}
+
+/* Index of the latest period completed at `now`. */
+static unsigned long long last_completed(const struct sampling *c, int phys,
+                                         unsigned long long now)
+{
+    unsigned long long k = now / c->period_ns;
+    while (k > 0 && period_end(c, phys, k) > now)
+        k--;
+    return k;
 }
 
 /* CLOCK_REALTIME minus CLOCK_MONOTONIC, in ns, to convert NVML timestamps. */
@@ -209,17 +267,101 @@ static long long realtime_offset_ns(void)
     return real - (long long)sim_now_ns();
 }
 
+static unsigned int percent(unsigned long long busy, unsigned long long span)
+{
+    unsigned int pct = span ? (unsigned int)((busy * 100 + span / 2) / span) : 0;
+    return pct > 100 ? 100 : pct;
+}
+
+/* Realistic per-process samples: the completed periods ending after `since` (sim clock). */
+static int period_samples(int phys, unsigned long long since, struct sim_proc_util *out)
+{
+    struct sampling c = sampling_config();
+    unsigned long long now = sim_now_ns();
+    unsigned long long oldest = now > SAMPLE_BUFFER_NS ? now - SAMPLE_BUFFER_NS : 0;
+    if (since < oldest)
+        since = oldest;
+    unsigned long long k = last_completed(&c, phys, now);
+    unsigned long long first = k;
+    int periods = 0;
+    while (periods < MAX_PERIODS && first > 0 && period_end(&c, phys, first) > since) {
+        first--;
+        periods++;
+    }
+    if (periods == 0)
+        return 0;
+    /* Periods first+1 .. k; period i spans [end(i-1), end(i)). */
+    unsigned int sum[SIM_MAX_PROCS] = {0};
+    int n = 0;
+    for (unsigned long long i = first + 1; i <= k; i++) {
+        unsigned long long lo = period_end(&c, phys, i - 1), hi = period_end(&c, phys, i);
+        struct sim_proc_busy busy[SIM_MAX_PROCS];
+        int m = sim_process_busy(phys, lo, hi, busy, SIM_MAX_PROCS);
+        for (int b = 0; b < m; b++) {
+            int j;
+            for (j = 0; j < n; j++)
+                if (out[j].pid == busy[b].pid)
+                    break;
+            if (j == n) {
+                if (n == SIM_MAX_PROCS)
+                    continue;
+                out[n].pid = busy[b].pid;
+                n++;
+            }
+            sum[j] += percent(busy[b].busy_ns, hi - lo);
+            out[j].last_ns = hi;
+        }
+    }
+    for (int j = 0; j < n; j++)
+        out[j].sm_util = (sum[j] + (unsigned)periods / 2) / (unsigned)periods;
+    return n;
+}
+
 /* Samples newer than lastSeen (CLOCK_REALTIME us); returns how many, timestamps converted. */
 static int process_samples(int phys, unsigned long long lastSeen, struct sim_proc_util *out,
                            unsigned long long *stamps_us)
 {
     long long off = realtime_offset_ns();
     long long since = lastSeen ? (long long)(lastSeen * 1000ULL) - off : 0;
-    int n = sim_process_utilization(phys, since > 0 ? (unsigned long long)since : 0, out,
-                                    SIM_MAX_PROCS);
+    unsigned long long since_ns = since > 0 ? (unsigned long long)since : 0;
+    struct sampling c = sampling_config();
+    if (c.realistic && lastSeen) {
+        /* A sample is new when its microsecond stamp is later than lastSeen. */
+        long long first_new = (long long)((lastSeen + 1) * 1000ULL) - off - 1;
+        since_ns = first_new > 0 ? (unsigned long long)first_new : 0;
+    }
+    int n = c.realistic ? period_samples(phys, since_ns, out)
+                        : sim_process_utilization(phys, since_ns, out, SIM_MAX_PROCS);
     for (int i = 0; i < n; i++)
         stamps_us[i] = (unsigned long long)(((long long)out[i].last_ns + off) / 1000);
     return n;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device,
+                                                      nvmlUtilization_t *utilization)
+{
+    int phys;
+    const struct sim_gpu_info *g;
+    DEVICE_OR_RETURN(device, &phys, &g);
+    (void)g;
+    if (!utilization)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct sampling c = sampling_config();
+    if (c.realistic) {
+        /* The latest completed sample period. */
+        unsigned long long k = last_completed(&c, phys, sim_now_ns());
+        unsigned long long lo = k > 0 ? period_end(&c, phys, k - 1) : 0, hi = period_end(&c, phys, k);
+        struct sim_proc_busy busy[SIM_MAX_PROCS];
+        int m = k > 0 ? sim_process_busy(phys, lo, hi, busy, SIM_MAX_PROCS) : 0;
+        unsigned long long total = 0;
+        for (int b = 0; b < m; b++)
+            total += busy[b].busy_ns;
+        utilization->gpu = percent(total, hi - lo);
+    } else {
+        utilization->gpu = sim_utilization(phys, 0, 0);
+    }
+    utilization->memory = utilization->gpu / 2;
+    return NVML_SUCCESS;
 }
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
@@ -294,7 +436,7 @@ static nvmlReturn_t codec_util(nvmlDevice_t device, unsigned int *util, unsigned
     if (!util || !period)
         return NVML_ERROR_INVALID_ARGUMENT;
     *util = 0; /* no simulated video engines work */
-    *period = (unsigned int)(SIM_UTIL_WINDOW_NS / 1000);
+    *period = (unsigned int)(sampling_config().period_ns / 1000);
     return NVML_SUCCESS;
 }
 

@@ -785,6 +785,41 @@ int sim_process_utilization(int phys, unsigned long long since_ns, struct sim_pr
     return n;
 }
 
+int sim_process_busy(int phys, unsigned long long from_ns, unsigned long long to_ns,
+                     struct sim_proc_busy *out, int max)
+{
+    if (!valid_gpu(phys) || max <= 0 || to_ns <= from_ns)
+        return 0;
+    const struct sim_gpu_dyn *d = &g_st->dyn[phys];
+    int n = 0;
+    gpu_lock(phys);
+    uint64_t count = LOAD(&d->tl_count);
+    uint64_t oldest = count > SIM_TIMELINE_SLOTS ? count - SIM_TIMELINE_SLOTS : 0;
+    for (uint64_t k = count; k > oldest; k--) {
+        const struct sim_busy *b = &d->tl[(k - 1) % SIM_TIMELINE_SLOTS];
+        uint64_t e = LOAD(&b->end);
+        if (e <= from_ns)
+            break; /* FIFO-ordered: everything older ends earlier */
+        uint64_t lo = b->start > from_ns ? b->start : from_ns, hi = e < to_ns ? e : to_ns;
+        if (hi <= lo)
+            continue;
+        int j;
+        for (j = 0; j < n; j++)
+            if (out[j].pid == b->pid)
+                break;
+        if (j == n) {
+            if (n == max)
+                continue;
+            out[n].pid = b->pid;
+            out[n].busy_ns = 0;
+            n++;
+        }
+        out[j].busy_ns += hi - lo;
+    }
+    gpu_unlock(phys);
+    return n;
+}
+
 /* ---- flags and XID events --------------------------------------------------------------- */
 
 unsigned int sim_gpu_flags(int phys) { return valid_gpu(phys) ? LOAD(&g_st->dyn[phys].flags) : 0; }

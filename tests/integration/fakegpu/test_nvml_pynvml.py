@@ -17,6 +17,7 @@ Proves, each in a separate process loading the library through LD_LIBRARY_PATH:
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -247,3 +248,58 @@ def test_kernel_loop_shows_in_per_process_utilisation(dgx: SimNode) -> None:
     assert list(seen["samples"]) == [str(proc.pid)]
     assert seen["samples"][str(proc.pid)] >= 80
     assert abs(seen["now_s"] - seen["stamp_s"]) < 2  # CLOCK_REALTIME microseconds
+
+
+PERIODIC_POLL = """
+import json, time, pynvml as n
+n.nvmlInit()
+h = n.nvmlDeviceGetHandleByIndex(0)
+time.sleep(0.3)
+last, polls = int(time.time() * 1e6), []
+for _ in range(40):  # 2 s of polls every 50 ms, each asking for samples since the last one
+    time.sleep(0.05)
+    try:
+        samples = n.nvmlDeviceGetProcessUtilization(h, last)
+    except n.NVMLError_NotFound:
+        polls.append(None)
+        continue
+    last = max(s.timeStamp for s in samples)
+    polls.append({"stamp": last, "util": {str(s.pid): s.smUtil for s in samples}})
+print(json.dumps({"polls": polls, "period_us": n.nvmlDeviceGetEncoderUtilization(h)[1]}))
+"""
+
+
+def test_realistic_sampling_reports_per_driver_period(dgx: SimNode) -> None:
+    """VGPU_SIM_UTIL_SAMPLING=realistic: a 50 ms poller gets one new sample per 200 ms driver
+    period (NOT_FOUND in between), stamped at period ends that are a period (+- jitter) apart,
+    each with the busy share of its period."""
+    spin = PROGRAMS / "cuda_spin"
+    if not spin.is_file():
+        pytest.skip("the fake CUDA driver's test programs are not built")
+    sampling = {
+        "VGPU_SIM_UTIL_SAMPLING": "realistic",
+        "VGPU_SIM_UTIL_PERIOD_US": "200000",
+        "VGPU_SIM_UTIL_JITTER_US": "20000",
+    }
+    proc = subprocess.Popen(
+        [str(spin), "0", "4"],
+        env={**dgx.env, "CUDA_SPIN_KERNEL": "spin__ns100000", "VGPU_SIM_LAUNCH_NS": "0"},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        seen = dgx.python(PERIODIC_POLL, **sampling)
+    finally:
+        proc.communicate(timeout=30)
+    polls = seen["polls"]
+    fresh = [p for p in polls if p is not None]
+    assert seen["period_us"] == 200000
+    assert 7 <= len(fresh) <= 12, polls  # 2 s / 0.2 s, never one per poll
+    assert polls.count(None) >= 25, polls
+    stamps = [p["stamp"] for p in fresh]
+    gaps = [b - a for a, b in itertools.pairwise(stamps)]
+    # Consecutive samples are whole periods apart (one, or more if a poll was delayed).
+    for gap in gaps:
+        periods = round(gap / 200000)
+        assert periods >= 1 and abs(gap - periods * 200000) <= 20000 + 1000, gaps
+    assert all(p["util"].get(str(proc.pid), 0) >= 90 for p in fresh[1:]), fresh

@@ -183,7 +183,11 @@ def test_every_written_spec_loads_and_injects_the_contract(
     mounts = {m["destination"]: m for m in oci["mounts"]}
     claim_mount = mounts[f"/run/vgpu-dra/claims/{multi.uid}"]
     assert claim_mount["source"] == str(plugin.state_dir / "claims" / multi.uid)
-    assert "rw" in claim_mount["options"]
+    # The claim dir (vgpu.conf) is read-only; only the region file is mounted read-write over it.
+    assert "ro" in claim_mount["options"]
+    region_mount = mounts[f"/run/vgpu-dra/claims/{multi.uid}/region"]
+    assert region_mount["source"] == str(plugin.state_dir / "claims" / multi.uid / "region")
+    assert "rw" in region_mount["options"]
     assert mounts["/usr/local/vgpu-dra/lib/libvgpu.so"]["source"] == plugin.settings.spec.hook_path
     preload = mounts["/etc/ld.so.preload"]
     assert "ro" in preload["options"]

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +161,25 @@ def test_bad_flags_exit_with_a_clear_message() -> None:
     assert "--oversubscription-ratio must be a number from 1.0 to 64, got 0.5" in done.stderr
 
 
+def health(message: Any) -> dict[str, tuple[int, str]]:
+    return {d.device.device_name: (d.health, d.message) for d in message.devices}
+
+
+def wait_for_health(
+    stream: Any, done: Callable[[dict[str, tuple[int, str]]], bool]
+) -> dict[str, tuple[int, str]]:
+    while True:  # the stream's own timeout bounds the wait
+        update = health(next(stream))
+        if done(update):
+            return update
+
+
+def watch(channel: grpc.Channel) -> Any:
+    return dra_health_v1_pb2_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+        dra_health_v1_pb2.NodeWatchResourcesRequest(), timeout=60
+    )
+
+
 def test_gpu_faults_on_simulated_node_are_streamed_unhealthy(cluster: Any) -> None:
     from vgpu_testbed import fakegpu
     from vgpu_testbed.profiles import load_profile
@@ -170,9 +190,7 @@ def test_gpu_faults_on_simulated_node_are_streamed_unhealthy(cluster: Any) -> No
         pytest.skip(f"simulated GPUs not built (make native): {exc}")
     root = Path(tempfile.mkdtemp(prefix="vgpu-sim-"))
     gpu_env = fakegpu.prepare_node(load_profile("l4-2"), root / "gpus.state")
-    argv = plugin_process_argv(
-        root, cluster.kubeconfig, "node-1", "--no-governor", "--resync-seconds=0.5"
-    )
+    argv = plugin_process_argv(root, cluster.kubeconfig, "node-1", "--no-governor")
     dra = root / "plugins" / "vgpu.dra.dev" / "dra.sock"
     registration = root / "registry" / "vgpu.dra.dev-reg.sock"
     log = (root / "plugin.log").open("w")
@@ -184,14 +202,6 @@ def test_gpu_faults_on_simulated_node_are_streamed_unhealthy(cluster: Any) -> No
         wait_for(registration.exists, what="registration")
         return proc
 
-    def watch(channel: grpc.Channel) -> Any:
-        return dra_health_v1_pb2_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
-            dra_health_v1_pb2.NodeWatchResourcesRequest(), timeout=60
-        )
-
-    def health(message: Any) -> dict[str, tuple[int, str]]:
-        return {d.device.device_name: (d.health, d.message) for d in message.devices}
-
     healthy, unhealthy = dra_health_v1_pb2.HEALTHY, dra_health_v1_pb2.UNHEALTHY
     proc = start()
     try:
@@ -202,28 +212,29 @@ def test_gpu_faults_on_simulated_node_are_streamed_unhealthy(cluster: Any) -> No
                 "gpu-1": healthy,
             }
             # XID 13 (an application's illegal access) leaves the GPU healthy; XID 48 (double-bit
-            # ECC error) taints it until the plugin restarts, whatever discovery says meanwhile.
+            # ECC error) taints it (NoExecute, kubelet health UNHEALTHY) until the GPU is reset.
             fakegpu.inject_xid(gpu_env, 0, 13)
             fakegpu.inject_xid(gpu_env, 0, 48)
             status, message = health(next(stream))["gpu-0"]
             assert status == unhealthy and "XID 48" in message
             # A GPU that falls off the bus (lost: NVML fails, XID 79) is reported as well.
             fakegpu.set_gpu_lost(gpu_env, 1, True)
-            update = health(next(stream))
-            assert (update["gpu-0"][0], update["gpu-1"][0]) == (unhealthy, unhealthy)
+            wait_for_health(stream, lambda h: h["gpu-1"][0] == h["gpu-0"][0] == unhealthy)
+            # ...and healthy again once it answers, without a restart.
+            fakegpu.set_gpu_lost(gpu_env, 1, False)
+            update = wait_for_health(stream, lambda h: h["gpu-1"][0] == healthy)
+            assert update["gpu-0"][0] == unhealthy
             stream.cancel()
-        fakegpu.set_gpu_lost(gpu_env, 1, False)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         assert not dra.exists()
-        # After repair and a restart every GPU is healthy again.
+        # A restart does not un-taint the GPU with a fatal XID (device-health.json).
         proc = start()
         with grpc.insecure_channel(f"unix://{dra}") as channel:
             stream = watch(channel)
-            assert {k: v[0] for k, v in health(next(stream)).items()} == {
-                "gpu-0": healthy,
-                "gpu-1": healthy,
-            }
+            first = health(next(stream))
+            assert first["gpu-0"][0] == unhealthy and "XID 48" in first["gpu-0"][1]
+            assert first["gpu-1"][0] == healthy
             stream.cancel()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0

@@ -11,7 +11,8 @@
  *   init | infonull | legacyinfo | alloc:B | alloc1:B (legacy 32-bit ABI) | pitch:WxH | managed:B | async:B | pool:B |
  *   vmm:B | array:WxH | array3d:WxHxD | mipmap:WxH:L | free | freeall | info | total |
  *   uuid | sleep:MS | ready | launch:N:BLOCKS | run:SECONDS:BLOCKS:SYNC | threads:N:B |
- *   forkhold:MS (fork a child that lives MS, parent continues) | forkalloc:B (child allocates)
+ *   forkhold:MS (fork a child that lives MS, parent continues) | forkalloc:B (child allocates) |
+ *   ctx:ORD (make device ORD's primary context current) | push:ORD | pop (context stack)
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -49,6 +50,8 @@ static struct {
     CUresult (*cuDeviceGetUuid)(CUuuid *, CUdevice);
     CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
     CUresult (*cuCtxSetCurrent)(CUcontext);
+    CUresult (*cuCtxPushCurrent)(CUcontext);
+    CUresult (*cuCtxPopCurrent)(CUcontext *);
     CUresult (*cuCtxSynchronize)(void);
     CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);
     CUresult (*cuMemAllocV1)(unsigned *, unsigned);
@@ -84,6 +87,10 @@ static int g_nheld;
 static CUdevice g_dev;
 static int g_ordinal;
 static CUfunction g_kernel;
+/* Kernels per device ordinal and the probe's own view of the context stack (ctx/push/pop). */
+static CUfunction g_kernels[8];
+static int g_stack[16], g_depth;
+static void load_kernel(int ordinal);
 
 static void hold(enum kind k, uint64_t h) {
     if (g_nheld < 4096) g_held[g_nheld++] = (struct held){k, h};
@@ -240,6 +247,27 @@ static void step(const char *s) {
         printf("uuid rc=%d GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x\n",
                rc, x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7], x[8], x[9], x[10], x[11],
                x[12], x[13], x[14], x[15]);
+    } else if (sscanf(s, "ctx:%llu", &a) == 1 || sscanf(s, "push:%llu", &b) == 1) {
+        int push = strncmp(s, "push:", 5) == 0, ord = (int)(push ? b : a);
+        CUdevice dev = 0;
+        CUcontext ctx = NULL;
+        rc = cu.cuDeviceGet(&dev, ord);
+        if (rc == 0) rc = cu.cuDevicePrimaryCtxRetain(&ctx, dev);
+        if (rc == 0) rc = push ? cu.cuCtxPushCurrent(ctx) : cu.cuCtxSetCurrent(ctx);
+        if (rc == 0 && ord < 8) {
+            if (push && g_depth < 16) g_stack[g_depth++] = g_ordinal;
+            g_ordinal = ord;
+            load_kernel(ord);
+        }
+        printf("%s rc=%d\n", push ? "push" : "ctx", rc);
+    } else if (strcmp(s, "pop") == 0) {
+        CUcontext ctx = NULL;
+        rc = cu.cuCtxPopCurrent(&ctx);
+        if (rc == 0 && g_depth > 0) {
+            g_ordinal = g_stack[--g_depth];
+            g_kernel = g_kernels[g_ordinal];
+        }
+        printf("pop rc=%d\n", rc);
     } else if (sscanf(s, "sleep:%llu", &a) == 1) {
         usleep((useconds_t)(a * 1000));
     } else if (strcmp(s, "ready") == 0) {
@@ -325,6 +353,8 @@ int main(int argc, char **argv) {
     R(cuDeviceGetUuid, "cuDeviceGetUuid", 11040, "cuDeviceGetUuid_v2");
     R(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000, "cuDevicePrimaryCtxRetain");
     R(cuCtxSetCurrent, "cuCtxSetCurrent", 4000, "cuCtxSetCurrent");
+    R(cuCtxPushCurrent, "cuCtxPushCurrent", 4000, "cuCtxPushCurrent_v2");
+    R(cuCtxPopCurrent, "cuCtxPopCurrent", 4000, "cuCtxPopCurrent_v2");
     R(cuCtxSynchronize, "cuCtxSynchronize", 2000, "cuCtxSynchronize");
     R(cuMemAlloc, "cuMemAlloc", 3020, "cuMemAlloc_v2");
     R(cuMemAllocV1, "cuMemAlloc", 2000, "cuMemAlloc");
@@ -355,15 +385,32 @@ int main(int argc, char **argv) {
         printf("resolve failed\n");
         return 2;
     }
-    const char *wave = getenv("PROBE_KERNEL");
     for (; i < argc; i++) {
         step(argv[i]);
-        if (strcmp(argv[i], "init") == 0 && cu.cuModuleLoadData && cu.cuModuleGetFunction) {
-            CUmodule mod = NULL;
-            static const char image[] = "// simulated module\n";
-            if (cu.cuModuleLoadData(&mod, image) == 0)
-                cu.cuModuleGetFunction(&g_kernel, mod, wave ? wave : "busy__ns100000");
-        }
+        if (strcmp(argv[i], "init") == 0) load_kernel(g_ordinal);
     }
     return 0;
+}
+
+/* Load the test kernel in the current context (for device `ordinal`) and make it current. */
+static void load_kernel(int ordinal) {
+    if (!cu.cuModuleLoadData || !cu.cuModuleGetFunction || ordinal < 0 || ordinal >= 8) return;
+    const char *wave = getenv("PROBE_KERNEL");
+    const char *name = wave ? wave : "busy__ns100000";
+    const char *ns_part = strstr(name, "__ns");
+    unsigned long long ns = ns_part ? strtoull(ns_part + 4, NULL, 10) : 0;
+    /* Real PTX (the kernel spins on %globaltimer for its __ns<N> duration), so the probe also
+     * runs on a real GPU; the simulated driver reads the duration from the name. */
+    char image[1024];
+    snprintf(image, sizeof image,
+             ".version 7.0\n.target sm_50\n.address_size 64\n"
+             ".visible .entry %s()\n{\n\t.reg .u64 %%t<3>;\n\t.reg .pred %%p;\n"
+             "\tmov.u64 %%t0, %%globaltimer;\nSPIN:\n\tmov.u64 %%t1, %%globaltimer;\n"
+             "\tsub.u64 %%t2, %%t1, %%t0;\n\tsetp.lt.u64 %%p, %%t2, %llu;\n"
+             "\t@%%p bra SPIN;\n\tret;\n}\n",
+             name, ns);
+    CUmodule mod = NULL;
+    if (g_kernels[ordinal] == NULL && cu.cuModuleLoadData(&mod, image) == 0)
+        cu.cuModuleGetFunction(&g_kernels[ordinal], mod, name);
+    g_kernel = g_kernels[ordinal];
 }

@@ -1,0 +1,168 @@
+"""The kubelet plugin's background threads for its devices: rescan, health watch, slice publishing.
+
+Called once by `kubelet_plugin.main` (`start(...)`), which keeps only the wiring of flags. Threads:
+- `gpu-rescan`: every `rescan_s` re-enumerates GPUs in a child process
+  (`kubelet_plugin.rediscover`) and folds the result into `NodeDevices` (hot-plug, GPUs that come
+  back); a failed rediscovery makes the kubelet health UNKNOWN for every device;
+- `gpu-health` (with health on): the NVML health monitor (`kubelet_plugin.gpu_watch`) feeding
+  device taints;
+- `slices` (with slice publishing on): first the probe of what the API server stores
+  (`kubelet_plugin.api_support`: consumable capacity or whole GPUs), then the publisher, woken at
+  once whenever `NodeDevices` changes and otherwise resyncing every `resync_s`;
+- `enforcement` (with enforcement on): node-side memory enforcement over the prepared claims
+  (`kubelet_plugin.enforcement`), reporting to the log and as Events on the claims.
+Each change of the published GPUs is also handed to the Preparer (`update_inventory`), so prepare
+accepts a hot-plugged GPU and refuses a removed one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from dra_driver import kube
+from dra_driver.gpu import NodeInventory
+from kubelet_plugin import taint_store
+from kubelet_plugin.devices import NodeDevices
+from kubelet_plugin.gpu_watch import watch_gpus
+from kubelet_plugin.health import HealthBoard
+from kubelet_plugin.plan import ClaimPlan
+from kubelet_plugin.taints import TaintState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class MonitorSettings:
+    driver: str
+    node_name: str
+    state_dir: str
+    oversubscription_ratio: float
+    publish_slices: bool
+    health: bool
+    resync_s: float
+    rescan_s: float
+    quiet_s: float
+    enforcement: bool = True
+
+
+def start(
+    settings: MonitorSettings,
+    *,
+    inventory: NodeInventory,
+    client: kube.KubeClient,
+    board: HealthBoard | None,
+    update_inventory: Callable[[NodeInventory], None],
+    rediscover: Callable[[], NodeInventory],
+    stop: threading.Event,
+    prepared: Callable[[], Mapping[str, ClaimPlan]] | None = None,
+    on_slice_sync: Callable[[str], None] | None = None,
+    on_enforcement: Callable[[str, int], None] | None = None,
+) -> tuple[NodeDevices, list[threading.Thread]]:
+    wake = threading.Event()
+    devices: NodeDevices
+
+    def changed() -> None:
+        update_inventory(devices.inventory())
+        wake.set()
+
+    if settings.health:
+        path: str | None = taint_store.store_path(settings.state_dir)
+        state = taint_store.load(str(path), quiet_s=settings.quiet_s)
+    else:
+        path, state = None, TaintState(quiet_s=settings.quiet_s)
+    devices = NodeDevices(
+        inventory,
+        driver=settings.driver,
+        state=state,
+        store_path=path,
+        board=board,
+        on_change=changed,
+    )
+    threads = [
+        _thread("gpu-rescan", lambda: _rescan(devices, board, rediscover, stop, settings.rescan_s))
+    ]
+    if settings.health:
+        threads.append(_thread("gpu-health", lambda: watch_gpus(devices, devices.uuids, stop)))
+    if settings.publish_slices:
+        threads.append(
+            _thread(
+                "slices",
+                lambda: _publish(
+                    settings,
+                    client=client,
+                    devices=devices,
+                    stop=stop,
+                    wake=wake,
+                    on_sync=on_slice_sync,
+                ),
+            )
+        )
+    if settings.enforcement and prepared is not None:
+        from kubelet_plugin.enforcement import (
+            EventReporter,
+            LogReporter,
+            MetricsReporter,
+            Reporter,
+            start_enforcer,
+        )
+
+        reporters: list[Reporter] = [LogReporter(), EventReporter(client, settings.node_name)]
+        if on_enforcement is not None:
+            reporters.append(MetricsReporter(on_enforcement))
+        threads.append(start_enforcer(settings.state_dir, prepared, stop, reporters))
+    return devices, threads
+
+
+def _publish(
+    settings: MonitorSettings,
+    *,
+    client: kube.KubeClient,
+    devices: NodeDevices,
+    stop: threading.Event,
+    wake: threading.Event,
+    on_sync: Callable[[str], None] | None,
+) -> None:
+    """Publish the node's slices in the form the API server stores (never a rewrite loop)."""
+    from kubelet_plugin.api_support import SliceForm, wait_for_form
+    from kubelet_plugin.slice_publisher import SlicePublisher
+
+    form = wait_for_form(client, driver=settings.driver, node_name=settings.node_name, stop=stop)
+    if form is None:  # stopped before the server answered
+        return
+    publisher = SlicePublisher(
+        client,
+        driver=settings.driver,
+        node_name=settings.node_name,
+        oversubscription_ratio=settings.oversubscription_ratio,
+        whole_devices=form is SliceForm.WHOLE,
+        taints=devices.taints,
+        on_sync=on_sync,
+    )
+    publisher.run(devices.inventory, stop, resync_s=settings.resync_s, wake=wake)
+
+
+def _rescan(
+    devices: NodeDevices,
+    board: HealthBoard | None,
+    rediscover: Callable[[], NodeInventory],
+    stop: threading.Event,
+    period: float,
+) -> None:
+    while not stop.wait(period):
+        try:
+            fresh = rediscover()
+        except Exception as exc:  # keep rescanning: NVML may come back
+            log.warning("GPU rediscovery failed: %s", exc)
+            if board is not None:
+                board.observe(None, str(exc))
+            continue
+        devices.rediscovered(fresh)
+
+
+def _thread(name: str, body: Callable[[], None]) -> threading.Thread:
+    thread = threading.Thread(target=body, name=name, daemon=True)
+    thread.start()
+    return thread
