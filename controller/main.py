@@ -1,11 +1,13 @@
 """`vgpu-dra controller`: the cluster-side process (a Deployment), dispatched from `dra_driver.cli`.
 
-Today it runs no reconciler: the allocation controller, admission webhook and rescheduler have
-their own issue and will be started from here. What it does already is what every later release
-needs and what the Deployment's probes check: load the Kubernetes credentials (exit 1 with the
-reason when they are unusable), serve `/healthz` and `/readyz` (`controller.probes`, loopback by
-default), say in the log that no reconcilers are enabled, and stop cleanly on SIGTERM/SIGINT
-(readiness drops first, then the probe server closes, exit 0).
+It loads the Kubernetes credentials (exit 1 with the reason when they are unusable), serves
+`/healthz` and `/readyz` (`controller.probes`, loopback by default) and runs the allocation
+controller of the policy path (`controller.worker`: informers feeding `controller.reconciler`).
+With `--leader-elect` only the replica holding the Lease allocates (`controller.leader`); the
+others keep their model current and take over when the Lease is released or expires.
+Readiness: every informer has listed once, and the replica is the leader or a standby that can
+reach the Lease. SIGTERM/SIGINT stop it cleanly (readiness drops first, the Lease is released,
+then the probe server closes, exit 0).
 Every flag has an environment twin, as in the kubelet plugin.
 """
 
@@ -14,10 +16,15 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import threading
+import uuid
 from collections.abc import Sequence
 
+from controller.leader import LeaderElector
 from controller.probes import ProbeServer, parse_address
+from controller.reconciler import POLICY_ANNOTATIONS, Defaults, Reconciler
+from controller.worker import Worker
 from dra_driver import kube, logsetup
 from dra_driver.lifecycle import stop_on_signals
 
@@ -28,7 +35,15 @@ ENV = {
     "health_address": "VGPU_DRA_HEALTH_ADDRESS",
     "log_level": "VGPU_DRA_LOG_LEVEL",
     "log_format": "VGPU_DRA_LOG_FORMAT",
+    "leader_elect": "VGPU_DRA_LEADER_ELECT",
+    "lease_namespace": "VGPU_DRA_LEASE_NAMESPACE",
+    "lease_name": "VGPU_DRA_LEASE_NAME",
+    "lease_duration": "VGPU_DRA_LEASE_DURATION",
+    "node_policy": "VGPU_DRA_NODE_POLICY",
+    "device_policy": "VGPU_DRA_DEVICE_POLICY",
+    "topology": "VGPU_DRA_TOPOLOGY",
 }
+DEFAULT_LEASE_NAME = "vgpu-dra-controller"
 DEFAULT_HEALTH_ADDRESS = "127.0.0.1:8081"
 
 
@@ -36,7 +51,8 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
     env = dict(os.environ if env is None else env)
     parser = argparse.ArgumentParser(
         prog="vgpu-dra controller",
-        description="Cluster-side controller of vgpu-dra (no reconcilers are enabled yet).",
+        description="Cluster-side controller of vgpu-dra: allocates the claims of pods on the "
+        "policy path (scheduling gate vgpu.dra.dev/policy).",
     )
     parser.add_argument(
         "--kubeconfig",
@@ -57,7 +73,59 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
         choices=logsetup.LOG_FORMATS,
         help="text (key=value, default) or json (env VGPU_DRA_LOG_FORMAT)",
     )
+    parser.add_argument(
+        "--leader-elect",
+        type=_boolean,
+        nargs="?",
+        const=True,
+        default=_boolean(env.get(ENV["leader_elect"], "false")),
+        help="allocate only while holding the Lease (env VGPU_DRA_LEADER_ELECT; default false)",
+    )
+    parser.add_argument(
+        "--lease-namespace",
+        default=env.get(ENV["lease_namespace"], env.get("POD_NAMESPACE", "default")),
+        help="namespace of the Lease (env VGPU_DRA_LEASE_NAMESPACE, else POD_NAMESPACE)",
+    )
+    parser.add_argument(
+        "--lease-name",
+        default=env.get(ENV["lease_name"], DEFAULT_LEASE_NAME),
+        help=f"name of the Lease (env VGPU_DRA_LEASE_NAME; default {DEFAULT_LEASE_NAME})",
+    )
+    parser.add_argument(
+        "--lease-duration",
+        type=float,
+        default=float(env.get(ENV["lease_duration"], "15")),
+        help="seconds a standby waits after the last renewal (env VGPU_DRA_LEASE_DURATION); "
+        "the leader steps down after 2/3 of it without renewing",
+    )
+    for flag, key, choices, default in (
+        ("--node-policy", "node_policy", ("binpack", "spread"), "binpack"),
+        ("--device-policy", "device_policy", ("binpack", "spread"), "spread"),
+        (
+            "--topology",
+            "topology",
+            ("none", "numa", "link", "numa-strict", "link-strict"),
+            "none",
+        ),
+    ):
+        parser.add_argument(
+            flag,
+            default=env.get(ENV[key], default),
+            choices=choices,
+            help=f"cluster default for pods without {POLICY_ANNOTATIONS[key]} (env {ENV[key]})",
+        )
     return parser
+
+
+def _boolean(text: str | bool) -> bool:
+    if isinstance(text, bool):
+        return text
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 def main(argv: Sequence[str]) -> int:
@@ -83,13 +151,49 @@ def main(argv: Sequence[str]) -> int:
         log.error("cannot serve probes on %s: %s", args.health_address, exc)
         client.close()
         return 1
+    defaults = Defaults(
+        {
+            POLICY_ANNOTATIONS["node_policy"]: args.node_policy,
+            POLICY_ANNOTATIONS["device_policy"]: args.device_policy,
+            POLICY_ANNOTATIONS["topology"]: args.topology,
+        }
+    )
+    elector: LeaderElector | None = None
+    reconciler = Reconciler(client, defaults)
+    worker = Worker(client, reconciler)
+    if args.leader_elect:
+        identity = f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+        elector = LeaderElector(
+            client,
+            namespace=args.lease_namespace,
+            name=args.lease_name,
+            identity=identity,
+            lease_duration_s=args.lease_duration,
+            renew_deadline_s=args.lease_duration * 2 / 3,
+            retry_period_s=max(0.2, args.lease_duration / 7),
+            on_change=worker.became_leader,
+        )
+        reconciler.may_write = elector.is_leader
+        probes.add_check("leader-election", elector.healthy)
+        log.info(
+            "leader election on lease %s/%s as %s", args.lease_namespace, args.lease_name, identity
+        )
+    else:
+        worker.became_leader(True)
+    probes.add_check("informers-synced", worker.synced)
     probes.start()
     host, port = probes.address
     log.info("probes on http://%s:%d (/healthz, /readyz)", host, port)
-    log.info("no reconcilers are enabled yet; serving probes until SIGTERM")
+    worker.start(stop)
+    if elector is not None:
+        elector.start(stop)
+    log.info("allocation controller running (gate vgpu.dra.dev/policy); until SIGTERM")
     stop.wait()
     log.info("shutting down")
     probes.stop()
+    if elector is not None:
+        elector.join(timeout=10)  # it releases the Lease on its way out
+    worker.join(timeout=5)
     client.close()
     log.info("stopped")
     return 0

@@ -13,11 +13,12 @@ Callers build paths with the helpers below, e.g.
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from typing import Any, cast
 from urllib.parse import quote, urlencode
 
@@ -60,6 +61,10 @@ class AlreadyExists(KubeError):
 
 class Unreachable(KubeError):
     """No HTTP answer at all (connection refused, TLS failure, timeout)."""
+
+
+class Gone(KubeError):
+    """410: the resourceVersion asked for is too old to watch from; list again."""
 
 
 class TooDeep(KubeError):
@@ -223,6 +228,60 @@ class KubeClient:
                 return
             query["continue"] = token
 
+    def list_versioned(self, resource_path: str) -> tuple[builtins.list[JSON], str]:
+        """All items of a collection and the collection's resourceVersion (to watch from)."""
+        items: builtins.list[JSON] = []
+        version = ""
+        for page in self._pages(resource_path, None, None):
+            items.extend(page.get("items") or [])
+            version = str((page.get("metadata") or {}).get("resourceVersion") or version)
+        return items, version
+
+    def watch(
+        self, resource_path: str, resource_version: str, *, timeout_s: int = 300
+    ) -> Generator[JSON, None, None]:
+        """Watch events (`{"type": ADDED|MODIFIED|DELETED|BOOKMARK, "object": {...}}`) from
+        `resource_version`, with bookmarks, until the server ends the stream (`timeout_s`).
+
+        Raises Gone when the version is too old (the caller lists again), Unreachable when the
+        connection drops, KubeError for any other ERROR event.
+        """
+        query = {
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_s),
+        }
+        url = self._api.configuration.host + resource_path + "?" + urlencode(query)
+        headers = {"Accept": "application/json", **self._auth_headers()}
+        try:
+            # The read timeout outlives the server's own end of the stream by a margin.
+            response = self._api.call_api(
+                "GET", url, header_params=headers, _request_timeout=(10.0, timeout_s + 30.0)
+            )
+        except k8s.ApiException as exc:
+            raise _error(exc.status or 0, exc.reason or "", exc.body or "") from exc
+        except Exception as exc:
+            raise Unreachable(0, "Unreachable", f"WATCH {resource_path}: {exc}") from exc
+        raw = response.response  # the urllib3 response, not yet read
+        try:
+            if not 200 <= response.status < 300:
+                raise _error(response.status, response.reason or "", raw.data.decode())
+            buffer = b""
+            try:
+                for chunk in raw.stream(65536, decode_content=True):
+                    buffer += chunk
+                    while b"\n" in buffer:
+                        line, buffer = buffer.split(b"\n", 1)
+                        if line.strip():
+                            yield _watch_event(json.loads(line))
+            except KubeError:
+                raise
+            except Exception as exc:  # connection reset, read timeout, truncated chunk
+                raise Unreachable(0, "Unreachable", f"WATCH {resource_path}: {exc}") from exc
+        finally:
+            raw.release_conn()
+
     def create(self, resource_path: str, obj: Mapping[str, Any]) -> JSON:
         return self.request("POST", resource_path, body=obj)
 
@@ -232,6 +291,16 @@ class KubeClient:
     def merge_patch(self, resource_path: str, patch: Mapping[str, Any]) -> JSON:
         return self.request(
             "PATCH", resource_path, body=patch, content_type="application/merge-patch+json"
+        )
+
+    def strategic_patch(self, resource_path: str, patch: Mapping[str, Any]) -> JSON:
+        """Strategic merge patch (built-in kinds only): lists such as pod conditions merge by
+        their key instead of being replaced."""
+        return self.request(
+            "PATCH",
+            resource_path,
+            body=patch,
+            content_type="application/strategic-merge-patch+json",
         )
 
     def delete(self, resource_path: str, *, missing_ok: bool = True) -> None:
@@ -248,6 +317,15 @@ def _query_value(value: str | int | bool) -> str:
     return str(value)
 
 
+def _watch_event(event: JSON) -> JSON:
+    """Pass data events through; turn an ERROR event (a Status object) into its KubeError."""
+    if event.get("type") != "ERROR":
+        return event
+    status = event.get("object") or {}
+    return_code = int(status.get("code") or 0)
+    raise _error(return_code, str(status.get("reason") or ""), json.dumps(status))
+
+
 def _error(status: int, reason: str, body: str) -> KubeError:
     message = body
     try:
@@ -259,6 +337,8 @@ def _error(status: int, reason: str, body: str) -> KubeError:
         pass
     if status == 404:
         return NotFound(status, reason, message)
+    if status == 410:
+        return Gone(status, reason, message)
     if status == 409:
         kind = AlreadyExists if reason == "AlreadyExists" else Conflict
         return kind(status, reason, message)

@@ -174,6 +174,17 @@ class LogReporter:
         )
 
 
+class MetricsReporter:
+    """Counts reports and kills (kubelet_plugin.metrics `observe_enforcement`)."""
+
+    def __init__(self, observe: Callable[[str, int], None]) -> None:
+        self._observe = observe
+
+    def report(self, report: Report) -> None:
+        # Only an over-cap report's pids were killed; a missing-hook report names the process.
+        self._observe(report.reason, len(report.pids) if report.reason == REASON_OVER_CAP else 0)
+
+
 class EventReporter:
     """A Warning Event on the ResourceClaim, created with the plugin's (node's) credentials."""
 

@@ -402,6 +402,7 @@ def _serve(
         stop=stop,
         prepared=preparer.prepared,
         on_slice_sync=metrics.observe_slice_sync if metrics is not None else None,
+        on_enforcement=metrics.observe_enforcement if metrics is not None else None,
     )
     governor = _start_governor(settings, preparer, stop, metrics) if args.governor else None
     if governor is not None:

@@ -31,6 +31,7 @@ from prometheus_client.registry import Collector
 from dra_driver.gpu import NodeInventory
 from dra_driver.nvml import DeviceHandle, Nvml, NvmlError
 from kubelet_plugin.claim_usage import DeviceStats, read_usage
+from kubelet_plugin.enforcement import REASON_NO_HOOK, REASON_OVER_CAP
 from kubelet_plugin.plan import MAX_CORES, ClaimPlan
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 TICK_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 GPU_LABELS = ("node", "gpu", "device")
 # kubelet_plugin.prepare's failure reasons (PrepareOutcome.reason), shown at 0 from the start.
+ENFORCEMENT_REASONS = (REASON_OVER_CAP, REASON_NO_HOOK)
 PREPARE_REASONS = (
     "overbooked",
     "invalid_claim",
@@ -155,6 +157,23 @@ class PluginMetrics:
             registry=self.registry,
             buckets=TICK_BUCKETS,
         ).labels(node)
+        self.enforcement_reports = Counter(
+            PREFIX + "enforcement_reports",
+            "Node-side enforcement findings on prepared claims, by reason (GPUMemoryCapExceeded: "
+            "real usage over the cap; GPUHookMissing: a process on the claim's GPU without the "
+            "hook).",
+            ["node", "reason"],
+            registry=self.registry,
+        )
+        self.enforcement_kills = Counter(
+            PREFIX + "enforcement_kills",
+            "Processes node-side enforcement killed for using more GPU memory than their claim's "
+            "cap (VgpuConfig enforce: kill).",
+            ["node"],
+            registry=self.registry,
+        ).labels(node)
+        for reason in ENFORCEMENT_REASONS:
+            self.enforcement_reports.labels(node, reason)
         for reason in PREPARE_REASONS:
             self.prepare_errors.labels(node, reason)
         for reason in ("invalid_claim", "internal"):
@@ -174,6 +193,11 @@ class PluginMetrics:
 
     def observe_slice_sync(self, outcome: str) -> None:
         self.slice_syncs.labels(self.node, outcome).inc()
+
+    def observe_enforcement(self, reason: str, killed: int) -> None:
+        self.enforcement_reports.labels(self.node, reason).inc()
+        if killed:
+            self.enforcement_kills.inc(killed)
 
     def observe_governor_tick(self, seconds: float) -> None:
         self.governor_tick_seconds.observe(seconds)

@@ -59,6 +59,7 @@ def start(
     stop: threading.Event,
     prepared: Callable[[], Mapping[str, ClaimPlan]] | None = None,
     on_slice_sync: Callable[[str], None] | None = None,
+    on_enforcement: Callable[[str, int], None] | None = None,
 ) -> tuple[NodeDevices, list[threading.Thread]]:
     wake = threading.Event()
     devices: NodeDevices
@@ -103,11 +104,14 @@ def start(
         from kubelet_plugin.enforcement import (
             EventReporter,
             LogReporter,
+            MetricsReporter,
             Reporter,
             start_enforcer,
         )
 
         reporters: list[Reporter] = [LogReporter(), EventReporter(client, settings.node_name)]
+        if on_enforcement is not None:
+            reporters.append(MetricsReporter(on_enforcement))
         threads.append(start_enforcer(settings.state_dir, prepared, stop, reporters))
     return devices, threads
 

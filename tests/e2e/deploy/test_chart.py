@@ -30,7 +30,7 @@ import yaml
 
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient, KubeError
-from tests.e2e.deploy.chart_helpers import (
+from tests.fixtures.chart import (
     CHART,
     KINDS,
     KUBE_VERSION,
@@ -303,11 +303,11 @@ def release(
             home, "install", RELEASE, str(CHART), "--namespace", namespace,
             "-f", str(values_file(home, "install", values)), kubeconfig=cluster.kubeconfig,
         )  # fmt: skip
-        # NOTES.txt: how to check the install, and that the controller has no reconcilers yet.
+        # NOTES.txt: how to check the install, and what the controller does.
         assert "kubectl get resourceslices --field-selector spec.driver=vgpu.dra.dev" in (
             installed.stdout
         )
-        assert "runs no reconcilers yet" in installed.stdout
+        assert "runs the allocation controller of the policy path" in installed.stdout
         docs = render(home, values, namespace=namespace, release=RELEASE)
         yield namespace, docs
     finally:
@@ -610,7 +610,8 @@ def test_the_controller_runs_with_its_charts_service_account(
     finally:
         assert cluster.stop_process("chart-controller")
     log = (cluster.root / "logs" / "chart-controller.log").read_text()
-    assert "no reconcilers are enabled yet" in log and "stopped" in log
+    assert "allocation controller running" in log and "stopped" in log
+    assert "acquired leadership of lease" in log  # leader election on, Lease in its namespace
 
 
 def http_status(url: str) -> int:

@@ -16,7 +16,11 @@ import pytest
 
 from dra_driver.metrics_http import parse_address
 from kubelet_plugin.main import build_parser
-from tests.e2e.deploy.chart_helpers import JSON, by_kind, helm_binary, render
+from tests.fixtures.chart import JSON, by_kind, helm_binary, render
+
+# Longer than the 60 s default: helm renders the chart; the first test may start the session
+# cluster.
+pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture(scope="module")

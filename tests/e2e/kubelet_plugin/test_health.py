@@ -40,6 +40,10 @@ from tests.e2e.kubelet_plugin.pods import (
 from vgpu_testbed.polling import wait_for
 from vgpu_testbed.standin.node_agents import NodeAgents, start_node_agents
 
+# Longer than the 60 s default: module fixtures start node agents; tests inject GPU faults and wait
+# for taints to persist and lift.
+pytestmark = pytest.mark.timeout(300)
+
 NODE = "node-2"
 QUIET_S = 20
 

@@ -42,6 +42,10 @@ from tests.e2e.kubelet_plugin.pods import (
 from vgpu_testbed.polling import wait_for
 from vgpu_testbed.standin.node_agents import NodeAgents, start_node_agents
 
+# Longer than the 60 s default: module fixtures start node agents; tests wait for metrics, events
+# and traces of real pods.
+pytestmark = pytest.mark.timeout(300)
+
 GIB = 1 << 30
 
 

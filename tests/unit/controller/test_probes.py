@@ -1,8 +1,9 @@
 """`vgpu-dra controller`: a real process that serves its probes and stops cleanly.
 
 Proves: (1) started through the console-script dispatcher, the controller loads its kubeconfig,
-serves /healthz and /readyz (200) on the loopback address it was given, 404 elsewhere, and logs
-that no reconcilers are enabled; (2) SIGTERM stops it with exit code 0; (3) unusable
+serves /healthz (200) and /readyz (503 naming informers-synced while the API server is
+unreachable) on the loopback address it was given, 404 elsewhere, and logs that the allocation
+controller runs; (2) SIGTERM stops it with exit code 0; (3) unusable
 credentials and a malformed --health-address fail at start with a message naming the flag;
 (4) readiness follows the registered checks (503 naming the failing ones, also for a check that
 raises) and reports shutting-down once stop began.
@@ -113,9 +114,10 @@ def test_serves_probes_and_stops_on_sigterm(
     assert host == "127.0.0.1"
     base = f"http://{host}:{port}"
     assert get(base + "/healthz") == (200, "ok\n")
-    assert get(base + "/readyz") == (200, "ok\n")
+    # The API server of this kubeconfig is unreachable: alive, but not ready (nothing listed).
+    assert get(base + "/readyz") == (503, "not ready: informers-synced\n")
     assert get(base + "/metrics")[0] == 404  # nothing is advertised that does not exist
-    lines.wait_for("no reconcilers are enabled yet")
+    lines.wait_for("allocation controller running")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=15) == 0
     lines.wait_for("stopped")

@@ -26,12 +26,14 @@ from kubelet_plugin.enforcement import (
     ClaimCap,
     Enforcer,
     GpuProcess,
+    MetricsReporter,
     Report,
     allowed_bytes,
     claims_of_mountinfo,
     judge,
     memory_caps,
 )
+from kubelet_plugin.metrics import PluginMetrics
 from kubelet_plugin.plan import ClaimPlan, DevicePlan
 
 GIB = 1 << 30
@@ -149,6 +151,36 @@ def test_a_tick_reports_and_kills_only_the_offending_claim(tmp_path: Path) -> No
     assert "killed 100" in sink.reports[1].message
     enforcer.tick()
     assert killed == [100] and len(sink.reports) == 3  # nothing new: no repeated reports
+
+
+def test_findings_and_kills_are_counted_in_the_plugin_metrics(tmp_path: Path) -> None:
+    """The metrics reporter counts each finding by reason and only the pids really killed."""
+    proc = tmp_path / "proc"
+    write_proc(proc, 100, ["u1"])  # no hook, over u1's cap: reported twice, killed once
+    write_proc(proc, 101, ["u2"])  # no hook, within u2's cap (enforce: report): reported once
+    plans = {
+        "u1": plan("u1", device(UUID_A, GIB)),
+        "u2": plan("u2", device(UUID_A, GIB, enforce="report")),
+    }
+    listing = Listing({UUID_A: [(100, 3 * GIB), (101, GIB)]})
+
+    def kill(pid: int) -> None:
+        listing.by_gpu[UUID_A] = [p for p in listing.by_gpu[UUID_A] if p[0] != pid]
+
+    metrics = PluginMetrics("node-1")
+    reporter = MetricsReporter(metrics.observe_enforcement)
+    enforcer = Enforcer(
+        str(tmp_path / "state"), lambda: plans, listing, [reporter], proc=str(proc), kill=kill
+    )
+    enforcer.tick()
+    enforcer.tick()
+
+    def sample(name: str, **labels: str) -> float | None:
+        return metrics.registry.get_sample_value(name, {"node": "node-1", **labels})
+
+    assert sample("vgpu_dra_enforcement_reports_total", reason=REASON_NO_HOOK) == 2
+    assert sample("vgpu_dra_enforcement_reports_total", reason=REASON_OVER_CAP) == 1
+    assert sample("vgpu_dra_enforcement_kills_total") == 1
 
 
 def test_report_mode_reports_once_and_kills_nobody(tmp_path: Path) -> None:

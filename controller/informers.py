@@ -1,0 +1,155 @@
+"""Informers: keep a local copy of one kind current with list + watch, and report every change.
+
+Why hand-written over `kubernetes.watch.Watch`: that helper drives the generated typed API
+functions and turns every object into a model class, while everything here (the allocator's
+model, the reconciler) speaks the API's own JSON dicts through the one seam `dra_driver.kube`.
+The protocol itself is small: list (the collection's resourceVersion), watch from it with
+bookmarks (`KubeClient.watch`), remember the latest version seen (bookmarks advance it while
+nothing changes), list again on 410 Gone, reconnect with capped exponential backoff when the
+connection fails. A relist reports deletions of objects that vanished while the watch was down,
+so the consumer never keeps a ghost.
+
+Each informer runs in its own daemon thread and only calls `sink(kind, op, obj)` with op
+"apply" or "delete"; the consumer (the controller's single worker) serialises the changes.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dra_driver import kube
+
+log = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+Sink = Callable[[str, str, JSON], None]
+BACKOFF_START_S = 0.5
+BACKOFF_MAX_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    """One watched kind: its name as the allocator model knows it and its collection path."""
+
+    kind: str
+    api_version: str
+    plural: str
+
+    @property
+    def path(self) -> str:
+        return kube.path(self.api_version, self.plural)
+
+
+# What the allocation controller watches (cluster-wide).
+PODS = Resource("Pod", "v1", "pods")
+NODES = Resource("Node", "v1", "nodes")
+SLICES = Resource("ResourceSlice", kube.RESOURCE_API, "resourceslices")
+CLAIMS = Resource("ResourceClaim", kube.RESOURCE_API, "resourceclaims")
+CLASSES = Resource("DeviceClass", kube.RESOURCE_API, "deviceclasses")
+ALL = (NODES, SLICES, CLASSES, CLAIMS, PODS)
+
+
+def _identity(obj: JSON) -> JSON:
+    """What a delete needs (consumers read only the identity): keeping whole objects here would
+    double the controller's memory on large clusters."""
+    meta = obj.get("metadata") or {}
+    return {"metadata": {k: meta[k] for k in ("name", "namespace", "uid") if k in meta}}
+
+
+def _key(obj: JSON) -> str:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("uid") or f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+
+
+class Informer:
+    """List + watch of one resource, feeding `sink`; `synced` is set after the first full list."""
+
+    def __init__(
+        self,
+        client: kube.KubeClient,
+        resource: Resource,
+        sink: Sink,
+        *,
+        watch_timeout_s: int = 300,
+    ) -> None:
+        self.resource = resource
+        self.synced = threading.Event()
+        self._client = client
+        self._sink = sink
+        self._watch_timeout = watch_timeout_s
+        self._known: dict[str, JSON] = {}  # key -> identity reported (for relist deletions)
+        self._version = ""
+        self._thread: threading.Thread | None = None
+        self.relists = 0  # lists done (1 + one per 410 Gone / failure before a list)
+
+    def start(self, stop: threading.Event) -> None:
+        self._thread = threading.Thread(
+            target=self._run, args=(stop,), name=f"informer-{self.resource.plural}", daemon=True
+        )
+        self._thread.start()
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self, stop: threading.Event) -> None:
+        backoff = BACKOFF_START_S
+        need_list = True
+        while not stop.is_set():
+            try:
+                if need_list:
+                    self._list()
+                    need_list = False
+                for event in self._client.watch(
+                    self.resource.path, self._version, timeout_s=self._watch_timeout
+                ):
+                    self._on_event(event)
+                    backoff = BACKOFF_START_S
+                    if stop.is_set():
+                        return
+            except kube.Gone:
+                log.info(
+                    "%s: watch version %s expired; listing again",
+                    self.resource.plural,
+                    self._version,
+                )
+                need_list = True
+            except kube.KubeError as exc:
+                log.warning("%s: %s; retrying in %.1fs", self.resource.plural, exc, backoff)
+                # Jitter keeps several informers from reconnecting in lockstep.
+                if stop.wait(backoff * (0.5 + random.random() / 2)):
+                    return
+                backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    def _list(self) -> None:
+        items, version = self._client.list_versioned(self.resource.path)
+        self.relists += 1
+        fresh = {_key(obj): _identity(obj) for obj in items}
+        for key, old in list(self._known.items()):
+            if key not in fresh:
+                self._sink(self.resource.kind, "delete", old)
+        for obj in items:
+            self._sink(self.resource.kind, "apply", obj)
+        self._known = fresh
+        self._version = version
+        self.synced.set()
+
+    def _on_event(self, event: JSON) -> None:
+        kind = event.get("type")
+        obj = event.get("object") or {}
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        if version:
+            self._version = str(version)
+        if kind == "BOOKMARK":
+            return
+        if kind == "DELETED":
+            self._known.pop(_key(obj), None)
+            self._sink(self.resource.kind, "delete", obj)
+        elif kind in ("ADDED", "MODIFIED"):
+            self._known[_key(obj)] = _identity(obj)
+            self._sink(self.resource.kind, "apply", obj)

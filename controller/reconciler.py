@@ -1,0 +1,464 @@
+"""The policy path: place gated pods with the allocator, write their claims, lift the gate.
+
+A pod opts in with the scheduling gate `vgpu.dra.dev/policy` (kube-scheduler ignores a gated pod).
+For each such pod whose claims all exist (named claims, or the claims generated from templates as
+listed in `status.resourceClaimStatuses`), one decision:
+
+1. policies: the pod's `vgpu.dra.dev/*` annotations over the cluster defaults (controller flags);
+2. `Allocator.place` over the model the informers keep current;
+3. each claim's `status.allocation` and `status.reservedFor` (the pod) are written with the
+   resourceVersion read (409 Conflict: read again and retry while the claim is still free);
+4. the gate is removed (other gates kept), so kube-scheduler binds the pod to the node the
+   allocations select.
+
+A pod that cannot be placed gets a Warning Event and the pod condition `vgpu.dra.dev/Placement`
+(False, reason, the allocator's message); it is tried again only when slices, nodes, claims or the
+pod change, never in a loop. A claim deleted or taken mid-placement undoes the claims already
+written for the pod. On a restart, a gated pod whose claims are all allocated for it just gets its
+gate removed; one with only some of them (crash between writes) has those released and is placed
+again, so a crash at any point converges.
+
+Only one thread (the controller's worker) calls into this class; informers only enqueue.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from dra_driver import kube
+from dra_driver.allocator.allocate import Allocator, Placement, Unschedulable
+from dra_driver.allocator.model import ClusterModel, pod_requests
+from dra_driver.allocator.request import ANNOTATION_PREFIX, Claim, Policy, RequestError, parse_claim
+
+log = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+GATE = "vgpu.dra.dev/policy"
+CONDITION = "vgpu.dra.dev/Placement"
+COMPONENT = "vgpu-dra-controller"
+CONFLICT_RETRIES = 5
+API_RETRY_START_S = 1.0
+API_RETRY_MAX_S = 60.0
+
+
+class Retry(Exception):
+    """The decision's inputs changed under it (a claim taken or deleted): decide again later."""
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _meta(obj: Mapping[str, Any]) -> JSON:
+    return dict(obj.get("metadata") or {})
+
+
+def _nsname(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = _meta(obj)
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+def is_gated(pod: Mapping[str, Any]) -> bool:
+    gates = (pod.get("spec") or {}).get("schedulingGates") or []
+    return any(g.get("name") == GATE for g in gates)
+
+
+def claim_names(pod: Mapping[str, Any]) -> list[str] | None:
+    """Names of the pod's claims, or None while a template's claim is not created yet."""
+    statuses = {
+        s.get("name"): s.get("resourceClaimName")
+        for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+    }
+    names = []
+    for entry in (pod.get("spec") or {}).get("resourceClaims") or []:
+        if entry.get("resourceClaimName"):
+            names.append(str(entry["resourceClaimName"]))
+        elif entry.get("resourceClaimTemplateName"):
+            generated = statuses.get(entry.get("name"))
+            if not generated:
+                return None
+            names.append(str(generated))
+    return names
+
+
+# The long names of the allocation-controller issue (and of vgpu-manager, whose users bring them,
+# with its `nvidia.com/` prefix translated by the webhook) -> the allocator's names. The short
+# name wins when a pod sets both.
+ALIASES = {
+    ANNOTATION_PREFIX + "node-scheduler-policy": ANNOTATION_PREFIX + "node-policy",
+    ANNOTATION_PREFIX + "device-scheduler-policy": ANNOTATION_PREFIX + "device-policy",
+    ANNOTATION_PREFIX + "device-topology-mode": ANNOTATION_PREFIX + "topology",
+    ANNOTATION_PREFIX + "include-gpu-type": ANNOTATION_PREFIX + "gpu-type",
+    ANNOTATION_PREFIX + "include-gpu-uuid": ANNOTATION_PREFIX + "gpu-uuid",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Defaults:
+    """Cluster default policies (controller flags): annotation name -> value."""
+
+    annotations: Mapping[str, str]
+
+    def policy_for(self, pod: Mapping[str, Any]) -> Policy:
+        given = dict(_meta(pod).get("annotations") or {})
+        own = {ALIASES[k]: v for k, v in given.items() if k in ALIASES}
+        own.update({k: v for k, v in given.items() if k not in ALIASES})
+        return Policy.from_annotations({**self.annotations, **own})
+
+
+class Reconciler:
+    """State mirrored from the informers plus the placement of gated pods."""
+
+    def __init__(
+        self,
+        client: kube.KubeClient,
+        defaults: Defaults,
+        *,
+        may_write: Callable[[], bool] = lambda: True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.client = client
+        self.defaults = defaults
+        self.may_write = may_write
+        self.model = ClusterModel()
+        self.allocator = Allocator(self.model)
+        self.pods: dict[tuple[str, str], JSON] = {}
+        self.claims: dict[tuple[str, str], JSON] = {}
+        self.classes: dict[str, JSON] = {}
+        self.dirty: set[tuple[str, str]] = set()  # gated pods to (re)consider
+        self.waiting: set[tuple[str, str]] = set()  # gated pods refused: retried on changes
+        self._written: set[str] = set()  # claim uids written, until their allocation is seen
+        self._reported: dict[str, str] = {}  # pod uid -> last refusal reported
+        self._api_retry: dict[tuple[str, str], tuple[float, float]] = {}  # key -> (due, delay)
+        self._clock = clock
+
+    # ------------------------------------------------------------ events
+
+    def on_event(self, kind: str, op: str, obj: JSON) -> None:
+        key = _nsname(obj)
+        if kind == "DeviceClass":
+            if op == "delete":
+                self.classes.pop(key[1], None)
+            else:
+                self.classes[key[1]] = obj
+            self._retry_waiting()
+            return
+        if kind == "Pod":
+            if op == "delete" or not is_gated(obj):
+                self.pods.pop(key, None)
+                self.dirty.discard(key)
+                self.waiting.discard(key)
+                self._reported.pop(str(_meta(obj).get("uid")), None)
+            else:
+                self.pods[key] = obj
+                self.dirty.add(key)
+        elif kind == "ResourceClaim":
+            uid = str(_meta(obj).get("uid"))
+            allocated = bool((obj.get("status") or {}).get("allocation"))
+            if op == "delete":
+                self.claims.pop(key, None)
+                self._written.discard(uid)
+            else:
+                if uid in self._written and not allocated:
+                    # An event older than our own write: keep what we wrote until it arrives.
+                    return
+                self._written.discard(uid)
+                self.claims[key] = obj
+            self.dirty.update(p for p in self.pods if p[0] == key[0])
+            self._retry_waiting()
+        else:
+            self._retry_waiting()
+        if op == "delete":
+            self.model.delete(kind, obj)
+        else:
+            self.model.apply(kind, obj)
+
+    def _retry_waiting(self) -> None:
+        self.dirty |= self.waiting
+        self.waiting.clear()
+
+    def resync_claims(self) -> None:
+        """Read every claim again (a quorum read) before allocating as a new leader: whatever the
+        previous leader wrote before its lease ran out is then in the model."""
+        for obj in self.client.list(kube.path(kube.RESOURCE_API, "resourceclaims")):
+            self._written.discard(str(_meta(obj).get("uid")))
+            self.on_event("ResourceClaim", "apply", obj)
+
+    # ------------------------------------------------------------ decisions
+
+    def reconcile(self) -> None:
+        """Consider every dirty gated pod once (name order, for reproducible placements)."""
+        now = self._clock()
+        for key, (due, _) in list(self._api_retry.items()):
+            if due <= now:
+                self.dirty.add(key)
+        while self.dirty and self.may_write():
+            batch = sorted(self.dirty)
+            self.dirty.clear()
+            for i, key in enumerate(batch):
+                if not self.may_write():
+                    self.dirty.update(batch[i:])
+                    return
+                self._reconcile_key(key)
+
+    def _reconcile_key(self, key: tuple[str, str]) -> None:
+        pod = self.pods.get(key)
+        if pod is None:
+            self._api_retry.pop(key, None)
+            return
+        try:
+            self.reconcile_pod(pod)
+        except Retry as exc:
+            # The change behind it (claim deleted/taken, leadership) arrives as an event and
+            # brings the pod back; retrying at once could loop on a stale cache.
+            log.info("pod %s/%s: %s; deciding again on the next change", key[0], key[1], exc)
+            self.waiting.add(key)
+        except kube.KubeError as exc:
+            # The API failed (unreachable, 5xx, refused): no event may follow, so try again
+            # after a backoff that doubles up to API_RETRY_MAX_S.
+            _, delay = self._api_retry.get(key, (0.0, API_RETRY_START_S / 2))
+            delay = min(delay * 2, API_RETRY_MAX_S)
+            self._api_retry[key] = (self._clock() + delay, delay)
+            log.warning("pod %s/%s: %s; retrying in %.0fs", key[0], key[1], exc, delay)
+        else:
+            self._api_retry.pop(key, None)
+
+    def reconcile_pod(self, pod: JSON) -> None:
+        ns = _nsname(pod)[0]
+        names = claim_names(pod)
+        if names is None:
+            return  # a template's claim is not created yet: its event brings the pod back
+        claims = []
+        for claim_name in names:
+            claim = self.claims.get((ns, claim_name))
+            if claim is None:
+                return  # not created yet (or deleted): its event brings the pod back
+            claims.append(claim)
+        pod_uid = str(_meta(pod).get("uid"))
+        mine = [c for c in claims if _allocated_for(c, pod_uid)]
+        others = [c for c in claims if _allocated(c) and not _allocated_for(c, pod_uid)]
+        if others:
+            names_taken = ", ".join(_nsname(c)[1] for c in others)
+            self._refuse(
+                pod,
+                "ClaimAllocatedElsewhere",
+                f"claims {names_taken} are already allocated for other consumers; the policy "
+                "path places only unallocated claims",
+            )
+            return
+        if not claims:  # nothing to allocate: the default scheduler can place it
+            self._lift_gate(pod, None)
+            return
+        if len(mine) == len(claims):
+            self._lift_gate(pod, _node_of(mine[0]))
+            return
+        if mine:  # a crash between writes: release, then place all together
+            for claim in mine:
+                self._release(claim)
+            claims = [self.claims.get(_nsname(c), c) for c in claims]  # as released
+        try:
+            policy = self.defaults.policy_for(pod)
+            parsed = [parse_claim(c, self.classes) for c in claims]
+            placement = self.allocator.place(pod, parsed, policy, pod_requests(pod))
+        except (RequestError, Unschedulable) as exc:
+            reason = "InvalidRequest" if isinstance(exc, RequestError) else "Unschedulable"
+            self._refuse(pod, reason, str(exc))
+            return
+        self._write(pod, claims, parsed, placement)
+        self._lift_gate(pod, placement.node)
+
+    def _write(
+        self, pod: JSON, claims: list[JSON], parsed: list[Claim], placement: Placement
+    ) -> None:
+        ns, name = _nsname(pod)
+        reserved = {"resource": "pods", "name": name, "uid": str(_meta(pod).get("uid"))}
+        written: list[JSON] = []
+        try:
+            for claim, spec in zip(claims, parsed, strict=True):
+                allocation = placement.allocation(spec.uid)
+                allocation["allocationTimestamp"] = _now()
+                written.append(self._write_claim(claim, allocation, reserved))
+        except BaseException:
+            for done in written:
+                self._release(done)
+            raise
+        log.info(
+            "pod %s/%s: %d claim(s) allocated on node %s", ns, name, len(written), placement.node
+        )
+
+    def _write_claim(self, claim: JSON, allocation: JSON, reserved: JSON) -> JSON:
+        ns, name = _nsname(claim)
+        status_path = kube.path(
+            kube.RESOURCE_API, "resourceclaims", name, namespace=ns, subresource="status"
+        )
+        current = claim
+        for _ in range(CONFLICT_RETRIES):
+            if _allocated(current):
+                raise Retry(f"claim {ns}/{name} was allocated by someone else")
+            if not self.may_write():
+                raise Retry("lost leadership")
+            status = dict(current.get("status") or {})
+            status["allocation"] = allocation
+            status["reservedFor"] = [reserved]
+            try:
+                updated = self.client.replace(status_path, {**current, "status": status})
+            except kube.NotFound:
+                raise Retry(f"claim {ns}/{name} was deleted") from None
+            except kube.Conflict:
+                try:
+                    current = self.client.get(
+                        kube.path(kube.RESOURCE_API, "resourceclaims", name, namespace=ns)
+                    )
+                except kube.NotFound:
+                    raise Retry(f"claim {ns}/{name} was deleted") from None
+                continue
+            self._written.add(str(_meta(updated).get("uid")))
+            self.claims[(ns, name)] = updated
+            self.model.apply("ResourceClaim", updated)
+            return updated
+        raise Retry(f"claim {ns}/{name} kept changing ({CONFLICT_RETRIES} conflicts)")
+
+    def _release(self, claim: JSON) -> None:
+        """Clear a claim's allocation and reservation (missing claim: nothing to undo)."""
+        ns, name = _nsname(claim)
+        status_path = kube.path(
+            kube.RESOURCE_API, "resourceclaims", name, namespace=ns, subresource="status"
+        )
+        current = claim
+        for _ in range(CONFLICT_RETRIES):
+            status = dict(current.get("status") or {})
+            status.pop("allocation", None)
+            status.pop("reservedFor", None)
+            try:
+                updated = self.client.replace(status_path, {**current, "status": status})
+            except kube.NotFound:
+                return
+            except kube.Conflict:
+                try:
+                    current = self.client.get(
+                        kube.path(kube.RESOURCE_API, "resourceclaims", name, namespace=ns)
+                    )
+                except kube.NotFound:
+                    return
+                continue
+            self._written.discard(str(_meta(updated).get("uid")))
+            self.claims[(ns, name)] = updated
+            self.model.apply("ResourceClaim", updated)
+            log.info("claim %s/%s released", ns, name)
+            return
+        raise Retry(f"claim {ns}/{name} kept changing while being released")
+
+    def _lift_gate(self, pod: JSON, node: str | None) -> None:
+        ns, name = _nsname(pod)
+        pod_path = kube.path("v1", "pods", name, namespace=ns)
+        current = pod
+        for _ in range(CONFLICT_RETRIES):
+            gates = (current.get("spec") or {}).get("schedulingGates") or []
+            kept = [g for g in gates if g.get("name") != GATE]
+            try:
+                self.client.merge_patch(
+                    pod_path,
+                    {
+                        "metadata": {"resourceVersion": _meta(current).get("resourceVersion")},
+                        "spec": {"schedulingGates": kept or None},
+                    },
+                )
+                break
+            except kube.NotFound:
+                return
+            except kube.Conflict:
+                current = self.client.get(pod_path)
+        else:
+            raise Retry(f"pod {ns}/{name} kept changing while its gate was removed")
+        if node is None:
+            self._set_condition(pod, "True", "NoClaims", "the pod has no resource claims")
+        else:
+            self._set_condition(pod, "True", "Placed", f"devices allocated on node {node}")
+        self._reported.pop(str(_meta(pod).get("uid")), None)
+
+    # ------------------------------------------------------------ reporting
+
+    def _refuse(self, pod: JSON, reason: str, message: str) -> None:
+        ns, name = _nsname(pod)
+        self.waiting.add((ns, name))
+        uid = str(_meta(pod).get("uid"))
+        if self._reported.get(uid) == message:
+            return  # said already; a changed reason is reported again
+        self._reported[uid] = message
+        log.info("pod %s/%s not placed: %s", ns, name, message)
+        self._set_condition(pod, "False", reason, message)
+        self._event(pod, reason, message)
+
+    def _set_condition(self, pod: JSON, status: str, reason: str, message: str) -> None:
+        ns, name = _nsname(pod)
+        condition = {
+            "type": CONDITION,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": _now(),
+        }
+        try:
+            self.client.strategic_patch(
+                kube.path("v1", "pods", name, namespace=ns, subresource="status"),
+                {"status": {"conditions": [condition]}},
+            )
+        except kube.KubeError as exc:
+            log.warning("pod %s/%s: cannot set condition %s: %s", ns, name, CONDITION, exc)
+
+    def _event(self, pod: JSON, reason: str, message: str) -> None:
+        ns, name = _nsname(pod)
+        now = _now()
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{name}.", "namespace": ns},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "namespace": ns,
+                "name": name,
+                "uid": _meta(pod).get("uid"),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning",
+            "source": {"component": COMPONENT},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self.client.create(kube.path("v1", "events", namespace=ns), event)
+        except kube.KubeError as exc:
+            log.warning("pod %s/%s: cannot record event: %s", ns, name, exc)
+
+
+def _allocated(claim: Mapping[str, Any]) -> bool:
+    return bool((claim.get("status") or {}).get("allocation"))
+
+
+def _allocated_for(claim: Mapping[str, Any], pod_uid: str) -> bool:
+    reserved = (claim.get("status") or {}).get("reservedFor") or []
+    return _allocated(claim) and any(r.get("uid") == pod_uid for r in reserved)
+
+
+def _node_of(claim: Mapping[str, Any]) -> str:
+    selector = ((claim.get("status") or {}).get("allocation") or {}).get("nodeSelector") or {}
+    for term in selector.get("nodeSelectorTerms") or []:
+        for field in term.get("matchFields") or []:
+            if field.get("key") == "metadata.name" and field.get("values"):
+                return str(field["values"][0])
+    return "?"
+
+
+POLICY_ANNOTATIONS = {
+    "node_policy": ANNOTATION_PREFIX + "node-policy",
+    "device_policy": ANNOTATION_PREFIX + "device-policy",
+    "topology": ANNOTATION_PREFIX + "topology",
+}

@@ -1,0 +1,140 @@
+"""Leader election over an in-memory Lease with the API server's optimistic concurrency, on a
+fake clock.
+
+Proves: the first replica creates and holds the Lease; a second stays standby while it is
+renewed; a holder that stops renewing loses `is_leader()` after the renew deadline, before a
+standby may take over after the lease duration; two standbys racing for an expired Lease cannot
+both win (the stale write gets 409); a released Lease is taken at once; bad timings are refused.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from controller.leader import LeaderElector
+from dra_driver import kube
+
+JSON = dict[str, Any]
+
+
+class Leases:
+    def __init__(self) -> None:
+        self.objects: dict[str, JSON] = {}
+        self._rv = itertools.count(1)
+
+    def _store(self, path: str, obj: Mapping[str, Any]) -> JSON:
+        stored = copy.deepcopy(dict(obj))
+        stored["metadata"]["resourceVersion"] = str(next(self._rv))
+        self.objects[path] = stored
+        return copy.deepcopy(stored)
+
+    def get(self, path: str, **_: Any) -> JSON:
+        if path not in self.objects:
+            raise kube.NotFound(404, "NotFound", path)
+        return copy.deepcopy(self.objects[path])
+
+    def create(self, collection: str, obj: Mapping[str, Any]) -> JSON:
+        path = f"{collection}/{obj['metadata']['name']}"
+        if path in self.objects:
+            raise kube.AlreadyExists(409, "AlreadyExists", path)
+        return self._store(path, obj)
+
+    def replace(self, path: str, obj: Mapping[str, Any]) -> JSON:
+        if obj["metadata"]["resourceVersion"] != self.objects[path]["metadata"]["resourceVersion"]:
+            raise kube.Conflict(409, "Conflict", path)
+        return self._store(path, obj)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def elector(leases: Leases, clock: Clock, identity: str) -> LeaderElector:
+    return LeaderElector(
+        leases,  # type: ignore[arg-type]
+        namespace="ns",
+        name="lease",
+        identity=identity,
+        lease_duration_s=15,
+        renew_deadline_s=10,
+        retry_period_s=2,
+        clock=clock,
+    )
+
+
+def holder(leases: Leases) -> str:
+    (lease,) = leases.objects.values()
+    return str(lease["spec"]["holderIdentity"])
+
+
+def test_one_leader_standby_waits_for_expiry() -> None:
+    leases, clock = Leases(), Clock()
+    a, b = elector(leases, clock, "a"), elector(leases, clock, "b")
+    assert a.step() and holder(leases) == "a"
+    assert a.is_leader()
+    assert not b.step()
+    for _ in range(10):  # a renews every 2s: b never gets it
+        clock.now += 2
+        assert a.step()
+        assert not b.step()
+    # a stops renewing (hung or partitioned): it steps down after the renew deadline ...
+    clock.now += 10
+    assert not a.is_leader()
+    # ... while b, which last saw a change 10s ago, still waits for the lease duration.
+    assert not b.step()
+    clock.now += 5
+    assert b.step() and holder(leases) == "b"
+    assert (
+        leases.objects["/apis/coordination.k8s.io/v1/namespaces/ns/leases/lease"]["spec"][
+            "leaseTransitions"
+        ]
+        == 1
+    )
+    assert not a.step()
+
+
+def test_racing_standbys_cannot_both_win() -> None:
+    leases, clock = Leases(), Clock()
+    a, b, c = (elector(leases, clock, n) for n in "abc")
+    assert a.step()
+    assert not b.step() and not c.step()
+    clock.now += 16
+    # b and c both read the expired lease; b writes first, c's write carries a stale version.
+    path = "/apis/coordination.k8s.io/v1/namespaces/ns/leases/lease"
+    stale = leases.get(path)
+    assert b.step()
+    with pytest.raises(kube.Conflict):
+        leases.replace(path, {**stale, "spec": {**stale["spec"], "holderIdentity": "c"}})
+    assert not c.step()
+    assert holder(leases) == "b"
+
+
+def test_a_released_lease_is_taken_at_once() -> None:
+    leases, clock = Leases(), Clock()
+    a, b = elector(leases, clock, "a"), elector(leases, clock, "b")
+    assert a.step()
+    assert not b.step()
+    a.release()
+    assert holder(leases) == "" and not a.is_leader()
+    assert b.step() and holder(leases) == "b"
+
+
+def test_timings_must_nest() -> None:
+    with pytest.raises(ValueError, match="renew deadline"):
+        LeaderElector(
+            Leases(),  # type: ignore[arg-type]
+            namespace="ns",
+            name="l",
+            identity="x",
+            lease_duration_s=10,
+            renew_deadline_s=10,
+        )
