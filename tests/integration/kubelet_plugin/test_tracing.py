@@ -36,6 +36,7 @@ from kubelet_plugin.prepare import NodeSettings, Preparer
 from kubelet_plugin.proto import dra_v1_pb2, dra_v1_pb2_grpc
 from kubelet_plugin.server import PluginServer, SocketPaths
 from tests.fixtures.claimdata import DRIVER, HOOK_LIB, NODE, GiB, claim, inventory, result
+from tests.fixtures.prepare import node_settings
 
 
 class Traced:
@@ -44,17 +45,7 @@ class Traced:
         self.provider = TracerProvider()
         self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
         self.objects: dict[str, dict[str, Any]] = {}
-        settings = NodeSettings(
-            driver=DRIVER,
-            node_name=NODE,
-            cdi_root=str(root / "cdi"),
-            spec=cdi.SpecSettings(
-                kind="k8s.vgpu.dra.dev/claim",
-                state_dir=str(root / "state"),
-                hook_path=str(HOOK_LIB),
-                claim_gid=os.getgid(),
-            ),
-        )
+        settings = node_settings(root)
         self.preparer = Preparer(
             settings,
             inventory(count=2, memory=16 * GiB),

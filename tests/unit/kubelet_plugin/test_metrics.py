@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dra_driver import cdi
 from dra_driver.metrics_http import MetricsServer, parse_address, serve_metrics
 from dra_driver.nvml import DeviceHandle, NvmlError
 from kubelet_plugin.claims import ClaimRef
 from kubelet_plugin.metrics import GpuReading, NodeCollector, NvmlGpuReader, PluginMetrics
-from kubelet_plugin.prepare import NodeSettings, Preparer
+from kubelet_plugin.prepare import Preparer
 from kubelet_plugin.telemetry import ClaimPods, ClaimTelemetry
-from tests.fixtures.claimdata import DRIVER, HOOK_LIB, NODE, GiB, claim, inventory, result
+from tests.fixtures.claimdata import NODE, GiB, claim, inventory, result
+from tests.fixtures.prepare import node_settings
 from tests.fixtures.regions import write_region
 
 MIB = 1 << 20
@@ -57,17 +57,7 @@ class Gpus:
 class Plugin:
     def __init__(self, root: Path) -> None:
         self.objects: dict[str, dict[str, Any]] = {}
-        settings = NodeSettings(
-            driver=DRIVER,
-            node_name=NODE,
-            cdi_root=str(root / "cdi"),
-            spec=cdi.SpecSettings(
-                kind="k8s.vgpu.dra.dev/claim",
-                state_dir=str(root / "state"),
-                hook_path=str(HOOK_LIB),
-                claim_gid=os.getgid(),
-            ),
-        )
+        settings = node_settings(root)
         self.inventory = inventory(count=2, memory=16 * GiB)
         self.metrics = PluginMetrics(NODE)
         self.pods = ClaimPods()
