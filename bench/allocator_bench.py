@@ -21,7 +21,6 @@ bench/results/allocator.json.
 from __future__ import annotations
 
 import gc
-import json
 import os
 import platform
 import statistics
@@ -30,6 +29,7 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+from bench.common import utc_stamp, write_results
 from dra_driver.allocator import allocate
 from dra_driver.allocator.allocate import Allocator, Unschedulable
 from dra_driver.allocator.model import ClusterModel
@@ -165,10 +165,8 @@ def main() -> None:
             }
             print(nodes, name, entry[name], flush=True)
         results["sizes"][str(nodes)] = entry
-    results["time"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results, indent=2))
+    results["time"] = utc_stamp()
+    write_results(RESULTS, results)
 
 
 if __name__ == "__main__":

@@ -22,11 +22,11 @@ import platform
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.common import utc_stamp, write_results
 from vgpu_testbed.fakegpu.simulator import load_profile, prepare_node
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,11 +105,9 @@ def main(argv: Sequence[str] = ()) -> None:
                 "sync_every_launch": _spin(env, 2, 2.0, 1),
             },
             "pair": _pair(env, 3, 2.0),
-            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "time": utc_stamp(),
         }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results, indent=2))
+    write_results(RESULTS, results)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench.common import write_results
 from vgpu_testbed.fakegpu.simulator import load_profile, prepare_node
 
 REPO = Path(__file__).resolve().parents[1]
@@ -122,9 +123,7 @@ def main() -> None:
         "nvml_us": {k: round(v, 2) for k, v in nvml.items()},
         "nvml_us_median": round(statistics.median(nvml.values()), 2),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    write_results(RESULTS, result)
 
 
 if __name__ == "__main__":

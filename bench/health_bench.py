@@ -36,6 +36,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from bench.common import utc_stamp, write_results
 from dra_driver import kube, names
 from dra_driver.kube import RESOURCE_API
 
@@ -326,7 +327,7 @@ def main() -> None:
             shutil.rmtree(root, ignore_errors=True)
     document = {
         "benchmark": "health",
-        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "when": utc_stamp(),
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
@@ -339,9 +340,7 @@ def main() -> None:
         },
         "figures": figures,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(document, indent=2) + "\n")
-    print(json.dumps(document, indent=2))
+    write_results(RESULTS, document)
 
 
 if __name__ == "__main__":

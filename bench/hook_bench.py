@@ -46,6 +46,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from bench.common import write_results
 from kubelet_plugin.region import Region, RegionError
 from tests.integration.vgpu_hook import conftest as hook_env
 from tests.integration.vgpu_hook import realgpu
@@ -280,9 +281,7 @@ def main() -> None:
                 "compute_cap_accuracy": [realgpu.accuracy(cap) for cap in (10, 30, 50, 70)],
             }
         result["conditions"]["load_average_at_end"] = list(os.getloadavg())
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-        print(json.dumps(result, indent=2))
+        write_results(RESULTS, result)
         added = result["overhead_null_driver"]["added_ns"]["cuLaunchKernel_limiter_idle"]
         print(f"launch overhead (limiter idle): {added} ns (target <= 30)")
     finally:

@@ -19,11 +19,9 @@ with the load average before and after (figures from a loaded machine are not co
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import shutil
-import statistics
 import tempfile
 import time
 import uuid
@@ -33,15 +31,14 @@ from typing import Any
 
 import grpc
 
-from dra_driver import cdi, kube
+from bench.common import node_settings, percentiles, request, utc_stamp, write_results
+from dra_driver import kube
 from kubelet_plugin.claims import ClaimRef
-from kubelet_plugin.prepare import ClaimSource, NodeSettings, Preparer, kube_claim_source
+from kubelet_plugin.prepare import ClaimSource, Preparer, kube_claim_source
 from kubelet_plugin.proto import dra_v1_pb2, dra_v1_pb2_grpc
 from kubelet_plugin.server import PluginServer, SocketPaths
 from tests.fixtures.claimdata import (
     DRIVER,
-    HOOK_LIB,
-    NODE,
     create_allocated_claim,
     inventory,
     result,
@@ -51,22 +48,6 @@ RESULTS = Path(__file__).parent / "results" / "prepare.json"
 SINGLE_SAMPLES = 300
 BATCH = 256
 TARGETS = {"single_p50_ms": 3.5, "single_p99_ms": 20.0, "batch_256_s": 3.0}
-
-
-def percentiles(samples_s: Sequence[float]) -> dict[str, float]:
-    ordered = sorted(samples_s)
-
-    def at(q: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e3, 3)
-
-    return {
-        "n": len(ordered),
-        "p50_ms": at(0.50),
-        "p90_ms": at(0.90),
-        "p99_ms": at(0.99),
-        "max_ms": round(ordered[-1] * 1e3, 3),
-        "mean_ms": round(statistics.fmean(ordered) * 1e3, 3),
-    }
 
 
 class Bench:
@@ -94,16 +75,7 @@ class Bench:
         self, name: str, source: Callable[[kube.KubeClient], ClaimSource]
     ) -> tuple[PluginServer, Preparer]:
         base = self.root / name
-        settings = NodeSettings(
-            driver=DRIVER,
-            node_name=NODE,
-            cdi_root=str(base / "cdi"),
-            spec=cdi.SpecSettings(
-                kind="k8s.vgpu.dra.dev/claim",
-                state_dir=str(base / "state"),
-                hook_path=str(HOOK_LIB),
-            ),
-        )
+        settings = node_settings(base)
         preparer = Preparer(settings, inventory(count=8), source(self.client))
         preparer.reconcile()
         sockets = SocketPaths.for_driver(
@@ -112,10 +84,6 @@ class Bench:
         server = PluginServer(driver=DRIVER, sockets=sockets, preparer=preparer)
         server.start()
         return server, preparer
-
-
-def request(refs: Sequence[ClaimRef]) -> list[dra_v1_pb2.Claim]:
-    return [dra_v1_pb2.Claim(namespace=r.namespace, name=r.name, uid=r.uid) for r in refs]
 
 
 def run_round(stub: Any, refs: Sequence[ClaimRef]) -> tuple[list[float], list[float]]:
@@ -247,7 +215,7 @@ def main() -> None:
         shutil.rmtree(root, ignore_errors=True)
     document = {
         "benchmark": "prepare",
-        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "when": utc_stamp(),
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
@@ -263,9 +231,7 @@ def main() -> None:
         },
         "figures": figures,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(document, indent=2) + "\n")
-    print(json.dumps(document, indent=2))
+    write_results(RESULTS, document)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ No targets: these are figures to watch. Writes bench/results/slices.json.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
@@ -28,6 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.common import utc_stamp, write_results
 from dra_driver import slices
 from dra_driver.kube import KubeClient
 from kubelet_plugin.slice_publisher import SlicePublisher, plan_sync
@@ -142,11 +142,9 @@ def main(argv: Sequence[str] = ()) -> None:
         "pure": pure_figures(),
         "api": api_figures(),
         "discover_dgx_h100": discover_figure(),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "time": utc_stamp(),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results, indent=2))
+    write_results(RESULTS, results)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import platform
 import random
@@ -50,17 +49,16 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from prometheus_client import generate_latest
 
-from bench.prepare_bench import percentiles, request
-from dra_driver import cdi
+from bench.common import node_settings, percentiles, request, utc_stamp, write_results
 from dra_driver.metrics_http import serve_metrics
 from kubelet_plugin import region as rg
 from kubelet_plugin.claims import ClaimRef
 from kubelet_plugin.metrics import NodeCollector, PluginMetrics
-from kubelet_plugin.prepare import ClaimSource, NodeSettings, PrepareOutcome, Preparer
+from kubelet_plugin.prepare import ClaimSource, PrepareOutcome, Preparer
 from kubelet_plugin.proto import dra_v1_pb2, dra_v1_pb2_grpc
 from kubelet_plugin.server import PluginServer, SocketPaths
 from kubelet_plugin.telemetry import ClaimPods, ClaimTelemetry
-from tests.fixtures.claimdata import DRIVER, HOOK_LIB, NODE, claim, inventory, result
+from tests.fixtures.claimdata import DRIVER, NODE, claim, inventory, result
 
 RESULTS = Path(__file__).parent / "results" / "telemetry.json"
 ROUNDS = 16
@@ -79,16 +77,7 @@ class Variant:
     def __init__(self, name: str, root: Path, objects: dict[str, dict[str, Any]]) -> None:
         self.name = name
         base = root / name
-        settings = NodeSettings(
-            driver=DRIVER,
-            node_name=NODE,
-            cdi_root=str(base / "cdi"),
-            spec=cdi.SpecSettings(
-                kind="k8s.vgpu.dra.dev/claim",
-                state_dir=str(base / "state"),
-                hook_path=str(HOOK_LIB),
-            ),
-        )
+        settings = node_settings(base)
         source: ClaimSource = lambda ref, timeout_s: objects[ref.uid]  # noqa: E731
         self.metrics: PluginMetrics | None = None
         self.provider: TracerProvider | None = None
@@ -307,7 +296,7 @@ def main() -> None:
     direct_pct = round(direct_us / plain_p50_us * 100, 3)
     document = {
         "benchmark": "telemetry",
-        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "when": utc_stamp(),
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
@@ -324,9 +313,7 @@ def main() -> None:
             "calls_per_round": PER_ROUND,
         },
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(document, indent=2) + "\n")
-    print(json.dumps(document, indent=2))
+    write_results(RESULTS, document)
 
 
 if __name__ == "__main__":

@@ -213,7 +213,14 @@ def _wait_dead(
             proc = popens.get(record.pid)
             if proc is not None:
                 proc.poll()  # reaps it if it exited
-        pending = [r for r in pending if is_alive(r)]
+        alive = [r for r in pending if is_alive(r)]
+        # A process can turn zombie between its poll() above and is_alive(): reap it now, or
+        # it would stay behind unreaped (is_alive counts a zombie as dead).
+        for record in pending:
+            proc = popens.get(record.pid)
+            if proc is not None and record not in alive:
+                proc.wait(timeout=5)
+        pending = alive
         if not pending or time.monotonic() >= deadline:
             return pending
         time.sleep(0.05)

@@ -6,61 +6,18 @@ fits (every realistic quantity); only 19+ significant digits fall back to Python
 Semantics must match the reference exactly: tests compare both on fixed and random inputs.
 """
 
-from dra_driver.allocator.quantity import QuantityError, RequestPolicy
-
-cdef long long INT64_MAX = 9223372036854775807
-cdef int MAX_EXPONENT = 64
+from dra_driver.allocator.quantity import (
+    BINARY_SUFFIXES,
+    DECIMAL_SUFFIXES,
+    INT64_MAX,
+    MAX_EXPONENT,
+    QuantityError,
+    RequestPolicy,
+)
 
 
 cdef inline bint _is_digit(Py_UCS4 c):
     return c >= u'0' and c <= u'9'
-
-
-cdef int _binary_exp(str suffix):
-    if len(suffix) != 2 or suffix[1] != u'i':
-        return -1
-    c = suffix[0]
-    if c == u'K':
-        return 1
-    if c == u'M':
-        return 2
-    if c == u'G':
-        return 3
-    if c == u'T':
-        return 4
-    if c == u'P':
-        return 5
-    if c == u'E':
-        return 6
-    return -1
-
-
-cdef int _decimal_exp(str suffix, bint *ok):
-    ok[0] = True
-    if suffix == u'':
-        return 0
-    if len(suffix) == 1:
-        c = suffix[0]
-        if c == u'n':
-            return -9
-        if c == u'u':
-            return -6
-        if c == u'm':
-            return -3
-        if c == u'k':
-            return 3
-        if c == u'M':
-            return 6
-        if c == u'G':
-            return 9
-        if c == u'T':
-            return 12
-        if c == u'P':
-            return 15
-        if c == u'E':
-            return 18
-    ok[0] = False
-    return 0
 
 
 cdef int _exponent(str suffix, str text) except? -99999:
@@ -93,9 +50,9 @@ def parse_quantity(text, int scale=0):
         raise QuantityError(f"scale {scale} not in 0..9")
     cdef str s = <str>text
     cdef Py_ssize_t n = len(s), pos = 0, frac_digits = 0, digits = 0
-    cdef int sign = 1, exponent = 0, bexp
+    cdef int sign = 1, exponent = 0
     cdef unsigned long long small = 0
-    cdef bint big = False, ok
+    cdef bint big = False
     cdef Py_UCS4 c
     big_mantissa = 0
     if s[0] == u'+' or s[0] == u'-':
@@ -130,16 +87,18 @@ def parse_quantity(text, int scale=0):
     cdef object ten = 10
     numerator = mantissa * ten ** scale
     denominator = ten ** frac_digits
-    bexp = _binary_exp(suffix)
-    if bexp > 0:
-        numerator *= (<object>1024) ** bexp
+    # The suffix tables are the reference module's: one definition of the units.
+    binary = BINARY_SUFFIXES.get(suffix)
+    if binary is not None:
+        numerator *= (<object>1024) ** binary
     else:
-        exponent = _decimal_exp(suffix, &ok)
-        if not ok:
-            if len(suffix) > 0 and (suffix[0] == u'e' or suffix[0] == u'E'):
-                exponent = _exponent(suffix, s)
-            else:
-                raise QuantityError(f"quantity {text!r} has an unknown suffix {suffix!r}")
+        decimal = DECIMAL_SUFFIXES.get(suffix)
+        if decimal is not None:
+            exponent = decimal
+        elif len(suffix) > 0 and (suffix[0] == u'e' or suffix[0] == u'E'):
+            exponent = _exponent(suffix, s)
+        else:
+            raise QuantityError(f"quantity {text!r} has an unknown suffix {suffix!r}")
         if mantissa and exponent > MAX_EXPONENT:
             raise QuantityError(f"quantity {text!r} does not fit in int64")
         if exponent >= 0:

@@ -52,102 +52,37 @@ static void drop_all(void) { atomic_fetch_add_explicit(&g_ctx_gen, 1, memory_ord
         if (vgpu_cu.fn == NULL) return CUDA_ERROR_NOT_FOUND;      \
     } while (0)
 
-VGPU_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
-    CTX_REAL_OR_RETURN(cuCtxCreate_v2);
-    CUresult rc = vgpu_cu.cuCtxCreate_v2(pctx, flags, dev);
-    drop_thread();
-    return rc;
-}
+/* The wrappers: X(name, drop, (parameters), (arguments)). Each calls the real function, then
+ * drops the cached answer: drop_thread when only the caller's context stack changes, drop_all
+ * when a context may go away under any thread. */
+#define CTX_WRAPPERS(X)                                                                          \
+    X(cuCtxCreate_v2, drop_thread, (CUcontext * pctx, unsigned int flags, CUdevice dev),          \
+      (pctx, flags, dev))                                                                        \
+    X(cuCtxCreate_v3, drop_thread,                                                               \
+      (CUcontext * pctx, CUexecAffinityParam * paramsArray, int numParams, unsigned int flags,   \
+       CUdevice dev),                                                                            \
+      (pctx, paramsArray, numParams, flags, dev))                                                \
+    X(cuCtxCreate_v4, drop_thread,                                                               \
+      (CUcontext * pctx, CUctxCreateParams * ctxCreateParams, unsigned int flags, CUdevice dev), \
+      (pctx, ctxCreateParams, flags, dev))                                                       \
+    X(cuCtxSetCurrent, drop_thread, (CUcontext ctx), (ctx))                                      \
+    X(cuCtxPushCurrent, drop_thread, (CUcontext ctx), (ctx))                                     \
+    X(cuCtxPushCurrent_v2, drop_thread, (CUcontext ctx), (ctx))                                  \
+    X(cuCtxPopCurrent, drop_thread, (CUcontext * pctx), (pctx))                                  \
+    X(cuCtxPopCurrent_v2, drop_thread, (CUcontext * pctx), (pctx))                               \
+    X(cuCtxDestroy, drop_all, (CUcontext ctx), (ctx))                                            \
+    X(cuCtxDestroy_v2, drop_all, (CUcontext ctx), (ctx))                                         \
+    X(cuDevicePrimaryCtxRelease, drop_all, (CUdevice dev), (dev))                                \
+    X(cuDevicePrimaryCtxRelease_v2, drop_all, (CUdevice dev), (dev))                             \
+    X(cuDevicePrimaryCtxReset, drop_all, (CUdevice dev), (dev))                                  \
+    X(cuDevicePrimaryCtxReset_v2, drop_all, (CUdevice dev), (dev))
 
-VGPU_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray,
-                                    int numParams, unsigned int flags, CUdevice dev) {
-    CTX_REAL_OR_RETURN(cuCtxCreate_v3);
-    CUresult rc = vgpu_cu.cuCtxCreate_v3(pctx, paramsArray, numParams, flags, dev);
-    drop_thread();
-    return rc;
-}
-
-VGPU_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams,
-                                    unsigned int flags, CUdevice dev) {
-    CTX_REAL_OR_RETURN(cuCtxCreate_v4);
-    CUresult rc = vgpu_cu.cuCtxCreate_v4(pctx, ctxCreateParams, flags, dev);
-    drop_thread();
-    return rc;
-}
-
-VGPU_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
-    CTX_REAL_OR_RETURN(cuCtxSetCurrent);
-    CUresult rc = vgpu_cu.cuCtxSetCurrent(ctx);
-    drop_thread();
-    return rc;
-}
-
-VGPU_EXPORT CUresult cuCtxPushCurrent(CUcontext ctx) {
-    CTX_REAL_OR_RETURN(cuCtxPushCurrent);
-    CUresult rc = vgpu_cu.cuCtxPushCurrent(ctx);
-    drop_thread();
-    return rc;
-}
-
-VGPU_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
-    CTX_REAL_OR_RETURN(cuCtxPushCurrent_v2);
-    CUresult rc = vgpu_cu.cuCtxPushCurrent_v2(ctx);
-    drop_thread();
-    return rc;
-}
-
-VGPU_EXPORT CUresult cuCtxPopCurrent(CUcontext *pctx) {
-    CTX_REAL_OR_RETURN(cuCtxPopCurrent);
-    CUresult rc = vgpu_cu.cuCtxPopCurrent(pctx);
-    drop_thread();
-    return rc;
-}
-
-VGPU_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx) {
-    CTX_REAL_OR_RETURN(cuCtxPopCurrent_v2);
-    CUresult rc = vgpu_cu.cuCtxPopCurrent_v2(pctx);
-    drop_thread();
-    return rc;
-}
-
-VGPU_EXPORT CUresult cuCtxDestroy(CUcontext ctx) {
-    CTX_REAL_OR_RETURN(cuCtxDestroy);
-    CUresult rc = vgpu_cu.cuCtxDestroy(ctx);
-    drop_all();
-    return rc;
-}
-
-VGPU_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
-    CTX_REAL_OR_RETURN(cuCtxDestroy_v2);
-    CUresult rc = vgpu_cu.cuCtxDestroy_v2(ctx);
-    drop_all();
-    return rc;
-}
-
-VGPU_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
-    CTX_REAL_OR_RETURN(cuDevicePrimaryCtxRelease);
-    CUresult rc = vgpu_cu.cuDevicePrimaryCtxRelease(dev);
-    drop_all();
-    return rc;
-}
-
-VGPU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
-    CTX_REAL_OR_RETURN(cuDevicePrimaryCtxRelease_v2);
-    CUresult rc = vgpu_cu.cuDevicePrimaryCtxRelease_v2(dev);
-    drop_all();
-    return rc;
-}
-
-VGPU_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
-    CTX_REAL_OR_RETURN(cuDevicePrimaryCtxReset);
-    CUresult rc = vgpu_cu.cuDevicePrimaryCtxReset(dev);
-    drop_all();
-    return rc;
-}
-
-VGPU_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
-    CTX_REAL_OR_RETURN(cuDevicePrimaryCtxReset_v2);
-    CUresult rc = vgpu_cu.cuDevicePrimaryCtxReset_v2(dev);
-    drop_all();
-    return rc;
-}
+#define DEFINE_CTX_WRAPPER(fn, drop, params, args) \
+    VGPU_EXPORT CUresult fn params {               \
+        CTX_REAL_OR_RETURN(fn);                    \
+        CUresult rc = vgpu_cu.fn args;             \
+        drop();                                    \
+        return rc;                                 \
+    }
+CTX_WRAPPERS(DEFINE_CTX_WRAPPER)
+#undef DEFINE_CTX_WRAPPER

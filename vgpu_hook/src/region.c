@@ -17,13 +17,19 @@
 
 #include "vgpu.h"
 
-int vgpu_lock_ofd(int fd, long long offset, bool exclusive, bool wait) {
+/* An OFD lock request of `type` on the one byte at `offset` (each lock in the region is a byte). */
+static struct flock byte_lock(short type, long long offset) {
     struct flock fl;
     memset(&fl, 0, sizeof fl);
-    fl.l_type = exclusive ? F_WRLCK : F_RDLCK;
+    fl.l_type = type;
     fl.l_whence = SEEK_SET;
     fl.l_start = (off_t)offset;
     fl.l_len = 1;
+    return fl;
+}
+
+int vgpu_lock_ofd(int fd, long long offset, bool exclusive, bool wait) {
+    struct flock fl = byte_lock(exclusive ? F_WRLCK : F_RDLCK, offset);
     int rc;
     do {
         rc = fcntl(fd, wait ? F_OFD_SETLKW : F_OFD_SETLK, &fl);
@@ -32,23 +38,13 @@ int vgpu_lock_ofd(int fd, long long offset, bool exclusive, bool wait) {
 }
 
 void vgpu_unlock_ofd(int fd, long long offset) {
-    struct flock fl;
-    memset(&fl, 0, sizeof fl);
-    fl.l_type = F_UNLCK;
-    fl.l_whence = SEEK_SET;
-    fl.l_start = (off_t)offset;
-    fl.l_len = 1;
+    struct flock fl = byte_lock(F_UNLCK, offset);
     (void)fcntl(fd, F_OFD_SETLK, &fl);
 }
 
 /* True when some open file description holds a lock on the byte (i.e. its owner is alive). */
 static bool ofd_locked_by_other(int fd, long long offset) {
-    struct flock fl;
-    memset(&fl, 0, sizeof fl);
-    fl.l_type = F_WRLCK;
-    fl.l_whence = SEEK_SET;
-    fl.l_start = (off_t)offset;
-    fl.l_len = 1;
+    struct flock fl = byte_lock(F_WRLCK, offset);
     if (fcntl(fd, F_OFD_GETLK, &fl) != 0) return true; /* unknown: assume alive (safe) */
     return fl.l_type != F_UNLCK;
 }

@@ -58,10 +58,15 @@ static void test_create(void) {
     vgpu_region_close(&h);
 }
 
+/* Open the region the way a hooked process does: map it, then take a slot. */
+static void open_with_slot(struct vgpu_region_handle *h) {
+    CHECK(vgpu_region_open(h, g_path, &g_conf) == 0);
+    CHECK(vgpu_region_claim_slot(h, getpid()) >= 0);
+}
+
 static void test_charge_refund(void) {
     struct vgpu_region_handle h;
-    CHECK(vgpu_region_open(&h, g_path, &g_conf) == 0);
-    CHECK(vgpu_region_claim_slot(&h, getpid()) >= 0);
+    open_with_slot(&h);
     CHECK(vgpu_region_charge(&h, 0, 600, 1000, false) == 0);
     CHECK(vgpu_region_charge(&h, 0, 400, 1000, false) == 0);
     CHECK(vgpu_region_charge(&h, 0, 1, 1000, false) == -1);
@@ -144,7 +149,9 @@ static void test_concurrent(void) {
     vgpu_region_close(&h);
 }
 
-static void test_sigkill_reclaim(void) {
+/* Fork a process that opens the region, claims a slot, runs `hold` on it (non-zero: the child
+ * exits with 4) and then waits to be killed; returns its pid once it has done all that. */
+static pid_t spawn_holder(int (*hold)(struct vgpu_region_handle *h)) {
     int ready[2];
     CHECK(pipe(ready) == 0);
     pid_t pid = fork();
@@ -152,7 +159,7 @@ static void test_sigkill_reclaim(void) {
         struct vgpu_region_handle h;
         if (vgpu_region_open(&h, g_path, &g_conf) != 0) _exit(2);
         if (vgpu_region_claim_slot(&h, getpid()) < 0) _exit(3);
-        if (vgpu_region_charge(&h, 0, 900, 1000, false) != 0) _exit(4);
+        if (hold(&h) != 0) _exit(4);
         char c = 'x';
         ssize_t w = write(ready[1], &c, 1);
         (void)w;
@@ -161,40 +168,36 @@ static void test_sigkill_reclaim(void) {
     }
     char c;
     CHECK(read(ready[0], &c, 1) == 1);
+    close(ready[0]);
+    close(ready[1]);
+    return pid;
+}
+
+static int charge_900(struct vgpu_region_handle *h) {
+    return vgpu_region_charge(h, 0, 900, 1000, false);
+}
+
+/* Die in the middle of an allocation: holding the device lock. */
+static int hold_device_lock(struct vgpu_region_handle *h) {
+    return vgpu_lock_ofd(h->fd, VGPU_LOCK_DEVICE(0), true, true);
+}
+
+static void test_sigkill_reclaim(void) {
+    pid_t pid = spawn_holder(charge_900);
     struct vgpu_region_handle h;
-    CHECK(vgpu_region_open(&h, g_path, &g_conf) == 0);
-    CHECK(vgpu_region_claim_slot(&h, getpid()) >= 0);
+    open_with_slot(&h);
     CHECK(vgpu_region_charge(&h, 0, 500, 1000, false) == -1); /* child alive: over cap */
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
     CHECK(vgpu_region_charge(&h, 0, 500, 1000, false) == 0); /* reclaimed on demand */
     CHECK_EQ_U64(vgpu_region_used(&h, 0), 500);
     vgpu_region_close(&h);
-    close(ready[0]);
-    close(ready[1]);
 }
 
 static void test_sigkill_holding_lock(void) {
-    int ready[2];
-    CHECK(pipe(ready) == 0);
-    pid_t pid = fork();
-    if (pid == 0) {
-        struct vgpu_region_handle h;
-        if (vgpu_region_open(&h, g_path, &g_conf) != 0) _exit(2);
-        if (vgpu_region_claim_slot(&h, getpid()) < 0) _exit(3);
-        /* Die in the middle of an allocation: holding the device lock. */
-        if (vgpu_lock_ofd(h.fd, VGPU_LOCK_DEVICE(0), true, true) != 0) _exit(4);
-        char c = 'x';
-        ssize_t w = write(ready[1], &c, 1);
-        (void)w;
-        pause();
-        _exit(0);
-    }
-    char c;
-    CHECK(read(ready[0], &c, 1) == 1);
+    pid_t pid = spawn_holder(hold_device_lock);
     struct vgpu_region_handle h;
-    CHECK(vgpu_region_open(&h, g_path, &g_conf) == 0);
-    CHECK(vgpu_region_claim_slot(&h, getpid()) >= 0);
+    open_with_slot(&h);
     kill(pid, SIGKILL);
     double start = now_s();
     CHECK(vgpu_region_charge(&h, 0, 100, 1000, false) == 0);
@@ -202,8 +205,6 @@ static void test_sigkill_holding_lock(void) {
     CHECK(took < 1.0);
     waitpid(pid, NULL, 0);
     vgpu_region_close(&h);
-    close(ready[0]);
-    close(ready[1]);
 }
 
 static void test_version_mismatch(void) {

@@ -145,53 +145,71 @@ CU_API CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
     return pool_get(pool, &p);
 }
 
-CU_API CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
-    if (value == NULL) return CUDA_ERROR_INVALID_VALUE;
-    struct CUmemPoolHandle_st *p;
-    CU_TRY(pool_get(pool, &p));
-    pthread_mutex_lock(&cu_drv.lock);
-    CUresult rc = CUDA_SUCCESS;
-    switch ((int)attr) {
+/* The attributes a pool stores as given: where each one lives and its size (the REUSE_* flags are
+ * ints, the release threshold a cuuint64_t); NULL for the others. */
+static void *stored_attr(struct CUmemPoolHandle_st *p, int attr, size_t *size) {
+    switch (attr) {
     case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
     case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
     case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
-        p->reuse_flags[attr - 1] = *(int *)value;
-        break;
-    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: p->release_threshold = *(cuuint64_t *)value; break;
-    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
-    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+        *size = sizeof(int);
+        return &p->reuse_flags[attr - 1];
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+        *size = sizeof(cuuint64_t);
+        return &p->release_threshold;
+    default: return NULL;
+    }
+}
+
+/* Resolve `pool` for an attribute call and take the driver lock (held only on success). */
+static CUresult pool_attr_lock(CUmemoryPool pool, const void *value,
+                               struct CUmemPoolHandle_st **p) {
+    if (value == NULL) return CUDA_ERROR_INVALID_VALUE;
+    CU_TRY(pool_get(pool, p));
+    pthread_mutex_lock(&cu_drv.lock);
+    return CUDA_SUCCESS;
+}
+
+CU_API CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+    struct CUmemPoolHandle_st *p;
+    CU_TRY(pool_attr_lock(pool, value, &p));
+    CUresult rc = CUDA_SUCCESS;
+    size_t size;
+    void *field = stored_attr(p, (int)attr, &size);
+    if (field != NULL) {
+        memcpy(field, value, size);
+    } else if ((int)attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH ||
+               (int)attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH) {
         /* Only resetting to zero is allowed; the mark restarts from current use. */
         if (*(cuuint64_t *)value != 0)
             rc = CUDA_ERROR_INVALID_VALUE;
         else
             p->used_high = cu_alloc_charged_by_pool(p);
-        break;
-    default: rc = CUDA_ERROR_INVALID_VALUE; break;
+    } else {
+        rc = CUDA_ERROR_INVALID_VALUE;
     }
     pthread_mutex_unlock(&cu_drv.lock);
     return rc;
 }
 
 CU_API CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
-    if (value == NULL) return CUDA_ERROR_INVALID_VALUE;
     struct CUmemPoolHandle_st *p;
-    CU_TRY(pool_get(pool, &p));
-    pthread_mutex_lock(&cu_drv.lock);
+    CU_TRY(pool_attr_lock(pool, value, &p));
     CUresult rc = CUDA_SUCCESS;
-    switch ((int)attr) {
-    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
-    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
-    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
-        *(int *)value = p->reuse_flags[attr - 1];
-        break;
-    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: *(cuuint64_t *)value = p->release_threshold; break;
-    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
-    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
-        *(cuuint64_t *)value = cu_alloc_charged_by_pool(p);
-        break;
-    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
-    case CU_MEMPOOL_ATTR_USED_MEM_HIGH: *(cuuint64_t *)value = p->used_high; break;
-    default: rc = CUDA_ERROR_INVALID_VALUE; break;
+    size_t size;
+    const void *field = stored_attr(p, (int)attr, &size);
+    if (field != NULL) {
+        memcpy(value, field, size);
+    } else {
+        switch ((int)attr) {
+        case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+        case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
+            *(cuuint64_t *)value = cu_alloc_charged_by_pool(p);
+            break;
+        case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+        case CU_MEMPOOL_ATTR_USED_MEM_HIGH: *(cuuint64_t *)value = p->used_high; break;
+        default: rc = CUDA_ERROR_INVALID_VALUE; break;
+        }
     }
     pthread_mutex_unlock(&cu_drv.lock);
     return rc;

@@ -64,42 +64,26 @@ CU_API CUresult cuStreamQuery(CUstream hStream) {
 }
 CU_ALIAS(cuStreamQuery, cuStreamQuery_ptsz);
 
-CU_API CUresult cuStreamGetPriority(CUstream hStream, int *priority) {
-    if (priority == NULL) return CUDA_ERROR_INVALID_VALUE;
-    struct CUstream_st *s;
-    CU_TRY(cu_stream_resolve(hStream, &s));
-    *priority = s->priority;
-    return CUDA_SUCCESS;
-}
-CU_ALIAS(cuStreamGetPriority, cuStreamGetPriority_ptsz);
+/* The stream attribute getters (and their _ptsz names): X(name, type of *out, value read from
+ * the stream `s`). A NULL output is INVALID_VALUE before the handle is looked at. Stream capture
+ * is not simulated, so no stream is ever capturing. */
+#define STREAM_GETTERS(X)                                                                         \
+    X(cuStreamGetPriority, int, s->priority)                                                      \
+    X(cuStreamGetFlags, unsigned int, s->flags)                                                   \
+    X(cuStreamGetCtx, CUcontext, s->ctx)                                                          \
+    X(cuStreamIsCapturing, CUstreamCaptureStatus, CU_STREAM_CAPTURE_STATUS_NONE)
 
-CU_API CUresult cuStreamGetFlags(CUstream hStream, unsigned int *flags) {
-    if (flags == NULL) return CUDA_ERROR_INVALID_VALUE;
-    struct CUstream_st *s;
-    CU_TRY(cu_stream_resolve(hStream, &s));
-    *flags = s->flags;
-    return CUDA_SUCCESS;
-}
-CU_ALIAS(cuStreamGetFlags, cuStreamGetFlags_ptsz);
-
-CU_API CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx) {
-    if (pctx == NULL) return CUDA_ERROR_INVALID_VALUE;
-    struct CUstream_st *s;
-    CU_TRY(cu_stream_resolve(hStream, &s));
-    *pctx = s->ctx;
-    return CUDA_SUCCESS;
-}
-CU_ALIAS(cuStreamGetCtx, cuStreamGetCtx_ptsz);
-
-/* Stream capture is not simulated, so no stream is ever capturing. */
-CU_API CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus) {
-    if (captureStatus == NULL) return CUDA_ERROR_INVALID_VALUE;
-    struct CUstream_st *s;
-    CU_TRY(cu_stream_resolve(hStream, &s));
-    *captureStatus = CU_STREAM_CAPTURE_STATUS_NONE;
-    return CUDA_SUCCESS;
-}
-CU_ALIAS(cuStreamIsCapturing, cuStreamIsCapturing_ptsz);
+#define DEFINE_STREAM_GETTER(name, type, value)                                                   \
+    CU_API CUresult name(CUstream hStream, type *out) {                                           \
+        if (out == NULL) return CUDA_ERROR_INVALID_VALUE;                                         \
+        struct CUstream_st *s;                                                                    \
+        CU_TRY(cu_stream_resolve(hStream, &s));                                                   \
+        *out = (value);                                                                           \
+        return CUDA_SUCCESS;                                                                      \
+    }                                                                                             \
+    CU_ALIAS(name, name##_ptsz);
+STREAM_GETTERS(DEFINE_STREAM_GETTER)
+#undef DEFINE_STREAM_GETTER
 
 /* ---- Events ---------------------------------------------------------------------------------- */
 

@@ -34,7 +34,8 @@ nvmlReturn_t nv_device(nvmlDevice_t device, int *phys, const struct sim_gpu_info
         return NVML_ERROR_INVALID_ARGUMENT;
     if (sim_gpu_flags(device->phys) & (SIM_GPU_LOST | SIM_GPU_REMOVED))
         return NVML_ERROR_GPU_IS_LOST;
-    *phys = device->phys;
+    if (phys)
+        *phys = device->phys;
     if (info)
         *info = sim_gpu(device->phys);
     return NVML_SUCCESS;

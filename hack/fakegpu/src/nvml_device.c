@@ -12,26 +12,17 @@
 
 #include "nvml_internal.h"
 
-#define ARG_OR_RETURN(cond)                                     \
-    do {                                                        \
-        if (!(cond))                                            \
-            return NVML_ERROR_INVALID_ARGUMENT;                 \
-    } while (0)
-
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
 {
-    int phys;
     const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
+    DEVICE_OR_RETURN(device, NULL, &g);
     return nv_copy_str(name, length, g->name);
 }
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, nvmlBrandType_t *type)
 {
-    int phys;
     const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    ARG_OR_RETURN(type);
+    DEVICE_ARG_OR_RETURN(device, NULL, &g, type);
     *type = (nvmlBrandType_t)g->brand_code;
     return NVML_SUCCESS;
 }
@@ -39,46 +30,37 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, nvmlBrandType_t 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t device,
                                                   nvmlDeviceArchitecture_t *arch)
 {
-    int phys;
     const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    ARG_OR_RETURN(arch);
+    DEVICE_ARG_OR_RETURN(device, NULL, &g, arch);
     *arch = (nvmlDeviceArchitecture_t)g->arch;
     return NVML_SUCCESS;
 }
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
 {
-    int phys;
-    const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    ARG_OR_RETURN(index);
+    DEVICE_ARG_OR_RETURN(device, NULL, NULL, index);
     *index = device->index;
     return NVML_SUCCESS;
 }
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t device, char *serial, unsigned int length)
 {
-    int phys;
     const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
+    DEVICE_OR_RETURN(device, NULL, &g);
     return nv_copy_str(serial, length, g->serial);
 }
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
 {
-    int phys;
     const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
+    DEVICE_OR_RETURN(device, NULL, &g);
     return nv_copy_str(uuid, length, g->uuid);
 }
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minorNumber)
 {
-    int phys;
     const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    ARG_OR_RETURN(minorNumber);
+    DEVICE_ARG_OR_RETURN(device, NULL, &g, minorNumber);
     *minorNumber = (unsigned int)g->minor;
     return NVML_SUCCESS;
 }
@@ -103,10 +85,7 @@ void nv_fill_pci(int phys, nvmlPciInfo_t *pci)
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci)
 {
     int phys;
-    const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    (void)g;
-    ARG_OR_RETURN(pci);
+    DEVICE_ARG_OR_RETURN(device, &phys, NULL, pci);
     nv_fill_pci(phys, pci);
     return NVML_SUCCESS;
 }
@@ -124,10 +103,8 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_t 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major,
                                                            int *minor)
 {
-    int phys;
     const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    ARG_OR_RETURN(major && minor);
+    DEVICE_ARG_OR_RETURN(device, NULL, &g, major && minor);
     *major = g->cc_major;
     *minor = g->cc_minor;
     return NVML_SUCCESS;
@@ -135,20 +112,16 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, 
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetNumGpuCores(nvmlDevice_t device, unsigned int *numCores)
 {
-    int phys;
     const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    ARG_OR_RETURN(numCores);
+    DEVICE_ARG_OR_RETURN(device, NULL, &g, numCores);
     *numCores = g->sm_count * g->cores_per_sm;
     return NVML_SUCCESS;
 }
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *node)
 {
-    int phys;
     const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    ARG_OR_RETURN(node);
+    DEVICE_ARG_OR_RETURN(device, NULL, &g, node);
     if (g->numa_node < 0)
         return NVML_ERROR_NOT_SUPPORTED;
     *node = (unsigned int)g->numa_node;
@@ -160,10 +133,8 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned in
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device,
                                                    nvmlDeviceAttributes_t *attributes)
 {
-    int phys;
     const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    ARG_OR_RETURN(attributes);
+    DEVICE_ARG_OR_RETURN(device, NULL, &g, attributes);
     memset(attributes, 0, sizeof(*attributes));
     attributes->multiprocessorCount = g->sm_count;
     attributes->sharedCopyEngineCount = g->arch >= SIM_ARCH_HOPPER ? 8 : 7;
@@ -180,10 +151,8 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device,
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode,
                                              unsigned int *pendingMode)
 {
-    int phys;
     const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    ARG_OR_RETURN(currentMode && pendingMode);
+    DEVICE_ARG_OR_RETURN(device, NULL, &g, currentMode && pendingMode);
     if (!g->mig_capable)
         return NVML_ERROR_NOT_SUPPORTED;
     *currentMode = 0; /* MIG is never enabled in the simulation */
@@ -194,11 +163,7 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *
 static nvmlReturn_t enable_state(nvmlDevice_t device, nvmlEnableState_t *out,
                                  nvmlEnableState_t value)
 {
-    int phys;
-    const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    (void)g;
-    ARG_OR_RETURN(out);
+    DEVICE_ARG_OR_RETURN(device, NULL, NULL, out);
     *out = value;
     return NVML_SUCCESS;
 }
@@ -234,33 +199,22 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device,
                                                     nvmlEccCounterType_t counterType,
                                                     unsigned long long *eccCounts)
 {
-    int phys;
-    const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    (void)g;
-    ARG_OR_RETURN(eccCounts && (unsigned)errorType < 2 && (unsigned)counterType < 2);
+    DEVICE_ARG_OR_RETURN(device, NULL, NULL,
+                         eccCounts && (unsigned)errorType < 2 && (unsigned)counterType < 2);
     *eccCounts = 0;
     return NVML_SUCCESS;
 }
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, nvmlComputeMode_t *mode)
 {
-    int phys;
-    const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    (void)g;
-    ARG_OR_RETURN(mode);
+    DEVICE_ARG_OR_RETURN(device, NULL, NULL, mode);
     *mode = NVML_COMPUTEMODE_DEFAULT;
     return NVML_SUCCESS;
 }
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMigDevice)
 {
-    int phys;
-    const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    (void)g;
-    ARG_OR_RETURN(isMigDevice);
+    DEVICE_ARG_OR_RETURN(device, NULL, NULL, isMigDevice);
     *isMigDevice = 0; /* handles are always whole GPUs */
     return NVML_SUCCESS;
 }
@@ -269,10 +223,7 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigne
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetDriverModel_v2(nvmlDevice_t device, nvmlDriverModel_t *current,
                                                     nvmlDriverModel_t *pending)
 {
-    int phys;
-    const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    (void)g;
+    DEVICE_OR_RETURN(device, NULL, NULL);
     (void)current;
     (void)pending;
     return NVML_ERROR_NOT_SUPPORTED;
@@ -288,10 +239,7 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetDriverModel(nvmlDevice_t device, nvmlDriver
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetConfComputeMemSizeInfo(nvmlDevice_t device,
                                                             nvmlConfComputeMemSizeInfo_t *memInfo)
 {
-    int phys;
-    const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    (void)g;
+    DEVICE_OR_RETURN(device, NULL, NULL);
     (void)memInfo;
     return NVML_ERROR_NOT_SUPPORTED;
 }
@@ -305,10 +253,7 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device,
                                                  unsigned int *temp)
 {
     int phys;
-    const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    (void)g;
-    ARG_OR_RETURN(temp && sensorType == NVML_TEMPERATURE_GPU);
+    DEVICE_ARG_OR_RETURN(device, &phys, NULL, temp && sensorType == NVML_TEMPERATURE_GPU);
     *temp = 32 + util_now(phys) * 40 / 100;
     return NVML_SUCCESS;
 }
@@ -316,10 +261,7 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device,
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperature_t *temperature)
 {
     int phys;
-    const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    (void)g;
-    ARG_OR_RETURN(temperature);
+    DEVICE_ARG_OR_RETURN(device, &phys, NULL, temperature);
     if (temperature->version != nvmlTemperature_v1)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     ARG_OR_RETURN(temperature->sensorType == NVML_TEMPERATURE_GPU);
@@ -331,11 +273,7 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device,
                                                           nvmlTemperatureThresholds_t thresholdType,
                                                           unsigned int *temp)
 {
-    int phys;
-    const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    (void)g;
-    ARG_OR_RETURN(temp);
+    DEVICE_ARG_OR_RETURN(device, NULL, NULL, temp);
     switch (thresholdType) {
     case NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: *temp = 92; break;
     case NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: *temp = 89; break;
@@ -350,8 +288,7 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned in
 {
     int phys;
     const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    ARG_OR_RETURN(power);
+    DEVICE_ARG_OR_RETURN(device, &phys, &g, power);
     unsigned long long limit = g->power_limit_mw;
     *power = (unsigned int)(limit * (20 + util_now(phys) * 70 / 100) / 100);
     return NVML_SUCCESS;
@@ -359,10 +296,8 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned in
 
 static nvmlReturn_t power_limit(nvmlDevice_t device, unsigned int *limit)
 {
-    int phys;
     const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    ARG_OR_RETURN(limit);
+    DEVICE_ARG_OR_RETURN(device, NULL, &g, limit);
     *limit = g->power_limit_mw;
     return NVML_SUCCESS;
 }
@@ -388,8 +323,7 @@ static nvmlReturn_t clock_of(nvmlDevice_t device, nvmlClockType_t type, unsigned
 {
     int phys;
     const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    ARG_OR_RETURN(clock);
+    DEVICE_ARG_OR_RETURN(device, &phys, &g, clock);
     unsigned int max;
     switch (type) {
     case NVML_CLOCK_GRAPHICS:
@@ -418,21 +352,14 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, nvmlClock
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetFanSpeed(nvmlDevice_t device, unsigned int *speed)
 {
-    int phys;
-    const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    (void)g;
+    DEVICE_OR_RETURN(device, NULL, NULL);
     (void)speed;
     return NVML_ERROR_NOT_SUPPORTED;
 }
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetNumFans(nvmlDevice_t device, unsigned int *numFans)
 {
-    int phys;
-    const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    (void)g;
-    ARG_OR_RETURN(numFans);
+    DEVICE_ARG_OR_RETURN(device, NULL, NULL, numFans);
     *numFans = 0;
     return NVML_SUCCESS;
 }
@@ -440,10 +367,7 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetNumFans(nvmlDevice_t device, unsigned int *
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetPerformanceState(nvmlDevice_t device, nvmlPstates_t *pState)
 {
     int phys;
-    const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    (void)g;
-    ARG_OR_RETURN(pState);
+    DEVICE_ARG_OR_RETURN(device, &phys, NULL, pState);
     *pState = util_now(phys) > 0 ? NVML_PSTATE_0 : NVML_PSTATE_8;
     return NVML_SUCCESS;
 }
@@ -457,10 +381,7 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t devi
                                                                unsigned long long *reasons)
 {
     int phys;
-    const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    (void)g;
-    ARG_OR_RETURN(reasons);
+    DEVICE_ARG_OR_RETURN(device, &phys, NULL, reasons);
     *reasons = util_now(phys) == 0 ? 0x1ULL /* GPU idle */ : 0;
     return NVML_SUCCESS;
 }
@@ -474,10 +395,8 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t d
 /* PCIe link: Gen5 x16 on Hopper, Gen4 x16 otherwise; no simulated PCIe traffic. */
 static nvmlReturn_t pcie_link(nvmlDevice_t device, unsigned int *out, int want_gen)
 {
-    int phys;
     const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    ARG_OR_RETURN(out);
+    DEVICE_ARG_OR_RETURN(device, NULL, &g, out);
     *out = want_gen ? (g->arch >= SIM_ARCH_HOPPER ? 5 : 4) : 16;
     return NVML_SUCCESS;
 }
@@ -506,11 +425,7 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t device,
                                                     nvmlPcieUtilCounter_t counter,
                                                     unsigned int *value)
 {
-    int phys;
-    const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    (void)g;
-    ARG_OR_RETURN(value && (unsigned)counter < 2);
+    DEVICE_ARG_OR_RETURN(device, NULL, NULL, value && (unsigned)counter < 2);
     *value = 0;
     return NVML_SUCCESS;
 }

@@ -17,11 +17,12 @@ struct nvmlDevice_st {
 };
 
 /* Resolve a handle for a device call: checks initialisation, handle validity and the GPU's
- * lost/removed flags. On NVML_SUCCESS *phys is set (and *info if info is non-NULL). */
+ * lost/removed flags. On NVML_SUCCESS *phys and *info are set (each only if non-NULL). */
 nvmlReturn_t nv_device(nvmlDevice_t device, int *phys, const struct sim_gpu_info **info);
 
-/* Resolve `dev` into *phys_out / *info_out (see nv_device) or return its error from the calling
- * function. One statement: the caller declares the two variables, e.g.
+/* Resolve `dev` into *phys_out / *info_out (see nv_device; either may be NULL when the caller
+ * does not need it) or return its error from the calling function. One statement: the caller
+ * declares the variables, e.g.
  *     int phys; const struct sim_gpu_info *g;
  *     DEVICE_OR_RETURN(device, &phys, &g); */
 #define DEVICE_OR_RETURN(dev, phys_out, info_out)                       \
@@ -29,6 +30,21 @@ nvmlReturn_t nv_device(nvmlDevice_t device, int *phys, const struct sim_gpu_info
         nvmlReturn_t dor_rc_ = nv_device((dev), (phys_out), (info_out)); \
         if (dor_rc_ != NVML_SUCCESS)                                    \
             return dor_rc_;                                             \
+    } while (0)
+
+/* Return NVML_ERROR_INVALID_ARGUMENT from the calling function unless `cond` holds. */
+#define ARG_OR_RETURN(cond)                                             \
+    do {                                                                \
+        if (!(cond))                                                    \
+            return NVML_ERROR_INVALID_ARGUMENT;                         \
+    } while (0)
+
+/* The prologue of a device getter: DEVICE_OR_RETURN, then ARG_OR_RETURN(args_ok) (the caller's
+ * output arguments are checked only once the handle is known good, as NVML does). */
+#define DEVICE_ARG_OR_RETURN(dev, phys_out, info_out, args_ok)         \
+    do {                                                                \
+        DEVICE_OR_RETURN((dev), (phys_out), (info_out));                \
+        ARG_OR_RETURN(args_ok);                                         \
     } while (0)
 
 /* Check that NVML is initialised. */

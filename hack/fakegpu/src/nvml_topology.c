@@ -64,17 +64,24 @@ static nvmlReturn_t link_check(nvmlDevice_t device, unsigned int link, int *peer
     return NVML_SUCCESS;
 }
 
+/* The prologue of a per-link call: the output arguments are checked first (args_ok), then
+ * link_check; either's error is returned from the calling function. */
+#define LINK_OR_RETURN(args_ok, device, link, peer_out, info_out)                      \
+    do {                                                                                \
+        ARG_OR_RETURN(args_ok);                                                         \
+        nvmlReturn_t lor_rc_ = link_check((device), (link), (peer_out), (info_out));    \
+        if (lor_rc_ != NVML_SUCCESS)                                                    \
+            return lor_rc_;                                                             \
+    } while (0)
+
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link,
                                                  nvmlEnableState_t *isActive)
 {
     int peer;
     const struct sim_gpu_info *g;
-    if (!isActive)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    nvmlReturn_t rc = link_check(device, link, &peer, &g);
-    if (rc == NVML_SUCCESS)
-        *isActive = peer >= 0 ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
-    return rc;
+    LINK_OR_RETURN(isActive, device, link, &peer, &g);
+    *isActive = peer >= 0 ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    return NVML_SUCCESS;
 }
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkVersion(nvmlDevice_t device, unsigned int link,
@@ -82,12 +89,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkVersion(nvmlDevice_t device, unsigned
 {
     int peer;
     const struct sim_gpu_info *g;
-    if (!version)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    nvmlReturn_t rc = link_check(device, link, &peer, &g);
-    if (rc == NVML_SUCCESS)
-        *version = g->arch >= SIM_ARCH_BLACKWELL ? 5 : g->arch == SIM_ARCH_HOPPER ? 4 : 3;
-    return rc;
+    LINK_OR_RETURN(version, device, link, &peer, &g);
+    *version = g->arch >= SIM_ARCH_BLACKWELL ? 5 : g->arch == SIM_ARCH_HOPPER ? 4 : 3;
+    return NVML_SUCCESS;
 }
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkCapability(nvmlDevice_t device, unsigned int link,
@@ -96,11 +100,8 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkCapability(nvmlDevice_t device, unsig
 {
     int peer;
     const struct sim_gpu_info *g;
-    if (!capResult || (unsigned)capability >= NVML_NVLINK_CAP_COUNT)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    nvmlReturn_t rc = link_check(device, link, &peer, &g);
-    if (rc != NVML_SUCCESS)
-        return rc;
+    LINK_OR_RETURN(capResult && (unsigned)capability < NVML_NVLINK_CAP_COUNT, device, link, &peer,
+                   &g);
     switch (capability) {
     case NVML_NVLINK_CAP_P2P_SUPPORTED:
     case NVML_NVLINK_CAP_P2P_ATOMICS:
@@ -110,37 +111,29 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkCapability(nvmlDevice_t device, unsig
     return NVML_SUCCESS;
 }
 
-/* Every simulated link ends at a GPU (NVSwitch fabrics are modelled as direct links). */
-SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t device, unsigned int link,
-                                                            nvmlIntNvLinkDeviceType_t *type)
-{
-    int peer;
-    const struct sim_gpu_info *g;
-    if (!type)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    nvmlReturn_t rc = link_check(device, link, &peer, &g);
-    if (rc != NVML_SUCCESS)
-        return rc;
-    if (peer < 0)
-        return NVML_ERROR_NOT_SUPPORTED; /* link not in use */
-    *type = NVML_NVLINK_DEVICE_TYPE_GPU;
-    return NVML_SUCCESS;
-}
-
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link,
                                                             nvmlPciInfo_t *pci)
 {
     int peer;
     const struct sim_gpu_info *g;
-    if (!pci)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    nvmlReturn_t rc = link_check(device, link, &peer, &g);
-    if (rc != NVML_SUCCESS)
-        return rc;
+    LINK_OR_RETURN(pci, device, link, &peer, &g);
     if (peer < 0)
         return NVML_ERROR_NOT_SUPPORTED; /* link not in use */
     nv_fill_pci(peer, pci);
     return NVML_SUCCESS;
+}
+
+/* Every simulated link ends at a GPU (NVSwitch fabrics are modelled as direct links), so the
+ * type is known exactly where the remote end's PCI info is. */
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t device, unsigned int link,
+                                                            nvmlIntNvLinkDeviceType_t *type)
+{
+    nvmlPciInfo_t remote;
+    ARG_OR_RETURN(type);
+    nvmlReturn_t rc = nvmlDeviceGetNvLinkRemotePciInfo_v2(device, link, &remote);
+    if (rc == NVML_SUCCESS)
+        *type = NVML_NVLINK_DEVICE_TYPE_GPU;
+    return rc;
 }
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo(nvmlDevice_t device, unsigned int link,
@@ -166,13 +159,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t device1
                                                             nvmlGpuTopologyLevel_t *pathInfo)
 {
     int a, b;
-    nvmlReturn_t rc = nv_device(device1, &a, NULL);
-    if (rc == NVML_SUCCESS)
-        rc = nv_device(device2, &b, NULL);
-    if (rc != NVML_SUCCESS)
-        return rc;
-    if (!pathInfo)
-        return NVML_ERROR_INVALID_ARGUMENT;
+    DEVICE_OR_RETURN(device1, &a, NULL);
+    DEVICE_OR_RETURN(device2, &b, NULL);
+    ARG_OR_RETURN(pathInfo);
     *pathInfo = ancestor(a, b);
     return NVML_SUCCESS;
 }
@@ -183,11 +172,7 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetTopologyNearestGpus(nvmlDevice_t device,
                                                          nvmlDevice_t *deviceArray)
 {
     int phys;
-    const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    (void)g;
-    if (!count || (*count > 0 && !deviceArray))
-        return NVML_ERROR_INVALID_ARGUMENT;
+    DEVICE_ARG_OR_RETURN(device, &phys, NULL, count && (*count == 0 || deviceArray));
     nvmlDevice_t near[SIM_MAX_GPUS];
     unsigned int n = 0;
     for (int other = 0; other < sim_gpu_count(); other++) {
@@ -213,13 +198,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_
                                                nvmlGpuP2PStatus_t *p2pStatus)
 {
     int a, b;
-    nvmlReturn_t rc = nv_device(device1, &a, NULL);
-    if (rc == NVML_SUCCESS)
-        rc = nv_device(device2, &b, NULL);
-    if (rc != NVML_SUCCESS)
-        return rc;
-    if (!p2pStatus || (unsigned)p2pIndex >= NVML_P2P_CAPS_INDEX_UNKNOWN)
-        return NVML_ERROR_INVALID_ARGUMENT;
+    DEVICE_OR_RETURN(device1, &a, NULL);
+    DEVICE_OR_RETURN(device2, &b, NULL);
+    ARG_OR_RETURN(p2pStatus && (unsigned)p2pIndex < NVML_P2P_CAPS_INDEX_UNKNOWN);
     int nvlink = linked(sim_gpu(a), b);
     int same_node = sim_gpu(a)->numa_node == sim_gpu(b)->numa_node;
     int ok;
@@ -262,9 +243,8 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetCpuAffinityWithinScope(nvmlDevice_t device,
                                                             unsigned long *cpuSet,
                                                             nvmlAffinityScope_t scope)
 {
-    int phys;
     const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
+    DEVICE_OR_RETURN(device, NULL, &g);
     if (!cpuSet || cpuSetSize == 0 || scope > NVML_AFFINITY_SCOPE_SOCKET)
         return NVML_ERROR_INVALID_ARGUMENT;
     memset(cpuSet, 0, cpuSetSize * sizeof(unsigned long));
@@ -294,9 +274,8 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetMemoryAffinity(nvmlDevice_t device, unsigne
                                                     unsigned long *nodeSet,
                                                     nvmlAffinityScope_t scope)
 {
-    int phys;
     const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
+    DEVICE_OR_RETURN(device, NULL, &g);
     if (!nodeSet || nodeSetSize == 0 || scope > NVML_AFFINITY_SCOPE_SOCKET)
         return NVML_ERROR_INVALID_ARGUMENT;
     memset(nodeSet, 0, nodeSetSize * sizeof(unsigned long));

@@ -34,9 +34,7 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_
 {
     int phys;
     const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    if (!memory)
-        return NVML_ERROR_INVALID_ARGUMENT;
+    DEVICE_ARG_OR_RETURN(device, &phys, &g, memory);
     unsigned long long used = sim_mem_used(phys);
     memory->total = g->memory_total;
     memory->used = used;
@@ -48,9 +46,7 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemo
 {
     int phys;
     const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    if (!memory)
-        return NVML_ERROR_INVALID_ARGUMENT;
+    DEVICE_ARG_OR_RETURN(device, &phys, &g, memory);
     if (memory->version != nvmlMemory_v2)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     unsigned long long used = sim_mem_used(phys);
@@ -63,11 +59,8 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemo
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t device, nvmlBAR1Memory_t *bar1)
 {
-    int phys;
     const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    if (!bar1)
-        return NVML_ERROR_INVALID_ARGUMENT;
+    DEVICE_ARG_OR_RETURN(device, NULL, &g, bar1);
     /* Data-centre GPUs map all of device memory through BAR1; nothing is mapped here. */
     bar1->bar1Total = g->memory_total;
     bar1->bar1Used = 0;
@@ -83,11 +76,7 @@ static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *infoCou
                                       enum proc_layout layout, int compute)
 {
     int phys;
-    const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    (void)g;
-    if (!infoCount)
-        return NVML_ERROR_INVALID_ARGUMENT;
+    DEVICE_ARG_OR_RETURN(device, &phys, NULL, infoCount);
     struct sim_proc_usage procs[SIM_MAX_PROCS];
     /* Every simulated process is a compute (CUDA) process; none draws graphics. */
     int n = compute ? sim_processes(phys, procs, SIM_MAX_PROCS) : 0;
@@ -114,54 +103,24 @@ static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *infoCou
     return NVML_SUCCESS;
 }
 
-SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device,
-                                                             unsigned int *infoCount,
-                                                             nvmlProcessInfo_v1_t *infos)
-{
-    return running_processes(device, infoCount, infos, PROC_V1, 1);
-}
+/* The seven running-process exports differ only in the element type of `infos`, its layout and
+ * whether they list compute processes: X(name, element type, layout, compute). */
+#define RUNNING_PROCESS_CALLS(X)                                                        \
+    X(nvmlDeviceGetComputeRunningProcesses, nvmlProcessInfo_v1_t, PROC_V1, 1)           \
+    X(nvmlDeviceGetComputeRunningProcesses_v2, nvmlProcessInfo_v2_t, PROC_V2, 1)        \
+    X(nvmlDeviceGetComputeRunningProcesses_v3, nvmlProcessInfo_t, PROC_V2, 1)           \
+    X(nvmlDeviceGetGraphicsRunningProcesses, nvmlProcessInfo_v1_t, PROC_V1, 0)          \
+    X(nvmlDeviceGetGraphicsRunningProcesses_v2, nvmlProcessInfo_v2_t, PROC_V2, 0)       \
+    X(nvmlDeviceGetGraphicsRunningProcesses_v3, nvmlProcessInfo_t, PROC_V2, 0)          \
+    X(nvmlDeviceGetMPSComputeRunningProcesses_v3, nvmlProcessInfo_t, PROC_V2, 0)
 
-SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device,
-                                                                unsigned int *infoCount,
-                                                                nvmlProcessInfo_v2_t *infos)
-{
-    return running_processes(device, infoCount, infos, PROC_V2, 1);
-}
-
-SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
-                                                                unsigned int *infoCount,
-                                                                nvmlProcessInfo_t *infos)
-{
-    return running_processes(device, infoCount, infos, PROC_V2, 1);
-}
-
-SIM_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t device,
-                                                              unsigned int *infoCount,
-                                                              nvmlProcessInfo_v1_t *infos)
-{
-    return running_processes(device, infoCount, infos, PROC_V1, 0);
-}
-
-SIM_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device,
-                                                                 unsigned int *infoCount,
-                                                                 nvmlProcessInfo_v2_t *infos)
-{
-    return running_processes(device, infoCount, infos, PROC_V2, 0);
-}
-
-SIM_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device,
-                                                                 unsigned int *infoCount,
-                                                                 nvmlProcessInfo_t *infos)
-{
-    return running_processes(device, infoCount, infos, PROC_V2, 0);
-}
-
-SIM_EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device,
-                                                                   unsigned int *infoCount,
-                                                                   nvmlProcessInfo_t *infos)
-{
-    return running_processes(device, infoCount, infos, PROC_V2, 0);
-}
+#define DEFINE_RUNNING_PROCESS_CALL(name, info_t, layout, compute)                      \
+    SIM_EXPORT nvmlReturn_t name(nvmlDevice_t device, unsigned int *infoCount, info_t *infos) \
+    {                                                                                   \
+        return running_processes(device, infoCount, infos, layout, compute);            \
+    }
+RUNNING_PROCESS_CALLS(DEFINE_RUNNING_PROCESS_CALL)
+#undef DEFINE_RUNNING_PROCESS_CALL
 
 /* Process modes of nvmlProcessDetailList_t (named only in CUDA 13's header). */
 #define PROC_MODE_COMPUTE 0u
@@ -171,9 +130,7 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t devic
                                                               nvmlProcessDetailList_t *plist)
 {
     int phys;
-    const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    (void)g;
+    DEVICE_OR_RETURN(device, &phys, NULL);
     if (!plist || plist->mode > PROC_MODE_ALL)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (plist->version != nvmlProcessDetailList_v1)
@@ -341,11 +298,7 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device,
                                                       nvmlUtilization_t *utilization)
 {
     int phys;
-    const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    (void)g;
-    if (!utilization)
-        return NVML_ERROR_INVALID_ARGUMENT;
+    DEVICE_ARG_OR_RETURN(device, &phys, NULL, utilization);
     struct sampling c = sampling_config();
     if (c.realistic) {
         /* The latest completed sample period. */
@@ -370,11 +323,7 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
                                                         unsigned long long lastSeenTimeStamp)
 {
     int phys;
-    const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    (void)g;
-    if (!processSamplesCount)
-        return NVML_ERROR_INVALID_ARGUMENT;
+    DEVICE_ARG_OR_RETURN(device, &phys, NULL, processSamplesCount);
     struct sim_proc_util s[SIM_MAX_PROCS];
     unsigned long long stamps[SIM_MAX_PROCS];
     int n = process_samples(phys, lastSeenTimeStamp, s, stamps);
@@ -399,11 +348,7 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t devic
                                                               nvmlProcessesUtilizationInfo_t *info)
 {
     int phys;
-    const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    (void)g;
-    if (!info)
-        return NVML_ERROR_INVALID_ARGUMENT;
+    DEVICE_ARG_OR_RETURN(device, &phys, NULL, info);
     if (info->version != nvmlProcessesUtilizationInfo_v1)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     struct sim_proc_util s[SIM_MAX_PROCS];
@@ -429,12 +374,7 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t devic
 
 static nvmlReturn_t codec_util(nvmlDevice_t device, unsigned int *util, unsigned int *period)
 {
-    int phys;
-    const struct sim_gpu_info *g;
-    DEVICE_OR_RETURN(device, &phys, &g);
-    (void)g;
-    if (!util || !period)
-        return NVML_ERROR_INVALID_ARGUMENT;
+    DEVICE_ARG_OR_RETURN(device, NULL, NULL, util && period);
     *util = 0; /* no simulated video engines work */
     *period = (unsigned int)(sampling_config().period_ns / 1000);
     return NVML_SUCCESS;

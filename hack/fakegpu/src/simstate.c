@@ -522,35 +522,14 @@ static struct sim_proc_slot *own_slot(int phys, int me)
     return s;
 }
 
-int sim_mem_reserve(int phys, unsigned long long bytes)
+static int fits(uint64_t used, uint64_t total, unsigned long long bytes)
 {
-    if (!valid_gpu(phys))
-        return -3;
-    struct sim_gpu_dyn *d = &g_st->dyn[phys];
-    if (LOAD(&d->flags) & SIM_GPU_LOST)
-        return -4;
-    uint64_t total = g_st->gpus[phys].memory_total;
-    int me = self_pid(), rc = 0;
-    gpu_lock(phys);
-    uint64_t used = used_locked(d);
-    if (used > total || bytes > total - used) {
-        reap_locked(phys, me, 1);
-        used = used_locked(d);
-    }
-    if (used > total || bytes > total - used) {
-        rc = -1;
-    } else {
-        struct sim_proc_slot *s = own_slot(phys, me);
-        if (!s)
-            rc = -2;
-        else
-            STORE(&s->bytes, LOAD(&s->bytes) + bytes);
-    }
-    gpu_unlock(phys);
-    return rc;
+    return used <= total && bytes <= total - used;
 }
 
-int sim_mem_reserve_upto(int phys, unsigned long long bytes, unsigned long long *got)
+/* Charge up to `bytes` of GPU phys to this process, reaping dead processes first when they do not
+ * fit; *got is what was charged. all_or_nothing: charge nothing (-1) unless all of it fits. */
+static int reserve(int phys, unsigned long long bytes, int all_or_nothing, unsigned long long *got)
 {
     *got = 0;
     if (!valid_gpu(phys))
@@ -562,14 +541,16 @@ int sim_mem_reserve_upto(int phys, unsigned long long bytes, unsigned long long 
     int me = self_pid(), rc = 0;
     gpu_lock(phys);
     uint64_t used = used_locked(d);
-    if (used > total || bytes > total - used) {
+    if (!fits(used, total, bytes)) {
         reap_locked(phys, me, 1);
         used = used_locked(d);
     }
     uint64_t free_bytes = used >= total ? 0 : total - used;
     uint64_t take = bytes < free_bytes ? bytes : free_bytes;
-    struct sim_proc_slot *s = own_slot(phys, me);
-    if (!s) {
+    struct sim_proc_slot *s;
+    if (all_or_nothing && !fits(used, total, bytes)) {
+        rc = -1;
+    } else if (!(s = own_slot(phys, me))) {
         rc = -2;
     } else {
         STORE(&s->bytes, LOAD(&s->bytes) + take);
@@ -577,6 +558,17 @@ int sim_mem_reserve_upto(int phys, unsigned long long bytes, unsigned long long 
     }
     gpu_unlock(phys);
     return rc;
+}
+
+int sim_mem_reserve(int phys, unsigned long long bytes)
+{
+    unsigned long long got;
+    return reserve(phys, bytes, 1, &got);
+}
+
+int sim_mem_reserve_upto(int phys, unsigned long long bytes, unsigned long long *got)
+{
+    return reserve(phys, bytes, 0, got);
 }
 
 void sim_mem_release(int phys, unsigned long long bytes)
@@ -740,67 +732,21 @@ unsigned int sim_utilization(int phys, int pid, unsigned long long window_ns)
     return pct > 100 ? 100 : pct;
 }
 
-int sim_process_utilization(int phys, unsigned long long since_ns, struct sim_proc_util *out,
-                            int max)
+/* Busy nanoseconds per process within [from, to) on a GPU's timeline, which the caller holds
+ * locked: writes at most max entries {pid, busy_ns} and, when last is non-NULL, last[i] = the end
+ * of process i's latest busy interval in the window; returns the number written. */
+static int busy_by_process_locked(const struct sim_gpu_dyn *d, uint64_t from, uint64_t to,
+                                  struct sim_proc_busy *out, uint64_t *last, int max)
 {
-    if (!valid_gpu(phys) || max <= 0)
-        return 0;
-    struct sim_gpu_dyn *d = &g_st->dyn[phys];
     int n = 0;
-    gpu_lock(phys);
-    uint64_t now = sim_now_ns();
-    uint64_t from = now > 1000000000ULL ? now - 1000000000ULL : 0;
-    if (since_ns > from)
-        from = since_ns;
-    uint64_t count = LOAD(&d->tl_count);
-    uint64_t oldest = count > SIM_TIMELINE_SLOTS ? count - SIM_TIMELINE_SLOTS : 0;
-    uint64_t busy[SIM_MAX_PROCS] = {0};
-    for (uint64_t k = count; k > oldest && from < now; k--) {
-        const struct sim_busy *b = &d->tl[(k - 1) % SIM_TIMELINE_SLOTS];
-        uint64_t e = LOAD(&b->end);
-        if (e <= from)
-            break;
-        uint64_t lo = b->start > from ? b->start : from, hi = e < now ? e : now;
-        if (hi <= lo)
-            continue;
-        int j;
-        for (j = 0; j < n; j++)
-            if (out[j].pid == b->pid)
-                break;
-        if (j == n) {
-            if (n == max || n == SIM_MAX_PROCS)
-                continue;
-            out[n].pid = b->pid;
-            out[n].last_ns = hi;
-            n++;
-        }
-        busy[j] += hi - lo;
-    }
-    gpu_unlock(phys);
-    for (int j = 0; j < n; j++) {
-        uint64_t span = now - from;
-        unsigned int pct = (unsigned int)((busy[j] * 100 + span / 2) / span);
-        out[j].sm_util = pct > 100 ? 100 : pct;
-    }
-    return n;
-}
-
-int sim_process_busy(int phys, unsigned long long from_ns, unsigned long long to_ns,
-                     struct sim_proc_busy *out, int max)
-{
-    if (!valid_gpu(phys) || max <= 0 || to_ns <= from_ns)
-        return 0;
-    const struct sim_gpu_dyn *d = &g_st->dyn[phys];
-    int n = 0;
-    gpu_lock(phys);
     uint64_t count = LOAD(&d->tl_count);
     uint64_t oldest = count > SIM_TIMELINE_SLOTS ? count - SIM_TIMELINE_SLOTS : 0;
     for (uint64_t k = count; k > oldest; k--) {
         const struct sim_busy *b = &d->tl[(k - 1) % SIM_TIMELINE_SLOTS];
         uint64_t e = LOAD(&b->end);
-        if (e <= from_ns)
+        if (e <= from)
             break; /* FIFO-ordered: everything older ends earlier */
-        uint64_t lo = b->start > from_ns ? b->start : from_ns, hi = e < to_ns ? e : to_ns;
+        uint64_t lo = b->start > from ? b->start : from, hi = e < to ? e : to;
         if (hi <= lo)
             continue;
         int j;
@@ -812,10 +758,47 @@ int sim_process_busy(int phys, unsigned long long from_ns, unsigned long long to
                 continue;
             out[n].pid = b->pid;
             out[n].busy_ns = 0;
+            if (last)
+                last[n] = hi; /* newest first: this is the process's latest interval */
             n++;
         }
         out[j].busy_ns += hi - lo;
     }
+    return n;
+}
+
+int sim_process_utilization(int phys, unsigned long long since_ns, struct sim_proc_util *out,
+                            int max)
+{
+    if (!valid_gpu(phys) || max <= 0)
+        return 0;
+    struct sim_proc_busy busy[SIM_MAX_PROCS];
+    uint64_t last[SIM_MAX_PROCS];
+    gpu_lock(phys);
+    uint64_t now = sim_now_ns();
+    uint64_t from = now > 1000000000ULL ? now - 1000000000ULL : 0;
+    if (since_ns > from)
+        from = since_ns;
+    int n = busy_by_process_locked(&g_st->dyn[phys], from, now, busy, last,
+                                   max < SIM_MAX_PROCS ? max : SIM_MAX_PROCS);
+    gpu_unlock(phys);
+    for (int j = 0; j < n; j++) {
+        uint64_t span = now - from;
+        unsigned int pct = (unsigned int)((busy[j].busy_ns * 100 + span / 2) / span);
+        out[j].pid = busy[j].pid;
+        out[j].last_ns = last[j];
+        out[j].sm_util = pct > 100 ? 100 : pct;
+    }
+    return n;
+}
+
+int sim_process_busy(int phys, unsigned long long from_ns, unsigned long long to_ns,
+                     struct sim_proc_busy *out, int max)
+{
+    if (!valid_gpu(phys) || max <= 0 || to_ns <= from_ns)
+        return 0;
+    gpu_lock(phys);
+    int n = busy_by_process_locked(&g_st->dyn[phys], from_ns, to_ns, out, NULL, max);
     gpu_unlock(phys);
     return n;
 }

@@ -501,6 +501,16 @@ static void case_arrays(void)
 
 /* ---- Process lifetime ------------------------------------------------------------------------ */
 
+/* In a forked child: initialise, make a context on GPU 1 and allocate `bytes`, never freed. */
+static void child_allocates(size_t bytes)
+{
+    CUcontext c;
+    CHECK(cuInit(0) == CUDA_SUCCESS);
+    CHECK(cuCtxCreate_v2(&c, 0, 1) == CUDA_SUCCESS);
+    CUdeviceptr p;
+    CHECK(cuMemAlloc_v2(&p, bytes) == CUDA_SUCCESS);
+}
+
 static void case_fork_and_exit(void)
 {
     setup(1); /* 2 GiB */
@@ -512,11 +522,7 @@ static void case_fork_and_exit(void)
     CHECK(pipe(ready) == 0 && pipe(go) == 0);
     pid_t child = fork();
     if (child == 0) {
-        CUcontext c;
-        CHECK(cuInit(0) == CUDA_SUCCESS);
-        CHECK(cuCtxCreate_v2(&c, 0, 1) == CUDA_SUCCESS);
-        CUdeviceptr p;
-        CHECK(cuMemAlloc_v2(&p, 256 * MiB) == CUDA_SUCCESS);
+        child_allocates(256 * MiB);
         CHECK(write(ready[1], "r", 1) == 1);
         char b;
         CHECK(read(go[0], &b, 1) == 1);
@@ -533,11 +539,7 @@ static void case_fork_and_exit(void)
     /* SIGKILL while holding memory: reaped on the next query. */
     child = fork();
     if (child == 0) {
-        CUcontext c;
-        CHECK(cuInit(0) == CUDA_SUCCESS);
-        CHECK(cuCtxCreate_v2(&c, 0, 1) == CUDA_SUCCESS);
-        CUdeviceptr p;
-        CHECK(cuMemAlloc_v2(&p, 1 * GiB) == CUDA_SUCCESS);
+        child_allocates(1 * GiB);
         CHECK(write(ready[1], "r", 1) == 1);
         for (;;) pause();
     }

@@ -1,0 +1,68 @@
+"""What the benchmarks share, so each `*_bench.py` holds only its measurement: how a result
+document is written (bench/results/<name>.json, echoed to stdout) and time-stamped, and for the
+benchmarks that drive a real Preparer over gRPC with the test claim data (prepare, telemetry):
+its node settings, the request for a set of claims and the latency percentiles they report."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dra_driver import cdi
+from kubelet_plugin.claims import ClaimRef
+from kubelet_plugin.prepare import NodeSettings
+from kubelet_plugin.proto import dra_v1_pb2
+from tests.fixtures.claimdata import DRIVER, HOOK_LIB, NODE
+
+
+def write_results(path: Path, document: Mapping[str, Any]) -> None:
+    """Write `document` as the benchmark's JSON result at `path` and print it."""
+    text = json.dumps(document, indent=2)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n")
+    print(text)
+
+
+def utc_stamp() -> str:
+    """The time a result was taken, as recorded in every result document."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def node_settings(base: Path) -> NodeSettings:
+    """Settings of a Preparer for the test node whose CDI specs and claim state live under base."""
+    return NodeSettings(
+        driver=DRIVER,
+        node_name=NODE,
+        cdi_root=str(base / "cdi"),
+        spec=cdi.SpecSettings(
+            kind="k8s.vgpu.dra.dev/claim",
+            state_dir=str(base / "state"),
+            hook_path=str(HOOK_LIB),
+        ),
+    )
+
+
+def percentiles(samples_s: Sequence[float]) -> dict[str, float]:
+    """Latency figures (ms) of samples in seconds: n, p50/p90/p99 (nearest rank), max, mean."""
+    ordered = sorted(samples_s)
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e3, 3)
+
+    return {
+        "n": len(ordered),
+        "p50_ms": at(0.50),
+        "p90_ms": at(0.90),
+        "p99_ms": at(0.99),
+        "max_ms": round(ordered[-1] * 1e3, 3),
+        "mean_ms": round(statistics.fmean(ordered) * 1e3, 3),
+    }
+
+
+def request(refs: Sequence[ClaimRef]) -> list[dra_v1_pb2.Claim]:
+    """The NodePrepare/NodeUnprepare request entries naming these claims."""
+    return [dra_v1_pb2.Claim(namespace=r.namespace, name=r.name, uid=r.uid) for r in refs]
