@@ -34,7 +34,7 @@ from dra_driver.allocator import allocate
 from dra_driver.allocator.allocate import Allocator, Unschedulable
 from dra_driver.allocator.model import ClusterModel
 from dra_driver.allocator.request import Claim, Policy, parse_claim
-from tests.allocator_cluster import DEVICE_CLASS, DRIVER, claim_obj, cluster_events
+from tests.fixtures.allocator_cluster import DEVICE_CLASS, DRIVER, claim_obj, cluster_events
 
 RESULTS = Path(__file__).parent / "results" / "allocator.json"
 SIZES = tuple(int(s) for s in os.environ.get("ALLOC_BENCH_SIZES", "100,1000,5000").split(","))

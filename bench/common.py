@@ -16,7 +16,7 @@ from dra_driver import cdi
 from kubelet_plugin.claims import ClaimRef
 from kubelet_plugin.prepare import NodeSettings
 from kubelet_plugin.proto import dra_v1_pb2
-from tests.integration.plugin.claimdata import DRIVER, HOOK_LIB, NODE
+from tests.fixtures.claimdata import DRIVER, HOOK_LIB, NODE
 
 
 def write_results(path: Path, document: Mapping[str, Any]) -> None:

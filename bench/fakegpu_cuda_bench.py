@@ -1,7 +1,7 @@
 """Cost and fidelity of the fake CUDA driver (hack/fakegpu libcuda.so.1) on a simulated dgx-h100.
 
-Setup: `make -C hack/fakegpu all`, a fresh node from `vgpu_testbed.fakegpu.prepare_node` in a
-temporary directory; every figure comes from separate processes that load the fake library
+Setup: `make -C hack/fakegpu all`, a fresh node from `vgpu_testbed.fakegpu.simulator.prepare_node`
+in a temporary directory; every figure comes from separate processes that load the fake library
 through LD_LIBRARY_PATH, as real clients do.
 
 Measured:
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import utc_stamp, write_results
-from vgpu_testbed.fakegpu import load_profile, prepare_node
+from vgpu_testbed.fakegpu.simulator import load_profile, prepare_node
 
 REPO = Path(__file__).resolve().parents[1]
 FAKEGPU = REPO / "hack" / "fakegpu"

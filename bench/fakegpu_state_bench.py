@@ -1,8 +1,8 @@
 """Cost and fidelity of the simulated GPU node's shared state and of the fake NVML.
 
 Setup: `make -C hack/fakegpu bench-programs`, a fresh `a100-2x4` node from
-`vgpu_testbed.fakegpu.prepare_node` in a temporary directory; every figure comes from separate
-processes (hack/fakegpu/tests/bench_simstate.c, pynvml in a child interpreter).
+`vgpu_testbed.fakegpu.simulator.prepare_node` in a temporary directory; every figure comes from
+separate processes (hack/fakegpu/tests/bench_simstate.c, pynvml in a child interpreter).
 
 Measured:
 - `state_ns`: ns per call of the state's hot paths: submit work, reserve+release 4 KiB, memory
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import write_results
-from vgpu_testbed.fakegpu import load_profile, prepare_node
+from vgpu_testbed.fakegpu.simulator import load_profile, prepare_node
 
 REPO = Path(__file__).resolve().parents[1]
 FAKEGPU = REPO / "hack" / "fakegpu"

@@ -144,7 +144,7 @@ def devices(client: kube.KubeClient, node: str) -> dict[str, dict[str, Any]]:
 
 
 def slice_figures(client: kube.KubeClient, inject: Injector, node: str) -> dict[str, Any]:
-    from vgpu_testbed import fakegpu
+    from vgpu_testbed.fakegpu import simulator as fakegpu
 
     gpus = fakegpu.load_profile("a10-pcie").gpus
     deadline = time.monotonic() + 60
@@ -180,9 +180,8 @@ def eviction_figures(client: kube.KubeClient, inject: Injector, node: str) -> di
     """A fatal XID on a GPU in use -> its pod is gone (NoExecute, device taint eviction)."""
     import yaml
 
-    from tests.e2e.test_health import gpu_pod
-    from tests.e2e.test_kubelet_plugin import running_pod
-    from vgpu_testbed import fakegpu
+    from tests.e2e.kubelet_plugin.pods import gpu_pod, running_pod
+    from vgpu_testbed.fakegpu import simulator as fakegpu
 
     device_class = yaml.safe_load((ROOT / "deploy" / "deviceclass.yaml").read_text())
     client.create(kube.path(RESOURCE_API, "deviceclasses"), device_class)
@@ -230,8 +229,8 @@ def eviction_figures(client: kube.KubeClient, inject: Injector, node: str) -> di
 
 def kill_figures(env: dict[str, str], root: Path) -> dict[str, Any]:
     """Over-cap -> kill with the enforcer's own run loop (default period) in a child."""
-    from vgpu_testbed import fakegpu
     from vgpu_testbed.container import container_command
+    from vgpu_testbed.fakegpu import simulator as fakegpu
 
     gpu_uuid = fakegpu.load_profile("a10-pcie").gpus[0].uuid
     state = root / "enforce-state"
@@ -297,8 +296,8 @@ def kill_figures(env: dict[str, str], root: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    from vgpu_testbed.cluster import Cluster
-    from vgpu_testbed.node_agents import start_node_agents
+    from vgpu_testbed.cluster.control_plane import Cluster
+    from vgpu_testbed.standin.node_agents import start_node_agents
 
     root = Path(tempfile.mkdtemp(prefix="vgpu-bench-health-"))
     cluster = Cluster.start(root / "cluster", ("a10-pcie",), die_with_parent=True)

@@ -22,12 +22,12 @@ by /etc/ld.so.preload from a CDI spec exactly as in a container):
   under exact and realistic NVML sampling.
 - compute-cap accuracy (simulated NVML): mean absolute error of the measured SM utilisation
   from the cap at 10/30/50/70 % for one tenant, and two tenants capped 30/70, under exact and
-  realistic sampling (tests/integration/hook/computecap.py; truth is always read exactly).
+  realistic sampling (tests/integration/vgpu_hook/computecap.py; truth is always read exactly).
 Targets: launch overhead <= 30 ns with the limiter idle, and with it active against the
 context-locking null driver (never over 45 ns); settling <= 0.3 s fixed, <= 1 s balance;
 MAE <= 1 point per cap and the 30/70 split within 3 points under realistic sampling.
 With VGPU_DRA_REAL_GPU=1 (on a GPU machine) the overhead and single-tenant accuracy are also
-measured on GPU 0 with the real driver and NVML (tests/integration/hook/realgpu.py) and
+measured on GPU 0 with the real driver and NVML (tests/integration/vgpu_hook/realgpu.py) and
 recorded under "real_gpu" in the same shape.
 """
 
@@ -48,9 +48,9 @@ from typing import Any
 
 from bench.common import write_results
 from kubelet_plugin.region import Region, RegionError
-from tests.integration.hook import conftest as hook_env
-from tests.integration.hook import realgpu
-from tests.integration.hook.computecap import measure_accuracy, measure_settling
+from tests.integration.vgpu_hook import conftest as hook_env
+from tests.integration.vgpu_hook import realgpu
+from tests.integration.vgpu_hook.computecap import measure_accuracy, measure_settling
 from vgpu_testbed.container import run_in_container
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,7 +1,7 @@
 """NodePrepareResources latency and batch throughput of the kubelet plugin.
 
-Setup: a real control plane (vgpu_testbed.cluster), the plugin's gRPC servers in this process
-for a hand-made 8-GPU inventory, and a gRPC client (the v1 stubs) over the unix socket — the
+Setup: a real control plane (vgpu_testbed.cluster.control_plane), the plugin's gRPC servers in this
+process for a hand-made 8-GPU inventory, and a gRPC client (the v1 stubs) over the unix socket — the
 same path the kubelet uses. Claims are created and allocated in the API server beforehand.
 
 Measured:
@@ -37,7 +37,7 @@ from kubelet_plugin.claims import ClaimRef
 from kubelet_plugin.prepare import ClaimSource, Preparer, kube_claim_source
 from kubelet_plugin.proto import dra_v1_pb2, dra_v1_pb2_grpc
 from kubelet_plugin.server import PluginServer, SocketPaths
-from tests.integration.plugin.claimdata import (
+from tests.fixtures.claimdata import (
     DRIVER,
     create_allocated_claim,
     inventory,
@@ -194,7 +194,7 @@ def measure_get(bench: Bench, refs: list[ClaimRef]) -> dict[str, Any]:
 
 
 def main() -> None:
-    from vgpu_testbed.cluster import Cluster
+    from vgpu_testbed.cluster.control_plane import Cluster
 
     load_before = os.getloadavg()
     root = Path(tempfile.mkdtemp(prefix="vgpu-bench-"))

@@ -1,8 +1,8 @@
 """Cost of keeping a node's ResourceSlices current: the pure builder/plan and the API round trips.
 
-Setup: a throwaway real control plane (vgpu_testbed.cluster, one node) and the SlicePublisher
-with hand-made inventories; when the simulated GPUs are built, also `discover()` in a fresh
-process against the `dgx-h100` profile (what a plugin start or resync pays for NVML).
+Setup: a throwaway real control plane (vgpu_testbed.cluster.control_plane, one node) and the
+SlicePublisher with hand-made inventories; when the simulated GPUs are built, also `discover()` in a
+fresh process against the `dgx-h100` profile (what a plugin start or resync pays for NVML).
 
 Measured:
 - `build_8`, `build_128`: building the desired slices for 8 / 128 GPUs (pure);
@@ -31,7 +31,7 @@ from bench.common import utc_stamp, write_results
 from dra_driver import slices
 from dra_driver.kube import KubeClient
 from kubelet_plugin.slice_publisher import SlicePublisher, plan_sync
-from tests.inventories import synthetic_inventory
+from tests.fixtures.inventories import synthetic_inventory
 
 RESULTS = Path(__file__).parent / "results" / "slices.json"
 DRIVER = "vgpu.dra.dev"
@@ -76,7 +76,7 @@ def pure_figures() -> dict[str, Any]:
 
 
 def api_figures() -> dict[str, Any]:
-    from vgpu_testbed.cluster import Cluster
+    from vgpu_testbed.cluster.control_plane import Cluster
 
     root = Path(tempfile.mkdtemp(prefix="slices-bench-"))
     with Cluster.start(root, ["dgx-h100"], die_with_parent=True) as cluster:
@@ -103,9 +103,9 @@ def api_figures() -> dict[str, Any]:
 
 def discover_figure() -> dict[str, Any] | str:
     try:
-        from vgpu_testbed import fakegpu
+        from vgpu_testbed.fakegpu import simulator as fakegpu
     except ImportError:
-        return "skipped: simulated GPUs (vgpu_testbed.fakegpu) not available"
+        return "skipped: simulated GPUs (vgpu_testbed.fakegpu.simulator) not available"
     with tempfile.TemporaryDirectory() as tmp:
         env = {
             **os.environ,

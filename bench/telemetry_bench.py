@@ -58,7 +58,7 @@ from kubelet_plugin.prepare import ClaimSource, PrepareOutcome, Preparer
 from kubelet_plugin.proto import dra_v1_pb2, dra_v1_pb2_grpc
 from kubelet_plugin.server import PluginServer, SocketPaths
 from kubelet_plugin.telemetry import ClaimPods, ClaimTelemetry
-from tests.integration.plugin.claimdata import DRIVER, NODE, claim, inventory, result
+from tests.fixtures.claimdata import DRIVER, NODE, claim, inventory, result
 
 RESULTS = Path(__file__).parent / "results" / "telemetry.json"
 ROUNDS = 16

@@ -30,9 +30,9 @@ PRODUCT_COMMANDS: dict[str, tuple[str, str]] = {
 }
 # name -> ("module of vgpu_testbed:function", one-line help).
 TESTBED_COMMANDS: dict[str, tuple[str, str]] = {
-    "dev-cluster": ("cluster_cli:main", "local control plane with simulated GPU nodes"),
-    "fakegpu": ("fakegpu_cli:main", "simulated GPUs: print env, inspect, inject faults"),
-    "demo": ("demo:main", "the end-to-end demo on a local dev cluster"),
+    "dev-cluster": ("cluster.cli:main", "local control plane with simulated GPU nodes"),
+    "fakegpu": ("fakegpu.cli:main", "simulated GPUs: print env, inspect, inject faults"),
+    "demo": ("demo.cli:main", "the end-to-end demo on a local dev cluster"),
 }
 
 

@@ -2,7 +2,7 @@
 
 Why: the node governor (kubelet_plugin/governor.py) reads each claim's usage and launch
 counters from the region and writes the compute budget into it, while hooked processes update
-it concurrently. The layout is an ABI owned by region.h; tests/unit/test_region_layout.py
+it concurrently. The layout is an ABI owned by region.h; tests/unit/kubelet_plugin/test_region.py
 compares these ctypes offsets with the ones the C compiler prints (vgpu_hook/build/region_layout).
 
 Writes from Python are whole aligned 8-byte stores through ctypes, which are single

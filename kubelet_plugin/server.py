@@ -90,6 +90,8 @@ class PluginServer:
         self._health = health
         self._max_workers = max_workers
         self._watch_period_s = watch_period_s
+        # Every worker pool the servers were built with: grpc's stop() leaves them running.
+        self._executors: list[ThreadPoolExecutor] = []
         self._interceptors = list(interceptors)  # e.g. OpenTelemetry's, when tracing is on
         self._dra = self._dra_server()
         self._reg = self._reg_server()
@@ -100,8 +102,9 @@ class PluginServer:
         self._foreign_logged: set[str] = set()
 
     def _dra_server(self) -> grpc.Server:
-        executor = ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="grpc-dra")
-        server = grpc.server(executor, interceptors=self._interceptors)
+        server = grpc.server(
+            self._executor(self._max_workers, "grpc-dra"), interceptors=self._interceptors
+        )
         dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(
             DraServicer(self._preparer, dra_v1_pb2, version="v1"), server
         )
@@ -118,9 +121,14 @@ class PluginServer:
         return server
 
     def _reg_server(self) -> grpc.Server:
-        server = grpc.server(ThreadPoolExecutor(max_workers=2, thread_name_prefix="grpc-reg"))
+        server = grpc.server(self._executor(2, "grpc-reg"))
         pluginregistration_v1_pb2_grpc.add_RegistrationServicer_to_server(self.registration, server)
         return server
+
+    def _executor(self, workers: int, prefix: str) -> ThreadPoolExecutor:
+        executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=prefix)
+        self._executors.append(executor)
+        return executor
 
     def start(self) -> None:
         with self._lock:
@@ -147,6 +155,8 @@ class PluginServer:
             _unlink_if_ours(self.sockets.registration, self._ids.get(self.sockets.registration))
             self._dra.stop(grace_s).wait()
             _unlink_if_ours(self.sockets.dra, self._ids.get(self.sockets.dra))
+            for executor in self._executors:  # idle now: no server hands them calls any more
+                executor.shutdown(wait=False, cancel_futures=True)
         log.info("gRPC servers stopped; our sockets removed")
 
     # --- keeping the sockets -----------------------------------------------------------------

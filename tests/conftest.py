@@ -1,15 +1,22 @@
 """Shared pytest wiring for every test level: markers that depend on where a test lives or what the
-machine has, and the control-plane fixtures (tests/cluster_fixtures.py) every level shares.
+machine has, the control-plane fixtures (tests/fixtures/cluster.py) every level shares, and the
+guard that fails a test which leaves threads or child processes behind (tests/fixtures/leaks.py).
+
+Every test has a 60 s limit (pytest-timeout, `timeout` in pyproject.toml), fixtures included; a
+test that needs longer says so with `@pytest.mark.timeout(N)` (or a module's `pytestmark`).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-pytest_plugins = ("tests.cluster_fixtures",)
+from tests.fixtures import leaks
+
+pytest_plugins = ("tests.fixtures.cluster",)
 
 _E2E_DIR = Path(__file__).parent / "e2e"
 
@@ -28,3 +35,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.e2e)
         if "gpu" in item.keywords and not gpu_present:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_threads_or_processes(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail the test (at teardown) when threads or child processes it started outlive it.
+
+    Function-scoped autouse fixtures are set up after every session- and module-scoped fixture
+    the test uses and torn down after all its other function-scoped ones, so the snapshot
+    excludes the shared control plane and the check includes the test's own fixtures. A process
+    that a live test-bed Cluster of the test's fixtures records is the cluster's to stop.
+    """
+    before = leaks.snapshot()
+    fixture_values = list(getattr(request.node, "funcargs", {}).values())
+    yield
+    threads, children = leaks.leaks(before, owned=lambda: leaks.cluster_owned(fixture_values))
+    if threads or children:
+        leaks.kill(children)
+        pytest.fail(
+            f"the test leaked {leaks.describe(threads, children)} "
+            f"(still alive {leaks.GRACE_S:.0f} s after its teardown)",
+            pytrace=False,
+        )

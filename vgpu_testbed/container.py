@@ -8,7 +8,7 @@ itself under `unshare --mount --propagation private`, bind-mounts each CDI mount
 that do not exist on the host are created in a tmpfs-backed overlay of their nearest existing
 parent directory, so the host tree is never modified), then execs the program with the CDI env.
 
-Who calls it: the hook's integration tests and benchmarks (tests/integration/hook/, bench/).
+Who calls it: the hook's integration tests and benchmarks (tests/integration/vgpu_hook/, bench/).
 Needs root (tests run as root here). A device node from the spec is bound from the host when the
 host has it; otherwise, when the spec gives its numbers, it is created inside the namespace (in a
 tmpfs-backed overlay of /dev), as a runtime creates CDI device nodes. The simulator has no

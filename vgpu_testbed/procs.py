@@ -5,7 +5,7 @@ Why a module of its own: the control plane is started by one process (a pytest s
 `vgpu-dra dev-cluster up` command that exits right after) and may be stopped by another (`down`).
 So a process is identified by a record that survives in the state file — PID plus the kernel's
 start time, which guards against killing an unrelated process that reused the PID — and every
-stop works from that record alone. Called by `vgpu_testbed.cluster`.
+stop works from that record alone. Called by `vgpu_testbed.cluster.control_plane`.
 """
 
 from __future__ import annotations

@@ -45,8 +45,9 @@ rm -rf "$site"
 "$python" -m pip install --quiet --no-warn-script-location --target "$site" "$work"/wheel/*.whl
 # The test bed (dev cluster, simulated nodes) is not part of the product image; neither is the
 # kubernetes package's asyncio client (68 MB, never imported: dra_driver/kube.py uses the
-# synchronous one) nor the aiohttp stack only it imports. tests/integration/test_image_tree.py
-# imports every product module from the tree, so a pruned module still in use fails there.
+# synchronous one) nor the aiohttp stack only it imports.
+# tests/integration/deploy/test_image_tree.py imports every product module from the tree, so a
+# pruned module still in use fails there.
 rm -rf "$site/vgpu_testbed" "$site/bin" "$site/kubernetes/aio"
 for dist in aiohttp aiohttp_retry aiosignal aiohappyeyeballs frozenlist multidict propcache yarl; do
     rm -rf "$site/$dist" "$site/$dist"-*.dist-info

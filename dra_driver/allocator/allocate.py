@@ -12,7 +12,8 @@ One decision, in three steps, all over the incrementally maintained `ClusterMode
    requestPolicy rounding, several requests and claims sharing devices, firstAvailable in order,
    matchAttribute/distinctAttribute, All mode, topology groups first (smallest NVLink domain that
    fits), devices ordered by the device policy. It is plain Python shared by both paths, so the
-   two paths differ only in step 2 and give identical answers (tests/unit/test_allocator_twins.py).
+   two paths differ only in step 2 and give identical answers
+   (tests/unit/dra_driver/allocator/test_kernel_twins.py).
 
 Refusals explain themselves with the closest node ("no node has 2 GPUs in one NVLink domain with
 20Gi and 30 cores free each; closest: node-3 (1 GPU)").

@@ -4,7 +4,7 @@
  * Who uses it: every hooked process of a claim maps this file MAP_SHARED; the node governor
  * (kubelet_plugin/governor.py, mirrored in kubelet_plugin/region.py) maps it too and writes the
  * compute budget. The layout is an ABI between C and Python: bump VGPU_REGION_VERSION on any
- * change, and keep tests/unit/test_region_layout.py (which compares offsets printed by
+ * change, and keep tests/unit/kubelet_plugin/test_region.py (which compares offsets printed by
  * build/region_layout) passing.
  *
  * Concurrency model (no process-shared mutex anywhere, so a SIGKILLed process never blocks

@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from vgpu_testbed.realnode.config import NODE_SUBNET
+from vgpu_testbed.realnode.relay import splice
 
 SOCKET_NAME = "egress.sock"
 CONFIG_NAME = "egress-selector.yaml"
@@ -58,17 +59,6 @@ def allowed(target: str) -> tuple[str, int] | None:
     return str(address), int(port)
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-    except (ConnectionError, asyncio.CancelledError):
-        pass
-    finally:
-        writer.close()
-
-
 async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
         request = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
@@ -89,7 +79,7 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
         return
     writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
     await writer.drain()
-    await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+    await splice(reader, writer, up_reader, up_writer)
 
 
 async def serve(uds: Path, stop: asyncio.Event) -> None:

@@ -20,6 +20,8 @@ import socket
 import sys
 from collections.abc import Sequence
 
+from vgpu_testbed.realnode.relay import splice
+
 CLONE_NEWNET = 0x40000000
 
 
@@ -50,17 +52,6 @@ def listen_in(netns: str, port: int) -> socket.socket:
     return sock
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-    except (ConnectionError, asyncio.CancelledError):
-        pass
-    finally:
-        writer.close()
-
-
 async def serve(listener: socket.socket, upstream_port: int) -> None:
     async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -68,7 +59,7 @@ async def serve(listener: socket.socket, upstream_port: int) -> None:
         except OSError:
             writer.close()
             return
-        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        await splice(reader, writer, up_reader, up_writer)
 
     server = await asyncio.start_server(relay, sock=listener)
     async with server:

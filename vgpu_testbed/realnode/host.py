@@ -13,7 +13,7 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from vgpu_testbed import cluster_binaries
+from vgpu_testbed.cluster import binaries as cluster_binaries
 from vgpu_testbed.realnode.cgroups import hierarchies
 from vgpu_testbed.realnode.config import CNI_BIN_DIRS
 

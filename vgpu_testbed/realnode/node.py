@@ -1,7 +1,8 @@
 """A real bed node: containerd, the real kubelet and the kubelet plugin in the node's namespaces.
 
 `start_real_nodes(cluster)` brings every node of a test-bed Cluster to life (the stand-in path is
-`vgpu_testbed.node_agents`; this is its real counterpart, with the same `NodeAgents` interface
+`vgpu_testbed.standin.node_agents`; this is its real counterpart, with the same `NodeAgents`
+interface
 for the plugin so tests can kill and restart it). Per node, in order:
 1. the holder (`realnode.holder`): PID 1 of the node's PID, mount and network namespaces;
 2. its `eth0` on the bed bridge (`realnode.network`), and a forwarder (`realnode.forwarder`)
@@ -26,9 +27,10 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from vgpu_testbed import cluster_binaries, fakegpu
-from vgpu_testbed.cluster import Cluster
-from vgpu_testbed.node_agents import DEFAULT_HOOK_PATH, REPO_ROOT, NodeAgentError, NodeAgents
+from vgpu_testbed import procs
+from vgpu_testbed.cluster import binaries as cluster_binaries
+from vgpu_testbed.cluster.control_plane import Cluster
+from vgpu_testbed.fakegpu import simulator as fakegpu
 from vgpu_testbed.realnode import images as bed_images
 from vgpu_testbed.realnode import pki
 from vgpu_testbed.realnode.config import (
@@ -41,6 +43,12 @@ from vgpu_testbed.realnode.config import (
 from vgpu_testbed.realnode.host import check_host, containerd_bin_dir
 from vgpu_testbed.realnode.network import connect_node
 from vgpu_testbed.realnode.toolkit_cdi import SPEC_FILE, toolkit_spec
+from vgpu_testbed.standin.node_agents import (
+    DEFAULT_HOOK_PATH,
+    REPO_ROOT,
+    NodeAgentError,
+    NodeAgents,
+)
 
 BED_NETWORK = "bed-network"
 START_TIMEOUT = 60.0
@@ -135,7 +143,7 @@ class RealNode(NodeAgents):
     def _alive(self, name: str) -> Callable[[], bool]:
         def check() -> bool:
             record = self._record(name)
-            return record is not None and _proc_alive(record.pid)
+            return record is not None and procs.is_alive(record)
 
         return check
 
@@ -329,12 +337,6 @@ def _python() -> str:
     return sys.executable
 
 
-def _proc_alive(pid: int) -> bool:
-    from vgpu_testbed.node_agents import _alive
-
-    return _alive(pid)
-
-
 _IMAGES_INDEX = "images.json"
 
 
@@ -364,7 +366,7 @@ def start_bed_network(cluster: Cluster, timeout: float = START_TIMEOUT) -> None:
     argv = [_python(), "-m", "vgpu_testbed.realnode.network", str(ready)]
     argv.append(str(pki.egress_socket(cluster.root)))
     record = cluster.spawn(BED_NETWORK, argv, cwd=REPO_ROOT)
-    _wait_file(ready, BED_NETWORK, lambda: _proc_alive(record.pid), timeout)
+    _wait_file(ready, BED_NETWORK, lambda: procs.is_alive(record), timeout)
 
 
 def start_real_nodes(

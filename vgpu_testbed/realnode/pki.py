@@ -7,7 +7,7 @@
   verifies it (`--kubelet-certificate-authority`), instead of trusting a self-signed one.
 `apiserver_flags` is called once per cluster before the API server starts (it also writes the
 egress selector configuration, see `realnode.egress`); `kubelet_serving` per real node.
-Keys are 0600, EC P-256 like the rest of the bed's PKI (`vgpu_testbed.certs`).
+Keys are 0600, EC P-256 like the rest of the bed's PKI (`vgpu_testbed.cluster.certs`).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.cdi import NVIDIA_MAJOR, NVIDIA_TOOLKIT_KIND, NVIDIACTL_MINOR
-from vgpu_testbed.fakegpu import CUDA_SONAME, ENV_PROFILE, ENV_STATE, NVML_SONAME, GpuSpec
+from vgpu_testbed.fakegpu.simulator import CUDA_SONAME, ENV_PROFILE, ENV_STATE, NVML_SONAME, GpuSpec
 
 CONTAINER_LIB_DIR = "/usr/lib/x86_64-linux-gnu"
 CONTAINER_SIM_DIR = "/run/vgpu-sim"

@@ -11,10 +11,10 @@
  *   VGPU_SIM_STATE    path of the node's state file (created 0600 if absent). Unset or empty:
  *                     no simulated node; sim_attach() fails and the libraries act as "no GPU".
  *   VGPU_SIM_PROFILE  path of the text profile (key=value lines, written by
- *                     vgpu_testbed/fakegpu.py). Needed only by the process that creates the state
- *                     file; later processes read the GPUs from the state file itself. If it is set
- *                     and its content differs from the profile the state was built from, attach
- *                     fails (-ESTALE) rather than mixing two machines.
+ *                     vgpu_testbed/fakegpu/simulator.py). Needed only by the process that creates
+ *                     the state file; later processes read the GPUs from the state file itself. If
+ *                     it is set and its content differs from the profile the state was built from,
+ *                     attach fails (-ESTALE) rather than mixing two machines.
  *   NVIDIA_VISIBLE_DEVICES  the container's view (see sim_visible_gpus()), with the device nodes
  *                     /dev/nvidia<minor> (VGPU_SIM_DEV_DIR) when it is "void" or "none".
  *

@@ -1,5 +1,5 @@
 /*
- * simstate_profile.c - parse the text profile that vgpu_testbed/fakegpu.py writes.
+ * simstate_profile.c - parse the text profile that vgpu_testbed/fakegpu/simulator.py writes.
  *
  * Called once per node, by the process that creates the state file (simstate.c). The format is
  * deliberately trivial to parse in C: one `key=value` per line, `#` comments, no quoting.

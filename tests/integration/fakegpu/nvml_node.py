@@ -1,6 +1,6 @@
 """Helpers for the fake-NVML integration tests: a simulated node made by
-`vgpu_testbed.fakegpu.prepare_node` and Python snippets run against it in child processes (the
-fake libraries attach to one node per process, exactly as real clients load them)."""
+`vgpu_testbed.fakegpu.simulator.prepare_node` and Python snippets run against it in child processes
+(the fake libraries attach to one node per process, exactly as real clients load them)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,15 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vgpu_testbed import fakegpu
+import pytest
+
+from vgpu_testbed.fakegpu import simulator as fakegpu
 
 REPO = Path(__file__).resolve().parents[3]
 FAKEGPU = REPO / "hack" / "fakegpu"
@@ -41,6 +45,30 @@ class SimNode:
             **fakegpu.prepare_node(profile, state),
         }
         return cls(profile, state, env)
+
+    @contextmanager
+    def holding(self, gpu: int, nbytes: int) -> Iterator[subprocess.Popen[str]]:
+        """A process of this node (the fake CUDA driver's `cuda_hold`) that holds `nbytes` on
+        GPU `gpu` until the block ends; it is killed and reaped afterwards."""
+        hold = PROGRAMS / "cuda_hold"
+        if not hold.is_file():
+            pytest.skip("the fake CUDA driver's test programs are not built")
+        proc = subprocess.Popen(
+            [str(hold), str(gpu), str(nbytes)],
+            env=self.env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().startswith("ready")
+            yield proc
+        finally:
+            proc.kill()
+            proc.wait()
+            for pipe in (proc.stdin, proc.stdout):
+                if pipe is not None:
+                    pipe.close()
 
     def python(self, code: str, timeout: float = 60, **extra: str) -> Any:
         """Run `code` (which prints one JSON document) in a child process; returns it parsed."""

@@ -1,8 +1,8 @@
 """The fake CUDA driver used by real clients on a simulated `dgx-h100` node.
 
 Every program runs as a separate process with the environment of
-`vgpu_testbed.fakegpu.prepare_node(...)`: the fake `libcuda.so.1` / `libnvidia-ml.so.1` are found
-by the ordinary dynamic loader through LD_LIBRARY_PATH; nothing is monkeypatched.
+`vgpu_testbed.fakegpu.simulator.prepare_node(...)`: the fake `libcuda.so.1` / `libnvidia-ml.so.1`
+are found by the ordinary dynamic loader through LD_LIBRARY_PATH; nothing is monkeypatched.
 
 Proves:
 1. cuda-python (`cuda.bindings.driver`) initialises through cuGetProcAddress_v2 (every ABI it
@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 
-from vgpu_testbed.fakegpu import load_profile, prepare_node, set_gpu_lost
+from vgpu_testbed.fakegpu.simulator import load_profile, prepare_node, set_gpu_lost
 
 REPO = Path(__file__).resolve().parents[3]
 FAKEGPU = REPO / "hack" / "fakegpu"

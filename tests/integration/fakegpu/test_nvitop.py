@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.fakegpu.nvml_node import PROGRAMS, SimNode, build_fakegpu
+from tests.integration.fakegpu.nvml_node import SimNode, build_fakegpu
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -33,22 +33,8 @@ def nvitop_once(node: SimNode) -> str:
 
 def test_nvitop_lists_the_simulated_gpus_and_a_process(tmp_path: Path) -> None:
     node = SimNode.create("dgx-h100", tmp_path)
-    hold = PROGRAMS / "cuda_hold"
-    if not hold.is_file():
-        pytest.skip("the fake CUDA driver's test programs are not built")
-    proc = subprocess.Popen(
-        [str(hold), "2", str(6 << 30)],
-        env=node.env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().startswith("ready")
+    with node.holding(2, 6 << 30) as proc:
         out = nvitop_once(node)
-    finally:
-        proc.kill()
-        proc.wait()
     assert "Driver Version: 580.95.05" in out and "CUDA Driver Version: 13.0" in out
     assert out.count("H100 80GB HBM3") == 8
     for gpu in node.profile.gpus:

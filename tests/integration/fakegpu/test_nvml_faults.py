@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.fakegpu.nvml_node import PROGRAMS, SimNode, build_fakegpu
-from vgpu_testbed import fakegpu
+from tests.integration.fakegpu.nvml_node import SimNode, build_fakegpu
+from vgpu_testbed.fakegpu import simulator as fakegpu
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -133,18 +133,7 @@ def test_removed_gpu_disappears_and_comes_back(tmp_path: Path) -> None:
 
 def test_status_shows_processes_and_memory(tmp_path: Path) -> None:
     node = SimNode.create("dgx-h100", tmp_path)
-    hold = PROGRAMS / "cuda_hold"
-    if not hold.is_file():
-        pytest.skip("the fake CUDA driver's test programs are not built")
-    proc = subprocess.Popen(
-        [str(hold), "1", str(5 << 30)],
-        env=node.env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().startswith("ready")
+    with node.holding(1, 5 << 30) as proc:
         status = fakegpu.gpu_status(node.state)
         gpu1 = status["gpus"][1]
         assert gpu1["memory_used"] == 5 << 30
@@ -152,9 +141,6 @@ def test_status_shows_processes_and_memory(tmp_path: Path) -> None:
         text = cli("status", "--state", str(node.state)).stdout
         assert f"pid {proc.pid}: 5120 MiB" in text
         assert "gpu 1 NVIDIA H100 80GB HBM3" in text
-    finally:
-        proc.kill()
-        proc.wait()
     deadline = time.monotonic() + 10
     while fakegpu.gpu_status(node.state)["gpus"][1]["processes"] and time.monotonic() < deadline:
         time.sleep(0.1)

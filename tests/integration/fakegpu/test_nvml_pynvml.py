@@ -190,26 +190,12 @@ print(json.dumps({
 
 
 def test_memory_held_by_a_process_is_reported(dgx: SimNode) -> None:
-    hold = PROGRAMS / "cuda_hold"
-    if not hold.is_file():
-        pytest.skip("the fake CUDA driver's test programs are not built")
-    proc = subprocess.Popen(
-        [str(hold), "3", str(3 << 30)],
-        env=dgx.env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().startswith("ready")
+    with dgx.holding(3, 3 << 30) as proc:
         seen = dgx.python(HOLDER)
         assert seen["used"] == 3 << 30
         assert seen["free"] == dgx.profile.gpus[3].memory_bytes - (3 << 30)
         assert seen["v3"] == {str(proc.pid): 3 << 30} == seen["v2"]
         assert seen["graphics"] == 0
-    finally:
-        proc.kill()
-        proc.wait()
     after = dgx.python(HOLDER)
     assert after["used"] == 0 and after["v3"] == {}
 

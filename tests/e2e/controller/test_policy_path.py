@@ -1,0 +1,584 @@
+"""The allocation controller (policy path) on the real control plane.
+
+The controller runs as a subprocess with the chart's ServiceAccount and RBAC (rendered with
+helm, applied into a namespace of this module, token from a TokenRequest), with leader election
+on a Lease there. Stand-in nodes of three profiles publish slices of a throwaway driver:
+`<p>-a10` (4 x A10, no NVLink), `<p>-a100` (a100-2x4: 8 x A100 in two NVLink islands of 4),
+`<p>-h100` (8 x H100, NVLink pairs). Pods opt in with the scheduling gate; the real
+kube-scheduler binds them once the controller lifted the gate.
+
+Proves: exact placements of a scripted binpack and spread sequence; `link` keeps a 4-GPU claim in
+one island; `link-strict` refuses a 5-GPU claim with an Event and the Placement condition;
+include/exclude of GPU types; two replicas are both ready (leader and standby) and, the leader
+killed mid-stream, never overbook a device; a controller killed mid-allocation converges after a
+restart, including a pod left with one of its two claims written (released and placed again).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from dra_driver import kube
+from dra_driver.allocator.model import parse_quantity
+from dra_driver.kube import RESOURCE_API, KubeClient
+from dra_driver.slices import build_slices
+from tests.fixtures.allocator_cluster import SHAPES, inventory
+from tests.fixtures.chart import (
+    by_kind,
+    collection_path,
+    helm_binary,
+    render,
+    request_token,
+    token_kubeconfig,
+)
+from vgpu_testbed.cluster import boot as cluster_boot
+from vgpu_testbed.cluster import nodes as cluster_nodes
+
+# Longer than the 60 s default: module fixtures install the chart's RBAC and start stand-in nodes;
+# tests run controller processes, kill leaders and wait for convergence.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+JSON = dict[str, Any]
+T = TypeVar("T")
+GATE = "vgpu.dra.dev/policy"
+CLAIMS = kube.path(RESOURCE_API, "resourceclaims")
+SLICES = kube.path(RESOURCE_API, "resourceslices")
+# profile suffix -> (product, NVLink shape, GPUs)
+PROFILES = {
+    "a10": ("NVIDIA A10", "none", 4),
+    "a100": ("NVIDIA A100-SXM4-40GB", "two-islands", 8),
+    "h100": ("NVIDIA H100 80GB HBM3", "pairs", 8),
+}
+
+
+def await_(what: str, check: Callable[[], T | None], timeout: float = 60) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.1)
+
+
+@dataclass
+class Bed:
+    prefix: str
+    driver: str
+    system_ns: str
+    kubeconfig: Path  # the controller ServiceAccount's
+    logs: Path
+
+    def node(self, profile: str) -> str:
+        return f"{self.prefix}-{profile}"
+
+
+@pytest.fixture(scope="module")
+def client(cluster: Any) -> Iterator[KubeClient]:
+    kc = KubeClient.from_kubeconfig(str(cluster.kubeconfig))
+    yield kc
+    kc.close()
+
+
+def _create_nodes_and_slices(client: KubeClient, cluster: Any, prefix: str, driver: str) -> None:
+    api_client = cluster.api_client()
+    try:
+        cluster_boot.create_nodes(
+            api_client,
+            [cluster_nodes.NodeSpec(f"{prefix}-{p}", f"t-{p}") for p in sorted(PROFILES)],
+        )
+    finally:
+        api_client.close()
+    for n, (profile, (product, shape, gpus)) in enumerate(sorted(PROFILES.items())):
+        node = f"{prefix}-{profile}"
+        uid = client.get(kube.path("v1", "nodes", node))["metadata"]["uid"]
+        inv = inventory(100 + n, gpus, product, SHAPES[shape])
+        for obj in build_slices(inv, driver=driver, node_name=node, node_uid=uid):
+            obj["spec"]["pool"]["generation"] = 1
+            client.create(SLICES, obj)
+
+
+@pytest.fixture(scope="module")
+def bed(
+    cluster: Any, client: KubeClient, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Bed]:
+    """Nodes, slices and a DeviceClass of a throwaway driver, and the controller's ServiceAccount
+    with the chart's RBAC; all removed afterwards."""
+    helm_binary()
+    prefix = f"c{uuid.uuid4().hex[:5]}"
+    driver = f"{prefix}.ctl.vgpu.dra.dev"
+    system_ns = f"{prefix}-system"
+    home = tmp_path_factory.mktemp("controller-helm")
+    docs = render(home, {"controller": {"enabled": True}}, namespace=system_ns, release=prefix)
+    rbac = [
+        d
+        for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+        for d in by_kind(docs, kind)
+        if d["metadata"]["labels"].get("app.kubernetes.io/component") == "controller"
+    ]
+    assert {d["kind"] for d in rbac} == {
+        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"
+    }  # fmt: skip
+    client.create(
+        kube.path("v1", "namespaces"),
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": system_ns}},
+    )
+    try:
+        for doc in rbac:
+            client.create(collection_path(doc, system_ns), doc)
+        account = by_kind(rbac, "ServiceAccount")[0]["metadata"]["name"]
+        token = request_token(client, system_ns, account, None)
+        kubeconfig = token_kubeconfig(
+            home / "controller.kubeconfig", cluster.server, cluster.ca_cert, token
+        )
+        client.create(
+            kube.path(RESOURCE_API, "deviceclasses"),
+            {
+                "apiVersion": RESOURCE_API,
+                "kind": "DeviceClass",
+                "metadata": {"name": driver},
+                "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]},
+            },
+        )
+        _create_nodes_and_slices(client, cluster, prefix, driver)
+        yield Bed(prefix, driver, system_ns, kubeconfig, home)
+    finally:
+        for obj in client.list(SLICES):
+            if obj["spec"].get("driver") == driver:
+                client.delete(kube.path(RESOURCE_API, "resourceslices", obj["metadata"]["name"]))
+        client.delete(kube.path(RESOURCE_API, "deviceclasses", driver))
+        for profile in PROFILES:
+            client.delete(kube.path("v1", "nodes", f"{prefix}-{profile}"))
+        for doc in rbac:
+            if doc["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+                api = "rbac.authorization.k8s.io/v1"
+                plural = "clusterroles" if doc["kind"] == "ClusterRole" else "clusterrolebindings"
+                client.delete(kube.path(api, plural, doc["metadata"]["name"]))
+        client.delete(kube.path("v1", "namespaces", system_ns))
+
+
+class Controller:
+    """One `vgpu-dra controller` process with the ServiceAccount's credentials."""
+
+    def __init__(self, bed: Bed, name: str, *extra: str) -> None:
+        self.log = bed.logs / f"{name}.log"
+        self._out = self.log.open("a")
+        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "dra_driver.cli", "controller",
+                "--kubeconfig", str(bed.kubeconfig),
+                "--health-address", "127.0.0.1:0",
+                "--leader-elect",
+                "--lease-namespace", bed.system_ns,
+                "--lease-name", "vgpu-dra-controller",
+                "--lease-duration", "3",
+                "--log-level", "debug",
+                *extra,
+            ],
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )  # fmt: skip
+
+    def text(self) -> str:
+        return self.log.read_text()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        self._out.close()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=20)
+        self._out.close()
+        return code
+
+
+@pytest.fixture
+def controllers(bed: Bed) -> Iterator[list[Controller]]:
+    """Start controllers with `controllers.append(Controller(bed, name))`; all stopped after."""
+    started: list[Controller] = []
+    yield started
+    for c in started:
+        c.kill()
+
+
+def ready(c: Controller) -> bool:
+    match = re.search(r"probes on (http://[\d.]+:\d+)", c.text())
+    if match is None:
+        return False
+    try:
+        with urllib.request.urlopen(match.group(1) + "/readyz", timeout=5) as answer:
+            return bool(answer.status == 200)
+    except urllib.error.HTTPError:
+        return False
+
+
+def leader(client: KubeClient, bed: Bed) -> str | None:
+    try:
+        lease = client.get(
+            kube.path(
+                "coordination.k8s.io/v1", "leases", "vgpu-dra-controller", namespace=bed.system_ns
+            )
+        )
+    except kube.NotFound:
+        return None
+    return str((lease.get("spec") or {}).get("holderIdentity") or "") or None
+
+
+def gpu_claim(
+    name: str,
+    driver: str,
+    *,
+    count: int = 1,
+    memory: str | None = None,
+    cores: str | None = None,
+    selector: str | None = None,
+) -> JSON:
+    exactly: JSON = {"deviceClassName": driver, "count": count}
+    requests = {k: v for k, v in (("memory", memory), ("cores", cores)) if v}
+    if requests:
+        exactly["capacity"] = {"requests": requests}
+    if selector:
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
+    return {
+        "apiVersion": RESOURCE_API,
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+    }
+
+
+def gated_pod(name: str, claims: list[str], annotations: dict[str, str]) -> JSON:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "annotations": {f"vgpu.dra.dev/{k}": v for k, v in annotations.items()},
+        },
+        "spec": {
+            "restartPolicy": "Never",
+            "schedulingGates": [{"name": GATE}, {"name": "example.com/keep"}],
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"claims": [{"name": c} for c in claims]},
+                }
+            ],
+            "resourceClaims": [{"name": c, "resourceClaimName": c} for c in claims],
+        },
+    }
+
+
+def submit(
+    client: KubeClient,
+    ns: str,
+    name: str,
+    claims: list[JSON],
+    annotations: dict[str, str],
+) -> None:
+    for claim in claims:
+        client.create(kube.path(RESOURCE_API, "resourceclaims", namespace=ns), claim)
+    pod = gated_pod(name, [c["metadata"]["name"] for c in claims], annotations)
+    client.create(kube.path("v1", "pods", namespace=ns), pod)
+
+
+def get_pod(client: KubeClient, ns: str, name: str) -> JSON:
+    return client.get(kube.path("v1", "pods", name, namespace=ns))
+
+
+def get_claim(client: KubeClient, ns: str, name: str) -> JSON:
+    return client.get(kube.path(RESOURCE_API, "resourceclaims", name, namespace=ns))
+
+
+def ungated(client: KubeClient, ns: str, name: str) -> JSON | None:
+    pod = get_pod(client, ns, name)
+    gates = [g["name"] for g in pod["spec"].get("schedulingGates") or []]
+    return None if GATE in gates else pod
+
+
+def placed(client: KubeClient, ns: str, name: str) -> tuple[str, list[str]]:
+    """(node, devices) of pod `name` with its one claim `name`, once the controller lifted the
+    gate; the other gate stays (so kube-scheduler does not bind yet)."""
+    pod = await_(f"pod {name} ungated", lambda: ungated(client, ns, name))
+    assert [g["name"] for g in pod["spec"]["schedulingGates"]] == ["example.com/keep"]
+    status = get_claim(client, ns, name)["status"]
+    assert status["reservedFor"] == [
+        {"resource": "pods", "name": name, "uid": pod["metadata"]["uid"]}
+    ]
+    terms = status["allocation"]["nodeSelector"]["nodeSelectorTerms"]
+    node = terms[0]["matchFields"][0]["values"][0]
+    return node, [r["device"] for r in status["allocation"]["devices"]["results"]]
+
+
+def condition(pod: JSON) -> JSON | None:
+    for cond in pod.get("status", {}).get("conditions") or []:
+        if cond["type"] == "vgpu.dra.dev/Placement":
+            return dict(cond)
+    return None
+
+
+def started(client: KubeClient, bed: Bed, *controllers: Controller) -> str:
+    """The identity of the Lease holder, once it is one of `controllers` (a killed controller of
+    an earlier test may hold it until it expires)."""
+
+    def holder() -> str | None:
+        for c in controllers:
+            assert c.proc.poll() is None, c.text()
+        now = leader(client, bed)
+        mine = now and any(re.search(rf" as {re.escape(now)}\b", c.text()) for c in controllers)
+        return now if mine else None
+
+    return await_("a lease holder among the started controllers", holder, timeout=30)
+
+
+def test_binpack_then_spread_place_exactly(
+    client: KubeClient, bed: Bed, namespace: str, controllers: list[Controller]
+) -> None:
+    controllers.append(Controller(bed, "exact"))
+    started(client, bed, *controllers)
+    binpack = {"node-policy": "binpack", "device-policy": "binpack"}
+    spread = {"node-policy": "spread", "device-policy": "spread"}
+    a10, a100, h100 = bed.node("a10"), bed.node("a100"), bed.node("h100")
+    # Binpack: the first node by name (all equally empty), then always the most used node and
+    # GPU: three 4Gi/10-core shares stack on one A10.
+    for i in range(3):
+        submit(client, namespace, f"b{i}", [gpu_claim(f"b{i}", bed.driver, memory="4Gi",
+               cores="10")], binpack)  # fmt: skip
+        assert placed(client, namespace, f"b{i}") == (a10, ["gpu-0"])
+    # Spread: the least used node first (a100 and h100 are empty, a100 sorts first), then h100,
+    # then the least used fraction: a10 has 12Gi of 96Gi, a100 4Gi of 320Gi, h100 4Gi of 640Gi
+    # (same cores each) -> h100 again, on its least used GPU.
+    expected = [(a100, ["gpu-0"]), (h100, ["gpu-0"]), (h100, ["gpu-1"]), (a100, ["gpu-1"])]
+    for i, want in enumerate(expected):
+        submit(client, namespace, f"s{i}", [gpu_claim(f"s{i}", bed.driver, memory="4Gi",
+               cores="10")], spread)  # fmt: skip
+        assert placed(client, namespace, f"s{i}") == want, i
+    # Lifting the last gate hands the pod to kube-scheduler, which binds it to the chosen node.
+    client.merge_patch(kube.path("v1", "pods", "s0", namespace=namespace),
+                       {"spec": {"schedulingGates": None}})  # fmt: skip
+    bound = await_("s0 bound", lambda: get_pod(client, namespace, "s0")["spec"].get("nodeName"))
+    assert bound == a100
+
+
+def island(device: str) -> int:
+    return SHAPES["two-islands"][int(device.split("-")[1])] or 0
+
+
+def test_topology_and_type_filters(
+    client: KubeClient, bed: Bed, namespace: str, controllers: list[Controller]
+) -> None:
+    controllers.append(Controller(bed, "topology"))
+    started(client, bed, *controllers)
+    # One whole A100 taken first, so a topology-blind pick of the 4 least used GPUs would span
+    # both islands.
+    submit(client, namespace, "first", [gpu_claim("first", bed.driver)],
+           {"gpu-type": "A100", "device-policy": "binpack"})  # fmt: skip
+    node, devices = placed(client, namespace, "first")
+    assert node == bed.node("a100")
+    submit(client, namespace, "linked", [gpu_claim("linked", bed.driver, count=4)],
+           {"gpu-type": "A100", "topology": "link"})  # fmt: skip
+    node, devices = placed(client, namespace, "linked")
+    assert node == bed.node("a100") and len(devices) == 4
+    assert len({island(d) for d in devices}) == 1, devices
+
+    submit(client, namespace, "five", [gpu_claim("five", bed.driver, count=5)],
+           {"gpu-type": "A100", "topology": "link-strict"})  # fmt: skip
+    pod = await_("five refused", lambda: condition(get_pod(client, namespace, "five")) and
+                 get_pod(client, namespace, "five"))  # fmt: skip
+    cond = condition(pod)
+    assert cond is not None and cond["status"] == "False" and cond["reason"] == "Unschedulable"
+    assert "NVLink" in cond["message"], cond
+    events = client.list(kube.path("v1", "events", namespace=namespace),
+                         field_selector="involvedObject.name=five")  # fmt: skip
+    assert [e["reason"] for e in events] == ["Unschedulable"]
+    assert events[0]["message"] == cond["message"] and events[0]["type"] == "Warning"
+    assert GATE in [g["name"] for g in pod["spec"]["schedulingGates"]]
+    assert "allocation" not in (get_claim(client, namespace, "five").get("status") or {})
+
+    submit(client, namespace, "incl", [gpu_claim("incl", bed.driver, memory="1Gi")],
+           {"gpu-type": "H100"})  # fmt: skip
+    assert placed(client, namespace, "incl")[0] == bed.node("h100")
+    submit(client, namespace, "excl", [gpu_claim("excl", bed.driver, memory="1Gi")],
+           {"exclude-gpu-type": "H100,A100"})  # fmt: skip
+    assert placed(client, namespace, "excl")[0] == bed.node("a10")
+
+
+def device_use(client: KubeClient, ns: str) -> dict[str, int]:
+    """Memory allocated per device (bytes) over every claim in the namespace."""
+    use: dict[str, int] = {}
+    for claim in client.list(kube.path(RESOURCE_API, "resourceclaims", namespace=ns)):
+        allocation = (claim.get("status") or {}).get("allocation")
+        for r in (allocation or {}).get("devices", {}).get("results", []):
+            key = f"{r['pool']}/{r['device']}"
+            use[key] = use.get(key, 0) + parse_quantity(r["consumedCapacity"]["memory"])
+    return use
+
+
+A10_SELECTOR = 'device.attributes["{d}"].productName == "NVIDIA A10"'
+A10_MEMORY = 24 * 1024**3
+
+
+def test_two_replicas_never_overbook_when_the_leader_dies(
+    client: KubeClient, bed: Bed, namespace: str, controllers: list[Controller]
+) -> None:
+    controllers += [Controller(bed, "replica-a"), Controller(bed, "replica-b")]
+    first = started(client, bed, *controllers)
+    # Leader and standby are both ready (the standby reaches the Lease and keeps its model).
+    for c in controllers:
+        await_(f"{c.log.stem} ready", functools.partial(ready, c))
+    # Eight pods for four A10s at 20Gi each: exactly four fit, one per GPU.
+    for i in range(8):
+        claim = gpu_claim(f"p{i}", bed.driver, memory="20Gi",
+                          selector=A10_SELECTOR.format(d=bed.driver))  # fmt: skip
+        submit(client, namespace, f"p{i}", [claim], {})
+        if i == 2:  # kill the leader mid-stream (after its first placement), lease held
+            await_("p0 placed", functools.partial(ungated, client, namespace, "p0"))
+            victims = [c for c in controllers if f" as {first}" in c.text()]
+            assert len(victims) == 1, first
+            victims[0].kill()
+    await_("a new leader", lambda: (leader(client, bed) or first) != first, timeout=30)
+
+    def settled() -> list[str] | None:
+        done = []
+        for i in range(8):
+            pod = get_pod(client, namespace, f"p{i}")
+            gated = GATE in [g["name"] for g in pod["spec"].get("schedulingGates") or []]
+            if not gated:
+                done.append(f"p{i}")
+            elif (condition(pod) or {}).get("status") != "False":
+                return None
+        return done
+
+    done = await_("all eight decided", settled, timeout=60)
+    assert len(done) == 4, done
+    use = device_use(client, namespace)
+    assert len(use) == 4 and all(v <= A10_MEMORY for v in use.values()), use
+
+
+def test_a_controller_killed_mid_allocation_converges(
+    client: KubeClient, bed: Bed, namespace: str, controllers: list[Controller]
+) -> None:
+    controllers.append(Controller(bed, "victim"))
+    started(client, bed, *controllers)
+    names = [f"k{i}" for i in range(6)]
+    for name in names:  # two claims per pod: a crash can fall between their writes
+        claims = [gpu_claim(f"{name}-{j}", bed.driver, memory="2Gi") for j in range(2)]
+        submit(client, namespace, name, claims, {"node-policy": "spread"})
+
+    def any_allocated() -> bool:
+        return any(
+            (c.get("status") or {}).get("allocation")
+            for c in client.list(kube.path(RESOURCE_API, "resourceclaims", namespace=namespace))
+        )
+
+    await_("a first allocation", any_allocated)
+    controllers[0].kill()
+    # Make the crash between two claim writes certain for one more pod: its first claim is
+    # allocated for it (on a GPU next to k0's, as a dead controller would have written it), its
+    # second is not, and its gate is still on.
+    template = get_claim(client, namespace, "k0-0")["status"]["allocation"]
+    half = [gpu_claim(f"h-{j}", bed.driver, memory="2Gi") for j in range(2)]
+    submit(client, namespace, "h", half, {"node-policy": "spread"})
+    h_uid = get_pod(client, namespace, "h")["metadata"]["uid"]
+    first = get_claim(client, namespace, "h-0")
+    allocation = copy.deepcopy(template)
+    allocation["devices"]["results"][0]["shareID"] = str(uuid.uuid4())
+    first["status"] = {
+        "allocation": allocation,
+        "reservedFor": [{"resource": "pods", "name": "h", "uid": h_uid}],
+    }
+    client.replace(
+        kube.path(RESOURCE_API, "resourceclaims", "h-0", namespace=namespace, subresource="status"),
+        first,
+    )
+    names.append("h")
+    controllers.append(Controller(bed, "successor"))
+    for name in names:
+        pod = await_(f"{name} ungated", functools.partial(ungated, client, namespace, name), 60)
+        nodes = set()
+        for j in range(2):
+            status = get_claim(client, namespace, f"{name}-{j}")["status"]
+            assert status["reservedFor"] == [
+                {"resource": "pods", "name": name, "uid": pod["metadata"]["uid"]}
+            ]
+            term = status["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]
+            nodes.add(term["matchFields"][0]["values"][0])
+        assert len(nodes) == 1, (name, nodes)  # both claims of a pod on one node
+
+
+def test_template_claims_are_placed_and_a_refused_pod_is_retried_on_change(
+    client: KubeClient, bed: Bed, namespace: str, controllers: list[Controller]
+) -> None:
+    """A claim generated from a ResourceClaimTemplate (found through the pod's
+    resourceClaimStatuses) is placed; a pod refused for lack of capacity is placed once a claim
+    is deleted and frees it."""
+    controllers.append(Controller(bed, "template"))
+    started(client, bed, *controllers)
+    only_a10 = A10_SELECTOR.format(d=bed.driver)
+    client.create(
+        kube.path(RESOURCE_API, "resourceclaimtemplates", namespace=namespace),
+        {
+            "apiVersion": RESOURCE_API,
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "whole-a10"},
+            "spec": {"spec": gpu_claim("x", bed.driver, count=4, selector=only_a10)["spec"]},
+        },
+    )
+    pod = gated_pod("tpl", [], {})
+    pod["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": "whole-a10"}]
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpus"}]}
+    client.create(kube.path("v1", "pods", namespace=namespace), pod)
+    placed_pod = await_("tpl ungated", functools.partial(ungated, client, namespace, "tpl"))
+    (status,) = placed_pod["status"]["resourceClaimStatuses"]
+    claim = get_claim(client, namespace, status["resourceClaimName"])
+    assert len(claim["status"]["allocation"]["devices"]["results"]) == 4
+    # All four A10s are taken whole: the next A10 pod is refused ...
+    submit(client, namespace, "late", [gpu_claim("late", bed.driver, selector=only_a10)], {})
+    await_("late refused", lambda: condition(get_pod(client, namespace, "late")))
+    assert GATE in [
+        g["name"] for g in get_pod(client, namespace, "late")["spec"]["schedulingGates"]
+    ]
+    # ... and placed as soon as the template pod and its claim are gone.
+    client.request("DELETE", kube.path("v1", "pods", "tpl", namespace=namespace),
+                   query={"gracePeriodSeconds": 0})  # fmt: skip
+    client.delete(
+        kube.path(RESOURCE_API, "resourceclaims", status["resourceClaimName"], namespace=namespace)
+    )
+    assert placed(client, namespace, "late")[0] == bed.node("a10")
+
+
+def test_watch_streams_events_from_a_listed_version(client: KubeClient, namespace: str) -> None:
+    """`KubeClient.watch` on the real API server: a change after the listed version arrives as
+    a dict event. (The server replays old versions from etcd until it compacts, so 410 Gone
+    cannot be provoked here; tests/unit/controller/test_informers.py covers it.)"""
+    path = kube.path("v1", "configmaps", namespace=namespace)
+    _, version = client.list_versioned(path)
+    client.create(path, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "w"}})
+    events = client.watch(path, version, timeout_s=5)
+    event = next(e for e in events if e["type"] != "BOOKMARK")
+    assert (event["type"], event["object"]["metadata"]["name"]) == ("ADDED", "w")
+    events.close()

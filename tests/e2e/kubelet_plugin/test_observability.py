@@ -1,0 +1,222 @@
+"""Observability on the test bed: Events for a claim that cannot be prepared, `vgpu-dra status`
+against the real cluster with live figures from the plugin's /metrics.
+
+node-1 of the session cluster (a simulated `dgx-h100`) gets its agents: the kubelet plugin runs
+with the node's credentials (`system:node:node-1`, so the Node authorizer and NodeRestriction
+apply to every Event it writes) and, as everywhere in the bed, metrics on a loopback port; the
+kubelet stand-in
+prepares the pods the real scheduler binds there.
+
+What this proves:
+1. A claim whose opaque config is invalid is allocated by the scheduler but fails to prepare;
+   the plugin writes a Warning Event on the ResourceClaim and on its Pod, with the node as
+   source and a message naming the bad field (what `kubectl describe` shows the user).
+2. `vgpu-dra status` (the console script, from the admin kubeconfig) lists node-1's GPUs, the
+   shared example's claim with 1Gi and 10 % cores on its GPU, that GPU's free memory and cores,
+   and the live columns from the plugin's metrics; `-o json` carries the same figures; the
+   table has no colour codes when its output is not a terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from dra_driver import kube
+from dra_driver.kube import RESOURCE_API, KubeClient
+from tests.e2e.kubelet_plugin.pods import (
+    DRIVER,
+    EXAMPLES,
+    REPO,
+    apply,
+    deviceclass_exists,
+    pod_claim,
+    running_pod,
+)
+from vgpu_testbed.polling import wait_for
+from vgpu_testbed.standin.node_agents import NodeAgents, start_node_agents
+
+# Longer than the 60 s default: module fixtures start node agents; tests wait for metrics, events
+# and traces of real pods.
+pytestmark = pytest.mark.timeout(300)
+
+GIB = 1 << 30
+
+
+@pytest.fixture(scope="module")
+def client(cluster: Any) -> Iterator[KubeClient]:
+    kc = KubeClient.from_kubeconfig(str(cluster.kubeconfig))
+    yield kc
+    kc.close()
+
+
+@pytest.fixture(scope="module")
+def node1(cluster: Any, client: KubeClient) -> Iterator[tuple[NodeAgents, str]]:
+    """node-1's agents with metrics on a free loopback port; (agents, metrics URL)."""
+    device_class = yaml.safe_load((REPO / "deploy" / "deviceclass.yaml").read_text())
+    name = device_class["metadata"]["name"]
+    client.delete(kube.path(RESOURCE_API, "deviceclasses", name))
+    wait_for("an old DeviceClass to go", lambda: not deviceclass_exists(client, name))
+    client.create(kube.path(RESOURCE_API, "deviceclasses"), device_class)
+    started = start_node_agents(cluster, ["node-1"], plugin_args=["--resync-seconds", "1"])
+    agents = started["node-1"]
+    try:
+        # The bed starts every plugin with metrics on a free loopback port.
+        url = wait_for("the plugin's metrics URL in its log", agents.metrics_url)
+        yield agents, url
+    finally:
+        agents.stop()
+        for obj in client.list(
+            kube.path(RESOURCE_API, "resourceslices"), field_selector=f"spec.driver={DRIVER}"
+        ):
+            client.delete(kube.path(RESOURCE_API, "resourceslices", obj["metadata"]["name"]))
+        client.delete(kube.path(RESOURCE_API, "deviceclasses", name))
+
+
+def events_about(client: KubeClient, namespace: str, uid: str) -> list[dict[str, Any]]:
+    """The plugin's Events about one object (the scheduler writes its own on the pod)."""
+    return [
+        e
+        for e in client.list(kube.path("v1", "events", namespace=namespace))
+        if (e.get("involvedObject") or {}).get("uid") == uid
+        and (e.get("source") or {}).get("component") == "vgpu-dra-kubelet-plugin"
+    ]
+
+
+def test_prepare_failure_is_an_event_on_claim_and_pod(
+    client: KubeClient, node1: tuple[NodeAgents, str], namespace: str
+) -> None:
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "bad-config"},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}],
+                "config": [
+                    {
+                        "opaque": {
+                            "driver": DRIVER,
+                            "parameters": {
+                                "apiVersion": "vgpu.dra.dev/v1alpha1",
+                                "kind": "VgpuConfig",
+                                "computePolicy": "max",
+                            },
+                        }
+                    }
+                ],
+            }
+        },
+    }
+    created = client.create(kube.path(RESOURCE_API, "resourceclaims", namespace=namespace), claim)
+    pod = client.create(
+        kube.path("v1", "pods", namespace=namespace),
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "bad-config"},
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [
+                    {
+                        "name": "cuda",
+                        "image": "registry.k8s.io/pause:3.10",
+                        "resources": {"claims": [{"name": "gpu"}]},
+                    }
+                ],
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": "bad-config"}],
+            },
+        },
+    )
+    claim_uid, pod_uid = created["metadata"]["uid"], pod["metadata"]["uid"]
+    [claim_event] = wait_for(
+        "a Warning Event on the claim",
+        lambda: events_about(client, namespace, claim_uid),
+        timeout=90,
+    )
+    assert claim_event["type"] == "Warning"
+    assert claim_event["reason"] == "PrepareFailed"
+    assert claim_event["involvedObject"]["kind"] == "ResourceClaim"
+    assert claim_event["source"] == {"component": "vgpu-dra-kubelet-plugin", "host": "node-1"}
+    message = claim_event["message"]
+    assert message.startswith("cannot prepare this claim on node node-1")
+    assert "computePolicy" in message and "max" in message  # names the field and the value
+    assert "fix the claim" in message
+    [pod_event] = wait_for(
+        "a Warning Event on the pod", lambda: events_about(client, namespace, pod_uid)
+    )
+    assert pod_event["involvedObject"]["kind"] == "Pod"
+    assert pod_event["message"].startswith("cannot prepare ResourceClaim bad-config")
+
+
+def run_status(cluster: Any, *args: str) -> str:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dra_driver.cli",
+            "status",
+            f"--kubeconfig={cluster.kubeconfig}",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_status_shows_the_shared_claim_with_live_figures(
+    cluster: Any, client: KubeClient, node1: tuple[NodeAgents, str], namespace: str
+) -> None:
+    _, url = node1
+    apply(client, EXAMPLES / "shared-gpu.yaml", namespace)
+    pod = running_pod(client, namespace, "shared-gpu")
+    claim = pod_claim(client, pod)
+    [allocated] = claim["status"]["allocation"]["devices"]["results"]
+    endpoint = f"--metrics-endpoint=node-1={url}"
+    document = json.loads(run_status(cluster, "-o", "json", endpoint))
+    assert document["live_nodes"] == ["node-1"] and not document["errors"]
+    gpus = {g["device"]: g for g in document["gpus"] if g["node"] == "node-1"}
+    assert len(gpus) == 8  # the dgx-h100 profile
+    gpu = gpus[allocated["device"]]
+    assert gpu["claims"] >= 1
+    mine = [
+        c
+        for c in document["claims"]
+        if c["namespace"] == namespace and c["claim"] == claim["metadata"]["name"]
+    ]
+    assert mine == [
+        {
+            "namespace": namespace,
+            "claim": claim["metadata"]["name"],
+            "node": "node-1",
+            "device": allocated["device"],
+            "memory": GIB,
+            "cores": 10,
+            "pods": ["shared-gpu"],
+            "memory_used": 0,  # live from the plugin's region reading: no process runs yet
+            "utilization": 0.0,
+        }
+    ]
+    assert gpu["memory_free"] == gpu["memory_total"] - gpu["memory_allocated"]
+    assert gpu["cores_free"] == 100 - gpu["cores_allocated"]
+    assert gpu["memory_used"] is not None  # NVML of the simulated GPU, via the plugin
+
+    table = run_status(cluster, endpoint)
+    assert "\033[" not in table  # not a terminal: no colour
+    row = next(line.split() for line in table.splitlines() if line.startswith(f"{namespace} "))
+    assert row[:6] == [
+        namespace, claim["metadata"]["name"], "node-1", allocated["device"], "1Gi", "10%"
+    ]  # fmt: skip
+    wide = run_status(cluster, "-o", "wide")
+    assert "shared-gpu" in wide and "UUID" in wide

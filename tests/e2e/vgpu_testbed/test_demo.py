@@ -1,0 +1,167 @@
+"""`vgpu-dra demo` runs start to finish with the real components and cleans up after itself.
+
+What this proves (asserted on the demo's own output):
+1. The full demo exits 0 and runs every step: the plugins published 8 H100s (node-1) and 4 A10s
+   (node-2) with their NUMA nodes and NVLink domain; kube-scheduler placed every example and
+   the plugin prepared it (nvlink-pair: two GPUs of node-1; a10-only: node-2; shared-gpu:
+   1 GiB and 10 cores with a shareID, 90 cores left on its GPU), and the shared claim's
+   vgpu.conf carries those limits.
+2. Inside the shared pod's container (when root): NVML shows one GPU whose total memory is the
+   1 GiB cap; an allocation within the cap succeeds, one beyond it and one that would push the
+   claim's processes together past it fail with CUDA_ERROR_OUT_OF_MEMORY; the capped kernel
+   loop reads 10 % +- 3 points of NVML utilisation while the uncapped one reads >= 90 %, and
+   its launch rate is 5-16 % of the uncapped one's (whole run, settling included).
+3. Deleting the shared pod makes the plugin unprepare its claim (CDI spec, claim dir and
+   checkpoint entry gone) and the pod and its generated claim disappear from the API.
+4. Without --keep the cluster directory is gone afterwards; with an example that cannot be
+   scheduled (no NVLink on an A10-only cluster) the demo names the failed step, the pod and
+   the scheduler's reason, keeps the logs, stops every process, and exits 1.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.cluster import require_binaries
+
+# Longer than the 60 s default: each test runs the whole demo: a cluster, node agents, compute-cap
+# runs.
+pytestmark = pytest.mark.timeout(600)
+
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def run_demo(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    require_binaries()
+    return subprocess.run(
+        [sys.executable, "-m", "dra_driver.cli", "demo", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A short cluster directory: node agents' unix socket paths must fit in 107 characters,
+    which pytest's tmp_path (deep under /tmp/pytest-of-<user>/) does not leave room for."""
+    path = Path(tempfile.mkdtemp(prefix="vdemo-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def placement_row(out: str, pod: str) -> list[str]:
+    match = re.search(rf"^ +{pod} +(node-\d) +(\S+) +(.+?) {{2,}}(\S.*?) {{2,}}(\S+) +(\d+)$", out,
+                      re.MULTILINE)  # fmt: skip
+    assert match, f"no placement row for {pod}:\n{out}"
+    return list(match.groups())
+
+
+def test_demo_runs_and_cleans_up(short_dir: Path) -> None:
+    root = short_dir / "demo"
+    done = run_demo("--dir", str(root))
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+
+    # 1. published devices, placements and the prepared claim
+    h100 = re.findall(r"^ +node-1 +gpu-(\d) +NVIDIA H100 80GB HBM3 +79\.6 GiB +100 +([01]) +0 ",
+                      out, re.MULTILINE)  # fmt: skip
+    assert sorted(int(i) for i, _ in h100) == list(range(8)), out
+    assert {(int(i) < 4, numa) for i, numa in h100} == {(True, "0"), (False, "1")}
+    a10 = re.findall(r"^ +node-2 +gpu-\d +NVIDIA A10 +22\.5 GiB +100 +[01] +- ", out, re.MULTILINE)
+    assert len(a10) == 4, out
+    node, devices, _, _, _, cdi = placement_row(out, "nvlink-pair")
+    assert node == "node-1" and len(devices.split(",")) == 2 and cdi == "2"
+    assert placement_row(out, "a10-only")[0] == "node-2"
+    assert placement_row(out, "whole-gpu")[5] == "1"
+    _, _, memory, cores, share, cdi = placement_row(out, "shared-gpu")
+    assert (memory, cores, cdi) == ("1 GiB", "10", "1") and re.fullmatch(r"[0-9a-f]{8}…", share)
+    assert re.search(r"device uuid=GPU-\S+ memory=1073741824 cores=10 policy=fixed", out)
+    assert re.search(r"k8s\.vgpu\.dra\.dev/claim=\S+", out)
+    assert "mount  " in out and "-> /etc/ld.so.preload (ro)" in out
+
+    # 2. the caps, inside the container
+    if os.geteuid() != 0:
+        assert "SKIPPED: running a program as a container would needs root" in out
+    else:
+        assert re.search(r"NVML in the container: 1 GPU: #0 NVIDIA \S+.* total 1 GiB", out), out
+        assert "cuMemAlloc 768 MiB (within the cap): ok" in out
+        assert "cuMemAlloc 2 GiB (beyond the cap): CUDA_ERROR_OUT_OF_MEMORY" in out
+        assert "is held: CUDA_ERROR_OUT_OF_MEMORY; after release: ok" in out
+        capped = re.search(r"capped at cores=10: NVML utilisation mean ([\d.]+)%", out)
+        assert capped, out
+        assert abs(float(capped.group(1)) - 10) <= 3, capped.group(0)
+        uncapped = re.search(r"no cores requested\): mean ([\d.]+)%", out)
+        assert uncapped and float(uncapped.group(1)) >= 90, out
+        # The programs' own launch counts tell the same story as NVML.
+        rates = re.search(r"launches per second: \d+ capped vs \d+ uncapped = ([\d.]+)%", out)
+        assert rates and 5 <= float(rates.group(1)) <= 16, out
+
+    # The shared pod's GPU may also hold a10-only's 4 GiB (no cores): the cores are certain.
+    assert re.search(
+        r"node-\d/gpu-\d: [\d.]+ GiB and 10 cores allocated; [\d.]+ GiB and 90 cores left", out
+    )
+
+    # 3. deleting the shared pod releases its claim on the node and in the API
+    assert re.search(r"claim unprepared after [\d.]+s: CDI spec, claim dir and checkpoint", out)
+    assert re.search(r"pod and ResourceClaim shared-gpu-\S+ deleted after [\d.]+s; its 1 GiB", out)
+
+    # 4. what an operator sees: the status table and the shared claim's series
+    assert re.search(r"\$ vgpu-dra status --metrics-endpoint node-1=http://127\.0\.0\.1:\d+/", out)
+    assert re.search(r"^ +NODE +GPU +MEMORY +ALLOCATED +FREE +CORES FREE +CLAIMS +USED +UTIL$",
+                     out, re.MULTILINE)  # fmt: skip
+    assert re.search(r"^ +default +shared-gpu-\S+ +node-\d +gpu-\d +1Gi +10% ", out, re.MULTILINE)
+    assert re.search(
+        r'vgpu_dra_claim_memory_limit_bytes\{namespace="default",pod="shared-gpu",'
+        r'claim="shared-gpu-\S+",device="gpu-\d"\} 1073741824',
+        out,
+    ), out
+    assert re.search(r"vgpu_dra_claim_cores_limit_ratio\{[^}]*\} 0\.1$", out, re.MULTILINE)
+    if os.geteuid() == 0:  # a program holds 300 MiB; the capped workload was throttled
+        assert re.search(r"vgpu_dra_claim_memory_used_bytes\{[^}]*\} 314572800$", out, re.M), out
+        assert re.search(r"vgpu_dra_claim_processes\{[^}]*\} 1$", out, re.MULTILINE), out
+        throttled = re.search(r"vgpu_dra_claim_throttled_seconds_total\{[^}]*\} ([\d.e+-]+)", out)
+        assert throttled and float(throttled.group(1)) > 0, out
+
+    # 5. teardown
+    assert "[8/8] Tear down" in out and "cluster stopped and removed" in out
+    assert re.search(r"demo finished in [\d.]+s", out)
+    assert not root.exists()
+
+
+def test_failed_step_is_reported_and_torn_down(short_dir: Path) -> None:
+    root = short_dir / "demo"
+    done = run_demo("--dir", str(root), "--nodes", "a10-pcie", "--wait-timeout", "8")
+    assert done.returncode == 1, done.stdout + done.stderr
+    err = done.stderr
+    assert "step 3 (Apply the DeviceClass and deploy/examples" in err
+    assert "waiting for pod nvlink-pair" in err and "cannot allocate all claims" in err
+    logs = root / "logs"
+    for name in ("kubelet-plugin-node-1.log", "kubelet-standin-node-1.log", "kube-scheduler.log"):
+        assert str(logs / name) in err
+        assert (logs / name).is_file()
+    assert "Traceback" in (logs / "demo-traceback.txt").read_text()
+    assert "everything stopped; logs kept in" in done.stdout
+    assert sorted(p.name for p in root.iterdir()) == ["logs"]  # state, nodes, etcd removed
+
+    for pid in re.findall(r"(?:kubelet-plugin|kubelet stand-in) pid (\d+)", done.stdout):
+        assert not Path(f"/proc/{pid}").exists() or _zombie(int(pid)), pid
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (FileNotFoundError, IndexError):
+        return True

@@ -1,0 +1,314 @@
+"""Compute-cap accuracy runs on the simulated GPU (shared by the tests and bench/hook_bench.py).
+
+Tenants are cuda_probe processes launching kernels back to back inside containers whose
+claims carry `cores=<cap>`; a sampler process (same simulated node) reads NVML every 100 ms
+(50 ms for settling runs): GPU utilisation and per-process SM utilisation, always with the
+simulator's exact sampling, so it measures the truth. Optionally the node governor
+(kubelet_plugin.governor, given the claims' caps as the plugin's prepared plans would give them)
+runs in its own process (`python -m tests.integration.vgpu_hook.computecap governor ...`), otherwise
+the hooks' in-process controller acts. Tenants and governor see NVML with `sampling`: "exact" or
+"realistic" (per-period samples like real drivers, see docs/simulated-gpus.md), with optional
+jitter of the period boundaries.
+
+Result per tenant: mean utilisation and the mean absolute error from the cap over 0.5 s
+windows, after a settling period; settling runs report the time from the first busy sample
+until every tenant's 0.3 s mean stays within 3 points of its cap.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from kubelet_plugin.region import POLICY_BALANCE, POLICY_FIXED
+from tests.integration.vgpu_hook.conftest import PROBE, UUIDS, Node
+from vgpu_testbed.container import container_command
+
+SETTLE_S = 2.0
+WINDOW_S = 0.5
+SETTLE_BAND = 3.0  # points
+REALISTIC_JITTER_US = 20000
+KERNEL = "busy__ns20000"  # 20 us per wave of 108 blocks
+BLOCKS = "216"
+_POLICY_CODES = {"fixed": POLICY_FIXED, "balance": POLICY_BALANCE}
+
+
+def _sampler_main(uuid: str, seconds: float, interval: float) -> None:
+    """Runs in a child process with the simulated node's env; prints JSON lines."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+    end = time.monotonic() + seconds
+    last_us = time.time_ns() // 1000
+    while time.monotonic() < end:
+        time.sleep(interval)
+        device = pynvml.nvmlDeviceGetUtilizationRates(handle).gpu
+        try:
+            samples = pynvml.nvmlDeviceGetProcessUtilization(handle, last_us)
+        except pynvml.NVMLError:
+            samples = []
+        last_us = time.time_ns() // 1000
+        pids: dict[int, int] = {}
+        for s in samples:
+            pids[int(s.pid)] = pids.get(int(s.pid), 0) + int(s.smUtil)
+        print(json.dumps({"t": time.monotonic(), "device": device, "pids": pids}), flush=True)
+
+
+def _governor_main(state_dir: str, caps_json: str) -> None:
+    """Runs the node governor in a child process until SIGTERM, over the claims in `caps_json`
+    ({uid: [[uuid, cores, policy]]}), which stand in for the plugin's prepared plans."""
+    from kubelet_plugin.governor import CappedDevice, Governor, NvmlUtilSource
+
+    caps = {
+        uid: [CappedDevice(u, int(cores), int(policy)) for u, cores, policy in devices]
+        for uid, devices in json.loads(caps_json).items()
+    }
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    Governor(state_dir, NvmlUtilSource(), lambda: caps).run(stop)
+
+
+def sampling_env(sampling: str) -> dict[str, str]:
+    """The simulated NVML's sampling model for tenants and governor."""
+    if sampling == "exact":
+        return {"VGPU_SIM_UTIL_SAMPLING": "exact"}
+    if sampling == "realistic":
+        return {
+            "VGPU_SIM_UTIL_SAMPLING": "realistic",
+            "VGPU_SIM_UTIL_JITTER_US": str(REALISTIC_JITTER_US),
+        }
+    raise ValueError(f"unknown sampling {sampling!r} (exact or realistic)")
+
+
+def settle_time(
+    rows: list[dict[str, Any]], series: list[list[float]], caps: Sequence[int]
+) -> float:
+    """Seconds from the first busy sample until every tenant's 0.3 s mean stays in the band."""
+    times = [float(r["t"]) for r in rows]
+    busy = [i for i, _ in enumerate(rows) if any(s[i] > 0 for s in series)]
+    if not busy or len(times) < 2:
+        return float("nan")
+    step = (times[-1] - times[0]) / (len(times) - 1)
+    per = max(1, round(0.3 / step))
+    start = times[busy[0]] - step
+    settled_from: float | None = None
+    # The last 0.3 s are left out, as for accuracy: the sampler's final poll may be partial.
+    for i in range(busy[0], len(rows) - 2 * per + 1):
+        inside = all(
+            abs(sum(s[i : i + per]) / per - cap) <= SETTLE_BAND
+            for s, cap in zip(series, caps, strict=True)
+        )
+        if inside and settled_from is None:
+            settled_from = times[i] - step  # the window's start
+        elif not inside:
+            settled_from = None
+    return round(settled_from - start, 3) if settled_from is not None else float("nan")
+
+
+def run_tenants(
+    node: Node,
+    caps: Sequence[int],
+    *,
+    seconds: float,
+    governor: bool,
+    policy: str = "fixed",
+    sync_every_launch: bool = False,
+    settle_s: float = SETTLE_S,
+    delays_ms: Sequence[int] | None = None,
+    sampling: str = "exact",
+    interval: float = 0.1,
+    settling: dict[str, float] | None = None,
+) -> list[dict[str, float]]:
+    """Run one tenant per cap on GPU 0 at once; per tenant: mean util and MAE from its cap.
+
+    `settling`, when given, receives {"seconds": time to settle, "peak": highest 0.3 s mean of
+    any tenant above its cap in the first second} measured from the first busy sample.
+    """
+    tag = f"{'gov' if governor else 'hook'}-{'-'.join(map(str, caps))}-{time.monotonic_ns()}"
+    claims = [
+        node.claim(
+            f"cc-{tag}-{i}",
+            [f"device uuid={UUIDS[0]} memory={1 << 34} cores={cap} policy={policy}"],
+        )
+        for i, cap in enumerate(caps)
+    ]
+    env = dict(node.env, PROBE_KERNEL=KERNEL)
+    controlled_env = dict(env, **sampling_env(sampling))
+    truth_env = dict(env, **sampling_env("exact"))
+    gov: subprocess.Popen[str] | None = None
+    if governor:
+        caps_json = json.dumps(
+            {
+                c.uid: [[UUIDS[0], cap, _POLICY_CODES[policy]]]
+                for c, cap in zip(claims, caps, strict=True)
+            }
+        )
+        gov = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.integration.vgpu_hook.computecap",
+                "governor",
+                str(node.state_dir),
+                caps_json,
+            ],
+            env=controlled_env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    # Tenants outlive the sampler, so every sample is taken while all of them run.
+    run_step = f"run:{int(seconds) + 2}:{BLOCKS}:{1 if sync_every_launch else 0}"
+    # The sampler needs about 0.3 s to start: tenants wait so their first launches are seen.
+    delays = list(delays_ms) if delays_ms is not None else [0] * len(caps)
+    if settling is not None:
+        delays = [d + 600 for d in delays]
+    sampler = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.integration.vgpu_hook.computecap",
+            UUIDS[0],
+            str(seconds + 1),
+            str(interval),
+        ],
+        env=truth_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    tenants = [
+        subprocess.Popen(
+            container_command(
+                c.spec, c.device_names, [str(PROBE), "init", f"sleep:{delay}", run_step]
+            ),
+            env=controlled_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for c, delay in zip(claims, delays, strict=True)
+    ]
+    try:
+        sampled_out, sampled_err = sampler.communicate(timeout=seconds + 60)
+        outputs = [t.communicate(timeout=seconds + 60) for t in tenants]
+    finally:
+        if gov is not None:
+            gov.terminate()
+            gov.wait(timeout=30)
+    for t, (out, err) in zip(tenants, outputs, strict=True):
+        if t.returncode != 0 or "run launches=" not in out:
+            raise RuntimeError(f"tenant {t.pid} failed ({t.returncode}): {out} {err}")
+    if sampler.returncode != 0:
+        raise RuntimeError(f"sampler failed: {sampled_err}")
+    rows = [json.loads(line) for line in sampled_out.splitlines() if line.startswith("{")]
+
+    def series_of(tenant: subprocess.Popen[str], rows: list[dict[str, Any]]) -> list[float]:
+        if len(caps) == 1:
+            return (
+                [float(r["device"]) for r in rows]
+                if interval >= 0.15
+                else [float(sum(r["pids"].values())) for r in rows]
+            )
+        return [float(r["pids"].get(str(tenant.pid), 0)) for r in rows]
+
+    if settling is not None:
+        full = [series_of(t, rows) for t in tenants]
+        settling["seconds"] = settle_time(rows, full, caps)
+        busy = [i for i, _ in enumerate(rows) if any(s[i] > 0 for s in full)]
+        first = busy[0] if busy else 0
+        per = max(1, round(0.3 / interval))
+        early = range(first, min(len(rows) - per + 1, first + round(1.0 / interval)))
+        settling["peak_over_cap"] = round(
+            max(
+                (
+                    sum(s[i : i + per]) / per - cap
+                    for i in early
+                    for s, cap in zip(full, caps, strict=True)
+                ),
+                default=float("nan"),
+            ),
+            2,
+        )
+    start = rows[0]["t"] + settle_s + (0.6 if settling is not None else 0.0) if rows else 0.0
+    rows = [r for r in rows if r["t"] >= start and r["t"] <= rows[-1]["t"] - 0.3]
+    results = []
+    for tenant, cap in zip(tenants, caps, strict=True):
+        series = series_of(tenant, rows)
+        per = max(1, int(WINDOW_S / interval))
+        windows = [sum(series[i : i + per]) / per for i in range(0, len(series) - per + 1, per)]
+        mean = sum(series) / len(series) if series else float("nan")
+        mae = sum(abs(w - cap) for w in windows) / len(windows) if windows else float("nan")
+        results.append({"cap": cap, "mean_util": round(mean, 2), "mae": round(mae, 2)})
+    return results
+
+
+def measure_accuracy(node: Node, *, seconds: float, sampling: str = "exact") -> dict[str, Any]:
+    table: dict[str, Any] = {
+        "sampling": sampling,
+        "window_s": WINDOW_S,
+        "settle_s": SETTLE_S,
+        "seconds": seconds,
+    }
+    for governor in (False, True):
+        mode = "governor" if governor else "in_process"
+        table[mode] = {
+            "single": [
+                run_tenants(node, [cap], seconds=seconds, governor=governor, sampling=sampling)[0]
+                for cap in (10, 30, 50, 70)
+            ],
+            "pair_30_70": run_tenants(
+                node, [30, 70], seconds=seconds, governor=governor, sampling=sampling
+            ),
+        }
+    return table
+
+
+def measure_settling(node: Node, *, sampling: str = "exact") -> dict[str, Any]:
+    """Settling of a new claim (fixed, cap 30) and of two `balance` tenants (30/70) starting
+    together, for both controllers: seconds from the first busy sample into the 3-point band,
+    and the worst overshoot above the cap in the first second."""
+    table: dict[str, Any] = {"sampling": sampling, "band_points": SETTLE_BAND, "interval_s": 0.05}
+    for governor in (False, True):
+        mode = "governor" if governor else "in_process"
+        fixed: dict[str, float] = {}
+        run_tenants(
+            node,
+            [30],
+            seconds=3,
+            governor=governor,
+            sampling=sampling,
+            interval=0.05,
+            settle_s=1.0,
+            settling=fixed,
+        )
+        balance: dict[str, float] = {}
+        run_tenants(
+            node,
+            [30, 70],
+            seconds=4,
+            governor=governor,
+            policy="balance",
+            sampling=sampling,
+            interval=0.05,
+            settle_s=1.5,
+            settling=balance,
+        )
+        table[mode] = {"fixed_30": fixed, "balance_30_70": balance}
+    return table
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "governor":
+        _governor_main(sys.argv[2], sys.argv[3])
+    else:
+        _sampler_main(
+            sys.argv[1], float(sys.argv[2]), float(sys.argv[3]) if len(sys.argv) > 3 else 0.1
+        )

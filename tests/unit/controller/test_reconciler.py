@@ -1,0 +1,324 @@
+"""The policy-path reconciler's decisions and writes, against an in-memory API with real
+optimistic concurrency (resourceVersion checked on every write; 409 on a stale one).
+
+Proves: a gated pod is placed and its claims written (allocation on the chosen node, reservedFor
+the pod) and only our gate is removed; a pod whose claim is not there yet waits; a 409 on a claim
+is retried after a fresh read; a claim deleted mid-placement leaves the claims already written
+released and the model without their consumption; a crash between two claim writes (one claim
+allocated for the pod, one not) converges to both on one node; a refused pod gets one Event and
+one condition, is not retried without a change, and is retried when a node or slice arrives; an
+API failure is retried after a doubling backoff even when no event follows.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pytest
+
+from controller.reconciler import CONDITION, GATE, Defaults, Reconciler
+from dra_driver import kube
+from dra_driver.allocator.quantity import parse_quantity
+from tests.fixtures.allocator_cluster import DEVICE_CLASS, DRIVER, node_events
+
+JSON = dict[str, Any]
+NS = "tenant"
+
+
+class FakeApi:
+    """Objects by REST path; writes check resourceVersion like the API server."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, JSON] = {}
+        self.events: list[JSON] = []
+        self.fail: dict[str, list[kube.KubeError]] = {}  # path -> errors to raise first
+        self._rv = itertools.count(100)
+
+    def put(self, path: str, obj: JSON) -> JSON:
+        obj = copy.deepcopy(obj)
+        obj.setdefault("metadata", {})["resourceVersion"] = str(next(self._rv))
+        self.objects[path] = obj
+        return copy.deepcopy(obj)
+
+    def _raise_planned(self, path: str) -> None:
+        if self.fail.get(path):
+            raise self.fail[path].pop(0)
+
+    def get(self, path: str, **_: Any) -> JSON:
+        if path not in self.objects:
+            raise kube.NotFound(404, "NotFound", path)
+        return copy.deepcopy(self.objects[path])
+
+    def list(self, path: str, **_: Any) -> list[JSON]:
+        return [copy.deepcopy(o) for p, o in self.objects.items() if p.startswith(path)]
+
+    def replace(self, path: str, obj: Mapping[str, Any]) -> JSON:
+        self._raise_planned(path)
+        target = path.removesuffix("/status")
+        if target not in self.objects:
+            raise kube.NotFound(404, "NotFound", path)
+        current = self.objects[target]
+        if obj["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
+            raise kube.Conflict(409, "Conflict", path)
+        updated = dict(current)
+        if path.endswith("/status"):
+            updated["status"] = copy.deepcopy(obj.get("status"))
+        else:
+            updated = copy.deepcopy(dict(obj))
+        return self.put(target, updated)
+
+    def merge_patch(self, path: str, patch: Mapping[str, Any]) -> JSON:
+        current = self.objects[path]
+        want = patch.get("metadata", {}).get("resourceVersion")
+        if want and want != current["metadata"]["resourceVersion"]:
+            raise kube.Conflict(409, "Conflict", path)
+        updated = copy.deepcopy(current)
+        gates = patch["spec"]["schedulingGates"]
+        updated["spec"]["schedulingGates"] = gates or []
+        return self.put(path, updated)
+
+    def strategic_patch(self, path: str, patch: Mapping[str, Any]) -> JSON:
+        target = self.objects[path.removesuffix("/status")]
+        conditions = target.setdefault("status", {}).setdefault("conditions", [])
+        for cond in patch["status"]["conditions"]:
+            conditions[:] = [c for c in conditions if c["type"] != cond["type"]] + [cond]
+        return copy.deepcopy(target)
+
+    def create(self, path: str, obj: Mapping[str, Any]) -> JSON:
+        assert path.endswith("/events"), path
+        self.events.append(dict(obj))
+        return dict(obj)
+
+
+def claim_path(name: str) -> str:
+    return kube.path(kube.RESOURCE_API, "resourceclaims", name, namespace=NS)
+
+
+def pod_path(name: str) -> str:
+    return kube.path("v1", "pods", name, namespace=NS)
+
+
+def make_claim(api: FakeApi, name: str, memory: str = "10Gi") -> JSON:
+    return api.put(
+        claim_path(name),
+        {
+            "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}"},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpu",
+                            "exactly": {
+                                "deviceClassName": DRIVER,
+                                "capacity": {"requests": {"memory": memory}},
+                            },
+                        }
+                    ]
+                }
+            },
+        },
+    )
+
+
+def make_pod(api: FakeApi, name: str, claims: list[str], **annotations: str) -> JSON:
+    return api.put(
+        pod_path(name),
+        {
+            "metadata": {
+                "name": name,
+                "namespace": NS,
+                "uid": f"uid-{name}",
+                "annotations": {f"vgpu.dra.dev/{k}": v for k, v in annotations.items()},
+            },
+            "spec": {
+                "schedulingGates": [{"name": "other/gate"}, {"name": GATE}],
+                "containers": [{"name": "c"}],
+                "resourceClaims": [{"name": c, "resourceClaimName": c} for c in claims],
+            },
+        },
+    )
+
+
+@pytest.fixture
+def api() -> FakeApi:
+    return FakeApi()
+
+
+def reconciler(
+    api: FakeApi, nodes: int = 2, clock: Callable[[], float] = time.monotonic
+) -> Reconciler:
+    r = Reconciler(api, Defaults({}), clock=clock)  # type: ignore[arg-type]
+    r.on_event("DeviceClass", "apply", {**DEVICE_CLASS, "metadata": {"name": DRIVER}})
+    for n in range(nodes):
+        for kind, obj in node_events(n, gpus=2, shape="none"):
+            r.on_event(kind, "apply", obj)
+    return r
+
+
+def feed(r: Reconciler, api: FakeApi) -> None:
+    """What the informers would deliver: every claim and pod as the API holds it now."""
+    for path, obj in list(api.objects.items()):
+        r.on_event("Pod" if "/pods/" in path else "ResourceClaim", "apply", obj)
+
+
+def node_of(claim: JSON) -> str:
+    term = claim["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]
+    return str(term["matchFields"][0]["values"][0])
+
+
+def test_places_writes_claims_and_removes_only_its_gate(api: FakeApi) -> None:
+    r = reconciler(api)
+    make_claim(api, "a")
+    make_claim(api, "b")
+    make_pod(api, "p", ["a", "b"])
+    feed(r, api)
+    r.reconcile()
+    claims = [api.get(claim_path(n)) for n in ("a", "b")]
+    assert {node_of(c) for c in claims} == {"node-00000"}
+    for claim in claims:
+        assert claim["status"]["reservedFor"] == [{"resource": "pods", "name": "p", "uid": "uid-p"}]
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        assert result["driver"] == DRIVER and result["request"] == "gpu"
+        assert parse_quantity(result["consumedCapacity"]["memory"]) == 10 << 30
+        assert result["shareID"]
+    pod = api.get(pod_path("p"))
+    assert pod["spec"]["schedulingGates"] == [{"name": "other/gate"}]
+    assert pod["status"]["conditions"][0]["type"] == CONDITION
+    assert pod["status"]["conditions"][0]["status"] == "True"
+
+
+def test_a_pod_whose_claim_is_missing_waits(api: FakeApi) -> None:
+    r = reconciler(api)
+    make_pod(api, "p", ["later"])
+    feed(r, api)
+    r.reconcile()
+    assert GATE in [g["name"] for g in api.get(pod_path("p"))["spec"]["schedulingGates"]]
+    assert api.events == []
+    r.on_event("ResourceClaim", "apply", make_claim(api, "later"))
+    r.reconcile()
+    assert api.get(claim_path("later"))["status"]["allocation"]
+
+
+def test_a_conflict_is_retried_after_a_fresh_read(api: FakeApi) -> None:
+    r = reconciler(api)
+    make_claim(api, "a")
+    make_pod(api, "p", ["a"])
+    feed(r, api)
+    # Someone (e.g. a label change) updates the claim after the informer delivered it.
+    stale = api.get(claim_path("a"))
+    api.put(claim_path("a"), {**stale, "metadata": {**stale["metadata"], "labels": {"x": "y"}}})
+    r.reconcile()
+    claim = api.get(claim_path("a"))
+    assert claim["status"]["allocation"] and claim["metadata"]["labels"] == {"x": "y"}
+
+
+def test_a_claim_deleted_mid_placement_leaves_nothing_behind(api: FakeApi) -> None:
+    r = reconciler(api, nodes=1)
+    make_claim(api, "a")
+    make_claim(api, "b")
+    make_pod(api, "p", ["a", "b"])
+    feed(r, api)
+    # "b" is deleted after the informer delivered it, before the controller writes it.
+    del api.objects[claim_path("b")]
+    r.reconcile()
+    assert "allocation" not in (api.get(claim_path("a")).get("status") or {})
+    assert "reservedFor" not in (api.get(claim_path("a")).get("status") or {})
+    assert GATE in [g["name"] for g in api.get(pod_path("p"))["spec"]["schedulingGates"]]
+    assert all(not any(use.values()) for use in r.model.used.values())
+    r.on_event("ResourceClaim", "delete", {"metadata": {"name": "b", "namespace": NS,
+                                                        "uid": "uid-b"}})  # fmt: skip
+    r.reconcile()  # still waiting for "b": nothing written
+    assert "allocation" not in (api.get(claim_path("a")).get("status") or {})
+
+
+def test_a_crash_between_claim_writes_converges(api: FakeApi) -> None:
+    """The first claim was written for the pod on node-00001 by a controller that died before
+    writing the second; the restarted controller places both together."""
+    make_claim(api, "a", memory="30Gi")
+    make_claim(api, "b", memory="30Gi")
+    make_pod(api, "p", ["a", "b"])
+    r1 = reconciler(api)
+    feed(r1, api)
+    r1.reconcile()
+    first = api.get(claim_path("a"))
+    api.put(claim_path("b"), {**api.get(claim_path("b")), "status": {}})  # "b" never written
+    assert first["status"]["allocation"]
+    pod = api.get(pod_path("p"))
+    pod["spec"]["schedulingGates"] = [{"name": GATE}]  # the gate was never lifted
+    api.put(pod_path("p"), pod)
+    r2 = reconciler(api)
+    feed(r2, api)
+    r2.reconcile()
+    a, b = api.get(claim_path("a")), api.get(claim_path("b"))
+    assert a["status"]["allocation"] and b["status"]["allocation"]
+    assert node_of(a) == node_of(b)
+    assert api.get(pod_path("p"))["spec"]["schedulingGates"] == []
+
+
+def test_a_refused_pod_is_reported_once_and_retried_on_change(api: FakeApi) -> None:
+    r = reconciler(api, nodes=0)
+    make_claim(api, "a")
+    make_pod(api, "p", ["a"], topology="link-strict")
+    feed(r, api)
+    r.reconcile()
+    assert [e["reason"] for e in api.events] == ["Unschedulable"]
+    cond = api.get(pod_path("p"))["status"]["conditions"][0]
+    assert (cond["type"], cond["status"], cond["reason"]) == (CONDITION, "False", "Unschedulable")
+    assert cond["message"] == api.events[0]["message"]
+    assert not r.dirty  # no busy loop: nothing to do until something changes
+    r.reconcile()
+    assert len(api.events) == 1
+    for kind, obj in node_events(7, gpus=2, shape="none"):
+        r.on_event(kind, "apply", obj)
+    assert ("tenant", "p") in r.dirty
+    r.reconcile()
+    # link-strict: these GPUs have no NVLink, so still refused, with a new reason reported once.
+    assert len(api.events) == 2 and "NVLink" in api.events[1]["message"]
+
+
+def test_an_invalid_policy_annotation_fails_that_pod_only(api: FakeApi) -> None:
+    r = reconciler(api)
+    make_claim(api, "a")
+    make_claim(api, "b")
+    make_pod(api, "bad", ["a"], topology="sideways")
+    make_pod(api, "good", ["b"])
+    feed(r, api)
+    r.reconcile()
+    assert api.events[0]["reason"] == "InvalidRequest" and "sideways" in api.events[0]["message"]
+    assert api.get(claim_path("b"))["status"]["allocation"]
+
+
+def test_an_api_failure_is_retried_after_a_backoff_without_any_event(api: FakeApi) -> None:
+    now = [0.0]
+    r = reconciler(api, nodes=1, clock=lambda: now[0])
+    make_claim(api, "a")
+    make_pod(api, "p", ["a"])
+    feed(r, api)
+    api.fail[claim_path("a") + "/status"] = [kube.Unreachable(0, "Unreachable", "down")] * 2
+    r.reconcile()  # fails: retry due in 1s
+    assert "allocation" not in (api.get(claim_path("a")).get("status") or {})
+    now[0] = 0.5
+    r.reconcile()
+    assert len(api.fail[claim_path("a") + "/status"]) == 1  # not tried again before it is due
+    now[0] = 1.0
+    r.reconcile()  # fails again: next in 2s
+    now[0] = 2.9
+    r.reconcile()
+    assert "allocation" not in (api.get(claim_path("a")).get("status") or {})
+    now[0] = 3.0
+    r.reconcile()
+    assert api.get(claim_path("a"))["status"]["allocation"]
+
+
+def test_a_gated_pod_without_claims_is_released_to_the_scheduler(api: FakeApi) -> None:
+    r = reconciler(api, nodes=0)
+    make_pod(api, "plain", [])
+    feed(r, api)
+    r.reconcile()
+    assert api.get(pod_path("plain"))["spec"]["schedulingGates"] == [{"name": "other/gate"}]
+    assert api.get(pod_path("plain"))["status"]["conditions"][0]["reason"] == "NoClaims"
+    assert api.events == []

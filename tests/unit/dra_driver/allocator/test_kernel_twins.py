@@ -1,0 +1,207 @@
+"""Property tests: the Cython scan and the pure-Python reference give identical decisions, and
+every decision is right against a brute-force oracle, on random clusters and random requests."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dra_driver.allocator import allocate, kernel
+from dra_driver.allocator.allocate import Allocator, Placement, Unschedulable
+from dra_driver.allocator.model import ClusterModel
+from dra_driver.allocator.quantity import parse_quantity
+from dra_driver.allocator.request import Policy, parse_claim
+from dra_driver.allocator.verify import check_allocation
+from tests.fixtures.allocator_cluster import (
+    DEVICE_CLASS,
+    DRIVER,
+    PRODUCTS,
+    SHAPES,
+    claim_obj,
+    node_events,
+)
+
+pytestmark = pytest.mark.skipif(allocate.FAST_KERNEL is None, reason="Cython kernel not built")
+
+CLASSES = {DRIVER: DEVICE_CLASS}
+MiB = 1 << 20
+SELECTORS = (
+    None,
+    f'device.attributes["{DRIVER}"].productName.contains("A100")',
+    f'device.capacity["{DRIVER}"].memory.isGreaterThan(quantity("30Gi"))',
+    f'device.attributes["{DRIVER}"].index % 2 == 0',
+    f'has(device.attributes["{DRIVER}"].nvlinkDomain)',
+)
+CONSTRAINTS = (None, ("match", f"{DRIVER}/nvlinkDomain"), ("distinct", f"{DRIVER}/numaNode"))
+
+nodes_st = st.lists(
+    st.tuples(st.sampled_from(PRODUCTS), st.sampled_from(sorted(SHAPES)), st.integers(1, 8)),
+    min_size=1,
+    max_size=6,
+)
+claim_st = st.tuples(
+    st.integers(1, 4),  # count
+    st.sampled_from([None, "1000", "1Gi", "10Gi", "30Gi", "79Gi"]),  # memory
+    st.sampled_from([None, "0", "30", "70"]),  # cores
+    st.sampled_from(SELECTORS),
+    st.sampled_from(CONSTRAINTS),
+    st.sampled_from(["binpack", "spread"]),  # node policy
+    st.sampled_from(["binpack", "spread"]),  # device policy
+    st.sampled_from(["none", "numa", "link", "numa-strict", "link-strict"]),
+)
+
+
+def outcome(alloc: Allocator, claim: Any, policy: Policy) -> Placement | str:
+    try:
+        placement = alloc.place({"spec": {}}, [claim], policy)
+    except Unschedulable as exc:
+        return f"refused: {exc}"
+    # Every placement is one the API allows (the same check the e2e test applies to
+    # kube-scheduler's allocations).
+    assert check_allocation(alloc.model, claim, placement.allocation(claim.uid)) == []
+    alloc.commit(placement)
+    return placement
+
+
+def build(nodes: list[tuple[str, str, int]]) -> ClusterModel:
+    model = ClusterModel()
+    for n, (product, shape, gpus) in enumerate(nodes):
+        for kind, obj in node_events(n, product, shape, gpus):
+            model.apply(kind, obj)
+    return model
+
+
+def oracle_feasible(model: ClusterModel, raw: tuple[Any, ...], policy: Policy) -> bool:
+    """Brute force: does any node have `count` distinct devices satisfying everything?"""
+    count, memory, cores, selector, constraint, _, _, topology = raw
+    want_mem = None if memory is None else parse_quantity(memory)
+    want_cores = None if cores is None else parse_quantity(cores)
+    by_node: dict[str, list[Any]] = {}
+    for device in model.devices.values():
+        by_node.setdefault(device.node, []).append(device)
+    from dra_driver.allocator.cel import compile_selector
+
+    for devices in by_node.values():
+        ok = []
+        for d in devices:
+            if selector and not compile_selector(selector).matches(d.view):
+                continue
+            if not policy.admits(d.product, d.uuid) or model.is_held(d.key):
+                continue
+            used = model.device_used(d.key)
+            mem_cap = d.capacity[f"{DRIVER}/memory"].value
+            take_mem = mem_cap if want_mem is None else max(MiB, -(-want_mem // MiB) * MiB)
+            take_cores = 0 if want_cores is None else want_cores
+            if used.get(f"{DRIVER}/memory", 0) + take_mem > mem_cap:
+                continue
+            if used.get(f"{DRIVER}/cores", 0) + take_cores > 100:
+                continue
+            ok.append(d)
+        for combo in itertools.combinations(ok, count):
+            if constraint is not None:
+                values = [c.attribute(constraint[1]) for c in combo]
+                if any(v is None for v in values):
+                    continue
+                if constraint[0] == "match" and len(set(values)) != 1:
+                    continue
+                if constraint[0] == "distinct" and len(set(values)) != len(values):
+                    continue
+            if topology.endswith("-strict"):
+                groups = {(c.numa if topology.startswith("numa") else c.link) for c in combo}
+                if len(groups) != 1 or -1 in groups:
+                    continue
+            return True
+    return False
+
+
+def claim_of(i: int, raw: tuple[Any, ...]) -> Any:
+    count, memory, cores, selector, constraint, _, _, _ = raw
+    obj = claim_obj(
+        f"c{i}",
+        count=count,
+        memory=memory,
+        cores=cores,
+        selectors=(selector,) if selector else (),
+        match=constraint[1] if constraint and constraint[0] == "match" else None,
+        distinct=constraint[1] if constraint and constraint[0] == "distinct" else None,
+    )
+    return parse_claim(obj, CLASSES)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nodes=nodes_st, claims=st.lists(claim_st, min_size=1, max_size=8))
+def test_fast_and_reference_agree_and_are_right(
+    nodes: list[tuple[str, str, int]], claims: list[tuple[Any, ...]]
+) -> None:
+    fast, slow = Allocator(build(nodes), fast=True), Allocator(build(nodes), fast=False)
+    for i, raw in enumerate(claims):
+        policy = Policy(node=raw[5], device=raw[6], topology=raw[7])
+        feasible = oracle_feasible(slow.model, raw, policy)
+        claim = claim_of(i, raw)
+        a, b = outcome(fast, claim, policy), outcome(slow, claim, policy)
+        assert a == b
+        assert isinstance(a, Placement) == feasible, a
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    data=st.data(),
+    n_nodes=st.integers(1, 12),
+    topo=st.integers(0, 2),
+    strict=st.integers(0, 1),
+    binpack=st.integers(0, 1),
+)
+def test_scan_keys_are_bit_identical(
+    data: st.DataObject, n_nodes: int, topo: int, strict: int, binpack: int
+) -> None:
+    sizes = data.draw(st.lists(st.integers(0, 9), min_size=n_nodes, max_size=n_nodes))
+    n_dev = sum(sizes)
+    starts = np.cumsum([0, *sizes[:-1]]).astype(np.int64)
+    ends = (starts + np.asarray(sizes, dtype=np.int64)).astype(np.int64)
+    ints = st.integers(0, 1 << 40)
+
+    def arr(strategy: Any, n: int) -> Any:
+        return np.asarray(data.draw(st.lists(strategy, min_size=n, max_size=n)), dtype=np.int64)
+
+    total = arr(ints, n_dev)
+    used = np.minimum(arr(ints, n_dev), total)
+    cores_total = arr(st.sampled_from([0, 100]), n_dev)
+    cores_used = np.minimum(arr(st.integers(0, 100), n_dev), cores_total)
+    n_req = data.draw(st.integers(0, 3))
+    masks = np.asarray(
+        data.draw(st.lists(st.integers(0, 1), min_size=n_req * n_dev, max_size=n_req * n_dev)),
+        dtype=np.int8,
+    ).reshape(n_req, n_dev)
+    args = [
+        starts,
+        ends,
+        arr(st.integers(0, 1), n_nodes).astype(np.int8),
+        total,
+        cores_total,
+        np.minimum(arr(ints, n_dev), total),
+        arr(st.integers(0, 100), n_dev),
+        used,
+        cores_used,
+        arr(st.integers(0, 1), n_dev),
+        arr(st.integers(-1, 2), n_dev),
+        arr(st.integers(-1, 3), n_dev),
+        arr(st.integers(0, 8), n_dev),
+        masks,
+        arr(st.integers(-1, 1 << 40), n_req),
+        arr(st.integers(-1, 100), n_req),
+        arr(st.integers(-1, 5), n_req),
+        arr(st.integers(0, 2), n_req),
+    ]
+    out = []
+    for scan in (allocate.FAST_KERNEL, kernel.scan):
+        assert scan is not None
+        keys = np.empty(n_nodes, dtype=np.float64)
+        close = np.empty(n_nodes, dtype=np.int64)
+        scan(*args, topo, strict, binpack, keys, close)
+        out.append((keys.tobytes(), close.tolist()))
+    assert out[0] == out[1]

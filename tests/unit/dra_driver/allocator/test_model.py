@@ -1,0 +1,124 @@
+"""The allocator's model follows watch events: pools by generation, claims by uid, pods by node."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from dra_driver.allocator.model import ClusterModel, ModelError
+from tests.fixtures.allocator_cluster import DRIVER, GIB, node_events
+
+MEM = f"{DRIVER}/memory"
+
+
+def model_of(*groups: list[tuple[str, dict[str, Any]]]) -> ClusterModel:
+    model = ClusterModel()
+    for group in groups:
+        for kind, obj in group:
+            model.apply(kind, obj)
+    return model
+
+
+def allocated(uid: str, device: str, memory: str, *, node: str = "node-00000") -> dict[str, Any]:
+    return {
+        "metadata": {"uid": uid, "name": uid, "namespace": "default"},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "gpu",
+                            "driver": DRIVER,
+                            "pool": node,
+                            "device": device,
+                            "shareID": f"share-{uid}",
+                            "consumedCapacity": {"memory": memory, "cores": "10"},
+                        }
+                    ]
+                }
+            }
+        },
+    }
+
+
+def test_only_the_highest_complete_generation_of_a_pool_counts() -> None:
+    events = node_events(0, gpus=2)
+    model = model_of(events)
+    assert sorted(k[2] for k in model.devices) == ["gpu-0", "gpu-1"]
+    newer = copy.deepcopy(events[1][1])
+    newer["metadata"]["name"] = "other-slice"
+    newer["spec"]["pool"].update(generation=2, resourceSliceCount=2)
+    newer["spec"]["devices"] = newer["spec"]["devices"][:1]
+    model.apply("ResourceSlice", newer)
+    # Generation 2 is incomplete (1 of 2 slices): the pool has no usable devices meanwhile.
+    assert model.devices == {}
+    complete = copy.deepcopy(newer)
+    complete["spec"]["pool"]["resourceSliceCount"] = 1
+    model.apply("ResourceSlice", complete)
+    assert sorted(k[2] for k in model.devices) == ["gpu-0"]  # the old generation is ignored
+    model.delete("ResourceSlice", complete)
+    assert sorted(k[2] for k in model.devices) == ["gpu-0", "gpu-1"]  # back to generation 0
+
+
+def test_claims_consume_on_update_and_release_on_delete() -> None:
+    model = model_of(node_events(0, gpus=2))
+    layout = model.layout()
+    row = layout.index[(DRIVER, "node-00000", "gpu-1")]
+    model.apply("ResourceClaim", allocated("a", "gpu-1", "10Gi"))
+    assert model.device_used((DRIVER, "node-00000", "gpu-1"))[MEM] == 10 * GIB
+    assert model.layout() is layout and layout.mem_used[row] == 10 * GIB  # updated in place
+    model.apply("ResourceClaim", allocated("a", "gpu-1", "4Gi"))  # an update replaces
+    assert layout.mem_used[row] == 4 * GIB and layout.cores_used[row] == 10
+    model.apply("ResourceClaim", allocated("b", "gpu-1", "1Gi"))
+    assert layout.mem_used[row] == 5 * GIB
+    model.delete("ResourceClaim", {"metadata": {"uid": "a"}})
+    assert layout.mem_used[row] == 1 * GIB and layout.cores_used[row] == 10
+    unallocated = {"metadata": {"uid": "b"}, "status": {}}
+    model.apply("ResourceClaim", unallocated)  # deallocation releases too
+    assert layout.mem_used[row] == 0 and model.allocations[(DRIVER, "node-00000", "gpu-1")] == 0
+
+
+def test_a_claim_seen_before_its_device_counts_once_the_device_appears() -> None:
+    model = ClusterModel()
+    model.apply("ResourceClaim", allocated("a", "gpu-0", "2Gi"))
+    for kind, obj in node_events(0, gpus=1):
+        model.apply(kind, obj)
+    layout = model.layout()
+    assert layout.mem_used[layout.index[(DRIVER, "node-00000", "gpu-0")]] == 2 * GIB
+
+
+def test_bound_pods_count_against_their_node() -> None:
+    model = model_of(node_events(0, gpus=1))
+    pod = {
+        "metadata": {"uid": "p"},
+        "spec": {
+            "nodeName": "node-00000",
+            "containers": [{"resources": {"requests": {"cpu": "1500m", "memory": "1Gi"}}}],
+            "initContainers": [{"resources": {"requests": {"cpu": "4"}}}],
+        },
+        "status": {"phase": "Running"},
+    }
+    model.apply("Pod", pod)
+    assert (model.node_cpu_used["node-00000"], model.node_mem_used["node-00000"]) == (4000, GIB)
+    model.apply("Pod", {**pod, "status": {"phase": "Succeeded"}})  # finished pods free the node
+    assert model.node_cpu_used["node-00000"] == 0
+
+
+def test_bad_objects_are_refused_with_their_name() -> None:
+    model = ClusterModel()
+    with pytest.raises(ModelError, match="unknown kind 'Secret'"):
+        model.apply("Secret", {})
+    with pytest.raises(ModelError, match=r"spec\.driver and spec\.pool\.name"):
+        model.apply("ResourceSlice", {"metadata": {"name": "s"}, "spec": {}})
+    bad = copy.deepcopy(node_events(0, gpus=1)[1][1])
+    bad["spec"]["devices"][0]["capacity"]["memory"]["value"] = "lots"
+    with pytest.raises(ModelError, match=r"device gpu-0.*lots"):
+        model.apply("ResourceSlice", bad)
+    # The bad slice changed nothing: a good slice of the same pool is taken afterwards.
+    assert model.devices == {}
+    for kind, obj in node_events(0, gpus=1):
+        obj["metadata"]["name"] += "-good"
+        model.apply(kind, obj)
+    assert list(model.devices) == [(DRIVER, "node-00000", "gpu-0")]

@@ -1,0 +1,240 @@
+"""`vgpu-dra dev-cluster up|down|status|env`: a local control plane that outlives the command.
+
+`up` starts the components in their own sessions (they survive this process and the
+terminal) — with `--agents` also each node's simulated GPUs, kubelet plugin and kubelet stand-in
+(vgpu_testbed.standin.node_agents) — records them in `<dir>/state.json`, and prints
+`export KUBECONFIG=<path>` as its last line so `eval "$(vgpu-dra dev-cluster up | tail -1)"`
+works. `down` stops everything recorded and removes the directory's contents; `status` probes
+each component and node. Called by dra_driver.cli.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from vgpu_testbed.cluster import nodes as cluster_nodes
+from vgpu_testbed.cluster.control_plane import (
+    BinariesMissingError,
+    Cluster,
+    ClusterBusyError,
+    ClusterStatus,
+)
+from vgpu_testbed.cluster.flags import PortInUseError
+from vgpu_testbed.cluster.health import ComponentDiedError, NotReadyError
+from vgpu_testbed.cluster.state import StateError
+from vgpu_testbed.standin import node_agents
+
+DEFAULT_DIR = Path(".dev-cluster")
+PROG = "vgpu-dra dev-cluster"
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be 1..65535, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="A real Kubernetes control plane on 127.0.0.1 for development."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def with_dir(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument(
+            "--dir",
+            type=Path,
+            default=DEFAULT_DIR,
+            help=f"cluster directory: state, certs, logs (default: ./{DEFAULT_DIR})",
+        )
+        return p
+
+    up = with_dir(sub.add_parser("up", help="start the control plane and create the nodes"))
+    up.add_argument(
+        "--nodes",
+        type=cluster_nodes.profiles_arg,
+        default=list(cluster_nodes.DEFAULT_PROFILES),
+        metavar="PROFILE,PROFILE,...",
+        help="one node per simulated GPU profile, named node-1, node-2, ... "
+        f"(default: {','.join(cluster_nodes.DEFAULT_PROFILES)})",
+    )
+    up.add_argument(
+        "--apiserver-port",
+        type=_port,
+        default=None,
+        help="fixed apiserver port (default: a free one)",
+    )
+    up.add_argument(
+        "--timeout", type=float, default=120.0, help="seconds to wait for each component"
+    )
+    up.add_argument(
+        "--agents",
+        action="store_true",
+        help="also bring each node to life: simulated GPUs of its profile, the kubelet plugin "
+        "and a kubelet stand-in (needs `make native`; see docs/node-agents.md)",
+    )
+    up.add_argument(
+        "--runtime",
+        choices=("auto", "real", "standin"),
+        default="auto",
+        help="with --agents: real nodes (kubelet, containerd, runc in the node's own "
+        "namespaces; needs root and `make controlplane`) or the kubelet stand-in; auto = real "
+        "where this host allows it (see docs/testbed.md)",
+    )
+    with_dir(sub.add_parser("down", help="stop everything and remove the cluster's files"))
+    status = with_dir(sub.add_parser("status", help="components (pid, port, health) and nodes"))
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    with_dir(sub.add_parser("env", help="print `export KUBECONFIG=...` for a running cluster"))
+    return parser
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    return build_parser().parse_args(list(argv))
+
+
+def _progress(t0: float) -> Callable[[str], None]:
+    def say(message: str) -> None:
+        print(f"[{time.monotonic() - t0:5.1f}s] {message}", flush=True)
+
+    return say
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    t0 = time.monotonic()
+    say = _progress(t0)
+    runtime = "standin"
+    if args.agents:
+        node_agents.check_prerequisites(args.dir, args.nodes)
+        runtime = choose_runtime(args.runtime, say)
+    cluster = Cluster.start(
+        args.dir,
+        args.nodes,
+        apiserver_port=args.apiserver_port,
+        timeout=args.timeout,
+        progress=say,
+    )
+    if args.agents:
+        from vgpu_testbed.realnode.node import start_real_nodes
+        from vgpu_testbed.standin.node_agents import start_node_agents
+
+        if runtime == "real":
+            say("starting real nodes: simulated GPUs, containerd, kubelet plugin, kubelet")
+        else:
+            say("starting node agents: simulated GPUs, kubelet plugin, kubelet stand-in")
+        try:
+            if runtime == "real":
+                for name, real in start_real_nodes(cluster).items():
+                    say(f"{name}: real node ready in {real.start_seconds:.1f}s (ip {real.ip})")
+            else:
+                start_node_agents(cluster)
+        except BaseException:
+            cluster.stop(keep_logs=True)
+            raise
+        say(f"node agents running after {time.monotonic() - t0:.1f}s")
+    for node in cluster.nodes:
+        print(f"node {node.name}: profile {node.profile}")
+    print(f"logs: {cluster.layout.logs}/   stop with: {PROG} down --dir {args.dir}")
+    print(f"export KUBECONFIG={cluster.kubeconfig}")
+    return 0
+
+
+def choose_runtime(wanted: str, say: Callable[[str], None]) -> str:
+    """`real` or `standin`: `auto` takes real nodes where the host allows them, else says why."""
+    from vgpu_testbed.realnode.host import check_host
+
+    if wanted == "standin":
+        return wanted
+    problems = check_host()
+    if not problems:
+        return "real"
+    reason = "; ".join(problems)
+    if wanted == "real":
+        raise RuntimeError(f"--runtime real is not possible on this host: {reason}")
+    say(f"real nodes not possible here ({reason}): using the kubelet stand-in")
+    return "standin"
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    cluster = Cluster.attach(args.dir)
+    names = [p.name for p in cluster.processes]
+    survivors = cluster.stop()
+    if survivors:
+        left = ", ".join(f"{p.name} (pid {p.pid})" for p in survivors)
+        print(f"{PROG}: error: could not stop {left}; state kept in {args.dir}", file=sys.stderr)
+        return 1
+    print(f"stopped {', '.join(names) or 'nothing'}; removed {cluster.root}")
+    return 0
+
+
+def render_status(status: ClusterStatus) -> str:
+    lines = [f"cluster {status.root}  apiserver {status.server or '-'}"]
+    for c in status.components:
+        health = {True: "healthy", False: "UNHEALTHY", None: "-"}[c.healthy]
+        alive = "running" if c.alive else "DEAD"
+        port = str(c.port) if c.port else "-"
+        lines.append(f"  {c.name:<26} pid {c.pid:<8} {alive:<8} port {port:<6} {health}")
+    for n in status.nodes:
+        state = ("Ready" if n.ready else "NotReady") if n.exists else "MISSING"
+        lines.append(f"  node {n.name:<21} profile {n.profile:<16} {state}")
+    lines.append("overall: " + ("healthy" if status.healthy else "NOT healthy"))
+    return "\n".join(lines)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    status = Cluster.attach(args.dir).status()
+    if args.json:
+        doc = {
+            "root": str(status.root),
+            "server": status.server,
+            "healthy": status.healthy,
+            "components": [dataclasses.asdict(c) for c in status.components],
+            "nodes": [dataclasses.asdict(n) for n in status.nodes],
+        }
+        print(json.dumps(doc, indent=2))
+    else:
+        print(render_status(status))
+    return 0 if status.healthy else 1
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    print(f"export KUBECONFIG={Cluster.attach(args.dir).kubeconfig}")
+    return 0
+
+
+COMMANDS = {"up": cmd_up, "down": cmd_down, "status": cmd_status, "env": cmd_env}
+
+
+def main(argv: Sequence[str]) -> int:
+    try:
+        args = parse_args(argv)
+    except SystemExit as exit_:  # argparse already printed usage or help
+        return int(exit_.code or 0)
+    try:
+        return COMMANDS[args.command](args)
+    except (
+        BinariesMissingError,
+        ClusterBusyError,
+        PortInUseError,
+        ComponentDiedError,
+        NotReadyError,
+        StateError,
+        ValueError,  # also ProfileError
+        RuntimeError,  # node agents: NodeAgentError, FakeGpuError
+    ) as err:
+        print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(
+            f"{PROG} {args.command}: interrupted; started components were stopped", file=sys.stderr
+        )
+        return 130
