@@ -177,7 +177,10 @@ def _bind(host: str, container: str, access: str) -> dict[str, Any]:
 
 
 def encode_spec(spec: Mapping[str, Any]) -> bytes:
-    return (json.dumps(spec, indent=2, sort_keys=False) + "\n").encode()
+    """The spec file's bytes. Compact on purpose: `indent` makes json fall back from its C
+    encoder to the pure-Python one, about 0.4 ms of every prepare (runtimes read it, not people;
+    `python -m json.tool` shows it indented)."""
+    return (json.dumps(spec, separators=(",", ":")) + "\n").encode()
 
 
 def control_device_nodes(
