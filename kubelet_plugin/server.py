@@ -22,9 +22,11 @@ Used by `kubelet_plugin.main` and by the integration tests.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import errno
 import fnmatch
+import hashlib
 import logging
 import os
 import re
@@ -83,25 +85,20 @@ class SocketPaths:
     ) -> SocketPaths:
         """Per-instance names: `<driver>-<instance>-reg.sock` and `dra-<instance>.sock`.
 
-        ValueError when the instance id is not a plain token or a path is too long for a unix
-        socket (the kernel would truncate it silently on some systems, fail on others).
+        Where a path with the whole id is too long for a unix socket, that name carries
+        `short_instance(instance)` instead (the probe script applies the same rule). ValueError
+        when the instance id is not a plain token or even the short path is too long (the
+        kernel would truncate it silently on some systems, fail on others).
         """
         if not _INSTANCE_ID.fullmatch(instance):
             raise ValueError(
                 f"instance id {instance!r} must be 1-63 letters, digits, '-', '_' or '.' "
                 "(use the pod UID)"
             )
-        paths = cls(
-            os.path.join(registrar_dir, f"{driver}-{instance}-reg.sock"),
-            os.path.join(plugin_dir, f"dra-{instance}.sock"),
+        return cls(
+            _socket_path(registrar_dir, f"{driver}-{{}}-reg.sock", instance),
+            _socket_path(plugin_dir, "dra-{}.sock", instance),
         )
-        for path in (paths.registration, paths.dra):
-            if len(os.fsencode(path)) > MAX_SOCKET_PATH:
-                raise ValueError(
-                    f"socket path {path} is {len(os.fsencode(path))} bytes, over the "
-                    f"{MAX_SOCKET_PATH}-byte limit of unix sockets: use a shorter directory"
-                )
-        return paths
 
     def patterns(self, driver: str) -> tuple[tuple[str, str], ...]:
         """(directory, glob) of every socket name any instance of `driver` may use."""
@@ -116,6 +113,23 @@ class SocketPaths:
 
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes including the terminating NUL
 _INSTANCE_ID = re.compile(r"[A-Za-z0-9_.-]{1,63}")
+
+
+def short_instance(instance: str) -> str:
+    """11 characters for an instance id: base64url of the first 8 bytes of its SHA-256."""
+    digest = hashlib.sha256(instance.encode()).digest()[:8]
+    return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+
+def _socket_path(directory: str, pattern: str, instance: str) -> str:
+    for token in (instance, short_instance(instance)):
+        path = os.path.join(directory, pattern.format(token))
+        if len(os.fsencode(path)) <= MAX_SOCKET_PATH:
+            return path
+    raise ValueError(
+        f"socket path {path} is {len(os.fsencode(path))} bytes, over the {MAX_SOCKET_PATH}-byte "
+        "limit of unix sockets: use a shorter directory"
+    )
 
 
 def remove_stale_sockets(sockets: SocketPaths, driver: str) -> list[str]:

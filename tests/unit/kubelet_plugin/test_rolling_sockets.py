@@ -11,7 +11,12 @@ from pathlib import Path
 import pytest
 
 from kubelet_plugin.main import build_parser, socket_paths
-from kubelet_plugin.server import MAX_SOCKET_PATH, SocketPaths, remove_stale_sockets
+from kubelet_plugin.server import (
+    MAX_SOCKET_PATH,
+    SocketPaths,
+    remove_stale_sockets,
+    short_instance,
+)
 from kubelet_plugin.statelock import StateDirLock, StateLockError
 
 DRIVER = "vgpu.dra.dev"
@@ -33,6 +38,17 @@ def test_instance_names_follow_the_pod_uid() -> None:
 def test_instance_id_must_be_a_plain_token(bad: str) -> None:
     with pytest.raises(ValueError, match="instance id"):
         SocketPaths.for_instance(DRIVER, plugin_dir="/p", registrar_dir="/r", instance=bad)
+
+
+def test_long_paths_use_the_short_instance_id() -> None:
+    uid = "0f8e2c51-3d2b-4c8e-9a51-2f8d1b7e6a90"
+    deep = "/" + "d" * 50
+    paths = SocketPaths.for_instance(DRIVER, plugin_dir="/p", registrar_dir=deep, instance=uid)
+    assert paths.dra == f"/p/dra-{uid}.sock"  # fits: the whole id
+    short = short_instance(uid)
+    assert len(short) == 11 and short != short_instance(uid + "x")
+    assert paths.registration == f"{deep}/{DRIVER}-{short}-reg.sock"
+    assert len(paths.registration) <= MAX_SOCKET_PATH
 
 
 def test_too_long_socket_path_is_refused_naming_it() -> None:
