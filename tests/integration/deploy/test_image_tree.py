@@ -11,6 +11,7 @@ the developer's virtualenv.
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import socket
 import stat
@@ -22,7 +23,7 @@ import pytest
 
 from kubelet_plugin.region import REGION_VERSION
 from kubelet_plugin.server import MAX_SOCKET_PATH, SocketPaths, short_instance
-from tests.fixtures.image_tree import BASE_PYTHON, built_tree, tree_env
+from tests.fixtures.image_tree import BASE_PYTHON, REPO, built_tree, tree_env
 
 PRODUCT_PACKAGES = ("dra_driver", "kubelet_plugin", "controller")
 
@@ -219,3 +220,31 @@ def test_probe_socket_shortens_the_instance_id_as_the_plugin_does(
             assert alive.returncode == 0, alive.stderr
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_dockerfile_copies_what_build_tree_reads() -> None:
+    """The Dockerfile's build stage runs build-tree.sh on the files it copied: every source the
+    script packs into the wheel, the hook's sources and the script's own directory must be
+    there (and not excluded by .dockerignore), or `make image` and `make image-tree` differ."""
+    dockerfile = (REPO / "Dockerfile").read_text()
+    build_stage = dockerfile.split("\nFROM ", 2)[1]
+    copied = {
+        part.rstrip("/")
+        for line in build_stage.splitlines()
+        if line.startswith("COPY ") and "--from" not in line
+        for part in line.split()[1:-1]
+    }
+    script = (REPO / "deploy" / "image" / "build-tree.sh").read_text()
+    packed = re.search(r"--exclude=\./hack/fakegpu/build (.*?)\)", script, re.S)
+    assert packed is not None
+    wheel_sources = set(packed.group(1).replace("\\", " ").split())
+    needed = wheel_sources | {"vgpu_hook", "deploy/image"}
+    assert needed <= copied, f"the Dockerfile does not copy {sorted(needed - copied)}"
+    ignored = {
+        line.strip().rstrip("/")
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert not needed & ignored, f".dockerignore drops {sorted(needed & ignored)}"
+    assert "build-tree.sh /out" in build_stage
+    assert "COPY --from=build /out/ /" in dockerfile
