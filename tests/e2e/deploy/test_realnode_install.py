@@ -48,6 +48,7 @@ from tests.fixtures.cluster import require_binaries
 from tests.fixtures.image_tree import built_tree
 from vgpu_testbed import polling
 from vgpu_testbed.cluster.control_plane import Cluster
+from vgpu_testbed.cluster.flags import free_ports
 from vgpu_testbed.fakegpu import simulator as fakegpu
 from vgpu_testbed.realnode.host import check_host
 from vgpu_testbed.realnode.images import WORKLOAD, import_images
@@ -119,19 +120,26 @@ def chart_objects(home: Path, node: RealNode) -> list[JSON]:
             "resyncSeconds": 5,
             "takeoverTimeoutSeconds": 120,
         },
+        # One replica: with the host's network two would share one health port on one node.
+        "controller": {"enabled": True, "replicas": 1, "healthPort": free_ports(1)[0]},
     }
     docs = render(home, values, namespace=NAMESPACE, release=RELEASE)
     (ds,) = by_kind(docs, "DaemonSet")
     pod = ds["spec"]["template"]["spec"]
-    pod["hostNetwork"] = True
     (container,) = pod["containers"]
     port = node.bed.state.ports["kube-apiserver"]
+    for workload in [ds, *by_kind(docs, "Deployment")]:
+        spec = workload["spec"]["template"]["spec"]
+        spec["hostNetwork"] = True
+        for one in spec["containers"]:
+            one["env"] += [
+                {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+                {"name": "KUBERNETES_SERVICE_PORT", "value": str(port)},
+            ]
     sim_files = sorted(
         {str(Path(v).parent) for k, v in node.gpu_env.items() if k != "LD_LIBRARY_PATH"}
     )
     container["env"] += [
-        {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
-        {"name": "KUBERNETES_SERVICE_PORT", "value": str(port)},
         *(
             {"name": k, "value": v}
             for k, v in sorted(node.gpu_env.items())
@@ -289,6 +297,26 @@ TEMPLATE: JSON = {
         }
     },
 }
+
+
+def test_chart_deployment_runs_the_controller(
+    bed: tuple[Cluster, RealNode], client: KubeClient, installed: JSON
+) -> None:
+    """The controller Deployment's pod (non-root, read-only root) runs from the same image and
+    becomes Ready through its HTTP probes."""
+    _, node = bed
+
+    def controller_ready() -> JSON | None:
+        pods = client.list(
+            kube.path("v1", "pods", namespace=NAMESPACE),
+            label_selector="app.kubernetes.io/component=controller",
+        )
+        return next((p for p in pods if ready(p)), None)
+
+    pod = wait_for("the controller pod to be Ready", controller_ready)
+    assert pod["spec"]["securityContext"]["runAsUser"] == 65532
+    (status,) = pod["status"]["containerStatuses"]
+    assert status["restartCount"] == 0, pod_log(node, pod, "controller")[-3000:]
 
 
 def test_surge_rollout_loses_no_prepare(
