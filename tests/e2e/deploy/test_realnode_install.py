@@ -363,5 +363,8 @@ def test_surge_rollout_loses_no_prepare(
     ]
     assert failed == [], [e.get("message") for e in failed]
     new_log = pod_log(node, new, "kubelet-plugin")
+    # The two pods overlapped: the new one waited for the node lock the old one held (and
+    # meanwhile forwarded the kubelet's calls to it), then took over.
+    assert "waiting up to" in new_log, new_log[-3000:]
     assert "took over the node" in new_log, new_log[-3000:]
     print(f"rollout: {rollout_s:.1f} s, {len(names)} pods with claims created meanwhile, all ran")
