@@ -48,6 +48,7 @@ TEMPLATE_HASH_CHARS = 20
 _TEMPLATE_NAME = re.compile(rf"^{TEMPLATE_PREFIX}[0-9a-f]{{{TEMPLATE_HASH_CHARS}}}$")
 REQUEST_NAME = "gpu"
 MAX_NAME = 63  # a pod's resourceClaims[].name is a DNS label
+MAX_MEMORY_MIB = 1 << 24  # 16 TiB per GPU: far above any GPU, far below int64 bytes
 
 # GPU type names become parts of a CEL regular expression: only characters that need no escaping
 # beyond `[.]` are accepted (product names are letters, digits, spaces, dashes, dots).
@@ -456,10 +457,10 @@ def _container_shape(
                 f"({', '.join(keys)}): ask for at least 1 GPU or drop the others"
             )
         return None
-    if ask.memory is not None and ask.memory <= 0:
+    if ask.memory is not None and not 0 < ask.memory <= MAX_MEMORY_MIB:
         raise Refusal(
-            f"container {name}: GPU memory 0 MiB: give a positive number of MiB, or leave it out "
-            "for the whole memory"
+            f"container {name}: GPU memory {ask.memory} MiB: give 1..{MAX_MEMORY_MIB} MiB, or "
+            "leave it out for the whole memory"
         )
     return Shape(
         system=system,
@@ -673,10 +674,16 @@ def _translate_containers(
 def _translate_annotations(meta: Mapping[str, Any], policy: PodPolicy, work: _Work) -> str:
     """Our canonical annotation names for the policies the pod asks for; returns the source."""
     annotations = dict(meta.get("annotations") or {})
+    # A concept already given under one of our names (short or long) is left as the user wrote it.
+    ours = {
+        entry.concept
+        for entry in map(legacy.ANNOTATION_BY_KEY.get, annotations)
+        if entry is not None and entry.system == "vgpu-dra"
+    }
     wanted: dict[str, str] = {
         legacy.CANONICAL[concept]: value
         for concept, value in policy.values.items()
-        if concept in legacy.CANONICAL
+        if concept in legacy.CONTROLLER_CONCEPTS and concept not in ours
     }
     if policy.get("memory_percentage") is not None:
         _memory_percentage(
@@ -686,7 +693,7 @@ def _translate_annotations(meta: Mapping[str, Any], policy: PodPolicy, work: _Wo
     source = work.systems[0] if work.systems else min(foreign, default="vgpu-dra")
     if (work.patch or foreign) and legacy.TRANSLATED_FROM not in annotations:
         wanted[legacy.TRANSLATED_FROM] = source
-    added = {k: v for k, v in wanted.items() if annotations.get(k) != v}
+    added = {k: v for k, v in wanted.items() if k not in annotations}
     if added and "annotations" in meta:
         work.patch.extend(
             {"op": "add", "path": f"/metadata/annotations/{_escape(k)}", "value": v}
