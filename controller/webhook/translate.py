@@ -663,7 +663,7 @@ def _translate_containers(
             )
     if not new_claims:
         return
-    if "resourceClaims" in spec:
+    if spec.get("resourceClaims"):  # append; absent, null or empty: set the whole list
         work.patch.extend(
             {"op": "add", "path": "/spec/resourceClaims/-", "value": c} for c in new_claims
         )
@@ -694,7 +694,7 @@ def _translate_annotations(meta: Mapping[str, Any], policy: PodPolicy, work: _Wo
     if (work.patch or foreign) and legacy.TRANSLATED_FROM not in annotations:
         wanted[legacy.TRANSLATED_FROM] = source
     added = {k: v for k, v in wanted.items() if k not in annotations}
-    if added and "annotations" in meta:
+    if added and meta.get("annotations"):
         work.patch.extend(
             {"op": "add", "path": f"/metadata/annotations/{_escape(k)}", "value": v}
             for k, v in sorted(added.items())
@@ -731,7 +731,7 @@ def _onto_policy_path(spec: Mapping[str, Any], policy: PodPolicy, work: _Work) -
     ):
         return
     gate = {"name": GATE}
-    if "schedulingGates" in spec:
+    if spec.get("schedulingGates"):
         work.patch.append({"op": "add", "path": "/spec/schedulingGates/-", "value": gate})
     else:
         work.patch.append({"op": "add", "path": "/spec/schedulingGates", "value": [gate]})

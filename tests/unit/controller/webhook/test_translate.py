@@ -658,3 +658,34 @@ def test_read_pod_policy_accepts_equal_values_under_different_names() -> None:
     )
     assert policy.items("include_types") == ("A100", "H100")
     assert policy.systems == {"vgpu-manager", "hami"}
+
+
+def test_null_or_empty_lists_and_maps_are_replaced_not_appended_to() -> None:
+    pod = _pod({"nvidia.com/gpu": "1"}, annotations={}, schedulerName="vgpu-scheduler")
+    pod["spec"]["resourceClaims"] = None
+    pod["spec"]["schedulingGates"] = []
+    out, _ = _apply(pod)
+    assert out["spec"]["resourceClaims"] == [
+        {
+            "name": "vgpu-main",
+            "resourceClaimTemplateName": out["spec"]["resourceClaims"][0][
+                "resourceClaimTemplateName"
+            ],
+        }
+    ]
+    assert out["spec"]["schedulingGates"] == [{"name": GATE}]
+    assert out["metadata"]["annotations"] == {"vgpu.dra.dev/translated-from": "device-plugin"}
+
+
+def test_long_container_names_give_valid_unique_claim_names() -> None:
+    pod = _pod({"nvidia.com/gpu": "1"})
+    pod["spec"]["containers"][0]["name"] = "c" * 63
+    pod["spec"]["resourceClaims"] = [{"name": "vgpu-x", "resourceClaimName": "x"}]
+    pod["spec"]["containers"].append(
+        {"name": "x", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "2"}}}
+    )
+    out, _ = _apply(pod)
+    names = [c["name"] for c in out["spec"]["resourceClaims"]]
+    assert len(set(names)) == 3
+    assert all(len(n) <= 63 and n.replace("-", "").isalnum() for n in names)
+    assert out["spec"]["containers"][1]["resources"]["claims"] == [{"name": names[2]}]
