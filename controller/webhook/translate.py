@@ -738,8 +738,26 @@ def _onto_policy_path(spec: Mapping[str, Any], policy: PodPolicy, work: _Work) -
     work.warnings.append(f"scheduling gate {GATE} added: the allocation controller places this pod")
 
 
+def _unapplied_compute_policy(spec: Mapping[str, Any], policy: PodPolicy, work: _Work) -> None:
+    """A compute policy goes into the VgpuConfig of the claims the webhook writes; on a pod with
+    none, it would change nothing, which the user is told rather than left to find out."""
+    if policy.get("compute_policy") is None and policy.get("core_limit") is None:
+        return
+    if work.templates or any(
+        is_webhook_template(str(c.get("resourceClaimTemplateName") or ""))
+        for c in spec.get("resourceClaims") or []
+    ):
+        return
+    work.warnings.append(
+        "the pod's compute policy annotation applies to the claims the webhook writes for legacy "
+        "GPU resources, and this pod has none: set computePolicy in the VgpuConfig of its own "
+        "claims (or of the DeviceClass) instead"
+    )
+
+
 def translate_pod(pod: Mapping[str, Any], settings: TranslationSettings) -> Translation | None:
-    """The patch that turns a legacy pod into a DRA pod; None when nothing changes."""
+    """The patch that turns a legacy pod into a DRA pod; None when there is nothing to change or
+    say (a Translation may carry only warnings, with an empty patch)."""
     if not needs_translation(pod, settings):
         return None
     policy = read_pod_policy(pod)
@@ -748,7 +766,8 @@ def translate_pod(pod: Mapping[str, Any], settings: TranslationSettings) -> Tran
     _translate_containers(spec, policy, settings, work)
     source = _translate_annotations(pod.get("metadata") or {}, policy, work)
     _onto_policy_path(spec, policy, work)
-    if not work.patch:
+    _unapplied_compute_policy(spec, policy, work)
+    if not work.patch and not work.warnings:
         return None
     return Translation(
         patch=work.patch,

@@ -689,3 +689,25 @@ def test_long_container_names_give_valid_unique_claim_names() -> None:
     assert len(set(names)) == 3
     assert all(len(n) <= 63 and n.replace("-", "").isalnum() for n in names)
     assert out["spec"]["containers"][1]["resources"]["claims"] == [{"name": names[2]}]
+
+
+def test_compute_policy_without_translated_claims_is_a_warning() -> None:
+    pod = _pod(
+        None,
+        annotations={"vgpu.dra.dev/compute-policy": "balance"},
+        resourceClaims=[{"name": "gpu", "resourceClaimName": "mine"}],
+    )
+    translation = translate_pod(pod, SETTINGS)
+    assert translation is not None
+    assert translation.patch == []
+    assert translation.warnings == [
+        "the pod's compute policy annotation applies to the claims the webhook writes for legacy "
+        "GPU resources, and this pod has none: set computePolicy in the VgpuConfig of its own "
+        "claims (or of the DeviceClass) instead"
+    ]
+    # With a translated container it lands in that claim's VgpuConfig, no warning about it.
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/vgpu-number": "1"}}
+    out, translation = _apply(pod)
+    assert translation.templates[0].spec["spec"]["devices"]["config"] == _config("balance")
+    assert not any("compute policy" in w for w in translation.warnings)
+    assert translate_pod(out, SETTINGS) is None
