@@ -341,6 +341,8 @@ def _hami_or_whole(ask: _Ask, system: System) -> None:
         return
     if legacy.GPU in got:
         ask.note(legacy.GPU, f"claim of {ask.count} GPU(s)")
+    else:  # HAMi's default GPU count
+        ask.notes.append(f"container {name}: no {legacy.GPU} -> claim of 1 GPU")
     if legacy.HAMI_MEMORY in got and legacy.HAMI_MEMORY_PERCENTAGE in got:
         raise Refusal(
             f"container {name}: {legacy.HAMI_MEMORY} and {legacy.HAMI_MEMORY_PERCENTAGE} "

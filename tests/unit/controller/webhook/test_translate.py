@@ -711,3 +711,14 @@ def test_compute_policy_without_translated_claims_is_a_warning() -> None:
     assert translation.templates[0].spec["spec"]["devices"]["config"] == _config("balance")
     assert not any("compute policy" in w for w in translation.warnings)
     assert translate_pod(out, SETTINGS) is None
+
+
+def test_hami_companion_without_gpu_count_is_one_gpu() -> None:
+    _, translation = _apply(_pod({"nvidia.com/gpucores": "20"}))
+    assert [t.spec for t in translation.templates] == [
+        _template({"requests": [_request(1, capacity={"requests": {"cores": "20"}})]})
+    ]
+    assert translation.warnings[:2] == [
+        "container main: no nvidia.com/gpu -> claim of 1 GPU",
+        "container main: nvidia.com/gpucores=20 -> claim cores 20 per GPU",
+    ]
