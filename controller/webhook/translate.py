@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import reprlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,8 +53,17 @@ MAX_MEMORY_MIB = 1 << 24  # 16 TiB per GPU: far above any GPU, far below int64 b
 
 # GPU type names become parts of a CEL regular expression: only characters that need no escaping
 # beyond `[.]` are accepted (product names are letters, digits, spaces, dashes, dots).
-_TYPE_NAME = re.compile(r"^[A-Za-z0-9 ._-]+$")
-_UUID = re.compile(r"^[A-Za-z0-9-]+$")
+_TYPE_NAME = re.compile(r"[A-Za-z0-9 ._-]+")
+_UUID = re.compile(r"[A-Za-z0-9-]+")
+_PERCENT = re.compile(r"[0-9]{1,3}")
+
+# User values are echoed into refusals shortened: an annotation may be hundreds of KiB.
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 80
+
+
+def _short(value: Any) -> str:
+    return _SHORT.repr(value)
 
 
 class Refusal(ValueError):
@@ -140,32 +150,34 @@ def _normalise(concept: Concept, key: str, raw: Any) -> str:
         choices = legacy.COMPUTE_POLICIES
     if choices:
         if value not in choices:
-            raise Refusal(f"annotation {key}={value!r}: allowed values are {', '.join(choices)}")
+            raise Refusal(
+                f"annotation {key}={_short(value)}: allowed values are {', '.join(choices)}"
+            )
         return value
     if concept in ("include_types", "exclude_types"):
         items = _csv(value)
-        bad = [t for t in items if not _TYPE_NAME.match(t)]
+        bad = [t for t in items if not _TYPE_NAME.fullmatch(t)]
         if not items or bad:
             raise Refusal(
-                f"annotation {key}={value!r}: a comma list of GPU product names (letters, digits, "
-                "space, '.', '_', '-'), e.g. 'A100,H100'"
+                f"annotation {key}={_short(value)}: a comma list of GPU product names (letters, "
+                "digits, space, '.', '_', '-'), e.g. 'A100,H100'"
             )
         return ",".join(items)
     if concept in ("include_uuids", "exclude_uuids"):
         items = _csv(value)
-        bad = [u for u in items if not _UUID.match(u)]
+        bad = [u for u in items if not _UUID.fullmatch(u)]
         if not items or bad:
             raise Refusal(
-                f"annotation {key}={value!r}: a comma list of GPU UUIDs (letters, digits, '-'), "
-                "e.g. 'GPU-49aa2e6a-33f3-99dd-e08b-ea4beb0e0d28'"
+                f"annotation {key}={_short(value)}: a comma list of GPU UUIDs (letters, digits, "
+                "'-'), e.g. 'GPU-49aa2e6a-33f3-99dd-e08b-ea4beb0e0d28'"
             )
         return ",".join(items)
     # core_limit, memory_percentage: whole percentages
-    if not value.isdigit() or not 0 <= int(value) <= 100:
+    if not _PERCENT.fullmatch(value) or int(value) > 100:
         low = 1 if concept == "memory_percentage" else 0
-        raise Refusal(f"annotation {key}={value!r}: an integer percentage {low}..100")
+        raise Refusal(f"annotation {key}={_short(value)}: an integer percentage {low}..100")
     if concept == "memory_percentage" and int(value) == 0:
-        raise Refusal(f"annotation {key}={value!r}: an integer percentage 1..100")
+        raise Refusal(f"annotation {key}={_short(value)}: an integer percentage 1..100")
     return str(int(value))
 
 
@@ -191,8 +203,8 @@ def read_pod_policy(pod: Mapping[str, Any]) -> PodPolicy:
         if entry.concept in values and not _same(entry.concept, values[entry.concept], value):
             other = first_key[entry.concept]
             raise Refusal(
-                f"annotations {other}={annotations[other]!r} and {key}={annotations[key]!r} "
-                "contradict each other: keep one of them"
+                f"annotations {other}={_short(annotations[other])} and "
+                f"{key}={_short(annotations[key])} contradict each other: keep one of them"
             )
         values.setdefault(entry.concept, value)
         first_key.setdefault(entry.concept, key)
@@ -206,8 +218,8 @@ def read_pod_policy(pod: Mapping[str, Any]) -> PodPolicy:
         }
         if both:
             raise Refusal(
-                f"annotations {first_key[include]}={annotations[first_key[include]]!r} and "
-                f"{first_key[exclude]}={annotations[first_key[exclude]]!r} both include and "
+                f"annotations {first_key[include]}={_short(annotations[first_key[include]])} and "
+                f"{first_key[exclude]}={_short(annotations[first_key[exclude]])} both include and "
                 f"exclude the {what} {', '.join(sorted(both))}: remove it from one of them"
             )
     return PodPolicy(values=values, systems=frozenset(systems))
@@ -253,19 +265,20 @@ def _amount(container: str, key: str, limits: JSON, requests: JSON) -> int:
             milli = parse_quantity(str(raw), 3)
         except QuantityError:
             raise Refusal(
-                f"container {container}: resources.{where}[{key}]={raw!r} is not a quantity; "
+                f"container {container}: resources.{where}[{key}]={_short(raw)} is not a quantity; "
                 "use a whole number"
             ) from None
         if milli < 0 or milli % 1000:
             raise Refusal(
-                f"container {container}: resources.{where}[{key}]={raw!r}: use a whole number >= 0"
+                f"container {container}: resources.{where}[{key}]={_short(raw)}: use a whole "
+                "number >= 0"
             )
         values.append(milli // 1000)
     if len(values) == 2 and values[0] != values[1]:
         raise Refusal(
-            f"container {container}: resources.limits[{key}]={limits[key]!r} and "
-            f"resources.requests[{key}]={requests[key]!r} differ: extended resources need equal "
-            "requests and limits"
+            f"container {container}: resources.limits[{key}]={_short(limits[key])} and "
+            f"resources.requests[{key}]={_short(requests[key])} differ: extended resources need "
+            "equal requests and limits"
         )
     return values[0]
 

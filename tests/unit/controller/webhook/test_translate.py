@@ -722,3 +722,20 @@ def test_hami_companion_without_gpu_count_is_one_gpu() -> None:
         "container main: no nvidia.com/gpu -> claim of 1 GPU",
         "container main: nvidia.com/gpucores=20 -> claim cores 20 per GPU",
     ]
+
+
+@pytest.mark.parametrize("value", ["²", "٣", "-0", "1000", "50%"])
+def test_percentage_annotations_are_ascii_integers_0_to_100(value: str) -> None:
+    pod = _pod({"nvidia.com/vcuda-core": "10"}, annotations={"nvidia.com/vcuda-core-limit": value})
+    with pytest.raises(Refusal, match=r"an integer percentage 0\.\.100"):
+        translate_pod(pod, SETTINGS)
+
+
+def test_long_values_are_shortened_in_refusals() -> None:
+    pod = _pod(
+        {"nvidia.com/vgpu-number": "1"},
+        annotations={"nvidia.com/node-scheduler-policy": "x" * 100_000},
+    )
+    with pytest.raises(Refusal) as err:
+        translate_pod(pod, SETTINGS)
+    assert len(str(err.value)) < 200
