@@ -111,7 +111,8 @@ def containers(draw: st.DrawFn, prefix: str) -> list[dict[str, Any]]:
         if draw(st.booleans()):
             same = draw(st.integers(0, 4)) > 0
             resources["requests"] = dict(limits) if same else draw(resource_maps())
-        if resources or draw(st.booleans()):
+        keep_empty: bool = draw(st.booleans())
+        if resources or keep_empty:
             container["resources"] = resources
         out.append(container)
     return out
@@ -121,7 +122,8 @@ def containers(draw: st.DrawFn, prefix: str) -> list[dict[str, Any]]:
 def pods(draw: st.DrawFn) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": "p", "namespace": "ns"}
     annotations = draw(annotation_maps())
-    if annotations or draw(st.booleans()):
+    keep_empty: bool = draw(st.booleans())
+    if annotations or keep_empty:
         meta["annotations"] = annotations
     spec: dict[str, Any] = {"containers": draw(containers("c"))}
     init = draw(containers("i"))

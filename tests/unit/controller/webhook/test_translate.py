@@ -21,7 +21,7 @@ from controller.webhook.translate import (
     translate_pod,
 )
 from dra_driver.allocator.cel import compile_selector, device_view
-from dra_driver.allocator.request import Policy
+from dra_driver.allocator.request import ANNOTATION_PREFIX, Policy
 from tests.fixtures import legacy_pods
 
 DRIVER = "vgpu.dra.dev"
@@ -409,12 +409,12 @@ def test_cel_selectors_select_the_devices_the_policy_path_would() -> None:
 
 def test_every_annotation_written_is_read_by_the_controller() -> None:
     read = set(ALIASES) | {
-        legacy.ANNOTATION_PREFIX + n
+        ANNOTATION_PREFIX + n
         for n in ("node-policy", "device-policy", "topology", "gpu-type", "gpu-uuid")
     }
     read |= {
-        legacy.ANNOTATION_PREFIX + "exclude-gpu-type",
-        legacy.ANNOTATION_PREFIX + "exclude-gpu-uuid",
+        ANNOTATION_PREFIX + "exclude-gpu-type",
+        ANNOTATION_PREFIX + "exclude-gpu-uuid",
     }
     for concept in legacy.CONTROLLER_CONCEPTS:
         assert legacy.CANONICAL[concept] in read, concept
