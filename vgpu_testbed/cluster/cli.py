@@ -44,6 +44,16 @@ def _port(text: str) -> int:
     return value
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="A real Kubernetes control plane on 127.0.0.1 for development."
@@ -76,6 +86,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument(
         "--timeout", type=float, default=120.0, help="seconds to wait for each component"
+    )
+    up.add_argument(
+        "--client-qps",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="kube-scheduler's and kube-controller-manager's --kube-api-qps (default: stock, "
+        "50 and 20 requests/s); also sets the burst to N unless --client-burst is given",
+    )
+    up.add_argument(
+        "--client-burst",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="their --kube-api-burst (default: stock 100 and 30, or --client-qps)",
     )
     up.add_argument(
         "--agents",
@@ -122,6 +147,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         apiserver_port=args.apiserver_port,
         timeout=args.timeout,
         progress=say,
+        client_qps=args.client_qps,
+        client_burst=args.client_burst,
     )
     if args.agents:
         from vgpu_testbed.realnode.node import start_real_nodes

@@ -7,6 +7,8 @@ What this proves:
 2. A component that dies during start-up (a broken kube-apiserver) makes `Cluster.start` fail
    with the component's name and the tail of its log, after stopping what had started (etcd):
    no process, no listening port, only `logs/` kept.
+   Raised client limits (`client_qps`, `client_burst`) reach kube-scheduler's and
+   kube-controller-manager's command lines, and the components start with them.
 3. A starter that is SIGKILLed takes its components with it (PR_SET_PDEATHSIG), and a pytest
    session interrupted with Ctrl-C tears the `cluster` fixture down: no process, no port.
 4. `vgpu-dra dev-cluster up` leaves a running cluster after the command exits (detached, in its
@@ -128,8 +130,15 @@ def assert_all_gone(records: list[ProcessRecord], ports: list[int], root: Path) 
 def test_teardown_leaves_no_process_and_no_port(tmp_path: Path) -> None:
     require_binaries()
     root = tmp_path / "throwaway"
-    cluster = Cluster.start(root, ["a10-pcie"], die_with_parent=True)
+    # Raised client limits on the way: the real binaries accept them (else start-up fails).
+    cluster = Cluster.start(
+        root, ["a10-pcie"], die_with_parent=True, client_qps=1000, client_burst=2000
+    )
     try:
+        for name in ("kube-scheduler", "kube-controller-manager"):
+            pid = next(p.pid for p in cluster.processes if p.name == name)
+            assert " --kube-api-qps=1000 --kube-api-burst=2000 " in cmdline(pid), name
+        assert (cluster.state.client_qps, cluster.state.client_burst) == (1000, 2000)
         # An extra per-node process that forks a helper into its group, like a daemon would.
         extra = cluster.spawn("node-1-daemon", ["sh", "-c", "sleep 600 & sleep 600; wait"])
         assert is_alive(extra)
