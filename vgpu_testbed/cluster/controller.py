@@ -6,9 +6,10 @@ Why not the admin kubeconfig: the bed exists to catch what a real cluster would 
 controller that needs a right the chart does not grant must fail here, not in a user's cluster.
 The process is an extra process of the cluster (`Cluster.spawn`): recorded in state.json, probed
 by `dev-cluster status` (its /readyz), stopped first by `down`. Files: `<root>/controller/`
-(`rbac.yaml` as applied, `example-policy-pod.yaml`, `<process>.log`); its credentials are in
-`<root>/kubeconfigs/<process>.kubeconfig` (0600). Called by `vgpu-dra dev-cluster up --agents`
-(vgpu_testbed.cluster.cli), the demo and tests/e2e/controller/test_selection.py.
+(`rbac-<release>.yaml` as applied, `example-policy-pod.yaml`, `<process>.log`); its
+credentials are in `<root>/kubeconfigs/<process>.kubeconfig` (0600). Called by
+`vgpu-dra dev-cluster up --agents` (vgpu_testbed.cluster.cli), the demo's policy step and
+tests/e2e/controller/test_selection.py.
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ from dra_driver import kube
 from vgpu_testbed.cluster import chart
 from vgpu_testbed.cluster.flags import LOOPBACK, Layout, free_ports
 from vgpu_testbed.cluster.health import wait_for
-from vgpu_testbed.cluster.status import CONTROLLER_PROCESS as PROCESS
-from vgpu_testbed.cluster.status import probe
+from vgpu_testbed.cluster.status import CONTROLLER_PROCESS, probe
 from vgpu_testbed.procs import ProcessRecord
 
+PROCESS = CONTROLLER_PROCESS  # the process name; more replicas get a suffix
 NAMESPACE = "vgpu-dra"
 RELEASE = "vgpu-dra"
 LEASE = "vgpu-dra-controller"
@@ -120,7 +121,7 @@ def install_rbac(
     client: kube.KubeClient, root: Path, *, namespace: str = NAMESPACE, release: str = RELEASE
 ) -> str:
     """Render the chart with the controller on, apply the controller's ServiceAccount and RBAC
-    (and the namespace), keep a copy in `<root>/controller/rbac.yaml`; returns the
+    (and the namespace), keep a copy in `<root>/controller/rbac-<release>.yaml`; returns the
     ServiceAccount's name. Idempotent."""
     with tempfile.TemporaryDirectory(prefix="vgpu-dra-helm-") as home:
         docs = chart.render(
@@ -131,7 +132,7 @@ def install_rbac(
         raise RuntimeError(f"the chart at {chart.CHART} renders no controller ServiceAccount")
     out = controller_dir(root)
     out.mkdir(mode=0o750, parents=True, exist_ok=True)
-    (out / "rbac.yaml").write_text(yaml.safe_dump_all(rbac, sort_keys=False))
+    (out / f"rbac-{release}.yaml").write_text(yaml.safe_dump_all(rbac, sort_keys=False))
     with contextlib.suppress(kube.AlreadyExists):
         client.create(
             kube.path("v1", "namespaces"),
@@ -148,6 +149,7 @@ def start_controller(
     args: Sequence[str] = (),
     name: str = PROCESS,
     namespace: str = NAMESPACE,
+    release: str = RELEASE,
     lease_duration: float | None = None,
     timeout: float = 60.0,
 ) -> ControllerHandle:
@@ -157,12 +159,14 @@ def start_controller(
     `args`: more controller flags, e.g. the cluster default policies
     (`--node-policy spread --device-policy binpack --topology link`). `name`: the process name;
     a second replica with another name shares the ServiceAccount and the Lease (only one
-    allocates). `lease_duration`: seconds (the controller's default 15 when None).
+    allocates). `namespace`/`release`: where the ServiceAccount and Lease live and what the
+    chart's cluster-wide objects are named after (tests sharing a cluster use their own).
+    `lease_duration`: seconds (the controller's default 15 when None).
     """
     args = check_controller_args(args)
     client = kube.KubeClient.from_kubeconfig(str(cluster.kubeconfig))
     try:
-        account = install_rbac(client, cluster.root, namespace=namespace)
+        account = install_rbac(client, cluster.root, namespace=namespace, release=release)
         token = chart.request_token(client, namespace, account, None, expiration_s=TOKEN_LIFETIME_S)
         cluster.layout.kubeconfigs.mkdir(mode=0o700, parents=True, exist_ok=True)
         kubeconfig = chart.token_kubeconfig(
@@ -209,6 +213,19 @@ def start_controller(
         log=log,
         ports={"health": health_port, "webhook": webhook_port},
     )
+
+
+def uninstall_rbac(
+    client: kube.KubeClient, root: Path, *, namespace: str = NAMESPACE, release: str = RELEASE
+) -> None:
+    """Delete what `install_rbac` applied (the cluster-wide objects and the namespace), for a
+    cluster that outlives the controller (a shared test cluster)."""
+    applied = controller_dir(root) / f"rbac-{release}.yaml"
+    for doc in yaml.safe_load_all(applied.read_text()):
+        if doc and not chart.KINDS[doc["kind"]][2]:
+            client.delete(chart.object_path(doc))
+    client.delete(kube.path("v1", "namespaces", namespace))
+    applied.unlink()
 
 
 def lease_holder(client: kube.KubeClient, namespace: str = NAMESPACE) -> str | None:
