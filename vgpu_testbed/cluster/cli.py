@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from dra_driver.kube import KubeError
 from vgpu_testbed.cluster import nodes as cluster_nodes
 from vgpu_testbed.cluster.control_plane import (
     BinariesMissingError,
@@ -303,7 +304,8 @@ def main(argv: Sequence[str]) -> int:
         NotReadyError,
         StateError,
         ValueError,  # also ProfileError
-        RuntimeError,  # node agents: NodeAgentError, FakeGpuError
+        RuntimeError,  # node agents: NodeAgentError, FakeGpuError; HelmError
+        KubeError,  # the controller's RBAC or token refused by the API server
     ) as err:
         print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
         return 1
