@@ -122,6 +122,7 @@ class HandoverServicer:
 
     def _route(self, method: str, request: Any, context: Any) -> Any:
         deadline = time.monotonic() + _budget(context)
+        told = False
         while True:
             local = self._local_servicer()
             if local is not None:
@@ -148,12 +149,14 @@ class HandoverServicer:
                     context.abort(code, f"previous plugin instance: {_details(exc)}")
                 # The holder is going away (or already gone): take the call once we own the
                 # state; prepare and unprepare are idempotent, so a half-done one is redone.
-                log.info(
-                    "%s %s: lock holder at %s unavailable; waiting to serve it here",
-                    self._version,
-                    method,
-                    endpoint,
-                )
+                if not told:
+                    log.info(
+                        "%s %s: lock holder at %s unavailable; waiting to serve it here",
+                        self._version,
+                        method,
+                        endpoint,
+                    )
+                    told = True
                 self._handover.wait_switched(min(FORWARD_RETRY_S, remaining))
                 continue
             log.debug("%s %s forwarded to the lock holder at %s", self._version, method, endpoint)
