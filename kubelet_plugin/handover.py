@@ -14,7 +14,10 @@ checkpoint loaded, `serve_locally` switches every later call to this instance's 
 call that reaches neither (the holder has just closed its socket, this instance is still
 loading) waits for the switch within the kubelet's deadline instead of failing; prepare and
 unprepare are idempotent, so a forwarded call cut off by the holder's exit is safely redone
-locally. Used by `kubelet_plugin.server` (one servicer per DRA API version) and
+locally. The device-health stream (NodeWatchResources) is forwarded the same way while the holder
+serves it, so the kubelet keeps seeing the holder's view (a device it marked unhealthy stays so);
+when that stream ends the kubelet opens a new one (every 5 s), answered by whoever owns the node
+then. Used by `kubelet_plugin.server` (one servicer per DRA API version) and
 `kubelet_plugin.main`.
 """
 
@@ -23,13 +26,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
 import grpc
 
 from kubelet_plugin.dra_service import NO_DEADLINE_S, DraServicer
+from kubelet_plugin.health import HealthServicer
 from kubelet_plugin.prepare import Preparer
 
 log = logging.getLogger(__name__)
@@ -70,6 +74,9 @@ class Handover:
 
     def servicer(self, messages: ModuleType, stubs: ModuleType, version: str) -> HandoverServicer:
         return HandoverServicer(self, messages, stubs, version)
+
+    def health_servicer(self, local: HealthServicer, stubs: ModuleType) -> HandoverHealthServicer:
+        return HandoverHealthServicer(self, local, stubs)
 
     # --- used by HandoverServicer ------------------------------------------------------------
 
@@ -180,3 +187,27 @@ def _budget(context: Any) -> float:
 
 def _details(exc: grpc.RpcError) -> str:
     return exc.details() if isinstance(exc, grpc.Call) else str(exc)
+
+
+class HandoverHealthServicer:
+    """NodeWatchResources of one API version: the holder's stream while it owns the node."""
+
+    def __init__(self, handover: Handover, local: HealthServicer, stubs: ModuleType) -> None:
+        self._handover = handover
+        self._local = local
+        self._stubs = stubs
+
+    def NodeWatchResources(self, request: Any, context: Any) -> Iterator[Any]:  # noqa: N802
+        endpoint = None if self._handover.local else self._handover.holder()
+        if endpoint is None:
+            yield from self._local.NodeWatchResources(request, context)
+            return
+        stub = self._stubs.DRAResourceHealthStub(self._handover.channel(endpoint))
+        call = stub.NodeWatchResources(request)
+        context.add_callback(call.cancel)  # the kubelet went away: so does the upstream call
+        try:
+            yield from call
+        except grpc.RpcError as exc:
+            log.info("health stream from the lock holder at %s ended: %s", endpoint, _details(exc))
+        # Ended (the holder is exiting, or we took over and closed the channel): the kubelet
+        # opens a new stream, answered by whoever owns the node then.

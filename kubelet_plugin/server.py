@@ -42,7 +42,7 @@ import grpc
 
 from dra_driver.names import DriverNames
 from kubelet_plugin.dra_service import DraServicer
-from kubelet_plugin.handover import Handover
+from kubelet_plugin.handover import Handover, HandoverHealthServicer
 from kubelet_plugin.health import HealthBoard, HealthServicer
 from kubelet_plugin.prepare import Preparer
 from kubelet_plugin.proto import (
@@ -236,12 +236,15 @@ class PluginServer:
                 DraServicer(self._preparer, dra_v1beta1_pb2, version="v1beta1"), server
             )
         if self._health is not None:
-            dra_health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-                HealthServicer(self._health, dra_health_v1_pb2), server
-            )
-            dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-                HealthServicer(self._health, dra_health_v1alpha1_pb2), server
-            )
+            for messages, stubs in (
+                (dra_health_v1_pb2, dra_health_v1_pb2_grpc),
+                (dra_health_v1alpha1_pb2, dra_health_v1alpha1_pb2_grpc),
+            ):
+                local = HealthServicer(self._health, messages)
+                servicer: HealthServicer | HandoverHealthServicer = (
+                    local if self.handover is None else self.handover.health_servicer(local, stubs)
+                )
+                stubs.add_DRAResourceHealthServicer_to_server(servicer, server)
         return server
 
     def _reg_server(self) -> grpc.Server:

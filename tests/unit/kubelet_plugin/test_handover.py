@@ -14,8 +14,15 @@ from typing import Any
 import grpc
 import pytest
 
-from kubelet_plugin.proto import dra_v1_pb2, dra_v1_pb2_grpc
+from kubelet_plugin.health import HealthBoard, HealthServicer
+from kubelet_plugin.proto import (
+    dra_health_v1_pb2,
+    dra_health_v1_pb2_grpc,
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+)
 from kubelet_plugin.server import PluginServer, SocketPaths
+from tests.fixtures.claimdata import inventory
 
 DRIVER = "vgpu.dra.dev"
 
@@ -108,6 +115,48 @@ def test_a_holders_error_other_than_unavailable_is_passed_on(short_dir: Path) ->
             prepare(server, timeout=10.0)
         assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "previous plugin instance: bad claim" in str(raised.value.details())
+    finally:
+        server.stop()
+        holder.stop(0).wait()
+        pool.shutdown(wait=True)
+
+
+def test_health_stream_is_the_holders_until_it_ends(short_dir: Path) -> None:
+    """The waiting instance's own board says every device is healthy; the kubelet must keep
+    seeing the holder's view (here: discovery failed, every device unknown) instead."""
+    holder_board = HealthBoard("node-a", inventory(count=2))
+    holder_board.observe(None, "NVML: GPU is lost")
+    pool = ThreadPoolExecutor(max_workers=2)
+    holder = grpc.server(pool)
+    dra_health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
+        HealthServicer(holder_board, dra_health_v1_pb2), holder
+    )
+    holder_socket = short_dir / "holder.sock"
+    holder.add_insecure_port(f"unix://{holder_socket}")
+    holder.start()
+    sockets = SocketPaths.for_instance(
+        DRIVER, plugin_dir=str(short_dir / "p"), registrar_dir=str(short_dir / "r"), instance="n"
+    )
+    (short_dir / "r").mkdir()
+    server = PluginServer(
+        driver=DRIVER,
+        sockets=sockets,
+        preparer=None,
+        holder_endpoint=lambda: str(holder_socket),
+        health=HealthBoard("node-a", inventory(count=2)),
+        watch_period_s=0,
+    )
+    server.start()
+    try:
+        with grpc.insecure_channel(f"unix://{sockets.dra}") as channel:
+            stream = dra_health_v1_pb2_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+                dra_health_v1_pb2.NodeWatchResourcesRequest(), timeout=30
+            )
+            first = next(stream)
+            assert [d.health for d in first.devices] == [dra_health_v1_pb2.UNKNOWN] * 2
+            assert "GPU is lost" in first.devices[0].message
+            holder.stop(0).wait()  # the holder exits: the forwarded stream ends, no error
+            assert list(stream) == []
     finally:
         server.stop()
         holder.stop(0).wait()
