@@ -7,7 +7,8 @@ With `--leader-elect` only the replica holding the Lease allocates (`controller.
 others keep their model current and take over when the Lease is released or expires.
 Readiness: every informer has listed once, and the replica is the leader or a standby that can
 reach the Lease. SIGTERM/SIGINT stop it cleanly (readiness drops first, the Lease is released,
-then the probe server closes, exit 0).
+then the probe server closes, exit 0). With `--metrics-address` it serves Prometheus metrics
+(`controller.metrics`; the chart sets the address through VGPU_DRA_METRICS_ADDRESS).
 Every flag has an environment twin, as in the kubelet plugin.
 """
 
@@ -22,11 +23,15 @@ import uuid
 from collections.abc import Sequence
 
 from controller.leader import LeaderElector
+from controller.metrics import DETAILS, ControllerMetrics, StateCollector
+from controller.observer import NO_OBSERVER
 from controller.probes import ProbeServer, parse_address
 from controller.reconciler import POLICY_ANNOTATIONS, Defaults, Reconciler
 from controller.worker import Worker
 from dra_driver import kube, logsetup
 from dra_driver.lifecycle import stop_on_signals
+from dra_driver.metrics_http import MetricsServer, serve_metrics
+from dra_driver.metrics_http import parse_address as parse_metrics_address
 
 log = logging.getLogger("vgpu-dra.controller")
 
@@ -42,6 +47,8 @@ ENV = {
     "node_policy": "VGPU_DRA_NODE_POLICY",
     "device_policy": "VGPU_DRA_DEVICE_POLICY",
     "topology": "VGPU_DRA_TOPOLOGY",
+    "metrics_address": "VGPU_DRA_METRICS_ADDRESS",
+    "metrics_detail": "VGPU_DRA_METRICS_DETAIL",
 }
 DEFAULT_LEASE_NAME = "vgpu-dra-controller"
 DEFAULT_HEALTH_ADDRESS = "127.0.0.1:8081"
@@ -98,6 +105,19 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
         help="seconds a standby waits after the last renewal (env VGPU_DRA_LEASE_DURATION); "
         "the leader steps down after 2/3 of it without renewing",
     )
+    parser.add_argument(
+        "--metrics-address",
+        default=env.get(ENV["metrics_address"], ""),
+        help="host:port to serve Prometheus /metrics on (env VGPU_DRA_METRICS_ADDRESS; "
+        "port 0 = any); empty = off, the default",
+    )
+    parser.add_argument(
+        "--metrics-detail",
+        default=env.get(ENV["metrics_detail"], "node"),
+        choices=DETAILS,
+        help="allocated-vs-capacity series: cluster totals, per node (default) or also per GPU "
+        "(env VGPU_DRA_METRICS_DETAIL; docs/observability.md on cardinality)",
+    )
     for flag, key, choices, default in (
         ("--node-policy", "node_policy", ("binpack", "spread"), "binpack"),
         ("--device-policy", "device_policy", ("binpack", "spread"), "spread"),
@@ -132,10 +152,7 @@ def main(argv: Sequence[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(list(argv))
     logsetup.configure_logging(args.log_level, args.log_format)
-    try:
-        address = parse_address(args.health_address)
-    except ValueError as exc:
-        parser.error(f"--health-address: {exc}")
+    address = _check_addresses(parser, args)
     try:
         client = kube.KubeClient.from_kubeconfig(args.kubeconfig)
     except Exception as exc:  # the client raises several unrelated types for bad configs
@@ -159,7 +176,8 @@ def main(argv: Sequence[str]) -> int:
         }
     )
     elector: LeaderElector | None = None
-    reconciler = Reconciler(client, defaults)
+    metrics = ControllerMetrics() if args.metrics_address else None
+    reconciler = Reconciler(client, defaults, observer=metrics or NO_OBSERVER)
     worker = Worker(client, reconciler)
     if args.leader_elect:
         identity = f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
@@ -181,6 +199,13 @@ def main(argv: Sequence[str]) -> int:
     else:
         worker.became_leader(True)
     probes.add_check("informers-synced", worker.synced)
+    try:
+        metrics_server = _serve_metrics(args, metrics, worker, elector)
+    except OSError as exc:
+        log.error("cannot serve metrics on %s: %s", args.metrics_address, exc)
+        probes.stop()
+        client.close()
+        return 1
     probes.start()
     host, port = probes.address
     log.info("probes on http://%s:%d (/healthz, /readyz)", host, port)
@@ -190,10 +215,56 @@ def main(argv: Sequence[str]) -> int:
     log.info("allocation controller running (gate vgpu.dra.dev/policy); until SIGTERM")
     stop.wait()
     log.info("shutting down")
-    probes.stop()
-    if elector is not None:
-        elector.join(timeout=10)  # it releases the Lease on its way out
-    worker.join(timeout=5)
+    _shut_down(probes, metrics_server, elector, worker)
     client.close()
     log.info("stopped")
     return 0
+
+
+def _shut_down(
+    probes: ProbeServer,
+    metrics_server: MetricsServer | None,
+    elector: LeaderElector | None,
+    worker: Worker,
+) -> None:
+    probes.stop()  # readiness drops first
+    if metrics_server is not None:
+        metrics_server.stop()
+    if elector is not None:
+        elector.join(timeout=10)  # it releases the Lease on its way out
+    worker.join(timeout=5)
+
+
+def _check_addresses(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, int]:
+    """The probe address; a bad --health-address or --metrics-address exits with usage."""
+    if args.metrics_address:
+        try:
+            parse_metrics_address(args.metrics_address)
+        except ValueError as exc:
+            parser.error(f"--metrics-address: {exc}")
+    try:
+        return parse_address(args.health_address)
+    except ValueError as exc:
+        parser.error(f"--health-address: {exc}")
+
+
+def _serve_metrics(
+    args: argparse.Namespace,
+    metrics: ControllerMetrics | None,
+    worker: Worker,
+    elector: LeaderElector | None,
+) -> MetricsServer | None:
+    """Register the scrape-time collector and serve /metrics (OSError if it cannot bind)."""
+    if metrics is None:
+        return None
+    metrics.registry.register(
+        StateCollector(
+            worker.reconciler,
+            worker.informers,
+            leader=elector.is_leader if elector is not None else lambda: True,
+            detail=args.metrics_detail,
+        )
+    )
+    served = serve_metrics(args.metrics_address, metrics.registry)
+    log.info("metrics on %s", served.url, extra={"metrics_url": served.url})
+    return served

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from controller.observer import NO_OBSERVER, DecisionObserver
 from dra_driver import kube
 from dra_driver.allocator.allocate import Allocator, Placement, Unschedulable
 from dra_driver.allocator.model import ClusterModel, pod_requests
@@ -121,6 +122,7 @@ class Reconciler:
         *,
         may_write: Callable[[], bool] = lambda: True,
         clock: Callable[[], float] = time.monotonic,
+        observer: DecisionObserver = NO_OBSERVER,
     ) -> None:
         self.client = client
         self.defaults = defaults
@@ -136,6 +138,8 @@ class Reconciler:
         self._reported: dict[str, str] = {}  # pod uid -> last refusal reported
         self._api_retry: dict[tuple[str, str], tuple[float, float]] = {}  # key -> (due, delay)
         self._clock = clock
+        self._observer = observer
+        self._decision_started = 0.0  # perf_counter at the start of the current decision
 
     # ------------------------------------------------------------ events
 
@@ -218,6 +222,7 @@ class Reconciler:
             # brings the pod back; retrying at once could loop on a stale cache.
             log.info("pod %s/%s: %s; deciding again on the next change", key[0], key[1], exc)
             self.waiting.add(key)
+            self._observer.failed("Conflict", self._decision_seconds())
         except kube.KubeError as exc:
             # The API failed (unreachable, 5xx, refused): no event may follow, so try again
             # after a backoff that doubles up to API_RETRY_MAX_S.
@@ -225,10 +230,15 @@ class Reconciler:
             delay = min(delay * 2, API_RETRY_MAX_S)
             self._api_retry[key] = (self._clock() + delay, delay)
             log.warning("pod %s/%s: %s; retrying in %.0fs", key[0], key[1], exc, delay)
+            self._observer.failed("ApiError", self._decision_seconds())
         else:
             self._api_retry.pop(key, None)
 
+    def _decision_seconds(self) -> float:
+        return time.perf_counter() - self._decision_started
+
     def reconcile_pod(self, pod: JSON) -> None:
+        self._decision_started = time.perf_counter()
         ns = _nsname(pod)[0]
         names = claim_names(pod)
         if names is None:
@@ -271,6 +281,7 @@ class Reconciler:
             return
         self._write(pod, claims, parsed, placement)
         self._lift_gate(pod, placement.node)
+        self._observer.placed(self._decision_seconds())
 
     def _write(
         self, pod: JSON, claims: list[JSON], parsed: list[Claim], placement: Placement
@@ -386,6 +397,7 @@ class Reconciler:
     def _refuse(self, pod: JSON, reason: str, message: str) -> None:
         ns, name = _nsname(pod)
         self.waiting.add((ns, name))
+        self._observer.refused(reason, self._decision_seconds())
         uid = str(_meta(pod).get("uid"))
         if self._reported.get(uid) == message:
             return  # said already; a changed reason is reported again
