@@ -36,7 +36,7 @@ from kubelet_plugin.metrics import PluginMetrics
 from kubelet_plugin.prepare import NodeSettings, Preparer, kube_claim_source
 from kubelet_plugin.server import PluginServer, SocketPaths
 from kubelet_plugin.statelock import StateDirLock, StateLockError
-from kubelet_plugin.telemetry import ClaimPods, ClaimTelemetry
+from kubelet_plugin.telemetry import ClaimPods, ClaimTelemetry, PodReader
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -289,8 +289,10 @@ def main(argv: Sequence[str]) -> int:
         client.close()
         return 1
     provider = tracing.configure_tracing("vgpu-dra-kubelet-plugin", args.otlp_endpoint)
-    pods = ClaimPods()
     metrics = PluginMetrics(settings.node_name) if args.metrics_address else None
+    # With metrics on, the pod of each prepared claim is read once (off the prepare path) for
+    # the `container` label.
+    pods = ClaimPods(_pod_reader(client) if metrics is not None else None)
     events = PrepareEvents(client, node=settings.node_name) if args.events else None
     try:
         preparer = Preparer(
@@ -303,7 +305,7 @@ def main(argv: Sequence[str]) -> int:
         )
     except (CheckpointError, OSError) as exc:
         log.error("cannot load the checkpoint: %s", exc)
-        _stop_telemetry(events, provider)
+        _stop_telemetry(events, provider, pods)
         state_lock.release()
         client.close()
         return 1
@@ -322,7 +324,7 @@ def main(argv: Sequence[str]) -> int:
         return 1
     finally:
         preparer.close()
-        _stop_telemetry(events, provider)
+        _stop_telemetry(events, provider, pods)
         client.close()
         state_lock.release()
 
@@ -334,7 +336,17 @@ class _Telemetry:
     traced: bool
 
 
-def _stop_telemetry(events: PrepareEvents | None, provider: TracerProvider | None) -> None:
+def _pod_reader(client: kube.KubeClient) -> PodReader:
+    def read(namespace: str, name: str) -> kube.JSON:
+        return client.get(kube.path("v1", "pods", name, namespace=namespace), timeout_s=10)
+
+    return read
+
+
+def _stop_telemetry(
+    events: PrepareEvents | None, provider: TracerProvider | None, pods: ClaimPods
+) -> None:
+    pods.close()
     if events is not None:
         events.close()
     tracing.shutdown_tracing(provider)
@@ -437,6 +449,7 @@ def _serve_metrics(
             prepared=preparer.prepared,
             inventory=preparer.inventory,
             pods=pods.pod_label,
+            containers=pods.container_label,
             gpus=NvmlGpuReader(PyNvml),
         )
     )

@@ -51,7 +51,7 @@ PREPARE_REASONS = (
     "node_io",
     "internal",
 )
-CLAIM_LABELS = ("node", "namespace", "pod", "claim", "claim_uid", "gpu", "device")
+CLAIM_LABELS = ("node", "namespace", "pod", "container", "claim", "claim_uid", "gpu", "device")
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +224,7 @@ class NodeCollector(Collector):
         prepared: Callable[[], Mapping[str, ClaimPlan]],
         inventory: Callable[[], NodeInventory],
         pods: Callable[[str], str] = lambda uid: "",
+        containers: Callable[[str], str] = lambda uid: "",
         gpus: GpuReader | None = None,
     ) -> None:
         self._node = node
@@ -231,6 +232,7 @@ class NodeCollector(Collector):
         self._prepared = prepared
         self._inventory = inventory
         self._pods = pods
+        self._containers = containers
         self._gpus = gpus
 
     def describe(self) -> Iterable[Metric]:
@@ -246,6 +248,7 @@ class NodeCollector(Collector):
         for plan in plans.values():
             usage = read_usage(os.path.join(self._claims_dir, plan.uid, "region")) or {}
             pod = self._pods(plan.uid)
+            container = self._containers(plan.uid)
             for uuid, share in _shares(plan).items():
                 gpu = by_uuid.get(uuid)
                 device = gpu.device_name if gpu is not None else share.device
@@ -254,7 +257,7 @@ class NodeCollector(Collector):
                     total.memory += share.memory
                     total.cores += share.cores
                     total.claims += 1
-                labels = [node, plan.namespace, pod, plan.name, plan.uid, uuid, device]
+                labels = [node, plan.namespace, pod, container, plan.name, plan.uid, uuid, device]
                 families.claim_memory_limit.add_metric(labels, share.memory)
                 families.claim_cores_limit.add_metric(labels, share.cores / MAX_CORES)
                 stats = usage.get(uuid) or _NO_USAGE
