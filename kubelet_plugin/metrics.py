@@ -12,7 +12,9 @@ Two kinds:
 
 Conventions: prefix `vgpu_dra_`, base units (bytes, seconds, ratios 0..1 where the API speaks
 of percent), `_total` counters. Every label value comes from the plugin's own state (the plan,
-the inventory, the claim's `reservedFor`), never from a region file a tenant can write.
+the inventory, the claim's `reservedFor`, the names of the containers of the claim's pod as the
+API server serves them: `kubelet_plugin.telemetry`), never from a region file a tenant can
+write.
 """
 
 from __future__ import annotations
