@@ -10,7 +10,7 @@ Outcomes (the `reason` of a refusal or failure is the one the Placement conditio
 - `refused`: no placement (`Unschedulable`, `InvalidRequest`, `ClaimAllocatedElsewhere`); the
   pod waits for a change;
 - `failed`: the decision could not complete and is retried (`Conflict`: a claim changed or was
-  deleted under it; `ApiError`: the API failed).
+  deleted under it, or leadership was lost mid-decision; `ApiError`: the API failed).
 """
 
 from __future__ import annotations

@@ -267,3 +267,21 @@ def test_naming_conventions(beds: Callable[..., Bed]) -> None:
 def test_a_bad_detail_is_refused() -> None:
     with pytest.raises(ValueError, match="detail 'pod'"):
         StateCollector(Reconciler(FakeApi(), Defaults({})), [], detail="pod")  # type: ignore[arg-type]
+
+
+def test_metrics_flags_have_environment_twins_and_are_checked(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from controller.main import build_parser, main
+
+    env = {"VGPU_DRA_METRICS_ADDRESS": "0.0.0.0:9464", "VGPU_DRA_METRICS_DETAIL": "gpu"}
+    args = build_parser(env).parse_args([])
+    assert (args.metrics_address, args.metrics_detail) == ("0.0.0.0:9464", "gpu")
+    assert build_parser({}).parse_args([]).metrics_address == ""  # off by default
+    with pytest.raises(SystemExit) as exited:
+        build_parser({}).parse_args(["--metrics-detail", "pod"])
+    assert exited.value.code == 2
+    with pytest.raises(SystemExit) as exited:
+        main(["--metrics-address", "9464", "--kubeconfig", "/nonexistent"])
+    assert exited.value.code == 2
+    assert "--metrics-address: expected host:port" in capsys.readouterr().err
