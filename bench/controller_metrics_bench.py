@@ -122,7 +122,7 @@ def observer_cost_us() -> float:
     calls = 100_000
     started = time.perf_counter()
     for _ in range(calls):
-        metrics.placed(0.002)
+        metrics.decided("placed", 0.002)
     return round((time.perf_counter() - started) / calls * 1e6, 3)
 
 

@@ -24,7 +24,6 @@ from collections.abc import Sequence
 
 from controller.leader import LeaderElector
 from controller.metrics import DETAILS, ControllerMetrics, StateCollector
-from controller.observer import NO_OBSERVER
 from controller.probes import ProbeServer, parse_address
 from controller.reconciler import POLICY_ANNOTATIONS, Defaults, Reconciler
 from controller.worker import Worker
@@ -177,7 +176,7 @@ def main(argv: Sequence[str]) -> int:
     )
     elector: LeaderElector | None = None
     metrics = ControllerMetrics() if args.metrics_address else None
-    reconciler = Reconciler(client, defaults, observer=metrics or NO_OBSERVER)
+    reconciler = Reconciler(client, defaults, observer=metrics)
     worker = Worker(client, reconciler)
     if args.leader_elect:
         identity = f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"

@@ -2,7 +2,7 @@
 
 Like the kubelet plugin's (`kubelet_plugin.metrics`), two kinds:
 - event metrics, updated where things happen: decision latency and outcomes, through the
-  reconciler's `DecisionObserver` (`ControllerMetrics` is one);
+  reconciler's `ReconcileObserver` (`ControllerMetrics` is one: `decided(outcome, seconds)`);
 - state metrics, computed at scrape time by `StateCollector` from what the controller already
   holds: the allocator's model (capacity and allocations of every device), the reconciler's
   gated pods, the informers' counters and the leader elector. Nothing is kept up to date
@@ -36,7 +36,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from controller.reconciler import claim_names
+from controller.reconciler import OUTCOMES, claim_names
 from dra_driver import names
 from dra_driver.allocator import QuantityError, parse_quantity
 
@@ -49,58 +49,53 @@ PREFIX = "vgpu_dra_controller_"
 DETAILS = ("cluster", "node", "gpu")
 # A decision is ~1 ms on a small cluster, tens of ms at 5k nodes; writes add API round trips.
 DECISION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-REFUSAL_REASONS = ("Unschedulable", "InvalidRequest", "ClaimAllocatedElsewhere")
-FAILURE_REASONS = ("Conflict", "ApiError")
-OUTCOMES = ("placed", "refused", "failed")
+# The reconciler's outcomes (OUTCOMES) that place the pod; every other one is a failure reason.
+PLACED = ("placed", "replaced")
 
 
 class ControllerMetrics:
-    """The controller's registry and its event metrics; a `DecisionObserver`."""
+    """The controller's registry and its event metrics; a `ReconcileObserver`."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.decision_seconds = Histogram(
             PREFIX + "decision_duration_seconds",
             "Time of one placement decision of a gated pod (allocator plus API writes), by "
-            "outcome (placed, refused, failed).",
+            "outcome (" + ", ".join(OUTCOMES) + ").",
             ["outcome"],
             registry=self.registry,
             buckets=DECISION_BUCKETS,
         )
         self.placements = Counter(
             PREFIX + "placements",
-            "Gated pods placed: claims allocated and written, scheduling gate lifted.",
+            "Gated pods placed (claims written, scheduling gate lifted), re-placements included.",
             registry=self.registry,
         )
         self.failures = Counter(
             PREFIX + "placement_failures",
-            "Decisions that placed nothing, by reason (Unschedulable, InvalidRequest, "
-            "ClaimAllocatedElsewhere: the pod waits for a change; Conflict, ApiError: retried).",
+            "Decisions that placed nothing, by reason (refused, invalid: the pod waits for a "
+            "change; retry, api_error: decided again; handed_over: left to kube-scheduler).",
             ["reason"],
             registry=self.registry,
         )
-        # Children bound once: a decision pays one observation and one increment.
+        # Children bound once: a decision pays one observation and at most one increment.
         self._seconds = {outcome: self.decision_seconds.labels(outcome) for outcome in OUTCOMES}
-        self._failures = {r: self.failures.labels(r) for r in REFUSAL_REASONS + FAILURE_REASONS}
+        self._failures = {o: self.failures.labels(o) for o in OUTCOMES if o not in PLACED}
 
-    # DecisionObserver
-    def placed(self, seconds: float) -> None:
-        self._seconds["placed"].observe(seconds)
-        self.placements.inc()
-
-    def refused(self, reason: str, seconds: float) -> None:
-        self._seconds["refused"].observe(seconds)
-        self._failure(reason).inc()
-
-    def failed(self, reason: str, seconds: float) -> None:
-        self._seconds["failed"].observe(seconds)
-        self._failure(reason).inc()
-
-    def _failure(self, reason: str) -> Any:
-        child = self._failures.get(reason)
-        if child is None:  # a reason added to the reconciler later still counts
-            child = self._failures[reason] = self.failures.labels(reason)
-        return child
+    # ReconcileObserver
+    def decided(self, outcome: str, seconds: float) -> None:
+        """One decision's outcome (the reconciler's OUTCOMES) and duration; never raises."""
+        timer = self._seconds.get(outcome)
+        if timer is None:  # an outcome added to the reconciler later still counts
+            timer = self._seconds[outcome] = self.decision_seconds.labels(outcome)
+        timer.observe(seconds)
+        if outcome in PLACED:
+            self.placements.inc()
+            return
+        failure = self._failures.get(outcome)
+        if failure is None:
+            failure = self._failures[outcome] = self.failures.labels(outcome)
+        failure.inc()
 
 
 @dataclass(slots=True)

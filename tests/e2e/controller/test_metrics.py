@@ -7,7 +7,7 @@ throwaway driver, and one controller process with leader election and `--metrics
 127.0.0.1:0` (it logs the URL).
 
 Proves, after a known workload (one 4 GiB pod placed, one 30 GiB pod that fits no A10): leader
-1; every informer synced; one placement with its decision latency; Unschedulable refusals
+1; every informer synced; one placement with its decision latency; refusals (Unschedulable)
 and that pod waiting; the node's capacity and 4 GiB allocated; all its free memory stranded
 for the waiting request; the admission-free registry follows the naming conventions.
 """
@@ -267,7 +267,7 @@ def test_the_controllers_metrics_after_a_known_workload(
         s = scrape(metrics)
         # Every change of a claim, node or slice makes the waiting pod worth another decision
         # (each counted): at least one refusal.
-        refused = value(s, P + "placement_failures_total", reason="Unschedulable") or 0
+        refused = value(s, P + "placement_failures_total", reason="refused") or 0
         return s if value(s, P + "placements_total") == 1 and refused >= 1 else None
 
     try:

@@ -152,25 +152,26 @@ def test_refusals_are_counted_by_reason_and_the_pod_waits(beds: Callable[..., Be
     bed.submit("bad", topology="sideways")
     bed.r.reconcile()
     samples = bed.scrape()
-    assert value(samples, P + "placement_failures_total", reason="Unschedulable") == 1
-    assert value(samples, P + "placement_failures_total", reason="InvalidRequest") == 1
-    assert value(samples, P + "placement_failures_total", reason="Conflict") == 0
-    assert value(samples, P + "decision_duration_seconds_count", outcome="refused") == 2
+    assert value(samples, P + "placement_failures_total", reason="refused") == 1
+    assert value(samples, P + "placement_failures_total", reason="invalid") == 1
+    assert value(samples, P + "placement_failures_total", reason="retry") == 0
+    assert value(samples, P + "decision_duration_seconds_count", outcome="refused") == 1
+    assert value(samples, P + "decision_duration_seconds_count", outcome="invalid") == 1
     assert value(samples, P + "pending_pods", state="waiting") == 2
     assert value(samples, P + "pending_pods", state="queued") == 0
     bed.r.reconcile()  # nothing changed: no decision, nothing counted
     again = bed.scrape()
-    assert value(again, P + "decision_duration_seconds_count", outcome="refused") == 2
+    assert value(again, P + "decision_duration_seconds_count", outcome="refused") == 1
 
 
-def test_a_claim_deleted_mid_placement_counts_as_conflict(beds: Callable[..., Bed]) -> None:
+def test_a_claim_deleted_mid_placement_counts_as_retry(beds: Callable[..., Bed]) -> None:
     bed = beds(nodes=1)
     bed.submit("p")
     del bed.api.objects[claim_path("p")]
     bed.r.reconcile()
     samples = bed.scrape()
-    assert value(samples, P + "placement_failures_total", reason="Conflict") == 1
-    assert value(samples, P + "decision_duration_seconds_count", outcome="failed") == 1
+    assert value(samples, P + "placement_failures_total", reason="retry") == 1
+    assert value(samples, P + "decision_duration_seconds_count", outcome="retry") == 1
     assert value(samples, P + "placements_total") == 0
 
 
@@ -179,7 +180,7 @@ def test_an_api_failure_counts_as_api_error(beds: Callable[..., Bed]) -> None:
     bed.submit("p")
     bed.api.fail[claim_path("p") + "/status"] = [kube.KubeError(500, "InternalError", "boom")]
     bed.r.reconcile()
-    assert value(bed.scrape(), P + "placement_failures_total", reason="ApiError") == 1
+    assert value(bed.scrape(), P + "placement_failures_total", reason="api_error") == 1
 
 
 def test_fragmentation_and_stranded_memory(beds: Callable[..., Bed]) -> None:
@@ -200,7 +201,7 @@ def test_fragmentation_and_stranded_memory(beds: Callable[..., Bed]) -> None:
     bed.submit("c", memory="40Gi")
     bed.r.reconcile()
     samples = bed.scrape()
-    assert value(samples, P + "placement_failures_total", reason="Unschedulable") == 1
+    assert value(samples, P + "placement_failures_total", reason="refused") == 1
     assert value(samples, P + "stranded_memory_bytes") == 60 * GiB
     bed.submit("d", memory="20Gi")  # fits: 30 GiB free blocks are usable by a waiting request
     bed.r.on_event("Pod", "delete", bed.api.get(pod_path("c")))
