@@ -305,7 +305,7 @@ def main(argv: Sequence[str]) -> int:
         )
     except (CheckpointError, OSError) as exc:
         log.error("cannot load the checkpoint: %s", exc)
-        _stop_telemetry(events, provider, pods)
+        _stop_telemetry(events, provider)
         state_lock.release()
         client.close()
         return 1
@@ -324,7 +324,7 @@ def main(argv: Sequence[str]) -> int:
         return 1
     finally:
         preparer.close()
-        _stop_telemetry(events, provider, pods)
+        _stop_telemetry(events, provider)
         client.close()
         state_lock.release()
 
@@ -343,10 +343,7 @@ def _pod_reader(client: kube.KubeClient) -> PodReader:
     return read
 
 
-def _stop_telemetry(
-    events: PrepareEvents | None, provider: TracerProvider | None, pods: ClaimPods
-) -> None:
-    pods.close()
+def _stop_telemetry(events: PrepareEvents | None, provider: TracerProvider | None) -> None:
     if events is not None:
         events.close()
     tracing.shutdown_tracing(provider)
@@ -425,6 +422,7 @@ def _serve(
     server.stop()
     if metrics_server is not None:
         metrics_server.stop()
+    telemetry.pods.close()  # its pod lookups (the container label)
     for thread in threads:
         thread.join(timeout=10)
     log.info("stopped")

@@ -66,10 +66,8 @@ class ClaimPods:
         self._lock = threading.Lock()
         self._reader = pod_reader
         self._queue: queue.Queue[tuple[str, str, str, PodRef] | None] = queue.Queue(max_queued)
-        self._thread: threading.Thread | None = None
-        if pod_reader is not None:
-            self._thread = threading.Thread(target=self._run, name="claim-containers", daemon=True)
-            self._thread.start()
+        self._thread: threading.Thread | None = None  # started with the first lookup
+        self._closed = False
 
     def wrap_source(self, source: ClaimSource) -> ClaimSource:
         """The same claim source, remembering each claim's pods on the way."""
@@ -91,8 +89,13 @@ class ClaimPods:
         with self._lock:
             self._pods[uid] = pods
             known = uid in self._containers
-        if self._thread is None or known or len(pods) != 1:
-            return
+            if self._reader is None or self._closed or known or len(pods) != 1:
+                return
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="claim-containers", daemon=True
+                )
+                self._thread.start()
         meta = claim.get("metadata") or {}
         try:
             self._queue.put_nowait(
@@ -119,10 +122,12 @@ class ClaimPods:
             time.sleep(0.01)
 
     def close(self) -> None:
-        if self._thread is not None:
+        with self._lock:
+            self._closed = True
+            thread, self._thread = self._thread, None
+        if thread is not None:
             self._queue.put(None)
-            self._thread.join(timeout=5)
-            self._thread = None
+            thread.join(timeout=5)
 
     def _run(self) -> None:
         while True:
