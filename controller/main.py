@@ -107,6 +107,7 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
     parser.add_argument(
         "--metrics-address",
         default=env.get(ENV["metrics_address"], ""),
+        type=_metrics_address,
         help="host:port to serve Prometheus /metrics on (env VGPU_DRA_METRICS_ADDRESS; "
         "port 0 = any); empty = off, the default",
     )
@@ -151,7 +152,10 @@ def main(argv: Sequence[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(list(argv))
     logsetup.configure_logging(args.log_level, args.log_format)
-    address = _check_addresses(parser, args)
+    try:
+        address = parse_address(args.health_address)
+    except ValueError as exc:
+        parser.error(f"--health-address: {exc}")
     try:
         client = kube.KubeClient.from_kubeconfig(args.kubeconfig)
     except Exception as exc:  # the client raises several unrelated types for bad configs
@@ -198,10 +202,8 @@ def main(argv: Sequence[str]) -> int:
     else:
         worker.became_leader(True)
     probes.add_check("informers-synced", worker.synced)
-    try:
-        metrics_server = _serve_metrics(args, metrics, worker, elector)
-    except OSError as exc:
-        log.error("cannot serve metrics on %s: %s", args.metrics_address, exc)
+    metrics_server = _serve_metrics(args, metrics, worker, elector)
+    if metrics is not None and metrics_server is None:  # could not bind: said why
         probes.stop()
         client.close()
         return 1
@@ -234,17 +236,14 @@ def _shut_down(
     worker.join(timeout=5)
 
 
-def _check_addresses(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, int]:
-    """The probe address; a bad --health-address or --metrics-address exits with usage."""
-    if args.metrics_address:
+def _metrics_address(text: str) -> str:
+    """`host:port` or empty (off); argparse reports a bad one as a usage error."""
+    if text:
         try:
-            parse_metrics_address(args.metrics_address)
+            parse_metrics_address(text)
         except ValueError as exc:
-            parser.error(f"--metrics-address: {exc}")
-    try:
-        return parse_address(args.health_address)
-    except ValueError as exc:
-        parser.error(f"--health-address: {exc}")
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _serve_metrics(
@@ -253,7 +252,8 @@ def _serve_metrics(
     worker: Worker,
     elector: LeaderElector | None,
 ) -> MetricsServer | None:
-    """Register the scrape-time collector and serve /metrics (OSError if it cannot bind)."""
+    """Register the scrape-time collector and serve /metrics; None when off or when the address
+    cannot be bound (logged)."""
     if metrics is None:
         return None
     metrics.registry.register(
@@ -264,6 +264,10 @@ def _serve_metrics(
             detail=args.metrics_detail,
         )
     )
-    served = serve_metrics(args.metrics_address, metrics.registry)
+    try:
+        served = serve_metrics(args.metrics_address, metrics.registry)
+    except OSError as exc:
+        log.error("cannot serve metrics on %s: %s", args.metrics_address, exc)
+        return None
     log.info("metrics on %s", served.url, extra={"metrics_url": served.url})
     return served

@@ -286,3 +286,5 @@ def test_metrics_flags_have_environment_twins_and_are_checked(
         main(["--metrics-address", "9464", "--kubeconfig", "/nonexistent"])
     assert exited.value.code == 2
     assert "--metrics-address: expected host:port" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # from the environment too
+        build_parser({"VGPU_DRA_METRICS_ADDRESS": "nowhere"}).parse_args([])
