@@ -6,7 +6,8 @@ Prometheus Operator's CRDs); with it, a headless Service per component whose sel
 the pods of the DaemonSet / Deployment and whose port is the one the components serve metrics on
 (taken through their own argument parsers from the env the chart gives them), and a
 ServiceMonitor selecting exactly that Service; the plugin's keeps the tenants' labels; extra
-labels reach the ServiceMonitors; a bad interval is refused naming the value.
+labels reach the ServiceMonitors; a bad interval is refused naming the value; the API server
+accepts the Services (server-side dry run).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import pytest
 import yaml
 
 from controller.main import build_parser as controller_parser
+from dra_driver import kube
+from dra_driver.kube import KubeClient
 from dra_driver.metrics_http import parse_address
 from kubelet_plugin.main import build_parser as plugin_parser
 from tests.fixtures.chart import CHART, JSON, KUBE_VERSION, by_kind, helm, helm_binary, values_file
@@ -128,3 +131,27 @@ def test_a_bad_interval_is_refused_naming_it(home: Path) -> None:
     )  # fmt: skip
     assert run.returncode != 0
     assert "/monitoring/serviceMonitor/interval" in run.stderr, run.stderr
+
+
+def test_the_metrics_services_pass_a_server_side_dry_run(
+    home: Path, cluster: Any, namespace: str
+) -> None:
+    """The Services are plain core objects: the 1.37 API server accepts them as rendered (the
+    ServiceMonitors need the Prometheus Operator's CRDs, which the bed does not have)."""
+    client = KubeClient.from_kubeconfig(str(cluster.kubeconfig))
+    try:
+        docs = render(home, {**ON, "controller": {"enabled": True}}, *WITH_CRD)
+        services = list(metrics_services(docs).values())
+        assert len(services) == 2
+        for service in services:
+            service["metadata"]["namespace"] = namespace
+            echo = client.request(
+                "POST",
+                kube.path("v1", "services", namespace=namespace),
+                body=service,
+                query={"dryRun": "All"},
+            )
+            assert echo["spec"]["clusterIP"] == "None"
+            assert echo["spec"]["ports"][0]["port"] == 9555
+    finally:
+        client.close()
