@@ -42,7 +42,7 @@ from kubelet_plugin.metrics import PluginMetrics
 from kubelet_plugin.prepare import NodeSettings, Preparer, kube_claim_source
 from kubelet_plugin.server import PluginServer, SocketPaths, remove_stale_sockets
 from kubelet_plugin.statelock import StateDirLock, StateLockError
-from kubelet_plugin.telemetry import ClaimPods, ClaimTelemetry
+from kubelet_plugin.telemetry import ClaimPods, ClaimTelemetry, PodReader
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -311,8 +311,10 @@ def main(argv: Sequence[str]) -> int:
         client.close()
         return 1
     provider = tracing.configure_tracing("vgpu-dra-kubelet-plugin", args.otlp_endpoint)
-    pods = ClaimPods()
     metrics = PluginMetrics(settings.node_name) if args.metrics_address else None
+    # With metrics on, the pod of each prepared claim is read once (off the prepare path) for
+    # the `container` label.
+    pods = ClaimPods(_pod_reader(client) if metrics is not None else None)
     events = PrepareEvents(client, node=settings.node_name) if args.events else None
 
     def load_preparer() -> Preparer | None:
@@ -380,6 +382,13 @@ class _Telemetry:
     metrics: PluginMetrics | None
     pods: ClaimPods
     traced: bool
+
+
+def _pod_reader(client: kube.KubeClient) -> PodReader:
+    def read(namespace: str, name: str) -> kube.JSON:
+        return client.get(kube.path("v1", "pods", name, namespace=namespace), timeout_s=10)
+
+    return read
 
 
 def _stop_telemetry(events: PrepareEvents | None, provider: TracerProvider | None) -> None:
@@ -463,6 +472,7 @@ def _serve(
     server.stop()
     if metrics_server is not None:
         metrics_server.stop()
+    telemetry.pods.close()  # its pod lookups (the container label)
     for thread in threads:
         thread.join(timeout=10)
     log.info("stopped")
@@ -534,6 +544,7 @@ def _serve_metrics(
             prepared=preparer.prepared,
             inventory=preparer.inventory,
             pods=pods.pod_label,
+            containers=pods.container_label,
             gpus=NvmlGpuReader(PyNvml),
         )
     )
