@@ -180,7 +180,7 @@ def eviction_figures(client: kube.KubeClient, inject: Injector, node: str) -> di
     """A fatal XID on a GPU in use -> its pod is gone (NoExecute, device taint eviction)."""
     import yaml
 
-    from tests.e2e.kubelet_plugin.pods import gpu_pod, running_pod
+    from tests.fixtures.workloads import gpu_pod, running_pod
     from vgpu_testbed.fakegpu import simulator as fakegpu
 
     device_class = yaml.safe_load((ROOT / "deploy" / "deviceclass.yaml").read_text())

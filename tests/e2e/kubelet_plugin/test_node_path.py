@@ -30,23 +30,21 @@ from typing import Any
 
 import grpc
 import pytest
-import yaml
 
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
 from kubelet_plugin.checkpoint import CheckpointJournal
 from kubelet_plugin.proto import dra_v1_pb2, dra_v1_pb2_grpc
-from tests.e2e.kubelet_plugin.pods import (
+from tests.fixtures.workloads import (
     DRIVER,
     EXAMPLES,
-    REPO,
     apply,
-    deviceclass_exists,
+    driver_on_nodes,
     pod_claim,
     running_pod,
 )
 from vgpu_testbed.polling import wait_for
-from vgpu_testbed.standin.node_agents import NodeAgents, start_node_agents
+from vgpu_testbed.standin.node_agents import NodeAgents
 
 # Longer than the 60 s default: module fixtures start two nodes' agents (the first test also the
 # session cluster); the batch test waits up to 120 s for 48 claims.
@@ -58,33 +56,11 @@ RESYNC = ["--resync-seconds", "1"]  # re-discover GPUs every second (default 60)
 
 
 @pytest.fixture(scope="module")
-def client(cluster: Any) -> Iterator[KubeClient]:
-    kc = KubeClient.from_kubeconfig(str(cluster.kubeconfig))
-    yield kc
-    kc.close()
-
-
-@pytest.fixture(scope="module")
 def agents(cluster: Any, client: KubeClient) -> Iterator[dict[str, NodeAgents]]:
     """Agents for node-1 (dgx-h100) and node-2 (a10-pcie) plus the DeviceClass; all removed
     afterwards (slices too), so later modules see the nodes as the test bed made them."""
-    device_class = yaml.safe_load((REPO / "deploy" / "deviceclass.yaml").read_text())
-    classes = kube.path(RESOURCE_API, "deviceclasses")
-    name = device_class["metadata"]["name"]
-    client.delete(kube.path(RESOURCE_API, "deviceclasses", name))  # a leftover of another module
-    wait_for("an old DeviceClass to go", lambda: not deviceclass_exists(client, name))
-    client.create(classes, device_class)
-    started = start_node_agents(cluster, ["node-1", "node-2"], plugin_args=RESYNC)
-    try:
+    with driver_on_nodes(cluster, client, ["node-1", "node-2"], RESYNC) as started:
         yield started
-    finally:
-        for node_agents in started.values():
-            node_agents.stop()
-        for obj in client.list(
-            kube.path(RESOURCE_API, "resourceslices"), field_selector=f"spec.driver={DRIVER}"
-        ):
-            client.delete(kube.path(RESOURCE_API, "resourceslices", obj["metadata"]["name"]))
-        client.delete(kube.path(RESOURCE_API, "deviceclasses", name))
 
 
 def node_devices(client: KubeClient, node: str) -> dict[str, dict[str, Any]]:

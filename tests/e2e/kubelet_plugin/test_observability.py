@@ -26,21 +26,20 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
-from tests.e2e.kubelet_plugin.pods import (
+from tests.fixtures.workloads import (
     DRIVER,
     EXAMPLES,
     REPO,
     apply,
-    deviceclass_exists,
+    driver_on_nodes,
     pod_claim,
     running_pod,
 )
 from vgpu_testbed.polling import wait_for
-from vgpu_testbed.standin.node_agents import NodeAgents, start_node_agents
+from vgpu_testbed.standin.node_agents import NodeAgents
 
 # Longer than the 60 s default: module fixtures start node agents; tests wait for metrics, events
 # and traces of real pods.
@@ -50,33 +49,13 @@ GIB = 1 << 30
 
 
 @pytest.fixture(scope="module")
-def client(cluster: Any) -> Iterator[KubeClient]:
-    kc = KubeClient.from_kubeconfig(str(cluster.kubeconfig))
-    yield kc
-    kc.close()
-
-
-@pytest.fixture(scope="module")
 def node1(cluster: Any, client: KubeClient) -> Iterator[tuple[NodeAgents, str]]:
     """node-1's agents with metrics on a free loopback port; (agents, metrics URL)."""
-    device_class = yaml.safe_load((REPO / "deploy" / "deviceclass.yaml").read_text())
-    name = device_class["metadata"]["name"]
-    client.delete(kube.path(RESOURCE_API, "deviceclasses", name))
-    wait_for("an old DeviceClass to go", lambda: not deviceclass_exists(client, name))
-    client.create(kube.path(RESOURCE_API, "deviceclasses"), device_class)
-    started = start_node_agents(cluster, ["node-1"], plugin_args=["--resync-seconds", "1"])
-    agents = started["node-1"]
-    try:
+    with driver_on_nodes(cluster, client, ["node-1"], ["--resync-seconds", "1"]) as started:
+        agents = started["node-1"]
         # The bed starts every plugin with metrics on a free loopback port.
         url = wait_for("the plugin's metrics URL in its log", agents.metrics_url)
         yield agents, url
-    finally:
-        agents.stop()
-        for obj in client.list(
-            kube.path(RESOURCE_API, "resourceslices"), field_selector=f"spec.driver={DRIVER}"
-        ):
-            client.delete(kube.path(RESOURCE_API, "resourceslices", obj["metadata"]["name"]))
-        client.delete(kube.path(RESOURCE_API, "deviceclasses", name))
 
 
 def events_about(client: KubeClient, namespace: str, uid: str) -> list[dict[str, Any]]:

@@ -30,6 +30,7 @@ from dra_driver.allocator.verify import check_allocation
 from dra_driver.kube import RESOURCE_API, KubeClient
 from dra_driver.slices import build_slices
 from tests.fixtures.allocator_cluster import SHAPES, inventory
+from tests.fixtures.workloads import claim_pod
 
 # Longer than the 60 s default: the module fixtures load many nodes' slices into the session cluster
 # and the test waits for kube-scheduler on each claim.
@@ -38,13 +39,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 CLAIMS = 14
 SLICES = kube.path(RESOURCE_API, "resourceslices")
 NODES = {"node-1": ("NVIDIA H100 80GB HBM3", "two-islands", 8), "node-2": ("NVIDIA A10", "none", 4)}
-
-
-@pytest.fixture(scope="module")
-def client(cluster: Any) -> Iterator[KubeClient]:
-    kc = KubeClient.from_kubeconfig(str(cluster.kubeconfig))
-    yield kc
-    kc.close()
 
 
 @pytest.fixture(scope="module")
@@ -160,22 +154,7 @@ def test_scheduler_allocations_are_feasible_and_refusals_agree(
         except Unschedulable:
             ours = False
         client.create(kube.path(RESOURCE_API, "resourceclaims", namespace=namespace), obj)
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name},
-            "spec": {
-                "restartPolicy": "Never",
-                "containers": [
-                    {
-                        "name": "c",
-                        "image": "registry.k8s.io/pause:3.10",
-                        "resources": {"claims": [{"name": "gpu"}]},
-                    }
-                ],
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-            },
-        }
+        pod = claim_pod(name, {"resourceClaimName": name})
         client.create(kube.path("v1", "pods", namespace=namespace), pod)
         allocation = settle(client, namespace, name)
         if allocation is not None:
