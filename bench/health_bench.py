@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import utc_stamp, write_results
-from dra_driver import kube, names
+from dra_driver import kube
 from dra_driver.kube import RESOURCE_API
 
 RESULTS = Path(__file__).parent / "results" / "health.json"
@@ -229,6 +229,7 @@ def eviction_figures(client: kube.KubeClient, inject: Injector, node: str) -> di
 
 def kill_figures(env: dict[str, str], root: Path) -> dict[str, Any]:
     """Over-cap -> kill with the enforcer's own run loop (default period) in a child."""
+    from tests.fixtures.tenants import claim_dir_spec, claim_plan
     from vgpu_testbed.container import container_command
     from vgpu_testbed.fakegpu import simulator as fakegpu
 
@@ -238,36 +239,8 @@ def kill_figures(env: dict[str, str], root: Path) -> dict[str, Any]:
     for _ in range(SAMPLES):
         uid = str(uuid.uuid4())
         (state / "claims" / uid).mkdir(parents=True)
-        plan = {
-            "uid": uid,
-            "namespace": "bench",
-            "name": "tenant",
-            "devices": [
-                {
-                    "request": "gpu",
-                    "pool": "node-1",
-                    "device": "gpu-0",
-                    "uuid": gpu_uuid,
-                    "minor": 0,
-                    "memory": 1 << 30,
-                    "cores": 0,
-                }
-            ],
-        }
-        spec = {
-            "cdiVersion": "0.5.0",
-            "kind": "k8s.vgpu.dra.dev/claim",
-            "devices": [{"name": "gpu", "containerEdits": {}}],
-            "containerEdits": {
-                "mounts": [
-                    {
-                        "hostPath": str(state / "claims" / uid),
-                        "containerPath": f"{names.CONTAINER_CLAIMS_DIR}/{uid}",
-                        "options": ["bind", "rw"],
-                    }
-                ]
-            },
-        }
+        plan = claim_plan(uid, gpu_uuid, 1 << 30)
+        spec = claim_dir_spec(state / "claims" / uid, uid)
         child_env = {**os.environ, **env}
         enforcer = subprocess.Popen(
             [sys.executable, "-c", ENFORCER, json.dumps(plan), str(state)], env=child_env, cwd=ROOT
