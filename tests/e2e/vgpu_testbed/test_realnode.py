@@ -23,11 +23,9 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -39,6 +37,7 @@ import yaml
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
 from tests.fixtures.cluster import require_binaries
+from tests.fixtures.dev_cluster import run_vgpu_dra, short_dir
 from vgpu_testbed import polling
 from vgpu_testbed.cluster.control_plane import Cluster
 from vgpu_testbed.realnode import cgroups
@@ -402,9 +401,11 @@ def test_sigkilled_starter_leaves_no_node_behind() -> None:
     require_binaries()
     if check_host():
         pytest.skip(f"real nodes not possible here: {check_host()}")
-    # Unix socket paths are limited to 107 characters: pytest's tmp_path is too deep.
-    short = Path(tempfile.mkdtemp(prefix="rn-", dir="/tmp"))
-    root = short / "crash"
+    with short_dir("rn-") as short:
+        _sigkill_starter(short / "crash")
+
+
+def _sigkill_starter(root: Path) -> None:
     starter = subprocess.Popen(
         [sys.executable, "-c", STARTER, str(root)], stdout=subprocess.PIPE, text=True, cwd=REPO
     )
@@ -430,30 +431,18 @@ def test_sigkilled_starter_leaves_no_node_behind() -> None:
     finally:
         if starter.poll() is None:
             starter.kill()
-        if (root / "state.json").exists():
-            Cluster.attach(root).stop()
-        shutil.rmtree(short, ignore_errors=True)
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "dra_driver.cli", "dev-cluster", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=300,
-        check=False,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
+    return run_vgpu_dra("dev-cluster", *args, cwd=cwd, timeout=300)
 
 
 def test_dev_cluster_up_with_real_nodes_and_down() -> None:
     require_binaries()
     if check_host():
         pytest.skip(f"real nodes not possible here: {check_host()}")
-    short = Path(tempfile.mkdtemp(prefix="rn-", dir="/tmp"))
-    root = short / "c"
-    try:
+    with short_dir("rn-") as short:
+        root = short / "c"
         up = _cli(
             "up",
             "--agents",
@@ -486,10 +475,6 @@ def test_dev_cluster_up_with_real_nodes_and_down() -> None:
         assert not _host_mounts(root)
         assert _host_links() <= links_before
         assert not root.exists()
-    finally:
-        if (root / "state.json").exists():
-            Cluster.attach(root).stop()
-        shutil.rmtree(short, ignore_errors=True)
 
 
 def _host_mounts(root: Path) -> list[str]:
