@@ -29,15 +29,7 @@ import pytest
 
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
-from tests.fixtures.workloads import (
-    DRIVER,
-    EXAMPLES,
-    REPO,
-    apply,
-    driver_on_nodes,
-    pod_claim,
-    running_pod,
-)
+from tests.fixtures import workloads
 from vgpu_testbed.polling import wait_for
 from vgpu_testbed.standin.node_agents import NodeAgents
 
@@ -45,13 +37,13 @@ from vgpu_testbed.standin.node_agents import NodeAgents
 # and traces of real pods.
 pytestmark = pytest.mark.timeout(300)
 
-GIB = 1 << 30
-
 
 @pytest.fixture(scope="module")
 def node1(cluster: Any, client: KubeClient) -> Iterator[tuple[NodeAgents, str]]:
     """node-1's agents with metrics on a free loopback port; (agents, metrics URL)."""
-    with driver_on_nodes(cluster, client, ["node-1"], ["--resync-seconds", "1"]) as started:
+    with workloads.driver_on_nodes(
+        cluster, client, ["node-1"], ["--resync-seconds", "1"]
+    ) as started:
         agents = started["node-1"]
         # The bed starts every plugin with metrics on a free loopback port.
         url = wait_for("the plugin's metrics URL in its log", agents.metrics_url)
@@ -77,11 +69,11 @@ def test_prepare_failure_is_an_event_on_claim_and_pod(
         "metadata": {"name": "bad-config"},
         "spec": {
             "devices": {
-                "requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}],
+                "requests": [{"name": "gpu", "exactly": {"deviceClassName": workloads.DRIVER}}],
                 "config": [
                     {
                         "opaque": {
-                            "driver": DRIVER,
+                            "driver": workloads.DRIVER,
                             "parameters": {
                                 "apiVersion": "vgpu.dra.dev/v1alpha1",
                                 "kind": "VgpuConfig",
@@ -148,7 +140,7 @@ def run_status(cluster: Any, *args: str) -> str:
         text=True,
         timeout=60,
         check=False,
-        cwd=REPO,
+        cwd=workloads.REPO,
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -158,9 +150,9 @@ def test_status_shows_the_shared_claim_with_live_figures(
     cluster: Any, client: KubeClient, node1: tuple[NodeAgents, str], namespace: str
 ) -> None:
     _, url = node1
-    apply(client, EXAMPLES / "shared-gpu.yaml", namespace)
-    pod = running_pod(client, namespace, "shared-gpu")
-    claim = pod_claim(client, pod)
+    workloads.apply(client, workloads.EXAMPLES / "shared-gpu.yaml", namespace)
+    pod = workloads.running_pod(client, namespace, "shared-gpu")
+    claim = workloads.pod_claim(client, pod)
     [allocated] = claim["status"]["allocation"]["devices"]["results"]
     endpoint = f"--metrics-endpoint=node-1={url}"
     document = json.loads(run_status(cluster, "-o", "json", endpoint))
@@ -180,7 +172,7 @@ def test_status_shows_the_shared_claim_with_live_figures(
             "claim": claim["metadata"]["name"],
             "node": "node-1",
             "device": allocated["device"],
-            "memory": GIB,
+            "memory": workloads.GIB,
             "cores": 10,
             "pods": ["shared-gpu"],
             "memory_used": 0,  # live from the plugin's region reading: no process runs yet
