@@ -12,11 +12,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dra_driver import cdi
 from kubelet_plugin.claims import ClaimRef
 from kubelet_plugin.prepare import NodeSettings
 from kubelet_plugin.proto import dra_v1_pb2
-from tests.fixtures.claimdata import DRIVER, HOOK_LIB, NODE
+from tests.fixtures.prepare import node_settings as fixture_settings
 
 
 def write_results(path: Path, document: Mapping[str, Any]) -> None:
@@ -33,17 +32,9 @@ def utc_stamp() -> str:
 
 
 def node_settings(base: Path) -> NodeSettings:
-    """Settings of a Preparer for the test node whose CDI specs and claim state live under base."""
-    return NodeSettings(
-        driver=DRIVER,
-        node_name=NODE,
-        cdi_root=str(base / "cdi"),
-        spec=cdi.SpecSettings(
-            kind="k8s.vgpu.dra.dev/claim",
-            state_dir=str(base / "state"),
-            hook_path=str(HOOK_LIB),
-        ),
-    )
+    """Settings of a Preparer for the test node whose CDI specs and claim state live under base
+    (claim dirs owned by group 0, as the plugin's default --claim-gid)."""
+    return fixture_settings(base, claim_gid=0)
 
 
 def percentiles(samples_s: Sequence[float]) -> dict[str, float]:
