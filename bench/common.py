@@ -6,6 +6,8 @@ its node settings, the request for a set of claims and the latency percentiles t
 from __future__ import annotations
 
 import json
+import os
+import platform
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -29,6 +31,15 @@ def write_results(path: Path, document: Mapping[str, Any]) -> None:
 def utc_stamp() -> str:
     """The time a result was taken, as recorded in every result document."""
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def machine() -> dict[str, Any]:
+    """What a result document records about the machine it was taken on."""
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
 
 
 def node_settings(base: Path) -> NodeSettings:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -36,7 +35,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.common import utc_stamp, write_results
+from bench.common import machine, utc_stamp, write_results
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API
 
@@ -301,11 +300,7 @@ def main() -> None:
     document = {
         "benchmark": "health",
         "when": utc_stamp(),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "load_avg_1m": round(os.getloadavg()[0], 2),
-        },
+        "machine": machine(),
         "targets": TARGETS,
         "met": {
             "gpu_removed_to_slice_max_s": figures["gpu_removed_to_slice"]["max_s"]
