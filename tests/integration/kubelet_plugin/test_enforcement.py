@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.simulated import simulated_node_env
 from tests.fixtures.tenants import claim_dir_spec, claim_plan
 
 GIB = 1 << 30
@@ -69,15 +70,7 @@ print(json.dumps(reports))
 
 @pytest.fixture
 def node(tmp_path: Path) -> dict[str, str]:
-    from vgpu_testbed.fakegpu import simulator as fakegpu
-
-    try:
-        fakegpu.library_dir()
-    except fakegpu.FakeGpuError as exc:
-        pytest.skip(f"simulated GPUs not built (make native): {exc}")
-    if os.geteuid() != 0:
-        pytest.skip("the container runner needs root (mount namespaces)")
-    return dict(fakegpu.prepare_node(fakegpu.load_profile("l4-2"), tmp_path / "gpus.state"))
+    return simulated_node_env(tmp_path, root_for="the container runner (mount namespaces)")
 
 
 @pytest.fixture
