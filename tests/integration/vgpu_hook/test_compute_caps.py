@@ -16,7 +16,7 @@ import pytest
 
 from kubelet_plugin.region import Region
 from tests.fixtures.regions import budget_kept_fresh
-from tests.integration.vgpu_hook.computecap import run_tenants
+from tests.integration.vgpu_hook.computecap import new_claim_settling, run_tenants
 from tests.integration.vgpu_hook.conftest import PROBE, UUIDS, Node, fake_has_nvml, field
 from vgpu_testbed.container import container_command
 
@@ -204,16 +204,6 @@ def test_new_claim_is_capped_from_its_first_launch(node: Node, sampling: str) ->
     """No uncapped start: in the first second a new claim never runs more than 5 points over
     its cap (0.3 s means), and after 1 s it holds the cap (mean within 3 points). Settling times
     are a benchmark figure (bench/results/hook.json), not asserted here."""
-    settling: dict[str, float] = {}
-    (result,) = run_tenants(
-        node,
-        [30],
-        seconds=3,
-        governor=False,
-        sampling=sampling,
-        interval=0.05,
-        settle_s=1.0,
-        settling=settling,
-    )
+    result, settling = new_claim_settling(node, governor=False, sampling=sampling)
     assert settling["peak_over_cap"] <= 5, settling
     assert abs(result["mean_util"] - 30) <= 3, (result, settling)
