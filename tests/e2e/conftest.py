@@ -12,11 +12,11 @@ from collections.abc import Iterator
 import pytest
 
 from dra_driver.kube import KubeClient
+from tests.fixtures.cluster import admin_client
 from vgpu_testbed.cluster.control_plane import Cluster
 
 
 @pytest.fixture(scope="session")
 def client(cluster: Cluster) -> Iterator[KubeClient]:
-    kc = KubeClient.from_kubeconfig(str(cluster.kubeconfig))
-    yield kc
-    kc.close()
+    with admin_client(cluster) as kc:
+        yield kc

@@ -34,6 +34,7 @@ from tests.fixtures.workloads import (
     DRIVER,
     driver_on_nodes,
     gpu_pod,
+    pod_gone,
     running_pod,
 )
 from vgpu_testbed.polling import wait_for
@@ -156,14 +157,9 @@ def test_no_execute_evicts_survives_restart_and_a_re_enumeration_lifts_it(
     fault = [(f"{DRIVER}/gpu-fault", "xid-48", "NoExecute")]
     await_taints(client, sick, fault)
 
-    def evicted() -> bool:
-        try:
-            client.get(kube.path("v1", "pods", "victim", namespace=namespace))
-        except kube.NotFound:
-            return True
-        return False
-
-    wait_for("the pod on the faulty GPU to be evicted", evicted)
+    wait_for(
+        "the pod on the faulty GPU to be evicted", lambda: pod_gone(client, namespace, "victim")
+    )
     # A restart keeps the taint: the new plugin republishes it next to a fresh change.
     agents.start_plugin()
     fakegpu.inject_xid(agents.gpu_env, 3, 94)

@@ -39,8 +39,12 @@ from tests.fixtures.workloads import (
     DRIVER,
     EXAMPLES,
     apply,
+    claim_pod,
+    claim_template,
     driver_on_nodes,
+    gpu_request,
     pod_claim,
+    pod_gone,
     running_pod,
 )
 from vgpu_testbed.polling import wait_for
@@ -224,14 +228,10 @@ def test_pod_deletion_unprepares_the_claim(
     assert not node_agents.paths.claim_dir(uid).exists()
     assert uid not in checkpoint_claims(node_agents)
 
-    def pod_gone() -> bool:
-        try:
-            client.get(kube.path("v1", "pods", "shared-gpu", namespace=namespace))
-        except kube.NotFound:
-            return True
-        return False
-
-    wait_for("the stand-in to confirm the pod's termination", pod_gone)
+    wait_for(
+        "the stand-in to confirm the pod's termination",
+        lambda: pod_gone(client, namespace, "shared-gpu"),
+    )
 
 
 # ---------------------------------------------------------------- 4. crash in a batch
@@ -240,23 +240,9 @@ BATCH = 48
 
 
 def batch_pod(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "restartPolicy": "Never",
-            "nodeSelector": {"vgpu.dra.dev/fakegpu-profile": "dgx-h100"},
-            "containers": [
-                {
-                    "name": "c",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-            ],
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "small"}],
-        },
-    }
+    pod = claim_pod(name, {"resourceClaimTemplateName": "small"})
+    pod["spec"]["nodeSelector"] = {"vgpu.dra.dev/fakegpu-profile": "dgx-h100"}
+    return pod
 
 
 def node_consistency(node_agents: NodeAgents) -> tuple[set[str], set[str], set[str]]:
@@ -297,26 +283,7 @@ def test_sigkill_during_a_prepare_batch_loses_nothing(
     client: KubeClient, agents: dict[str, NodeAgents], namespace: str
 ) -> None:
     node_agents = agents["node-1"]
-    template = {
-        "apiVersion": RESOURCE_API,
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": "small"},
-        "spec": {
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": "gpu",
-                            "exactly": {
-                                "deviceClassName": DRIVER,
-                                "capacity": {"requests": {"memory": "1Gi", "cores": "1"}},
-                            },
-                        }
-                    ]
-                }
-            }
-        },
-    }
+    template = claim_template("small", gpu_request(memory="1Gi", cores="1"))
     client.create(kube.path(RESOURCE_API, "resourceclaimtemplates", namespace=namespace), template)
     before = set(checkpoint_claims(node_agents))
 

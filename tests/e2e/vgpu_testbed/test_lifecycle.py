@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.cluster import require_binaries
-from tests.fixtures.dev_cluster import run_vgpu_dra, short_dir
+from tests.fixtures.dev_cluster import run_vgpu_dra, short_dir, up_with_agents
 from vgpu_testbed.cluster.control_plane import Cluster, default_bin_dir
 from vgpu_testbed.cluster.health import ComponentDiedError
 from vgpu_testbed.cluster.state import ClusterState
@@ -348,17 +348,7 @@ def test_dev_cluster_up_with_node_agents(tmp_path: Path) -> None:
     # Unix socket paths are limited to 107 characters: pytest's tmp_path is too deep.
     with short_dir("vd-") as short:
         root = short / "c"
-        up = run_cli(
-            "up",
-            "--agents",
-            "--runtime",
-            "standin",
-            "--nodes",
-            "dgx-h100",
-            "--dir",
-            str(root),
-            cwd=short,
-        )
+        up = up_with_agents(root, "standin", "dgx-h100", timeout=180)
         assert up.returncode == 0, up.stdout + up.stderr
         cluster = Cluster.attach(root)
         records = cluster.processes

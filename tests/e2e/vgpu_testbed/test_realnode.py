@@ -36,8 +36,8 @@ import yaml
 
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
-from tests.fixtures.cluster import require_binaries
-from tests.fixtures.dev_cluster import run_vgpu_dra, short_dir
+from tests.fixtures.cluster import admin_client, require_binaries
+from tests.fixtures.dev_cluster import run_vgpu_dra, short_dir, up_with_agents
 from vgpu_testbed import polling
 from vgpu_testbed.cluster.control_plane import Cluster
 from vgpu_testbed.realnode import cgroups
@@ -78,9 +78,8 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def client(real_cluster: Cluster) -> Iterator[KubeClient]:
-    kc = KubeClient.from_kubeconfig(str(real_cluster.kubeconfig))
-    yield kc
-    kc.close()
+    with admin_client(real_cluster) as kc:
+        yield kc
 
 
 @pytest.fixture(scope="module")
@@ -443,17 +442,7 @@ def test_dev_cluster_up_with_real_nodes_and_down() -> None:
         pytest.skip(f"real nodes not possible here: {check_host()}")
     with short_dir("rn-") as short:
         root = short / "c"
-        up = _cli(
-            "up",
-            "--agents",
-            "--runtime",
-            "real",
-            "--nodes",
-            "a10-pcie",
-            "--dir",
-            str(root),
-            cwd=short,
-        )
+        up = up_with_agents(root, "real", "a10-pcie", timeout=300)
         assert up.returncode == 0, up.stdout + up.stderr
         assert "node-1: real node ready in" in up.stdout
         assert up.stdout.splitlines()[-1] == f"export KUBECONFIG={root}/kubeconfig"
