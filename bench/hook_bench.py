@@ -48,7 +48,7 @@ from tests.fixtures.regions import budget_kept_fresh
 from tests.integration.vgpu_hook import conftest as hook_env
 from tests.integration.vgpu_hook import realgpu
 from tests.integration.vgpu_hook.computecap import measure_accuracy, measure_settling
-from vgpu_testbed.container import run_in_container
+from vgpu_testbed.container import run_with_claims
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "hook.json"
@@ -90,7 +90,7 @@ def _overhead(
             done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
             plain.append(_parse(done.stdout))
             for claim, sink in ((idle, with_idle), (active, with_active)):
-                run = run_in_container(claim.spec, claim.device_names, argv, base_env=env)
+                run = run_with_claims([(claim.spec, claim.device_names)], argv, base_env=env)
                 assert run.returncode == 0, run.stderr
                 sink.append(_parse(run.stdout))
     base, hooked_idle, hooked_active = _best(plain), _best(with_idle), _best(with_active)
@@ -185,7 +185,7 @@ def _startup(node: hook_env.Node, processes: int) -> dict[str, Any]:
     )
     argv = ["sh", "-c", script]
     env = dict(node.env, N=str(processes), PROBE=str(hook_env.PROBE))
-    hooked = run_in_container(claim.spec, claim.device_names, argv, base_env=env, timeout=300)
+    hooked = run_with_claims([(claim.spec, claim.device_names)], argv, base_env=env, timeout=300)
     plain = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=False)
 
     def summary(out: str) -> dict[str, Any]:

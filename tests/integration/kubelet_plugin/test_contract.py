@@ -110,11 +110,10 @@ def test_hook_enforces_the_limits_the_plugin_prepared(
         spec: dict[str, Any] = json.loads(spec_file.read_text())
         device_name = cdi_id.split("=", 1)[1]
 
-        from vgpu_testbed.container import run_in_container
+        from vgpu_testbed.container import run_with_claims
 
-        done = run_in_container(
-            spec,
-            [device_name],
+        done = run_with_claims(
+            [(spec, [device_name])],
             [str(PROBE), "init", "total", "info", "alloc:629145600", "alloc:629145600", "info"],
             base_env={**env, "VGPU_LOG_LEVEL": "warn"},
             timeout=60,
