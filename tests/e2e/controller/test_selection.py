@@ -21,9 +21,8 @@ Nothing is mocked: the real apiserver validates the objects, the real kube-sched
 from __future__ import annotations
 
 import random
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -36,6 +35,7 @@ from tests.fixtures.allocator_cluster import SHAPES, inventory
 from tests.fixtures.chart import helm_binary
 from vgpu_testbed.cluster import controller as bed_controller
 from vgpu_testbed.cluster.control_plane import Cluster
+from vgpu_testbed.polling import wait_for
 
 # Longer than the 60 s default: every random claim is allocated twice on each node, then freed.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -47,17 +47,6 @@ HOLD = "example.com/hold"  # keeps kube-scheduler from binding controller-placed
 SLICES = kube.path(RESOURCE_API, "resourceslices")
 NODES = {"node-1": ("NVIDIA H100 80GB HBM3", "two-islands", 8), "node-2": ("NVIDIA A10", "none", 4)}
 RANDOM_CLAIMS = 12
-
-
-def await_(what: str, check: Callable[[], T | None], timeout: float = 60) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
 
 
 @dataclass
@@ -188,7 +177,7 @@ def outcome(client: KubeClient, ns: str, name: str) -> tuple[str, frozenset[str]
                 return (None,)
         return None
 
-    return await_(f"a decision on {ns}/{name}", decided)[0]
+    return wait_for(f"a decision on {ns}/{name}", decided)[0]
 
 
 def remove(client: KubeClient, ns: str, names: list[str]) -> None:
@@ -205,7 +194,7 @@ def remove(client: KubeClient, ns: str, names: list[str]) -> None:
         }
         return not left & set(names)
 
-    await_(f"claims {names} deleted", gone)
+    wait_for(f"claims {names} deleted", gone)
 
 
 def random_selector(rng: random.Random, driver: str, uuids: dict[str, list[str]]) -> str | None:
