@@ -37,7 +37,7 @@ from dra_driver import kube
 from dra_driver.allocator.model import parse_quantity
 from dra_driver.kube import RESOURCE_API, KubeClient
 from dra_driver.slices import build_slices
-from tests.fixtures.allocator_cluster import SHAPES, inventory
+from tests.fixtures.allocator_cluster import SHAPES, device_class, inventory
 from tests.fixtures.chart import (
     by_kind,
     collection_path,
@@ -137,15 +137,7 @@ def bed(
         kubeconfig = token_kubeconfig(
             home / "controller.kubeconfig", cluster.server, cluster.ca_cert, token
         )
-        client.create(
-            kube.path(RESOURCE_API, "deviceclasses"),
-            {
-                "apiVersion": RESOURCE_API,
-                "kind": "DeviceClass",
-                "metadata": {"name": driver},
-                "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]},
-            },
-        )
+        client.create(kube.path(RESOURCE_API, "deviceclasses"), device_class(driver))
         _create_nodes_and_slices(client, cluster, prefix, driver)
         yield Bed(prefix, driver, system_ns, kubeconfig, home)
     finally:

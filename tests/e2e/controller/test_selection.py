@@ -30,8 +30,7 @@ import pytest
 
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
-from dra_driver.slices import build_slices
-from tests.fixtures.allocator_cluster import SHAPES, inventory
+from tests.fixtures.allocator_cluster import device_class, publish_slices
 from tests.fixtures.chart import helm_binary
 from vgpu_testbed.cluster import controller as bed_controller
 from vgpu_testbed.cluster.control_plane import Cluster
@@ -69,26 +68,11 @@ def bed(cluster: Cluster, client: KubeClient) -> Iterator[Bed]:
     prefix = f"s{uuid.uuid4().hex[:5]}"
     driver = f"{prefix}.sel.vgpu.dra.dev"
     namespace = f"{prefix}-system"
-    client.create(
-        kube.path(RESOURCE_API, "deviceclasses"),
-        {
-            "apiVersion": RESOURCE_API,
-            "kind": "DeviceClass",
-            "metadata": {"name": driver},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]},
-        },
-    )
+    client.create(kube.path(RESOURCE_API, "deviceclasses"), device_class(driver))
     created: list[str] = []
-    uuids: dict[str, list[str]] = {}
     process = f"{bed_controller.PROCESS}-{prefix}"
     try:
-        for n, (node, (product, shape, gpus)) in enumerate(sorted(NODES.items())):
-            uid = client.get(kube.path("v1", "nodes", node))["metadata"]["uid"]
-            inv = inventory(200 + n, gpus, product, SHAPES[shape])
-            uuids[node] = [g.uuid for g in inv.gpus]
-            for obj in build_slices(inv, driver=driver, node_name=node, node_uid=uid):
-                obj["spec"]["pool"]["generation"] = 1
-                created.append(client.create(SLICES, obj)["metadata"]["name"])
+        uuids = publish_slices(client, driver, NODES, created, first_id=200)
         bed_controller.start_controller(cluster, name=process, namespace=namespace, release=prefix)
         yield Bed(driver, uuids)
     finally:

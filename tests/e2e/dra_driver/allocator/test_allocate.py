@@ -28,8 +28,7 @@ from dra_driver.allocator.model import ClusterModel
 from dra_driver.allocator.request import Policy, parse_claim
 from dra_driver.allocator.verify import check_allocation
 from dra_driver.kube import RESOURCE_API, KubeClient
-from dra_driver.slices import build_slices
-from tests.fixtures.allocator_cluster import SHAPES, inventory
+from tests.fixtures.allocator_cluster import device_class, publish_slices
 from tests.fixtures.workloads import claim_pod
 
 # Longer than the 60 s default: the module fixtures load many nodes' slices into the session cluster
@@ -45,23 +44,10 @@ NODES = {"node-1": ("NVIDIA H100 80GB HBM3", "two-islands", 8), "node-2": ("NVID
 def driver(client: KubeClient) -> Iterator[str]:
     """A throwaway driver: its DeviceClass and slices on the session nodes, removed afterwards."""
     name = f"t{uuid.uuid4().hex[:6]}.alloc.vgpu.dra.dev"
-    client.create(
-        kube.path(RESOURCE_API, "deviceclasses"),
-        {
-            "apiVersion": RESOURCE_API,
-            "kind": "DeviceClass",
-            "metadata": {"name": name},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{name}"'}}]},
-        },
-    )
+    client.create(kube.path(RESOURCE_API, "deviceclasses"), device_class(name))
     created: list[str] = []
     try:
-        for n, (node, (product, shape, gpus)) in enumerate(sorted(NODES.items())):
-            uid = client.get(kube.path("v1", "nodes", node))["metadata"]["uid"]
-            inv = inventory(n, gpus, product, SHAPES[shape])
-            for obj in build_slices(inv, driver=name, node_name=node, node_uid=uid):
-                obj["spec"]["pool"]["generation"] = 1
-                created.append(client.create(SLICES, obj)["metadata"]["name"])
+        publish_slices(client, name, NODES, created)
         yield name
     finally:
         for slice_name in created:
