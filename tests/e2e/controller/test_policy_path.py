@@ -46,6 +46,7 @@ from tests.fixtures.chart import (
     request_token,
     token_kubeconfig,
 )
+from tests.fixtures.workloads import pause_pod, resource_claim
 from vgpu_testbed.cluster import boot as cluster_boot
 from vgpu_testbed.cluster import nodes as cluster_nodes
 from vgpu_testbed.polling import wait_for
@@ -243,35 +244,14 @@ def gpu_claim(
         exactly["capacity"] = {"requests": requests}
     if selector:
         exactly["selectors"] = [{"cel": {"expression": selector}}]
-    return {
-        "apiVersion": RESOURCE_API,
-        "kind": "ResourceClaim",
-        "metadata": {"name": name},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
-    }
+    return resource_claim(name, exactly)
 
 
 def gated_pod(name: str, claims: list[str], annotations: dict[str, str]) -> JSON:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "annotations": {f"vgpu.dra.dev/{k}": v for k, v in annotations.items()},
-        },
-        "spec": {
-            "restartPolicy": "Never",
-            "schedulingGates": [{"name": GATE}, {"name": "example.com/keep"}],
-            "containers": [
-                {
-                    "name": "c",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"claims": [{"name": c} for c in claims]},
-                }
-            ],
-            "resourceClaims": [{"name": c, "resourceClaimName": c} for c in claims],
-        },
-    }
+    pod = pause_pod(name, {c: {"resourceClaimName": c} for c in claims})
+    pod["metadata"]["annotations"] = {f"vgpu.dra.dev/{k}": v for k, v in annotations.items()}
+    pod["spec"]["schedulingGates"] = [{"name": GATE}, {"name": "example.com/keep"}]
+    return pod
 
 
 def submit(

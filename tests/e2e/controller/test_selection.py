@@ -32,6 +32,7 @@ from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
 from tests.fixtures.allocator_cluster import device_class, publish_slices
 from tests.fixtures.chart import helm_binary
+from tests.fixtures.workloads import claim_pod, resource_claim
 from vgpu_testbed.cluster import controller as bed_controller
 from vgpu_testbed.cluster.control_plane import Cluster
 from vgpu_testbed.polling import wait_for
@@ -89,39 +90,17 @@ def claim_obj(name: str, driver: str, selector: str | None, **exactly: Any) -> J
     request: JSON = {"deviceClassName": driver, **exactly}
     if selector:
         request["selectors"] = [{"cel": {"expression": selector}}]
-    return {
-        "apiVersion": RESOURCE_API,
-        "kind": "ResourceClaim",
-        "metadata": {"name": name},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": request}]}},
-    }
+    return resource_claim(name, request)
 
 
 def pod_obj(name: str, *, node: str | None, gated: bool, annotations: dict[str, str]) -> JSON:
-    spec: JSON = {
-        "restartPolicy": "Never",
-        "containers": [
-            {
-                "name": "c",
-                "image": "registry.k8s.io/pause:3.10",
-                "resources": {"claims": [{"name": "gpu"}]},
-            }
-        ],
-        "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-    }
+    pod = claim_pod(name, {"resourceClaimName": name})
+    pod["metadata"]["annotations"] = {f"vgpu.dra.dev/{k}": v for k, v in annotations.items()}
     if node:
-        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+        pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
     if gated:
-        spec["schedulingGates"] = [{"name": GATE}, {"name": HOLD}]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "annotations": {f"vgpu.dra.dev/{k}": v for k, v in annotations.items()},
-        },
-        "spec": spec,
-    }
+        pod["spec"]["schedulingGates"] = [{"name": GATE}, {"name": HOLD}]
+    return pod
 
 
 def submit(
