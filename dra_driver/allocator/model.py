@@ -28,8 +28,8 @@ import numpy as np
 import numpy.typing as npt
 
 from dra_driver import names
+from dra_driver.allocator import kernel, round_request
 from dra_driver.allocator import parse_quantity as _parse_quantity
-from dra_driver.allocator import round_request
 from dra_driver.allocator.cel import device_view
 from dra_driver.allocator.quantity import QuantityError, RequestPolicy
 
@@ -208,8 +208,18 @@ class Layout:
     numa: npt.NDArray[np.int64]
     link: npt.NDArray[np.int64]
     link_size: npt.NDArray[np.int64]  # devices of this node in the same NVLink domain
+    node_mem_total: npt.NDArray[np.int64]  # per node: sums of its devices' columns above
+    node_cores_total: npt.NDArray[np.int64]
+    node_mem_used: npt.NDArray[np.int64]  # kept current with mem_used
+    node_cores_used: npt.NDArray[np.int64]
     cpu_free: npt.NDArray[np.int64]  # per node: allocatable cpu millis minus bound pods
     mem_free: npt.NDArray[np.int64]  # per node: allocatable memory minus bound pods
+    # For the exact search (kernel.search): every capacity name any device publishes gets a
+    # column; cap is -1 where a device lacks it. `dev` holds kernel.DEV_* columns per device.
+    dims: dict[str, int]
+    cap: npt.NDArray[np.int64]  # [devices, dims]
+    used_by_dim: npt.NDArray[np.int64]  # [devices, dims], kept current like mem_used
+    dev: npt.NDArray[np.int64]  # [devices, kernel.DEV_FIELDS]
     index: dict[DeviceKey, int] = field(default_factory=dict)
     node_index: dict[str, int] = field(default_factory=dict)
     epoch: int = 0
@@ -493,9 +503,20 @@ class ClusterModel:
             row = layout.index.get(entry.device)
             if row is not None:
                 driver = entry.device[0]
-                layout.mem_used[row] = used.get(f"{driver}/{names.CAPACITY_MEMORY}", 0)
-                layout.cores_used[row] = used.get(f"{driver}/{names.CAPACITY_CORES}", 0)
+                node = layout.dev_node[row]
+                mem = used.get(f"{driver}/{names.CAPACITY_MEMORY}", 0)
+                cores = used.get(f"{driver}/{names.CAPACITY_CORES}", 0)
+                layout.node_mem_used[node] += mem - layout.mem_used[row]
+                layout.node_cores_used[node] += cores - layout.cores_used[row]
+                layout.mem_used[row] = mem
+                layout.cores_used[row] = cores
                 layout.busy[row] = int(self.is_held(entry.device))
+                for name, _ in entry.amounts:
+                    column = layout.dims.get(name)
+                    if column is not None:
+                        layout.used_by_dim[row, column] = used[name]
+                layout.dev[row, kernel.DEV_ALLOCATED] = int(self.allocations[entry.device] > 0)
+                layout.dev[row, kernel.DEV_HELD] = layout.busy[row]
 
     # ------------------------------------------------------------ derived
 
@@ -543,6 +564,31 @@ class ClusterModel:
         for i, d in enumerate(devices):
             s, e = starts[node_of[i]], ends[node_of[i]]
             link_size.append(sum(1 for o in devices[s:e] if o.link == d.link) if d.link >= 0 else 0)
+        dims = {name: i for i, name in enumerate(sorted({c for d in devices for c in d.capacity}))}
+        cap = np.full((n, len(dims)), -1, dtype=np.int64)
+        used_by_dim = np.zeros((n, len(dims)), dtype=np.int64)
+        dev = np.zeros((n, kernel.DEV_FIELDS), dtype=np.int64)
+        for i, d in enumerate(devices):
+            for name, capacity in d.capacity.items():
+                cap[i, dims[name]] = capacity.value
+            for name, amount in self.used.get(d.key, {}).items():
+                if name in dims:
+                    used_by_dim[i, dims[name]] = amount
+            driver = d.key[0]
+            dev[i] = (
+                int(d.allow_multiple),
+                int(self.allocations.get(d.key, 0) > 0),
+                busy[i],
+                d.numa,
+                d.link,
+                link_size[i],
+                dims.get(f"{driver}/{names.CAPACITY_MEMORY}", -1),
+                dims.get(f"{driver}/{names.CAPACITY_CORES}", -1),
+            )
+
+        def node_sum(values: list[int]) -> npt.NDArray[np.int64]:
+            return arr([sum(values[s:e]) for s, e in zip(starts, ends, strict=True)])
+
         self.layout_epoch += 1
         return Layout(
             nodes=node_names,
@@ -561,10 +607,18 @@ class ClusterModel:
             numa=arr([d.numa for d in devices]),
             link=arr([d.link for d in devices]),
             link_size=arr(link_size),
+            node_mem_total=node_sum(mem_total),
+            node_cores_total=node_sum(cores_total),
+            node_mem_used=node_sum(mem_used),
+            node_cores_used=node_sum(cores_used),
             cpu_free=arr(
                 [self.nodes[n].cpu_milli - self.node_cpu_used.get(n, 0) for n in node_names]
             ),
             mem_free=arr([self.nodes[n].memory - self.node_mem_used.get(n, 0) for n in node_names]),
+            dims=dims,
+            cap=cap,
+            used_by_dim=used_by_dim,
+            dev=dev,
             index={d.key: i for i, d in enumerate(devices)},
             node_index={n: i for i, n in enumerate(node_names)},
             epoch=self.layout_epoch,

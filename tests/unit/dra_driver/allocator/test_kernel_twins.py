@@ -177,10 +177,20 @@ def test_scan_keys_are_bit_identical(
         data.draw(st.lists(st.integers(0, 1), min_size=n_req * n_dev, max_size=n_req * n_dev)),
         dtype=np.int8,
     ).reshape(n_req, n_dev)
+
+    def per_node(values: Any) -> Any:  # the layout's node sums of a device column
+        return np.asarray(
+            [int(values[s:e].sum()) for s, e in zip(starts, ends, strict=True)], dtype=np.int64
+        )
+
     args = [
         starts,
         ends,
         arr(st.integers(0, 1), n_nodes).astype(np.int8),
+        per_node(total),
+        per_node(used),
+        per_node(cores_total),
+        per_node(cores_used),
         total,
         cores_total,
         np.minimum(arr(ints, n_dev), total),
@@ -204,4 +214,69 @@ def test_scan_keys_are_bit_identical(
         close = np.empty(n_nodes, dtype=np.int64)
         scan(*args, topo, strict, binpack, keys, close)
         out.append((keys.tobytes(), close.tolist()))
+    assert out[0] == out[1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), m=st.integers(1, 8), k_dims=st.integers(0, 3), n_req=st.integers(0, 3))
+def test_search_picks_are_identical(data: st.DataObject, m: int, k_dims: int, n_req: int) -> None:
+    """The exact search: same found/not found (budget included), same alternative, same devices
+    in the same order, on random node encodings."""
+    n_slots = data.draw(st.integers(0, 2))
+    topo, strict, binpack = (data.draw(st.integers(lo, hi)) for lo, hi in ((0, 2), (0, 1), (0, 1)))
+    budget = data.draw(st.sampled_from([1, 3, 10, 20_000]))
+
+    def arr(strategy: Any, *shape: int, dtype: Any = np.int64) -> Any:
+        size = int(np.prod(shape))
+        values = data.draw(st.lists(strategy, min_size=size, max_size=size))
+        return np.asarray(values, dtype=dtype).reshape(shape)
+
+    dims = st.integers(-1, k_dims - 1)
+    dev = np.concatenate(
+        [
+            arr(st.integers(0, 1), m, 3),  # multi, allocated, held
+            arr(st.integers(-1, 2), m, 1),  # numa
+            arr(st.integers(-1, 3), m, 1),  # link
+            arr(st.integers(0, 8), m, 1),  # link size
+            arr(dims, m, 2),  # memory, cores columns
+        ],
+        axis=1,
+    )
+    counts = data.draw(st.lists(st.integers(1, 3), min_size=n_req, max_size=n_req))
+    ends = np.cumsum(counts, dtype=np.int64)
+    reqs = np.stack([ends - np.asarray(counts, dtype=np.int64), ends], axis=1).reshape(n_req, 2)
+    n_alt = int(sum(counts))
+    alts = np.concatenate(
+        [
+            arr(st.integers(0, 1), n_alt, 1),  # all
+            arr(st.integers(1, 4), n_alt, 1),  # count
+            arr(st.integers(0, 1), n_alt, 1),  # admin
+        ],
+        axis=1,
+    )
+    inputs = [
+        np.ascontiguousarray(dev),
+        arr(st.integers(-1, 100), m, k_dims),  # cap
+        arr(st.integers(0, 100), m, k_dims),  # used
+        np.ascontiguousarray(reqs),
+        np.ascontiguousarray(alts),
+        arr(st.integers(0, 1), n_alt, m, dtype=np.int8),  # mask
+        arr(st.integers(0, 1), n_alt, m, dtype=np.int8),  # servable
+        arr(st.integers(0, 60), n_alt, m, k_dims),  # amount
+        arr(st.integers(0, 1), n_req, n_slots, dtype=np.int8),  # applies
+        arr(st.integers(0, 1), n_slots),  # distinct
+        arr(st.integers(-1, m - 1), n_slots, m),  # cval
+    ]
+    out = []
+    for search in (allocate.FAST_SEARCH, kernel.search):
+        assert search is not None
+        chosen = np.zeros(n_req, dtype=np.int64)
+        picks = np.zeros((n_req, m), dtype=np.int64)
+        npicks = np.zeros(n_req, dtype=np.int64)
+        found = search(*inputs, topo, strict, binpack, budget, chosen, picks, npicks)
+        out.append(
+            (found, [(int(chosen[i]), picks[i, : npicks[i]].tolist()) for i in range(n_req)])
+            if found
+            else (found, None)
+        )
     assert out[0] == out[1]
