@@ -186,12 +186,15 @@ class Allocator:
             return False
         if not policy.admits(device.product, device.uuid):
             return False
+        view = None  # built once, only when some selector has no cached result
         for selector in alt.selectors:  # class first; stop at the first False, like the API
             cache_key = (selector.source, device.key)
             hit = self._cel.get(cache_key)
             if hit is None or hit[0] != device.generation:
+                if view is None:
+                    view = device.view
                 try:
-                    value: bool | str = selector.matches(device.view)
+                    value: bool | str = selector.matches(view)
                 except CelError as exc:
                     value = str(exc)
                 hit = (device.generation, value)
