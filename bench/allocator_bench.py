@@ -12,8 +12,9 @@ the capacity earlier ones consumed. Topology and policy scoring are on in every 
 
 Figures: placements/s and p50/p99 decision latency per workload, size and path, both wall-clock
 and CPU time of the deciding thread (the machine is shared; CPU time leaves out preemption); the
-Cython / reference speed-up; the model's memory at 5,000 x 8 (tracemalloc, after the layout is
-built) and the time to feed it the events. Targets (issue 9): >= 5,000 placements/s at 1,000
+same over the claim mix (all four workloads' Cython decisions together); the Cython / reference
+speed-up; the model's memory at the largest size (tracemalloc, after the layout is built) and the
+time to feed it the events; a verdict per target. Targets (issue 9): >= 5,000 placements/s at 1,000
 nodes, p99 <= 5 ms at 5,000 nodes, Cython >= 30x the reference. Writes
 bench/results/allocator.json.
 """
@@ -85,7 +86,9 @@ def claims(obj: dict[str, Any], count: int) -> list[Claim]:
     return out
 
 
-def run(model: ClusterModel, fast: bool, obj: dict[str, Any], policy: Policy) -> dict[str, Any]:
+def run(
+    model: ClusterModel, fast: bool, obj: dict[str, Any], policy: Policy
+) -> tuple[dict[str, Any], list[float], list[float]]:
     alloc = Allocator(model, fast=fast)
     pod: dict[str, Any] = {"metadata": {"name": "bench"}, "spec": {}}
     todo = claims(obj, PLACEMENTS + 1)
@@ -106,7 +109,7 @@ def run(model: ClusterModel, fast: bool, obj: dict[str, Any], policy: Policy) ->
         latencies.append(time.perf_counter() - started)
         if not fast and time.perf_counter() > budget_end:
             break
-    return {
+    summary = {
         "placements": len(latencies),
         "cluster_full": full,
         **figures("", latencies),
@@ -114,6 +117,7 @@ def run(model: ClusterModel, fast: bool, obj: dict[str, Any], policy: Policy) ->
         # shared 2-core machine adds to wall-clock figures.
         **figures("cpu_", cpu),
     }
+    return summary, latencies, cpu
 
 
 def figures(prefix: str, samples: list[float]) -> dict[str, float]:
@@ -124,6 +128,39 @@ def figures(prefix: str, samples: list[float]) -> dict[str, float]:
         f"{prefix}p50_ms": round(statistics.median(ordered) * 1e3, 3),
         f"{prefix}p99_ms": round(p99 * 1e3, 3),
     }
+
+
+def verdict(sizes: dict[str, Any]) -> dict[str, Any]:
+    """Each issue-9 target against the figures measured, wall-clock and CPU time."""
+    out: dict[str, Any] = {}
+    if "1000" in sizes:
+        mix = sizes["1000"]["mix_cython"]
+        out["placements_per_s_at_1000_nodes_mix"] = {
+            "wall": mix["placements_per_s"],
+            "cpu": mix["cpu_placements_per_s"],
+            "met_wall": mix["placements_per_s"] >= 5000,
+            "met_cpu": mix["cpu_placements_per_s"] >= 5000,
+        }
+    if "5000" in sizes:
+        mix = sizes["5000"]["mix_cython"]
+        out["p99_ms_at_5000_nodes_mix"] = {
+            "wall": mix["p99_ms"],
+            "cpu": mix["cpu_p99_ms"],
+            "met_wall": mix["p99_ms"] <= 5.0,
+            "met_cpu": mix["cpu_p99_ms"] <= 5.0,
+        }
+    smallest = min(sizes, key=int)
+    speedups = [
+        w["speedup_cpu_p50"]
+        for w in sizes[smallest].values()
+        if isinstance(w, dict) and "speedup_cpu_p50" in w
+    ]
+    if speedups:
+        out[f"cython_speedup_min_at_{smallest}_nodes"] = {
+            "cpu_p50": min(speedups),
+            "met": min(speedups) >= 30,
+        }
+    return out
 
 
 def main() -> None:
@@ -151,12 +188,16 @@ def main() -> None:
             current, _ = tracemalloc.get_traced_memory()
             tracemalloc.stop()
             entry["model_memory_mib"] = round(current / (1 << 20), 1)
+        mix_wall: list[float] = []
+        mix_cpu: list[float] = []
         for name, (obj, policy) in workloads().items():
             # Each workload and path starts from the same empty cluster.
             fresh, _ = build(nodes) if name != "share" else (model, 0.0)
-            fast = run(fresh, True, obj, policy)
+            fast, wall_s, cpu_s = run(fresh, True, obj, policy)
+            mix_wall += wall_s
+            mix_cpu += cpu_s
             slow_model, _ = build(nodes)
-            slow = run(slow_model, False, obj, policy)
+            slow, _, _ = run(slow_model, False, obj, policy)
             entry[name] = {
                 "cython": fast,
                 "reference": slow,
@@ -164,7 +205,11 @@ def main() -> None:
                 "speedup_cpu_p50": round(slow["cpu_p50_ms"] / fast["cpu_p50_ms"], 1),
             }
             print(nodes, name, entry[name], flush=True)
+        # The claim mix: every Cython decision of the four workloads together.
+        entry["mix_cython"] = {**figures("", mix_wall), **figures("cpu_", mix_cpu)}
         results["sizes"][str(nodes)] = entry
+    results["verdict"] = verdict(results["sizes"])
+    results["machine"]["load_average_at_end"] = os.getloadavg()[0]
     results["time"] = utc_stamp()
     write_results(RESULTS, results)
 

@@ -152,6 +152,43 @@ def _plural(n: int, word: str = "GPU") -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
+# What the scan needs per request shape: screened alternatives, forced groups, masks, memory,
+# cores and counts (see Allocator._screen).
+_Screen = tuple[
+    list[Alternative],
+    npt.NDArray[np.int64],
+    npt.NDArray[np.int8],
+    npt.NDArray[np.int64],
+    npt.NDArray[np.int64],
+    npt.NDArray[np.int64],
+]
+
+
+def _shape(
+    claims: Sequence[Claim], flat: list[tuple[int, Request]], policy: Policy
+) -> tuple[Any, ...]:
+    """What the static inputs of a decision depend on (not claim names, not consumption): the
+    cache key of the scan's screen and, with a node, of the search's encoding."""
+    return (
+        policy.include_types,
+        policy.exclude_types,
+        policy.include_uuids,
+        policy.exclude_uuids,
+        tuple(
+            (
+                ci,
+                request.name,
+                tuple(
+                    (alt.signature, alt.capacity, alt.all_devices, alt.count, alt.admin)
+                    for alt in request.alternatives
+                ),
+            )
+            for ci, request in flat
+        ),
+        tuple(claim.constraints for claim in claims),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class _Encoding:
     """The search kernel's static inputs for one request shape on one node (see `_encoding`)."""
@@ -178,6 +215,7 @@ class Allocator:
         self._static: dict[str, tuple[int, npt.NDArray[np.int8], dict[str, int]]] = {}
         self._fits: dict[tuple[Any, ...], tuple[npt.NDArray[np.int8], npt.NDArray[np.int64]]] = {}
         self._encodings: dict[tuple[Any, ...], _Encoding] = {}
+        self._screens: dict[tuple[Any, ...], _Screen] = {}
 
     # ------------------------------------------------------------ selection
 
@@ -205,18 +243,23 @@ class Allocator:
                 return False
         return True
 
-    def _mask(self, layout: Layout, alt: Alternative, policy: Policy) -> npt.NDArray[np.int8]:
+    def _current(self, layout: Layout) -> None:
+        """Drop every cache derived from an older layout (slices or nodes changed)."""
         if self._mask_epoch != layout.epoch:
             self._masks.clear()
             self._mask_drivers.clear()
             self._static.clear()
             self._fits.clear()
             self._encodings.clear()
+            self._screens.clear()
             # Forget CEL results of devices that are gone (the cache is keyed by device).
             devices = self.model.devices
             self._cel = {k: v for k, v in self._cel.items() if k[1] in devices}
             self._amounts = {k: v for k, v in self._amounts.items() if k[1] in devices}
             self._mask_epoch = layout.epoch
+
+    def _mask(self, layout: Layout, alt: Alternative, policy: Policy) -> npt.NDArray[np.int8]:
+        self._current(layout)
         key = (
             alt.signature,
             policy.include_types,
@@ -312,26 +355,15 @@ class Allocator:
             raise Unschedulable("no node publishes devices (no complete ResourceSlice pool)")
         node_ok, reasons = self._node_ok(layout, pod, *pod_resources)
         flat = [(ci, req) for ci, claim in enumerate(claims) for req in claim.requests]
-        screened_requests = [
-            (claims[ci], req)
-            for ci, req in flat
-            if len(req.alternatives) == 1 and not req.alternatives[0].admin
-        ]
-        screened = [req.alternatives[0] for _, req in screened_requests]
-        req_group = np.asarray(
-            [
-                self._forced_group(layout, claim, req, req.alternatives[0], policy)
-                for claim, req in screened_requests
-            ],
-            dtype=np.int64,
-        )
-        n_dev = len(layout.devices)
-        masks = np.zeros((len(screened), n_dev), dtype=np.int8)
-        for row, alt in enumerate(screened):
-            masks[row] = self._mask(layout, alt, policy)
-        req_mem = np.asarray([_requested(a, "memory") for a in screened], dtype=np.int64)
-        req_cores = np.asarray([_requested(a, "cores") for a in screened], dtype=np.int64)
-        req_count = np.asarray([-1 if a.all_devices else a.count for a in screened], np.int64)
+        shape = _shape(claims, flat, policy)
+        self._current(layout)
+        screen = self._screens.get(shape)
+        if screen is None:
+            screen = self._screen(layout, claims, flat, policy)
+            if len(self._screens) >= FIT_CACHE_MAX:
+                self._screens.clear()
+            self._screens[shape] = screen
+        screened, req_group, masks, req_mem, req_cores, req_count = screen
         keys = np.empty(len(layout.nodes), dtype=np.float64)
         closeness = np.empty(len(layout.nodes), dtype=np.int64)
         self.scan(
@@ -369,7 +401,9 @@ class Allocator:
             if keys[best] < 0:
                 break
             tried += 1
-            found = self._search_node(layout, best, claims, flat, policy)
+            found = self._search_node(
+                layout, best, claims=claims, flat=flat, policy=policy, shape=shape
+            )
             if found is not None:
                 return Placement(layout.nodes[best], float(keys[best]), found)
             keys[best] = -1.0
@@ -384,6 +418,36 @@ class Allocator:
                 tried=tried,
             )
         )
+
+    def _screen(
+        self,
+        layout: Layout,
+        claims: Sequence[Claim],
+        flat: list[tuple[int, Request]],
+        policy: Policy,
+    ) -> _Screen:
+        """The scan's per-request inputs for one request shape (static per layout): the requests
+        it screens (one alternative, no admin access), their forced groups, masks and sizes."""
+        screened_requests = [
+            (claims[ci], req)
+            for ci, req in flat
+            if len(req.alternatives) == 1 and not req.alternatives[0].admin
+        ]
+        screened = [req.alternatives[0] for _, req in screened_requests]
+        req_group = np.asarray(
+            [
+                self._forced_group(layout, claim, req, req.alternatives[0], policy)
+                for claim, req in screened_requests
+            ],
+            dtype=np.int64,
+        )
+        masks = np.zeros((len(screened), len(layout.devices)), dtype=np.int8)
+        for row, alt in enumerate(screened):
+            masks[row] = self._mask(layout, alt, policy)
+        req_mem = np.asarray([_requested(a, "memory") for a in screened], dtype=np.int64)
+        req_cores = np.asarray([_requested(a, "cores") for a in screened], dtype=np.int64)
+        req_count = np.asarray([-1 if a.all_devices else a.count for a in screened], np.int64)
+        return (screened, req_group, masks, req_mem, req_cores, req_count)
 
     def commit(self, placement: Placement) -> None:
         """Count the placement's consumption in the model until the claims' updates arrive."""
@@ -405,16 +469,23 @@ class Allocator:
         self,
         layout: Layout,
         node: int,
+        *,
         claims: Sequence[Claim],
         flat: list[tuple[int, Request]],
         policy: Policy,
+        shape: tuple[Any, ...],
     ) -> tuple[tuple[Claim, tuple[DeviceResult, ...]], ...] | None:
         """Run the search kernel on one node; its picks as results (None: nothing fits within
         the budget)."""
         start, end = int(layout.node_start[node]), int(layout.node_end[node])
         m = end - start
         n_req = len(flat)
-        enc = self._encoding(layout, claims=claims, flat=flat, policy=policy, start=start, end=end)
+        enc = self._encodings.get((shape, start))
+        if enc is None:
+            enc = self._encoding(layout, claims=claims, flat=flat, policy=policy, start=start)
+            if len(self._encodings) >= FIT_CACHE_MAX:  # many request shapes x nodes: start over
+                self._encodings.clear()
+            self._encodings[(shape, start)] = enc
         chosen_alt = np.zeros(n_req, dtype=np.int64)
         picks = np.zeros((n_req, m), dtype=np.int64)
         npicks = np.zeros(n_req, dtype=np.int64)
@@ -465,35 +536,12 @@ class Allocator:
         flat: list[tuple[int, Request]],
         policy: Policy,
         start: int,
-        end: int,
     ) -> _Encoding:
-        """The search kernel's static inputs for these requests on one node: they depend on the
-        published devices and the requests' shape only (not on claim names or consumption), so
-        pods made from one template reuse them until the layout changes."""
-        shape = (
-            policy.include_types,
-            policy.exclude_types,
-            policy.include_uuids,
-            policy.exclude_uuids,
-            tuple(
-                (
-                    ci,
-                    request.name,
-                    tuple(
-                        (alt.signature, alt.capacity, alt.all_devices, alt.count, alt.admin)
-                        for alt in request.alternatives
-                    ),
-                )
-                for ci, request in flat
-            ),
-            tuple(tuple(claim.constraints) for claim in claims),
-            start,
-        )
-        for alt in (alt for _, request in flat for alt in request.alternatives):
-            self._mask(layout, alt, policy)  # (also drops caches of an older layout)
-        hit = self._encodings.get(shape)
-        if hit is not None:
-            return hit
+        """The search kernel's static inputs for these requests on the node whose devices start
+        at `start`: they depend on the published devices and the requests' shape only (not on
+        claim names or consumption), so pods made from one template reuse them (cached by the
+        caller until the layout changes)."""
+        end = int(layout.node_end[layout.dev_node[start]])
         m = end - start
         n_req = len(flat)
         alt_list: list[Alternative] = []
@@ -527,13 +575,9 @@ class Allocator:
                 value = layout.devices[start + j].attribute(constraint.attribute)
                 if value is not None:
                     cval[s, j] = ids.setdefault(value, len(ids))
-        enc = _Encoding(
+        return _Encoding(
             tuple(alt_list), (reqs, alts, mask, servable, amount, applies, distinct, cval)
         )
-        if len(self._encodings) >= FIT_CACHE_MAX:  # many request shapes x nodes: start over
-            self._encodings.clear()
-        self._encodings[shape] = enc
-        return enc
 
     def _amounts_of(self, alt: Alternative, device: Device) -> tuple[tuple[str, int], ...] | None:
         """What `alt` consumes of a multi-allocatable device under its request policies
