@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -56,9 +58,12 @@ except ImportError:  # extension not built: the reference kernel serves, only sl
     FAST_KERNEL = None
     FAST_SEARCH = None
 
+log = logging.getLogger(__name__)
+
 JSON = dict[str, Any]
 SEARCH_BUDGET = 20_000  # device choices tried per node before the node counts as not fitting
 FIT_CACHE_MAX = 65_536  # (request capacity, node) entries of the static fit cache
+KEYS_CACHE_MAX = 256  # request shapes x policies whose node keys are kept
 
 
 class Unschedulable(Exception):
@@ -216,6 +221,8 @@ class Allocator:
         self._fits: dict[tuple[Any, ...], tuple[npt.NDArray[np.int8], npt.NDArray[np.int64]]] = {}
         self._encodings: dict[tuple[Any, ...], _Encoding] = {}
         self._screens: dict[tuple[Any, ...], _Screen] = {}
+        # (shape, policy) -> (model.change_seq, node_ok, keys, closeness) of the last scan
+        self._node_keys: dict[tuple[Any, ...], tuple[int, Any, Any, Any]] = {}
 
     # ------------------------------------------------------------ selection
 
@@ -252,6 +259,7 @@ class Allocator:
             self._fits.clear()
             self._encodings.clear()
             self._screens.clear()
+            self._node_keys.clear()
             # Forget CEL results of devices that are gone (the cache is keyed by device).
             devices = self.model.devices
             self._cel = {k: v for k, v in self._cel.items() if k[1] in devices}
@@ -349,7 +357,33 @@ class Allocator:
         policy: Policy,
         pod_resources: tuple[int, int] = (0, 0),
     ) -> Placement:
-        """The best placement of all `claims` together, or Unschedulable with the reason."""
+        """The best placement of all `claims` together, or Unschedulable with the reason.
+
+        Each decision's duration is logged at debug level (the controller's scale benchmark
+        reads it): "decision <node|unschedulable> in <ms> ms (layout rebuilt: <bool>)"."""
+        started = time.perf_counter()
+        epoch = self.model.layout_epoch
+        outcome = "unschedulable"
+        try:
+            placement = self._place(pod, claims, policy, pod_resources)
+            outcome = placement.node
+            return placement
+        finally:
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "decision %s in %.3f ms (layout rebuilt: %s)",
+                    outcome,
+                    (time.perf_counter() - started) * 1e3,
+                    self.model.layout_epoch != epoch,
+                )
+
+    def _place(
+        self,
+        pod: Mapping[str, Any],
+        claims: Sequence[Claim],
+        policy: Policy,
+        pod_resources: tuple[int, int],
+    ) -> Placement:
         layout = self.model.layout()
         if not layout.nodes:
             raise Unschedulable("no node publishes devices (no complete ResourceSlice pool)")
@@ -362,14 +396,63 @@ class Allocator:
             screen = self._screen(layout, claims, flat, policy)
             if len(self._screens) >= FIT_CACHE_MAX:
                 self._screens.clear()
+            self._node_keys.clear()
             self._screens[shape] = screen
-        screened, req_group, masks, req_mem, req_cores, req_count = screen
+        screened = screen[0]
+        keys, closeness = self._keys(layout, node_ok, screen, shape, policy)
+        tried = 0
+        while True:
+            best = int(np.argmax(keys))
+            if keys[best] < 0:
+                break
+            tried += 1
+            found = self._search_node(
+                layout, best, claims=claims, flat=flat, policy=policy, shape=shape
+            )
+            if found is not None:
+                return Placement(layout.nodes[best], float(keys[best]), found)
+            keys[best] = -1.0
+        raise Unschedulable(
+            self._reason(
+                layout=layout,
+                node_ok=node_ok,
+                reasons=reasons,
+                screened=screened,
+                closeness=closeness,
+                policy=policy,
+                tried=tried,
+            )
+        )
+
+    def _keys(
+        self,
+        layout: Layout,
+        node_ok: npt.NDArray[np.int8],
+        screen: _Screen,
+        shape: tuple[Any, ...],
+        policy: Policy,
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
+        """Every node's key and closeness for this request shape and policy. A node's figures
+        depend only on its own rows, so after the first scan of a shape only the nodes changed
+        since (consumption, bound pods: `layout.node_seq`) or whose fit changed are scanned
+        again; the others keep their figures. The result equals a full scan."""
+        _, req_group, masks, req_mem, req_cores, req_count = screen
+        cache_key = (shape, policy.topology_mode, policy.strict, policy.node)
+        seq = self.model.change_seq
+        cached = self._node_keys.get(cache_key)
+        if cached is None:
+            todo = node_ok
+        else:
+            dirty = (layout.node_seq > cached[0]) | (node_ok != cached[1])
+            if not dirty.any():
+                return cached[2].copy(), cached[3].copy()
+            todo = (node_ok > 0) & dirty
         keys = np.empty(len(layout.nodes), dtype=np.float64)
         closeness = np.empty(len(layout.nodes), dtype=np.int64)
         self.scan(
             layout.node_start,
             layout.node_end,
-            node_ok,
+            todo.astype(np.int8),
             layout.node_mem_total,
             layout.node_mem_used,
             layout.node_cores_total,
@@ -395,29 +478,13 @@ class Allocator:
             keys,
             closeness,
         )
-        tried = 0
-        while True:
-            best = int(np.argmax(keys))
-            if keys[best] < 0:
-                break
-            tried += 1
-            found = self._search_node(
-                layout, best, claims=claims, flat=flat, policy=policy, shape=shape
-            )
-            if found is not None:
-                return Placement(layout.nodes[best], float(keys[best]), found)
-            keys[best] = -1.0
-        raise Unschedulable(
-            self._reason(
-                layout=layout,
-                node_ok=node_ok,
-                reasons=reasons,
-                screened=screened,
-                closeness=closeness,
-                policy=policy,
-                tried=tried,
-            )
-        )
+        if cached is not None:
+            keys = np.where(dirty, keys, cached[2])
+            closeness = np.where(dirty, closeness, cached[3])
+        if len(self._node_keys) >= KEYS_CACHE_MAX:
+            self._node_keys.clear()
+        self._node_keys[cache_key] = (seq, node_ok, keys, closeness)
+        return keys.copy(), closeness.copy()
 
     def _screen(
         self,

@@ -262,6 +262,7 @@ class Layout:
     node_cores_total: npt.NDArray[np.int64]
     node_mem_used: npt.NDArray[np.int64]  # kept current with mem_used
     node_cores_used: npt.NDArray[np.int64]
+    node_seq: npt.NDArray[np.int64]  # per node: model.change_seq of its last change
     cpu_free: npt.NDArray[np.int64]  # per node: allocatable cpu millis minus bound pods
     mem_free: npt.NDArray[np.int64]  # per node: allocatable memory minus bound pods
     # For the exact search (kernel.search): every capacity name any device publishes gets a
@@ -337,6 +338,7 @@ class ClusterModel:
         self.device_epoch = 0  # bumped on any device change (selection caches key on it)
         self.layout_epoch = 0
         self.pod_epoch = 0  # bumped on any bound-pod change (cpu/memory fit caches key on it)
+        self.change_seq = 0  # bumped on every change of a laid-out node (Layout.node_seq)
 
     # ------------------------------------------------------------ events
 
@@ -523,6 +525,8 @@ class ClusterModel:
         layout = self._layout
         if layout is not None and node in layout.node_index:
             i = layout.node_index[node]
+            self.change_seq += 1
+            layout.node_seq[i] = self.change_seq
             info = self.nodes[node]
             layout.cpu_free[i] = info.cpu_milli - self.node_cpu_used.get(node, 0)
             layout.mem_free[i] = info.memory - self.node_mem_used.get(node, 0)
@@ -571,6 +575,8 @@ class ClusterModel:
             if row is not None:
                 driver = entry.device[0]
                 node = layout.dev_node[row]
+                self.change_seq += 1
+                layout.node_seq[node] = self.change_seq
                 mem = used.get(f"{driver}/{names.CAPACITY_MEMORY}", 0)
                 cores = used.get(f"{driver}/{names.CAPACITY_CORES}", 0)
                 layout.node_mem_used[node] += mem - layout.mem_used[row]
@@ -678,6 +684,7 @@ class ClusterModel:
             node_cores_total=node_sum(cores_total),
             node_mem_used=node_sum(mem_used),
             node_cores_used=node_sum(cores_used),
+            node_seq=np.zeros(len(node_names), dtype=np.int64),
             cpu_free=arr(
                 [self.nodes[n].cpu_milli - self.node_cpu_used.get(n, 0) for n in node_names]
             ),

@@ -290,3 +290,50 @@ def test_selector_results_follow_a_republished_device() -> None:
     renamed["spec"]["devices"][0]["attributes"]["productName"] = {"string": "H100"}
     alloc.model.apply("ResourceSlice", renamed)  # a new device generation: cached result dropped
     assert picked(place(alloc, claim)) == ["gpu-0"]
+
+
+def test_incremental_node_keys_equal_a_full_scan() -> None:
+    """After the first decision of a shape only changed nodes are scanned again; every decision
+    (placements, refusals' reasons) must equal what a fresh allocator (a full scan) decides,
+    across placements, released claims and pods bound with cpu requests."""
+    events = [e for n in range(6) for e in node_events(n, shape=("pairs", "none")[n % 2])]
+    model = ClusterModel()
+    for kind, obj in events:
+        model.apply(kind, obj)
+    kept = Allocator(model)
+    shapes = [
+        (claim_obj("s", memory="30Gi", cores="40"), Policy(node="binpack", topology="link")),
+        (claim_obj("t", count=2, memory="20Gi"), Policy(node="spread", device="binpack")),
+    ]
+    placed: list[tuple[str, Placement]] = []
+    for i in range(40):
+        raw, policy = shapes[i % 2]
+        obj = copy.deepcopy(raw)
+        obj["metadata"]["uid"] = f"uid-{i}"
+        claim = parse_claim(obj, CLASSES)
+        cpu = 8000 * (i % 3)
+        outcomes: list[Placement | str] = []
+        for alloc in (kept, Allocator(model)):  # the second starts with empty caches
+            try:
+                outcomes.append(alloc.place(POD, [claim], policy, (cpu, 0)))
+            except Unschedulable as exc:
+                outcomes.append(str(exc))
+        assert outcomes[0] == outcomes[1], i
+        if isinstance(outcomes[0], Placement):
+            kept.commit(outcomes[0])
+            placed.append((claim.uid, outcomes[0]))
+            # A pod bound to the chosen node takes cpu there (node fit changes, no slice does).
+            model.apply(
+                "Pod",
+                {
+                    "metadata": {"uid": f"pod-{i}"},
+                    "spec": {
+                        "nodeName": outcomes[0].node,
+                        "containers": [{"resources": {"requests": {"cpu": "20"}}}],
+                    },
+                    "status": {"phase": "Running"},
+                },
+            )
+        if i % 5 == 4 and placed:  # a claim released (its delete event)
+            uid, _ = placed.pop(0)
+            model.delete("ResourceClaim", {"metadata": {"uid": uid}})
