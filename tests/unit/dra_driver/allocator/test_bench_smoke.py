@@ -28,4 +28,4 @@ def test_allocator_bench_runs_small(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         assert size[workload]["cython"]["placements"] > 0
         assert size[workload]["reference"]["placements"] == size[workload]["cython"]["placements"]
     assert size["mix_cython"]["placements_per_s"] > 0
-    assert "cython_speedup_min_at_12_nodes" in doc["verdict"]
+    assert doc["verdict"]["cython_speedup_min_at_12_nodes"]["kernels"] > 1
