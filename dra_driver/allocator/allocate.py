@@ -215,6 +215,8 @@ class Allocator:
         self._masks: dict[tuple[Any, ...], npt.NDArray[np.int8]] = {}
         self._mask_drivers: dict[tuple[Any, ...], set[str]] = {}
         self._mask_epoch = -1
+        self._mask_source: dict[tuple[Any, ...], tuple[Alternative, Policy]] = {}
+        self._patch_seq = 0  # the layout's patch_seq this allocator's caches reflect
         self._cel: dict[tuple[str, tuple[str, str, str]], tuple[int, bool | str]] = {}
         self._amounts: dict[tuple[Any, ...], tuple[int, tuple[tuple[str, int], ...] | None]] = {}
         self._static: dict[str, tuple[int, npt.NDArray[np.int8], dict[str, int]]] = {}
@@ -251,9 +253,14 @@ class Allocator:
         return True
 
     def _current(self, layout: Layout) -> None:
-        """Drop every cache derived from an older layout (slices or nodes changed)."""
+        """Drop every cache derived from an older layout (slices or nodes changed); after devices
+        were republished in place, refresh the rows derived from them."""
+        if self._mask_epoch == layout.epoch and self._patch_seq != layout.patch_seq:
+            self._refresh_rows(layout)
         if self._mask_epoch != layout.epoch:
+            self._patch_seq = layout.patch_seq
             self._masks.clear()
+            self._mask_source.clear()
             self._mask_drivers.clear()
             self._static.clear()
             self._fits.clear()
@@ -265,6 +272,27 @@ class Allocator:
             self._cel = {k: v for k, v in self._cel.items() if k[1] in devices}
             self._amounts = {k: v for k, v in self._amounts.items() if k[1] in devices}
             self._mask_epoch = layout.epoch
+
+    def _refresh_rows(self, layout: Layout) -> None:
+        """Devices republished in place (same names, same nodes; see ClusterModel): recompute
+        their rows of every selection mask, and drop what holds copies of masks or per-node
+        fits (screens, encodings); their nodes are stamped changed, so node keys follow."""
+        rows = np.nonzero(layout.row_seq > self._patch_seq)[0]
+        self._patch_seq = layout.patch_seq
+        for key, (alt, policy) in list(self._mask_source.items()):
+            mask = self._masks[key]
+            try:
+                for row in rows:
+                    mask[row] = self._selectable(alt, policy, layout.devices[row])
+            except Unschedulable:  # a CEL error now: rebuilt (and reported) when next needed
+                del self._masks[key], self._mask_source[key], self._mask_drivers[key]
+                continue
+            self._mask_drivers[key] = {
+                d.key[0] for d, m in zip(layout.devices, mask, strict=True) if m
+            }
+        self._fits.clear()
+        self._encodings.clear()
+        self._screens.clear()
 
     def _mask(self, layout: Layout, alt: Alternative, policy: Policy) -> npt.NDArray[np.int8]:
         self._current(layout)
@@ -283,6 +311,7 @@ class Allocator:
                 count=len(layout.devices),
             )
             self._masks[key] = mask
+            self._mask_source[key] = (alt, policy)
             self._mask_drivers[key] = {
                 d.key[0] for d, m in zip(layout.devices, mask, strict=True) if m
             }

@@ -263,6 +263,7 @@ class Layout:
     node_mem_used: npt.NDArray[np.int64]  # kept current with mem_used
     node_cores_used: npt.NDArray[np.int64]
     node_seq: npt.NDArray[np.int64]  # per node: model.change_seq of its last change
+    row_seq: npt.NDArray[np.int64]  # per device: model.change_seq of its last republication
     cpu_free: npt.NDArray[np.int64]  # per node: allocatable cpu millis minus bound pods
     mem_free: npt.NDArray[np.int64]  # per node: allocatable memory minus bound pods
     # For the exact search (kernel.search): every capacity name any device publishes gets a
@@ -274,6 +275,7 @@ class Layout:
     index: dict[DeviceKey, int] = field(default_factory=dict)
     node_index: dict[str, int] = field(default_factory=dict)
     epoch: int = 0
+    patch_seq: int = 0  # change_seq of the last in-place republication (row_seq)
 
 
 def default_consumption(capacity: Capacity | None) -> int:
@@ -409,7 +411,8 @@ class ClusterModel:
         """Recompute one pool's devices: highest generation, complete, node-local slices only."""
         names = self._pools.get((driver, pool), set())
         mine = [self._slices[n] for n in names]
-        for device in self._pool_devices.pop((driver, pool), []):
+        previous = self._pool_devices.pop((driver, pool), [])
+        for device in previous:
             self.devices.pop(device.key, None)
         devices: list[Device] = []
         if mine:
@@ -424,8 +427,60 @@ class ClusterModel:
             self.devices[device.key] = device
         if devices:
             self._pool_devices[(driver, pool)] = devices
-        self._layout = None
+        if not self._patch_layout(previous, devices):
+            self._layout = None
         self.device_epoch += 1
+
+    def _patch_layout(self, previous: list[Device], devices: list[Device]) -> bool:
+        """Republished devices with the same names on the same nodes (a new generation, changed
+        taints, attributes or capacity values): rewrite their rows in place instead of a full
+        rebuild, stamping the rows (`row_seq`) and their node (`node_seq`) so the allocator
+        refreshes what it derived from them. False when the layout must be rebuilt."""
+        layout = self._layout
+        if layout is None or not devices:
+            return False
+        if sorted((d.key, d.node) for d in previous) != sorted((d.key, d.node) for d in devices):
+            return False
+        rows = [layout.index[d.key] for d in devices]
+        if any(name not in layout.dims for d in devices for name in d.capacity):
+            return False  # a new capacity name: the matrix needs a new column
+        self.change_seq += 1
+        nodes = set()
+        for row, d in zip(rows, devices, strict=True):
+            driver = d.key[0]
+            mem = d.capacity.get(f"{driver}/{names.CAPACITY_MEMORY}")
+            cores = d.capacity.get(f"{driver}/{names.CAPACITY_CORES}")
+            layout.devices[row] = d
+            layout.mem_total[row] = mem.value if mem else 0
+            layout.cores_total[row] = cores.value if cores else 0
+            layout.mem_default[row] = default_consumption(mem)
+            layout.cores_default[row] = default_consumption(cores)
+            layout.busy[row] = int(self.is_held(d.key))
+            layout.multi[row] = int(d.allow_multiple)
+            layout.numa[row] = d.numa
+            layout.link[row] = d.link
+            layout.cap[row] = -1
+            for name, capacity in d.capacity.items():
+                layout.cap[row, layout.dims[name]] = capacity.value
+            layout.dev[row, kernel.DEV_MULTI] = int(d.allow_multiple)
+            layout.dev[row, kernel.DEV_HELD] = layout.busy[row]
+            layout.dev[row, kernel.DEV_NUMA] = d.numa
+            layout.dev[row, kernel.DEV_LINK] = d.link
+            layout.row_seq[row] = self.change_seq
+            nodes.add(int(layout.dev_node[row]))
+        for node in nodes:
+            s, e = int(layout.node_start[node]), int(layout.node_end[node])
+            members = layout.devices[s:e]
+            for row in range(s, e):
+                link = layout.devices[row].link
+                size = sum(1 for o in members if o.link == link) if link >= 0 else 0
+                layout.link_size[row] = size
+                layout.dev[row, kernel.DEV_LINK_SIZE] = size
+            layout.node_mem_total[node] = int(layout.mem_total[s:e].sum())
+            layout.node_cores_total[node] = int(layout.cores_total[s:e].sum())
+            layout.node_seq[node] = self.change_seq
+        layout.patch_seq = self.change_seq
+        return True
 
     def _device(self, driver: str, pool: str, node: str, raw: Mapping[str, Any]) -> Device:
         key = (driver, pool, str(raw.get("name")))
@@ -685,6 +740,7 @@ class ClusterModel:
             node_mem_used=node_sum(mem_used),
             node_cores_used=node_sum(cores_used),
             node_seq=np.zeros(len(node_names), dtype=np.int64),
+            row_seq=np.zeros(n, dtype=np.int64),
             cpu_free=arr(
                 [self.nodes[n].cpu_milli - self.node_cpu_used.get(n, 0) for n in node_names]
             ),
