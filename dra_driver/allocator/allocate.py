@@ -213,7 +213,8 @@ class Allocator:
         self.scan: Callable[..., None] = FAST_KERNEL if use_fast else py_kernel.scan  # type: ignore[assignment]
         self.search: Callable[..., int] = FAST_SEARCH if use_fast else py_kernel.search  # type: ignore[assignment]
         self._masks: dict[tuple[Any, ...], npt.NDArray[np.int8]] = {}
-        self._mask_drivers: dict[tuple[Any, ...], set[str]] = {}
+        # per mask: selectable devices per driver (kept exact through in-place republications)
+        self._mask_drivers: dict[tuple[Any, ...], dict[str, int]] = {}
         self._mask_epoch = -1
         self._mask_source: dict[tuple[Any, ...], tuple[Alternative, Policy]] = {}
         self._patch_seq = 0  # the layout's patch_seq this allocator's caches reflect
@@ -281,15 +282,15 @@ class Allocator:
         self._patch_seq = layout.patch_seq
         for key, (alt, policy) in list(self._mask_source.items()):
             mask = self._masks[key]
+            drivers = self._mask_drivers[key]
             try:
                 for row in rows:
-                    mask[row] = self._selectable(alt, policy, layout.devices[row])
+                    device = layout.devices[row]
+                    now = int(self._selectable(alt, policy, device))
+                    drivers[device.key[0]] = drivers.get(device.key[0], 0) + now - int(mask[row])
+                    mask[row] = now
             except Unschedulable:  # a CEL error now: rebuilt (and reported) when next needed
                 del self._masks[key], self._mask_source[key], self._mask_drivers[key]
-                continue
-            self._mask_drivers[key] = {
-                d.key[0] for d, m in zip(layout.devices, mask, strict=True) if m
-            }
         self._fits.clear()
         self._encodings.clear()
         self._screens.clear()
@@ -312,9 +313,11 @@ class Allocator:
             )
             self._masks[key] = mask
             self._mask_source[key] = (alt, policy)
-            self._mask_drivers[key] = {
-                d.key[0] for d, m in zip(layout.devices, mask, strict=True) if m
-            }
+            drivers: dict[str, int] = {}
+            for device, selectable in zip(layout.devices, mask, strict=True):
+                if selectable:
+                    drivers[device.key[0]] = drivers.get(device.key[0], 0) + 1
+            self._mask_drivers[key] = drivers
         return mask
 
     def _forced_group(
@@ -340,7 +343,7 @@ class Allocator:
                 continue
             domain, _, name = constraint.attribute.rpartition("/")
             kind = {"numaNode": 1, "nvlinkDomain": 2}.get(name, 0)
-            if kind and drivers == {domain}:
+            if kind and {d for d, count in drivers.items() if count > 0} == {domain}:
                 return kind
         return 0
 

@@ -280,3 +280,50 @@ def test_search_picks_are_identical(data: st.DataObject, m: int, k_dims: int, n_
             else (found, None)
         )
     assert out[0] == out[1]
+
+
+def test_cython_search_refuses_malformed_arrays() -> None:
+    """The Cython search reads raw buffers: wrong dtypes, non-contiguous arrays, disagreeing
+    shapes and out-of-range indices are refused with ValueError instead of read blindly."""
+    search = allocate.FAST_SEARCH
+    assert search is not None
+    m, k = 2, 1
+
+    def good() -> list[Any]:
+        return [
+            np.zeros((m, kernel.DEV_FIELDS), dtype=np.int64),
+            np.full((m, k), 10, dtype=np.int64),
+            np.zeros((m, k), dtype=np.int64),
+            np.asarray([[0, 1]], dtype=np.int64),
+            np.asarray([[0, 1, 0]], dtype=np.int64),
+            np.ones((1, m), dtype=np.int8),
+            np.ones((1, m), dtype=np.int8),
+            np.zeros((1, m, k), dtype=np.int64),
+            np.zeros((1, 0), dtype=np.int8),
+            np.zeros(0, dtype=np.int64),
+            np.zeros((0, m), dtype=np.int64),
+        ]
+
+    def outputs() -> list[Any]:
+        return [np.zeros(1, np.int64), np.zeros((1, m), np.int64), np.zeros(1, np.int64)]
+
+    assert search(*good(), 0, 0, 0, 100, *outputs()) == 1
+    bad_cases = []
+    wrong_dtype = good()
+    wrong_dtype[1] = wrong_dtype[1].astype(np.int32)
+    bad_cases.append(wrong_dtype)
+    strided = good()
+    strided[5] = np.ones((1, 2 * m), dtype=np.int8)[:, ::2]
+    bad_cases.append(strided)
+    shapes = good()
+    shapes[6] = np.ones((1, m + 1), dtype=np.int8)
+    bad_cases.append(shapes)
+    out_of_range = good()
+    out_of_range[3] = np.asarray([[0, 5]], dtype=np.int64)
+    bad_cases.append(out_of_range)
+    column = good()
+    column[0][0, kernel.DEV_MEM] = k
+    bad_cases.append(column)
+    for args in bad_cases:
+        with pytest.raises((ValueError, BufferError)):
+            search(*args, 0, 0, 0, 100, *outputs())
