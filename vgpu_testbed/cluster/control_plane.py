@@ -100,12 +100,15 @@ class Cluster:
         timeout: float = 120.0,
         gates: Mapping[str, bool] = FEATURE_GATES,
         progress: Callable[[str], None] | None = None,
+        client_qps: int | None = None,
     ) -> Cluster:
         """Start everything and wait until it is ready; on any failure stop what started.
 
         `die_with_parent`: the kernel kills the components when this process dies (test
         sessions). Off for `dev-cluster up`, whose components must outlive the command.
         `progress`: optional callable(str) for human-readable steps.
+        `client_qps`: raise kube-scheduler's and kube-controller-manager's API client limits
+        (qps and burst) to this; None keeps their stock limits.
         """
         say = progress or (lambda _msg: None)
         binaries = find_binaries(bin_dir)
@@ -118,7 +121,15 @@ class Cluster:
         state.started_at = time.time()
         cluster = cls(layout, state, die_with_parent=die_with_parent)
         try:
-            cluster._boot(binaries, ports, specs, gates=gates, timeout=timeout, say=say)
+            cluster._boot(
+                binaries,
+                ports,
+                specs,
+                gates=gates,
+                timeout=timeout,
+                say=say,
+                client_qps=client_qps,
+            )
         except BaseException:
             cluster.stop(keep_logs=True)
             raise
@@ -298,6 +309,7 @@ class Cluster:
         gates: Mapping[str, bool],
         timeout: float,
         say: Callable[[str], None],
+        client_qps: int | None = None,
     ) -> None:
         layout = self.layout
         t0 = time.monotonic()
@@ -350,7 +362,9 @@ class Cluster:
         say("starting kube-scheduler and kube-controller-manager")
         sched = self._spawn(
             "kube-scheduler",
-            cluster_flags.scheduler_argv(binaries["kube-scheduler"], layout, ports, gates=gates),
+            cluster_flags.scheduler_argv(
+                binaries["kube-scheduler"], layout, ports, gates=gates, client_qps=client_qps
+            ),
             ports.scheduler,
         )
         kcm = self._spawn(
@@ -361,6 +375,7 @@ class Cluster:
                 ports,
                 ca_cert=paths.ca_cert,
                 gates=gates,
+                client_qps=client_qps,
             ),
             ports.controller_manager,
         )

@@ -148,3 +148,22 @@ def test_controller_manager_runs_claims_and_gc_but_not_node_lifecycle(tmp_path: 
     assert kcm["--kubeconfig"] == str(
         tmp_path / "kubeconfigs" / "kube-controller-manager.kubeconfig"
     )
+
+
+def test_client_limits_stock_unless_raised(tmp_path: Path) -> None:
+    """The scheduler's and controller-manager's API client limits stay stock by default; a
+    raised limit sets qps and burst on both (benchmarks compare both settings)."""
+    stock = _all_argv(tmp_path)
+    for name in ("scheduler", "kcm"):
+        assert not any(a.startswith("--kube-api-") for a in stock[name]), name
+    layout = cf.Layout(tmp_path)
+    ports = cf.Ports(2001, 2002, 2003, 2004, 2005)
+    raised = {
+        "scheduler": cf.scheduler_argv(Path("/b/s"), layout, ports, client_qps=1000),
+        "kcm": cf.controller_manager_argv(
+            Path("/b/k"), layout, ports, ca_cert=tmp_path / "ca.crt", client_qps=1000
+        ),
+    }
+    for name, argv in raised.items():
+        flags = _flags(argv)
+        assert (flags["--kube-api-qps"], flags["--kube-api-burst"]) == ("1000", "1000"), name
