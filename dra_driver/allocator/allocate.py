@@ -234,13 +234,16 @@ class Allocator:
             return False
         if not policy.admits(device.product, device.uuid):
             return False
-        view = None  # built once, only when some selector has no cached result
+        # Built only when some selector has no cached result, with the fields it can read.
+        view: JSON | None = None
+        have: frozenset[str] = frozenset()
         for selector in alt.selectors:  # class first; stop at the first False, like the API
             cache_key = (selector.source, device.key)
             hit = self._cel.get(cache_key)
             if hit is None or hit[0] != device.generation:
-                if view is None:
-                    view = device.view
+                if view is None or not selector.fields <= have:
+                    have = have | selector.fields
+                    view = device.cel_view(have)
                 try:
                     value: bool | str = selector.matches(view)
                 except CelError as exc:

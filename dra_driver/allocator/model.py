@@ -31,7 +31,7 @@ import numpy.typing as npt
 from dra_driver import names
 from dra_driver.allocator import kernel, round_request
 from dra_driver.allocator import parse_quantity as _parse_quantity
-from dra_driver.allocator.cel import device_view
+from dra_driver.allocator.cel import DEVICE_FIELDS, device_view
 from dra_driver.allocator.quantity import QuantityError, RequestPolicy
 
 JSON = dict[str, Any]
@@ -93,6 +93,7 @@ def _policy(
     )
 
 
+CEL_FIELDS = frozenset(DEVICE_FIELDS)
 ATTRIBUTE_KINDS = ("int", "bool", "string", "version")  # first one present wins, as in the API
 
 
@@ -162,10 +163,19 @@ class Device:
     @property
     def view(self) -> JSON:
         """The CEL `device` variable (built on each call: callers cache what they evaluate)."""
+        return self.cel_view(CEL_FIELDS)
+
+    def cel_view(self, fields: frozenset[str]) -> JSON:
+        """The CEL `device` variable with only `fields` filled (attributes and capacity are the
+        costly part; an expression that cannot read them gets empty maps, same result)."""
         return device_view(
             self.key[0],
-            {name: {kind: value} for name, (kind, value) in self.attributes.items()},
-            {name: {"value": text} for name, text in self.capacity_text},
+            {name: {kind: value} for name, (kind, value) in self.attributes.items()}
+            if "attributes" in fields
+            else {},
+            {name: {"value": text} for name, text in self.capacity_text}
+            if "capacity" in fields
+            else {},
             self.allow_multiple,
         )
 
