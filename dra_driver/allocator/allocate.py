@@ -472,7 +472,9 @@ class Allocator:
         since (consumption, bound pods: `layout.node_seq`) or whose fit changed are scanned
         again; the others keep their figures. The result equals a full scan."""
         _, req_group, masks, req_mem, req_cores, req_count = screen
-        cache_key = (shape, policy.topology_mode, policy.strict, policy.node)
+        # The forced groups are part of the key: an in-place republication can change which
+        # drivers' devices are selectable, and with them every node's figures.
+        cache_key = (shape, policy.topology_mode, policy.strict, policy.node, req_group.tobytes())
         seq = self.model.change_seq
         cached = self._node_keys.get(cache_key)
         if cached is None:
