@@ -11,9 +11,11 @@ Nodes, Pods and ResourceClaims, each applied with `apply(kind, obj)` / `delete(k
   same way (`assume`), and the claim's real update later replaces them.
 - Per node: labels, taints, unschedulable, allocatable cpu/memory and what bound pods request.
 
-The flat arrays the fitting kernel scans (one row per device, devices grouped by node, nodes in
-name order) are derived lazily: a slice or node change marks the layout stale and the next decision
-rebuilds it once; a claim change only adjusts the affected rows in place.
+The flat arrays the kernels read (one row per device, devices grouped by node, nodes in name
+order) are derived lazily: a slice that republishes the same devices on the same nodes rewrites
+their rows in place; any other slice or node change marks the layout stale and the next decision
+rebuilds it once; a claim or bound-pod change only adjusts the affected rows. In-place changes
+stamp their node (`Layout.node_seq`) so the allocator rescans only those nodes.
 """
 
 from __future__ import annotations
