@@ -8,6 +8,8 @@ others keep their model current and take over when the Lease is released or expi
 Readiness: every informer has listed once, and the replica is the leader or a standby that can
 reach the Lease. SIGTERM/SIGINT stop it cleanly (readiness drops first, the Lease is released,
 then the probe server closes, exit 0).
+With `--webhook-port` it also serves the admission webhook on every replica
+(`controller.webhook.run`; docs/webhook.md).
 Every flag has an environment twin, as in the kubelet plugin.
 """
 
@@ -19,11 +21,12 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from controller.leader import LeaderElector
 from controller.probes import ProbeServer, parse_address
 from controller.reconciler import POLICY_ANNOTATIONS, Defaults, Reconciler
+from controller.webhook import flags as webhook_flags
 from controller.worker import Worker
 from dra_driver import kube, logsetup
 from dra_driver.lifecycle import stop_on_signals
@@ -114,6 +117,7 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
             choices=choices,
             help=f"cluster default for pods without {POLICY_ANNOTATIONS[key]} (env {ENV[key]})",
         )
+    webhook_flags.add_arguments(parser, env)
     return parser
 
 
@@ -126,6 +130,23 @@ def _boolean(text: str | bool) -> bool:
     if value in ("0", "false", "no", "off", ""):
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _start_webhook(
+    args: argparse.Namespace,
+    client: kube.KubeClient,
+    stop: threading.Event,
+    is_leader: Callable[[], bool],
+) -> bool:
+    """Serve the webhook until `stop` is set; False (after logging why) when it cannot start."""
+    from controller.webhook import run as webhook_run  # the TLS machinery only when it is on
+
+    try:
+        webhook_run.start(args, client, stop, is_leader)
+    except Exception as exc:  # certificate, API or bind failures: say which, exit 1
+        log.error("cannot start the webhook on port %d: %s", args.webhook_port, exc)
+        return False
+    return True
 
 
 def main(argv: Sequence[str]) -> int:
@@ -145,10 +166,18 @@ def main(argv: Sequence[str]) -> int:
         logsetup.redact(secret)
     stop = threading.Event()
     stop_on_signals(stop, log)
+    elector: LeaderElector | None = None
+    # Every replica serves the webhook (until `stop`); only the leader collects templates.
+    if args.webhook_port and not _start_webhook(
+        args, client, stop, lambda: elector is None or elector.is_leader()
+    ):
+        client.close()
+        return 1
     try:
         probes = ProbeServer(address)
     except OSError as exc:
         log.error("cannot serve probes on %s: %s", args.health_address, exc)
+        stop.set()  # the webhook, if on, stops with it
         client.close()
         return 1
     defaults = Defaults(
@@ -158,7 +187,6 @@ def main(argv: Sequence[str]) -> int:
             POLICY_ANNOTATIONS["topology"]: args.topology,
         }
     )
-    elector: LeaderElector | None = None
     reconciler = Reconciler(client, defaults)
     worker = Worker(client, reconciler)
     if args.leader_elect:

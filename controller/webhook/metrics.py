@@ -1,0 +1,46 @@
+"""Prometheus metrics of the admission webhook: per-admission latency and decisions.
+
+A module of its own so the webhook does not depend on whichever module serves the controller's
+other metrics: `WebhookMetrics.registry` is a separate CollectorRegistry that the webhook serves
+itself (`GET /metrics` on its port) and that a controller-wide endpoint can include as it is.
+Labels are bounded: the operation and the decision, never a namespace or pod name (tenants
+choose those).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+# The target is p99 <= 10 ms; buckets resolve around it.
+BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0, 5.0)
+OPERATIONS = ("mutate", "validate")
+DECISIONS = ("allowed", "patched", "denied", "error")
+
+
+class WebhookMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        self.duration = Histogram(
+            "vgpu_dra_webhook_admission_duration_seconds",
+            "Time from reading an AdmissionReview to writing its answer, by operation and "
+            "decision (allowed unchanged, patched, denied, error)",
+            ["operation", "decision"],
+            buckets=BUCKETS,
+            registry=self.registry,
+        )
+        self.templates_created = Counter(
+            "vgpu_dra_webhook_claim_templates_created_total",
+            "ResourceClaimTemplates the webhook created for translated pods",
+            registry=self.registry,
+        )
+        self.templates_collected = Counter(
+            "vgpu_dra_webhook_claim_templates_collected_total",
+            "Unused ResourceClaimTemplates the garbage collector deleted",
+            registry=self.registry,
+        )
+
+    def observe(self, operation: str, decision: str, seconds: float) -> None:
+        self.duration.labels(operation, decision).observe(seconds)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
