@@ -341,7 +341,7 @@ class SecretCertificates:
                     "namespace": self._namespace,
                     "labels": {"app.kubernetes.io/component": "webhook"},
                 },
-                "type": "kubernetes.io/tls",
+                "type": "Opaque",  # like the chart's (a type cannot change later)
                 "data": _encoded(data),
             }
             try:
