@@ -130,6 +130,12 @@ def _cert_pem(cert: x509.Certificate) -> bytes:
     return cert.public_bytes(serialization.Encoding.PEM)
 
 
+def _backdate(lifetime: dt.timedelta) -> dt.timedelta:
+    """How far before `now` a certificate starts: clock skew between us and the API server, but
+    a small part of the lifetime so that `due` (2/3 of it) stays about 2/3 after issuing."""
+    return min(dt.timedelta(minutes=5), lifetime / 20)
+
+
 def new_ca(lifetime: dt.timedelta, now: dt.datetime | None = None) -> tuple[bytes, bytes]:
     """A fresh self-signed CA: (cert PEM, key PEM). P-256: small, fast to sign and verify."""
     now = now or _now()
@@ -146,7 +152,7 @@ def new_ca(lifetime: dt.timedelta, now: dt.datetime | None = None) -> tuple[byte
         .issuer_name(subject)
         .public_key(key.public_key())
         .serial_number(serial)
-        .not_valid_before(now - dt.timedelta(minutes=5))  # tolerate clock skew
+        .not_valid_before(now - _backdate(lifetime))  # tolerate clock skew
         .not_valid_after(now + lifetime)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
@@ -195,7 +201,7 @@ def new_serving(
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_before(now - _backdate(lifetime))
         .not_valid_after(not_after)
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)

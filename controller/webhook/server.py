@@ -13,7 +13,8 @@ certificate reload (`controller.webhook.certs`) applies to new connections at on
 ones finish undisturbed.
 
 Limits: bodies above `MAX_BODY` (413) or without Content-Length (411) are refused before being
-read; a connection idle or stalled for `timeout_s` is closed. Paths:
+read; a request whose headers and body take longer than `timeout_s` is dropped, a kept-alive
+connection idle for `IDLE_TIMEOUT_S` is closed. Paths:
 `POST /mutate-pods`, `POST /validate`, `GET /healthz`, `GET /metrics` (the webhook's histogram).
 """
 
@@ -39,6 +40,11 @@ JSON = dict[str, Any]
 # Two objects (object and oldObject) of at most ~1.5 MiB each (etcd's request limit), plus slack.
 MAX_BODY = 4 * 1024 * 1024
 DEFAULT_TIMEOUT_S = 10.0
+# A kept-alive connection may idle this long. Longer than the API server's own idle timeout for
+# webhook connections (90 s): the client must be the one to close an idle connection, or it may
+# send a request on a connection we are closing ("server closed idle connection": a failed
+# admission, since POSTs are not retried).
+IDLE_TIMEOUT_S = 120.0
 MUTATE_PATH = "/mutate-pods"
 VALIDATE_PATH = "/validate"
 
@@ -120,6 +126,7 @@ class WebhookServer:
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         self._routes = {MUTATE_PATH: ("mutate", mutate), VALIDATE_PATH: ("validate", validate)}
+        self._timeout_s = timeout_s
         self._metrics = metrics
         self._httpd = _TLSServer(address, self._handler_class(), holder, timeout_s)
         self._thread = threading.Thread(
@@ -150,6 +157,15 @@ class WebhookServer:
                 conn = self.connection
                 if isinstance(conn, ssl.SSLSocket):
                     conn.do_handshake()  # in this thread, bounded by the socket timeout
+
+            def handle_one_request(self) -> None:
+                self.connection.settimeout(IDLE_TIMEOUT_S)  # waiting for the next request
+                super().handle_one_request()
+
+            def parse_request(self) -> bool:
+                # A request began: its headers and body must arrive within the timeout.
+                self.connection.settimeout(server._timeout_s)
+                return super().parse_request()
 
             def handle(self) -> None:
                 try:
@@ -253,7 +269,7 @@ class WebhookServer:
                 "operation": operation,
                 "kind": kind,
                 "namespace": request.get("namespace") or "",
-                "name": name,
+                "object": name,
                 "decision": decision,
                 "dry_run": bool(request.get("dryRun")),
                 "ms": round(elapsed * 1000, 3),

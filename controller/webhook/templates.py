@@ -60,7 +60,9 @@ class TemplateError(Exception):
 
 
 def _stamp(now: dt.datetime) -> str:
-    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    # Microseconds: a touch must change the object (and so its resourceVersion) even within the
+    # second it was created or last touched; an identical value would be a no-op patch.
+    return now.isoformat(timespec="microseconds")
 
 
 def _collection(namespace: str) -> str:
@@ -211,17 +213,25 @@ class TemplateCollector:
         """One pass; the (namespace, name) of the templates deleted."""
         if not self._may_write():
             return []
+        return self.delete(self.candidates())
+
+    def candidates(self) -> list[JSON]:
+        """The managed templates no pod uses, outside the grace period, as read now."""
         # Templates first, pods second: a pod created after the pod list was read was admitted
         # after the template list, so its template was touched or created after we read it, and
-        # the resourceVersion precondition below protects it.
+        # the resourceVersion precondition in `delete` protects it.
         templates = self._client.list(
             kube.path(RESOURCE_API, "resourceclaimtemplates"), label_selector=self._selector
         )
         if not templates:
             return []
         used = referenced_templates(self._client.list(kube.path("v1", "pods")))
+        return unused(templates, used, dt.datetime.now(dt.UTC), self._grace_s)
+
+    def delete(self, candidates: Iterable[JSON]) -> list[tuple[str, str]]:
+        """Delete each candidate unless it changed since it was read (touched: in use again)."""
         deleted = []
-        for template in unused(templates, used, dt.datetime.now(dt.UTC), self._grace_s):
+        for template in candidates:
             if not self._may_write():
                 break
             metadata = template["metadata"]

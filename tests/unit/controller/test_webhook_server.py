@@ -13,7 +13,9 @@ from __future__ import annotations
 import datetime as dt
 import http.client
 import json
+import logging
 import ssl
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -217,3 +219,53 @@ def test_a_reloaded_certificate_serves_new_connections_and_old_ones_continue(
         only_old.connect()
     for conn in (old_conn, new_conn, only_old):
         conn.close()
+
+
+def test_an_idle_kept_alive_connection_outlives_the_request_timeout(tmp_path: Path) -> None:
+    """The API server closes idle webhook connections itself (after 90 s); were we to close
+    first, it could send an admission on a connection being closed and fail it. A stalled
+    request, though, is dropped after the request timeout."""
+    ca = certs.new_ca(DAY * 2)
+    holder = certs.ContextHolder()
+    holder.load(*issue(ca))
+    s = Served(holder, ca[0])
+    s.server = WebhookServer(
+        ("127.0.0.1", 0), holder, mutate=s._mutate, validate=s._validate,
+        metrics=s.metrics, timeout_s=0.3,
+    )  # fmt: skip
+    s.server.start()
+    try:
+        context = client_context(tmp_path, ca[0])
+        conn = s.connect(context)
+        assert post(conn, "/mutate-pods", review("1"))[0] == 200
+        time.sleep(1.0)  # idle for three request timeouts
+        assert post(conn, "/mutate-pods", review("2"))[0] == 200
+        conn.close()
+        stalled = s.connect(context)
+        stalled.connect()
+        sock = stalled.sock
+        assert sock is not None
+        sock.sendall(b"POST /mutate-pods HTTP/1.1\r\nHost: x\r\n")  # headers never finish
+        sock.settimeout(10)
+        started = time.monotonic()
+        assert sock.recv(1) == b""  # closed by the server
+        assert time.monotonic() - started < 5
+        stalled.close()
+    finally:
+        s.server.stop()
+
+
+def test_each_admission_logs_one_structured_line(
+    served: Served, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="vgpu-dra.webhook.server")
+    conn = served.connect(client_context(tmp_path, served.ca))
+    status, _ = post(conn, "/mutate-pods", review("uid-7", operation="CREATE", name="p1"))
+    assert status == 200
+    conn.close()
+    (record,) = [r for r in caplog.records if r.getMessage().startswith("admission")]
+    fields = record.__dict__
+    assert (fields["uid"], fields["operation"], fields["kind"]) == ("uid-7", "mutate", "Pod")
+    assert (fields["namespace"], fields["object"], fields["decision"]) == ("ns", "p1", "patched")
+    assert fields["dry_run"] is False
+    assert 0 <= fields["ms"] < 5000

@@ -1,0 +1,140 @@
+"""The admission webhook registered with the test bed's API server, exactly as the chart does.
+
+Why: the bed's API server runs on loopback without kube-proxy, so it cannot reach a webhook
+through a Service. The configurations are therefore rendered from the chart itself
+(deploy/helm/vgpu-dra, with the bed's helm binary, like the chart tests) and only their
+`clientConfig` is rewritten from the Service to `https://127.0.0.1:<port><path>`: rules,
+matchConditions, failure policies and timeouts cannot drift from what a real install gets.
+
+Call `register_webhooks(cluster, port, ca_bundle)` after starting a controller with
+`--webhook-port <port> --webhook-bind 127.0.0.1 --webhook-cert-ips 127.0.0.1`. With
+`ca_bundle=None` the caBundle already registered is kept (the controller publishes its own CA
+into the configurations it is told about, `--webhook-config-names`).
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dra_driver import kube
+from vgpu_testbed.cluster.binaries import default_bin_dir, k8s_version
+
+JSON = dict[str, Any]
+CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "vgpu-dra"
+ADMISSION_API = "admissionregistration.k8s.io/v1"
+PLURALS = {
+    "MutatingWebhookConfiguration": "mutatingwebhookconfigurations",
+    "ValidatingWebhookConfiguration": "validatingwebhookconfigurations",
+}
+DEFAULT_NAMESPACE = "vgpu-dra-system"
+DEFAULT_RELEASE = "vgpu"
+
+
+def render_chart(
+    values: Mapping[str, Any], *, namespace: str, release: str, helm: Path | None = None
+) -> list[JSON]:
+    """`helm template` of the chart with `values` (the controller and its webhook on)."""
+    helm = helm or default_bin_dir() / "helm"
+    merged = _merge({"controller": {"enabled": True}}, values)
+    with tempfile.TemporaryDirectory(prefix="vgpu-dra-helm-") as home:
+        values_file = Path(home) / "values.yaml"
+        values_file.write_text(yaml.safe_dump(merged))
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "HOME": home,
+            "HELM_CACHE_HOME": f"{home}/cache",
+            "HELM_CONFIG_HOME": f"{home}/config",
+            "HELM_DATA_HOME": f"{home}/data",
+        }
+        done = subprocess.run(
+            [str(helm), "template", release, str(CHART), "--namespace", namespace,
+             "--kube-version", k8s_version().lstrip("v"), "-f", str(values_file)],
+            capture_output=True, text=True, env=env, timeout=120, check=False,
+        )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"helm template of {CHART} failed: {done.stderr.strip()}")
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+def bed_configurations(docs: list[JSON], port: int, ca_bundle: bytes | None) -> list[JSON]:
+    """The chart's webhook configurations, called at https://127.0.0.1:<port> instead."""
+    configs = []
+    for doc in docs:
+        if doc.get("kind") not in PLURALS:
+            continue
+        config = copy.deepcopy(doc)
+        for hook in config.get("webhooks") or []:
+            service = hook["clientConfig"].pop("service")
+            hook["clientConfig"]["url"] = f"https://127.0.0.1:{port}{service.get('path', '/')}"
+            if ca_bundle is not None:
+                hook["clientConfig"]["caBundle"] = base64.b64encode(ca_bundle).decode()
+        configs.append(config)
+    return configs
+
+
+def register_webhooks(
+    cluster: Any,
+    port: int,
+    ca_bundle: bytes | None,
+    *,
+    namespace: str = DEFAULT_NAMESPACE,
+    release: str = DEFAULT_RELEASE,
+    values: Mapping[str, Any] | None = None,
+) -> list[JSON]:
+    """Create (or replace) the chart's webhook configurations pointing at 127.0.0.1:`port`;
+    returns them as registered. `values` are chart values (e.g. `webhook.sharedResources`)."""
+    docs = render_chart(values or {}, namespace=namespace, release=release)
+    api_client = cluster.api_client()
+    client = kube.KubeClient(api_client)
+    registered = []
+    try:
+        for config in bed_configurations(docs, port, ca_bundle):
+            plural = PLURALS[config["kind"]]
+            try:
+                registered.append(client.create(kube.path(ADMISSION_API, plural), config))
+                continue
+            except kube.AlreadyExists:
+                pass
+            resource = kube.path(ADMISSION_API, plural, config["metadata"]["name"])
+            current = client.get(resource)
+            config["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+            if ca_bundle is None:  # keep what the controller published
+                bundles = [h.get("clientConfig", {}).get("caBundle") for h in current["webhooks"]]
+                for hook, bundle in zip(config["webhooks"], bundles, strict=False):
+                    if bundle:
+                        hook["clientConfig"]["caBundle"] = bundle
+            registered.append(client.replace(resource, config))
+    finally:
+        api_client.close()
+    return registered
+
+
+def unregister_webhooks(cluster: Any, configs: list[JSON]) -> None:
+    """Delete configurations `register_webhooks` returned (absent ones are fine)."""
+    api_client = cluster.api_client()
+    client = kube.KubeClient(api_client)
+    try:
+        for config in configs:
+            client.delete(
+                kube.path(ADMISSION_API, PLURALS[config["kind"]], config["metadata"]["name"])
+            )
+    finally:
+        api_client.close()
+
+
+def _merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> JSON:
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
