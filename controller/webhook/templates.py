@@ -121,7 +121,7 @@ class TemplateEnsurer:
             "spec": dict(template.spec),
         }
         try:
-            for _ in range(3):  # create / touch / create again after a collector's delete
+            for _ in range(5):  # create / touch / again after a collector's delete or a race
                 try:
                     self._client.request(
                         "POST", _collection(namespace), body=body, timeout_s=self._timeout_s
@@ -131,17 +131,8 @@ class TemplateEnsurer:
                     return
                 except kube.AlreadyExists:
                     pass
-                try:
-                    self._client.request(
-                        "PATCH",
-                        _object(namespace, template.name),
-                        body={"metadata": {"annotations": {LAST_USED: now}}},
-                        content_type="application/merge-patch+json",
-                        timeout_s=self._timeout_s,
-                    )
+                if self._touch(namespace, template.name, now):
                     return
-                except kube.NotFound:
-                    continue  # collected between our create and touch: create it again
         except kube.KubeError as exc:
             raise TemplateError(
                 f"cannot create ResourceClaimTemplate {namespace}/{template.name} for the "
@@ -150,6 +141,27 @@ class TemplateEnsurer:
         raise TemplateError(
             f"ResourceClaimTemplate {namespace}/{template.name} keeps disappearing; retry"
         )
+
+    def _touch(self, namespace: str, name: str, now: str) -> bool:
+        """Set LAST_USED on the existing template; False when it is gone or changed meanwhile.
+
+        A read-modify-write (PUT with the resourceVersion read), not a merge patch: a patch makes
+        the API server re-encode the object, which reorders the opaque VgpuConfig parameters'
+        JSON, and an immutable spec whose raw parameters changed byte-wise is refused. A PUT
+        sends the parameters back as they were read.
+        """
+        resource = _object(namespace, name)
+        try:
+            current = self._client.request("GET", resource, timeout_s=self._timeout_s)
+        except kube.NotFound:
+            return False  # collected between our create and this touch: create it again
+        metadata = current.setdefault("metadata", {})
+        metadata.setdefault("annotations", {})[LAST_USED] = now
+        try:
+            self._client.request("PUT", resource, body=current, timeout_s=self._timeout_s)
+        except (kube.NotFound, kube.Conflict):
+            return False  # gone, or touched by another admission after our read: again
+        return True
 
 
 def referenced_templates(pods: Iterable[JSON]) -> set[tuple[str, str]]:

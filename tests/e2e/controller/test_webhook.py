@@ -20,6 +20,11 @@ Proves:
   exclude of one type, unknown policy, a claim and a DeviceClass with a malformed VgpuConfig);
 - certificate rotation (CA and serving certificate, lifetimes of seconds) during a stream of
   admissions loses none, and no key reaches the log;
+- end to end with stand-in nodes (simulated GPUs, the kubelet plugin, the kubelet stand-in):
+  translated pods are allocated (the default path, or the policy path through this controller
+  when annotations ask for it), prepared, and their vgpu.conf carries the caps (vgpu-number 1,
+  vgpu-cores 10, vgpu-memory 1024 -> one GPU capped at 1 GiB and 10 %; HAMi's GPU type picks the
+  A10 node; gpu-manager's soft limit becomes computePolicy balance);
 - webhook down: a pod without GPU resources is created as usual (matchConditions), a legacy
   pod is refused (failurePolicy Fail).
 """
@@ -41,6 +46,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+import yaml
 
 from controller.webhook.legacy import MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from controller.webhook.templates import TemplateCollector, TemplateEnsurer
@@ -48,10 +54,12 @@ from controller.webhook.translate import ClaimTemplate, Refusal, TranslationSett
 from dra_driver import kube
 from dra_driver.allocator import parse_quantity
 from dra_driver.kube import RESOURCE_API, KubeClient, KubeError
+from tests.e2e.kubelet_plugin.pods import REPO, deviceclass_exists, pod_claim, running_pod
 from tests.fixtures.chart import by_kind, collection_path, helm_binary, request_token
 from tests.fixtures.chart import token_kubeconfig as make_kubeconfig
 from vgpu_testbed.cluster.flags import free_ports
 from vgpu_testbed.cluster.webhook import register_webhooks, render_chart, unregister_webhooks
+from vgpu_testbed.standin.node_agents import NodeAgents, start_node_agents
 
 # Longer than the 60 s default: the module fixture renders the chart and starts the controller;
 # the rotation test streams admissions across several rotations.
@@ -426,8 +434,11 @@ def test_an_admission_touching_a_template_wins_over_the_collector(
     precondition. Without the touch the same delete succeeds."""
     template = ClaimTemplate(
         name=f"vgpu-race{uuid.uuid4().hex[:15]}",
-        spec={"spec": {"devices": {"requests": [
-            {"name": "gpu", "exactly": {"deviceClassName": "vgpu.dra.dev", "count": 1}}]}}},
+        # With opaque parameters: a touch must not re-encode them (an immutable spec whose raw
+        # JSON changed byte-wise is refused).
+        spec={"spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": {"deviceClassName": "vgpu.dra.dev"}}],
+            "config": [{"requests": ["gpu"], "opaque": _vgpu_config(computePolicy="balance")}]}}},
         labels={MANAGED_BY_LABEL: MANAGED_BY_VALUE, "race": hook.tenant},
     )  # fmt: skip
     collector = TemplateCollector(client, f"race={hook.tenant}", grace_s=0)
@@ -513,6 +524,88 @@ def test_a_claim_and_a_device_class_with_a_malformed_config_are_refused(
         assert "known fields: apiVersion, kind, computePolicy" in refused.value.message
     finally:
         client.delete(kube.path(RESOURCE_API, "deviceclasses", name))
+
+
+# ---------------------------------------------------------------- end to end on stand-in nodes
+
+
+@pytest.fixture(scope="module")
+def nodes(cluster: Any, client: KubeClient, hook: Hook) -> Iterator[dict[str, NodeAgents]]:
+    """node-1 (dgx-h100) and node-2 (a10-pcie) with their kubelet plugin and stand-in, and the
+    repo's DeviceClass; all removed afterwards (as tests/e2e/kubelet_plugin does)."""
+    device_class = yaml.safe_load((REPO / "deploy" / "deviceclass.yaml").read_text())
+    name = device_class["metadata"]["name"]
+    client.delete(kube.path(RESOURCE_API, "deviceclasses", name))  # a leftover of another module
+    await_("an old DeviceClass to go", lambda: not deviceclass_exists(client, name))
+    client.create(kube.path(RESOURCE_API, "deviceclasses"), device_class)
+    started = start_node_agents(cluster, ["node-1", "node-2"])
+    try:
+        yield started
+    finally:
+        for node_agents in started.values():
+            node_agents.stop()
+        for obj in client.list(
+            kube.path(RESOURCE_API, "resourceslices"), field_selector="spec.driver=vgpu.dra.dev"
+        ):
+            client.delete(kube.path(RESOURCE_API, "resourceslices", obj["metadata"]["name"]))
+        client.delete(kube.path(RESOURCE_API, "deviceclasses", name))
+
+
+def vgpu_conf(node_agents: NodeAgents, claim_uid: str) -> list[dict[str, str]]:
+    text = (node_agents.paths.claim_dir(claim_uid) / "vgpu.conf").read_text()
+    return [
+        dict(token.split("=", 1) for token in line.split()[1:])
+        for line in text.splitlines()
+        if line.startswith("device ")
+    ]
+
+
+# name -> (legacy pod, node it must land on or None, (memory bytes, cores, policy) in vgpu.conf)
+ON_NODES: dict[str, tuple[JSON, str | None, tuple[int, str, str]]] = {
+    # The issue's acceptance: one GPU capped at 1 GiB and 10 %, default path.
+    "vgpu-manager": (
+        pod("n-vgpu-manager", {"nvidia.com/vgpu-number": "1", "nvidia.com/vgpu-cores": "10",
+                               "nvidia.com/vgpu-memory": "1024"}),
+        None, (1 << 30, "10", "fixed"),
+    ),
+    # The same with a scheduling policy and vgpu-scheduler: gated, placed by the controller.
+    "vgpu-manager-policy": (
+        pod("n-vgpu-manager-policy",
+            {"nvidia.com/vgpu-number": "1", "nvidia.com/vgpu-cores": "10",
+             "nvidia.com/vgpu-memory": "1024"},
+            {"nvidia.com/node-scheduler-policy": "binpack"}, scheduler="vgpu-scheduler"),
+        None, (1 << 30, "10", "fixed"),
+    ),
+    # HAMi asking for an A10: only node-2 has one.
+    "hami": (
+        pod("n-hami", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000",
+                       "nvidia.com/gpucores": "30"}, {"nvidia.com/use-gputype": "A10"}),
+        "node-2", (3000 << 20, "30", "fixed"),
+    ),
+    # gpu-manager without a hard limit annotation: a soft (balance) cap.
+    "gpu-manager": (
+        pod("n-gpu-manager", {"nvidia.com/vcuda-core": "50", "nvidia.com/vcuda-memory": "2048"}),
+        None, (2048 << 20, "50", "balance"),
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(ON_NODES))
+def test_a_translated_pod_is_allocated_prepared_and_capped(
+    hook: Hook, client: KubeClient, nodes: dict[str, NodeAgents], case: str
+) -> None:
+    legacy_pod, node, (memory, cores, policy) = ON_NODES[case]
+    hook.client.create(hook.pods(), legacy_pod)
+    running = running_pod(client, hook.tenant, legacy_pod["metadata"]["name"])
+    assert node is None or running["spec"]["nodeName"] == node
+    claim = pod_claim(client, running)
+    node_agents = nodes[running["spec"]["nodeName"]]
+    uid = claim["metadata"]["uid"]
+    assert node_agents.paths.cdi_spec(uid).is_file()
+    (device,) = vgpu_conf(node_agents, uid)
+    assert (int(device["memory"]), device["cores"], device["policy"]) == (memory, cores, policy)
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert result["consumedCapacity"]["memory"] and result["driver"] == "vgpu.dra.dev"
 
 
 # ---------------------------------------------------------------- certificates

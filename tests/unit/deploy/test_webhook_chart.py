@@ -127,7 +127,7 @@ def test_rbac_names_its_secret_and_configurations(home: Path) -> None:
     assert {
         "apiGroups": ["resource.k8s.io"],
         "resources": ["resourceclaimtemplates"],
-        "verbs": ["create", "patch", "delete"],
+        "verbs": ["create", "update", "delete"],
     } in cluster
     assert not any("secrets" in r["resources"] for r in cluster)
     namespaced = rules(docs, "Role")
