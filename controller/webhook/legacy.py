@@ -82,10 +82,10 @@ def _ours(name: str) -> str:
     return ANNOTATION_PREFIX + name
 
 
-# What the webhook writes for each concept the controller reads from a pod: the long names of the
-# allocation-controller issue, which controller.reconciler.ALIASES maps onto the allocator's
-# short names. compute_policy / core_limit go into the claim's VgpuConfig instead; the memory
-# percentage has a name so that it can be documented and refused with a precise message.
+# Our name for each concept. For the concepts the controller reads these are the long names of
+# the allocation-controller issue, which controller.reconciler.ALIASES maps onto the allocator's
+# short names. compute_policy (and gpu-manager's core limit) go into the claim's VgpuConfig
+# instead; the memory percentage has a name so that it is documented and refused precisely.
 CANONICAL: dict[Concept, str] = {
     "node_policy": _ours("node-scheduler-policy"),
     "device_policy": _ours("device-scheduler-policy"),
@@ -97,6 +97,19 @@ CANONICAL: dict[Concept, str] = {
     "compute_policy": _ours("compute-policy"),
     "memory_percentage": _ours("memory-percentage"),
 }
+
+# The concepts the allocation controller reads from pod annotations (and so the webhook writes).
+CONTROLLER_CONCEPTS: frozenset[Concept] = frozenset(
+    {
+        "node_policy",
+        "device_policy",
+        "topology",
+        "include_types",
+        "exclude_types",
+        "include_uuids",
+        "exclude_uuids",
+    }
+)
 
 ANNOTATIONS: tuple[Annotation, ...] = (
     # vgpu-manager

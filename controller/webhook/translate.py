@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import reprlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,11 +49,21 @@ TEMPLATE_HASH_CHARS = 20
 _TEMPLATE_NAME = re.compile(rf"^{TEMPLATE_PREFIX}[0-9a-f]{{{TEMPLATE_HASH_CHARS}}}$")
 REQUEST_NAME = "gpu"
 MAX_NAME = 63  # a pod's resourceClaims[].name is a DNS label
+MAX_MEMORY_MIB = 1 << 24  # 16 TiB per GPU: far above any GPU, far below int64 bytes
 
 # GPU type names become parts of a CEL regular expression: only characters that need no escaping
 # beyond `[.]` are accepted (product names are letters, digits, spaces, dashes, dots).
-_TYPE_NAME = re.compile(r"^[A-Za-z0-9 ._-]+$")
-_UUID = re.compile(r"^[A-Za-z0-9-]+$")
+_TYPE_NAME = re.compile(r"[A-Za-z0-9 ._-]+")
+_UUID = re.compile(r"[A-Za-z0-9-]+")
+_PERCENT = re.compile(r"[0-9]{1,3}")
+
+# User values are echoed into refusals shortened: an annotation may be hundreds of KiB.
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 80
+
+
+def _short(value: Any) -> str:
+    return _SHORT.repr(value)
 
 
 class Refusal(ValueError):
@@ -139,32 +150,34 @@ def _normalise(concept: Concept, key: str, raw: Any) -> str:
         choices = legacy.COMPUTE_POLICIES
     if choices:
         if value not in choices:
-            raise Refusal(f"annotation {key}={value!r}: allowed values are {', '.join(choices)}")
+            raise Refusal(
+                f"annotation {key}={_short(value)}: allowed values are {', '.join(choices)}"
+            )
         return value
     if concept in ("include_types", "exclude_types"):
         items = _csv(value)
-        bad = [t for t in items if not _TYPE_NAME.match(t)]
+        bad = [t for t in items if not _TYPE_NAME.fullmatch(t)]
         if not items or bad:
             raise Refusal(
-                f"annotation {key}={value!r}: a comma list of GPU product names (letters, digits, "
-                "space, '.', '_', '-'), e.g. 'A100,H100'"
+                f"annotation {key}={_short(value)}: a comma list of GPU product names (letters, "
+                "digits, space, '.', '_', '-'), e.g. 'A100,H100'"
             )
         return ",".join(items)
     if concept in ("include_uuids", "exclude_uuids"):
         items = _csv(value)
-        bad = [u for u in items if not _UUID.match(u)]
+        bad = [u for u in items if not _UUID.fullmatch(u)]
         if not items or bad:
             raise Refusal(
-                f"annotation {key}={value!r}: a comma list of GPU UUIDs (letters, digits, '-'), "
-                "e.g. 'GPU-49aa2e6a-33f3-99dd-e08b-ea4beb0e0d28'"
+                f"annotation {key}={_short(value)}: a comma list of GPU UUIDs (letters, digits, "
+                "'-'), e.g. 'GPU-49aa2e6a-33f3-99dd-e08b-ea4beb0e0d28'"
             )
         return ",".join(items)
     # core_limit, memory_percentage: whole percentages
-    if not value.isdigit() or not 0 <= int(value) <= 100:
+    if not _PERCENT.fullmatch(value) or int(value) > 100:
         low = 1 if concept == "memory_percentage" else 0
-        raise Refusal(f"annotation {key}={value!r}: an integer percentage {low}..100")
+        raise Refusal(f"annotation {key}={_short(value)}: an integer percentage {low}..100")
     if concept == "memory_percentage" and int(value) == 0:
-        raise Refusal(f"annotation {key}={value!r}: an integer percentage 1..100")
+        raise Refusal(f"annotation {key}={_short(value)}: an integer percentage 1..100")
     return str(int(value))
 
 
@@ -190,8 +203,8 @@ def read_pod_policy(pod: Mapping[str, Any]) -> PodPolicy:
         if entry.concept in values and not _same(entry.concept, values[entry.concept], value):
             other = first_key[entry.concept]
             raise Refusal(
-                f"annotations {other}={annotations[other]!r} and {key}={annotations[key]!r} "
-                "contradict each other: keep one of them"
+                f"annotations {other}={_short(annotations[other])} and "
+                f"{key}={_short(annotations[key])} contradict each other: keep one of them"
             )
         values.setdefault(entry.concept, value)
         first_key.setdefault(entry.concept, key)
@@ -205,8 +218,8 @@ def read_pod_policy(pod: Mapping[str, Any]) -> PodPolicy:
         }
         if both:
             raise Refusal(
-                f"annotations {first_key[include]}={annotations[first_key[include]]!r} and "
-                f"{first_key[exclude]}={annotations[first_key[exclude]]!r} both include and "
+                f"annotations {first_key[include]}={_short(annotations[first_key[include]])} and "
+                f"{first_key[exclude]}={_short(annotations[first_key[exclude]])} both include and "
                 f"exclude the {what} {', '.join(sorted(both))}: remove it from one of them"
             )
     return PodPolicy(values=values, systems=frozenset(systems))
@@ -252,19 +265,20 @@ def _amount(container: str, key: str, limits: JSON, requests: JSON) -> int:
             milli = parse_quantity(str(raw), 3)
         except QuantityError:
             raise Refusal(
-                f"container {container}: resources.{where}[{key}]={raw!r} is not a quantity; "
+                f"container {container}: resources.{where}[{key}]={_short(raw)} is not a quantity; "
                 "use a whole number"
             ) from None
         if milli < 0 or milli % 1000:
             raise Refusal(
-                f"container {container}: resources.{where}[{key}]={raw!r}: use a whole number >= 0"
+                f"container {container}: resources.{where}[{key}]={_short(raw)}: use a whole "
+                "number >= 0"
             )
         values.append(milli // 1000)
     if len(values) == 2 and values[0] != values[1]:
         raise Refusal(
-            f"container {container}: resources.limits[{key}]={limits[key]!r} and "
-            f"resources.requests[{key}]={requests[key]!r} differ: extended resources need equal "
-            "requests and limits"
+            f"container {container}: resources.limits[{key}]={_short(limits[key])} and "
+            f"resources.requests[{key}]={_short(requests[key])} differ: extended resources need "
+            "equal requests and limits"
         )
     return values[0]
 
@@ -340,6 +354,8 @@ def _hami_or_whole(ask: _Ask, system: System) -> None:
         return
     if legacy.GPU in got:
         ask.note(legacy.GPU, f"claim of {ask.count} GPU(s)")
+    else:  # HAMi's default GPU count
+        ask.notes.append(f"container {name}: no {legacy.GPU} -> claim of 1 GPU")
     if legacy.HAMI_MEMORY in got and legacy.HAMI_MEMORY_PERCENTAGE in got:
         raise Refusal(
             f"container {name}: {legacy.HAMI_MEMORY} and {legacy.HAMI_MEMORY_PERCENTAGE} "
@@ -456,10 +472,10 @@ def _container_shape(
                 f"({', '.join(keys)}): ask for at least 1 GPU or drop the others"
             )
         return None
-    if ask.memory is not None and ask.memory <= 0:
+    if ask.memory is not None and not 0 < ask.memory <= MAX_MEMORY_MIB:
         raise Refusal(
-            f"container {name}: GPU memory 0 MiB: give a positive number of MiB, or leave it out "
-            "for the whole memory"
+            f"container {name}: GPU memory {ask.memory} MiB: give 1..{MAX_MEMORY_MIB} MiB, or "
+            "leave it out for the whole memory"
         )
     return Shape(
         system=system,
@@ -662,7 +678,7 @@ def _translate_containers(
             )
     if not new_claims:
         return
-    if "resourceClaims" in spec:
+    if spec.get("resourceClaims"):  # append; absent, null or empty: set the whole list
         work.patch.extend(
             {"op": "add", "path": "/spec/resourceClaims/-", "value": c} for c in new_claims
         )
@@ -673,10 +689,16 @@ def _translate_containers(
 def _translate_annotations(meta: Mapping[str, Any], policy: PodPolicy, work: _Work) -> str:
     """Our canonical annotation names for the policies the pod asks for; returns the source."""
     annotations = dict(meta.get("annotations") or {})
+    # A concept already given under one of our names (short or long) is left as the user wrote it.
+    ours = {
+        entry.concept
+        for entry in map(legacy.ANNOTATION_BY_KEY.get, annotations)
+        if entry is not None and entry.system == "vgpu-dra"
+    }
     wanted: dict[str, str] = {
         legacy.CANONICAL[concept]: value
         for concept, value in policy.values.items()
-        if concept in legacy.CANONICAL
+        if concept in legacy.CONTROLLER_CONCEPTS and concept not in ours
     }
     if policy.get("memory_percentage") is not None:
         _memory_percentage(
@@ -686,8 +708,8 @@ def _translate_annotations(meta: Mapping[str, Any], policy: PodPolicy, work: _Wo
     source = work.systems[0] if work.systems else min(foreign, default="vgpu-dra")
     if (work.patch or foreign) and legacy.TRANSLATED_FROM not in annotations:
         wanted[legacy.TRANSLATED_FROM] = source
-    added = {k: v for k, v in wanted.items() if annotations.get(k) != v}
-    if added and "annotations" in meta:
+    added = {k: v for k, v in wanted.items() if k not in annotations}
+    if added and meta.get("annotations"):
         work.patch.extend(
             {"op": "add", "path": f"/metadata/annotations/{_escape(k)}", "value": v}
             for k, v in sorted(added.items())
@@ -724,15 +746,33 @@ def _onto_policy_path(spec: Mapping[str, Any], policy: PodPolicy, work: _Work) -
     ):
         return
     gate = {"name": GATE}
-    if "schedulingGates" in spec:
+    if spec.get("schedulingGates"):
         work.patch.append({"op": "add", "path": "/spec/schedulingGates/-", "value": gate})
     else:
         work.patch.append({"op": "add", "path": "/spec/schedulingGates", "value": [gate]})
     work.warnings.append(f"scheduling gate {GATE} added: the allocation controller places this pod")
 
 
+def _unapplied_compute_policy(spec: Mapping[str, Any], policy: PodPolicy, work: _Work) -> None:
+    """A compute policy goes into the VgpuConfig of the claims the webhook writes; on a pod with
+    none, it would change nothing, which the user is told rather than left to find out."""
+    if policy.get("compute_policy") is None and policy.get("core_limit") is None:
+        return
+    if work.templates or any(
+        is_webhook_template(str(c.get("resourceClaimTemplateName") or ""))
+        for c in spec.get("resourceClaims") or []
+    ):
+        return
+    work.warnings.append(
+        "the pod's compute policy annotation applies to the claims the webhook writes for legacy "
+        "GPU resources, and this pod has none: set computePolicy in the VgpuConfig of its own "
+        "claims (or of the DeviceClass) instead"
+    )
+
+
 def translate_pod(pod: Mapping[str, Any], settings: TranslationSettings) -> Translation | None:
-    """The patch that turns a legacy pod into a DRA pod; None when nothing changes."""
+    """The patch that turns a legacy pod into a DRA pod; None when there is nothing to change or
+    say (a Translation may carry only warnings, with an empty patch)."""
     if not needs_translation(pod, settings):
         return None
     policy = read_pod_policy(pod)
@@ -741,7 +781,8 @@ def translate_pod(pod: Mapping[str, Any], settings: TranslationSettings) -> Tran
     _translate_containers(spec, policy, settings, work)
     source = _translate_annotations(pod.get("metadata") or {}, policy, work)
     _onto_policy_path(spec, policy, work)
-    if not work.patch:
+    _unapplied_compute_policy(spec, policy, work)
+    if not work.patch and not work.warnings:
         return None
     return Translation(
         patch=work.patch,
