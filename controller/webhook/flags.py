@@ -35,7 +35,7 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 def duration(text: str) -> dt.timedelta:
     """`90s`, `15m`, `24h`, `365d` or plain seconds -> timedelta (argparse type)."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)\s*", text)
     if match is None or float(match.group(1)) <= 0:
         raise argparse.ArgumentTypeError(
             f"expected a positive duration like 24h or 30d, got {text!r}"
@@ -43,14 +43,20 @@ def duration(text: str) -> dt.timedelta:
     return dt.timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2) or "s"])
 
 
-def shared_resource(text: str) -> tuple[str, int]:
-    """`NAME=N` (N >= 1) -> (NAME, N) (argparse type)."""
-    name, sep, count = text.partition("=")
-    if not sep or not name.strip() or not count.strip().isdigit() or int(count) < 1:
-        raise argparse.ArgumentTypeError(
-            f"expected NAME=REPLICAS with REPLICAS >= 1 (e.g. nvidia.com/sharedgpu=4), got {text!r}"
-        )
-    return name.strip(), int(count)
+def shared_resources(text: str) -> list[tuple[str, int]]:
+    """`NAME=N[,NAME=N...]` (N >= 1) -> [(NAME, N), ...] (argparse type)."""
+    found = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        match = re.fullmatch(r"([^=\s]+)\s*=\s*([0-9]+)", item)
+        if match is None or int(match.group(2)) < 1:
+            raise argparse.ArgumentTypeError(
+                "expected NAME=REPLICAS with REPLICAS >= 1 (e.g. nvidia.com/sharedgpu=4), "
+                f"got {item!r}"
+            )
+        found.append((match.group(1), int(match.group(2))))
+    return found
 
 
 def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
@@ -157,14 +163,16 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> No
         "how often unused templates are collected",
         parse=duration,
     )
+    try:
+        shared_default = shared_resources(env.get(ENV["shared_resources"], ""))
+    except argparse.ArgumentTypeError as exc:
+        parser.error(f"{ENV['shared_resources']}: {exc}")
     group.add_argument(
         "--shared-resource",
-        action="append",
-        type=shared_resource,
-        default=[
-            shared_resource(s) for s in env.get(ENV["shared_resources"], "").split(",") if s.strip()
-        ],
+        action="extend",
+        type=shared_resources,
+        default=shared_default,
         help="a device plugin's shared resource NAME=REPLICAS: one unit is 1/REPLICAS of a GPU "
-        f"(repeatable; env {ENV['shared_resources']}, comma-separated)",
+        f"(repeatable or comma-separated; env {ENV['shared_resources']})",
     )
     add("--driver-name", "driver_name", "vgpu.dra.dev", "the DRA driver (DeviceClass) name")

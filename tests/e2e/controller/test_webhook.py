@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import jsonpatch
 import pytest
 import yaml
 
@@ -55,6 +56,7 @@ from dra_driver import kube
 from dra_driver.allocator import parse_quantity
 from dra_driver.kube import RESOURCE_API, KubeClient, KubeError
 from tests.e2e.kubelet_plugin.pods import REPO, deviceclass_exists, pod_claim, running_pod
+from tests.fixtures import legacy_pods
 from tests.fixtures.chart import by_kind, collection_path, helm_binary, request_token
 from tests.fixtures.chart import token_kubeconfig as make_kubeconfig
 from vgpu_testbed.cluster.flags import free_ports
@@ -69,7 +71,7 @@ JSON = dict[str, Any]
 T = TypeVar("T")
 GATE = "vgpu.dra.dev/policy"
 LABEL = "vgpu-dra.test/webhook"
-SHARED = {"nvidia.com/sharedgpu": 4}
+SHARED = {"nvidia.com/sharedgpu": 4, "nvidia.com/gpu.shared": 4}
 SETTINGS = TranslationSettings(shared_resources=SHARED)
 LEGACY = (
     "nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpucores", "nvidia.com/vgpu-number",
@@ -375,6 +377,51 @@ def test_a_legacy_pod_is_created_unchanged_and_comes_back_translated(
     assert created["metadata"]["annotations"]["vgpu.dra.dev/translated-from"] == (
         source.get(system, system)
     )
+
+
+@pytest.mark.parametrize("name", legacy_pods.names())
+def test_every_readme_example_pod_is_admitted_as_the_translation_says(
+    hook: Hook, name: str
+) -> None:
+    """The source systems' documented example pods (tests/fixtures/legacy_pods), created as
+    written: the stored pod is the pod with the translation's patch applied (so the API server
+    applied exactly our patch), its templates exist; a refused one carries the refusal."""
+    legacy = legacy_pods.load(name)
+    legacy["metadata"].pop("namespace", None)
+    legacy["metadata"]["name"] = f"readme-{name}"
+    try:
+        translation = translate_pod(legacy, SETTINGS)
+    except Refusal as refusal:
+        with pytest.raises(KubeError) as refused:
+            hook.client.create(hook.pods(), legacy)
+        assert str(refusal) in refused.value.message
+        return
+    assert translation is not None
+    expected = jsonpatch.apply_patch(legacy, translation.patch)
+    created = hook.client.create(hook.pods(), legacy)
+    for key in ("resourceClaims", "schedulingGates", "schedulerName"):
+        assert created["spec"].get(key) == expected["spec"].get(key, created["spec"].get(key)), key
+    annotations = created["metadata"].get("annotations") or {}
+    assert expected["metadata"].get("annotations", {}).items() <= annotations.items()
+    for field_name in ("initContainers", "containers"):
+        for got, want in zip(
+            created["spec"].get(field_name) or [],
+            expected["spec"].get(field_name) or [],
+            strict=True,
+        ):
+            resources, wanted = got.get("resources") or {}, want.get("resources") or {}
+            assert resources.get("claims") == wanted.get("claims")
+            limits = set(wanted.get("limits") or {})
+            assert set(resources.get("limits") or {}) == limits
+            # The API server defaults requests from limits before admission; none legacy.
+            requests = set(resources.get("requests") or {})
+            assert (
+                set(wanted.get("requests") or {})
+                <= requests
+                <= limits | set(wanted.get("requests") or {})
+            )
+    for template in translation.templates:
+        assert hook.template(template.name) is not None, template.name
 
 
 def test_the_compute_policy_of_gpu_manager_reaches_the_template(hook: Hook) -> None:
