@@ -59,6 +59,23 @@ def shared_resources(text: str) -> list[tuple[str, int]]:
     return found
 
 
+class _ExtendOverEnv(argparse.Action):
+    """Like `extend`, but the first use on the command line replaces the environment's value
+    (as every other flag overrides its environment twin) instead of adding to it."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        seen = getattr(namespace, "_seen_" + self.dest, False)
+        current = list(getattr(namespace, self.dest) or []) if seen else []
+        setattr(namespace, self.dest, current + list(values))
+        setattr(namespace, "_seen_" + self.dest, True)
+
+
 def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     group = parser.add_argument_group("admission webhook (docs/webhook.md)")
 
@@ -169,7 +186,7 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> No
         parser.error(f"{ENV['shared_resources']}: {exc}")
     group.add_argument(
         "--shared-resource",
-        action="extend",
+        action=_ExtendOverEnv,
         type=shared_resources,
         default=shared_default,
         help="a device plugin's shared resource NAME=REPLICAS: one unit is 1/REPLICAS of a GPU "
