@@ -389,11 +389,11 @@ class SecretCertificates:
         if NEXT_CA_CERT not in data:
             return secret
         staged = (secret.get("metadata", {}).get("annotations") or {}).get(STAGED_AT, "")
+        now = self._clock()
         try:
             staged_at = dt.datetime.fromisoformat(staged)
-        except ValueError:
-            staged_at = self._clock()  # unreadable mark: start waiting afresh
-        now = self._clock()
+        except ValueError:  # mark lost or garbled (a hand edit): restart the wait, once
+            return self._write(secret, data, now.isoformat(), "staging mark restored")
         if (now - staged_at).total_seconds() < self._lifetimes.propagation_s:
             return secret
         cert, key = new_serving(

@@ -65,6 +65,11 @@ def _stamp(now: dt.datetime) -> str:
     return now.isoformat(timespec="microseconds")
 
 
+def _left(deadline: float) -> float:
+    """Seconds until `deadline` (<= 0 makes the client refuse to send: no time left)."""
+    return deadline - time.monotonic()
+
+
 def _collection(namespace: str) -> str:
     return kube.path(RESOURCE_API, "resourceclaimtemplates", namespace=namespace)
 
@@ -94,20 +99,24 @@ class TemplateEnsurer:
         self._lock = threading.Lock()
 
     def ensure(self, namespace: str, templates: Iterable[Template]) -> None:
+        """Make every template exist; all within `timeout_s` (less than the API server's
+        deadline for the admission, so a slow API server fails this admission with a reason
+        instead of timing the webhook out)."""
+        deadline = time.monotonic() + self._timeout_s
         for template in templates:
             key = (namespace, template.name)
             with self._lock:
                 seen = self._recent.get(key)
             if seen is not None and self._clock() - seen < self._fresh_s:
                 continue
-            self._ensure_one(namespace, template)
+            self._ensure_one(namespace, template, deadline)
             with self._lock:
                 self._recent[key] = self._clock()
                 if len(self._recent) > 10_000:  # bounded: forget the oldest half
                     for old in sorted(self._recent, key=self._recent.__getitem__)[:5_000]:
                         del self._recent[old]
 
-    def _ensure_one(self, namespace: str, template: Template) -> None:
+    def _ensure_one(self, namespace: str, template: Template, deadline: float) -> None:
         now = _stamp(dt.datetime.now(dt.UTC))
         body = {
             "apiVersion": RESOURCE_API,
@@ -124,14 +133,14 @@ class TemplateEnsurer:
             for _ in range(5):  # create / touch / again after a collector's delete or a race
                 try:
                     self._client.request(
-                        "POST", _collection(namespace), body=body, timeout_s=self._timeout_s
+                        "POST", _collection(namespace), body=body, timeout_s=_left(deadline)
                     )
                     self._on_create()
                     log.info("created ResourceClaimTemplate %s/%s", namespace, template.name)
                     return
                 except kube.AlreadyExists:
                     pass
-                if self._touch(namespace, template.name, now):
+                if self._touch(namespace, template.name, now, deadline):
                     return
         except kube.KubeError as exc:
             raise TemplateError(
@@ -142,7 +151,7 @@ class TemplateEnsurer:
             f"ResourceClaimTemplate {namespace}/{template.name} keeps disappearing; retry"
         )
 
-    def _touch(self, namespace: str, name: str, now: str) -> bool:
+    def _touch(self, namespace: str, name: str, now: str, deadline: float) -> bool:
         """Set LAST_USED on the existing template; False when it is gone or changed meanwhile.
 
         A read-modify-write (PUT with the resourceVersion read), not a merge patch: a patch makes
@@ -152,13 +161,13 @@ class TemplateEnsurer:
         """
         resource = _object(namespace, name)
         try:
-            current = self._client.request("GET", resource, timeout_s=self._timeout_s)
+            current = self._client.request("GET", resource, timeout_s=_left(deadline))
         except kube.NotFound:
             return False  # collected between our create and this touch: create it again
         metadata = current.setdefault("metadata", {})
         metadata.setdefault("annotations", {})[LAST_USED] = now
         try:
-            self._client.request("PUT", resource, body=current, timeout_s=self._timeout_s)
+            self._client.request("PUT", resource, body=current, timeout_s=_left(deadline))
         except (kube.NotFound, kube.Conflict):
             return False  # gone, or touched by another admission after our read: again
         return True
