@@ -35,6 +35,9 @@ SWITCH_INTERVAL_S = 0.0005
 class Running:
     server: WebhookServer
     threads: list[threading.Thread]
+    # Its own registry, for a controller-wide metrics endpoint to include (it is also served on
+    # the webhook's port at /metrics).
+    metrics: WebhookMetrics
 
     def stop(self) -> None:
         self.server.stop()
@@ -116,6 +119,6 @@ def start(
     server.start()
     host, port = server.address
     log.info("webhook on https://%s:%d (/mutate-pods, /validate, /metrics)", host, port)
-    running = Running(server, threads)
+    running = Running(server, threads, metrics)
     running.stop_with(stop)
     return running
