@@ -45,6 +45,9 @@ DEFAULT_TIMEOUT_S = 10.0
 # send a request on a connection we are closing ("server closed idle connection": a failed
 # admission, since POSTs are not retried).
 IDLE_TIMEOUT_S = 120.0
+# Open connections (one thread each) beyond which new ones are closed at once: the port is
+# reachable from the pod network, and a flood of idle connections must not exhaust threads.
+MAX_CONNECTIONS = 1024
 MUTATE_PATH = "/mutate-pods"
 VALIDATE_PATH = "/validate"
 
@@ -96,6 +99,9 @@ class _TLSServer(ThreadingHTTPServer):
     ) -> None:
         self.holder = holder
         self.timeout_s = timeout_s
+        self.max_connections = MAX_CONNECTIONS
+        self._open = 0
+        self._open_lock = threading.Lock()
         super().__init__(address, handler)
 
     def get_request(self) -> tuple[Any, Any]:
@@ -106,6 +112,33 @@ class _TLSServer(ThreadingHTTPServer):
             sock.close()
             raise OSError("no serving certificate loaded yet")
         return context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), address
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._open_lock:
+            full = self._open >= self.max_connections
+            if not full:
+                self._open += 1
+        if full:
+            log.warning(
+                "webhook: %d connections open, refusing one from %s",
+                self.max_connections,
+                client_address,
+            )
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread started: it will not count itself out
+            with self._open_lock:
+                self._open -= 1
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._open_lock:
+                self._open -= 1
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # Failed handshakes and dropped connections: a client's problem, not a traceback on stderr.
@@ -124,11 +157,13 @@ class WebhookServer:
         validate: Review,
         metrics: WebhookMetrics,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         self._routes = {MUTATE_PATH: ("mutate", mutate), VALIDATE_PATH: ("validate", validate)}
         self._timeout_s = timeout_s
         self._metrics = metrics
         self._httpd = _TLSServer(address, self._handler_class(), holder, timeout_s)
+        self._httpd.max_connections = max_connections
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, name="webhook", daemon=True
         )

@@ -269,3 +269,41 @@ def test_each_admission_logs_one_structured_line(
     assert (fields["namespace"], fields["object"], fields["decision"]) == ("ns", "p1", "patched")
     assert fields["dry_run"] is False
     assert 0 <= fields["ms"] < 5000
+
+
+def test_connections_beyond_the_limit_are_closed_at_once(tmp_path: Path) -> None:
+    ca = certs.new_ca(DAY * 2)
+    holder = certs.ContextHolder()
+    holder.load(*issue(ca))
+    s = Served(holder, ca[0])
+    s.server = WebhookServer(
+        ("127.0.0.1", 0), holder, mutate=s._mutate, validate=s._validate,
+        metrics=s.metrics, max_connections=2,
+    )  # fmt: skip
+    s.server.start()
+    context = client_context(tmp_path, ca[0])
+    conns = [s.connect(context) for _ in range(3)]
+    try:
+        for conn in conns[:2]:
+            assert post(conn, "/mutate-pods", review())[0] == 200  # kept alive: two open
+        with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+            post(conns[2], "/mutate-pods", review())
+        conns[0].close()
+
+        def third_admitted() -> bool:
+            conn = s.connect(context)
+            try:
+                return post(conn, "/mutate-pods", review())[0] == 200
+            except (ssl.SSLError, ConnectionError, OSError):
+                return False
+            finally:
+                conn.close()
+
+        deadline = time.monotonic() + 10
+        while not third_admitted():  # the closed one's thread counts itself out
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        for conn in conns:
+            conn.close()
+        s.server.stop()
