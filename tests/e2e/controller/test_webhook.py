@@ -18,6 +18,7 @@ Proves:
   touched after the collector judged it unused (the race);
 - bad inputs are refused with their messages through the API server (percent memory, include and
   exclude of one type, unknown policy, a claim and a DeviceClass with a malformed VgpuConfig);
+- `helm upgrade` keeps the caBundle and certificates the controller wrote (not in the manifest);
 - certificate rotation (CA and serving certificate, lifetimes of seconds) during a stream of
   admissions loses none, and no key reaches the log;
 - end to end with stand-in nodes (simulated GPUs, the kubelet plugin, the kubelet stand-in):
@@ -57,7 +58,15 @@ from dra_driver.allocator import parse_quantity
 from dra_driver.kube import RESOURCE_API, KubeClient, KubeError
 from tests.e2e.kubelet_plugin.pods import REPO, deviceclass_exists, pod_claim, running_pod
 from tests.fixtures import legacy_pods
-from tests.fixtures.chart import by_kind, collection_path, helm_binary, request_token
+from tests.fixtures.chart import (
+    CHART,
+    by_kind,
+    collection_path,
+    helm,
+    helm_binary,
+    request_token,
+    values_file,
+)
 from tests.fixtures.chart import token_kubeconfig as make_kubeconfig
 from vgpu_testbed.cluster.flags import free_ports
 from vgpu_testbed.cluster.webhook import register_webhooks, render_chart, unregister_webhooks
@@ -653,6 +662,56 @@ def test_a_translated_pod_is_allocated_prepared_and_capped(
     assert (int(device["memory"]), device["cores"], device["policy"]) == (memory, cores, policy)
     (result,) = claim["status"]["allocation"]["devices"]["results"]
     assert result["consumedCapacity"]["memory"] and result["driver"] == "vgpu.dra.dev"
+
+
+# ---------------------------------------------------------------- helm upgrade
+
+
+def test_helm_upgrade_keeps_the_published_ca_bundle_and_certificates(
+    cluster: Any, client: KubeClient, tmp_path: Path
+) -> None:
+    """What the controller wrote (caBundle, the Secret's data) is not in the chart's manifest:
+    a `helm upgrade` changes what the values change and leaves those alone."""
+    home = tmp_path / "helm"
+    home.mkdir()
+    release = f"u{uuid.uuid4().hex[:5]}"
+    namespace = f"{release}-system"
+    values: JSON = {
+        "driverName": f"{release}.vgpu.dra.dev",  # cluster-scoped names of its own
+        "controller": {"enabled": True},
+        "webhook": {"namespaceSelector": {"matchLabels": {LABEL: release}}},
+    }
+    _namespace(client, namespace)
+    name, secret = f"{release}-vgpu-dra-webhook", f"{release}-vgpu-dra-webhook-tls"
+    mutating = kube.path("admissionregistration.k8s.io/v1", "mutatingwebhookconfigurations", name)
+    secret_path = kube.path("v1", "secrets", secret, namespace=namespace)
+    try:
+        chosen = str(values_file(home, "install", values))
+        helm(home, "install", release, str(CHART), "--namespace", namespace, "-f", chosen,
+             kubeconfig=cluster.kubeconfig)  # fmt: skip
+        bundle = base64.b64encode(b"a CA bundle the controller published").decode()
+        config = client.get(mutating)
+        for hook in config["webhooks"]:
+            hook["clientConfig"]["caBundle"] = bundle
+        client.replace(mutating, config)
+        filled = client.get(secret_path)
+        filled["data"] = {"tls.crt": base64.b64encode(b"certificate").decode()}
+        client.replace(secret_path, filled)
+        values["webhook"]["timeoutSeconds"] = 12
+        chosen = str(values_file(home, "upgrade", values))
+        helm(home, "upgrade", release, str(CHART), "--namespace", namespace, "-f", chosen,
+             kubeconfig=cluster.kubeconfig)  # fmt: skip
+        (hook,) = client.get(mutating)["webhooks"]
+        assert hook["timeoutSeconds"] == 12  # the upgrade applied
+        assert hook["clientConfig"]["caBundle"] == bundle  # the controller's, kept
+        assert client.get(secret_path)["data"] == filled["data"]
+    finally:
+        helm(home, "uninstall", release, "--namespace", namespace, "--wait",
+             kubeconfig=cluster.kubeconfig, check=False)  # fmt: skip
+        client.request("DELETE", kube.path("v1", "pods", namespace=namespace),
+                       query={"gracePeriodSeconds": 0})  # fmt: skip
+        client.delete(kube.path("v1", "namespaces", namespace))
+    assert not _exists(client, mutating)  # uninstall removes the configurations
 
 
 # ---------------------------------------------------------------- certificates
