@@ -51,6 +51,11 @@ class Admission:
             return denied(400, str(exc)), "denied"
         if translation is None:
             return ALLOWED, "allowed"
+        # The legacy fields are gone after the patch, so the validating webhook could no longer
+        # name them: check them here (e.g. more memory than any GPU has) with the same checks.
+        errors = validate_object(pod, self._facts())
+        if errors:
+            return denied(422, "; ".join(errors)), "denied"
         if not request.get("dryRun"):
             try:
                 self._ensurer.ensure(namespace, translation.templates)

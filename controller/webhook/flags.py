@@ -27,6 +27,7 @@ ENV = {
     "webhook_cert_sync": "VGPU_DRA_WEBHOOK_CERT_SYNC",
     "webhook_template_grace": "VGPU_DRA_WEBHOOK_TEMPLATE_GRACE",
     "webhook_gc_interval": "VGPU_DRA_WEBHOOK_GC_INTERVAL",
+    "webhook_facts_interval": "VGPU_DRA_WEBHOOK_FACTS_INTERVAL",
     "shared_resources": "VGPU_DRA_SHARED_RESOURCES",
     "driver_name": "VGPU_DRA_DRIVER_NAME",
 }
@@ -178,6 +179,13 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> No
         "webhook_gc_interval",
         "1m",
         "how often unused templates are collected",
+        parse=duration,
+    )
+    add(
+        "--webhook-facts-interval",
+        "webhook_facts_interval",
+        "30s",
+        "how often the GPU inventory the validation compares against is re-read",
         parse=duration,
     )
     try:

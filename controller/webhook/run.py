@@ -109,7 +109,7 @@ def start(
     )
     threads = [
         certs.keep_synced(source, stop, args.webhook_cert_sync.total_seconds()),
-        facts.run(stop, 30.0),
+        facts.run(stop, args.webhook_facts_interval.total_seconds()),
         collector.run(stop, args.webhook_gc_interval.total_seconds()),
     ]
     # Python hands the GIL over every 5 ms by default: with hundreds of connection threads, an

@@ -274,6 +274,7 @@ def hook(
                 "--webhook-ca-propagation", "1s",
                 "--webhook-template-grace", "4s",
                 "--webhook-gc-interval", "1s",
+                "--webhook-facts-interval", "1s",
                 "--shared-resource", env["VGPU_DRA_SHARED_RESOURCES"],
                 "--log-level", "debug",
             ],
@@ -662,6 +663,25 @@ def test_a_translated_pod_is_allocated_prepared_and_capped(
     assert (int(device["memory"]), device["cores"], device["policy"]) == (memory, cores, policy)
     (result,) = claim["status"]["allocation"]["devices"]["results"]
     assert result["consumedCapacity"]["memory"] and result["driver"] == "vgpu.dra.dev"
+
+
+def test_more_memory_than_any_gpu_is_refused_once_the_inventory_is_known(
+    hook: Hook, nodes: dict[str, NodeAgents]
+) -> None:
+    """The nodes' slices bound the validation: the largest GPU here is an H100 (80 GB)."""
+    shape = pod("too-big", {"nvidia.com/vgpu-number": "1", "nvidia.com/vgpu-memory": "200000"})
+
+    def refused() -> str | None:
+        try:
+            hook.client.request("POST", hook.pods(), body=shape, query={"dryRun": "All"})
+        except KubeError as exc:
+            return exc.message
+        return None  # the inventory is not read yet
+
+    message = await_("the refusal", refused, timeout=60)
+    # The API server hands the webhook the canonical quantity (200000 -> "200k").
+    assert "spec.containers[0].resources.limits[nvidia.com/vgpu-memory]=200k MiB" in message
+    assert "more memory than any GPU in the cluster has (largest: 81559 MiB)" in message
 
 
 # ---------------------------------------------------------------- helm upgrade

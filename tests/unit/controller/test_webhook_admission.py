@@ -2,13 +2,14 @@
 (controller.webhook.facts) and its flags (controller.webhook.flags), without a cluster.
 
 Proves: a legacy pod CREATE is answered with the translation's patch (base64 JSONPatch) and
-warnings, after its templates were ensured in the request's namespace, but never on a dry run;
-a Refusal is allowed:false with code 400 and the refusal's words; a template that cannot be
-created refuses the pod (code 500) naming the reason; pods without legacy fields, other kinds and
-other operations pass untouched; validation refuses with code 422 and every message, only for
-the kinds it knows, and never on DELETE; facts take the largest allocatable memory and product
-names of the driver's devices only; flags parse durations and shared resources and refuse bad
-ones naming the value.
+warnings, after its templates were ensured in the request's namespace, but never on a dry run; a
+legacy pod the validation refuses (more memory than any GPU) is refused, naming the legacy field,
+before any template is made; a Refusal is allowed:false with code 400 and the refusal's words; a
+template that cannot be created refuses the pod (code 500) naming the reason; pods without legacy
+fields, other kinds and other operations pass untouched; validation refuses with code 422 and
+every message, only for the kinds it knows, and never on DELETE; facts take the largest
+allocatable memory and product names of the driver's devices only; flags parse durations and
+shared resources and refuse bad ones naming the value.
 """
 
 from __future__ import annotations
@@ -99,6 +100,17 @@ def test_a_refusal_and_a_failed_template_deny() -> None:
     response, decision = admission(Ensurer(fail="quota exceeded")).mutate(request(legacy_pod()))
     assert (decision, response["status"]["code"]) == ("error", 500)
     assert response["status"]["message"] == "quota exceeded"
+
+
+def test_a_legacy_pod_asking_more_memory_than_any_gpu_is_refused_naming_the_field() -> None:
+    ensurer = Ensurer()
+    pod = legacy_pod()
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/vgpu-memory"] = "30000"
+    response, decision = admission(ensurer).mutate(request(pod))
+    assert (decision, response["status"]["code"]) == ("denied", 422)
+    assert "limits[nvidia.com/vgpu-memory]=30000 MiB" in response["status"]["message"]
+    assert "largest: 24576 MiB" in response["status"]["message"]
+    assert ensurer.calls == []  # refused before any template was made
 
 
 def test_what_needs_no_translation_passes_untouched() -> None:
