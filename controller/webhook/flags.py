@@ -29,6 +29,7 @@ ENV = {
     "webhook_gc_interval": "VGPU_DRA_WEBHOOK_GC_INTERVAL",
     "webhook_facts_interval": "VGPU_DRA_WEBHOOK_FACTS_INTERVAL",
     "shared_resources": "VGPU_DRA_SHARED_RESOURCES",
+    "shared_memory": "VGPU_DRA_SHARED_MEMORY",
     "driver_name": "VGPU_DRA_DRIVER_NAME",
 }
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -44,20 +45,27 @@ def duration(text: str) -> dt.timedelta:
     return dt.timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2) or "s"])
 
 
-def shared_resources(text: str) -> list[tuple[str, int]]:
-    """`NAME=N[,NAME=N...]` (N >= 1) -> [(NAME, N), ...] (argparse type)."""
+def _pairs(text: str, example: str) -> list[tuple[str, int]]:
+    """`NAME=N[,NAME=N...]` (N >= 1) -> [(NAME, N), ...]; ArgumentTypeError names the bad item."""
     found = []
     for item in (part.strip() for part in text.split(",")):
         if not item:
             continue
         match = re.fullmatch(r"([^=\s]+)\s*=\s*([0-9]+)", item)
         if match is None or int(match.group(2)) < 1:
-            raise argparse.ArgumentTypeError(
-                "expected NAME=REPLICAS with REPLICAS >= 1 (e.g. nvidia.com/sharedgpu=4), "
-                f"got {item!r}"
-            )
+            raise argparse.ArgumentTypeError(f"expected {example}, got {item!r}")
         found.append((match.group(1), int(match.group(2))))
     return found
+
+
+def shared_resources(text: str) -> list[tuple[str, int]]:
+    """Device plugin shared resources and their replicas per GPU (argparse type)."""
+    return _pairs(text, "NAME=REPLICAS with REPLICAS >= 1 (e.g. nvidia.com/sharedgpu=4)")
+
+
+def shared_memory(text: str) -> list[tuple[str, int]]:
+    """MiB of GPU memory per replica of a shared resource (argparse type)."""
+    return _pairs(text, "NAME=MIB with MIB >= 1 (e.g. nvidia.com/sharedgpu=6144)")
 
 
 class _ExtendOverEnv(argparse.Action):
@@ -188,16 +196,22 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> No
         "how often the GPU inventory the validation compares against is re-read",
         parse=duration,
     )
-    try:
-        shared_default = shared_resources(env.get(ENV["shared_resources"], ""))
-    except argparse.ArgumentTypeError as exc:
-        parser.error(f"{ENV['shared_resources']}: {exc}")
-    group.add_argument(
-        "--shared-resource",
-        action=_ExtendOverEnv,
-        type=shared_resources,
-        default=shared_default,
-        help="a device plugin's shared resource NAME=REPLICAS: one unit is 1/REPLICAS of a GPU "
-        f"(repeatable or comma-separated; env {ENV['shared_resources']})",
-    )
+    for flag, key, parse, help_text in (
+        ("--shared-resource", "shared_resources", shared_resources,
+         "a device plugin's shared resource NAME=REPLICAS: one unit is 1/REPLICAS of a GPU"),
+        ("--shared-memory", "shared_memory", shared_memory,
+         "NAME=MIB: GPU memory per replica of a shared resource (without it a share reserves the "
+         "GPU's whole memory, so one such pod runs per GPU)"),
+    ):  # fmt: skip
+        try:
+            default = parse(env.get(ENV[key], ""))
+        except argparse.ArgumentTypeError as exc:
+            parser.error(f"{ENV[key]}: {exc}")
+        group.add_argument(
+            flag,
+            action=_ExtendOverEnv,
+            type=parse,
+            default=default,
+            help=f"{help_text} (repeatable or comma-separated; env {ENV[key]})",
+        )
     add("--driver-name", "driver_name", "vgpu.dra.dev", "the DRA driver (DeviceClass) name")

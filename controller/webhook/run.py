@@ -87,10 +87,18 @@ def start(
     grace_s = args.webhook_template_grace.total_seconds()
     ensurer = TemplateEnsurer(client, grace_s=grace_s, on_create=metrics.templates_created.inc)
     facts = FactsCache(client, args.driver_name)
+    shared = dict(args.shared_resource)
+    memory = dict(args.shared_memory)
+    if set(memory) - set(shared):
+        raise ValueError(
+            f"--shared-memory names {sorted(set(memory) - set(shared))}, which no "
+            "--shared-resource declares"
+        )
     settings = TranslationSettings(
         driver=args.driver_name,
         device_class=args.driver_name,
-        shared_resources=dict(args.shared_resource),
+        shared_resources=shared,
+        shared_memory_mib=memory,
     )
     admission = Admission(settings, ensurer, facts.current)
     server = WebhookServer(

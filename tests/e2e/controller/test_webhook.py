@@ -81,7 +81,8 @@ T = TypeVar("T")
 GATE = "vgpu.dra.dev/policy"
 LABEL = "vgpu-dra.test/webhook"
 SHARED = {"nvidia.com/sharedgpu": 4, "nvidia.com/gpu.shared": 4}
-SETTINGS = TranslationSettings(shared_resources=SHARED)
+SHARED_MEMORY = {"nvidia.com/sharedgpu": 4096}  # MiB per replica; gpu.shared has none
+SETTINGS = TranslationSettings(shared_resources=SHARED, shared_memory_mib=SHARED_MEMORY)
 LEGACY = (
     "nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpucores", "nvidia.com/vgpu-number",
     "nvidia.com/vgpu-cores", "nvidia.com/vgpu-memory", "nvidia.com/vcuda-core",
@@ -223,6 +224,7 @@ def hook(
     values = {
         "webhook": {
             "sharedResources": SHARED,
+            "sharedResourceMemoryMiB": SHARED_MEMORY,
             "namespaceSelector": {"matchLabels": {LABEL: prefix}},
         }
     }
@@ -276,6 +278,7 @@ def hook(
                 "--webhook-gc-interval", "1s",
                 "--webhook-facts-interval", "1s",
                 "--shared-resource", env["VGPU_DRA_SHARED_RESOURCES"],
+                "--shared-memory", env["VGPU_DRA_SHARED_MEMORY"],
                 "--log-level", "debug",
             ],
             home / "controller.log",
@@ -338,7 +341,7 @@ EXAMPLES: dict[str, tuple[JSON, JSON, bool]] = {
     ),
     "device-plugin-shared": (
         pod("device-plugin-shared", {"nvidia.com/sharedgpu": "1"}),
-        {"count": 1, "capacity": {"requests": {"cores": "25"}}},
+        {"count": 1, "capacity": {"requests": {"cores": "25", "memory": "4096Mi"}}},
         False,
     ),
     "vgpu-dra": (

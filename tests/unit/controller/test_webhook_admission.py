@@ -27,7 +27,7 @@ import pytest
 from controller.main import build_parser
 from controller.webhook.admission import Admission
 from controller.webhook.facts import facts_from
-from controller.webhook.flags import duration, shared_resources
+from controller.webhook.flags import duration, shared_memory, shared_resources
 from controller.webhook.templates import Template, TemplateError
 from controller.webhook.translate import TranslationSettings, translate_pod
 from controller.webhook.validation import ClusterFacts
@@ -191,3 +191,7 @@ def test_flags() -> None:
     )  # the command line replaces the environment's list, repeated flags add up
     assert dict(args.shared_resource) == {"b.com/y": 2, "c.com/z": 8, "d.com/w": 3}
     assert build_parser({}).parse_args([]).webhook_port == 0  # off unless asked for
+    env = {"VGPU_DRA_SHARED_MEMORY": "a.com/x=6144"}
+    assert dict(build_parser(env).parse_args([]).shared_memory) == {"a.com/x": 6144}
+    with pytest.raises(argparse.ArgumentTypeError, match="NAME=MIB"):
+        shared_memory("a.com/x=lots")

@@ -85,7 +85,13 @@ def test_mutating_webhook_is_fail_closed_create_only_and_dry_run_safe(home: Path
 
 
 def test_the_controller_parses_the_charts_environment(home: Path) -> None:
-    values = {"controller": {"enabled": True}, "webhook": {"sharedResources": SHARED}}
+    values = {
+        "controller": {"enabled": True},
+        "webhook": {
+            "sharedResources": SHARED,
+            "sharedResourceMemoryMiB": {"nvidia.com/sharedgpu": 6144},
+        },
+    }
     docs = render(home, values, namespace="gpu-system", release="r")
     env = controller_env(docs, {"status.podIP": "10.0.0.7", "metadata.namespace": "gpu-system"})
     args = build_parser(env).parse_args([])
@@ -100,6 +106,7 @@ def test_the_controller_parses_the_charts_environment(home: Path) -> None:
     assert args.webhook_cert_lifetime == dt.timedelta(days=365)
     assert args.webhook_template_grace == dt.timedelta(minutes=10)
     assert dict(args.shared_resource) == SHARED
+    assert dict(args.shared_memory) == {"nvidia.com/sharedgpu": 6144}
     assert args.driver_name == "vgpu.dra.dev"
     (secret,) = by_kind(docs, "Secret")
     assert secret["metadata"]["name"] == args.webhook_secret

@@ -83,6 +83,12 @@ controller.webhook.translate.match_conditions() for the same values.
 - name: VGPU_DRA_SHARED_RESOURCES
   value: {{ join "," $pairs | quote }}
 {{- end }}
+{{- with .Values.webhook.sharedResourceMemoryMiB }}
+{{- $pairs := list }}
+{{- range $name, $mib := . }}{{ $pairs = append $pairs (printf "%s=%v" $name $mib) }}{{ end }}
+- name: VGPU_DRA_SHARED_MEMORY
+  value: {{ join "," $pairs | quote }}
+{{- end }}
 {{- end }}
 {{- end -}}
 
