@@ -54,6 +54,23 @@ class Running:
         threading.Thread(target=wait, name="webhook-stop", daemon=True).start()
 
 
+def translation_settings(args: argparse.Namespace) -> TranslationSettings:
+    """The translation's settings from the flags; ValueError when they contradict each other."""
+    shared = dict(args.shared_resource)
+    memory = dict(args.shared_memory)
+    if set(memory) - set(shared):
+        raise ValueError(
+            f"--shared-memory names {sorted(set(memory) - set(shared))}, which no "
+            "--shared-resource declares"
+        )
+    return TranslationSettings(
+        driver=args.driver_name,
+        device_class=args.driver_name,
+        shared_resources=shared,
+        shared_memory_mib=memory,
+    )
+
+
 def start(
     args: argparse.Namespace,
     client: kube.KubeClient,
@@ -61,7 +78,8 @@ def start(
     is_leader: Callable[[], bool],
 ) -> Running:
     """Load (or create) the certificate, then serve; raises CertError/KubeError/OSError when it
-    cannot (main exits 1 with the reason)."""
+    cannot, ValueError for settings that contradict each other (main exits 1 with the reason)."""
+    settings = translation_settings(args)
     holder = certs.ContextHolder()
     source: certs.SecretCertificates | certs.FileCertificates
     if args.webhook_cert_dir:
@@ -87,19 +105,6 @@ def start(
     grace_s = args.webhook_template_grace.total_seconds()
     ensurer = TemplateEnsurer(client, grace_s=grace_s, on_create=metrics.templates_created.inc)
     facts = FactsCache(client, args.driver_name)
-    shared = dict(args.shared_resource)
-    memory = dict(args.shared_memory)
-    if set(memory) - set(shared):
-        raise ValueError(
-            f"--shared-memory names {sorted(set(memory) - set(shared))}, which no "
-            "--shared-resource declares"
-        )
-    settings = TranslationSettings(
-        driver=args.driver_name,
-        device_class=args.driver_name,
-        shared_resources=shared,
-        shared_memory_mib=memory,
-    )
     admission = Admission(settings, ensurer, facts.current)
     server = WebhookServer(
         parse_address(f"{args.webhook_bind}:{args.webhook_port}"),

@@ -18,7 +18,10 @@ import argparse
 import base64
 import datetime as dt
 import json
+import subprocess
+import sys
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import jsonpatch
@@ -28,6 +31,7 @@ from controller.main import build_parser
 from controller.webhook.admission import Admission
 from controller.webhook.facts import facts_from
 from controller.webhook.flags import duration, shared_memory, shared_resources
+from controller.webhook.run import translation_settings
 from controller.webhook.templates import Template, TemplateError
 from controller.webhook.translate import TranslationSettings, translate_pod
 from controller.webhook.validation import ClusterFacts
@@ -195,3 +199,32 @@ def test_flags() -> None:
     assert dict(build_parser(env).parse_args([]).shared_memory) == {"a.com/x": 6144}
     with pytest.raises(argparse.ArgumentTypeError, match="NAME=MIB"):
         shared_memory("a.com/x=lots")
+
+
+def test_contradicting_shared_settings_stop_the_controller_naming_them(tmp_path: Path) -> None:
+    args = build_parser({}).parse_args(
+        ["--shared-resource", "a.com/x=4", "--shared-memory", "a.com/x=1024,b.com/y=512"]
+    )
+    with pytest.raises(ValueError, match=r"--shared-memory names \['b.com/y'\]"):
+        translation_settings(args)
+    settings = translation_settings(build_parser({}).parse_args(
+        ["--shared-resource", "a.com/x=4", "--shared-memory", "a.com/x=1024"]))  # fmt: skip
+    assert settings.shared_memory_mib == {"a.com/x": 1024}
+    # As a process: exit 1 with the reason, before touching the API server.
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: not-a-secret}}]\n"
+        "contexts: [{name: x, context: {cluster: c, user: u}}]\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "dra_driver.cli", "controller", "--kubeconfig", str(kubeconfig),
+         "--health-address", "127.0.0.1:0", "--webhook-port", "1",
+         "--shared-memory", "b.com/y=512"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "cannot start the webhook on port 1: --shared-memory names ['b.com/y']" in (
+        done.stdout + done.stderr
+    )
