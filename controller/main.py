@@ -7,7 +7,8 @@ With `--leader-elect` only the replica holding the Lease allocates (`controller.
 others keep their model current and take over when the Lease is released or expires.
 Readiness: every informer has listed once, and the replica is the leader or a standby that can
 reach the Lease. SIGTERM/SIGINT stop it cleanly (readiness drops first, the Lease is released,
-then the probe server closes, exit 0).
+then the probe server closes, exit 0). With `--metrics-address` it serves Prometheus metrics
+(`controller.metrics`; the chart sets the address through VGPU_DRA_METRICS_ADDRESS).
 With `--webhook-port` it also serves the admission webhook on every replica
 (`controller.webhook.run`; docs/webhook.md).
 Every flag has an environment twin, as in the kubelet plugin.
@@ -24,12 +25,15 @@ import uuid
 from collections.abc import Callable, Sequence
 
 from controller.leader import LeaderElector
+from controller.metrics import DETAILS, ControllerMetrics, StateCollector
 from controller.probes import ProbeServer, parse_address
 from controller.reconciler import POLICY_ANNOTATIONS, Defaults, Reconciler
 from controller.webhook import flags as webhook_flags
 from controller.worker import Worker
 from dra_driver import kube, logsetup
 from dra_driver.lifecycle import stop_on_signals
+from dra_driver.metrics_http import MetricsServer, serve_metrics
+from dra_driver.metrics_http import parse_address as parse_metrics_address
 
 log = logging.getLogger("vgpu-dra.controller")
 
@@ -45,6 +49,8 @@ ENV = {
     "node_policy": "VGPU_DRA_NODE_POLICY",
     "device_policy": "VGPU_DRA_DEVICE_POLICY",
     "topology": "VGPU_DRA_TOPOLOGY",
+    "metrics_address": "VGPU_DRA_METRICS_ADDRESS",
+    "metrics_detail": "VGPU_DRA_METRICS_DETAIL",
 }
 DEFAULT_LEASE_NAME = "vgpu-dra-controller"
 DEFAULT_HEALTH_ADDRESS = "127.0.0.1:8081"
@@ -101,6 +107,20 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
         help="seconds a standby waits after the last renewal (env VGPU_DRA_LEASE_DURATION); "
         "the leader steps down after 2/3 of it without renewing",
     )
+    parser.add_argument(
+        "--metrics-address",
+        default=env.get(ENV["metrics_address"], ""),
+        type=_metrics_address,
+        help="host:port to serve Prometheus /metrics on (env VGPU_DRA_METRICS_ADDRESS; "
+        "port 0 = any); empty = off, the default",
+    )
+    parser.add_argument(
+        "--metrics-detail",
+        default=env.get(ENV["metrics_detail"], "node"),
+        choices=DETAILS,
+        help="allocated-vs-capacity series: cluster totals, per node (default) or also per GPU "
+        "(env VGPU_DRA_METRICS_DETAIL; docs/observability.md on cardinality)",
+    )
     for flag, key, choices, default in (
         ("--node-policy", "node_policy", ("binpack", "spread"), "binpack"),
         ("--device-policy", "device_policy", ("binpack", "spread"), "spread"),
@@ -137,14 +157,18 @@ def _start_webhook(
     client: kube.KubeClient,
     stop: threading.Event,
     is_leader: Callable[[], bool],
+    metrics: ControllerMetrics | None,
 ) -> bool:
-    """Serve the webhook until `stop` is set; False (after logging why) when it cannot start."""
+    """Serve the webhook until `stop` is set; False (after logging why and closing the client)
+    when it cannot start."""
     from controller.webhook import run as webhook_run  # the TLS machinery only when it is on
 
     try:
-        webhook_run.start(args, client, stop, is_leader)
+        registry = metrics.registry if metrics is not None else None  # one /metrics for all
+        webhook_run.start(args, client, stop, is_leader, registry)
     except Exception as exc:  # certificate, API or bind failures: say which, exit 1
         log.error("cannot start the webhook on port %d: %s", args.webhook_port, exc)
+        client.close()
         return False
     return True
 
@@ -167,18 +191,17 @@ def main(argv: Sequence[str]) -> int:
     stop = threading.Event()
     stop_on_signals(stop, log)
     elector: LeaderElector | None = None
+    metrics = ControllerMetrics() if args.metrics_address else None
     # Every replica serves the webhook (until `stop`); only the leader collects templates.
     if args.webhook_port and not _start_webhook(
-        args, client, stop, lambda: elector is None or elector.is_leader()
+        args, client, stop, lambda: elector is None or elector.is_leader(), metrics
     ):
-        client.close()
         return 1
     try:
         probes = ProbeServer(address)
     except OSError as exc:
         log.error("cannot serve probes on %s: %s", args.health_address, exc)
-        stop.set()  # the webhook, if on, stops with it
-        client.close()
+        client.close()  # exiting: the webhook's daemon threads end with the process
         return 1
     defaults = Defaults(
         {
@@ -187,7 +210,7 @@ def main(argv: Sequence[str]) -> int:
             POLICY_ANNOTATIONS["topology"]: args.topology,
         }
     )
-    reconciler = Reconciler(client, defaults)
+    reconciler = Reconciler(client, defaults, observer=metrics)
     worker = Worker(client, reconciler)
     if args.leader_elect:
         identity = f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
@@ -209,6 +232,11 @@ def main(argv: Sequence[str]) -> int:
     else:
         worker.became_leader(True)
     probes.add_check("informers-synced", worker.synced)
+    metrics_server = _serve_metrics(args, metrics, worker, elector)
+    if metrics is not None and metrics_server is None:  # could not bind: said why
+        probes.stop()
+        client.close()
+        return 1
     probes.start()
     host, port = probes.address
     log.info("probes on http://%s:%d (/healthz, /readyz)", host, port)
@@ -218,10 +246,58 @@ def main(argv: Sequence[str]) -> int:
     log.info("allocation controller running (gate vgpu.dra.dev/policy); until SIGTERM")
     stop.wait()
     log.info("shutting down")
-    probes.stop()
-    if elector is not None:
-        elector.join(timeout=10)  # it releases the Lease on its way out
-    worker.join(timeout=5)
+    _shut_down(probes, metrics_server, elector, worker)
     client.close()
     log.info("stopped")
     return 0
+
+
+def _shut_down(
+    probes: ProbeServer,
+    metrics_server: MetricsServer | None,
+    elector: LeaderElector | None,
+    worker: Worker,
+) -> None:
+    probes.stop()  # readiness drops first
+    if metrics_server is not None:
+        metrics_server.stop()
+    if elector is not None:
+        elector.join(timeout=10)  # it releases the Lease on its way out
+    worker.join(timeout=5)
+
+
+def _metrics_address(text: str) -> str:
+    """`host:port` or empty (off); argparse reports a bad one as a usage error."""
+    if text:
+        try:
+            parse_metrics_address(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _serve_metrics(
+    args: argparse.Namespace,
+    metrics: ControllerMetrics | None,
+    worker: Worker,
+    elector: LeaderElector | None,
+) -> MetricsServer | None:
+    """Register the scrape-time collector and serve /metrics; None when off or when the address
+    cannot be bound (logged)."""
+    if metrics is None:
+        return None
+    metrics.registry.register(
+        StateCollector(
+            worker.reconciler,
+            worker.informers,
+            leader=elector.is_leader if elector is not None else lambda: True,
+            detail=args.metrics_detail,
+        )
+    )
+    try:
+        served = serve_metrics(args.metrics_address, metrics.registry)
+    except OSError as exc:
+        log.error("cannot serve metrics on %s: %s", args.metrics_address, exc)
+        return None
+    log.info("metrics on %s", served.url, extra={"metrics_url": served.url})
+    return served

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from dra_driver import kube
 from dra_driver.allocator.allocate import Allocator, Placement, Unschedulable
@@ -111,6 +111,19 @@ class Defaults:
         return Policy.from_annotations({**self.annotations, **own})
 
 
+class ReconcileObserver(Protocol):
+    """Told about every decision (metrics); must not raise. `outcome` is one of OUTCOMES."""
+
+    def decided(self, outcome: str, seconds: float) -> None: ...
+
+
+# What `ReconcileObserver.decided` reports: placed (claims written, gate lifted), refused (no
+# placement, Event + condition), invalid (a bad claim or annotation), retry (inputs changed under
+# the decision), api_error, replaced (kube-scheduler refused the node; placed again elsewhere),
+# handed_over (refused and no other node: left to kube-scheduler's own allocation).
+OUTCOMES = ("placed", "refused", "invalid", "retry", "api_error", "replaced", "handed_over")
+
+
 class Reconciler:
     """State mirrored from the informers plus the placement of gated pods."""
 
@@ -121,6 +134,7 @@ class Reconciler:
         *,
         may_write: Callable[[], bool] = lambda: True,
         clock: Callable[[], float] = time.monotonic,
+        observer: ReconcileObserver | None = None,
     ) -> None:
         self.client = client
         self.defaults = defaults
@@ -136,6 +150,7 @@ class Reconciler:
         self._reported: dict[str, str] = {}  # pod uid -> last refusal reported
         self._api_retry: dict[tuple[str, str], tuple[float, float]] = {}  # key -> (due, delay)
         self._clock = clock
+        self.observer = observer
 
     # ------------------------------------------------------------ events
 
@@ -211,13 +226,16 @@ class Reconciler:
         if pod is None:
             self._api_retry.pop(key, None)
             return
+        started = self._clock()
+        outcome: str | None
         try:
-            self.reconcile_pod(pod)
+            outcome = self.reconcile_pod(pod)
         except Retry as exc:
             # The change behind it (claim deleted/taken, leadership) arrives as an event and
             # brings the pod back; retrying at once could loop on a stale cache.
             log.info("pod %s/%s: %s; deciding again on the next change", key[0], key[1], exc)
             self.waiting.add(key)
+            outcome = "retry"
         except kube.KubeError as exc:
             # The API failed (unreachable, 5xx, refused): no event may follow, so try again
             # after a backoff that doubles up to API_RETRY_MAX_S.
@@ -225,19 +243,26 @@ class Reconciler:
             delay = min(delay * 2, API_RETRY_MAX_S)
             self._api_retry[key] = (self._clock() + delay, delay)
             log.warning("pod %s/%s: %s; retrying in %.0fs", key[0], key[1], exc, delay)
+            outcome = "api_error"
         else:
             self._api_retry.pop(key, None)
+        self._observe(outcome, started)
 
-    def reconcile_pod(self, pod: JSON) -> None:
+    def _observe(self, outcome: str | None, started: float) -> None:
+        if outcome is not None and self.observer is not None:
+            self.observer.decided(outcome, self._clock() - started)
+
+    def reconcile_pod(self, pod: JSON) -> str | None:
+        """One decision for a gated pod; returns its outcome (OUTCOMES) or None (waiting)."""
         ns = _nsname(pod)[0]
         names = claim_names(pod)
         if names is None:
-            return  # a template's claim is not created yet: its event brings the pod back
+            return None  # a template's claim is not created yet: its event brings the pod back
         claims = []
         for claim_name in names:
             claim = self.claims.get((ns, claim_name))
             if claim is None:
-                return  # not created yet (or deleted): its event brings the pod back
+                return None  # not created yet (or deleted): its event brings the pod back
             claims.append(claim)
         pod_uid = str(_meta(pod).get("uid"))
         mine = [c for c in claims if _allocated_for(c, pod_uid)]
@@ -250,13 +275,13 @@ class Reconciler:
                 f"claims {names_taken} are already allocated for other consumers; the policy "
                 "path places only unallocated claims",
             )
-            return
+            return "refused"
         if not claims:  # nothing to allocate: the default scheduler can place it
             self._lift_gate(pod, None)
-            return
+            return "placed"
         if len(mine) == len(claims):
             self._lift_gate(pod, _node_of(mine[0]))
-            return
+            return "placed"
         if mine:  # a crash between writes: release, then place all together
             for claim in mine:
                 self._release(claim)
@@ -266,11 +291,12 @@ class Reconciler:
             parsed = [parse_claim(c, self.classes) for c in claims]
             placement = self.allocator.place(pod, parsed, policy, pod_requests(pod))
         except (RequestError, Unschedulable) as exc:
-            reason = "InvalidRequest" if isinstance(exc, RequestError) else "Unschedulable"
-            self._refuse(pod, reason, str(exc))
-            return
+            invalid = isinstance(exc, RequestError)
+            self._refuse(pod, "InvalidRequest" if invalid else "Unschedulable", str(exc))
+            return "invalid" if invalid else "refused"
         self._write(pod, claims, parsed, placement)
         self._lift_gate(pod, placement.node)
+        return "placed"
 
     def _write(
         self, pod: JSON, claims: list[JSON], parsed: list[Claim], placement: Placement

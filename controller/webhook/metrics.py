@@ -1,8 +1,9 @@
 """Prometheus metrics of the admission webhook: per-admission latency and decisions.
 
-A module of its own so the webhook does not depend on whichever module serves the controller's
-other metrics: `WebhookMetrics.registry` is a separate CollectorRegistry that the webhook serves
-itself (`GET /metrics` on its port) and that a controller-wide endpoint can include as it is.
+A module of its own so the webhook does not depend on the module that serves the controller's
+other metrics: it registers on the registry it is given (the controller's, with
+`--metrics-address`, so one endpoint serves the process) or on one of its own; either way the
+webhook also serves it on its port (`GET /metrics`).
 Labels are bounded: the operation and the decision, never a namespace or pod name (tenants
 choose those).
 """

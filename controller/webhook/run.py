@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry
+
 from controller.probes import parse_address
 from controller.webhook import certs
 from controller.webhook.admission import Admission
@@ -76,6 +78,7 @@ def start(
     client: kube.KubeClient,
     stop: threading.Event,
     is_leader: Callable[[], bool],
+    registry: CollectorRegistry | None = None,
 ) -> Running:
     """Load (or create) the certificate, then serve; raises CertError/KubeError/OSError when it
     cannot, ValueError for settings that contradict each other (main exits 1 with the reason)."""
@@ -101,7 +104,7 @@ def start(
             holder=holder,
         )
     source.sync()
-    metrics = WebhookMetrics()
+    metrics = WebhookMetrics(registry)
     grace_s = args.webhook_template_grace.total_seconds()
     ensurer = TemplateEnsurer(client, grace_s=grace_s, on_create=metrics.templates_created.inc)
     facts = FactsCache(client, args.driver_name)

@@ -2,7 +2,7 @@
 
 Why: the bed's API server runs on loopback without kube-proxy, so it cannot reach a webhook
 through a Service. The configurations are therefore rendered from the chart itself
-(deploy/helm/vgpu-dra, with the bed's helm binary, like the chart tests) and only their
+(deploy/helm/vgpu-dra, with the bed's helm: `vgpu_testbed.cluster.chart.render`) and only their
 `clientConfig` is rewritten from the Service to `https://127.0.0.1:<port><path>`: rules,
 matchConditions, failure policies and timeouts cannot drift from what a real install gets.
 
@@ -16,19 +16,15 @@ from __future__ import annotations
 
 import base64
 import copy
-import subprocess
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from dra_driver import kube
-from vgpu_testbed.cluster.binaries import default_bin_dir, k8s_version
+from vgpu_testbed.cluster import chart
 
 JSON = dict[str, Any]
-CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "vgpu-dra"
 ADMISSION_API = "admissionregistration.k8s.io/v1"
 PLURALS = {
     "MutatingWebhookConfiguration": "mutatingwebhookconfigurations",
@@ -38,30 +34,11 @@ DEFAULT_NAMESPACE = "vgpu-dra-system"
 DEFAULT_RELEASE = "vgpu"
 
 
-def render_chart(
-    values: Mapping[str, Any], *, namespace: str, release: str, helm: Path | None = None
-) -> list[JSON]:
+def render_chart(values: Mapping[str, Any], *, namespace: str, release: str) -> list[JSON]:
     """`helm template` of the chart with `values` (the controller and its webhook on)."""
-    helm = helm or default_bin_dir() / "helm"
     merged = _merge({"controller": {"enabled": True}}, values)
     with tempfile.TemporaryDirectory(prefix="vgpu-dra-helm-") as home:
-        values_file = Path(home) / "values.yaml"
-        values_file.write_text(yaml.safe_dump(merged))
-        env = {
-            "PATH": "/usr/bin:/bin",
-            "HOME": home,
-            "HELM_CACHE_HOME": f"{home}/cache",
-            "HELM_CONFIG_HOME": f"{home}/config",
-            "HELM_DATA_HOME": f"{home}/data",
-        }
-        done = subprocess.run(
-            [str(helm), "template", release, str(CHART), "--namespace", namespace,
-             "--kube-version", k8s_version().lstrip("v"), "-f", str(values_file)],
-            capture_output=True, text=True, env=env, timeout=120, check=False,
-        )  # fmt: skip
-    if done.returncode != 0:
-        raise RuntimeError(f"helm template of {CHART} failed: {done.stderr.strip()}")
-    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+        return chart.render(Path(home), merged, namespace=namespace, release=release)
 
 
 def bed_configurations(docs: list[JSON], port: int, ca_bundle: bytes | None) -> list[JSON]:

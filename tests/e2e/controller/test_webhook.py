@@ -35,11 +35,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -277,6 +279,7 @@ def hook(
                 "--webhook-template-grace", "4s",
                 "--webhook-gc-interval", "1s",
                 "--webhook-facts-interval", "1s",
+                "--metrics-address", "127.0.0.1:0",
                 "--shared-resource", env["VGPU_DRA_SHARED_RESOURCES"],
                 "--shared-memory", env["VGPU_DRA_SHARED_MEMORY"],
                 "--log-level", "debug",
@@ -447,6 +450,22 @@ def test_the_compute_policy_of_gpu_manager_reaches_the_template(hook: Hook) -> N
     assert template is not None
     (config,) = template["spec"]["spec"]["devices"]["config"]
     assert config["opaque"]["parameters"]["computePolicy"] == "fixed"
+
+
+def test_the_webhooks_histogram_is_on_the_controllers_metrics_endpoint(hook: Hook) -> None:
+    """With --metrics-address the webhook registers on the controller's registry: one scrape."""
+    hook.client.create(hook.pods(), pod("scraped", {"nvidia.com/gpu": "1"}))
+    match = re.search(r"metrics on (http://[\d.]+:\d+/metrics)", hook.controller.text())
+    assert match is not None
+    with urllib.request.urlopen(match.group(1), timeout=10) as answer:
+        text = answer.read().decode()
+    counts = re.findall(
+        r'vgpu_dra_webhook_admission_duration_seconds_count\{decision="patched",'
+        r'operation="mutate"\} ([\d.]+)',
+        text,
+    )
+    assert counts and float(counts[0]) >= 1
+    assert "vgpu_dra_controller_" in text  # the controller's own families, same endpoint
 
 
 # ---------------------------------------------------------------- dry run and collection

@@ -30,6 +30,7 @@ import yaml
 
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
+from dra_driver.status import fetch_metrics
 from tests.e2e.kubelet_plugin.pods import (
     DRIVER,
     EXAMPLES,
@@ -220,3 +221,36 @@ def test_status_shows_the_shared_claim_with_live_figures(
     ]  # fmt: skip
     wide = run_status(cluster, "-o", "wide")
     assert "shared-gpu" in wide and "UUID" in wide
+
+
+def test_status_finds_the_plugins_metrics_without_flags(
+    cluster: Any, client: KubeClient, node1: tuple[NodeAgents, str], namespace: str
+) -> None:
+    """The admin kubeconfig lives in the bed's cluster directory: `vgpu-dra status` reads the
+    plugins' metrics URLs from there by itself; --no-discover turns that off. The claim's
+    series carry the container of the pod that uses it."""
+    assert (cluster.kubeconfig.parent / "state.json").is_file()
+    apply(client, EXAMPLES / "shared-gpu.yaml", namespace)
+    pod = running_pod(client, namespace, "shared-gpu")
+    claim = pod_claim(client, pod)
+    document = json.loads(run_status(cluster, "-o", "json"))
+    assert "node-1" in document["live_nodes"] and not document["errors"]
+    [mine] = [c for c in document["claims"] if c["claim"] == claim["metadata"]["name"]]
+    assert mine["memory_used"] == 0 and mine["utilization"] == 0.0  # live, not "-"
+    # The plugin read the pod (node credentials: its own node's pods) for the container label.
+    _, url = node1
+
+    def containers() -> set[str] | None:
+        found = {
+            labels.get("container", "")
+            for name, labels, _ in fetch_metrics(url)
+            if name == "vgpu_dra_claim_memory_limit_bytes"
+            and labels.get("claim") == claim["metadata"]["name"]
+        }
+        return found if found == {"cuda"} else None
+
+    wait_for("the claim's series to name container cuda", containers)
+    offline = json.loads(run_status(cluster, "-o", "json", "--no-discover"))
+    assert offline["live_nodes"] == []
+    [mine] = [c for c in offline["claims"] if c["claim"] == claim["metadata"]["name"]]
+    assert mine["memory_used"] is None

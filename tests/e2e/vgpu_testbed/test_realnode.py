@@ -15,7 +15,9 @@ What this proves:
    with 1 GiB total: the cap, not the card's 23028 MiB; CUDA cannot allocate beyond it.
 3. Deleting the pod unprepares the claim (CDI spec and claim dir gone).
 3b. Logs and exec work through the API server (kubectl logs/exec).
-4. Stopping the node leaves no process or cgroup behind; so does a SIGKILLed starter whose
+4. `dev-cluster up --agents --runtime real` also runs the allocation controller: the gated
+   example pod it prints is placed by the controller and runs on the real node.
+5. Stopping the node leaves no process or cgroup behind; so does a SIGKILLed starter whose
    node runs a pod (containers and daemonised shims included).
 """
 
@@ -38,6 +40,7 @@ import yaml
 
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
+from tests.e2e.vgpu_testbed.policy_path import check_controller_identity, place_example
 from tests.fixtures.cluster import require_binaries
 from vgpu_testbed import polling
 from vgpu_testbed.cluster.control_plane import Cluster
@@ -468,10 +471,16 @@ def test_dev_cluster_up_with_real_nodes_and_down() -> None:
         assert up.returncode == 0, up.stdout + up.stderr
         assert "node-1: real node ready in" in up.stdout
         assert up.stdout.splitlines()[-1] == f"export KUBECONFIG={root}/kubeconfig"
-        names = {p.name for p in Cluster.attach(root).processes}
+        cluster = Cluster.attach(root)
+        names = {p.name for p in cluster.processes}
         assert {"containerd-node-1", "kubelet-node-1", "kubelet-plugin-node-1"} <= names
+        assert "vgpu-dra-controller" in names
         status = _cli("status", "--dir", str(root), cwd=short)
         assert status.returncode == 0, status.stdout
+        # The allocation controller runs with the chart's RBAC; the gated example it prints is
+        # placed by it, bound by kube-scheduler and started by the real kubelet.
+        check_controller_identity(cluster)
+        assert place_example(cluster, up.stdout, running=True)[0] == NODE
         cgroup_root = cgroup_root_of(root, NODE)
         assert cgroups.existing(cgroup_root)
         # The node's mounts (rootfs, volumes, netns files) and the bed's links stay in the
