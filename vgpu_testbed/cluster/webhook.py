@@ -115,3 +115,43 @@ def _merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> JSON:
         else:
             merged[key] = value
     return merged
+
+
+def controller_flags(port: int, *, namespace: str, release: str) -> list[str]:
+    """The controller's webhook flags for serving on 127.0.0.1:`port` in the bed, with the
+    Service, Secret and configuration names the chart gives that release."""
+    docs = render_chart({}, namespace=namespace, release=release)
+    (deploy,) = chart.by_kind(docs, "Deployment")
+    env = {
+        e["name"]: e["value"]
+        for e in deploy["spec"]["template"]["spec"]["containers"][0]["env"]
+        if "value" in e
+    }
+    return [
+        "--webhook-port", str(port),
+        "--webhook-bind", "127.0.0.1",
+        "--webhook-cert-ips", "127.0.0.1",
+        "--webhook-namespace", namespace,
+        "--webhook-service", env["VGPU_DRA_WEBHOOK_SERVICE"],
+        "--webhook-secret", env["VGPU_DRA_WEBHOOK_SECRET"],
+        "--webhook-config-names", env["VGPU_DRA_WEBHOOK_CONFIG_NAMES"],
+    ]  # fmt: skip
+
+
+def certificate_secret(namespace: str, release: str) -> JSON:
+    """The chart's (empty) certificate Secret, which the controller fills: its RBAC may update
+    that Secret but not create one."""
+    (secret,) = chart.by_kind(render_chart({}, namespace=namespace, release=release), "Secret")
+    return secret
+
+
+def published_ca_bundle(cluster: Any, namespace: str, secret: str) -> bytes | None:
+    """The CA bundle the controller keeps in its Secret (None before it wrote one)."""
+    api_client = cluster.api_client()
+    client = kube.KubeClient(api_client)
+    try:
+        data = client.get(kube.path("v1", "secrets", secret, namespace=namespace)).get("data")
+    finally:
+        api_client.close()
+    bundle = (data or {}).get("ca-bundle.crt")
+    return base64.b64decode(bundle) if bundle else None
