@@ -30,18 +30,16 @@ from controller.probes import ProbeServer, parse_address
 from controller.reconciler import POLICY_ANNOTATIONS, Defaults, Reconciler
 from controller.webhook import flags as webhook_flags
 from controller.worker import Worker
-from dra_driver import kube, logsetup
+from dra_driver import cli_flags, kube, logsetup
 from dra_driver.lifecycle import stop_on_signals
 from dra_driver.metrics_http import MetricsServer, serve_metrics
 from dra_driver.metrics_http import parse_address as parse_metrics_address
 
 log = logging.getLogger("vgpu-dra.controller")
 
+# flag -> environment variable consulted for its default (the shared flags: `cli_flags.ENV`)
 ENV = {
-    "kubeconfig": "KUBECONFIG",
     "health_address": "VGPU_DRA_HEALTH_ADDRESS",
-    "log_level": "VGPU_DRA_LOG_LEVEL",
-    "log_format": "VGPU_DRA_LOG_FORMAT",
     "leader_elect": "VGPU_DRA_LEADER_ELECT",
     "lease_namespace": "VGPU_DRA_LEASE_NAMESPACE",
     "lease_name": "VGPU_DRA_LEASE_NAME",
@@ -63,31 +61,19 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
         description="Cluster-side controller of vgpu-dra: allocates the claims of pods on the "
         "policy path (scheduling gate vgpu.dra.dev/policy).",
     )
-    parser.add_argument(
-        "--kubeconfig",
-        default=env.get(ENV["kubeconfig"]),
-        help="kubeconfig file (env KUBECONFIG); else in-cluster credentials",
-    )
+    cli_flags.add_kubeconfig(parser, env)
     parser.add_argument(
         "--health-address",
         default=env.get(ENV["health_address"], DEFAULT_HEALTH_ADDRESS),
         help="host:port of /healthz and /readyz (env VGPU_DRA_HEALTH_ADDRESS; port 0 = any)",
     )
-    parser.add_argument(
-        "--log-level", default=env.get(ENV["log_level"], "info"), choices=logsetup.LOG_LEVELS
-    )
-    parser.add_argument(
-        "--log-format",
-        default=env.get(ENV["log_format"], "text"),
-        choices=logsetup.LOG_FORMATS,
-        help="text (key=value, default) or json (env VGPU_DRA_LOG_FORMAT)",
-    )
+    cli_flags.add_logging(parser, env)
     parser.add_argument(
         "--leader-elect",
-        type=_boolean,
+        type=cli_flags.boolean,
         nargs="?",
         const=True,
-        default=_boolean(env.get(ENV["leader_elect"], "false")),
+        default=cli_flags.boolean(env.get(ENV["leader_elect"], "false")),
         help="allocate only while holding the Lease (env VGPU_DRA_LEADER_ELECT; default false)",
     )
     parser.add_argument(
@@ -141,17 +127,6 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _boolean(text: str | bool) -> bool:
-    if isinstance(text, bool):
-        return text
-    value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off", ""):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
 def _start_webhook(
     args: argparse.Namespace,
     client: kube.KubeClient,
@@ -181,13 +156,9 @@ def main(argv: Sequence[str]) -> int:
         address = parse_address(args.health_address)
     except ValueError as exc:
         parser.error(f"--health-address: {exc}")
-    try:
-        client = kube.KubeClient.from_kubeconfig(args.kubeconfig)
-    except Exception as exc:  # the client raises several unrelated types for bad configs
-        log.error("cannot load Kubernetes credentials (--kubeconfig %s): %s", args.kubeconfig, exc)
+    client = cli_flags.connect(args.kubeconfig, log)
+    if client is None:
         return 1
-    for secret in client.credential_strings():
-        logsetup.redact(secret)
     stop = threading.Event()
     stop_on_signals(stop, log)
     elector: LeaderElector | None = None

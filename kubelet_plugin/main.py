@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from dra_driver import cdi, kube, logsetup, names, tracing
+from dra_driver import cdi, cli_flags, kube, logsetup, names, tracing
 from dra_driver.gpu import NodeInventory
 from dra_driver.lifecycle import stop_on_signals
 from dra_driver.metrics_http import MetricsServer, parse_address, serve_metrics
@@ -49,10 +49,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vgpu-dra.kubelet-plugin")
 
-# flag -> environment variable consulted for its default
+# flag -> environment variable consulted for its default (the shared flags: `cli_flags.ENV`)
 ENV = {
     "node_name": "NODE_NAME",
-    "kubeconfig": "KUBECONFIG",
     "driver_name": "VGPU_DRA_DRIVER_NAME",
     "plugin_dir": "VGPU_DRA_PLUGIN_DIR",
     "registrar_dir": "VGPU_DRA_REGISTRAR_DIR",
@@ -62,10 +61,6 @@ ENV = {
     "claim_gid": "VGPU_DRA_CLAIM_GID",
     "oversubscription_ratio": "VGPU_DRA_OVERSUBSCRIPTION_RATIO",
     "nvidia_cdi_spec_dir": "VGPU_DRA_NVIDIA_CDI_SPEC_DIR",
-    "log_level": "VGPU_DRA_LOG_LEVEL",
-    "log_format": "VGPU_DRA_LOG_FORMAT",
-    "metrics_address": "VGPU_DRA_METRICS_ADDRESS",
-    "otlp_endpoint": tracing.OTLP_ENV,
     "instance_id": "VGPU_DRA_INSTANCE_ID",
 }
 DEFAULT_HOOK_PATH = "/usr/local/vgpu-dra/lib/libvgpu.so"
@@ -83,7 +78,7 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
     )
     add = parser.add_argument
     add("--node-name", default=default("node_name", None), help="this node (env NODE_NAME)")
-    add("--kubeconfig", default=default("kubeconfig", None), help="else in-cluster credentials")
+    cli_flags.add_kubeconfig(parser, env)
     add("--driver-name", default=default("driver_name", names.DEFAULT_DRIVER_NAME))
     add(
         "--plugin-dir",
@@ -163,25 +158,9 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
         "after it and lets this instance take over from a running one without a gap "
         "(env VGPU_DRA_INSTANCE_ID; empty = fixed socket names)",
     )
-    add("--log-level", default=default("log_level", "info"), choices=logsetup.LOG_LEVELS)
-    add(
-        "--log-format",
-        default=default("log_format", "text"),
-        choices=logsetup.LOG_FORMATS,
-        help="text (key=value, default) or json (env VGPU_DRA_LOG_FORMAT)",
-    )
-    add(
-        "--metrics-address",
-        default=default("metrics_address", ""),
-        help="host:port to serve Prometheus /metrics on (e.g. 127.0.0.1:9402); empty = off "
-        "(env VGPU_DRA_METRICS_ADDRESS)",
-    )
-    add(
-        "--otlp-endpoint",
-        default=default("otlp_endpoint", ""),
-        help="OTLP/gRPC endpoint for traces (http://host:4317 = plain text); empty = no tracing "
-        f"(env {tracing.OTLP_ENV})",
-    )
+    cli_flags.add_logging(parser, env)
+    cli_flags.add_metrics_address(parser, env, example="127.0.0.1:9402")
+    cli_flags.add_otlp_endpoint(parser, env)
     add(
         "--events",
         action=argparse.BooleanOptionalAction,
@@ -296,13 +275,9 @@ def main(argv: Sequence[str]) -> int:
         inventory.driver_version,
         inventory.cuda_driver_version,
     )
-    try:
-        client = kube.KubeClient.from_kubeconfig(args.kubeconfig)
-    except Exception as exc:  # the client raises several unrelated types for bad configs
-        log.error("cannot load Kubernetes credentials (--kubeconfig %s): %s", args.kubeconfig, exc)
+    client = cli_flags.connect(args.kubeconfig, log)
+    if client is None:
         return 1
-    for secret in client.credential_strings():
-        logsetup.redact(secret)
     state_lock = StateDirLock(settings.state_dir)
     rolling = bool(args.instance_id)
     # Before the checkpoint is read: a second instance must never act on a copy of it. With

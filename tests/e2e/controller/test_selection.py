@@ -21,9 +21,8 @@ Nothing is mocked: the real apiserver validates the objects, the real kube-sched
 from __future__ import annotations
 
 import random
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -31,11 +30,12 @@ import pytest
 
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
-from dra_driver.slices import build_slices
-from tests.fixtures.allocator_cluster import SHAPES, inventory
+from tests.fixtures.allocator_cluster import device_class, publish_slices
 from tests.fixtures.chart import helm_binary
+from tests.fixtures.workloads import claim_pod, resource_claim
 from vgpu_testbed.cluster import controller as bed_controller
 from vgpu_testbed.cluster.control_plane import Cluster
+from vgpu_testbed.polling import wait_for
 
 # Longer than the 60 s default: every random claim is allocated twice on each node, then freed.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -47,17 +47,6 @@ HOLD = "example.com/hold"  # keeps kube-scheduler from binding controller-placed
 SLICES = kube.path(RESOURCE_API, "resourceslices")
 NODES = {"node-1": ("NVIDIA H100 80GB HBM3", "two-islands", 8), "node-2": ("NVIDIA A10", "none", 4)}
 RANDOM_CLAIMS = 12
-
-
-def await_(what: str, check: Callable[[], T | None], timeout: float = 60) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
 
 
 @dataclass
@@ -80,26 +69,11 @@ def bed(cluster: Cluster, client: KubeClient) -> Iterator[Bed]:
     prefix = f"s{uuid.uuid4().hex[:5]}"
     driver = f"{prefix}.sel.vgpu.dra.dev"
     namespace = f"{prefix}-system"
-    client.create(
-        kube.path(RESOURCE_API, "deviceclasses"),
-        {
-            "apiVersion": RESOURCE_API,
-            "kind": "DeviceClass",
-            "metadata": {"name": driver},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]},
-        },
-    )
+    client.create(kube.path(RESOURCE_API, "deviceclasses"), device_class(driver))
     created: list[str] = []
-    uuids: dict[str, list[str]] = {}
     process = f"{bed_controller.PROCESS}-{prefix}"
     try:
-        for n, (node, (product, shape, gpus)) in enumerate(sorted(NODES.items())):
-            uid = client.get(kube.path("v1", "nodes", node))["metadata"]["uid"]
-            inv = inventory(200 + n, gpus, product, SHAPES[shape])
-            uuids[node] = [g.uuid for g in inv.gpus]
-            for obj in build_slices(inv, driver=driver, node_name=node, node_uid=uid):
-                obj["spec"]["pool"]["generation"] = 1
-                created.append(client.create(SLICES, obj)["metadata"]["name"])
+        uuids = publish_slices(client, driver, NODES, created, first_id=200)
         bed_controller.start_controller(cluster, name=process, namespace=namespace, release=prefix)
         yield Bed(driver, uuids)
     finally:
@@ -116,39 +90,17 @@ def claim_obj(name: str, driver: str, selector: str | None, **exactly: Any) -> J
     request: JSON = {"deviceClassName": driver, **exactly}
     if selector:
         request["selectors"] = [{"cel": {"expression": selector}}]
-    return {
-        "apiVersion": RESOURCE_API,
-        "kind": "ResourceClaim",
-        "metadata": {"name": name},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": request}]}},
-    }
+    return resource_claim(name, request)
 
 
 def pod_obj(name: str, *, node: str | None, gated: bool, annotations: dict[str, str]) -> JSON:
-    spec: JSON = {
-        "restartPolicy": "Never",
-        "containers": [
-            {
-                "name": "c",
-                "image": "registry.k8s.io/pause:3.10",
-                "resources": {"claims": [{"name": "gpu"}]},
-            }
-        ],
-        "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-    }
+    pod = claim_pod(name, {"resourceClaimName": name})
+    pod["metadata"]["annotations"] = {f"vgpu.dra.dev/{k}": v for k, v in annotations.items()}
     if node:
-        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+        pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
     if gated:
-        spec["schedulingGates"] = [{"name": GATE}, {"name": HOLD}]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "annotations": {f"vgpu.dra.dev/{k}": v for k, v in annotations.items()},
-        },
-        "spec": spec,
-    }
+        pod["spec"]["schedulingGates"] = [{"name": GATE}, {"name": HOLD}]
+    return pod
 
 
 def submit(
@@ -188,7 +140,7 @@ def outcome(client: KubeClient, ns: str, name: str) -> tuple[str, frozenset[str]
                 return (None,)
         return None
 
-    return await_(f"a decision on {ns}/{name}", decided)[0]
+    return wait_for(f"a decision on {ns}/{name}", decided)[0]
 
 
 def remove(client: KubeClient, ns: str, names: list[str]) -> None:
@@ -205,7 +157,7 @@ def remove(client: KubeClient, ns: str, names: list[str]) -> None:
         }
         return not left & set(names)
 
-    await_(f"claims {names} deleted", gone)
+    wait_for(f"claims {names} deleted", gone)
 
 
 def random_selector(rng: random.Random, driver: str, uuids: dict[str, list[str]]) -> str | None:

@@ -58,7 +58,6 @@ from controller.webhook.translate import ClaimTemplate, Refusal, TranslationSett
 from dra_driver import kube
 from dra_driver.allocator import parse_quantity
 from dra_driver.kube import RESOURCE_API, KubeClient, KubeError
-from tests.e2e.kubelet_plugin.pods import REPO, deviceclass_exists, pod_claim, running_pod
 from tests.fixtures import legacy_pods
 from tests.fixtures.chart import (
     CHART,
@@ -70,6 +69,7 @@ from tests.fixtures.chart import (
     values_file,
 )
 from tests.fixtures.chart import token_kubeconfig as make_kubeconfig
+from tests.fixtures.workloads import REPO, deviceclass_exists, pod_claim, running_pod
 from vgpu_testbed.cluster.flags import free_ports
 from vgpu_testbed.cluster.webhook import register_webhooks, render_chart, unregister_webhooks
 from vgpu_testbed.standin.node_agents import NodeAgents, start_node_agents

@@ -3,7 +3,6 @@ controller runs as an install would, and the example the CLI prints places a gat
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,19 +15,9 @@ from dra_driver.kube import RESOURCE_API, KubeClient
 from vgpu_testbed.cluster import controller as bed_controller
 from vgpu_testbed.cluster.control_plane import Cluster
 from vgpu_testbed.cluster.status import CONTROLLER_PROCESS
+from vgpu_testbed.polling import wait_for
 
 JSON = dict[str, Any]
-
-
-def await_(what: str, check: Any, timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.2)
 
 
 def check_controller_identity(cluster: Cluster) -> None:
@@ -87,7 +76,7 @@ def place_example(cluster: Cluster, up_stdout: str, *, running: bool = False) ->
                 return None
             return current
 
-        pod = await_("policy-example placed, bound (and running)", bound, timeout=120)
+        pod = wait_for("policy-example placed, bound (and running)", bound, timeout=120)
         assert not pod["spec"].get("schedulingGates")
         (status,) = pod["status"]["resourceClaimStatuses"]
         claim = client.get(

@@ -27,16 +27,14 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
-import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.fixtures.cluster import require_binaries
+from tests.fixtures.dev_cluster import run_vgpu_dra, short_dir
 
 # Longer than the 60 s default: each test runs the whole demo: a cluster, node agents, compute-cap
 # runs.
@@ -48,23 +46,14 @@ REPO = Path(__file__).resolve().parents[3]
 
 def run_demo(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     require_binaries()
-    return subprocess.run(
-        [sys.executable, "-m", "dra_driver.cli", "demo", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
+    return run_vgpu_dra("demo", *args, timeout=timeout)
 
 
 @pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """A short cluster directory: node agents' unix socket paths must fit in 107 characters,
-    which pytest's tmp_path (deep under /tmp/pytest-of-<user>/) does not leave room for."""
-    path = Path(tempfile.mkdtemp(prefix="vdemo-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def demo_dir() -> Iterator[Path]:
+    """A short cluster directory (tests/fixtures/dev_cluster.py says why)."""
+    with short_dir("vdemo-") as path:
+        yield path
 
 
 def placement_row(out: str, pod: str) -> list[str]:
@@ -74,8 +63,8 @@ def placement_row(out: str, pod: str) -> list[str]:
     return list(match.groups())
 
 
-def test_demo_runs_and_cleans_up(short_dir: Path) -> None:
-    root = short_dir / "demo"
+def test_demo_runs_and_cleans_up(demo_dir: Path) -> None:
+    root = demo_dir / "demo"
     done = run_demo("--dir", str(root))
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
@@ -184,8 +173,8 @@ def check_policy_step(out: str) -> None:
     assert "kube-scheduler bound pod linked to node-3, the plugin prepared 4 CDI devices" in out
 
 
-def test_failed_step_is_reported_and_torn_down(short_dir: Path) -> None:
-    root = short_dir / "demo"
+def test_failed_step_is_reported_and_torn_down(demo_dir: Path) -> None:
+    root = demo_dir / "demo"
     done = run_demo("--dir", str(root), "--nodes", "a10-pcie", "--wait-timeout", "8")
     assert done.returncode == 1, done.stdout + done.stderr
     err = done.stderr

@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -37,6 +35,7 @@ import pytest
 
 from tests.e2e.vgpu_testbed.policy_path import check_controller_identity, place_example
 from tests.fixtures.cluster import require_binaries
+from tests.fixtures.dev_cluster import run_vgpu_dra, short_dir, up_with_agents
 from vgpu_testbed.cluster.control_plane import Cluster, default_bin_dir
 from vgpu_testbed.cluster.health import ComponentDiedError
 from vgpu_testbed.cluster.state import ClusterState
@@ -201,15 +200,7 @@ def test_component_dying_at_start_is_reported_and_cleaned_up(tmp_path: Path) -> 
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "dra_driver.cli", "dev-cluster", *args],
-        check=False,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])},
-    )
+    return run_vgpu_dra("dev-cluster", *args, cwd=cwd, timeout=180)
 
 
 def test_dev_cluster_cli_up_status_down(tmp_path: Path) -> None:
@@ -371,21 +362,15 @@ def test_dev_cluster_up_with_node_agents(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "invalid choice: 'fullest'" in bad.stderr, bad.stderr
     assert not (tmp_path / ".dev-cluster").exists()
     # Unix socket paths are limited to 107 characters: pytest's tmp_path is too deep.
-    short = Path(tempfile.mkdtemp(prefix="vd-", dir="/tmp"))
-    root = short / "c"
-    try:
-        up = run_cli(
-            "up",
-            "--agents",
-            "--runtime",
+    with short_dir("vd-") as short:
+        root = short / "c"
+        up = up_with_agents(
+            root,
             "standin",
-            "--nodes",
             "dgx-h100",
-            "--dir",
-            str(root),
             "--controller-args",
             "--device-policy binpack",
-            cwd=short,
+            timeout=180,
         )
         assert up.returncode == 0, up.stdout + up.stderr
         cluster = Cluster.attach(root)
@@ -420,10 +405,6 @@ def test_dev_cluster_up_with_node_agents(tmp_path: Path) -> None:
         assert down.returncode == 0, down.stderr
         assert_all_gone(records, list(cluster.state.ports.values()), root)
         assert not root.exists()
-    finally:
-        if (root / "state.json").exists():
-            Cluster.attach(root).stop()
-        shutil.rmtree(short, ignore_errors=True)
 
 
 def assert_legacy_pod_translated(cluster: Cluster) -> None:
