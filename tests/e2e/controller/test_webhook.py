@@ -43,10 +43,10 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import jsonpatch
 import pytest
@@ -72,6 +72,7 @@ from tests.fixtures.chart import token_kubeconfig as make_kubeconfig
 from tests.fixtures.workloads import REPO, deviceclass_exists, pod_claim, running_pod
 from vgpu_testbed.cluster.flags import free_ports
 from vgpu_testbed.cluster.webhook import register_webhooks, render_chart, unregister_webhooks
+from vgpu_testbed.polling import wait_for
 from vgpu_testbed.standin.node_agents import NodeAgents, start_node_agents
 
 # Longer than the 60 s default: the module fixture renders the chart and starts the controller;
@@ -79,7 +80,6 @@ from vgpu_testbed.standin.node_agents import NodeAgents, start_node_agents
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 JSON = dict[str, Any]
-T = TypeVar("T")
 GATE = "vgpu.dra.dev/policy"
 LABEL = "vgpu-dra.test/webhook"
 SHARED = {"nvidia.com/sharedgpu": 4, "nvidia.com/gpu.shared": 4}
@@ -90,17 +90,6 @@ LEGACY = (
     "nvidia.com/vgpu-cores", "nvidia.com/vgpu-memory", "nvidia.com/vcuda-core",
     "nvidia.com/vcuda-memory", "nvidia.com/sharedgpu",
 )  # fmt: skip
-
-
-def await_(what: str, check: Callable[[], T | None], timeout: float = 60) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
 
 
 def pod(name: str, limits: dict[str, str], annotations: dict[str, str] | None = None,
@@ -201,7 +190,7 @@ def _namespace(client: KubeClient, name: str, labels: dict[str, str] | None = No
         {"apiVersion": "v1", "kind": "Namespace",
          "metadata": {"name": name, "labels": labels or {}}},
     )  # fmt: skip
-    await_(
+    wait_for(
         f"the default ServiceAccount of {name}",
         lambda: _exists(client, kube.path("v1", "serviceaccounts", "default", namespace=name)),
     )
@@ -291,11 +280,11 @@ def hook(
             client, system_ns, tenant, secret["metadata"]["name"],
             mutating["metadata"]["name"], controller, configs,
         )  # fmt: skip
-        await_(
+        wait_for(
             "the webhook serving",
             lambda: f"webhook on https://127.0.0.1:{port}" in controller.text(),
         )
-        await_("the caBundle published", result.published)
+        wait_for("the caBundle published", result.published)
         yield result
     finally:
         if controller is not None:
@@ -499,7 +488,7 @@ def test_unused_templates_are_collected_and_used_ones_stay(hook: Hook) -> None:
         "DELETE", kube.path("v1", "pods", "gc-gone", namespace=hook.tenant),
         query={"gracePeriodSeconds": 0},
     )  # fmt: skip
-    await_("the unused template collected", lambda: hook.template(gone_name) is None, timeout=60)
+    wait_for("the unused template collected", lambda: hook.template(gone_name) is None, timeout=60)
     # Well past the 4 s grace: the template of the live pod is still there.
     assert hook.template(kept_name) is not None
     assert "deleted unused ResourceClaimTemplate" in hook.controller.text()
@@ -615,7 +604,7 @@ def nodes(cluster: Any, client: KubeClient, hook: Hook) -> Iterator[dict[str, No
     device_class = yaml.safe_load((REPO / "deploy" / "deviceclass.yaml").read_text())
     name = device_class["metadata"]["name"]
     client.delete(kube.path(RESOURCE_API, "deviceclasses", name))  # a leftover of another module
-    await_("an old DeviceClass to go", lambda: not deviceclass_exists(client, name))
+    wait_for("an old DeviceClass to go", lambda: not deviceclass_exists(client, name))
     client.create(kube.path(RESOURCE_API, "deviceclasses"), device_class)
     started = start_node_agents(cluster, ["node-1", "node-2"])
     try:
@@ -700,7 +689,7 @@ def test_more_memory_than_any_gpu_is_refused_once_the_inventory_is_known(
             return exc.message
         return None  # the inventory is not read yet
 
-    message = await_("the refusal", refused, timeout=60)
+    message = wait_for("the refusal", refused, timeout=60)
     # The API server hands the webhook the canonical quantity (200000 -> "200k").
     assert "spec.containers[0].resources.limits[nvidia.com/vgpu-memory]=200k MiB" in message
     assert "more memory than any GPU in the cluster has (largest: 81559 MiB)" in message
@@ -783,7 +772,7 @@ def _stream_through_rotations(hook: Hook, secret_path: str) -> None:
         "--webhook-cert-lifetime", "12s", "--webhook-ca-lifetime", "16s",
         "--webhook-ca-propagation", "2s",
     )  # fmt: skip
-    await_("new certificates published", hook.published, timeout=60)
+    wait_for("new certificates published", hook.published, timeout=60)
     stop = threading.Event()
     outcomes: list[str] = []
     lock = threading.Lock()
