@@ -9,6 +9,8 @@ Readiness: every informer has listed once, and the replica is the leader or a st
 reach the Lease. SIGTERM/SIGINT stop it cleanly (readiness drops first, the Lease is released,
 then the probe server closes, exit 0). With `--metrics-address` it serves Prometheus metrics
 (`controller.metrics`; the chart sets the address through VGPU_DRA_METRICS_ADDRESS).
+With `--webhook-port` it also serves the admission webhook on every replica
+(`controller.webhook.run`; docs/webhook.md).
 Every flag has an environment twin, as in the kubelet plugin.
 """
 
@@ -20,14 +22,15 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from controller.leader import LeaderElector
 from controller.metrics import DETAILS, ControllerMetrics, StateCollector
 from controller.probes import ProbeServer, parse_address
 from controller.reconciler import POLICY_ANNOTATIONS, Defaults, Reconciler
+from controller.webhook import flags as webhook_flags
 from controller.worker import Worker
-from dra_driver import cli_flags, logsetup
+from dra_driver import cli_flags, kube, logsetup
 from dra_driver.lifecycle import stop_on_signals
 from dra_driver.metrics_http import MetricsServer, serve_metrics
 from dra_driver.metrics_http import parse_address as parse_metrics_address
@@ -120,7 +123,29 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
             choices=choices,
             help=f"cluster default for pods without {POLICY_ANNOTATIONS[key]} (env {ENV[key]})",
         )
+    webhook_flags.add_arguments(parser, env)
     return parser
+
+
+def _start_webhook(
+    args: argparse.Namespace,
+    client: kube.KubeClient,
+    stop: threading.Event,
+    is_leader: Callable[[], bool],
+    metrics: ControllerMetrics | None,
+) -> bool:
+    """Serve the webhook until `stop` is set; False (after logging why and closing the client)
+    when it cannot start."""
+    from controller.webhook import run as webhook_run  # the TLS machinery only when it is on
+
+    try:
+        registry = metrics.registry if metrics is not None else None  # one /metrics for all
+        webhook_run.start(args, client, stop, is_leader, registry)
+    except Exception as exc:  # certificate, API or bind failures: say which, exit 1
+        log.error("cannot start the webhook on port %d: %s", args.webhook_port, exc)
+        client.close()
+        return False
+    return True
 
 
 def main(argv: Sequence[str]) -> int:
@@ -136,11 +161,18 @@ def main(argv: Sequence[str]) -> int:
         return 1
     stop = threading.Event()
     stop_on_signals(stop, log)
+    elector: LeaderElector | None = None
+    metrics = ControllerMetrics() if args.metrics_address else None
+    # Every replica serves the webhook (until `stop`); only the leader collects templates.
+    if args.webhook_port and not _start_webhook(
+        args, client, stop, lambda: elector is None or elector.is_leader(), metrics
+    ):
+        return 1
     try:
         probes = ProbeServer(address)
     except OSError as exc:
         log.error("cannot serve probes on %s: %s", args.health_address, exc)
-        client.close()
+        client.close()  # exiting: the webhook's daemon threads end with the process
         return 1
     defaults = Defaults(
         {
@@ -149,8 +181,6 @@ def main(argv: Sequence[str]) -> int:
             POLICY_ANNOTATIONS["topology"]: args.topology,
         }
     )
-    elector: LeaderElector | None = None
-    metrics = ControllerMetrics() if args.metrics_address else None
     reconciler = Reconciler(client, defaults, observer=metrics)
     worker = Worker(client, reconciler)
     if args.leader_elect:

@@ -132,8 +132,11 @@ def test_demo_runs_and_cleans_up(demo_dir: Path) -> None:
     if real:
         assert "the plugin prepared 4 CDI devices (+ 4 of the NVIDIA toolkit's)" in out, out
 
-    # 6. teardown
-    assert "[9/9] Tear down" in out and "cluster stopped and removed" in out
+    # 6. the webhook: a vgpu-manager pod applied unchanged, translated, prepared with its caps
+    check_webhook_step(out)
+
+    # 7. teardown
+    assert "[10/10] Tear down" in out and "cluster stopped and removed" in out
     assert re.search(r"demo finished in [\d.]+s", out)
     assert not root.exists()
     assert str(root) not in Path("/proc/self/mountinfo").read_text()
@@ -175,6 +178,13 @@ def check_caps(out: str, real: bool) -> None:
         # The programs' own launch counts tell the same story as NVML.
         rates = re.search(r"launches per second: \d+ capped vs \d+ uncapped = ([\d.]+)%", out)
         assert rates and 5 <= float(rates.group(1)) <= 16, out
+
+
+def check_webhook_step(out: str) -> None:
+    assert "registered MutatingWebhookConfiguration vgpu-dra-webhook" in out, out
+    assert "stored: resourceClaims [vgpu-main from template vgpu-" in out, out
+    assert "translated-from vgpu-manager" in out
+    assert "one GPU capped at 1024 MiB and 10 % (vgpu.conf)" in out, out
 
 
 def check_policy_step(out: str) -> None:
