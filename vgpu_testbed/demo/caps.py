@@ -23,7 +23,7 @@ from vgpu_testbed.demo.steps import (
     DemoContext,
     Prepared,
 )
-from vgpu_testbed.demo.workloads import ClaimContainer, WorkloadError, nvml_view, program
+from vgpu_testbed.demo.workloads import ClaimContainer, Container, WorkloadError, nvml_view
 from vgpu_testbed.demo.workloads import run_with_samples as sampled_run
 
 CAPPED_SECONDS = 6.0  # sampled; the first SETTLE_S are the controller learning the GPU
@@ -31,7 +31,15 @@ UNCAPPED_SECONDS = 3.0
 SETTLE_S = 2.0
 
 
-def claim_container(prepared: Prepared) -> ClaimContainer:
+def claim_container(prepared: Prepared) -> Container:
+    """The pod's own container on a real node; on the stand-in, one made from the claim's CDI
+    spec."""
+    from vgpu_testbed.realnode.node import RealNode
+
+    if isinstance(prepared.agents, RealNode):
+        from vgpu_testbed.demo.runtime import PodContainer, container_id
+
+        return PodContainer(prepared.agents, container_id(prepared.pod), prepared.agents.gpu_env)
     uid = prepared.claim["metadata"]["uid"]
     spec = json.loads(prepared.agents.paths.cdi_spec(uid).read_text())
     names = report.cdi_device_names(CDI_KIND, prepared.placement.cdi_ids)
@@ -50,7 +58,7 @@ def claim_limits(prepared: Prepared) -> dict[str, str]:
 
 
 def step_workloads(ctx: DemoContext) -> None:
-    if os.geteuid() != 0:
+    if os.geteuid() != 0:  # real nodes need root too: without it the demo runs on the stand-in
         ctx.say("SKIPPED: running a program as a container would needs root (a private mount")
         ctx.say("namespace to bind the claim dir, the hook and /etc/ld.so.preload); run the demo")
         ctx.say("as root (e.g. `sudo make demo`) to see the caps enforced.")
@@ -59,16 +67,22 @@ def step_workloads(ctx: DemoContext) -> None:
     shared = ctx.need_prepared(SHARED_POD)
     container = claim_container(shared)
     limits = claim_limits(shared)
+    if ctx.runtime == "real":
+        ctx.say(
+            f"pod {SHARED_POD}'s container {getattr(container, 'container_id', '?')[:12]} on "
+            f"{shared.agents.node_name}: started by containerd and runc; programs run in it "
+            "with `ctr tasks exec`"
+        )
     show_nvml(ctx, shared, container, limits)
     show_memory_cap(ctx, container, int(limits["memory"]))
     show_compute_cap(ctx, shared, container, int(limits["cores"]), limits["uuid"])
 
 
 def show_nvml(
-    ctx: DemoContext, shared: Prepared, container: ClaimContainer, limits: dict[str, str]
+    ctx: DemoContext, shared: Prepared, container: Container, limits: dict[str, str]
 ) -> None:
     host = nvml_view(None, shared.agents.gpu_env)
-    inside = nvml_view(container, shared.agents.gpu_env)
+    inside = container.nvml()
     host_gpu = next(g for g in host["gpus"] if g["uuid"] == limits["uuid"])
     ctx.say(
         f"(a) NVML on the host ({shared.agents.node_name}): {host['count']} GPUs; "
@@ -84,8 +98,8 @@ def show_nvml(
     ctx.results["nvml_host_total"] = host_gpu["memory_total"]
 
 
-def show_memory_cap(ctx: DemoContext, container: ClaimContainer, cap: int) -> None:
-    hold = program("cuda_hold")
+def show_memory_cap(ctx: DemoContext, container: Container, cap: int) -> None:
+    hold = container.program("cuda_hold")
     within, beyond, second = cap * 3 // 4, cap * 2, cap // 2
     done = container.run([hold, "0", str(within)])
     first = report.parse_hold(done.stdout, done.returncode)
@@ -108,6 +122,7 @@ def show_memory_cap(ctx: DemoContext, container: ClaimContainer, cap: int) -> No
             raise WorkloadError(f"cuda_hold did not allocate {within} bytes: {ready.strip()}")
         again = container.run([hold, "0", str(second)])
         shared_result = report.parse_hold(again.stdout, again.returncode)
+        holder.stdin.write("release\n")  # a line, not EOF: ctr exec never passes EOF on
         holder.stdin.close()
         holder.wait(timeout=30)
     finally:
@@ -134,9 +149,9 @@ def show_memory_cap(ctx: DemoContext, container: ClaimContainer, cap: int) -> No
 
 
 def show_compute_cap(
-    ctx: DemoContext, shared: Prepared, container: ClaimContainer, cores: int, uuid: str
+    ctx: DemoContext, shared: Prepared, container: Container, cores: int, uuid: str
 ) -> None:
-    spin = program("cuda_spin")
+    spin = container.program("cuda_spin")
     samples, out = sampled_run(
         container,
         [spin, "0", str(CAPPED_SECONDS + 1.5)],
@@ -155,9 +170,10 @@ def show_compute_cap(
     if whole is None:
         return
     whole_limits = claim_limits(whole)
+    whole_container = claim_container(whole)
     samples, out = sampled_run(
-        claim_container(whole),
-        [spin, "0", str(UNCAPPED_SECONDS + 1.5)],
+        whole_container,
+        [whole_container.program("cuda_spin"), "0", str(UNCAPPED_SECONDS + 1.5)],
         uuid=whole_limits["uuid"],
         seconds=UNCAPPED_SECONDS,
     )

@@ -1,9 +1,11 @@
 """`vgpu-dra demo` (`make demo`): what vgpu-dra does, end to end, with the real components.
 
-A real Kubernetes control plane, simulated GPU nodes each running our kubelet plugin and a
-kubelet stand-in, the real kube-scheduler allocating shares of GPUs from the plugin's
-ResourceSlices, the deploy/examples manifests prepared by the plugin, and `vgpu_hook` enforcing
-the shared claim's memory and compute caps inside a "container". The steps are in
+A real Kubernetes control plane, simulated GPU nodes each running our kubelet plugin with the
+real kubelet, containerd and runc (`--runtime real`, the default where the host allows it) or
+the kubelet stand-in (`--runtime standin`), the real kube-scheduler allocating shares of GPUs
+from the plugin's ResourceSlices, the deploy/examples manifests prepared by the plugin, and
+`vgpu_hook` enforcing the shared claim's memory and compute caps inside the shared pod's
+container. The steps are in
 vgpu_testbed.demo.steps and vgpu_testbed.demo.caps; this module lists them (`STEPS`), parses
 options, runs the steps with titles and durations, reports a failure (which step, the error,
 where the logs are) and always tears down unless `--keep`. Called by dra_driver.cli; see
@@ -52,6 +54,10 @@ STEPS: list[Step] = [
     Step("The policy path: the allocation controller places by policy", step_policy_path),
     Step("A vgpu-manager pod, unchanged, through the admission webhook", step_legacy_pod),
 ]
+RUNTIME_LINES = {
+    "real": "real nodes (kubelet, containerd 2.x + CDI, runc; each node in its own namespaces)",
+    "standin": "kubelet stand-in (the bed's own kubelet; programs run in a mount namespace)",
+}
 # A third node with two NVLink islands, for the policy step's NVLink-aware placement.
 DEMO_PROFILES = (*cluster_nodes.DEFAULT_PROFILES, "a100-2x4")
 
@@ -80,6 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=list(DEMO_PROFILES),
         metavar="PROFILE,PROFILE,...",
         help=f"simulated GPU profile per node (default: {','.join(DEMO_PROFILES)})",
+    )
+    parser.add_argument(
+        "--runtime",
+        choices=("auto", "real", "standin"),
+        default="auto",
+        help="real nodes (kubelet, containerd, runc; needs root and `make controlplane`) or the "
+        "kubelet stand-in; auto (default) = real where this host allows it",
     )
     parser.add_argument(
         "--keep",
@@ -121,10 +134,12 @@ def run_steps(ctx: DemoContext, steps: Sequence[Step]) -> None:
         print(f"      done in {time.monotonic() - started:.1f}s", flush=True)
 
 
-def check_prerequisites(args: argparse.Namespace) -> None:
+def check_prerequisites(args: argparse.Namespace) -> str:
     """Fail before anything starts when the demo cannot run: binaries, simulated GPU
-    libraries, profiles, socket path lengths (the same checks as `dev-cluster up --agents`)."""
+    libraries, profiles, socket path lengths (the same checks as `dev-cluster up --agents`);
+    returns the runtime (`real` or `standin`, as `dev-cluster up --runtime` chooses it)."""
     from vgpu_testbed.cluster.chart import helm_path
+    from vgpu_testbed.cluster.cli import choose_runtime
     from vgpu_testbed.standin import node_agents
 
     find_binaries(None)
@@ -133,6 +148,7 @@ def check_prerequisites(args: argparse.Namespace) -> None:
     default_root = Path(tempfile.gettempdir()) / "vgpu-dra-demo-XXXXXXXX"
     root = args.dir if args.dir is not None else default_root
     node_agents.check_prerequisites(root, args.nodes)
+    return choose_runtime(args.runtime, lambda message: print(f"vgpu-dra demo: {message}"))
 
 
 def main(argv: Sequence[str]) -> int:
@@ -141,11 +157,12 @@ def main(argv: Sequence[str]) -> int:
     except SystemExit as exit_:
         return int(exit_.code or 0)
     try:
-        check_prerequisites(args)
+        runtime = check_prerequisites(args)
     except (BinariesMissingError, ValueError, RuntimeError) as err:
         print(f"vgpu-dra demo: error: {err}", file=sys.stderr)
         return 1
-    ctx = DemoContext(args)
+    print(f"runtime: {RUNTIME_LINES[runtime]}", flush=True)
+    ctx = DemoContext(args, runtime=runtime)
     code = 0
     try:
         run_steps(ctx, STEPS)

@@ -3,9 +3,10 @@
 The controller the policy step started also serves the admission webhook (on 127.0.0.1, its CA
 in the chart's Secret); this step registers the chart's webhook configurations with the bed's
 API server (`vgpu_testbed.cluster.webhook`), applies vgpu-manager's README example (one GPU,
-`vgpu-cores: 10`, `vgpu-memory: 1024`) as written, shows what the API server stored (the legacy
-limits gone, a claim from a ResourceClaimTemplate the webhook made), waits until the node's
-kubelet plugin prepared it, and shows the caps its vgpu.conf carries: 1 GiB and 10 %.
+`vgpu-cores: 10`, `vgpu-memory: 1024`) as written (on real nodes, which have no registry, with
+the bed's pause image), shows what the API server stored (the legacy limits gone, a claim from a
+ResourceClaimTemplate the webhook made), waits until the node's kubelet plugin prepared it (on
+real nodes: until it runs), and shows the caps its vgpu.conf carries: 1 GiB and 10 %.
 """
 
 from __future__ import annotations
@@ -23,21 +24,24 @@ LIMITS = {"nvidia.com/vgpu-number": "1", "nvidia.com/vgpu-cores": "10",
           "nvidia.com/vgpu-memory": "1024"}  # fmt: skip
 
 
-def legacy_pod() -> dict[str, Any]:
-    """vgpu-manager's README example, as its users write it."""
+def legacy_pod(runtime: str = "standin") -> dict[str, Any]:
+    """vgpu-manager's README example, as its users write it; on real nodes, which have no
+    registry, with the bed's own pause image (the only change)."""
+    from vgpu_testbed.demo.runtime import pause_image
+
+    image, pull = pause_image(runtime)
+    container: dict[str, Any] = {
+        "name": "main",
+        "image": image,
+        "resources": {"limits": dict(LIMITS)},
+    }
+    if pull is not None:
+        container["imagePullPolicy"] = pull
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": POD},
-        "spec": {
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"limits": dict(LIMITS)},
-                }
-            ]
-        },
+        "spec": {"containers": [container]},
     }
 
 
@@ -67,7 +71,8 @@ def step_legacy_pod(ctx: DemoContext) -> None:
     ctx.say(
         f"kubectl apply: pod {POD} with limits " + ", ".join(f"{k}: {v}" for k, v in LIMITS.items())
     )
-    created = client.create(kube.path("v1", "pods", namespace=NAMESPACE), legacy_pod())
+    pod = legacy_pod(ctx.runtime)
+    created = client.create(kube.path("v1", "pods", namespace=NAMESPACE), pod)
     resources = created["spec"]["containers"][0].get("resources") or {}
     (claim,) = created["spec"]["resourceClaims"]
     ctx.say(f"stored: container resources {resources}")

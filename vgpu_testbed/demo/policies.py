@@ -24,8 +24,9 @@ from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
 from vgpu_testbed.cluster.controller import GATE, start_controller
 from vgpu_testbed.demo import report
-from vgpu_testbed.demo.steps import NAMESPACE, DemoContext
+from vgpu_testbed.demo.steps import CDI_KIND, NAMESPACE, DemoContext
 from vgpu_testbed.polling import wait_for
+from vgpu_testbed.standin.node_agents import NodeAgents
 
 JSON = dict[str, Any]
 PREFIX = "vgpu.dra.dev/"
@@ -53,9 +54,15 @@ def claim(name: str, *, count: int = 1, requests: dict[str, str] | None = None) 
     }
 
 
-def gated_pod(name: str, annotations: dict[str, str]) -> JSON:
+def gated_pod(name: str, annotations: dict[str, str], runtime: str = "standin") -> JSON:
     """A pod on the policy path (the gate opts it in) whose claim has its name; held back from
     kube-scheduler by a second gate until the demo lifts it."""
+    from vgpu_testbed.demo.runtime import pause_image
+
+    image, pull = pause_image(runtime)
+    container: JSON = {"name": "main", "image": image, "resources": {"claims": [{"name": "gpu"}]}}
+    if pull is not None:
+        container["imagePullPolicy"] = pull
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -65,22 +72,19 @@ def gated_pod(name: str, annotations: dict[str, str]) -> JSON:
         },
         "spec": {
             "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
             "schedulingGates": [{"name": GATE}, {"name": HOLD_GATE}],
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-            ],
+            "containers": [container],
             "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
         },
     }
 
 
-def submit(client: KubeClient, name: str, claim_obj: JSON, annotations: dict[str, str]) -> None:
+def submit(ctx: DemoContext, name: str, claim_obj: JSON, annotations: dict[str, str]) -> None:
+    client = ctx.need_client()
     client.create(kube.path(RESOURCE_API, "resourceclaims", namespace=NAMESPACE), claim_obj)
-    client.create(kube.path("v1", "pods", namespace=NAMESPACE), gated_pod(name, annotations))
+    pod = gated_pod(name, annotations, ctx.runtime)
+    client.create(kube.path("v1", "pods", namespace=NAMESPACE), pod)
 
 
 def placement_condition(pod: JSON) -> JSON | None:
@@ -167,7 +171,7 @@ def step_policy_path(ctx: DemoContext) -> None:
     for policy, wanted in RUNS.items():
         placed: dict[str, tuple[str, str]] = {}
         for name in POLICY_PODS:
-            submit(client, name, claim(name, requests=SHARE), wanted)
+            submit(ctx, name, claim(name, requests=SHARE), wanted)
             node, devices = wait_placed(client, name, timeout)
             placed[name] = (node, devices[0])
         runs[policy] = placed
@@ -198,11 +202,11 @@ def show_nvlink(ctx: DemoContext, client: KubeClient, timeout: float) -> None:
         f"{node} ({product}): NVLink islands "
         + "; ".join(f"{d}: {','.join(devs)}" for d, devs in sorted(domains.items()))
     )
-    submit(client, "one-gpu", claim("one-gpu"), {**only_here, "device-scheduler-policy": "binpack"})
+    submit(ctx, "one-gpu", claim("one-gpu"), {**only_here, "device-scheduler-policy": "binpack"})
     _, (taken,) = wait_placed(client, "one-gpu", timeout)
     ctx.say(f"pod one-gpu takes a whole {taken} first (binpack)")
     submit(
-        client,
+        ctx,
         "linked",
         claim("linked", count=LINKED),
         {**only_here, "device-topology-mode": "link"},
@@ -217,7 +221,7 @@ def show_nvlink(ctx: DemoContext, client: KubeClient, timeout: float) -> None:
     if where != node or len(spanned) != 1:
         raise RuntimeError(f"the {LINKED}-GPU link claim spans islands {spanned} on {where}")
     submit(
-        client,
+        ctx,
         "five",
         claim("five", count=LINKED + 1),
         {**only_here, "device-topology-mode": "link-strict"},
@@ -229,23 +233,31 @@ def show_nvlink(ctx: DemoContext, client: KubeClient, timeout: float) -> None:
     client.merge_patch(
         kube.path("v1", "pods", "linked", namespace=NAMESPACE), {"spec": {"schedulingGates": None}}
     )
-    cdi = wait_prepared_devices(ctx, client, "linked", timeout)
+    ids = wait_prepared_devices(ctx, client, "linked", timeout)
+    ours = report.cdi_device_names(CDI_KIND, ids)
+    toolkit = f" (+ {len(ids) - len(ours)} of the NVIDIA toolkit's)" if len(ids) > len(ours) else ""
     ctx.say(
         f"gate lifted: kube-scheduler bound pod linked to {node}, the plugin prepared "
-        f"{cdi} CDI devices"
+        f"{len(ours)} CDI devices{toolkit}"
     )
     ctx.results["linked"] = {"node": where, "devices": devices, "islands": spanned}
 
 
-def wait_prepared_devices(ctx: DemoContext, client: KubeClient, name: str, timeout: float) -> int:
-    """CDI device count once pod `name` is bound and its node's kubelet stand-in prepared it."""
+def wait_prepared_devices(
+    ctx: DemoContext, client: KubeClient, name: str, timeout: float
+) -> list[str]:
+    """The CDI device IDs prepare returned, once pod `name` is bound and its node prepared it:
+    on a real node, the pod is Ready and the kubelet recorded the claim's CDI devices; on the
+    stand-in, its record."""
 
-    def check() -> int | None:
+    def check() -> list[str] | None:
         pod = client.get(kube.path("v1", "pods", name, namespace=NAMESPACE))
         node = pod["spec"].get("nodeName")
         agents = ctx.agents.get(node or "")
         if agents is None:
             return None
+        if ctx.runtime == "real":
+            return _real_devices(client, pod, agents)
         try:
             record = json.loads(agents.paths.pod_record(NAMESPACE, name).read_text())
         except (FileNotFoundError, json.JSONDecodeError):
@@ -255,10 +267,27 @@ def wait_prepared_devices(ctx: DemoContext, client: KubeClient, name: str, timeo
             raise RuntimeError(f"kubelet plugin on {node} failed to prepare {name}: {errors}")
         if not record.get("ready"):
             return None
-        return sum(
-            len(d.get("cdiDeviceIDs") or [])
+        return [
+            str(i)
             for c in record.get("claims") or []
             for d in c.get("devices") or []
-        )
+            for i in d.get("cdiDeviceIDs") or []
+        ]
 
     return wait_for(f"pod {name} to be bound and prepared", check, timeout)
+
+
+def _real_devices(client: KubeClient, pod: JSON, agents: NodeAgents) -> list[str] | None:
+    from vgpu_testbed.demo.runtime import kubelet_record, pod_ready
+    from vgpu_testbed.realnode.node import RealNode
+
+    if not pod_ready(pod) or not isinstance(agents, RealNode):
+        return None
+    name = pod["metadata"]["name"]
+    uid = client.get(kube.path(RESOURCE_API, "resourceclaims", name, namespace=NAMESPACE))[
+        "metadata"
+    ]["uid"]
+    record = kubelet_record(agents, pod, uid)
+    if record is None:
+        raise RuntimeError(f"pod {name} is Ready but the kubelet recorded no prepared claim")
+    return [str(i) for c in record["claims"] for d in c["devices"] for i in d["cdiDeviceIDs"]]

@@ -1,7 +1,8 @@
 """The Kubernetes-side steps of `vgpu-dra demo` and the `DemoContext` every step shares.
 
-1. bring up the control plane and every node's agents (simulated GPUs, our kubelet plugin, the
-   kubelet stand-in); 2. show the ResourceSlices our plugin published; 3. apply
+1. bring up the control plane and every node: simulated GPUs and our kubelet plugin, with the
+   real kubelet, containerd and runc (`--runtime real`, vgpu_testbed.realnode) or the kubelet
+   stand-in; 2. show the ResourceSlices our plugin published; 3. apply
    deploy/deviceclass.yaml and deploy/examples/*.yaml as files and wait until kube-scheduler
    allocated and the plugin prepared every pod; 4. show what prepare wrote for the shared pod;
 6. delete that pod and watch the plugin release its claim. Step 5 (the caps inside the
@@ -63,6 +64,7 @@ class DemoContext:
     """What steps share: options, the running cluster, its node agents, what was prepared."""
 
     args: argparse.Namespace
+    runtime: str = "standin"  # "real" or "standin", chosen by the CLI before bring-up
     t0: float = field(default_factory=time.monotonic)
     root: Path | None = None  # the cluster directory, known before the cluster is up
     cluster: Cluster | None = None
@@ -107,6 +109,23 @@ def step_bring_up(ctx: DemoContext) -> None:
         root, ctx.args.nodes, die_with_parent=not ctx.args.keep, progress=ctx.say
     )
     ctx.client = KubeClient.from_kubeconfig(str(ctx.cluster.kubeconfig))
+    pids = {}
+    if ctx.runtime == "real":
+        from vgpu_testbed.realnode.node import start_real_nodes
+
+        ctx.say("starting real nodes: simulated GPUs, containerd + runc, kubelet plugin, kubelet")
+        real = start_real_nodes(ctx.cluster)
+        ctx.agents = dict(real)
+        pids = {p.name: p.pid for p in ctx.cluster.processes}
+        for name, node in real.items():
+            ctx.say(
+                f"{name}: simulated {node.profile}, real node ready in {node.start_seconds:.1f}s "
+                f"(ip {node.ip}): kubelet pid {pids.get(node.kubelet_process)}, containerd pid "
+                f"{pids.get(node.containerd_process)}, kubelet-plugin pid "
+                f"{pids.get(node.plugin_process)}"
+            )
+        ctx.results["node_start_s"] = {n: round(r.start_seconds, 2) for n, r in real.items()}
+        return
     ctx.say("starting node agents: simulated GPUs, kubelet plugin, kubelet stand-in")
     ctx.agents = start_node_agents(ctx.cluster)
     pids = {p.name: p.pid for p in ctx.cluster.processes}
@@ -153,13 +172,20 @@ def step_show_slices(ctx: DemoContext) -> None:
 # ---------------------------------------------------------------- 3. examples
 
 
-def apply_manifest(client: KubeClient, manifest: Path, namespace: str) -> list[str]:
-    """Create every object of a YAML file; returns `Kind/name` for each."""
+def apply_manifest(
+    client: KubeClient,
+    manifest: Path,
+    namespace: str,
+    pod_edit: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> list[str]:
+    """Create every object of a YAML file (pods through `pod_edit` when given); returns
+    `Kind/name` for each."""
     created = []
-    for doc in yaml.safe_load_all(manifest.read_text()):
-        if not doc:
+    for loaded in yaml.safe_load_all(manifest.read_text()):
+        if not loaded:
             continue
-        kind = doc.get("kind")
+        kind = loaded.get("kind")
+        doc = pod_edit(loaded) if kind == "Pod" and pod_edit is not None else loaded
         if kind not in KIND_PATHS:
             raise ValueError(f"{manifest}: kind {kind!r} is not one the demo knows how to apply")
         api, plural, namespaced = KIND_PATHS[kind]
@@ -182,11 +208,21 @@ def step_apply_examples(ctx: DemoContext) -> None:
     ctx.say(f"kubectl apply -f {DEVICE_CLASS.relative_to(REPO_ROOT)}: {', '.join(created)}")
     manifests = sorted(EXAMPLES_DIR.glob("*.yaml"))
     pods: list[str] = []
+    pod_edit = None
+    if ctx.runtime == "real":
+        from vgpu_testbed.demo.runtime import WORKLOAD, real_pod
+
+        pod_edit = real_pod
+        ctx.say(f"(real nodes: each pod's image is {WORKLOAD}, never pulled, running `sleep`)")
     for manifest in manifests:
-        created = apply_manifest(client, manifest, NAMESPACE)
+        created = apply_manifest(client, manifest, NAMESPACE, pod_edit)
         pods += example_pods(manifest)
         ctx.say(f"kubectl apply -f {manifest.relative_to(REPO_ROOT)}: {', '.join(created)}")
-    ctx.say("waiting for kube-scheduler to allocate and the kubelet plugin to prepare ...")
+    if ctx.runtime == "real":
+        ctx.say("waiting for kube-scheduler to allocate, the kubelet to have the plugin prepare,")
+        ctx.say("and containerd to start every pod ...")
+    else:
+        ctx.say("waiting for kube-scheduler to allocate and the kubelet plugin to prepare ...")
     for name in pods:
         ctx.prepared[name] = wait_prepared(ctx, name)
     ctx.say()
@@ -205,8 +241,10 @@ def step_apply_examples(ctx: DemoContext) -> None:
 
 
 def wait_prepared(ctx: DemoContext, pod_name: str) -> Prepared:
-    """Wait until the pod is bound, its claim allocated, and its node's stand-in recorded a
-    successful NodePrepareResources for it (the stand-in then marks the pod Running)."""
+    """Wait until the pod is bound, its claim allocated, and its node prepared it: on a real node
+    the pod is Ready (its container runs) and the kubelet recorded the claim's CDI devices; on
+    the stand-in, the stand-in recorded a successful NodePrepareResources (and marks the pod
+    Running)."""
     client = ctx.need_client()
     timeout = float(ctx.args.wait_timeout)
     pod_path = kube.path("v1", "pods", pod_name, namespace=NAMESPACE)
@@ -217,6 +255,8 @@ def wait_prepared(ctx: DemoContext, pod_name: str) -> Prepared:
         if not node or node not in ctx.agents:
             return None
         agents = ctx.agents[node]
+        if ctx.runtime == "real":
+            return _real_prepared(client, pod, agents)
         try:
             record = json.loads(agents.paths.pod_record(NAMESPACE, pod_name).read_text())
         except (FileNotFoundError, json.JSONDecodeError):
@@ -247,6 +287,33 @@ def wait_prepared(ctx: DemoContext, pod_name: str) -> Prepared:
         raise TimeoutError(f"{err}; {report.pod_state(client.get(pod_path))}") from None
 
 
+def _real_prepared(client: KubeClient, pod: dict[str, Any], agents: NodeAgents) -> Prepared | None:
+    from vgpu_testbed.demo.runtime import kubelet_record, pod_ready
+    from vgpu_testbed.realnode.node import RealNode
+
+    name = pod["metadata"]["name"]
+    if not pod_ready(pod) or not isinstance(agents, RealNode):
+        return None
+    claim = _only_claim(client, pod)
+    record = kubelet_record(agents, pod, claim["metadata"]["uid"])
+    if record is None:
+        raise RuntimeError(f"pod {name} is Ready but the kubelet recorded no prepared claim")
+    return Prepared(pod, claim, record, agents, report.placement(pod, claim, record))
+
+
+def _only_claim(client: KubeClient, pod: dict[str, Any]) -> dict[str, Any]:
+    statuses = (pod.get("status") or {}).get("resourceClaimStatuses") or []
+    if len(statuses) != 1:
+        raise RuntimeError(
+            f"the demo expects one claim per example pod; {pod['metadata']['name']} has {statuses}"
+        )
+    return client.get(
+        kube.path(
+            RESOURCE_API, "resourceclaims", statuses[0]["resourceClaimName"], namespace=NAMESPACE
+        )
+    )
+
+
 # ---------------------------------------------------------------- 4. what prepare wrote
 
 
@@ -273,7 +340,8 @@ def step_show_prepared_claim(ctx: DemoContext) -> None:
 
 
 def step_release(ctx: DemoContext) -> None:
-    """Delete the shared pod: the stand-in sees it terminating, calls NodeUnprepareResources,
+    """Delete the shared pod: the kubelet (or the stand-in) sees it terminating, stops its
+    container (real nodes), calls NodeUnprepareResources,
     the plugin removes the claim's files and checkpoint entry, and the pod and its generated
     claim go away."""
     client = ctx.need_client()

@@ -1,6 +1,8 @@
-"""The demo's workloads: programs run inside a claim's "container" and NVML read from the host.
+"""The demo's workloads: programs run inside a claim's container and NVML read from the host.
 
-A `ClaimContainer` is one prepared claim as a container runtime would see it: the CDI spec the
+On real nodes the container is the pod's own, started by containerd (`Container` is what both
+kinds offer; the real one is vgpu_testbed.demo.runtime.PodContainer). On the stand-in, a
+`ClaimContainer` is one prepared claim as a container runtime would see it: the CDI spec the
 kubelet plugin wrote, the device names prepare returned, and the node's simulated GPU
 environment (in a real container the NVIDIA toolkit mounts the driver; here the fake
 libraries come through `LD_LIBRARY_PATH`). Programs run through `vgpu_testbed.container`, so
@@ -22,7 +24,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from vgpu_testbed.container import container_command
 
@@ -33,6 +35,24 @@ SAMPLE_INTERVAL_S = 0.1
 
 class WorkloadError(RuntimeError):
     """A demo workload did not run as expected; the message carries its output."""
+
+
+class Container(Protocol):
+    """Where step 5 runs its programs: `ClaimContainer` (the stand-in's container, made here) or
+    `vgpu_testbed.demo.runtime.PodContainer` (a pod's container on a real node)."""
+
+    @property
+    def node_env(self) -> Mapping[str, str]: ...
+
+    def program(self, name: str) -> str: ...
+
+    def run(
+        self, argv: Sequence[str], *, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]: ...
+
+    def popen(self, argv: Sequence[str]) -> subprocess.Popen[str]: ...
+
+    def nvml(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -51,6 +71,12 @@ class ClaimContainer:
             **self.node_env,
             **self.extra_env,
         }
+
+    def program(self, name: str) -> str:
+        return program(name)
+
+    def nvml(self) -> dict[str, Any]:
+        return nvml_view(self, self.node_env)
 
     def command(self, argv: Sequence[str]) -> list[str]:
         return container_command(self.spec, self.device_names, list(argv))
@@ -101,7 +127,7 @@ def nvml_view(container: ClaimContainer | None, node_env: Mapping[str, str]) -> 
 
 
 def run_with_samples(
-    container: ClaimContainer,
+    container: Container,
     argv: Sequence[str],
     *,
     uuid: str,

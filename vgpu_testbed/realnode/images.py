@@ -6,8 +6,9 @@
 - `WORKLOAD` (`vgpu-dra.local/workload:bed`): the shell plus glibc (the dynamic loader and the
   libraries the programs below and the simulated driver libraries need), `nvml-query`
   (hack/testbed/images/nvml_query.c: NVML as a monitoring tool sees it) and `cuda-probe`
-  (vgpu_hook's CUDA test client). The driver libraries themselves are NOT in the image: the
-  node's NVIDIA-toolkit-like CDI spec injects them, as on a real GPU node.
+  (vgpu_hook's CUDA test client), and `cuda-hold` and `cuda-spin` (the simulated driver's CUDA
+  test programs, which `vgpu-dra demo` runs in its pods). The driver libraries themselves are
+  NOT in the image: the node's NVIDIA-toolkit-like CDI spec injects them, as on a real GPU node.
 
 `build_images(out_dir)` writes the archives (`<name>.tar`) and returns them; `import_images`
 loads them into one node's containerd (`ctr -n k8s.io images import`). Pods must use
@@ -28,6 +29,9 @@ from vgpu_testbed.realnode.oci import ImageSpec, write_archive
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SOURCES = REPO_ROOT / "hack" / "testbed" / "images"
 CUDA_PROBE = REPO_ROOT / "vgpu_hook" / "build" / "cuda_probe"
+# The simulated driver's CUDA test programs the demo runs in its pods (`make native` builds them).
+CUDA_PROGRAMS = REPO_ROOT / "hack" / "fakegpu" / "build" / "cuda_programs"
+DEMO_PROGRAMS = ("cuda_hold", "cuda_spin")
 BUSYBOX_CANDIDATES = (Path("/bin/busybox"), Path("/usr/bin/busybox"))
 CC_FLAGS = ("-Wall", "-Wextra", "-Werror", "-O2", "-D_FORTIFY_SOURCE=2", "-fstack-protector-strong")
 
@@ -129,6 +133,9 @@ def image_specs(build_dir: Path, driver_libraries: Sequence[Path]) -> list[Image
     programs = {"usr/local/bin/nvml-query": nvml_query}
     if CUDA_PROBE.is_file():
         programs["usr/local/bin/cuda-probe"] = CUDA_PROBE
+    for name in DEMO_PROGRAMS:
+        if (CUDA_PROGRAMS / name).is_file():
+            programs[f"usr/local/bin/{name.replace('_', '-')}"] = CUDA_PROGRAMS / name
     lib_files, lib_links = _library_tree(shared_libraries([*programs.values(), *driver_libraries]))
     return [
         ImageSpec(PAUSE, files={"pause": pause}, entrypoint=("/pause",)),

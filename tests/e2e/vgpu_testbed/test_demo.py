@@ -1,12 +1,17 @@
 """`vgpu-dra demo` runs start to finish with the real components and cleans up after itself.
 
 What this proves (asserted on the demo's own output):
+0. The demo runs on real nodes (the real kubelet, containerd, runc) where the host allows them,
+   as CI's does, and says so; elsewhere it says why it uses the kubelet stand-in. On real nodes
+   every example pod is started by containerd and each claim's CDI devices are ours plus the
+   NVIDIA toolkit's (one per GPU each), as the kubelet recorded them.
 1. The full demo exits 0 and runs every step: the plugins published 8 H100s (node-1) and 4 A10s
    (node-2) with their NUMA nodes and NVLink domain; kube-scheduler placed every example and
    the plugin prepared it (nvlink-pair: two GPUs of node-1; a10-only: node-2; shared-gpu:
    1 GiB and 10 cores with a shareID, 90 cores left on its GPU), and the shared claim's
    vgpu.conf carries those limits.
-2. Inside the shared pod's container (when root): NVML shows one GPU whose total memory is the
+2. Inside the shared pod's container (when root; on real nodes the pod's own container, with the
+   programs exec'd into it by containerd): NVML shows one GPU whose total memory is the
    1 GiB cap; an allocation within the cap succeeds, one beyond it and one that would push the
    claim's processes together past it fail with CUDA_ERROR_OUT_OF_MEMORY; the capped kernel
    loop reads 10 % +- 3 points of NVML utilisation while the uncapped one reads >= 90 %, and
@@ -18,9 +23,10 @@ What this proves (asserted on the demo's own output):
    a100-2x4 node (two NVLink islands of 4) with one GPU taken, a 4-GPU `link` claim lands in
    the other island, a 5-GPU `link-strict` claim is refused with an Event, and the 4-GPU pod,
    handed to kube-scheduler, is bound and prepared (4 CDI devices).
-5. Without --keep the cluster directory is gone afterwards; with an example that cannot be
-   scheduled (no NVLink on an A10-only cluster) the demo names the failed step, the pod and
-   the scheduler's reason, keeps the logs, stops every process, and exits 1.
+5. Without --keep the cluster directory is gone afterwards (no mount left either); with an
+   example that cannot be scheduled (no NVLink on an A10-only cluster; on the stand-in, as this
+   is about the report, not the runtime) the demo names the failed step, the pod and the
+   scheduler's reason, keeps the logs, stops every process, and exits 1.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import pytest
 
 from tests.fixtures.cluster import require_binaries
 from tests.fixtures.dev_cluster import run_vgpu_dra, short_dir
+from vgpu_testbed.realnode.host import check_host
 
 # Longer than the 60 s default: each test runs the whole demo: a cluster, node agents, compute-cap
 # runs.
@@ -68,6 +75,8 @@ def test_demo_runs_and_cleans_up(demo_dir: Path) -> None:
     done = run_demo("--dir", str(root))
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
+    real = check_runtime(out)
+    per_gpu = 2 if real else 1  # our CDI device, plus the toolkit's on real nodes
 
     # 1. published devices, placements and the prepared claim
     h100 = re.findall(r"^ +node-1 +gpu-(\d) +NVIDIA H100 80GB HBM3 +79\.6 GiB +100 +([01]) +0 ",
@@ -78,31 +87,19 @@ def test_demo_runs_and_cleans_up(demo_dir: Path) -> None:
     assert len(a10) == 4, out
     node, devices, _, _, _, cdi = placement_row(out, "nvlink-pair")
     # node-1 (dgx-h100) or node-3 (a100-2x4): both have NVLink, kube-scheduler picks.
-    assert node in ("node-1", "node-3") and len(devices.split(",")) == 2 and cdi == "2"
+    assert node in ("node-1", "node-3") and len(devices.split(",")) == 2
+    assert cdi == str(2 * per_gpu)
     assert placement_row(out, "a10-only")[0] == "node-2"
-    assert placement_row(out, "whole-gpu")[5] == "1"
+    assert placement_row(out, "whole-gpu")[5] == str(per_gpu)
     _, _, memory, cores, share, cdi = placement_row(out, "shared-gpu")
-    assert (memory, cores, cdi) == ("1 GiB", "10", "1") and re.fullmatch(r"[0-9a-f]{8}…", share)
+    assert (memory, cores) == ("1 GiB", "10") and re.fullmatch(r"[0-9a-f]{8}…", share)
+    assert cdi == str(per_gpu)
     assert re.search(r"device uuid=GPU-\S+ memory=1073741824 cores=10 policy=fixed", out)
     assert re.search(r"k8s\.vgpu\.dra\.dev/claim=\S+", out)
     assert "mount  " in out and "-> /etc/ld.so.preload (ro)" in out
 
     # 2. the caps, inside the container
-    if os.geteuid() != 0:
-        assert "SKIPPED: running a program as a container would needs root" in out
-    else:
-        assert re.search(r"NVML in the container: 1 GPU: #0 NVIDIA \S+.* total 1 GiB", out), out
-        assert "cuMemAlloc 768 MiB (within the cap): ok" in out
-        assert "cuMemAlloc 2 GiB (beyond the cap): CUDA_ERROR_OUT_OF_MEMORY" in out
-        assert "is held: CUDA_ERROR_OUT_OF_MEMORY; after release: ok" in out
-        capped = re.search(r"capped at cores=10: NVML utilisation mean ([\d.]+)%", out)
-        assert capped, out
-        assert abs(float(capped.group(1)) - 10) <= 3, capped.group(0)
-        uncapped = re.search(r"no cores requested\): mean ([\d.]+)%", out)
-        assert uncapped and float(uncapped.group(1)) >= 90, out
-        # The programs' own launch counts tell the same story as NVML.
-        rates = re.search(r"launches per second: \d+ capped vs \d+ uncapped = ([\d.]+)%", out)
-        assert rates and 5 <= float(rates.group(1)) <= 16, out
+    check_caps(out, real)
 
     # The shared pod's GPU may also hold a10-only's 4 GiB (no cores): the cores are certain.
     assert re.search(
@@ -132,6 +129,8 @@ def test_demo_runs_and_cleans_up(demo_dir: Path) -> None:
 
     # 5. the policy path
     check_policy_step(out)
+    if real:
+        assert "the plugin prepared 4 CDI devices (+ 4 of the NVIDIA toolkit's)" in out, out
 
     # 6. the webhook: a vgpu-manager pod applied unchanged, translated, prepared with its caps
     check_webhook_step(out)
@@ -140,6 +139,45 @@ def test_demo_runs_and_cleans_up(demo_dir: Path) -> None:
     assert "[10/10] Tear down" in out and "cluster stopped and removed" in out
     assert re.search(r"demo finished in [\d.]+s", out)
     assert not root.exists()
+    assert str(root) not in Path("/proc/self/mountinfo").read_text()
+
+
+def check_runtime(out: str) -> bool:
+    """Whether the demo ran on real nodes, checking it said which runtime and why."""
+    real = not check_host()
+    if os.environ.get("CI") == "true":
+        assert real, f"CI must allow real nodes: {check_host()}"
+
+    if real:
+        assert out.startswith("runtime: real nodes (kubelet, containerd 2.x + CDI, runc"), out
+        ready = re.findall(r"^ +(node-\d): simulated \S+, real node ready in [\d.]+s \(ip 10\.",
+                           out, re.MULTILINE)  # fmt: skip
+        assert ready == ["node-1", "node-2", "node-3"], out
+    else:
+        assert "using the kubelet stand-in" in out and "runtime: kubelet stand-in" in out, out
+    return real
+
+
+def check_caps(out: str, real: bool) -> None:
+    if os.geteuid() != 0:
+        assert "SKIPPED: running a program as a container would needs root" in out
+    else:
+        if real:  # the programs ran in the pod's own container, started by containerd and runc
+            assert re.search(r"pod shared-gpu's container [0-9a-f]{12} on node-\d: started by "
+                             r"containerd and runc", out), out  # fmt: skip
+            assert re.search(r"^ +nvidia\.com/gpu=GPU-\S+$", out, re.MULTILINE), out
+        assert re.search(r"NVML in the container: 1 GPU: #0 NVIDIA \S+.* total 1 GiB", out), out
+        assert "cuMemAlloc 768 MiB (within the cap): ok" in out
+        assert "cuMemAlloc 2 GiB (beyond the cap): CUDA_ERROR_OUT_OF_MEMORY" in out
+        assert "is held: CUDA_ERROR_OUT_OF_MEMORY; after release: ok" in out
+        capped = re.search(r"capped at cores=10: NVML utilisation mean ([\d.]+)%", out)
+        assert capped, out
+        assert abs(float(capped.group(1)) - 10) <= 3, capped.group(0)
+        uncapped = re.search(r"no cores requested\): mean ([\d.]+)%", out)
+        assert uncapped and float(uncapped.group(1)) >= 90, out
+        # The programs' own launch counts tell the same story as NVML.
+        rates = re.search(r"launches per second: \d+ capped vs \d+ uncapped = ([\d.]+)%", out)
+        assert rates and 5 <= float(rates.group(1)) <= 16, out
 
 
 def check_webhook_step(out: str) -> None:
@@ -175,7 +213,9 @@ def check_policy_step(out: str) -> None:
 
 def test_failed_step_is_reported_and_torn_down(demo_dir: Path) -> None:
     root = demo_dir / "demo"
-    done = run_demo("--dir", str(root), "--nodes", "a10-pcie", "--wait-timeout", "8")
+    done = run_demo(
+        "--dir", str(root), "--nodes", "a10-pcie", "--wait-timeout", "8", "--runtime", "standin"
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     err = done.stderr
     assert "step 3 (Apply the DeviceClass and deploy/examples" in err

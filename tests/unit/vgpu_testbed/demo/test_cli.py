@@ -8,6 +8,8 @@ What this proves:
    stops the run, and `main` reports the step's number, title and error (and the kept logs
    when the cluster itself failed to start) and exits 1.
 3. Missing control-plane binaries are a clear error (`make controlplane`) that starts nothing.
+3b. --runtime: auto (default) takes real nodes where the host allows them and otherwise says why
+   it uses the stand-in; `real` on a host that cannot is a clear error that starts nothing.
 4. Teardown: after a failure the logs are kept; with --keep it prints KUBECONFIG and how to stop.
 5. Without root the workload step is skipped with an explanation instead of failing.
 6. Manifests of a kind the demo cannot apply are refused, naming file and kind.
@@ -89,7 +91,7 @@ def test_failing_step_stops_the_run() -> None:
 def test_main_reports_the_failed_step(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(demo, "check_prerequisites", lambda args: None)
+    monkeypatch.setattr(demo, "check_prerequisites", lambda args: "standin")
     monkeypatch.setattr(demo, "STEPS", [demo.Step("explode", _boom)])
     assert demo.main([]) == 1
     err = capsys.readouterr().err
@@ -104,7 +106,7 @@ def test_failed_bring_up_points_to_the_kept_logs(
         (tmp_path / "logs").mkdir()
         raise RuntimeError("kube-apiserver exited with status 1")
 
-    monkeypatch.setattr(demo, "check_prerequisites", lambda args: None)
+    monkeypatch.setattr(demo, "check_prerequisites", lambda args: "standin")
     monkeypatch.setattr(demo, "STEPS", [demo.Step("bring up", bring_up_fails)])
     assert demo.main([]) == 1
     err = capsys.readouterr().err
@@ -118,6 +120,43 @@ def test_missing_binaries(
     monkeypatch.setenv("VGPU_DRA_K8S_BIN", str(tmp_path / "none"))
     assert demo.main(["--dir", str(tmp_path / "c")]) == 1
     assert "make controlplane" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()
+
+
+def _host_checks(monkeypatch: pytest.MonkeyPatch, problems: list[str]) -> None:
+    """Everything check_prerequisites asks passes but the real-node host check."""
+    from vgpu_testbed.cluster import chart
+    from vgpu_testbed.realnode import host
+    from vgpu_testbed.standin import node_agents
+
+    monkeypatch.setattr(demo, "find_binaries", lambda where: None)
+    monkeypatch.setattr(chart, "helm_path", lambda: Path("/usr/bin/helm"))
+    monkeypatch.setattr(node_agents, "check_prerequisites", lambda root, nodes: None)
+    monkeypatch.setattr(host, "check_host", lambda: problems)
+
+
+def test_runtime_choice(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert demo.build_parser().parse_args([]).runtime == "auto"
+    _host_checks(monkeypatch, [])
+    assert demo.check_prerequisites(demo.build_parser().parse_args([])) == "real"
+    args = demo.build_parser().parse_args(["--runtime", "standin"])
+    assert demo.check_prerequisites(args) == "standin"
+    _host_checks(monkeypatch, ["not root (real nodes need namespaces, mounts and cgroups)"])
+    assert demo.check_prerequisites(demo.build_parser().parse_args([])) == "standin"
+    out = capsys.readouterr().out
+    assert "real nodes not possible here (not root" in out and "using the kubelet stand-in" in out
+
+
+def test_runtime_real_refused_where_impossible(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _host_checks(monkeypatch, ["runc missing (apt-get install runc)"])
+    monkeypatch.setattr(demo, "STEPS", [demo.Step("must not run", _boom)])
+    assert demo.main(["--runtime", "real", "--dir", str(tmp_path / "c")]) == 1
+    err = capsys.readouterr().err
+    assert "--runtime real is not possible on this host: runc missing (apt-get install runc)" in err
     assert not (tmp_path / "c").exists()
 
 
