@@ -28,12 +28,20 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from dra_driver import kube
+from dra_driver.allocator import request
 from dra_driver.allocator.allocate import Allocator, Placement, Unschedulable
 from dra_driver.allocator.model import ClusterModel, pod_requests
-from dra_driver.allocator.request import ANNOTATION_PREFIX, Claim, Policy, RequestError, parse_claim
+from dra_driver.allocator.request import (
+    ALIASES,
+    Claim,
+    Policy,
+    RequestError,
+    canonical_annotations,
+    parse_claim,
+)
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +49,10 @@ JSON = dict[str, Any]
 GATE = "vgpu.dra.dev/policy"
 CONDITION = "vgpu.dra.dev/Placement"
 COMPONENT = "vgpu-dra-controller"
+# kube-scheduler's claim finalizer: with it the resourceclaim controller clears a claim's
+# allocation once its last consumer is gone (without it a named claim stays allocated forever)
+# and a claim in use cannot vanish. The scheduler adds it before it allocates; so do we.
+FINALIZER = "resource.kubernetes.io/delete-protection"
 CONFLICT_RETRIES = 5
 API_RETRY_START_S = 1.0
 API_RETRY_MAX_S = 60.0
@@ -86,29 +98,46 @@ def claim_names(pod: Mapping[str, Any]) -> list[str] | None:
     return names
 
 
-# The long names of the allocation-controller issue (and of vgpu-manager, whose users bring them,
-# with its `nvidia.com/` prefix translated by the webhook) -> the allocator's names. The short
-# name wins when a pod sets both.
-ALIASES = {
-    ANNOTATION_PREFIX + "node-scheduler-policy": ANNOTATION_PREFIX + "node-policy",
-    ANNOTATION_PREFIX + "device-scheduler-policy": ANNOTATION_PREFIX + "device-policy",
-    ANNOTATION_PREFIX + "device-topology-mode": ANNOTATION_PREFIX + "topology",
-    ANNOTATION_PREFIX + "include-gpu-type": ANNOTATION_PREFIX + "gpu-type",
-    ANNOTATION_PREFIX + "include-gpu-uuid": ANNOTATION_PREFIX + "gpu-uuid",
-}
-
-
 @dataclass(frozen=True, slots=True)
 class Defaults:
-    """Cluster default policies (controller flags): annotation name -> value."""
+    """Cluster default policies (controller flags): canonical annotation name -> value."""
 
     annotations: Mapping[str, str]
 
     def policy_for(self, pod: Mapping[str, Any]) -> Policy:
         given = dict(_meta(pod).get("annotations") or {})
-        own = {ALIASES[k]: v for k, v in given.items() if k in ALIASES}
-        own.update({k: v for k, v in given.items() if k not in ALIASES})
-        return Policy.from_annotations({**self.annotations, **own})
+        for name, value in canonical_annotations(self.annotations).items():
+            if name not in given and ALIASES.get(name) not in given:  # the pod's own wins
+                given[name] = value
+        return Policy.from_annotations(given)
+
+
+class ReconcileObserver(Protocol):
+    """Told about every decision (metrics); must not raise. `outcome` is one of OUTCOMES."""
+
+    def decided(self, outcome: str, seconds: float) -> None: ...
+
+
+# What `ReconcileObserver.decided` reports: placed (claims written, gate lifted), refused (no
+# placement, Event + condition), invalid (a bad claim or annotation), retry (inputs changed under
+# the decision), api_error, replaced (kube-scheduler refused the node; placed again elsewhere),
+# handed_over (refused and no other node: left to kube-scheduler's own allocation).
+OUTCOMES = ("placed", "refused", "invalid", "retry", "api_error", "replaced", "handed_over")
+
+
+@dataclass(slots=True)
+class Placed:
+    """A pod we placed whose gate is lifted, until kube-scheduler binds it (or it goes).
+
+    `excluded` are the nodes kube-scheduler refused for it (kept for the pod's lifetime in this
+    process only: a restarted controller knows only the node it last chose, from the pod's
+    Placement condition). `refusal` is the PodScheduled=False condition as it stood when we last
+    placed, so only a newer refusal triggers a re-placement."""
+
+    key: tuple[str, str]
+    node: str
+    excluded: set[str]
+    refusal: str
 
 
 class Reconciler:
@@ -121,6 +150,7 @@ class Reconciler:
         *,
         may_write: Callable[[], bool] = lambda: True,
         clock: Callable[[], float] = time.monotonic,
+        observer: ReconcileObserver | None = None,
     ) -> None:
         self.client = client
         self.defaults = defaults
@@ -136,6 +166,12 @@ class Reconciler:
         self._reported: dict[str, str] = {}  # pod uid -> last refusal reported
         self._api_retry: dict[tuple[str, str], tuple[float, float]] = {}  # key -> (due, delay)
         self._clock = clock
+        self.observer = observer
+        # Re-placement (kube-scheduler refused the node we chose), by pod uid.
+        self.placed: dict[str, Placed] = {}
+        self.ungated: dict[str, JSON] = {}  # the latest object of each pod in `placed`
+        self.refused: set[str] = set()  # pod uids to place again
+        self._replace_retry: dict[str, float] = {}  # pod uid -> when (after an API failure)
 
     # ------------------------------------------------------------ events
 
@@ -157,9 +193,11 @@ class Reconciler:
             else:
                 self.pods[key] = obj
                 self.dirty.add(key)
+            self._track_placed(op, obj)
         elif kind == "ResourceClaim":
             uid = str(_meta(obj).get("uid"))
             allocated = bool((obj.get("status") or {}).get("allocation"))
+            old = self.claims.get(key)
             if op == "delete":
                 self.claims.pop(key, None)
                 self._written.discard(uid)
@@ -169,6 +207,12 @@ class Reconciler:
                     return
                 self._written.discard(uid)
                 self.claims[key] = obj
+            if old is not None and _allocated(old) and not allocated:
+                # kube-scheduler deallocates a claim of a pod it cannot schedule (its DRA
+                # PostFilter): if we placed that pod, the node we chose was refused.
+                for consumer in (old.get("status") or {}).get("reservedFor") or []:
+                    if str(consumer.get("uid")) in self.placed:
+                        self.refused.add(str(consumer.get("uid")))
             self.dirty.update(p for p in self.pods if p[0] == key[0])
             self._retry_waiting()
         else:
@@ -177,6 +221,25 @@ class Reconciler:
             self.model.delete(kind, obj)
         else:
             self.model.apply(kind, obj)
+
+    def _track_placed(self, op: str, pod: JSON) -> None:
+        """Follow a pod we placed from the lifting of its gate until kube-scheduler binds it."""
+        uid = str(_meta(pod).get("uid"))
+        if op == "delete" or is_gated(pod) or (pod.get("spec") or {}).get("nodeName"):
+            self.placed.pop(uid, None)
+            self.ungated.pop(uid, None)
+            self.refused.discard(uid)
+            return
+        record = self.placed.get(uid)
+        if record is None:
+            record = _placed_from_condition(pod)  # placed before a restart
+            if record is None:
+                return  # not ours (default path, or a gate someone else lifted)
+            self.placed[uid] = record
+        self.ungated[uid] = pod
+        refusal = _refusal(pod)
+        if refusal and refusal != record.refusal:
+            self.refused.add(uid)
 
     def _retry_waiting(self) -> None:
         self.dirty |= self.waiting
@@ -197,7 +260,18 @@ class Reconciler:
         for key, (due, _) in list(self._api_retry.items()):
             if due <= now:
                 self.dirty.add(key)
-        while self.dirty and self.may_write():
+        for uid, due in list(self._replace_retry.items()):
+            if due <= now:
+                del self._replace_retry[uid]
+                self.refused.add(uid)
+        while (self.dirty or self.refused) and self.may_write():
+            # Re-placements first: kube-scheduler retries such a pod after its backoff (1 s and
+            # up), and the new allocation must be written before it does (docs/scheduling.md).
+            for uid in sorted(self.refused):
+                if not self.may_write():
+                    return
+                self.refused.discard(uid)
+                self._replace_uid(uid)
             batch = sorted(self.dirty)
             self.dirty.clear()
             for i, key in enumerate(batch):
@@ -211,13 +285,16 @@ class Reconciler:
         if pod is None:
             self._api_retry.pop(key, None)
             return
+        started = self._clock()
+        outcome: str | None
         try:
-            self.reconcile_pod(pod)
+            outcome = self.reconcile_pod(pod)
         except Retry as exc:
             # The change behind it (claim deleted/taken, leadership) arrives as an event and
             # brings the pod back; retrying at once could loop on a stale cache.
             log.info("pod %s/%s: %s; deciding again on the next change", key[0], key[1], exc)
             self.waiting.add(key)
+            outcome = "retry"
         except kube.KubeError as exc:
             # The API failed (unreachable, 5xx, refused): no event may follow, so try again
             # after a backoff that doubles up to API_RETRY_MAX_S.
@@ -225,19 +302,26 @@ class Reconciler:
             delay = min(delay * 2, API_RETRY_MAX_S)
             self._api_retry[key] = (self._clock() + delay, delay)
             log.warning("pod %s/%s: %s; retrying in %.0fs", key[0], key[1], exc, delay)
+            outcome = "api_error"
         else:
             self._api_retry.pop(key, None)
+        self._observe(outcome, started)
 
-    def reconcile_pod(self, pod: JSON) -> None:
+    def _observe(self, outcome: str | None, started: float) -> None:
+        if outcome is not None and self.observer is not None:
+            self.observer.decided(outcome, self._clock() - started)
+
+    def reconcile_pod(self, pod: JSON) -> str | None:
+        """One decision for a gated pod; returns its outcome (OUTCOMES) or None (waiting)."""
         ns = _nsname(pod)[0]
         names = claim_names(pod)
         if names is None:
-            return  # a template's claim is not created yet: its event brings the pod back
+            return None  # a template's claim is not created yet: its event brings the pod back
         claims = []
         for claim_name in names:
             claim = self.claims.get((ns, claim_name))
             if claim is None:
-                return  # not created yet (or deleted): its event brings the pod back
+                return None  # not created yet (or deleted): its event brings the pod back
             claims.append(claim)
         pod_uid = str(_meta(pod).get("uid"))
         mine = [c for c in claims if _allocated_for(c, pod_uid)]
@@ -250,13 +334,13 @@ class Reconciler:
                 f"claims {names_taken} are already allocated for other consumers; the policy "
                 "path places only unallocated claims",
             )
-            return
+            return "refused"
         if not claims:  # nothing to allocate: the default scheduler can place it
             self._lift_gate(pod, None)
-            return
+            return "placed"
         if len(mine) == len(claims):
             self._lift_gate(pod, _node_of(mine[0]))
-            return
+            return "placed"
         if mine:  # a crash between writes: release, then place all together
             for claim in mine:
                 self._release(claim)
@@ -266,23 +350,122 @@ class Reconciler:
             parsed = [parse_claim(c, self.classes) for c in claims]
             placement = self.allocator.place(pod, parsed, policy, pod_requests(pod))
         except (RequestError, Unschedulable) as exc:
-            reason = "InvalidRequest" if isinstance(exc, RequestError) else "Unschedulable"
-            self._refuse(pod, reason, str(exc))
-            return
+            invalid = isinstance(exc, RequestError)
+            self._refuse(pod, "InvalidRequest" if invalid else "Unschedulable", str(exc))
+            return "invalid" if invalid else "refused"
         self._write(pod, claims, parsed, placement)
         self._lift_gate(pod, placement.node)
+        return "placed"
+
+    # ------------------------------------------------------------ re-placement
+
+    def _replace_uid(self, uid: str) -> None:
+        record, pod = self.placed.get(uid), self.ungated.get(uid)
+        if record is None or pod is None:
+            return
+        started = self._clock()
+        try:
+            outcome = self.replace_pod(record, pod)
+        except Retry as exc:
+            # Someone else (kube-scheduler's own allocation, a user) changed a claim: the pod
+            # is on the default path from here.
+            log.info("pod %s/%s: %s; left to kube-scheduler", *record.key, exc)
+            self._forget(uid)
+            outcome = "handed_over"
+        except kube.KubeError as exc:
+            log.warning("pod %s/%s: re-placement failed: %s; retrying", *record.key, exc)
+            self._replace_retry[uid] = self._clock() + API_RETRY_START_S
+            outcome = "api_error"
+        self._observe(outcome, started)
+
+    def replace_pod(self, record: Placed, pod: JSON) -> str | None:
+        """kube-scheduler refused the node we chose for `pod`: place its claims again without
+        that node (nor any it refused before), releasing and rewriting each claim back to back.
+
+        A gate cannot be put back on a pod, so the new allocation is the only lever; between a
+        claim's release and its new allocation kube-scheduler could allocate it itself (it
+        retries the pod after a backoff of at least a second; the two writes take milliseconds).
+        """
+        uid = str(_meta(pod).get("uid"))
+        ns = record.key[0]
+        names = claim_names(pod) or []
+        claims = [self.claims.get((ns, n)) for n in names]
+        if not names or any(c is None for c in claims):
+            return None  # a claim is gone or not seen yet: its event brings the pod back
+        present = [c for c in claims if c is not None]
+        foreign = [c for c in present if _allocated(c) and _node_of(c) != record.node]
+        if foreign:
+            log.info(
+                "pod %s/%s: claim %s allocated on %s by someone else; left to kube-scheduler",
+                *record.key,
+                _nsname(foreign[0])[1],
+                _node_of(foreign[0]),
+            )
+            self._forget(uid)
+            return "handed_over"
+        refused_node = record.node
+        record.excluded.add(refused_node)
+        excluded = ", ".join(sorted(record.excluded))
+        try:
+            policy = self.defaults.policy_for(pod)
+            parsed = [parse_claim(c, self.classes) for c in present]
+            placement = self.allocator.place(
+                _excluding(pod, record.excluded), parsed, policy, pod_requests(pod)
+            )
+        except (RequestError, Unschedulable) as exc:
+            message = (
+                f"kube-scheduler refused node {excluded} and no other node fits ({exc}); "
+                "the pod is left to kube-scheduler's own allocation"
+            )
+            self._forget(uid)
+            self._refuse(pod, "Unschedulable", message, retry=False)
+            return "handed_over"
+        self._write(pod, present, parsed, placement, release_first=True)
+        record.node = placement.node
+        record.refusal = _refusal(pod)
+        log.info(
+            "pod %s/%s: kube-scheduler refused node %s; placed again on %s",
+            *record.key,
+            refused_node,
+            placement.node,
+        )
+        self._set_condition(
+            pod,
+            "True",
+            "Replaced",
+            f"devices allocated on node {placement.node} (kube-scheduler refused {excluded})",
+        )
+        return "replaced"
+
+    def _forget(self, uid: str) -> None:
+        self.placed.pop(uid, None)
+        self.ungated.pop(uid, None)
+        self.refused.discard(uid)
+        self._replace_retry.pop(uid, None)
 
     def _write(
-        self, pod: JSON, claims: list[JSON], parsed: list[Claim], placement: Placement
+        self,
+        pod: JSON,
+        claims: list[JSON],
+        parsed: list[Claim],
+        placement: Placement,
+        *,
+        release_first: bool = False,
     ) -> None:
+        """Write every claim's allocation; `release_first` clears one still allocated (for this
+        pod, on a refused node) just before its new allocation is written."""
         ns, name = _nsname(pod)
-        reserved = {"resource": "pods", "name": name, "uid": str(_meta(pod).get("uid"))}
+        pod_uid = str(_meta(pod).get("uid"))
+        reserved = {"resource": "pods", "name": name, "uid": pod_uid}
         written: list[JSON] = []
         try:
             for claim, spec in zip(claims, parsed, strict=True):
                 allocation = placement.allocation(spec.uid)
                 allocation["allocationTimestamp"] = _now()
-                written.append(self._write_claim(claim, allocation, reserved))
+                free = claim
+                if release_first and _allocated_for(claim, pod_uid):
+                    free = self._release(claim)
+                written.append(self._write_claim(free, allocation, reserved))
         except BaseException:
             for done in written:
                 self._release(done)
@@ -306,6 +489,8 @@ class Reconciler:
             status["allocation"] = allocation
             status["reservedFor"] = [reserved]
             try:
+                if FINALIZER not in (_meta(current).get("finalizers") or []):
+                    current = self._add_finalizer(current)
                 updated = self.client.replace(status_path, {**current, "status": status})
             except kube.NotFound:
                 raise Retry(f"claim {ns}/{name} was deleted") from None
@@ -323,8 +508,20 @@ class Reconciler:
             return updated
         raise Retry(f"claim {ns}/{name} kept changing ({CONFLICT_RETRIES} conflicts)")
 
-    def _release(self, claim: JSON) -> None:
-        """Clear a claim's allocation and reservation (missing claim: nothing to undo)."""
+    def _add_finalizer(self, claim: JSON) -> JSON:
+        """Add kube-scheduler's finalizer (a plain update: finalizers are metadata); the status
+        update that follows carries the version this returns."""
+        ns, name = _nsname(claim)
+        meta = _meta(claim)
+        meta["finalizers"] = [*(meta.get("finalizers") or []), FINALIZER]
+        return self.client.replace(
+            kube.path(kube.RESOURCE_API, "resourceclaims", name, namespace=ns),
+            {**claim, "metadata": meta},
+        )
+
+    def _release(self, claim: JSON) -> JSON:
+        """Clear a claim's allocation and reservation (missing claim: nothing to undo); returns
+        the claim as released."""
         ns, name = _nsname(claim)
         status_path = kube.path(
             kube.RESOURCE_API, "resourceclaims", name, namespace=ns, subresource="status"
@@ -337,20 +534,20 @@ class Reconciler:
             try:
                 updated = self.client.replace(status_path, {**current, "status": status})
             except kube.NotFound:
-                return
+                return current
             except kube.Conflict:
                 try:
                     current = self.client.get(
                         kube.path(kube.RESOURCE_API, "resourceclaims", name, namespace=ns)
                     )
                 except kube.NotFound:
-                    return
+                    return current
                 continue
             self._written.discard(str(_meta(updated).get("uid")))
             self.claims[(ns, name)] = updated
             self.model.apply("ResourceClaim", updated)
             log.info("claim %s/%s released", ns, name)
-            return
+            return updated
         raise Retry(f"claim {ns}/{name} kept changing while being released")
 
     def _lift_gate(self, pod: JSON, node: str | None) -> None:
@@ -375,17 +572,20 @@ class Reconciler:
                 current = self.client.get(pod_path)
         else:
             raise Retry(f"pod {ns}/{name} kept changing while its gate was removed")
+        uid = str(_meta(pod).get("uid"))
         if node is None:
             self._set_condition(pod, "True", "NoClaims", "the pod has no resource claims")
         else:
-            self._set_condition(pod, "True", "Placed", f"devices allocated on node {node}")
-        self._reported.pop(str(_meta(pod).get("uid")), None)
+            self.placed[uid] = Placed((ns, name), node, set(), _refusal(pod))
+            self._set_condition(pod, "True", "Placed", f"{PLACED_ON}{node}")
+        self._reported.pop(uid, None)
 
     # ------------------------------------------------------------ reporting
 
-    def _refuse(self, pod: JSON, reason: str, message: str) -> None:
+    def _refuse(self, pod: JSON, reason: str, message: str, *, retry: bool = True) -> None:
         ns, name = _nsname(pod)
-        self.waiting.add((ns, name))
+        if retry:
+            self.waiting.add((ns, name))
         uid = str(_meta(pod).get("uid"))
         if self._reported.get(uid) == message:
             return  # said already; a changed reason is reported again
@@ -457,8 +657,59 @@ def _node_of(claim: Mapping[str, Any]) -> str:
     return "?"
 
 
+PLACED_ON = "devices allocated on node "
+
+
+def _refusal(pod: Mapping[str, Any]) -> str:
+    """kube-scheduler's PodScheduled=False/Unschedulable condition as text ("" when none)."""
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if (cond.get("type"), cond.get("status")) == ("PodScheduled", "False") and cond.get(
+            "reason"
+        ) == "Unschedulable":
+            return f"{cond.get('lastTransitionTime')} {cond.get('message')}"
+    return ""
+
+
+def _condition(pod: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind:
+            return dict(cond)
+    return {}
+
+
+def _placed_from_condition(pod: Mapping[str, Any]) -> Placed | None:
+    """The record of a pod placed before this process started: our Placement condition names
+    the node. A refusal older than that condition was answered already."""
+    ours = _condition(pod, CONDITION)
+    message = str(ours.get("message") or "")
+    if ours.get("status") != "True" or not message.startswith(PLACED_ON):
+        return None
+    node = message[len(PLACED_ON) :].split(" ", 1)[0]
+    scheduled = _condition(pod, "PodScheduled")
+    old = str(scheduled.get("lastTransitionTime") or "") < str(ours.get("lastTransitionTime"))
+    return Placed(_nsname(pod), node, set(), _refusal(pod) if old else "")
+
+
+def _excluding(pod: Mapping[str, Any], nodes: set[str]) -> JSON:
+    """`pod` with a required node affinity that also rules out `nodes` (ANDed into each term)."""
+    spec = dict(pod.get("spec") or {})
+    affinity = dict(spec.get("affinity") or {})
+    node_affinity = dict(affinity.get("nodeAffinity") or {})
+    required = dict(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    rule = {"key": "metadata.name", "operator": "NotIn", "values": sorted(nodes)}
+    terms = [dict(t) for t in required.get("nodeSelectorTerms") or []] or [{}]
+    for term in terms:
+        term["matchFields"] = [*(term.get("matchFields") or []), rule]
+    required["nodeSelectorTerms"] = terms
+    node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = required
+    affinity["nodeAffinity"] = node_affinity
+    spec["affinity"] = affinity
+    return {**pod, "spec": spec}
+
+
+# Controller flag -> the annotation whose cluster default it sets.
 POLICY_ANNOTATIONS = {
-    "node_policy": ANNOTATION_PREFIX + "node-policy",
-    "device_policy": ANNOTATION_PREFIX + "device-policy",
-    "topology": ANNOTATION_PREFIX + "topology",
+    "node_policy": request.NODE_POLICY,
+    "device_policy": request.DEVICE_POLICY,
+    "topology": request.TOPOLOGY,
 }

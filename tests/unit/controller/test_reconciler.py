@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from controller.reconciler import CONDITION, GATE, Defaults, Reconciler
+from controller.reconciler import CONDITION, FINALIZER, GATE, Defaults, Reconciler
 from dra_driver import kube
 from dra_driver.allocator.quantity import parse_quantity
 from tests.fixtures.allocator_cluster import DEVICE_CLASS, DRIVER, node_events
@@ -322,3 +322,142 @@ def test_a_gated_pod_without_claims_is_released_to_the_scheduler(api: FakeApi) -
     assert api.get(pod_path("plain"))["spec"]["schedulingGates"] == [{"name": "other/gate"}]
     assert api.get(pod_path("plain"))["status"]["conditions"][0]["reason"] == "NoClaims"
     assert api.events == []
+
+
+def test_claims_carry_the_schedulers_finalizer_so_they_are_deallocated_after_their_pod(
+    api: FakeApi,
+) -> None:
+    """Without the finalizer the resourceclaim controller never clears the allocation of a named
+    claim once its pod is gone, and a claim in use could be deleted."""
+    r = reconciler(api)
+    make_claim(api, "a")
+    make_pod(api, "p", ["a"])
+    feed(r, api)
+    r.reconcile()
+    claim = api.get(claim_path("a"))
+    assert claim["metadata"]["finalizers"] == [FINALIZER]
+    assert claim["status"]["allocation"]
+
+
+def refuse(api: FakeApi, r: Reconciler, pod: str, *, at: str, deallocate: str | None) -> None:
+    """What kube-scheduler does with a pod whose claims pin it to a node it refuses: its DRA
+    PostFilter deallocates one claim, then it marks the pod PodScheduled=False/Unschedulable."""
+    if deallocate is not None:
+        claim = api.get(claim_path(deallocate))
+        claim["status"] = {}
+        r.on_event("ResourceClaim", "apply", api.put(claim_path(deallocate), claim))
+    obj = api.get(pod_path(pod))
+    obj["status"]["conditions"] = [
+        c for c in obj["status"]["conditions"] if c["type"] != "PodScheduled"
+    ] + [
+        {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": "0/2 nodes are available: 1 node(s) had untolerated taint",
+            "lastTransitionTime": at,
+        }
+    ]
+    r.on_event("Pod", "apply", api.put(pod_path(pod), obj))
+
+
+def lift_other_gate(api: FakeApi, r: Reconciler, pod: str) -> None:
+    obj = api.get(pod_path(pod))
+    obj["spec"]["schedulingGates"] = []
+    r.on_event("Pod", "apply", api.put(pod_path(pod), obj))
+
+
+def test_a_node_kube_scheduler_refuses_is_replaced_by_the_next_best(api: FakeApi) -> None:
+    r = reconciler(api, nodes=3)
+    for name in ("a", "b"):
+        make_claim(api, name)
+    make_pod(api, "p", ["a", "b"])
+    feed(r, api)
+    r.reconcile()
+    assert {node_of(api.get(claim_path(n))) for n in "ab"} == {"node-00000"}
+    lift_other_gate(api, r, "p")
+    refuse(api, r, "p", at="2026-01-01T00:00:01Z", deallocate="a")
+    r.reconcile()
+    a, b = api.get(claim_path("a")), api.get(claim_path("b"))
+    assert node_of(a) == node_of(b) == "node-00001"  # binpack's next node, both claims together
+    for claim in (a, b):
+        assert claim["status"]["reservedFor"] == [{"resource": "pods", "name": "p", "uid": "uid-p"}]
+    cond = api.get(pod_path("p"))["status"]["conditions"]
+    ours = next(c for c in cond if c["type"] == CONDITION)
+    assert (ours["status"], ours["reason"]) == ("True", "Replaced")
+    assert "node-00001" in ours["message"] and "refused node-00000" in ours["message"]
+    # The model holds the new allocation only: node-00000 is free again.
+    assert all(not any(v.values()) for k, v in r.model.used.items() if k[1] == "node-00000")
+    # The same (stale) refusal seen again changes nothing.
+    r.on_event("Pod", "apply", api.get(pod_path("p")))
+    r.reconcile()
+    assert node_of(api.get(claim_path("a"))) == "node-00001"
+    # A second refusal (signalled by kube-scheduler deallocating a claim) excludes both nodes.
+    feed(r, api)  # the informers deliver our writes first
+    refuse(api, r, "p", at="2026-01-01T00:00:01Z", deallocate="b")
+    r.reconcile()
+    assert {node_of(api.get(claim_path(n))) for n in "ab"} == {"node-00002"}
+    # Bound by kube-scheduler: no longer followed.
+    bound = api.get(pod_path("p"))
+    bound["spec"]["nodeName"] = "node-00002"
+    r.on_event("Pod", "apply", api.put(pod_path("p"), bound))
+    assert r.placed == {}
+
+
+def test_a_refused_pod_with_no_other_node_is_left_to_kube_scheduler(api: FakeApi) -> None:
+    r = reconciler(api, nodes=1)
+    make_claim(api, "a")
+    make_pod(api, "p", ["a"])
+    feed(r, api)
+    r.reconcile()
+    lift_other_gate(api, r, "p")
+    refuse(api, r, "p", at="2026-01-01T00:00:01Z", deallocate=None)
+    r.reconcile()
+    assert node_of(api.get(claim_path("a"))) == "node-00000"  # untouched
+    (event,) = api.events
+    assert event["reason"] == "Unschedulable"
+    assert "refused node node-00000 and no other node fits" in event["message"]
+    assert r.placed == {} and not r.waiting  # not retried: kube-scheduler's from here
+
+
+def test_a_restarted_controller_replaces_a_pod_refused_after_its_placement(api: FakeApi) -> None:
+    r1 = reconciler(api, nodes=2)
+    make_claim(api, "a")
+    make_pod(api, "p", ["a"])
+    feed(r1, api)
+    r1.reconcile()
+    lift_other_gate(api, r1, "p")
+    placed_at = next(
+        c for c in api.get(pod_path("p"))["status"]["conditions"] if c["type"] == CONDITION
+    )["lastTransitionTime"]
+    # A refusal older than the placement (from before the gate was lifted) is no trigger ...
+    r2 = reconciler(api, nodes=2)
+    refuse(api, r2, "p", at="2000-01-01T00:00:00Z", deallocate=None)
+    feed(r2, api)
+    r2.reconcile()
+    assert node_of(api.get(claim_path("a"))) == "node-00000"
+    # ... a newer one is, for a controller that never saw the placement.
+    r3 = reconciler(api, nodes=2)
+    refuse(api, r3, "p", at=placed_at, deallocate=None)
+    feed(r3, api)
+    r3.reconcile()
+    assert node_of(api.get(claim_path("a"))) == "node-00001"
+
+
+def test_a_claim_allocated_by_kube_scheduler_itself_ends_the_re_placement(api: FakeApi) -> None:
+    r = reconciler(api, nodes=2)
+    make_claim(api, "a")
+    make_pod(api, "p", ["a"])
+    feed(r, api)
+    r.reconcile()
+    lift_other_gate(api, r, "p")
+    # kube-scheduler was faster: it deallocated "a" and allocated it on node-00001 itself.
+    theirs = api.get(claim_path("a"))
+    theirs["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0][
+        "values"
+    ] = ["node-00001"]
+    r.on_event("ResourceClaim", "apply", api.put(claim_path("a"), theirs))
+    refuse(api, r, "p", at="2026-01-01T00:00:01Z", deallocate=None)
+    r.reconcile()
+    assert api.get(claim_path("a")) == theirs | {"metadata": api.get(claim_path("a"))["metadata"]}
+    assert r.placed == {}
