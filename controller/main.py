@@ -2,7 +2,8 @@
 
 It loads the Kubernetes credentials (exit 1 with the reason when they are unusable), serves
 `/healthz` and `/readyz` (`controller.probes`, loopback by default) and runs the allocation
-controller of the policy path (`controller.worker`: informers feeding `controller.reconciler`).
+controller of the policy path (`controller.worker`: informers feeding `controller.reconciler`)
+and the rescheduler of pods whose claims failed to prepare (`controller.rescheduler`).
 With `--leader-elect` only the replica holding the Lease allocates (`controller.leader`); the
 others keep their model current and take over when the Lease is released or expires.
 Readiness: every informer has listed once, and the replica is the leader or a standby that can
@@ -24,8 +25,9 @@ from collections.abc import Sequence
 from controller.leader import LeaderElector
 from controller.probes import ProbeServer, parse_address
 from controller.reconciler import POLICY_ANNOTATIONS, Defaults, Reconciler
+from controller.rescheduler import DEFAULT_GRACE_S, DEFAULT_PER_MINUTE, Rescheduler
 from controller.worker import Worker
-from dra_driver import kube, logsetup
+from dra_driver import kube, logsetup, names
 from dra_driver.lifecycle import stop_on_signals
 
 log = logging.getLogger("vgpu-dra.controller")
@@ -42,6 +44,10 @@ ENV = {
     "node_policy": "VGPU_DRA_NODE_POLICY",
     "device_policy": "VGPU_DRA_DEVICE_POLICY",
     "topology": "VGPU_DRA_TOPOLOGY",
+    "driver_name": "VGPU_DRA_DRIVER_NAME",
+    "reschedule": "VGPU_DRA_RESCHEDULE",
+    "reschedule_grace": "VGPU_DRA_RESCHEDULE_GRACE",
+    "reschedule_per_minute": "VGPU_DRA_RESCHEDULE_PER_MINUTE",
 }
 DEFAULT_LEASE_NAME = "vgpu-dra-controller"
 DEFAULT_HEALTH_ADDRESS = "127.0.0.1:8081"
@@ -114,6 +120,33 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
             choices=choices,
             help=f"cluster default for pods without {POLICY_ANNOTATIONS[key]} (env {ENV[key]})",
         )
+    parser.add_argument(
+        "--driver-name",
+        default=env.get(ENV["driver_name"], names.DEFAULT_DRIVER_NAME),
+        help="the DRA driver whose claims the rescheduler recovers (env VGPU_DRA_DRIVER_NAME)",
+    )
+    parser.add_argument(
+        "--reschedule",
+        type=_boolean,
+        nargs="?",
+        const=True,
+        default=_boolean(env.get(ENV["reschedule"], "true")),
+        help="recover pods whose claims failed to prepare: delete them when a controller owns "
+        "them, else report what to do (env VGPU_DRA_RESCHEDULE; default true)",
+    )
+    parser.add_argument(
+        "--reschedule-grace",
+        type=float,
+        default=float(env.get(ENV["reschedule_grace"], str(DEFAULT_GRACE_S))),
+        help="seconds a failed prepare may last before the pod is recovered "
+        "(env VGPU_DRA_RESCHEDULE_GRACE)",
+    )
+    parser.add_argument(
+        "--reschedule-per-minute",
+        type=float,
+        default=float(env.get(ENV["reschedule_per_minute"], str(DEFAULT_PER_MINUTE))),
+        help="at most this many recoveries a minute (env VGPU_DRA_RESCHEDULE_PER_MINUTE)",
+    )
     return parser
 
 
@@ -160,7 +193,17 @@ def main(argv: Sequence[str]) -> int:
     )
     elector: LeaderElector | None = None
     reconciler = Reconciler(client, defaults)
-    worker = Worker(client, reconciler)
+    rescheduler = (
+        Rescheduler(
+            client,
+            [args.driver_name],
+            grace_s=args.reschedule_grace,
+            per_minute=args.reschedule_per_minute,
+        )
+        if args.reschedule
+        else None
+    )
+    worker = Worker(client, reconciler, rescheduler)
     if args.leader_elect:
         identity = f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
         elector = LeaderElector(
@@ -174,6 +217,8 @@ def main(argv: Sequence[str]) -> int:
             on_change=worker.became_leader,
         )
         reconciler.may_write = elector.is_leader
+        if rescheduler is not None:
+            rescheduler.may_write = elector.is_leader
         probes.add_check("leader-election", elector.healthy)
         log.info(
             "leader election on lease %s/%s as %s", args.lease_namespace, args.lease_name, identity

@@ -130,14 +130,12 @@ class Placed:
     """A pod we placed whose gate is lifted, until kube-scheduler binds it (or it goes).
 
     `excluded` are the nodes kube-scheduler refused for it (kept for the pod's lifetime in this
-    process only: a restarted controller knows only the node it last chose, from the pod's
-    Placement condition). `refusal` is the PodScheduled=False condition as it stood when we last
-    placed, so only a newer refusal triggers a re-placement."""
+    process only). `restored`: taken from the pod's Placement condition after a restart."""
 
     key: tuple[str, str]
     node: str
     excluded: set[str]
-    refusal: str
+    restored: bool = False
 
 
 class Reconciler:
@@ -209,7 +207,11 @@ class Reconciler:
                 self.claims[key] = obj
             if old is not None and _allocated(old) and not allocated:
                 # kube-scheduler deallocates a claim of a pod it cannot schedule (its DRA
-                # PostFilter): if we placed that pod, the node we chose was refused.
+                # PostFilter): if we placed that pod, the node we chose was refused. This is the
+                # trigger, not the pod's PodScheduled=False condition: that one arrives after
+                # the deallocation, does not name the node, and keeps its time from the
+                # SchedulingGated state, so it cannot tell a refusal answered already from a
+                # new one.
                 for consumer in (old.get("status") or {}).get("reservedFor") or []:
                     if str(consumer.get("uid")) in self.placed:
                         self.refused.add(str(consumer.get("uid")))
@@ -225,7 +227,9 @@ class Reconciler:
     def _track_placed(self, op: str, pod: JSON) -> None:
         """Follow a pod we placed from the lifting of its gate until kube-scheduler binds it."""
         uid = str(_meta(pod).get("uid"))
-        if op == "delete" or is_gated(pod) or (pod.get("spec") or {}).get("nodeName"):
+        if op != "delete" and is_gated(pod):
+            return  # older than the lifting of the gate (a gate never comes back)
+        if op == "delete" or (pod.get("spec") or {}).get("nodeName"):
             self.placed.pop(uid, None)
             self.ungated.pop(uid, None)
             self.refused.discard(uid)
@@ -236,10 +240,11 @@ class Reconciler:
             if record is None:
                 return  # not ours (default path, or a gate someone else lifted)
             self.placed[uid] = record
+            # The refusal of a pod placed before a restart: the deallocation that signals it
+            # may have been missed while no controller ran.
+            if _refusal(pod):
+                self.refused.add(uid)
         self.ungated[uid] = pod
-        refusal = _refusal(pod)
-        if refusal and refusal != record.refusal:
-            self.refused.add(uid)
 
     def _retry_waiting(self) -> None:
         self.dirty |= self.waiting
@@ -422,7 +427,6 @@ class Reconciler:
             return "handed_over"
         self._write(pod, present, parsed, placement, release_first=True)
         record.node = placement.node
-        record.refusal = _refusal(pod)
         log.info(
             "pod %s/%s: kube-scheduler refused node %s; placed again on %s",
             *record.key,
@@ -558,7 +562,7 @@ class Reconciler:
             gates = (current.get("spec") or {}).get("schedulingGates") or []
             kept = [g for g in gates if g.get("name") != GATE]
             try:
-                self.client.merge_patch(
+                lifted = self.client.merge_patch(
                     pod_path,
                     {
                         "metadata": {"resourceVersion": _meta(current).get("resourceVersion")},
@@ -576,7 +580,10 @@ class Reconciler:
         if node is None:
             self._set_condition(pod, "True", "NoClaims", "the pod has no resource claims")
         else:
-            self.placed[uid] = Placed((ns, name), node, set(), _refusal(pod))
+            # Followed from now on: kube-scheduler may refuse the node before the informer
+            # delivers the pod without its gate.
+            self.placed[uid] = Placed((ns, name), node, set())
+            self.ungated[uid] = lifted
             self._set_condition(pod, "True", "Placed", f"{PLACED_ON}{node}")
         self._reported.pop(uid, None)
 
@@ -660,14 +667,10 @@ def _node_of(claim: Mapping[str, Any]) -> str:
 PLACED_ON = "devices allocated on node "
 
 
-def _refusal(pod: Mapping[str, Any]) -> str:
-    """kube-scheduler's PodScheduled=False/Unschedulable condition as text ("" when none)."""
-    for cond in (pod.get("status") or {}).get("conditions") or []:
-        if (cond.get("type"), cond.get("status")) == ("PodScheduled", "False") and cond.get(
-            "reason"
-        ) == "Unschedulable":
-            return f"{cond.get('lastTransitionTime')} {cond.get('message')}"
-    return ""
+def _refusal(pod: Mapping[str, Any]) -> bool:
+    """kube-scheduler marked the pod PodScheduled=False/Unschedulable."""
+    cond = _condition(pod, "PodScheduled")
+    return (cond.get("status"), cond.get("reason")) == ("False", "Unschedulable")
 
 
 def _condition(pod: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
@@ -679,15 +682,13 @@ def _condition(pod: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
 
 def _placed_from_condition(pod: Mapping[str, Any]) -> Placed | None:
     """The record of a pod placed before this process started: our Placement condition names
-    the node. A refusal older than that condition was answered already."""
+    the node."""
     ours = _condition(pod, CONDITION)
     message = str(ours.get("message") or "")
     if ours.get("status") != "True" or not message.startswith(PLACED_ON):
         return None
     node = message[len(PLACED_ON) :].split(" ", 1)[0]
-    scheduled = _condition(pod, "PodScheduled")
-    old = str(scheduled.get("lastTransitionTime") or "") < str(ours.get("lastTransitionTime"))
-    return Placed(_nsname(pod), node, set(), _refusal(pod) if old else "")
+    return Placed(_nsname(pod), node, set(), restored=True)
 
 
 def _excluding(pod: Mapping[str, Any], nodes: set[str]) -> JSON:

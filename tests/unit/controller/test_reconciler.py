@@ -376,6 +376,7 @@ def test_a_node_kube_scheduler_refuses_is_replaced_by_the_next_best(api: FakeApi
     r.reconcile()
     assert {node_of(api.get(claim_path(n))) for n in "ab"} == {"node-00000"}
     lift_other_gate(api, r, "p")
+    feed(r, api)  # the informers deliver our writes
     refuse(api, r, "p", at="2026-01-01T00:00:01Z", deallocate="a")
     r.reconcile()
     a, b = api.get(claim_path("a")), api.get(claim_path("b"))
@@ -388,8 +389,10 @@ def test_a_node_kube_scheduler_refuses_is_replaced_by_the_next_best(api: FakeApi
     assert "node-00001" in ours["message"] and "refused node-00000" in ours["message"]
     # The model holds the new allocation only: node-00000 is free again.
     assert all(not any(v.values()) for k, v in r.model.used.items() if k[1] == "node-00000")
-    # The same (stale) refusal seen again changes nothing.
-    r.on_event("Pod", "apply", api.get(pod_path("p")))
+    # kube-scheduler's PodScheduled=False of its refusal of node-00000 arrives after the
+    # deallocation (and after our re-placement): it is no new refusal.
+    feed(r, api)
+    refuse(api, r, "p", at="2026-01-01T00:00:01Z", deallocate=None)
     r.reconcile()
     assert node_of(api.get(claim_path("a"))) == "node-00001"
     # A second refusal (signalled by kube-scheduler deallocating a claim) excludes both nodes.
@@ -411,9 +414,10 @@ def test_a_refused_pod_with_no_other_node_is_left_to_kube_scheduler(api: FakeApi
     feed(r, api)
     r.reconcile()
     lift_other_gate(api, r, "p")
-    refuse(api, r, "p", at="2026-01-01T00:00:01Z", deallocate=None)
+    feed(r, api)
+    refuse(api, r, "p", at="2026-01-01T00:00:01Z", deallocate="a")
     r.reconcile()
-    assert node_of(api.get(claim_path("a"))) == "node-00000"  # untouched
+    assert "allocation" not in api.get(claim_path("a"))["status"]  # kube-scheduler's to allocate
     (event,) = api.events
     assert event["reason"] == "Unschedulable"
     assert "refused node node-00000 and no other node fits" in event["message"]
@@ -427,18 +431,15 @@ def test_a_restarted_controller_replaces_a_pod_refused_after_its_placement(api: 
     feed(r1, api)
     r1.reconcile()
     lift_other_gate(api, r1, "p")
-    placed_at = next(
-        c for c in api.get(pod_path("p"))["status"]["conditions"] if c["type"] == CONDITION
-    )["lastTransitionTime"]
-    # A refusal older than the placement (from before the gate was lifted) is no trigger ...
+    # Not refused: a new controller only follows the pod.
     r2 = reconciler(api, nodes=2)
-    refuse(api, r2, "p", at="2000-01-01T00:00:00Z", deallocate=None)
     feed(r2, api)
     r2.reconcile()
     assert node_of(api.get(claim_path("a"))) == "node-00000"
-    # ... a newer one is, for a controller that never saw the placement.
+    assert r2.placed["uid-p"].node == "node-00000"
+    # Refused while no controller ran: the new one places the claim again.
     r3 = reconciler(api, nodes=2)
-    refuse(api, r3, "p", at=placed_at, deallocate=None)
+    refuse(api, r3, "p", at="2026-01-01T00:00:01Z", deallocate=None)
     feed(r3, api)
     r3.reconcile()
     assert node_of(api.get(claim_path("a"))) == "node-00001"
@@ -451,13 +452,34 @@ def test_a_claim_allocated_by_kube_scheduler_itself_ends_the_re_placement(api: F
     feed(r, api)
     r.reconcile()
     lift_other_gate(api, r, "p")
+    feed(r, api)
     # kube-scheduler was faster: it deallocated "a" and allocated it on node-00001 itself.
     theirs = api.get(claim_path("a"))
+    refuse(api, r, "p", at="2026-01-01T00:00:01Z", deallocate="a")
+    theirs["metadata"] = api.get(claim_path("a"))["metadata"]
     theirs["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0][
         "values"
     ] = ["node-00001"]
     r.on_event("ResourceClaim", "apply", api.put(claim_path("a"), theirs))
-    refuse(api, r, "p", at="2026-01-01T00:00:01Z", deallocate=None)
     r.reconcile()
     assert api.get(claim_path("a")) == theirs | {"metadata": api.get(claim_path("a"))["metadata"]}
     assert r.placed == {}
+
+
+def test_a_refusal_seen_before_the_ungated_pod_is_acted_on(api: FakeApi) -> None:
+    """Claims and pods come from two informers: kube-scheduler's deallocation can be delivered
+    before the pod event that shows the gate lifted (and a stale gated event after it)."""
+    r = reconciler(api, nodes=2)
+    make_claim(api, "a")
+    gated = make_pod(api, "p", ["a"])
+    feed(r, api)
+    r.reconcile()
+    for path, obj in list(api.objects.items()):
+        if "/resourceclaims/" in path:
+            r.on_event("ResourceClaim", "apply", obj)
+    claim = api.get(claim_path("a"))
+    claim["status"] = {}
+    r.on_event("ResourceClaim", "apply", api.put(claim_path("a"), claim))
+    r.on_event("Pod", "apply", gated)  # stale: from before the gate was lifted
+    r.reconcile()
+    assert node_of(api.get(claim_path("a"))) == "node-00001"
