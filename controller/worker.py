@@ -4,9 +4,10 @@ Why one thread: the allocator's model is mutated by every event and read by ever
 a single consumer of one queue no lock is needed and a decision always sees a consistent cluster.
 Informers (one thread each) only enqueue; the worker drains everything queued, then reconciles
 the pods those changes made worth another look, then lets the rescheduler (when on) handle the
-pods whose prepare failed and whose grace time is over. Standby replicas keep the model current
-too, so a new leader starts deciding at once, after reading every claim again
-(`resync_claims`).
+pods whose prepare failed and whose grace time is over. Allocations awaiting their binding
+condition are confirmed (or failed as overbooked) in the same pass (`controller.confirmer`).
+Standby replicas keep the model current too, so a new leader starts deciding at once, after
+reading every claim again (`resync_claims`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import queue
 import threading
 from typing import Any
 
+from controller.confirmer import Confirmer
 from controller.informers import ALL, POD_WARNINGS, Informer
 from controller.reconciler import Reconciler
 from controller.rescheduler import Rescheduler
@@ -36,6 +38,13 @@ class Worker:
     ) -> None:
         self.reconciler = reconciler
         self.rescheduler = rescheduler
+        # Late-bound: leader election sets reconciler.may_write after the worker is built.
+        self.confirmer = Confirmer(
+            client,
+            reconciler.model,
+            reconciler.claims,
+            may_write=lambda: reconciler.may_write(),  # noqa: PLW0108
+        )
         self.queue: queue.Queue[tuple[str, str, JSON]] = queue.Queue()
         self.informers = [Informer(client, r, self._enqueue) for r in ALL]
         # Separate: allocation decides without it (it never blocks the policy path).
@@ -78,7 +87,9 @@ class Worker:
                     self.reconciler.resync_claims()
                     self._resync = False
                     self.reconciler.dirty |= set(self.reconciler.pods)
+                    self.confirmer.dirty = True
                 self.reconciler.reconcile()
+                self.confirmer.run()  # only when a claim awaits confirmation
                 if self.rescheduler is not None:
                     self.rescheduler.run()  # only pods whose grace time is over
             except kube.KubeError as exc:
@@ -108,6 +119,8 @@ class Worker:
                     self.rescheduler.on_event(op, obj)
                 return
             self.reconciler.on_event(kind, op, obj)
+            if kind == "ResourceClaim" and op != "delete":
+                self.confirmer.on_claim(obj)
         except Exception:  # one malformed object must not stop the controller
             meta = obj.get("metadata") or {}
             log.exception("cannot take %s %s/%s", kind, meta.get("namespace"), meta.get("name"))

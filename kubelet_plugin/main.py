@@ -174,6 +174,13 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
         default=True,
         help="write Kubernetes Events on claims (and their pods) that fail to prepare",
     )
+    add(
+        "--binding-conditions",
+        action=argparse.BooleanOptionalAction,
+        default=os.environ.get("VGPU_DRA_FEATURE_BINDING_CONDITIONS", "false").lower() == "true",
+        help="publish devices with binding conditions, confirmed by the allocation controller "
+        "(needs the controller; env VGPU_DRA_FEATURE_BINDING_CONDITIONS, default false)",
+    )
     return parser
 
 
@@ -393,6 +400,7 @@ def _serve(
             rescan_s=args.rescan_seconds,
             quiet_s=args.xid_quiet_seconds,
             enforcement=args.enforcement,
+            binding_conditions=args.binding_conditions,
         ),
         inventory=inventory,
         client=client,
