@@ -15,27 +15,30 @@ node's overbooking guard (the plugin posts `PrepareOverbooked` on the pod). The 
 from __future__ import annotations
 
 import copy
-import functools
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
-from tests.fixtures.controller import Account, Controller, await_, controller_account, started
-from vgpu_testbed.standin.node_agents import NodeAgents, start_node_agents
+from tests.fixtures.controller import (
+    DRIVER,
+    Account,
+    Controller,
+    await_,
+    controller_account,
+    node_with_plugin,
+    started,
+)
+from vgpu_testbed.standin.node_agents import NodeAgents
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 JSON = dict[str, Any]
-DRIVER = "vgpu.dra.dev"
 NODE = "node-1"
 HOLD = "example.com/hold"
-DEVICE_CLASS = Path(__file__).resolve().parents[3] / "deploy" / "deviceclass.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -47,30 +50,8 @@ def client(cluster: Any) -> Iterator[KubeClient]:
 
 @pytest.fixture(scope="module")
 def agents(cluster: Any, client: KubeClient) -> Iterator[NodeAgents]:
-    """node-1's kubelet plugin and stand-in, and the repo's DeviceClass; removed afterwards."""
-    device_class = yaml.safe_load(DEVICE_CLASS.read_text())
-    client.delete(kube.path(RESOURCE_API, "deviceclasses", DRIVER))
-    await_("an old DeviceClass to go", functools.partial(_class_gone, client))
-    client.create(kube.path(RESOURCE_API, "deviceclasses"), device_class)
-    started_agents = start_node_agents(cluster, [NODE])
-    try:
-        yield started_agents[NODE]
-    finally:
-        for node_agents in started_agents.values():
-            node_agents.stop()
-        for obj in client.list(
-            kube.path(RESOURCE_API, "resourceslices"), field_selector=f"spec.driver={DRIVER}"
-        ):
-            client.delete(kube.path(RESOURCE_API, "resourceslices", obj["metadata"]["name"]))
-        client.delete(kube.path(RESOURCE_API, "deviceclasses", DRIVER))
-
-
-def _class_gone(client: KubeClient) -> bool:
-    try:
-        client.get(kube.path(RESOURCE_API, "deviceclasses", DRIVER))
-    except kube.NotFound:
-        return True
-    return False
+    with node_with_plugin(cluster, client, NODE) as node_agents:
+        yield node_agents
 
 
 @pytest.fixture(scope="module")
