@@ -60,6 +60,7 @@ ENV = {
     "log_format": "VGPU_DRA_LOG_FORMAT",
     "metrics_address": "VGPU_DRA_METRICS_ADDRESS",
     "otlp_endpoint": tracing.OTLP_ENV,
+    "binding_conditions": "VGPU_DRA_FEATURE_BINDING_CONDITIONS",
 }
 DEFAULT_HOOK_PATH = "/usr/local/vgpu-dra/lib/libvgpu.so"
 
@@ -177,7 +178,7 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
     add(
         "--binding-conditions",
         action=argparse.BooleanOptionalAction,
-        default=os.environ.get("VGPU_DRA_FEATURE_BINDING_CONDITIONS", "false").lower() == "true",
+        default=(default("binding_conditions", "false") or "").lower() in ("1", "true", "yes"),
         help="publish devices with binding conditions, confirmed by the allocation controller "
         "(needs the controller; env VGPU_DRA_FEATURE_BINDING_CONDITIONS, default false)",
     )
