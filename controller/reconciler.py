@@ -18,6 +18,15 @@ written for the pod. On a restart, a gated pod whose claims are all allocated fo
 gate removed; one with only some of them (crash between writes) has those released and is placed
 again, so a crash at any point converges.
 
+Claims get kube-scheduler's finalizer before their allocation, so the resourceclaim controller
+deallocates them after their last pod, as it does for kube-scheduler's own.
+
+After the gate is lifted the pod is followed until kube-scheduler binds it: if kube-scheduler
+refuses the chosen node (its DRA PostFilter deallocates a claim of the pod), the claims are placed
+again without that node (`replace_pod`; docs/scheduling.md has the mechanism and its race window).
+
+Every decision is reported to an optional `ReconcileObserver` (metrics) with one of `OUTCOMES`.
+
 Only one thread (the controller's worker) calls into this class; informers only enqueue.
 """
 

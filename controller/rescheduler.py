@@ -48,6 +48,7 @@ NOT_RESCHEDULED = "PrepareFailedNotRescheduled"
 RESCHEDULED = "PrepareFailedRescheduled"
 DEFAULT_GRACE_S = 30.0
 DEFAULT_PER_MINUTE = 10.0
+_JSON = "application/json"
 
 
 class RescheduleObserver(Protocol):
@@ -312,6 +313,3 @@ class Rescheduler:
             self.client.create(kube.path("v1", "events", namespace=ns), event)
         except kube.KubeError as exc:
             log.warning("pod %s/%s: cannot record event: %s", ns, name, exc)
-
-
-_JSON = "application/json"

@@ -203,8 +203,14 @@ def test_a_deployment_pod_that_cannot_prepare_is_recreated_and_runs_elsewhere(
         lambda: (p := victim_pod()) and p["metadata"]["uid"] != first["metadata"]["uid"] and p,
         90,
     )
-    reasons = {e["reason"] for e in events_of(client, namespace, first["metadata"]["uid"])}
-    assert {"PrepareOverbooked", "PrepareFailedRescheduled"} <= reasons, reasons
+    # The controller records its Event right after the deletion (the new pod may come first).
+    await_(
+        "the PrepareOverbooked and PrepareFailedRescheduled Events",
+        lambda: (
+            {"PrepareOverbooked", "PrepareFailedRescheduled"}
+            <= {e["reason"] for e in events_of(client, namespace, first["metadata"]["uid"])}
+        ),
+    )
     lift_hold(client, namespace, second["metadata"]["name"])
     name = second["metadata"]["name"]
     runs = await_("the new pod running", lambda: running(client, namespace, name), 90)

@@ -7,7 +7,12 @@ is retried after a fresh read; a claim deleted mid-placement leaves the claims a
 released and the model without their consumption; a crash between two claim writes (one claim
 allocated for the pod, one not) converges to both on one node; a refused pod gets one Event and
 one condition, is not retried without a change, and is retried when a node or slice arrives; an
-API failure is retried after a doubling backoff even when no event follows.
+API failure is retried after a doubling backoff even when no event follows; claims carry
+kube-scheduler's finalizer; a node kube-scheduler refuses (signalled by its deallocation of a
+claim) is replaced by the next best, both claims together, a second refusal excludes both nodes,
+no other node hands the pod to kube-scheduler, a restarted controller re-places a refused pod,
+kube-scheduler's own allocation ends the following, and a refusal seen before the ungated pod
+event is acted on.
 """
 
 from __future__ import annotations
