@@ -135,6 +135,9 @@ class Confirmer:
                     done["overbooked"] += 1
             except (kube.Conflict, kube.NotFound):
                 self.dirty = True  # changed meanwhile: its event brings the next look
+            except kube.KubeError:
+                self.dirty = True  # the API failed: decide again on the worker's next pass
+                raise
         return done
 
     # ------------------------------------------------------------ accounting

@@ -148,3 +148,21 @@ def test_failed_claims_hold_nothing_and_a_standby_writes_nothing(
     assert "devices" not in written(api, "c")["status"]
     confirmer.may_write = lambda: True
     assert confirmer.run() == {"confirmed": 1, "overbooked": 0}
+
+
+def test_an_api_failure_leaves_the_claim_to_decide_again(
+    setup: tuple[FakeApi, dict[tuple[str, str], JSON], Confirmer],
+) -> None:
+    api, claims, confirmer = setup
+    claim(api, claims, "a", "gpu-0", 10)
+    confirmer.on_claim(claims[("t", "a")])
+    real = api.replace
+
+    def refuse(path: str, obj: Mapping[str, Any]) -> JSON:
+        raise kube.KubeError(403, "Forbidden", "resourceclaims/driver")
+
+    api.replace = refuse  # type: ignore[method-assign]
+    with pytest.raises(kube.KubeError):
+        confirmer.run()
+    api.replace = real  # type: ignore[method-assign]
+    assert confirmer.run() == {"confirmed": 1, "overbooked": 0}
