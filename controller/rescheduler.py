@@ -13,9 +13,10 @@ This module moves such a pod off the node, for both paths (default and policy):
   meanwhile may free the capacity; the kubelet's own retries may succeed). It is recovered only
   if then it is still bound, not terminating, no container ever started, and at least one of its
   claims is allocated to one of `drivers`.
-- **Recovery**: a pod with a controlling owner (ReplicaSet, Job, StatefulSet...) is deleted (with
-  its uid as precondition) and each claim reserved for it alone is deallocated, so the owner's
-  new pod is allocated afresh, elsewhere if the node cannot take it. A bare pod is never deleted:
+- **Recovery**: a pod with a controlling owner (ReplicaSet, Job, StatefulSet...) is evicted (the
+  Eviction API: a graceful delete that honours PodDisruptionBudgets, with its uid as
+  precondition) and each claim reserved for it alone is deallocated, so the owner's new pod is
+  allocated afresh, elsewhere if the node cannot take it. A bare pod is never deleted:
   it gets one Warning Event `PrepareFailedNotRescheduled` saying what to do.
 - **Rate**: at most `per_minute` recoveries a minute (token bucket), so a broken node or a bad
   rollout cannot make the controller delete pods in bulk; a pod over the budget waits its turn.
@@ -48,11 +49,10 @@ NOT_RESCHEDULED = "PrepareFailedNotRescheduled"
 RESCHEDULED = "PrepareFailedRescheduled"
 DEFAULT_GRACE_S = 30.0
 DEFAULT_PER_MINUTE = 10.0
-_JSON = "application/json"
 
 
 class RescheduleObserver(Protocol):
-    """Told about every recovery (metrics); `outcome` is "deleted" or "reported"."""
+    """Told about every recovery (metrics); `outcome` is "evicted" or "reported"."""
 
     def rescheduled(self, outcome: str) -> None: ...
 
@@ -218,8 +218,16 @@ class Rescheduler:
                      node)  # fmt: skip
             self._observed("reported")
             return
-        self.client.request(
-            "DELETE", pod_path, body={"preconditions": {"uid": c.uid}}, content_type=_JSON
+        # The Eviction API: a graceful delete that honours PodDisruptionBudgets (429 while a
+        # budget forbids it: retried after the grace time), with the uid as precondition.
+        self.client.create(
+            kube.path("v1", "pods", c.name, namespace=c.namespace, subresource="eviction"),
+            {
+                "apiVersion": "policy/v1",
+                "kind": "Eviction",
+                "metadata": {"name": c.name, "namespace": c.namespace},
+                "deleteOptions": {"preconditions": {"uid": c.uid}},
+            },
         )
         for claim in claims:
             self._deallocate(claim, c.uid)
@@ -227,12 +235,12 @@ class Rescheduler:
             pod,
             RESCHEDULED,
             f"claims {names} cannot be prepared on node {node} ({c.reason}); the pod was "
-            f"deleted so that its {owner.get('kind')} {owner.get('name')} creates it again, and "
+            f"evicted so that its {owner.get('kind')} {owner.get('name')} creates it again, and "
             "its claims were deallocated",
         )
-        log.info("pod %s/%s: prepare failed on %s; deleted for %s %s to recreate", c.namespace,
+        log.info("pod %s/%s: prepare failed on %s; evicted for %s %s to recreate", c.namespace,
                  c.name, node, owner.get("kind"), owner.get("name"))  # fmt: skip
-        self._observed("deleted")
+        self._observed("evicted")
 
     def _observed(self, outcome: str) -> None:
         if self.observer is not None:

@@ -1,5 +1,5 @@
 """The rescheduler's decisions against an in-memory API: which pods whose prepare failed are
-recovered, when (grace time, rate), and how (owned pods deleted and their claims deallocated; a
+recovered, when (grace time, rate), and how (owned pods evicted and their claims deallocated; a
 bare pod only told what to do).
 
 The same on the real control plane, with a real prepare failure: tests/e2e/controller/
@@ -43,14 +43,15 @@ class FakeApi:
         self.objects[target] = updated
         return copy.deepcopy(updated)
 
-    def request(self, method: str, path: str, *, body: Any = None, **_: Any) -> JSON:
-        assert method == "DELETE"
-        assert body["preconditions"]["uid"] == self.objects[path]["metadata"]["uid"]
-        self.deleted.append((path, body))
-        del self.objects[path]
-        return {}
-
     def create(self, path: str, obj: Mapping[str, Any]) -> JSON:
+        if path.endswith("/eviction"):
+            pod = path.removesuffix("/eviction")
+            assert obj["kind"] == "Eviction" and obj["metadata"]["name"] == pod.rsplit("/")[-1]
+            uid = obj["deleteOptions"]["preconditions"]["uid"]
+            assert uid == self.objects[pod]["metadata"]["uid"]
+            self.deleted.append((pod, dict(obj)))
+            del self.objects[pod]
+            return {}
         assert path.endswith("/events")
         self.events.append(dict(obj))
         return dict(obj)
@@ -122,7 +123,7 @@ def rescheduler(api: FakeApi, clock: Clock, **kwargs: Any) -> Rescheduler:
     return Rescheduler(api, [DRIVER], grace_s=30, clock=clock, **kwargs)  # type: ignore[arg-type]
 
 
-def test_an_owned_pod_is_deleted_after_the_grace_time_and_its_claim_deallocated(
+def test_an_owned_pod_is_evicted_after_the_grace_time_and_its_claim_deallocated(
     api: FakeApi,
 ) -> None:
     clock = Clock()
