@@ -21,9 +21,11 @@ again, so a crash at any point converges.
 Claims get kube-scheduler's finalizer before their allocation, so the resourceclaim controller
 deallocates them after their last pod, as it does for kube-scheduler's own.
 
-After the gate is lifted the pod is followed until kube-scheduler binds it: if kube-scheduler
-refuses the chosen node (its DRA PostFilter deallocates a claim of the pod), the claims are placed
-again without that node (`replace_pod`; docs/scheduling.md has the mechanism and its race window).
+After the gate is lifted the pod is followed until kube-scheduler binds it, and its claims carry
+a second consumer (the placement hold) so kube-scheduler never deallocates them itself: if
+kube-scheduler refuses the chosen node (PodScheduled False/Unschedulable), the claims are placed
+again without that node (`replace_pod`; docs/scheduling.md has the mechanism and its race
+window); once the pod is bound (or gone, or handed over) the hold is dropped.
 
 Every decision is reported to an optional `ReconcileObserver` (metrics) with one of `OUTCOMES`.
 
@@ -62,6 +64,17 @@ COMPONENT = "vgpu-dra-controller"
 # allocation once its last consumer is gone (without it a named claim stays allocated forever)
 # and a claim in use cannot vanish. The scheduler adds it before it allocates; so do we.
 FINALIZER = "resource.kubernetes.io/delete-protection"
+# A second consumer in `status.reservedFor` of each claim the controller allocates, from the
+# gate's lifting until kube-scheduler binds the pod. kube-scheduler's DRA PostFilter deallocates
+# a refused pod's claim only when the pod is its sole consumer; without this it would do so on
+# the first refusal and, retrying at once, allocate the claim itself (first fit) before the
+# controller could place it again. The resourceclaim controller keeps entries that are not pods.
+HOLD_GROUP = "vgpu.dra.dev"
+HOLD_RESOURCE = "placements"
+HOLD_SUFFIX = "-placement"
+# Written by the controller into PodScheduled after placing a refused pod again, so that
+# kube-scheduler's next refusal changes the condition (and so the pod) again.
+REPLACED_REASON = "VgpuDraReplaced"
 CONFLICT_RETRIES = 5
 API_RETRY_START_S = 1.0
 API_RETRY_MAX_S = 60.0
@@ -139,12 +152,15 @@ class Placed:
     """A pod we placed whose gate is lifted, until kube-scheduler binds it (or it goes).
 
     `excluded` are the nodes kube-scheduler refused for it (kept for the pod's lifetime in this
-    process only). `restored`: taken from the pod's Placement condition after a restart."""
+    process only). `restored`: taken from the pod's Placement condition after a restart. A
+    refusal counts when the pod's PodScheduled is False/Unschedulable in a version newer than
+    `version` (resourceVersions compared as the integers etcd makes them)."""
 
     key: tuple[str, str]
     node: str
     excluded: set[str]
     restored: bool = False
+    version: int = 0  # the pod's resourceVersion after our last placement: older events are old
 
 
 class Reconciler:
@@ -179,6 +195,7 @@ class Reconciler:
         self.ungated: dict[str, JSON] = {}  # the latest object of each pod in `placed`
         self.refused: set[str] = set()  # pod uids to place again
         self._replace_retry: dict[str, float] = {}  # pod uid -> when (after an API failure)
+        self.held: set[tuple[str, str]] = set()  # claims carrying our hold entry
 
     # ------------------------------------------------------------ events
 
@@ -214,6 +231,10 @@ class Reconciler:
                     return
                 self._written.discard(uid)
                 self.claims[key] = obj
+            if op != "delete" and _holds(obj):
+                self.held.add(key)
+            else:
+                self.held.discard(key)
             if old is not None and _allocated(old) and not allocated:
                 # kube-scheduler deallocates a claim of a pod it cannot schedule (its DRA
                 # PostFilter): if we placed that pod, the node we chose was refused. This is the
@@ -249,10 +270,11 @@ class Reconciler:
             if record is None:
                 return  # not ours (default path, or a gate someone else lifted)
             self.placed[uid] = record
-            # The refusal of a pod placed before a restart: the deallocation that signals it
-            # may have been missed while no controller ran.
+            # Refused while no controller ran (or before this one saw it): place it again.
             if _refusal(pod):
                 self.refused.add(uid)
+        elif _refusal(pod) and _version(pod) > record.version:
+            self.refused.add(uid)
         self.ungated[uid] = pod
 
     def _retry_waiting(self) -> None:
@@ -278,6 +300,8 @@ class Reconciler:
             if due <= now:
                 del self._replace_retry[uid]
                 self.refused.add(uid)
+        if self.held and self.may_write():
+            self._release_holds()
         while (self.dirty or self.refused) and self.may_write():
             # Re-placements first: kube-scheduler retries such a pod after its backoff (1 s and
             # up), and the new allocation must be written before it does (docs/scheduling.md).
@@ -397,8 +421,8 @@ class Reconciler:
         that node (nor any it refused before), releasing and rewriting each claim back to back.
 
         A gate cannot be put back on a pod, so the new allocation is the only lever; between a
-        claim's release and its new allocation kube-scheduler could allocate it itself (it
-        retries the pod after a backoff of at least a second; the two writes take milliseconds).
+        claim's release and its new allocation kube-scheduler, woken by the release, could
+        allocate it itself (then the pod is left to it: `Retry` in `_replace_uid`).
         """
         uid = str(_meta(pod).get("uid"))
         ns = record.key[0]
@@ -442,12 +466,37 @@ class Reconciler:
             refused_node,
             placement.node,
         )
-        self._set_condition(
-            pod,
-            "True",
-            "Replaced",
-            f"devices allocated on node {placement.node} (kube-scheduler refused {excluded})",
-        )
+        message = f"devices allocated on node {placement.node} (kube-scheduler refused {excluded})"
+        now = _now()
+        try:
+            patched = self.client.strategic_patch(
+                kube.path("v1", "pods", record.key[1], namespace=ns, subresource="status"),
+                {
+                    "status": {
+                        "conditions": [
+                            {
+                                "type": CONDITION,
+                                "status": "True",
+                                "reason": "Replaced",
+                                "message": message,
+                                "lastTransitionTime": now,
+                            },
+                            {
+                                "type": "PodScheduled",
+                                "status": "False",
+                                "reason": REPLACED_REASON,
+                                "message": message,
+                                "lastTransitionTime": now,
+                            },
+                        ]
+                    }
+                },
+            )
+            record.version = max(record.version, _version(patched))
+        except kube.KubeError as exc:
+            # Without the reset a second refusal may go unnoticed (the pod would stay pending
+            # with its claims on the new node): log it, the placement itself stands.
+            log.warning("pod %s/%s: cannot update its conditions: %s", *record.key, exc)
         return "replaced"
 
     def _forget(self, uid: str) -> None:
@@ -469,7 +518,7 @@ class Reconciler:
         pod, on a refused node) just before its new allocation is written."""
         ns, name = _nsname(pod)
         pod_uid = str(_meta(pod).get("uid"))
-        reserved = {"resource": "pods", "name": name, "uid": pod_uid}
+        reserved = [{"resource": "pods", "name": name, "uid": pod_uid}, _hold(name, pod_uid)]
         written: list[JSON] = []
         try:
             for claim, spec in zip(claims, parsed, strict=True):
@@ -487,7 +536,7 @@ class Reconciler:
             "pod %s/%s: %d claim(s) allocated on node %s", ns, name, len(written), placement.node
         )
 
-    def _write_claim(self, claim: JSON, allocation: JSON, reserved: JSON) -> JSON:
+    def _write_claim(self, claim: JSON, allocation: JSON, reserved: list[JSON]) -> JSON:
         ns, name = _nsname(claim)
         status_path = kube.path(
             kube.RESOURCE_API, "resourceclaims", name, namespace=ns, subresource="status"
@@ -500,7 +549,7 @@ class Reconciler:
                 raise Retry("lost leadership")
             status = dict(current.get("status") or {})
             status["allocation"] = allocation
-            status["reservedFor"] = [reserved]
+            status["reservedFor"] = list(reserved)
             try:
                 if FINALIZER not in (_meta(current).get("finalizers") or []):
                     current = self._add_finalizer(current)
@@ -591,10 +640,49 @@ class Reconciler:
         else:
             # Followed from now on: kube-scheduler may refuse the node before the informer
             # delivers the pod without its gate.
-            self.placed[uid] = Placed((ns, name), node, set())
+            self.placed[uid] = Placed((ns, name), node, set(), version=_version(lifted))
             self.ungated[uid] = lifted
             self._set_condition(pod, "True", "Placed", f"{PLACED_ON}{node}")
         self._reported.pop(uid, None)
+
+    def _release_holds(self) -> None:
+        """Drop our hold from every claim whose pod we no longer follow (bound, gone, handed over
+        to kube-scheduler), so that the resourceclaim controller can deallocate it after the pod
+        as it does any claim. Runs over a complete picture only (the worker reconciles once every
+        informer has listed), so a pod not listed yet is never taken for a gone one."""
+        for key in sorted(self.held):
+            claim = self.claims.get(key)
+            if claim is None:
+                self.held.discard(key)
+                continue
+            reserved = (claim.get("status") or {}).get("reservedFor") or []
+            kept = [
+                r
+                for r in reserved
+                if not _is_hold(r) or str(r.get("uid")).removesuffix(HOLD_SUFFIX) in self.placed
+            ]
+            if len(kept) == len(reserved):
+                continue
+            status = {**(claim.get("status") or {}), "reservedFor": kept}
+            try:
+                updated = self.client.replace(
+                    kube.path(
+                        kube.RESOURCE_API,
+                        "resourceclaims",
+                        key[1],
+                        namespace=key[0],
+                        subresource="status",
+                    ),
+                    {**claim, "status": status},
+                )
+            except (kube.Conflict, kube.NotFound):
+                continue  # changed meanwhile: its event brings it back here
+            except kube.KubeError as exc:
+                log.warning("claim %s/%s: cannot drop the placement hold: %s", *key, exc)
+                continue
+            self.claims[key] = updated
+            self.held.discard(key)
+            log.debug("claim %s/%s: placement hold dropped", *key)
 
     # ------------------------------------------------------------ reporting
 
@@ -674,6 +762,30 @@ def _node_of(claim: Mapping[str, Any]) -> str:
 
 
 PLACED_ON = "devices allocated on node "
+
+
+def _hold(pod_name: str, pod_uid: str) -> JSON:
+    return {
+        "apiGroup": HOLD_GROUP,
+        "resource": HOLD_RESOURCE,
+        "name": pod_name,
+        "uid": pod_uid + HOLD_SUFFIX,
+    }
+
+
+def _is_hold(ref: Mapping[str, Any]) -> bool:
+    return ref.get("apiGroup") == HOLD_GROUP and ref.get("resource") == HOLD_RESOURCE
+
+
+def _holds(claim: Mapping[str, Any]) -> bool:
+    return any(_is_hold(r) for r in (claim.get("status") or {}).get("reservedFor") or [])
+
+
+def _version(obj: Mapping[str, Any]) -> int:
+    try:
+        return int(str(_meta(obj).get("resourceVersion") or "0"))
+    except ValueError:
+        return 0
 
 
 def _refusal(pod: Mapping[str, Any]) -> bool:

@@ -275,7 +275,8 @@ class Rescheduler:
         the resourceclaim controller once its other consumers are gone)."""
         meta = _meta(claim)
         reserved = (claim.get("status") or {}).get("reservedFor") or []
-        if any(str(r.get("uid")) != pod_uid for r in reserved):
+        # Other pods use it (the policy path's placement hold on a pod's claims is no user).
+        if any(r.get("resource") == "pods" and str(r.get("uid")) != pod_uid for r in reserved):
             return
         status = dict(claim.get("status") or {})
         for key in ("allocation", "reservedFor", "devices"):

@@ -37,6 +37,7 @@ from tests.fixtures.controller import (
     Controller,
     await_,
     controller_account,
+    drop_holds,
     node_with_plugin,
     started,
 )
@@ -187,6 +188,7 @@ def test_a_storm_of_both_paths_never_double_books_a_container(
             counts = await_("the storm settled", settled, 400)
         finally:
             controller.kill()
+            drop_holds(client, namespace)
         # The confirmer's decisions, from its log: kube-scheduler clears a failed allocation
         # (status.devices included) at once, so the claims no longer show them.
         log = controller.text()
@@ -285,3 +287,4 @@ def test_a_default_path_allocation_over_capacity_it_did_not_see_is_failed_before
             assert "claim " + namespace + "/d: CapacityConfirmed" in controller.text()
         finally:
             controller.kill()
+            drop_holds(client, namespace)

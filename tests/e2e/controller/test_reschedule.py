@@ -29,6 +29,7 @@ from tests.fixtures.controller import (
     Controller,
     await_,
     controller_account,
+    drop_holds,
     node_with_plugin,
     started,
 )
@@ -64,7 +65,7 @@ def account(
 
 
 @pytest.fixture
-def controller(client: KubeClient, account: Account) -> Iterator[Controller]:
+def controller(client: KubeClient, account: Account, namespace: str) -> Iterator[Controller]:
     c = Controller(account, "rescheduler", "--reschedule-grace", "2",
                    "--reschedule-per-minute", "60")  # fmt: skip
     try:
@@ -72,6 +73,7 @@ def controller(client: KubeClient, account: Account) -> Iterator[Controller]:
         yield c
     finally:
         c.kill()
+        drop_holds(client, namespace)
 
 
 def claim_spec(selector: str | None = None, memory: str | None = None) -> JSON:

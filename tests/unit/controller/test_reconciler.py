@@ -32,6 +32,8 @@ from tests.fixtures.allocator_cluster import DEVICE_CLASS, DRIVER, node_events
 
 JSON = dict[str, Any]
 NS = "tenant"
+HOLD = {"apiGroup": "vgpu.dra.dev", "resource": "placements", "name": "p", "uid": "uid-p-placement"}
+POD_P = {"resource": "pods", "name": "p", "uid": "uid-p"}
 
 
 class FakeApi:
@@ -87,11 +89,11 @@ class FakeApi:
         return self.put(path, updated)
 
     def strategic_patch(self, path: str, patch: Mapping[str, Any]) -> JSON:
-        target = self.objects[path.removesuffix("/status")]
+        target = copy.deepcopy(self.objects[path.removesuffix("/status")])
         conditions = target.setdefault("status", {}).setdefault("conditions", [])
         for cond in patch["status"]["conditions"]:
             conditions[:] = [c for c in conditions if c["type"] != cond["type"]] + [cond]
-        return copy.deepcopy(target)
+        return self.put(path.removesuffix("/status"), target)
 
     def create(self, path: str, obj: Mapping[str, Any]) -> JSON:
         assert path.endswith("/events"), path
@@ -185,7 +187,8 @@ def test_places_writes_claims_and_removes_only_its_gate(api: FakeApi) -> None:
     claims = [api.get(claim_path(n)) for n in ("a", "b")]
     assert {node_of(c) for c in claims} == {"node-00000"}
     for claim in claims:
-        assert claim["status"]["reservedFor"] == [{"resource": "pods", "name": "p", "uid": "uid-p"}]
+        # The pod, and our hold until kube-scheduler binds it.
+        assert claim["status"]["reservedFor"] == [POD_P, HOLD]
         (result,) = claim["status"]["allocation"]["devices"]["results"]
         assert result["driver"] == DRIVER and result["request"] == "gpu"
         assert parse_quantity(result["consumedCapacity"]["memory"]) == 10 << 30
@@ -344,9 +347,10 @@ def test_claims_carry_the_schedulers_finalizer_so_they_are_deallocated_after_the
     assert claim["status"]["allocation"]
 
 
-def refuse(api: FakeApi, r: Reconciler, pod: str, *, at: str, deallocate: str | None) -> None:
-    """What kube-scheduler does with a pod whose claims pin it to a node it refuses: its DRA
-    PostFilter deallocates one claim, then it marks the pod PodScheduled=False/Unschedulable."""
+def refuse(api: FakeApi, r: Reconciler, pod: str, *, at: str, deallocate: str | None) -> JSON:
+    """What kube-scheduler does with a pod whose claims pin it to a node it refuses: it marks the
+    pod PodScheduled=False/Unschedulable and, when the pod is a claim's only consumer (no hold),
+    its DRA PostFilter deallocates that claim first. Returns the pod as refused."""
     if deallocate is not None:
         claim = api.get(claim_path(deallocate))
         claim["status"] = {}
@@ -363,7 +367,9 @@ def refuse(api: FakeApi, r: Reconciler, pod: str, *, at: str, deallocate: str | 
             "lastTransitionTime": at,
         }
     ]
-    r.on_event("Pod", "apply", api.put(pod_path(pod), obj))
+    refused = api.put(pod_path(pod), obj)
+    r.on_event("Pod", "apply", refused)
+    return refused
 
 
 def lift_other_gate(api: FakeApi, r: Reconciler, pod: str) -> None:
@@ -382,34 +388,39 @@ def test_a_node_kube_scheduler_refuses_is_replaced_by_the_next_best(api: FakeApi
     assert {node_of(api.get(claim_path(n))) for n in "ab"} == {"node-00000"}
     lift_other_gate(api, r, "p")
     feed(r, api)  # the informers deliver our writes
-    refuse(api, r, "p", at="2026-01-01T00:00:01Z", deallocate="a")
+    # Our hold keeps kube-scheduler from deallocating: the refusal is the pod's condition.
+    stale = refuse(api, r, "p", at="2026-01-01T00:00:01Z", deallocate=None)
     r.reconcile()
     a, b = api.get(claim_path("a")), api.get(claim_path("b"))
     assert node_of(a) == node_of(b) == "node-00001"  # binpack's next node, both claims together
     for claim in (a, b):
-        assert claim["status"]["reservedFor"] == [{"resource": "pods", "name": "p", "uid": "uid-p"}]
-    cond = api.get(pod_path("p"))["status"]["conditions"]
-    ours = next(c for c in cond if c["type"] == CONDITION)
-    assert (ours["status"], ours["reason"]) == ("True", "Replaced")
-    assert "node-00001" in ours["message"] and "refused node-00000" in ours["message"]
+        assert claim["status"]["reservedFor"] == [POD_P, HOLD]
+    cond = {c["type"]: c for c in api.get(pod_path("p"))["status"]["conditions"]}
+    assert (cond[CONDITION]["status"], cond[CONDITION]["reason"]) == ("True", "Replaced")
+    assert "node-00001" in cond[CONDITION]["message"]
+    assert "refused node-00000" in cond[CONDITION]["message"]
+    # PodScheduled is reset, so kube-scheduler's next refusal changes the pod again.
+    assert cond["PodScheduled"]["reason"] == "VgpuDraReplaced"
     # The model holds the new allocation only: node-00000 is free again.
     assert all(not any(v.values()) for k, v in r.model.used.items() if k[1] == "node-00000")
-    # kube-scheduler's PodScheduled=False of its refusal of node-00000 arrives after the
-    # deallocation (and after our re-placement): it is no new refusal.
+    # The refusal of node-00000 delivered again (an event older than our reset) is no new one.
     feed(r, api)
-    refuse(api, r, "p", at="2026-01-01T00:00:01Z", deallocate=None)
+    r.on_event("Pod", "apply", stale)
     r.reconcile()
     assert node_of(api.get(claim_path("a"))) == "node-00001"
-    # A second refusal (signalled by kube-scheduler deallocating a claim) excludes both nodes.
-    feed(r, api)  # the informers deliver our writes first
-    refuse(api, r, "p", at="2026-01-01T00:00:01Z", deallocate="b")
+    # A second refusal excludes both nodes.
+    refuse(api, r, "p", at="2026-01-01T00:00:01Z", deallocate=None)
     r.reconcile()
     assert {node_of(api.get(claim_path(n))) for n in "ab"} == {"node-00002"}
-    # Bound by kube-scheduler: no longer followed.
+    # Bound by kube-scheduler: no longer followed, and the hold is dropped.
+    feed(r, api)
     bound = api.get(pod_path("p"))
     bound["spec"]["nodeName"] = "node-00002"
     r.on_event("Pod", "apply", api.put(pod_path("p"), bound))
     assert r.placed == {}
+    r.reconcile()
+    for n in "ab":
+        assert api.get(claim_path(n))["status"]["reservedFor"] == [POD_P]
 
 
 def test_a_refused_pod_with_no_other_node_is_left_to_kube_scheduler(api: FakeApi) -> None:
@@ -420,13 +431,15 @@ def test_a_refused_pod_with_no_other_node_is_left_to_kube_scheduler(api: FakeApi
     r.reconcile()
     lift_other_gate(api, r, "p")
     feed(r, api)
-    refuse(api, r, "p", at="2026-01-01T00:00:01Z", deallocate="a")
+    refuse(api, r, "p", at="2026-01-01T00:00:01Z", deallocate=None)
     r.reconcile()
-    assert "allocation" not in api.get(claim_path("a"))["status"]  # kube-scheduler's to allocate
+    assert node_of(api.get(claim_path("a"))) == "node-00000"  # untouched
     (event,) = api.events
     assert event["reason"] == "Unschedulable"
     assert "refused node node-00000 and no other node fits" in event["message"]
     assert r.placed == {} and not r.waiting  # not retried: kube-scheduler's from here
+    r.reconcile()  # the hold goes, so kube-scheduler's PostFilter may deallocate the claim
+    assert api.get(claim_path("a"))["status"]["reservedFor"] == [POD_P]
 
 
 def test_a_restarted_controller_replaces_a_pod_refused_after_its_placement(api: FakeApi) -> None:
@@ -436,12 +449,13 @@ def test_a_restarted_controller_replaces_a_pod_refused_after_its_placement(api: 
     feed(r1, api)
     r1.reconcile()
     lift_other_gate(api, r1, "p")
-    # Not refused: a new controller only follows the pod.
+    # Not refused: a new controller only follows the pod (and keeps the hold).
     r2 = reconciler(api, nodes=2)
     feed(r2, api)
     r2.reconcile()
     assert node_of(api.get(claim_path("a"))) == "node-00000"
     assert r2.placed["uid-p"].node == "node-00000"
+    assert api.get(claim_path("a"))["status"]["reservedFor"] == [POD_P, HOLD]
     # Refused while no controller ran: the new one places the claim again.
     r3 = reconciler(api, nodes=2)
     refuse(api, r3, "p", at="2026-01-01T00:00:01Z", deallocate=None)

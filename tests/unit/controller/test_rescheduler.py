@@ -221,3 +221,22 @@ def test_never_started() -> None:
     ran = {"name": "c", "state": {"waiting": {}}, "lastState": {"terminated": {"exitCode": 1}}}
     assert not never_started({"status": {"phase": "Pending", "containerStatuses": [ran]}})
     assert not never_started({"status": {"phase": "Running"}})
+
+
+def test_the_policy_paths_hold_does_not_count_as_another_user(api: FakeApi) -> None:
+    clock = Clock()
+    r = rescheduler(api, clock)
+    add_pod(api, "p")
+    add_pod(api, "shared")
+    users = {
+        n: api.objects[claim_path(f"{n}-gpu")]["status"]["reservedFor"] for n in ("p", "shared")
+    }
+    hold = {"apiGroup": "vgpu.dra.dev", "resource": "placements", "name": "p", "uid": "u-hold"}
+    users["p"].append(hold)
+    users["shared"].append({"resource": "pods", "name": "other", "uid": "uid-other"})
+    for name in ("p", "shared"):
+        r.on_event("apply", failed(name))
+    clock.now += 30
+    r.run()
+    assert "allocation" not in api.objects[claim_path("p-gpu")]["status"]
+    assert api.objects[claim_path("shared-gpu")]["status"]["allocation"]  # another pod uses it
