@@ -6,17 +6,18 @@ its node settings, the request for a set of claims and the latency percentiles t
 from __future__ import annotations
 
 import json
+import os
+import platform
 import statistics
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dra_driver import cdi
 from kubelet_plugin.claims import ClaimRef
 from kubelet_plugin.prepare import NodeSettings
 from kubelet_plugin.proto import dra_v1_pb2
-from tests.fixtures.claimdata import DRIVER, HOOK_LIB, NODE
+from tests.fixtures.prepare import node_settings as fixture_settings
 
 
 def write_results(path: Path, document: Mapping[str, Any]) -> None:
@@ -32,18 +33,19 @@ def utc_stamp() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+def machine() -> dict[str, Any]:
+    """What a result document records about the machine it was taken on."""
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
+
+
 def node_settings(base: Path) -> NodeSettings:
-    """Settings of a Preparer for the test node whose CDI specs and claim state live under base."""
-    return NodeSettings(
-        driver=DRIVER,
-        node_name=NODE,
-        cdi_root=str(base / "cdi"),
-        spec=cdi.SpecSettings(
-            kind="k8s.vgpu.dra.dev/claim",
-            state_dir=str(base / "state"),
-            hook_path=str(HOOK_LIB),
-        ),
-    )
+    """Settings of a Preparer for the test node whose CDI specs and claim state live under base
+    (claim dirs owned by group 0, as the plugin's default --claim-gid)."""
+    return fixture_settings(base, claim_gid=0)
 
 
 def percentiles(samples_s: Sequence[float]) -> dict[str, float]:

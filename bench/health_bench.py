@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -36,8 +35,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.common import utc_stamp, write_results
-from dra_driver import kube, names
+from bench.common import machine, utc_stamp, write_results
+from dra_driver import kube
 from dra_driver.kube import RESOURCE_API
 
 RESULTS = Path(__file__).parent / "results" / "health.json"
@@ -180,7 +179,7 @@ def eviction_figures(client: kube.KubeClient, inject: Injector, node: str) -> di
     """A fatal XID on a GPU in use -> its pod is gone (NoExecute, device taint eviction)."""
     import yaml
 
-    from tests.e2e.kubelet_plugin.pods import gpu_pod, running_pod
+    from tests.fixtures.workloads import gpu_pod, running_pod
     from vgpu_testbed.fakegpu import simulator as fakegpu
 
     device_class = yaml.safe_load((ROOT / "deploy" / "deviceclass.yaml").read_text())
@@ -229,6 +228,7 @@ def eviction_figures(client: kube.KubeClient, inject: Injector, node: str) -> di
 
 def kill_figures(env: dict[str, str], root: Path) -> dict[str, Any]:
     """Over-cap -> kill with the enforcer's own run loop (default period) in a child."""
+    from tests.fixtures.tenants import claim_dir_spec, claim_plan
     from vgpu_testbed.container import container_command
     from vgpu_testbed.fakegpu import simulator as fakegpu
 
@@ -238,36 +238,8 @@ def kill_figures(env: dict[str, str], root: Path) -> dict[str, Any]:
     for _ in range(SAMPLES):
         uid = str(uuid.uuid4())
         (state / "claims" / uid).mkdir(parents=True)
-        plan = {
-            "uid": uid,
-            "namespace": "bench",
-            "name": "tenant",
-            "devices": [
-                {
-                    "request": "gpu",
-                    "pool": "node-1",
-                    "device": "gpu-0",
-                    "uuid": gpu_uuid,
-                    "minor": 0,
-                    "memory": 1 << 30,
-                    "cores": 0,
-                }
-            ],
-        }
-        spec = {
-            "cdiVersion": "0.5.0",
-            "kind": "k8s.vgpu.dra.dev/claim",
-            "devices": [{"name": "gpu", "containerEdits": {}}],
-            "containerEdits": {
-                "mounts": [
-                    {
-                        "hostPath": str(state / "claims" / uid),
-                        "containerPath": f"{names.CONTAINER_CLAIMS_DIR}/{uid}",
-                        "options": ["bind", "rw"],
-                    }
-                ]
-            },
-        }
+        plan = claim_plan(uid, gpu_uuid, 1 << 30)
+        spec = claim_dir_spec(state / "claims" / uid, uid)
         child_env = {**os.environ, **env}
         enforcer = subprocess.Popen(
             [sys.executable, "-c", ENFORCER, json.dumps(plan), str(state)], env=child_env, cwd=ROOT
@@ -328,11 +300,7 @@ def main() -> None:
     document = {
         "benchmark": "health",
         "when": utc_stamp(),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "load_avg_1m": round(os.getloadavg()[0], 2),
-        },
+        "machine": machine(),
         "targets": TARGETS,
         "met": {
             "gpu_removed_to_slice_max_s": figures["gpu_removed_to_slice"]["max_s"]

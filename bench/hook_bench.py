@@ -39,19 +39,16 @@ import platform
 import shutil
 import subprocess
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from bench.common import write_results
-from kubelet_plugin.region import Region, RegionError
+from tests.fixtures.regions import budget_kept_fresh
 from tests.integration.vgpu_hook import conftest as hook_env
 from tests.integration.vgpu_hook import realgpu
 from tests.integration.vgpu_hook.computecap import measure_accuracy, measure_settling
-from vgpu_testbed.container import run_in_container
+from vgpu_testbed.container import run_with_claims
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "hook.json"
@@ -72,34 +69,6 @@ def _best(runs: list[dict[str, float]]) -> dict[str, float]:
     return {k: round(min(r[k] for r in runs), 1) for k in keys}
 
 
-@contextmanager
-def _budget(region_path: Path, uuid: str) -> Iterator[None]:
-    """Keep a huge budget fresh in a claim's region while the block runs (governor stand-in)."""
-    stop = threading.Event()
-
-    def feed() -> None:
-        region: Region | None = None
-        while not stop.is_set():
-            try:
-                region = region or Region(str(region_path))
-                index = region.device_index(uuid)
-                if index is not None:
-                    region.write_rate(index, HUGE_RATE, time.monotonic_ns())
-            except (OSError, RegionError):
-                pass
-            stop.wait(0.02)
-        if region is not None:
-            region.close()
-
-    thread = threading.Thread(target=feed, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-
-
 def _overhead(
     node: hook_env.Node, driver_dir: Path, iterations: int, *, ctx_lock: bool = False
 ) -> dict[str, Any]:
@@ -116,12 +85,12 @@ def _overhead(
     active = node.claim(f"active-{tag}", [f"device uuid={uuid} memory={mem} cores=50"])
     argv = [str(HOOK_BENCH), str(iterations)]
     plain, with_idle, with_active = [], [], []
-    with _budget(active.dir / "region", uuid):
+    with budget_kept_fresh(active.dir / "region", uuid, HUGE_RATE):
         for _ in range(RUNS):
             done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
             plain.append(_parse(done.stdout))
             for claim, sink in ((idle, with_idle), (active, with_active)):
-                run = run_in_container(claim.spec, claim.device_names, argv, base_env=env)
+                run = run_with_claims([(claim.spec, claim.device_names)], argv, base_env=env)
                 assert run.returncode == 0, run.stderr
                 sink.append(_parse(run.stdout))
     base, hooked_idle, hooked_active = _best(plain), _best(with_idle), _best(with_active)
@@ -159,7 +128,10 @@ def _instructions(node: hook_env.Node) -> dict[str, Any]:
     idle = node.claim("ir-idle", [f"device uuid={uuid} memory={1 << 40} cores=0"])
     active = node.claim("ir-active", [f"device uuid={uuid} memory={1 << 40} cores=50"])
     result: dict[str, Any] = {"driver": "null, NULLDRV_CTX_LOCK=1", "unit": "instructions"}
-    with _budget(active.dir / "region", uuid), tempfile.TemporaryDirectory() as tmp:
+    with (
+        budget_kept_fresh(active.dir / "region", uuid, HUGE_RATE),
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         for key, claim in (
             ("without_hook", None),
             ("limiter_idle", idle),
@@ -213,7 +185,7 @@ def _startup(node: hook_env.Node, processes: int) -> dict[str, Any]:
     )
     argv = ["sh", "-c", script]
     env = dict(node.env, N=str(processes), PROBE=str(hook_env.PROBE))
-    hooked = run_in_container(claim.spec, claim.device_names, argv, base_env=env, timeout=300)
+    hooked = run_with_claims([(claim.spec, claim.device_names)], argv, base_env=env, timeout=300)
     plain = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=False)
 
     def summary(out: str) -> dict[str, Any]:

@@ -20,7 +20,6 @@ with the load average before and after (figures from a loaded machine are not co
 from __future__ import annotations
 
 import os
-import platform
 import shutil
 import tempfile
 import time
@@ -31,7 +30,7 @@ from typing import Any
 
 import grpc
 
-from bench.common import node_settings, percentiles, request, utc_stamp, write_results
+from bench.common import machine, node_settings, percentiles, request, utc_stamp, write_results
 from dra_driver import kube
 from kubelet_plugin.claims import ClaimRef
 from kubelet_plugin.prepare import ClaimSource, Preparer, kube_claim_source
@@ -217,9 +216,7 @@ def main() -> None:
         "benchmark": "prepare",
         "when": utc_stamp(),
         "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "load_avg_1m": round(os.getloadavg()[0], 2),
+            **machine(),
             "load_avg_before": [round(x, 2) for x in load_before],
             "load_avg_after": [round(x, 2) for x in os.getloadavg()],
         },

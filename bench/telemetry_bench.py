@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import platform
 import random
 import shutil
 import struct
@@ -49,7 +48,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from prometheus_client import generate_latest
 
-from bench.common import node_settings, percentiles, request, utc_stamp, write_results
+from bench.common import machine, node_settings, percentiles, request, utc_stamp, write_results
 from dra_driver.metrics_http import serve_metrics
 from kubelet_plugin import region as rg
 from kubelet_plugin.claims import ClaimRef
@@ -297,11 +296,7 @@ def main() -> None:
     document = {
         "benchmark": "telemetry",
         "when": utc_stamp(),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "load_avg_1m": round(os.getloadavg()[0], 2),
-        },
+        "machine": machine(),
         "targets": {"metrics_overhead_pct": TARGET_OVERHEAD_PCT},
         "met": {"metrics_overhead_pct": direct_pct < TARGET_OVERHEAD_PCT},
         "figures": {

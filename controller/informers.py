@@ -89,6 +89,8 @@ class Informer:
         self._version = ""
         self._thread: threading.Thread | None = None
         self.relists = 0  # lists done (1 + one per 410 Gone / failure before a list)
+        self.expired = 0  # watches ended by 410 Gone (a relist follows)
+        self.failures = 0  # list/watch calls that failed (reconnected after a backoff)
 
     def start(self, stop: threading.Event) -> None:
         self._thread = threading.Thread(
@@ -125,7 +127,9 @@ class Informer:
                     self._version,
                 )
                 need_list = True
+                self.expired += 1
             except kube.KubeError as exc:
+                self.failures += 1
                 log.warning("%s: %s; retrying in %.1fs", self.resource.plural, exc, backoff)
                 # Jitter keeps several informers from reconnecting in lockstep.
                 if stop.wait(backoff * (0.5 + random.random() / 2)):

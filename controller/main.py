@@ -8,7 +8,8 @@ With `--leader-elect` only the replica holding the Lease allocates (`controller.
 others keep their model current and take over when the Lease is released or expires.
 Readiness: every informer has listed once, and the replica is the leader or a standby that can
 reach the Lease. SIGTERM/SIGINT stop it cleanly (readiness drops first, the Lease is released,
-then the probe server closes, exit 0).
+then the probe server closes, exit 0). With `--metrics-address` it serves Prometheus metrics
+(`controller.metrics`; the chart sets the address through VGPU_DRA_METRICS_ADDRESS).
 Every flag has an environment twin, as in the kubelet plugin.
 """
 
@@ -23,20 +24,21 @@ import uuid
 from collections.abc import Sequence
 
 from controller.leader import LeaderElector
+from controller.metrics import DETAILS, ControllerMetrics, StateCollector
 from controller.probes import ProbeServer, parse_address
 from controller.reconciler import POLICY_ANNOTATIONS, Defaults, Reconciler
 from controller.rescheduler import DEFAULT_GRACE_S, DEFAULT_PER_MINUTE, Rescheduler
 from controller.worker import Worker
-from dra_driver import kube, logsetup, names
+from dra_driver import cli_flags, logsetup, names
 from dra_driver.lifecycle import stop_on_signals
+from dra_driver.metrics_http import MetricsServer, serve_metrics
+from dra_driver.metrics_http import parse_address as parse_metrics_address
 
 log = logging.getLogger("vgpu-dra.controller")
 
+# flag -> environment variable consulted for its default (the shared flags: `cli_flags.ENV`)
 ENV = {
-    "kubeconfig": "KUBECONFIG",
     "health_address": "VGPU_DRA_HEALTH_ADDRESS",
-    "log_level": "VGPU_DRA_LOG_LEVEL",
-    "log_format": "VGPU_DRA_LOG_FORMAT",
     "leader_elect": "VGPU_DRA_LEADER_ELECT",
     "lease_namespace": "VGPU_DRA_LEASE_NAMESPACE",
     "lease_name": "VGPU_DRA_LEASE_NAME",
@@ -44,6 +46,8 @@ ENV = {
     "node_policy": "VGPU_DRA_NODE_POLICY",
     "device_policy": "VGPU_DRA_DEVICE_POLICY",
     "topology": "VGPU_DRA_TOPOLOGY",
+    "metrics_address": "VGPU_DRA_METRICS_ADDRESS",
+    "metrics_detail": "VGPU_DRA_METRICS_DETAIL",
     "driver_name": "VGPU_DRA_DRIVER_NAME",
     "reschedule": "VGPU_DRA_RESCHEDULE",
     "reschedule_grace": "VGPU_DRA_RESCHEDULE_GRACE",
@@ -60,31 +64,19 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
         description="Cluster-side controller of vgpu-dra: allocates the claims of pods on the "
         "policy path (scheduling gate vgpu.dra.dev/policy).",
     )
-    parser.add_argument(
-        "--kubeconfig",
-        default=env.get(ENV["kubeconfig"]),
-        help="kubeconfig file (env KUBECONFIG); else in-cluster credentials",
-    )
+    cli_flags.add_kubeconfig(parser, env)
     parser.add_argument(
         "--health-address",
         default=env.get(ENV["health_address"], DEFAULT_HEALTH_ADDRESS),
         help="host:port of /healthz and /readyz (env VGPU_DRA_HEALTH_ADDRESS; port 0 = any)",
     )
-    parser.add_argument(
-        "--log-level", default=env.get(ENV["log_level"], "info"), choices=logsetup.LOG_LEVELS
-    )
-    parser.add_argument(
-        "--log-format",
-        default=env.get(ENV["log_format"], "text"),
-        choices=logsetup.LOG_FORMATS,
-        help="text (key=value, default) or json (env VGPU_DRA_LOG_FORMAT)",
-    )
+    cli_flags.add_logging(parser, env)
     parser.add_argument(
         "--leader-elect",
-        type=_boolean,
+        type=cli_flags.boolean,
         nargs="?",
         const=True,
-        default=_boolean(env.get(ENV["leader_elect"], "false")),
+        default=cli_flags.boolean(env.get(ENV["leader_elect"], "false")),
         help="allocate only while holding the Lease (env VGPU_DRA_LEADER_ELECT; default false)",
     )
     parser.add_argument(
@@ -103,6 +95,20 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
         default=float(env.get(ENV["lease_duration"], "15")),
         help="seconds a standby waits after the last renewal (env VGPU_DRA_LEASE_DURATION); "
         "the leader steps down after 2/3 of it without renewing",
+    )
+    parser.add_argument(
+        "--metrics-address",
+        default=env.get(ENV["metrics_address"], ""),
+        type=_metrics_address,
+        help="host:port to serve Prometheus /metrics on (env VGPU_DRA_METRICS_ADDRESS; "
+        "port 0 = any); empty = off, the default",
+    )
+    parser.add_argument(
+        "--metrics-detail",
+        default=env.get(ENV["metrics_detail"], "node"),
+        choices=DETAILS,
+        help="allocated-vs-capacity series: cluster totals, per node (default) or also per GPU "
+        "(env VGPU_DRA_METRICS_DETAIL; docs/observability.md on cardinality)",
     )
     for flag, key, choices, default in (
         ("--node-policy", "node_policy", ("binpack", "spread"), "binpack"),
@@ -127,11 +133,11 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--reschedule",
-        type=_boolean,
+        type=cli_flags.boolean,
         nargs="?",
         const=True,
-        default=_boolean(env.get(ENV["reschedule"], "true")),
-        help="recover pods whose claims failed to prepare: delete them when a controller owns "
+        default=cli_flags.boolean(env.get(ENV["reschedule"], "true")),
+        help="recover pods whose claims failed to prepare: evict them when a controller owns "
         "them, else report what to do (env VGPU_DRA_RESCHEDULE; default true)",
     )
     parser.add_argument(
@@ -150,17 +156,6 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _boolean(text: str | bool) -> bool:
-    if isinstance(text, bool):
-        return text
-    value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off", ""):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
 def main(argv: Sequence[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(list(argv))
@@ -169,13 +164,9 @@ def main(argv: Sequence[str]) -> int:
         address = parse_address(args.health_address)
     except ValueError as exc:
         parser.error(f"--health-address: {exc}")
-    try:
-        client = kube.KubeClient.from_kubeconfig(args.kubeconfig)
-    except Exception as exc:  # the client raises several unrelated types for bad configs
-        log.error("cannot load Kubernetes credentials (--kubeconfig %s): %s", args.kubeconfig, exc)
+    client = cli_flags.connect(args.kubeconfig, log)
+    if client is None:
         return 1
-    for secret in client.credential_strings():
-        logsetup.redact(secret)
     stop = threading.Event()
     stop_on_signals(stop, log)
     try:
@@ -192,7 +183,8 @@ def main(argv: Sequence[str]) -> int:
         }
     )
     elector: LeaderElector | None = None
-    reconciler = Reconciler(client, defaults)
+    metrics = ControllerMetrics() if args.metrics_address else None
+    reconciler = Reconciler(client, defaults, observer=metrics)
     rescheduler = (
         Rescheduler(
             client,
@@ -226,6 +218,11 @@ def main(argv: Sequence[str]) -> int:
     else:
         worker.became_leader(True)
     probes.add_check("informers-synced", worker.synced)
+    metrics_server = _serve_metrics(args, metrics, worker, elector)
+    if metrics is not None and metrics_server is None:  # could not bind: said why
+        probes.stop()
+        client.close()
+        return 1
     probes.start()
     host, port = probes.address
     log.info("probes on http://%s:%d (/healthz, /readyz)", host, port)
@@ -235,10 +232,58 @@ def main(argv: Sequence[str]) -> int:
     log.info("allocation controller running (gate vgpu.dra.dev/policy); until SIGTERM")
     stop.wait()
     log.info("shutting down")
-    probes.stop()
-    if elector is not None:
-        elector.join(timeout=10)  # it releases the Lease on its way out
-    worker.join(timeout=5)
+    _shut_down(probes, metrics_server, elector, worker)
     client.close()
     log.info("stopped")
     return 0
+
+
+def _shut_down(
+    probes: ProbeServer,
+    metrics_server: MetricsServer | None,
+    elector: LeaderElector | None,
+    worker: Worker,
+) -> None:
+    probes.stop()  # readiness drops first
+    if metrics_server is not None:
+        metrics_server.stop()
+    if elector is not None:
+        elector.join(timeout=10)  # it releases the Lease on its way out
+    worker.join(timeout=5)
+
+
+def _metrics_address(text: str) -> str:
+    """`host:port` or empty (off); argparse reports a bad one as a usage error."""
+    if text:
+        try:
+            parse_metrics_address(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _serve_metrics(
+    args: argparse.Namespace,
+    metrics: ControllerMetrics | None,
+    worker: Worker,
+    elector: LeaderElector | None,
+) -> MetricsServer | None:
+    """Register the scrape-time collector and serve /metrics; None when off or when the address
+    cannot be bound (logged)."""
+    if metrics is None:
+        return None
+    metrics.registry.register(
+        StateCollector(
+            worker.reconciler,
+            worker.informers,
+            leader=elector.is_leader if elector is not None else lambda: True,
+            detail=args.metrics_detail,
+        )
+    )
+    try:
+        served = serve_metrics(args.metrics_address, metrics.registry)
+    except OSError as exc:
+        log.error("cannot serve metrics on %s: %s", args.metrics_address, exc)
+        return None
+    log.info("metrics on %s", served.url, extra={"metrics_url": served.url})
+    return served

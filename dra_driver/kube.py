@@ -199,6 +199,28 @@ class KubeClient:
     def get(self, resource_path: str, *, timeout_s: float | None = None) -> JSON:
         return self.request("GET", resource_path, timeout_s=timeout_s)
 
+    def get_text(self, resource_path: str, *, timeout_s: float | None = None) -> str:
+        """GET a body that is not JSON, e.g. a pod's /metrics through the API server's pod
+        proxy (`.../pods/<name>:<port>/proxy/metrics`); KubeError subclasses as `request`."""
+        url = self._api.configuration.host + resource_path
+        headers = {"Accept": "text/plain, */*", **self._auth_headers()}
+        try:
+            response = self._api.call_api(
+                "GET",
+                url,
+                header_params=headers,
+                _request_timeout=self._timeout if timeout_s is None else timeout_s,
+            )
+            raw = response.read()
+        except k8s.ApiException as exc:
+            raise _error(exc.status or 0, exc.reason or "", exc.body or "") from exc
+        except Exception as exc:  # urllib3 connection errors, TLS, timeouts
+            raise Unreachable(0, "Unreachable", f"GET {resource_path}: {exc}") from exc
+        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw or "")
+        if not 200 <= response.status < 300:
+            raise _error(response.status, response.reason or "", text[:1024])
+        return text
+
     def list(
         self,
         resource_path: str,

@@ -4,9 +4,9 @@ Why: an operator's first question is "which GPU has room, and who is on it". The
 already in the API: ResourceSlices say what each node offers (GPUs with their memory and cores
 capacity), allocated ResourceClaims say who holds what (consumed memory and cores per device,
 pods in `reservedFor`). This module reads both through `dra_driver.kube` (any cluster, from a
-kubeconfig) and, where the kubelet plugins' metrics endpoints are given
-(`--metrics-endpoint NODE=URL`), adds live usage (memory held, utilisation) from their
-`/metrics`.
+kubeconfig) and adds live usage (memory held, utilisation) from the kubelet plugins' `/metrics`:
+found by itself (`dra_driver.metrics_endpoints`: the chart's plugin pods through the API
+server, or a test-bed cluster directory), or given with `--metrics-endpoint NODE=URL`.
 
 Layers: `collect` (I/O) -> `build_status` (pure: slices + claims + live samples -> `Status`) ->
 `render_table` / `render_json` (pure). Only the newest generation of each pool counts, as for
@@ -21,14 +21,24 @@ import os
 import sys
 import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, TextIO
 
 from dra_driver import kube, names
 from dra_driver.allocator import QuantityError, format_quantity, parse_quantity
+from dra_driver.metrics_endpoints import (
+    Endpoint,
+    from_cluster_dir,
+    from_plugin_pods,
+    is_cluster_dir,
+    url_endpoint,
+)
 
 JSON = dict[str, Any]
 FULL_CORES = 100
+SCRAPERS = 16  # nodes whose metrics are read at once
 
 
 @dataclass
@@ -315,12 +325,10 @@ def render_json(status: Status) -> str:
 # ---- I/O -----------------------------------------------------------------------------------
 
 
-def fetch_metrics(url: str, timeout_s: float = 5.0) -> list[tuple[str, dict[str, str], float]]:
-    """One scrape of a plugin's /metrics, parsed with Prometheus' text parser."""
+def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Exposition text, parsed with Prometheus' text parser."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    with urllib.request.urlopen(url, timeout=timeout_s) as response:
-        text = response.read().decode()
     return [
         (sample.name, dict(sample.labels), float(sample.value))
         for family in text_string_to_metric_families(text)
@@ -328,21 +336,63 @@ def fetch_metrics(url: str, timeout_s: float = 5.0) -> list[tuple[str, dict[str,
     ]
 
 
-def collect(client: kube.KubeClient, *, driver: str, endpoints: Mapping[str, str]) -> Status:
+def fetch_metrics(url: str, timeout_s: float = 5.0) -> list[tuple[str, dict[str, str], float]]:
+    """One scrape of a plugin's /metrics, parsed with Prometheus' text parser."""
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        return parse_metrics(response.read().decode())
+
+
+def collect(
+    client: kube.KubeClient, *, driver: str, endpoints: Mapping[str, str | Endpoint]
+) -> Status:
+    """The status; `endpoints` maps node -> its plugin's /metrics URL or an `Endpoint`."""
     slices = client.list(
         kube.path(kube.RESOURCE_API, "resourceslices"), field_selector=f"spec.driver={driver}"
     )
     claims = client.list(kube.path(kube.RESOURCE_API, "resourceclaims"))
     live: dict[str, list[tuple[str, dict[str, str], float]]] = {}
     errors: list[str] = []
-    for node, url in endpoints.items():
+
+    def scrape(item: tuple[str, str | Endpoint]) -> None:
+        node, given = item
+        endpoint = url_endpoint(given) if isinstance(given, str) else given
         try:
-            live[node] = fetch_metrics(url)
-        except (OSError, ValueError) as exc:
-            errors.append(f"metrics of {node} ({url}) unavailable: {exc}")
-    status = build_status(slices, claims, driver=driver, live=live)
+            live[node] = parse_metrics(endpoint.fetch())
+        except (OSError, ValueError, kube.KubeError) as exc:
+            errors.append(f"metrics of {node} ({endpoint.where}) unavailable: {exc}")
+
+    # One node after the other would take minutes on a large cluster (a round trip each).
+    with ThreadPoolExecutor(max_workers=SCRAPERS) as pool:
+        list(pool.map(scrape, sorted(endpoints.items())))
+    errors.sort()
+    status = build_status(slices, claims, driver=driver, live=dict(sorted(live.items())))
     status.errors = errors
     return status
+
+
+def discover(
+    client: kube.KubeClient,
+    *,
+    driver: str,
+    cluster_dir: Path | None,
+    explicit: Mapping[str, str],
+) -> tuple[dict[str, str | Endpoint], list[str]]:
+    """Every node's metrics endpoint: explicit ones first, then the test bed's cluster directory
+    (when given), else the chart's plugin pods; plus warnings for sources that failed."""
+    found: dict[str, str | Endpoint] = {}
+    warnings: list[str] = []
+    if cluster_dir is not None:
+        try:
+            found.update(from_cluster_dir(cluster_dir))
+        except ValueError as exc:
+            warnings.append(str(exc))
+    else:
+        try:
+            found.update(from_plugin_pods(client, driver))
+        except kube.KubeError as exc:
+            warnings.append(f"cannot look for the kubelet plugins' metrics (list pods): {exc}")
+    found.update(explicit)
+    return found, warnings
 
 
 def _endpoint(text: str) -> tuple[str, str]:
@@ -360,7 +410,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="GPUs, claims, allocated and free memory/cores per GPU (and live usage "
         "where a node's metrics endpoint is given).",
     )
-    parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
+    parser.add_argument(
+        "--kubeconfig",
+        default=os.environ.get("KUBECONFIG"),
+        help="kubeconfig file (env KUBECONFIG); default: the cluster directory's, else in-cluster",
+    )
     parser.add_argument("--driver-name", default=names.DEFAULT_DRIVER_NAME)
     parser.add_argument("-o", "--output", choices=("table", "wide", "json"), default="table")
     parser.add_argument(
@@ -369,7 +423,20 @@ def build_parser() -> argparse.ArgumentParser:
         type=_endpoint,
         default=[],
         metavar="NODE=URL",
-        help="a kubelet plugin's /metrics URL, for live usage (repeatable)",
+        help="a kubelet plugin's /metrics URL, for live usage (repeatable); overrides the "
+        "endpoint found for that node",
+    )
+    parser.add_argument(
+        "--cluster-dir",
+        type=Path,
+        default=None,
+        help="a `vgpu-dra dev-cluster` directory: its kubeconfig and its plugins' metrics "
+        "(default: the kubeconfig's directory when it is one)",
+    )
+    parser.add_argument(
+        "--no-discover",
+        action="store_true",
+        help="read live figures only from the --metrics-endpoint URLs",
     )
     parser.add_argument(
         "--color", choices=("auto", "always", "never"), default="auto", help="auto = on a TTY"
@@ -380,13 +447,25 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str], stdout: TextIO | None = None) -> int:
     args = build_parser().parse_args(list(argv))
     out = stdout or sys.stdout
+    cluster_dir = _cluster_dir(args.cluster_dir, args.kubeconfig)
+    kubeconfig = args.kubeconfig
+    if kubeconfig is None and cluster_dir is not None:
+        kubeconfig = str(cluster_dir / "kubeconfig")
     try:
-        client = kube.KubeClient.from_kubeconfig(args.kubeconfig)
+        client = kube.KubeClient.from_kubeconfig(kubeconfig)
     except Exception as exc:  # the client raises several unrelated types for bad configs
         print(f"vgpu-dra status: cannot load Kubernetes credentials: {exc}", file=sys.stderr)
         return 1
     try:
-        status = collect(client, driver=args.driver_name, endpoints=dict(args.metrics_endpoint))
+        explicit = dict(args.metrics_endpoint)
+        endpoints: dict[str, str | Endpoint] = dict(explicit)
+        warnings: list[str] = []
+        if not args.no_discover:
+            endpoints, warnings = discover(
+                client, driver=args.driver_name, cluster_dir=cluster_dir, explicit=explicit
+            )
+        status = collect(client, driver=args.driver_name, endpoints=endpoints)
+        status.errors = warnings + status.errors
     except kube.KubeError as exc:
         print(f"vgpu-dra status: {exc}", file=sys.stderr)
         return 1
@@ -400,3 +479,12 @@ def main(argv: Sequence[str], stdout: TextIO | None = None) -> int:
     )
     out.write(render_table(status, wide=args.output == "wide", colour=colour))
     return 0
+
+
+def _cluster_dir(given: Path | None, kubeconfig: str | None) -> Path | None:
+    """The test bed's cluster directory: given, or the one the kubeconfig lives in."""
+    if given is not None:
+        return given
+    if kubeconfig and is_cluster_dir(Path(kubeconfig).resolve().parent):
+        return Path(kubeconfig).resolve().parent
+    return None

@@ -1,9 +1,15 @@
 """`vgpu-dra kubelet-plugin`: flags, wiring and lifecycle of the node daemon.
 
-Start-up: discover GPUs (NVML) -> reconcile CDI specs and claim dirs with the checkpoint -> serve
-the DRA socket, then the registration socket -> publish ResourceSlices, rescan GPUs and watch
-device health in background threads (`kubelet_plugin.monitoring`) -> the compute governor (unless
---no-governor). SIGTERM/SIGINT stop the servers and remove the sockets.
+Start-up: discover GPUs (NVML) -> take the node lock (`kubelet_plugin.statelock`) -> reconcile CDI
+specs and claim dirs with the checkpoint -> serve the DRA socket, then the registration socket ->
+publish ResourceSlices, rescan GPUs and watch device health in background threads
+(`kubelet_plugin.monitoring`) -> the compute governor (unless --no-governor). SIGTERM/SIGINT stop
+the servers and remove the sockets.
+
+With --instance-id (the pod UID; rolling updates with a surge) the sockets are named after the
+instance and are served *before* the lock: while a previous instance still holds it, the kubelet's
+calls are forwarded to that instance (`kubelet_plugin.handover`); once it exits this one takes the
+lock, removes dead instances' sockets, loads the checkpoint and serves them itself.
 Every flag has an environment twin (e.g. `--node-name` / `NODE_NAME`), handy in a DaemonSet.
 Dispatched from `dra_driver.cli`.
 """
@@ -22,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from dra_driver import cdi, kube, logsetup, names, tracing
+from dra_driver import cdi, cli_flags, kube, logsetup, names, tracing
 from dra_driver.gpu import NodeInventory
 from dra_driver.lifecycle import stop_on_signals
 from dra_driver.metrics_http import MetricsServer, parse_address, serve_metrics
@@ -34,19 +40,18 @@ from kubelet_plugin.health import HealthBoard
 from kubelet_plugin.hookcheck import HookLibraryCheck, HookLibraryError
 from kubelet_plugin.metrics import PluginMetrics
 from kubelet_plugin.prepare import NodeSettings, Preparer, kube_claim_source
-from kubelet_plugin.server import PluginServer, SocketPaths
+from kubelet_plugin.server import PluginServer, SocketPaths, remove_stale_sockets
 from kubelet_plugin.statelock import StateDirLock, StateLockError
-from kubelet_plugin.telemetry import ClaimPods, ClaimTelemetry
+from kubelet_plugin.telemetry import ClaimPods, ClaimTelemetry, PodReader
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
 
 log = logging.getLogger("vgpu-dra.kubelet-plugin")
 
-# flag -> environment variable consulted for its default
+# flag -> environment variable consulted for its default (the shared flags: `cli_flags.ENV`)
 ENV = {
     "node_name": "NODE_NAME",
-    "kubeconfig": "KUBECONFIG",
     "driver_name": "VGPU_DRA_DRIVER_NAME",
     "plugin_dir": "VGPU_DRA_PLUGIN_DIR",
     "registrar_dir": "VGPU_DRA_REGISTRAR_DIR",
@@ -56,10 +61,7 @@ ENV = {
     "claim_gid": "VGPU_DRA_CLAIM_GID",
     "oversubscription_ratio": "VGPU_DRA_OVERSUBSCRIPTION_RATIO",
     "nvidia_cdi_spec_dir": "VGPU_DRA_NVIDIA_CDI_SPEC_DIR",
-    "log_level": "VGPU_DRA_LOG_LEVEL",
-    "log_format": "VGPU_DRA_LOG_FORMAT",
-    "metrics_address": "VGPU_DRA_METRICS_ADDRESS",
-    "otlp_endpoint": tracing.OTLP_ENV,
+    "instance_id": "VGPU_DRA_INSTANCE_ID",
     "binding_conditions": "VGPU_DRA_FEATURE_BINDING_CONDITIONS",
 }
 DEFAULT_HOOK_PATH = "/usr/local/vgpu-dra/lib/libvgpu.so"
@@ -77,7 +79,7 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
     )
     add = parser.add_argument
     add("--node-name", default=default("node_name", None), help="this node (env NODE_NAME)")
-    add("--kubeconfig", default=default("kubeconfig", None), help="else in-cluster credentials")
+    cli_flags.add_kubeconfig(parser, env)
     add("--driver-name", default=default("driver_name", names.DEFAULT_DRIVER_NAME))
     add(
         "--plugin-dir",
@@ -150,25 +152,16 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
         default=30.0,
         help="seconds to wait for another plugin holding --state-dir to exit (0: fail at once)",
     )
-    add("--log-level", default=default("log_level", "info"), choices=logsetup.LOG_LEVELS)
     add(
-        "--log-format",
-        default=default("log_format", "text"),
-        choices=logsetup.LOG_FORMATS,
-        help="text (key=value, default) or json (env VGPU_DRA_LOG_FORMAT)",
+        "--instance-id",
+        default=default("instance_id", ""),
+        help="unique id of this instance (the pod UID) for rolling updates: names the sockets "
+        "after it and lets this instance take over from a running one without a gap "
+        "(env VGPU_DRA_INSTANCE_ID; empty = fixed socket names)",
     )
-    add(
-        "--metrics-address",
-        default=default("metrics_address", ""),
-        help="host:port to serve Prometheus /metrics on (e.g. 127.0.0.1:9402); empty = off "
-        "(env VGPU_DRA_METRICS_ADDRESS)",
-    )
-    add(
-        "--otlp-endpoint",
-        default=default("otlp_endpoint", ""),
-        help="OTLP/gRPC endpoint for traces (http://host:4317 = plain text); empty = no tracing "
-        f"(env {tracing.OTLP_ENV})",
-    )
+    cli_flags.add_logging(parser, env)
+    cli_flags.add_metrics_address(parser, env, example="127.0.0.1:9402")
+    cli_flags.add_otlp_endpoint(parser, env)
     add(
         "--events",
         action=argparse.BooleanOptionalAction,
@@ -178,7 +171,7 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
     add(
         "--binding-conditions",
         action=argparse.BooleanOptionalAction,
-        default=(default("binding_conditions", "false") or "").lower() in ("1", "true", "yes"),
+        default=cli_flags.boolean(default("binding_conditions", "false") or "false"),
         help="publish devices with binding conditions, confirmed by the allocation controller "
         "(needs the controller; env VGPU_DRA_FEATURE_BINDING_CONDITIONS, default false)",
     )
@@ -245,8 +238,16 @@ def settings_from(args: argparse.Namespace) -> NodeSettings:
 
 
 def socket_paths(args: argparse.Namespace) -> SocketPaths:
+    """The sockets' paths (ValueError for an unusable --instance-id)."""
     driver_names = names.DriverNames(args.driver_name)
     plugin_dir = args.plugin_dir or driver_names.plugin_dir()
+    if args.instance_id:
+        return SocketPaths.for_instance(
+            args.driver_name,
+            plugin_dir=plugin_dir,
+            registrar_dir=args.registrar_dir,
+            instance=args.instance_id,
+        )
     return SocketPaths(
         registration=driver_names.registration_socket(args.registrar_dir),
         dra=os.path.join(plugin_dir, "dra.sock"),
@@ -258,6 +259,7 @@ def main(argv: Sequence[str]) -> int:
     logsetup.configure_logging(args.log_level, args.log_format)
     try:
         settings = settings_from(args)
+        sockets = socket_paths(args)
         if args.metrics_address:
             parse_address(args.metrics_address)
     except ValueError as exc:
@@ -281,58 +283,81 @@ def main(argv: Sequence[str]) -> int:
         inventory.driver_version,
         inventory.cuda_driver_version,
     )
-    try:
-        client = kube.KubeClient.from_kubeconfig(args.kubeconfig)
-    except Exception as exc:  # the client raises several unrelated types for bad configs
-        log.error("cannot load Kubernetes credentials (--kubeconfig %s): %s", args.kubeconfig, exc)
+    client = cli_flags.connect(args.kubeconfig, log)
+    if client is None:
         return 1
-    for secret in client.credential_strings():
-        logsetup.redact(secret)
-    # Before the checkpoint is read: a second instance must never act on a copy of it.
     state_lock = StateDirLock(settings.state_dir)
-    try:
-        state_lock.acquire(wait_s=args.state_lock_timeout)
-    except (StateLockError, OSError) as exc:
-        log.error("%s", exc)
+    rolling = bool(args.instance_id)
+    # Before the checkpoint is read: a second instance must never act on a copy of it. With
+    # --instance-id the lock is taken later, after this instance serves (see _serve).
+    if not rolling and not _take_lock(state_lock, args.state_lock_timeout):
         client.close()
         return 1
     provider = tracing.configure_tracing("vgpu-dra-kubelet-plugin", args.otlp_endpoint)
-    pods = ClaimPods()
     metrics = PluginMetrics(settings.node_name) if args.metrics_address else None
+    # With metrics on, the pod of each prepared claim is read once (off the prepare path) for
+    # the `container` label.
+    pods = ClaimPods(_pod_reader(client) if metrics is not None else None)
     events = PrepareEvents(client, node=settings.node_name) if args.events else None
+
+    def load_preparer() -> Preparer | None:
+        try:
+            return Preparer(
+                settings,
+                inventory,
+                pods.wrap_source(kube_claim_source(client)),
+                max_workers=args.workers,
+                hook_check=HookLibraryCheck(settings.spec.hook_path),
+                observer=ClaimTelemetry(metrics=metrics, events=events, pods=pods),
+            )
+        except (CheckpointError, OSError) as exc:
+            log.error("cannot load the checkpoint: %s", exc)
+            return None
+
+    loaded: list[Preparer] = []
     try:
-        preparer = Preparer(
-            settings,
-            inventory,
-            pods.wrap_source(kube_claim_source(client)),
-            max_workers=args.workers,
-            hook_check=HookLibraryCheck(settings.spec.hook_path),
-            observer=ClaimTelemetry(metrics=metrics, events=events, pods=pods),
-        )
-    except (CheckpointError, OSError) as exc:
-        log.error("cannot load the checkpoint: %s", exc)
-        _stop_telemetry(events, provider)
-        state_lock.release()
-        client.close()
-        return 1
-    try:
+        if not rolling:
+            preparer = load_preparer()
+            if preparer is None:
+                return 1
+            loaded.append(preparer)
         return _serve(
             args=args,
             settings=settings,
+            sockets=sockets,
             inventory=inventory,
             rediscover=_named(naming, _rediscover_function()),
             client=client,
-            preparer=preparer,
+            owner=_Owner(state_lock, loaded, load_preparer),
             telemetry=_Telemetry(metrics, pods, traced=provider is not None),
         )
     except OSError as exc:
         log.error("cannot start: %s", exc)
         return 1
     finally:
-        preparer.close()
+        for preparer in loaded:
+            preparer.close()
         _stop_telemetry(events, provider)
         client.close()
         state_lock.release()
+
+
+def _take_lock(state_lock: StateDirLock, wait_s: float) -> bool:
+    try:
+        state_lock.acquire(wait_s=wait_s)
+    except (StateLockError, OSError) as exc:
+        log.error("%s", exc)
+        return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class _Owner:
+    """The node lock and the Preparer: loaded before serving, or (rolling) after the lock."""
+
+    lock: StateDirLock
+    loaded: list[Preparer]  # the Preparer once loaded (main closes it)
+    load: Callable[[], Preparer | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,6 +365,13 @@ class _Telemetry:
     metrics: PluginMetrics | None
     pods: ClaimPods
     traced: bool
+
+
+def _pod_reader(client: kube.KubeClient) -> PodReader:
+    def read(namespace: str, name: str) -> kube.JSON:
+        return client.get(kube.path("v1", "pods", name, namespace=namespace), timeout_s=10)
+
+    return read
 
 
 def _stop_telemetry(events: PrepareEvents | None, provider: TracerProvider | None) -> None:
@@ -352,10 +384,11 @@ def _serve(
     *,
     args: argparse.Namespace,
     settings: NodeSettings,
+    sockets: SocketPaths,
     inventory: NodeInventory,
     rediscover: Callable[[], NodeInventory],
     client: kube.KubeClient,
-    preparer: Preparer,
+    owner: _Owner,
     telemetry: _Telemetry,
 ) -> int:
     """Reconcile, serve until SIGTERM/SIGINT, then stop the servers and background threads."""
@@ -363,32 +396,33 @@ def _serve(
         HookLibraryCheck(settings.spec.hook_path).verify()
     except HookLibraryError as exc:
         log.error("%s; every prepare is refused until it is fixed", exc)
-    report = preparer.reconcile()
-    log.info(
-        "checkpoint: %d prepared claims (%d orphan specs and %d orphan claim dirs removed, %d "
-        "rewritten)",
-        len(preparer.prepared()),
-        len(report.removed_specs),
-        len(report.removed_claim_dirs),
-        len(report.rewritten),
-    )
     board = HealthBoard(settings.node_name, inventory) if args.health else None
     metrics = telemetry.metrics
+    stop = threading.Event()
+    stop_on_signals(stop, log)
     server = PluginServer(
         driver=settings.driver,
-        sockets=socket_paths(args),
-        preparer=preparer,
+        sockets=sockets,
+        preparer=owner.loaded[0] if owner.loaded else None,
+        holder_endpoint=owner.lock.holder_endpoint,
         health=board,
         interceptors=_grpc_tracing() if telemetry.traced else (),
     )
+    if owner.loaded:
+        _reconcile(owner.loaded[0])
+        remove_stale_sockets(sockets, settings.driver)  # we hold the lock: no live holder else
+        server.start()
+    else:
+        server.start()  # forwarding to the lock holder until _take_over switches it
+        if not _take_over(args, settings, sockets=sockets, server=server, owner=owner, stop=stop):
+            server.stop()
+            return 0 if stop.is_set() else 1
+    preparer = owner.loaded[0]
     metrics_server = (
         _serve_metrics(args.metrics_address, metrics, settings, preparer, telemetry.pods)
         if metrics is not None
         else None
     )
-    stop = threading.Event()
-    stop_on_signals(stop, log)
-    server.start()
     _, threads = monitoring.start(
         monitoring.MonitorSettings(
             driver=settings.driver,
@@ -422,10 +456,58 @@ def _serve(
     server.stop()
     if metrics_server is not None:
         metrics_server.stop()
+    telemetry.pods.close()  # its pod lookups (the container label)
     for thread in threads:
         thread.join(timeout=10)
     log.info("stopped")
     return 0
+
+
+def _reconcile(preparer: Preparer) -> None:
+    report = preparer.reconcile()
+    log.info(
+        "checkpoint: %d prepared claims (%d orphan specs and %d orphan claim dirs removed, %d "
+        "rewritten)",
+        len(preparer.prepared()),
+        len(report.removed_specs),
+        len(report.removed_claim_dirs),
+        len(report.rewritten),
+    )
+
+
+def _take_over(
+    args: argparse.Namespace,
+    settings: NodeSettings,
+    *,
+    sockets: SocketPaths,
+    server: PluginServer,
+    owner: _Owner,
+    stop: threading.Event,
+) -> bool:
+    """Rolling update: wait for the node lock (calls are forwarded meanwhile), then own the node."""
+    log.info(
+        "instance %s serves %s; taking the node lock %s (up to %g s; calls go to its holder "
+        "meanwhile)",
+        args.instance_id,
+        sockets.dra,
+        owner.lock.path,
+        args.state_lock_timeout,
+    )
+    try:
+        owner.lock.acquire(wait_s=args.state_lock_timeout, cancel=stop)
+    except (StateLockError, OSError) as exc:
+        log.error("%s", exc)
+        return False
+    owner.lock.advertise(sockets.dra)
+    remove_stale_sockets(sockets, settings.driver)
+    preparer = owner.load()
+    if preparer is None:
+        return False
+    owner.loaded.append(preparer)
+    _reconcile(preparer)
+    server.serve_locally(preparer)
+    log.info("instance %s took over the node", args.instance_id)
+    return True
 
 
 def _serve_metrics(
@@ -446,6 +528,7 @@ def _serve_metrics(
             prepared=preparer.prepared,
             inventory=preparer.inventory,
             pods=pods.pod_label,
+            containers=pods.container_label,
             gpus=NvmlGpuReader(PyNvml),
         )
     )

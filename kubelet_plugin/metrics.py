@@ -12,7 +12,9 @@ Two kinds:
 
 Conventions: prefix `vgpu_dra_`, base units (bytes, seconds, ratios 0..1 where the API speaks
 of percent), `_total` counters. Every label value comes from the plugin's own state (the plan,
-the inventory, the claim's `reservedFor`), never from a region file a tenant can write.
+the inventory, the claim's `reservedFor`, the names of the containers of the claim's pod as the
+API server serves them: `kubelet_plugin.telemetry`), never from a region file a tenant can
+write.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ PREPARE_REASONS = (
     "node_io",
     "internal",
 )
-CLAIM_LABELS = ("node", "namespace", "pod", "claim", "claim_uid", "gpu", "device")
+CLAIM_LABELS = ("node", "namespace", "pod", "container", "claim", "claim_uid", "gpu", "device")
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +226,7 @@ class NodeCollector(Collector):
         prepared: Callable[[], Mapping[str, ClaimPlan]],
         inventory: Callable[[], NodeInventory],
         pods: Callable[[str], str] = lambda uid: "",
+        containers: Callable[[str], str] = lambda uid: "",
         gpus: GpuReader | None = None,
     ) -> None:
         self._node = node
@@ -231,6 +234,7 @@ class NodeCollector(Collector):
         self._prepared = prepared
         self._inventory = inventory
         self._pods = pods
+        self._containers = containers
         self._gpus = gpus
 
     def describe(self) -> Iterable[Metric]:
@@ -246,6 +250,7 @@ class NodeCollector(Collector):
         for plan in plans.values():
             usage = read_usage(os.path.join(self._claims_dir, plan.uid, "region")) or {}
             pod = self._pods(plan.uid)
+            container = self._containers(plan.uid)
             for uuid, share in _shares(plan).items():
                 gpu = by_uuid.get(uuid)
                 device = gpu.device_name if gpu is not None else share.device
@@ -254,7 +259,7 @@ class NodeCollector(Collector):
                     total.memory += share.memory
                     total.cores += share.cores
                     total.claims += 1
-                labels = [node, plan.namespace, pod, plan.name, plan.uid, uuid, device]
+                labels = [node, plan.namespace, pod, container, plan.name, plan.uid, uuid, device]
                 families.claim_memory_limit.add_metric(labels, share.memory)
                 families.claim_cores_limit.add_metric(labels, share.cores / MAX_CORES)
                 stats = usage.get(uuid) or _NO_USAGE

@@ -18,7 +18,6 @@ import mmap
 import os
 import struct
 from dataclasses import dataclass
-from types import TracebackType
 
 REGION_MAGIC = 0x55504756
 REGION_VERSION = 2
@@ -134,7 +133,7 @@ def enforce_size(path: str) -> bool:
     return False
 
 
-class Region:
+class Region(contextlib.AbstractContextManager["Region"]):
     """A mapped region file. Use as a context manager; `layout` is the live shared view."""
 
     def __init__(self, path: str) -> None:
@@ -166,16 +165,8 @@ class Region:
         with contextlib.suppress(BufferError):
             self._map.close()
 
-    def __enter__(self) -> Region:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()  # `with Region(path) as region:` (the base class's __enter__ returns self)
 
     def _slots(self) -> list[RegionSlot]:
         """The slots that may be in use (hooks take slots lowest-first up to slot_hwm)."""

@@ -10,15 +10,28 @@ instance stopping after a new one bound the same path leaves the new one alone. 
 re-creates a socket of ours that disappears (someone deleted it): the kubelet's plugin watcher
 registers a re-created registration socket again.
 A path taken over by another process is left to it.
+
+Rolling updates (`SocketPaths.for_instance`): each instance names both sockets after its instance
+id (the pod UID), because the kubelet keeps several registrations of one driver only when their
+registration sockets and DRA endpoints differ, and routes calls to the newest connected one. An
+instance built without a Preparer routes its DRA calls through a `kubelet_plugin.handover.Handover`
+until `serve_locally`. `remove_stale_sockets` deletes the sockets of dead instances (a SIGKILLed
+pod cannot remove its own, and the kubelet keeps a registration while its socket file exists).
 Used by `kubelet_plugin.main` and by the integration tests.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import errno
+import fnmatch
+import hashlib
 import logging
 import os
+import re
 import secrets
+import socket
 import stat
 import threading
 from collections.abc import Callable, Sequence
@@ -29,6 +42,7 @@ import grpc
 
 from dra_driver.names import DriverNames
 from kubelet_plugin.dra_service import DraServicer
+from kubelet_plugin.handover import Handover, HandoverHealthServicer
 from kubelet_plugin.health import HealthBoard, HealthServicer
 from kubelet_plugin.prepare import Preparer
 from kubelet_plugin.proto import (
@@ -65,16 +79,116 @@ class SocketPaths:
         names = DriverNames(driver)
         return cls(names.registration_socket(registrar_dir), names.dra_socket(plugins_dir))
 
+    @classmethod
+    def for_instance(
+        cls, driver: str, *, plugin_dir: str, registrar_dir: str, instance: str
+    ) -> SocketPaths:
+        """Per-instance names: `<driver>-<instance>-reg.sock` and `dra-<instance>.sock`.
+
+        Where a path with the whole id is too long for a unix socket, that name carries
+        `short_instance(instance)` instead (the probe script applies the same rule). ValueError
+        when the instance id is not a plain token or even the short path is too long (the
+        kernel would truncate it silently on some systems, fail on others).
+        """
+        if not _INSTANCE_ID.fullmatch(instance):
+            raise ValueError(
+                f"instance id {instance!r} must be 1-63 letters, digits, '-', '_' or '.' "
+                "(use the pod UID)"
+            )
+        return cls(
+            _socket_path(registrar_dir, f"{driver}-{{}}-reg.sock", instance),
+            _socket_path(plugin_dir, "dra-{}.sock", instance),
+        )
+
+    def patterns(self, driver: str) -> tuple[tuple[str, str], ...]:
+        """(directory, glob) of every socket name any instance of `driver` may use."""
+        registrar, plugin = os.path.dirname(self.registration), os.path.dirname(self.dra)
+        return (
+            (registrar, f"{driver}-reg.sock"),
+            (registrar, f"{driver}-*-reg.sock"),
+            (plugin, "dra.sock"),
+            (plugin, "dra-*.sock"),
+        )
+
+
+MAX_SOCKET_PATH = 107  # sun_path is 108 bytes including the terminating NUL
+_INSTANCE_ID = re.compile(r"[A-Za-z0-9_.-]{1,63}")
+
+
+def short_instance(instance: str) -> str:
+    """11 characters for an instance id: base64url of the first 8 bytes of its SHA-256."""
+    digest = hashlib.sha256(instance.encode()).digest()[:8]
+    return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+
+def _socket_path(directory: str, pattern: str, instance: str) -> str:
+    for token in (instance, short_instance(instance)):
+        path = os.path.join(directory, pattern.format(token))
+        if len(os.fsencode(path)) <= MAX_SOCKET_PATH:
+            return path
+    raise ValueError(
+        f"socket path {path} is {len(os.fsencode(path))} bytes, over the {MAX_SOCKET_PATH}-byte "
+        "limit of unix sockets: use a shorter directory"
+    )
+
+
+def remove_stale_sockets(sockets: SocketPaths, driver: str) -> list[str]:
+    """Delete sockets of `driver`'s dead instances (nothing listens: connect is refused).
+
+    A live instance's socket accepts connections from the moment it appears (it is bound and
+    listening before it is renamed into place), so only sockets whose process is gone are
+    removed; ours and other live instances' stay. Returns the removed paths.
+    """
+    removed = []
+    own = {sockets.registration, sockets.dra}
+    for directory, pattern in sockets.patterns(driver):
+        try:
+            entries = os.listdir(directory)
+        except FileNotFoundError:
+            continue
+        for name in sorted(fnmatch.filter(entries, pattern)):
+            path = os.path.join(directory, name)
+            if path in own or not _is_socket(path) or _listening(path):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+                removed.append(path)
+                log.info("removed stale socket %s (its plugin instance is gone)", path)
+    return removed
+
+
+def _is_socket(path: str) -> bool:
+    try:
+        return stat.S_ISSOCK(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def _listening(path: str) -> bool:
+    """False only when the kernel says nobody listens; any other outcome counts as alive."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except OSError as exc:
+            return exc.errno not in (errno.ECONNREFUSED, errno.ENOENT)
+    return True
+
 
 class PluginServer:
-    """Owns both servers; `start()` then `stop()` (removes the sockets that are still ours)."""
+    """Owns both servers; `start()` then `stop()` (removes the sockets that are still ours).
+
+    Without a `preparer` the DRA calls go through `self.handover` (forwarded to the node lock's
+    holder) until `serve_locally(preparer)`.
+    """
 
     def __init__(
         self,
         *,
         driver: str,
         sockets: SocketPaths,
-        preparer: Preparer,
+        preparer: Preparer | None,
+        holder_endpoint: Callable[[], str | None] = lambda: None,
         health: HealthBoard | None = None,
         max_workers: int = 8,
         watch_period_s: float = WATCH_PERIOD_S,
@@ -87,6 +201,7 @@ class PluginServer:
             services=supported_services(health=health is not None),
         )
         self._preparer = preparer
+        self.handover = Handover(sockets.dra, holder_endpoint) if preparer is None else None
         self._health = health
         self._max_workers = max_workers
         self._watch_period_s = watch_period_s
@@ -105,19 +220,31 @@ class PluginServer:
         server = grpc.server(
             self._executor(self._max_workers, "grpc-dra"), interceptors=self._interceptors
         )
-        dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(
-            DraServicer(self._preparer, dra_v1_pb2, version="v1"), server
-        )
-        dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
-            DraServicer(self._preparer, dra_v1beta1_pb2, version="v1beta1"), server
-        )
+        if self.handover is not None:
+            dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(
+                self.handover.servicer(dra_v1_pb2, dra_v1_pb2_grpc, "v1"), server
+            )
+            dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
+                self.handover.servicer(dra_v1beta1_pb2, dra_v1beta1_pb2_grpc, "v1beta1"), server
+            )
+        else:
+            assert self._preparer is not None
+            dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(
+                DraServicer(self._preparer, dra_v1_pb2, version="v1"), server
+            )
+            dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
+                DraServicer(self._preparer, dra_v1beta1_pb2, version="v1beta1"), server
+            )
         if self._health is not None:
-            dra_health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-                HealthServicer(self._health, dra_health_v1_pb2), server
-            )
-            dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-                HealthServicer(self._health, dra_health_v1alpha1_pb2), server
-            )
+            for messages, stubs in (
+                (dra_health_v1_pb2, dra_health_v1_pb2_grpc),
+                (dra_health_v1alpha1_pb2, dra_health_v1alpha1_pb2_grpc),
+            ):
+                local = HealthServicer(self._health, messages)
+                servicer: HealthServicer | HandoverHealthServicer = (
+                    local if self.handover is None else self.handover.health_servicer(local, stubs)
+                )
+                stubs.add_DRAResourceHealthServicer_to_server(servicer, server)
         return server
 
     def _reg_server(self) -> grpc.Server:
@@ -145,9 +272,19 @@ class PluginServer:
             self._watcher = threading.Thread(target=self._watch, name="socket-watch", daemon=True)
             self._watcher.start()
 
+    def serve_locally(self, preparer: Preparer) -> None:
+        """This instance now owns the node's state: serve DRA calls with `preparer`."""
+        if self.handover is None:
+            raise RuntimeError("serve_locally: this server was built with its Preparer")
+        self.handover.serve_locally(preparer)
+
     def stop(self, grace_s: float = 5.0) -> None:
         """Registration first (the kubelet stops routing to us), then in-flight DRA calls."""
         self._stopping.set()
+        if self.handover is not None and not self.handover.local:
+            # Calls held for a take-over that will not happen fail now (the kubelet retries
+            # them with the instance that still runs) instead of at the end of the grace time.
+            self.handover.fail("this plugin instance stopped before it took over the node")
         if self._watcher is not None:
             self._watcher.join()
         with self._lock:

@@ -115,6 +115,24 @@ class _Kind(NamedTuple):
     clears: str
 
 
+# The fixed kinds of condition (the XID kinds carry the XID in their value: `_xid_kind`).
+_FALLEN_OFF_BUS = _Kind(KEY_UNREACHABLE, VALUE_FALLEN_OFF_BUS, NO_EXECUTE, CLEARS_READABLE)
+_UNREADABLE = _Kind(KEY_UNREACHABLE, VALUE_UNREADABLE, NO_EXECUTE, CLEARS_READABLE)
+_REMAPPING_FAILED = _Kind(KEY_MEMORY, VALUE_REMAPPING_FAILED, NO_EXECUTE, CLEARS_RESET)
+_RESET_PENDING = _Kind(KEY_MEMORY, VALUE_RESET_PENDING, NO_SCHEDULE, CLEARS_PENDING)
+
+
+def _xid_kind(xid: int, xid_class: XidClass) -> _Kind | None:
+    """The condition an XID of this class raises; None for the application's own faults."""
+    if xid_class is XidClass.APPLICATION:
+        return None
+    if xid_class is XidClass.LOST:
+        return _FALLEN_OFF_BUS
+    if xid_class is XidClass.FATAL:
+        return _Kind(KEY_GPU_FAULT, f"xid-{xid}", NO_EXECUTE, CLEARS_RESET)
+    return _Kind(KEY_XID, f"xid-{xid}", NO_SCHEDULE, CLEARS_QUIET)
+
+
 @dataclass(frozen=True, slots=True)
 class Condition:
     """One reason to taint one GPU. `since` is when it started (the taint's timeAdded)."""
@@ -151,58 +169,27 @@ class TaintState:
 
     def on_xid(self, uuid: str, xid: int, now: float) -> list[Change]:
         info = classify_xid(xid)
-        message = f"XID {xid}: {info.meaning}"
-        if info.xid_class is XidClass.APPLICATION:
+        kind = _xid_kind(xid, info.xid_class)
+        if kind is None:
             return []
-        if info.xid_class is XidClass.LOST:
-            return self._set(
-                uuid,
-                _Kind(KEY_UNREACHABLE, VALUE_FALLEN_OFF_BUS, NO_EXECUTE, CLEARS_READABLE),
-                now,
-                message,
-            )
-        if info.xid_class is XidClass.FATAL:
-            return self._set(
-                uuid, _Kind(KEY_GPU_FAULT, f"xid-{xid}", NO_EXECUTE, CLEARS_RESET), now, message
-            )
-        return self._set(
-            uuid, _Kind(KEY_XID, f"xid-{xid}", NO_SCHEDULE, CLEARS_QUIET), now, message
-        )
+        return self._set(uuid, kind, now, f"XID {xid}: {info.meaning}")
 
     def on_probe(self, uuid: str, *, lost: bool, error: str, now: float) -> list[Change]:
         """Result of asking NVML about the GPU: `lost` (GPU_IS_LOST), another `error`, or fine."""
         if lost:
-            return self._set(
-                uuid,
-                _Kind(KEY_UNREACHABLE, VALUE_FALLEN_OFF_BUS, NO_EXECUTE, CLEARS_READABLE),
-                now,
-                f"NVML reports the GPU lost: {error}",
-            )
+            return self._set(uuid, _FALLEN_OFF_BUS, now, f"NVML reports the GPU lost: {error}")
         if error:
-            return self._set(
-                uuid,
-                _Kind(KEY_UNREACHABLE, VALUE_UNREADABLE, NO_EXECUTE, CLEARS_READABLE),
-                now,
-                f"NVML cannot read the GPU: {error}",
-            )
+            return self._set(uuid, _UNREADABLE, now, f"NVML cannot read the GPU: {error}")
         return self._clear(uuid, lambda c: c.clears == CLEARS_READABLE)
 
     def on_memory(self, uuid: str, *, pending: bool, failed: bool, now: float) -> list[Change]:
         """Retired pages / row remapping: `pending` a reset, or remapping `failed`."""
         if failed:
-            return self._set(
-                uuid,
-                _Kind(KEY_MEMORY, VALUE_REMAPPING_FAILED, NO_EXECUTE, CLEARS_RESET),
-                now,
-                "row remapping failed: memory errors can no longer be repaired",
-            )
+            message = "row remapping failed: memory errors can no longer be repaired"
+            return self._set(uuid, _REMAPPING_FAILED, now, message)
         if pending:
-            return self._set(
-                uuid,
-                _Kind(KEY_MEMORY, VALUE_RESET_PENDING, NO_SCHEDULE, CLEARS_PENDING),
-                now,
-                "retired pages or remapped rows wait for a GPU reset",
-            )
+            message = "retired pages or remapped rows wait for a GPU reset"
+            return self._set(uuid, _RESET_PENDING, now, message)
         return self._clear(uuid, lambda c: c.key == KEY_MEMORY and c.clears == CLEARS_PENDING)
 
     def on_enumeration(self, present: Iterable[str], removed: Iterable[str]) -> list[Change]:

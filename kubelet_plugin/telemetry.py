@@ -6,26 +6,68 @@ counter updates (`kubelet_plugin.metrics`) and, for failures, Kubernetes Events
 (`kubelet_plugin.events`). It also learns which pods a claim is reserved for by watching the
 claims prepare reads anyway (`wrap_source`), so metrics and Events can name the pod without an
 extra API call.
+
+The containers of that pod which use the claim (the metrics' `container` label) are not in the
+claim: with a `pod_reader`, `ClaimPods` reads the pod once per prepared claim from a background
+thread (never on the prepare path; through a bounded queue, dropped when full) and matches
+`spec.resourceClaims` (or `status.resourceClaimStatuses` for claims made from a template) and
+each container's `resources.claims`. A pod that cannot be read (no right to, gone, API down)
+leaves the label empty: the label is "where known".
 """
 
 from __future__ import annotations
 
+import logging
+import queue
 import threading
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from dra_driver import cdi
+from dra_driver import cdi, kube
 from kubelet_plugin.claims import ClaimRef
 from kubelet_plugin.events import PodRef, PrepareEvents
 from kubelet_plugin.metrics import PluginMetrics
 from kubelet_plugin.prepare import ClaimSource, PrepareOutcome
 
+log = logging.getLogger(__name__)
+
+PodReader = Callable[[str, str], dict[str, Any]]  # (namespace, name) -> the Pod object
+
+
+def containers_using(pod: Mapping[str, Any], claim_name: str) -> list[str]:
+    """Names of the pod's containers (init containers included) that use ResourceClaim
+    `claim_name`, in the pod's order."""
+    spec = pod.get("spec") or {}
+    generated = {
+        str(entry.get("name")): entry.get("resourceClaimName")
+        for entry in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+    }
+    pod_claims = {
+        str(entry.get("name"))
+        for entry in spec.get("resourceClaims") or []
+        if (entry.get("resourceClaimName") or generated.get(str(entry.get("name")))) == claim_name
+    }
+    found: list[str] = []
+    for container in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+        uses = (container.get("resources") or {}).get("claims") or []
+        if any(str(use.get("name")) in pod_claims for use in uses):
+            found.append(str(container.get("name")))
+    return found
+
 
 class ClaimPods:
-    """Claim UID -> the pods in its `status.reservedFor`, as last read by prepare."""
+    """Claim UID -> the pods in its `status.reservedFor`, as last read by prepare, and (with a
+    `pod_reader`) the containers of its pod that use it."""
 
-    def __init__(self) -> None:
+    def __init__(self, pod_reader: PodReader | None = None, *, max_queued: int = 1000) -> None:
         self._pods: dict[str, tuple[PodRef, ...]] = {}
+        self._containers: dict[str, str] = {}
         self._lock = threading.Lock()
+        self._reader = pod_reader
+        self._queue: queue.Queue[tuple[str, str, str, PodRef] | None] = queue.Queue(max_queued)
+        self._thread: threading.Thread | None = None  # started with the first lookup
+        self._closed = False
 
     def wrap_source(self, source: ClaimSource) -> ClaimSource:
         """The same claim source, remembering each claim's pods on the way."""
@@ -46,10 +88,72 @@ class ClaimPods:
         )
         with self._lock:
             self._pods[uid] = pods
+            known = uid in self._containers
+            if self._reader is None or self._closed or known or len(pods) != 1:
+                return
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="claim-containers", daemon=True
+                )
+                self._thread.start()
+        meta = claim.get("metadata") or {}
+        try:
+            self._queue.put_nowait(
+                (uid, str(meta.get("namespace", "")), str(meta.get("name", "")), pods[0])
+            )
+        except queue.Full:
+            log.debug("container lookup queue full; claim %s stays without a container", uid)
 
     def forget(self, uid: str) -> None:
         with self._lock:
             self._pods.pop(uid, None)
+            self._containers.pop(uid, None)
+
+    def container_label(self, uid: str) -> str:
+        """The `container` label of a claim's metrics: the containers of its one pod that use
+        it (comma-separated), empty while unknown."""
+        with self._lock:
+            return self._containers.get(uid, "")
+
+    def flush(self, timeout_s: float = 10.0) -> None:
+        """Wait until every queued pod lookup is done (tests, shutdown)."""
+        deadline = time.monotonic() + timeout_s
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(None)
+            thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                self._look_up(*item)
+            except Exception:  # one odd pod must not end the lookups
+                log.exception("container lookup failed")
+            finally:
+                self._queue.task_done()
+
+    def _look_up(self, uid: str, namespace: str, claim_name: str, ref: PodRef) -> None:
+        assert self._reader is not None
+        try:
+            pod = self._reader(namespace, ref.name)
+        except kube.KubeError as exc:
+            log.debug("cannot read pod %s/%s for claim %s: %s", namespace, ref.name, uid, exc)
+            return
+        if str((pod.get("metadata") or {}).get("uid", "")) != ref.uid:
+            return  # a pod of the same name, not the claim's
+        label = ",".join(containers_using(pod, claim_name))
+        with self._lock:
+            if self._pods.get(uid) == (ref,):  # still prepared for that pod
+                self._containers[uid] = label
 
     def of(self, uid: str) -> tuple[PodRef, ...]:
         with self._lock:

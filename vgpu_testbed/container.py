@@ -115,27 +115,6 @@ def edits_from_spec(spec: Mapping[str, Any], device_names: Sequence[str]) -> Con
     return edits_from_specs([(spec, device_names)])
 
 
-def run_in_container(
-    spec: Mapping[str, Any],
-    device_names: Sequence[str],
-    argv: Sequence[str],
-    *,
-    base_env: Mapping[str, str] | None = None,
-    timeout: float | None = 120,
-    stdin: int | None = subprocess.DEVNULL,
-    capture: bool = True,
-) -> subprocess.CompletedProcess[str]:
-    """Run argv with the spec's edits applied; returns the finished process."""
-    return run_with_claims(
-        [(spec, device_names)],
-        argv,
-        base_env=base_env,
-        timeout=timeout,
-        stdin=stdin,
-        capture=capture,
-    )
-
-
 def run_with_claims(
     claims: Sequence[SpecDevices],
     argv: Sequence[str],

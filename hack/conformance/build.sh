@@ -7,19 +7,17 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cache=${VGPU_DRA_CACHE:-$HOME/.cache/vgpu-dra}
-hash=$(cd "$here" && cat go.mod go.sum ./*/*.go build.sh | sha256sum | cut -c1-16)
+hash=$(cd "$here" && cat go.mod go.sum ./*/*.go build.sh ../go-env.sh | sha256sum | cut -c1-16)
 bin="$cache/conformance/$hash/bin"
 if [[ -x $bin/kubeletclient && -x $bin/cdicheck ]]; then
     echo "$bin"
     exit 0
 fi
 
-export GOMODCACHE="$cache/go/mod"
-export GOCACHE="$cache/go/build"
-export GOFLAGS="-mod=readonly -buildvcs=false"
-export CGO_ENABLED=0
-export GOTOOLCHAIN=${GOTOOLCHAIN:-auto}
-mkdir -p "$bin" "$GOMODCACHE" "$GOCACHE"
+# shellcheck source=../go-env.sh
+source "$here/../go-env.sh"
+go_env "$cache" readonly
+mkdir -p "$bin"
 
 # go.mod and go.sum pin every module (verified against the checksum database when they were
 # tidied); -mod=readonly means a build never rewrites them.

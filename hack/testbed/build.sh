@@ -46,12 +46,10 @@ if all_built; then
     exit 0
 fi
 
-export GOMODCACHE="$cache/go/mod"
-export GOCACHE="$cache/go/build"
-export GOFLAGS="-mod=mod -buildvcs=false"
-export CGO_ENABLED=0
-export GOTOOLCHAIN=${GOTOOLCHAIN:-auto}
-mkdir -p "$bin" "$GOMODCACHE" "$GOCACHE"
+# shellcheck source=../go-env.sh
+source "$here/../go-env.sh"
+go_env "$cache" mod
+mkdir -p "$bin"
 
 log() { printf '[build %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 

@@ -2,7 +2,9 @@
 
 `up` starts the components in their own sessions (they survive this process and the
 terminal) — with `--agents` also each node's simulated GPUs, kubelet plugin and kubelet stand-in
-(vgpu_testbed.standin.node_agents) — records them in `<dir>/state.json`, and prints
+(vgpu_testbed.standin.node_agents) or real kubelet and containerd (vgpu_testbed.realnode), the
+`vgpu.dra.dev` DeviceClass and the allocation controller with the chart's RBAC
+(vgpu_testbed.cluster.controller) — records them in `<dir>/state.json`, and prints
 `export KUBECONFIG=<path>` as its last line so `eval "$(vgpu-dra dev-cluster up | tail -1)"`
 works. `down` stops everything recorded and removes the directory's contents; `status` probes
 each component and node. Called by dra_driver.cli.
@@ -13,11 +15,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from dra_driver.kube import KubeError
 from vgpu_testbed.cluster import nodes as cluster_nodes
 from vgpu_testbed.cluster.control_plane import (
     BinariesMissingError,
@@ -42,6 +46,25 @@ def _port(text: str) -> int:
     if not 1 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"port must be 1..65535, got {value}")
     return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _controller_args(text: str) -> list[str]:
+    from vgpu_testbed.cluster.controller import check_controller_args
+
+    try:
+        return check_controller_args(shlex.split(text))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,6 +101,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=120.0, help="seconds to wait for each component"
     )
     up.add_argument(
+        "--client-qps",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="kube-scheduler's and kube-controller-manager's --kube-api-qps (default: stock, "
+        "50 and 20 requests/s); also sets the burst to N unless --client-burst is given",
+    )
+    up.add_argument(
+        "--client-burst",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="their --kube-api-burst (default: stock 100 and 30, or --client-qps)",
+    )
+    up.add_argument(
         "--agents",
         action="store_true",
         help="also bring each node to life: simulated GPUs of its profile, the kubelet plugin "
@@ -90,6 +128,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --agents: real nodes (kubelet, containerd, runc in the node's own "
         "namespaces; needs root and `make controlplane`) or the kubelet stand-in; auto = real "
         "where this host allows it (see docs/testbed.md)",
+    )
+    up.add_argument(
+        "--controller-args",
+        type=_controller_args,
+        default=[],
+        metavar="'FLAGS'",
+        help="with --agents: more flags of the allocation controller, e.g. the cluster default "
+        "policies: '--node-policy spread --device-policy binpack --topology link' "
+        "(see `vgpu-dra controller --help`)",
     )
     with_dir(sub.add_parser("down", help="stop everything and remove the cluster's files"))
     status = with_dir(sub.add_parser("status", help="components (pid, port, health) and nodes"))
@@ -122,6 +169,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         apiserver_port=args.apiserver_port,
         timeout=args.timeout,
         progress=say,
+        client_qps=args.client_qps,
+        client_burst=args.client_burst,
     )
     if args.agents:
         from vgpu_testbed.realnode.node import start_real_nodes
@@ -137,15 +186,41 @@ def cmd_up(args: argparse.Namespace) -> int:
                     say(f"{name}: real node ready in {real.start_seconds:.1f}s (ip {real.ip})")
             else:
                 start_node_agents(cluster)
+            say(f"node agents running after {time.monotonic() - t0:.1f}s")
+            try_lines = start_policy_path(cluster, args.controller_args, say)
         except BaseException:
             cluster.stop(keep_logs=True)
             raise
-        say(f"node agents running after {time.monotonic() - t0:.1f}s")
+        say(f"allocation controller ready after {time.monotonic() - t0:.1f}s")
     for node in cluster.nodes:
         print(f"node {node.name}: profile {node.profile}")
+    if args.agents:
+        for line in try_lines:
+            print(line)
     print(f"logs: {cluster.layout.logs}/   stop with: {PROG} down --dir {args.dir}")
     print(f"export KUBECONFIG={cluster.kubeconfig}")
     return 0
+
+
+def start_policy_path(
+    cluster: Cluster, controller_args: Sequence[str], say: Callable[[str], None]
+) -> list[str]:
+    """The DeviceClass and the allocation controller as a real install has them; returns the
+    lines telling how to try the policy path by hand."""
+    from dra_driver.kube import KubeClient
+    from vgpu_testbed.cluster import controller
+    from vgpu_testbed.realnode.images import SHELL
+
+    client = KubeClient.from_kubeconfig(str(cluster.kubeconfig))
+    try:
+        controller.apply_device_class(client)
+    finally:
+        client.close()
+    say("starting the allocation controller (chart RBAC, own token, leader election)")
+    handle = controller.start_controller(cluster, args=controller_args)
+    # MERGE(webhook-serve): register_webhooks(cluster, handle.ports["webhook"], ca_bundle) here.
+    example = controller.write_example(cluster.root, SHELL)
+    return controller.try_it_lines(example, handle)
 
 
 def choose_runtime(wanted: str, say: Callable[[str], None]) -> str:
@@ -229,7 +304,8 @@ def main(argv: Sequence[str]) -> int:
         NotReadyError,
         StateError,
         ValueError,  # also ProfileError
-        RuntimeError,  # node agents: NodeAgentError, FakeGpuError
+        RuntimeError,  # node agents: NodeAgentError, FakeGpuError; HelmError
+        KubeError,  # the controller's RBAC or token refused by the API server
     ) as err:
         print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
         return 1

@@ -100,8 +100,14 @@ class Cluster:
         timeout: float = 120.0,
         gates: Mapping[str, bool] = FEATURE_GATES,
         progress: Callable[[str], None] | None = None,
+        client_qps: int | None = None,
+        client_burst: int | None = None,
     ) -> Cluster:
         """Start everything and wait until it is ready; on any failure stop what started.
+
+        `client_qps`/`client_burst`: kube-scheduler's and kube-controller-manager's
+        `--kube-api-qps`/`--kube-api-burst` (both components get the same values); None keeps
+        their stock limits (50/100 and 20/30). `client_qps` alone sets the burst to the same.
 
         `die_with_parent`: the kernel kills the components when this process dies (test
         sessions). Off for `dev-cluster up`, whose components must outlive the command.
@@ -116,9 +122,13 @@ class Cluster:
         state = ClusterState(k8s_version=k8s_version(), root=str(layout.root))
         state.ports = ports.all()
         state.started_at = time.time()
+        limits = cluster_flags.ClientLimits.of(client_qps, client_burst)
+        state.client_qps, state.client_burst = limits.qps, limits.burst
         cluster = cls(layout, state, die_with_parent=die_with_parent)
         try:
-            cluster._boot(binaries, ports, specs, gates=gates, timeout=timeout, say=say)
+            cluster._boot(
+                binaries, ports, specs, gates=gates, limits=limits, timeout=timeout, say=say
+            )
         except BaseException:
             cluster.stop(keep_logs=True)
             raise
@@ -296,6 +306,7 @@ class Cluster:
         specs: list[cluster_nodes.NodeSpec],
         *,
         gates: Mapping[str, bool],
+        limits: cluster_flags.ClientLimits,
         timeout: float,
         say: Callable[[str], None],
     ) -> None:
@@ -347,10 +358,15 @@ class Cluster:
         )
         say(f"kube-apiserver ready after {time.monotonic() - t0:.1f}s")
 
-        say("starting kube-scheduler and kube-controller-manager")
+        say(
+            "starting kube-scheduler and kube-controller-manager"
+            + ("" if limits.stock else f" (client qps {limits.qps}, burst {limits.burst})")
+        )
         sched = self._spawn(
             "kube-scheduler",
-            cluster_flags.scheduler_argv(binaries["kube-scheduler"], layout, ports, gates=gates),
+            cluster_flags.scheduler_argv(
+                binaries["kube-scheduler"], layout, ports, gates=gates, limits=limits
+            ),
             ports.scheduler,
         )
         kcm = self._spawn(
@@ -361,6 +377,7 @@ class Cluster:
                 ports,
                 ca_cert=paths.ca_cert,
                 gates=gates,
+                limits=limits,
             ),
             ports.controller_manager,
         )

@@ -28,8 +28,11 @@ OWNED_ENTRIES = (
     "serving",
     "images",  # the image archives real nodes import (vgpu_testbed.realnode.images)
     "nodes",
+    "controller",  # the allocation controller's applied RBAC, example and log
     "state.json",
 )
+# Kept with `keep_logs` (after a failure): logs only, no credentials.
+LOG_ENTRIES = ("logs", "controller")
 
 
 class ClusterBusyError(RuntimeError):
@@ -69,7 +72,7 @@ def remove_owned(layout: Layout, *, keep_logs: bool) -> None:
     if not root.is_dir():
         return
     for entry in OWNED_ENTRIES:
-        if keep_logs and entry == "logs":
+        if keep_logs and entry in LOG_ENTRIES:
             continue
         path = root / entry
         if path.is_dir() and not path.is_symlink():

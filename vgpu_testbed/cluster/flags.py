@@ -88,6 +88,48 @@ class Ports:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class ClientLimits:
+    """Client-side rate limits of kube-scheduler and kube-controller-manager towards the apiserver
+    (`--kube-api-qps`, `--kube-api-burst`). `None` keeps a component's stock value.
+
+    Why: with stock limits the default allocation path is capped by those clients (the
+    controller-manager needs two requests per pod at 20/s, the scheduler several at 50/s), not by
+    any allocator; throughput benchmarks raise both to see what the components themselves do.
+    """
+
+    qps: int | None = None
+    burst: int | None = None
+
+    def __post_init__(self) -> None:
+        for name, value in (("qps", self.qps), ("burst", self.burst)):
+            if value is not None and value < 1:
+                raise ValueError(f"client {name} must be a positive integer, got {value}")
+
+    @classmethod
+    def of(cls, qps: int | None = None, burst: int | None = None) -> ClientLimits:
+        """`qps` alone also raises the burst to `qps`: a burst below the rate would throttle
+        every batch back to the stock burst."""
+        if qps is not None and burst is None:
+            burst = qps
+        return cls(qps=qps, burst=burst)
+
+    @property
+    def stock(self) -> bool:
+        return self.qps is None and self.burst is None
+
+    def flags(self) -> list[str]:
+        out = []
+        if self.qps is not None:
+            out.append(f"--kube-api-qps={self.qps}")
+        if self.burst is not None:
+            out.append(f"--kube-api-burst={self.burst}")
+        return out
+
+
+STOCK = ClientLimits()
+
+
 def port_is_free(port: int, host: str = LOOPBACK) -> bool:
     """True if nothing listens on host:port and we may bind it."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -263,11 +305,18 @@ def _secure_component_flags(name: str, layout: Layout, port: int) -> list[str]:
 
 
 def scheduler_argv(
-    binary: Path, layout: Layout, ports: Ports, *, gates: Mapping[str, bool] = FEATURE_GATES
+    binary: Path,
+    layout: Layout,
+    ports: Ports,
+    *,
+    gates: Mapping[str, bool] = FEATURE_GATES,
+    limits: ClientLimits = STOCK,
 ) -> list[str]:
+    # The flags are deprecated in favour of a --config file but still honoured without one.
     return [
         str(binary),
         *_secure_component_flags("kube-scheduler", layout, ports.scheduler),
+        *limits.flags(),
         f"--feature-gates={feature_gate_flag(gates)}",
         "--v=1",
     ]
@@ -280,10 +329,12 @@ def controller_manager_argv(
     *,
     ca_cert: Path,
     gates: Mapping[str, bool] = FEATURE_GATES,
+    limits: ClientLimits = STOCK,
 ) -> list[str]:
     return [
         str(binary),
         *_secure_component_flags("kube-controller-manager", layout, ports.controller_manager),
+        *limits.flags(),
         f"--controllers={','.join(CONTROLLERS)}",
         f"--root-ca-file={ca_cert}",
         f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",

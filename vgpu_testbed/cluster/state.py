@@ -42,6 +42,9 @@ class ClusterState(BaseModel):
     nodes: list[NodeRecord] = Field(default_factory=list)
     ready: bool = False  # set once every component answered healthy and the nodes exist
     started_at: float = 0.0
+    # kube-scheduler's and kube-controller-manager's --kube-api-qps/--kube-api-burst; None = stock
+    client_qps: int | None = None
+    client_burst: int | None = None
 
     def profile_of(self, node: str) -> str:
         for rec in self.nodes:

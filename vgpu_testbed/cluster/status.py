@@ -51,6 +51,15 @@ class ClusterStatus:
         )
 
 
+# The allocation controller's process name (vgpu_testbed.cluster.controller); more replicas get
+# a suffix. It answers /readyz on the port recorded with it.
+CONTROLLER_PROCESS = "vgpu-dra-controller"
+
+
+def is_controller(process_name: str) -> bool:
+    return process_name == CONTROLLER_PROCESS or process_name.startswith(CONTROLLER_PROCESS + "-")
+
+
 def healthy_answer(code: int, body: str) -> bool:
     return code == 200 and (body.strip() == "ok" or '"health":"true"' in body.replace(" ", ""))
 
@@ -73,6 +82,8 @@ def health_url(rec: ProcessRecord, server: str) -> str | None:
         return f"{server}/readyz"
     if rec.name in ("kube-scheduler", "kube-controller-manager"):
         return f"https://{LOOPBACK}:{rec.port}/healthz"
+    if is_controller(rec.name) and rec.port:
+        return f"http://{LOOPBACK}:{rec.port}/readyz"
     return None
 
 
@@ -90,7 +101,7 @@ def component_status(
     kwargs: dict[str, Any] = {"verify": False}  # scheduler, controller-manager: self-signed
     if rec.name == "kube-apiserver":
         kwargs = {"ca_file": ca_cert, "token": admin_token}
-    elif rec.name == "etcd":
+    elif rec.name == "etcd" or is_controller(rec.name):
         kwargs = {}
     code, body = http_get(url, **kwargs)
     detail = f"{url} -> {code} {body.strip()[:60]}"

@@ -25,6 +25,7 @@ from vgpu_testbed.cluster import nodes as cluster_nodes
 from vgpu_testbed.cluster.binaries import BinariesMissingError, find_binaries
 from vgpu_testbed.demo.caps import step_workloads
 from vgpu_testbed.demo.observe import step_observe
+from vgpu_testbed.demo.policies import step_policy_path
 from vgpu_testbed.demo.steps import (
     SHARED_POD,
     DemoContext,
@@ -47,7 +48,10 @@ STEPS: list[Step] = [
     Step(f"Inside pod {SHARED_POD}'s container: the hook enforces the caps", step_workloads),
     Step(f"What an operator sees: vgpu-dra status, pod {SHARED_POD}'s metrics", step_observe),
     Step(f"Delete pod {SHARED_POD}: the plugin releases its share", step_release),
+    Step("The policy path: the allocation controller places by policy", step_policy_path),
 ]
+# A third node with two NVLink islands, for the policy step's NVLink-aware placement.
+DEMO_PROFILES = (*cluster_nodes.DEFAULT_PROFILES, "a100-2x4")
 
 
 class StepFailedError(RuntimeError):
@@ -71,9 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--nodes",
         type=cluster_nodes.profiles_arg,
-        default=list(cluster_nodes.DEFAULT_PROFILES),
+        default=list(DEMO_PROFILES),
         metavar="PROFILE,PROFILE,...",
-        help="simulated GPU profile per node (default: dgx-h100,a10-pcie)",
+        help=f"simulated GPU profile per node (default: {','.join(DEMO_PROFILES)})",
     )
     parser.add_argument(
         "--keep",
@@ -118,9 +122,11 @@ def run_steps(ctx: DemoContext, steps: Sequence[Step]) -> None:
 def check_prerequisites(args: argparse.Namespace) -> None:
     """Fail before anything starts when the demo cannot run: binaries, simulated GPU
     libraries, profiles, socket path lengths (the same checks as `dev-cluster up --agents`)."""
+    from vgpu_testbed.cluster.chart import helm_path
     from vgpu_testbed.standin import node_agents
 
     find_binaries(None)
+    helm_path()  # the policy step renders the chart's RBAC for the controller
     # Without --dir the directory is made later by mkdtemp; check a name of the same length.
     default_root = Path(tempfile.gettempdir()) / "vgpu-dra-demo-XXXXXXXX"
     root = args.dir if args.dir is not None else default_root

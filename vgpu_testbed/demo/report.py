@@ -327,3 +327,50 @@ def pod_state(pod: Mapping[str, Any]) -> str:
             message = cond.get("message") or cond.get("reason") or ""
             parts.append(f"{cond.get('type')}=False: {message}")
     return "; ".join(parts)
+
+
+# ---------------------------------------------------------------- the policy path
+
+
+def policy_table(
+    pods: Sequence[str],
+    runs: Mapping[str, Mapping[str, tuple[str, str]]],
+) -> list[str]:
+    """One row per pod, one column per policy run: `node/device` the controller chose.
+
+    `runs`: policy name -> pod -> (node, device), e.g. {"binpack": {...}, "spread": {...}}.
+    """
+    header = ["POD", *(name.upper() for name in runs)]
+    rows = [
+        [pod, *("/".join(run[pod]) if pod in run else "-" for run in runs.values())] for pod in pods
+    ]
+    return render_table(header, rows)
+
+
+def spread_summary(placed: Mapping[str, tuple[str, str]]) -> str:
+    """`4 pods on 1 GPU of 1 node`: how far a policy spread the pods."""
+    gpus = set(placed.values())
+    nodes = {node for node, _ in gpus}
+    return (
+        f"{len(placed)} pod{'s' * (len(placed) != 1)} on {len(gpus)} GPU{'s' * (len(gpus) != 1)} "
+        f"of {len(nodes)} node{'s' * (len(nodes) != 1)}"
+    )
+
+
+def islands(rows: Iterable[DeviceRow], node: str) -> dict[Any, list[str]]:
+    """NVLink domain -> the node's devices in it (devices without NVLink left out)."""
+    found: dict[Any, list[str]] = {}
+    for r in rows:
+        if r.node == node and r.nvlink is not None:
+            found.setdefault(r.nvlink, []).append(r.device)
+    return found
+
+
+def island_node(rows: Sequence[DeviceRow], size: int) -> str | None:
+    """The first node (by name) with more than one NVLink island, one of them at least `size`
+    GPUs: where a `size`-GPU claim could fit in one island or be split across two."""
+    for node in sorted({r.node for r in rows}):
+        domains = islands(rows, node)
+        if len(domains) > 1 and max(len(d) for d in domains.values()) >= size:
+            return node
+    return None

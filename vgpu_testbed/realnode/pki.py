@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-import os
 from pathlib import Path
 
 from cryptography import x509
@@ -22,18 +21,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from dra_driver.atomicfile import write_atomic
 from vgpu_testbed.realnode import egress
 
 _VALIDITY = dt.timedelta(days=365)
-
-
-def _write(path: Path, data: bytes, mode: int) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        os.fchmod(fd, mode)
-        os.write(fd, data)
-    finally:
-        os.close(fd)
 
 
 def _issue(
@@ -68,8 +59,9 @@ def _issue(
     key_pem = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
-    _write(key_path, key_pem, 0o600)
-    _write(cert_path, cert.public_bytes(serialization.Encoding.PEM), 0o644)
+    # Keys are created 0600 from the start; no fsync: the bed rebuilds its PKI after a crash.
+    write_atomic(str(key_path), key_pem, mode=0o600, sync=False)
+    write_atomic(str(cert_path), cert.public_bytes(serialization.Encoding.PEM), sync=False)
 
 
 def egress_socket(cluster_root: Path) -> Path:
@@ -89,7 +81,7 @@ def apiserver_flags(pki_dir: Path, egress_socket: Path) -> list[str]:
     )
     _issue(pki_dir, subject, ExtendedKeyUsageOID.CLIENT_AUTH, [], out=(cert, key))
     config = pki_dir / egress.CONFIG_NAME
-    _write(config, egress.render_config(egress_socket).encode(), 0o644)
+    write_atomic(str(config), egress.render_config(egress_socket).encode(), sync=False)
     return [
         f"--kubelet-client-certificate={cert}",
         f"--kubelet-client-key={key}",

@@ -23,54 +23,22 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from dra_driver.names import DEFAULT_DRIVER_NAME, DriverNames
 from vgpu_testbed import procs
 from vgpu_testbed.cluster.nodes import node_specs
 from vgpu_testbed.procs import ProcessRecord
 
+if TYPE_CHECKING:  # the cluster modules start node agents too (vgpu_testbed.cluster.cli)
+    from vgpu_testbed.cluster.control_plane import Cluster
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_HOOK_PATH = REPO_ROOT / "vgpu_hook" / "build" / "libvgpu.so"
 UNIX_PATH_MAX = 107  # sun_path is 108 bytes including the NUL
-
-
-class _NodeRecord(Protocol):
-    name: str
-    profile: str
-    kubeconfig: str
-
-
-class ClusterLike(Protocol):
-    """What node agents need from `vgpu_testbed.cluster.control_plane.Cluster`."""
-
-    @property
-    def root(self) -> Path: ...
-
-    @property
-    def kubeconfig(self) -> Path: ...
-
-    @property
-    def nodes(self) -> Sequence[_NodeRecord]: ...
-
-    @property
-    def processes(self) -> Sequence[ProcessRecord]: ...
-
-    def spawn(
-        self,
-        name: str,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        log_path: Path | None = None,
-        cwd: Path | None = None,
-        port: int | None = None,
-    ) -> ProcessRecord: ...
-
-    def stop_process(self, name: str) -> bool: ...
 
 
 class NodeAgentError(RuntimeError):
@@ -154,7 +122,7 @@ class NodeAgents:
 
     def __init__(
         self,
-        cluster: ClusterLike,
+        cluster: Cluster,
         node_name: str,
         *,
         driver: str = DEFAULT_DRIVER_NAME,
@@ -330,7 +298,7 @@ def check_prerequisites(root: Path, profiles: Sequence[str]) -> None:
 
 
 def start_node_agents(
-    cluster: ClusterLike, nodes: Iterable[str] | None = None, **kwargs: object
+    cluster: Cluster, nodes: Iterable[str] | None = None, **kwargs: object
 ) -> dict[str, NodeAgents]:
     """Start the agents of every node (or of `nodes`); returns them by node name.
 

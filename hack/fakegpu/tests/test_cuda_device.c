@@ -187,24 +187,17 @@ static int visible_cases(void)
 
 /* ---- cuGetProcAddress ------------------------------------------------------------------------ */
 
-struct row {
-    const char *base;
-    int version;
-    const char *sym;
-    const char *ptsym;
-};
-
-static const struct row rows[] = {
-#define CU_ENTRY(base, version, sym, ptsym) {#base, version, #sym, #ptsym},
+static const struct tu_cu_entry rows[] = {
+#define CU_ENTRY TU_CU_ENTRY_ROW
 #include "cuda_entry_points.def"
 #undef CU_ENTRY
 };
 #define NROWS (sizeof(rows) / sizeof(rows[0]))
 
 /* The row a request (base, version) should get: highest version <= requested. */
-static const struct row *expected_row(const char *base, int version)
+static const struct tu_cu_entry *expected_row(const char *base, int version)
 {
-    const struct row *best = NULL;
+    const struct tu_cu_entry *best = NULL;
     for (size_t i = 0; i < NROWS; i++)
         if (strcmp(rows[i].base, base) == 0 && rows[i].version <= version &&
             (best == NULL || rows[i].version > best->version))

@@ -341,16 +341,17 @@ static void case_threads(void)
     CHECK(wall_ns() - t0 >= 80 * MS);
 }
 
+static const struct tu_case CASES[] = {
+    {"duration model", case_duration_model},
+    {"asynchrony and synchronisation", case_async_and_sync},
+    {"bounded launch queue", case_queue_bound},
+    {"launch validation, modules, libraries", case_launch_validation},
+    {"host functions", case_host_func},
+    {"graphs", case_graphs},
+    {"threads", case_threads},
+};
+
 int main(void)
 {
-    int failures = 0;
-    failures += tu_fork_case("duration model", case_duration_model);
-    failures += tu_fork_case("asynchrony and synchronisation", case_async_and_sync);
-    failures += tu_fork_case("bounded launch queue", case_queue_bound);
-    failures += tu_fork_case("launch validation, modules, libraries", case_launch_validation);
-    failures += tu_fork_case("host functions", case_host_func);
-    failures += tu_fork_case("graphs", case_graphs);
-    failures += tu_fork_case("threads", case_threads);
-    printf("%s: %d failure(s)\n", __FILE__, failures);
-    return failures != 0;
+    return tu_report(__FILE__, TU_RUN_CASES(CASES));
 }

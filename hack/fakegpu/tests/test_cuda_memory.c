@@ -590,20 +590,21 @@ static void case_fork_while_busy(void)
     CHECK_EQ_U(free_now(), 1 * GiB);
 }
 
+static const struct tu_case CASES[] = {
+    {"contexts", case_contexts},
+    {"allocation bounded by the profile", case_alloc_bounded},
+    {"managed memory oversubscribes", case_managed_oversubscribes},
+    {"managed memory, no host memory", case_managed_without_host_memory},
+    {"contents round-trip", case_contents},
+    {"large allocations keep no contents", case_large_contents_not_kept},
+    {"pitch, managed, host, async, pools", case_other_kinds},
+    {"virtual memory management", case_vmm},
+    {"arrays", case_arrays},
+    {"fork, exit and SIGKILL", case_fork_and_exit},
+    {"fork while another thread is in the driver", case_fork_while_busy},
+};
+
 int main(void)
 {
-    int failures = 0;
-    failures += tu_fork_case("contexts", case_contexts);
-    failures += tu_fork_case("allocation bounded by the profile", case_alloc_bounded);
-    failures += tu_fork_case("managed memory oversubscribes", case_managed_oversubscribes);
-    failures += tu_fork_case("managed memory, no host memory", case_managed_without_host_memory);
-    failures += tu_fork_case("contents round-trip", case_contents);
-    failures += tu_fork_case("large allocations keep no contents", case_large_contents_not_kept);
-    failures += tu_fork_case("pitch, managed, host, async, pools", case_other_kinds);
-    failures += tu_fork_case("virtual memory management", case_vmm);
-    failures += tu_fork_case("arrays", case_arrays);
-    failures += tu_fork_case("fork, exit and SIGKILL", case_fork_and_exit);
-    failures += tu_fork_case("fork while another thread is in the driver", case_fork_while_busy);
-    printf("%s: %d failure(s)\n", __FILE__, failures);
-    return failures != 0;
+    return tu_report(__FILE__, TU_RUN_CASES(CASES));
 }

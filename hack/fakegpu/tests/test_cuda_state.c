@@ -118,13 +118,14 @@ static void case_removed_gpu(void)
     CHECK(strcmp(name, "NVIDIA Test GPU B") == 0);
 }
 
+static const struct tu_case CASES[] = {
+    {"accounting and utilisation", case_accounting_and_utilisation},
+    {"lost GPU", case_lost_gpu},
+    {"removed GPU", case_removed_gpu},
+};
+
 int main(void)
 {
-    int failures = 0;
     (void)tu_slow;
-    failures += tu_fork_case("accounting and utilisation", case_accounting_and_utilisation);
-    failures += tu_fork_case("lost GPU", case_lost_gpu);
-    failures += tu_fork_case("removed GPU", case_removed_gpu);
-    printf("%s: %d failure(s)\n", __FILE__, failures);
-    return failures != 0;
+    return tu_report(__FILE__, TU_RUN_CASES(CASES));
 }

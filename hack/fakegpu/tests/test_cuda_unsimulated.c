@@ -27,16 +27,9 @@ static const char *const stubs[] = {
 #undef CU_STUB
 };
 
-struct row {
-    const char *base;
-    int version;
-    const char *sym;
-    const char *ptsym;
-};
-
-static const struct row rows[] = {
+static const struct tu_cu_entry rows[] = {
 #define CU_STUB(sym)
-#define CU_ENTRY(base, version, sym, ptsym) {#base, version, #sym, #ptsym},
+#define CU_ENTRY TU_CU_ENTRY_ROW
 #include "../src/cuda_unsimulated.def"
 #undef CU_ENTRY
 #undef CU_STUB
@@ -78,7 +71,7 @@ static void case_get_proc_address_serves_every_stub(void)
 {
     CHECK(sizeof(rows) / sizeof(rows[0]) > 300);
     for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
-        const struct row *r = &rows[i];
+        const struct tu_cu_entry *r = &rows[i];
         void *fn = NULL;
         CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
         CHECK_EQ_U(cuGetProcAddress_v2(r->base, &fn, r->version, 0, &st), CUDA_SUCCESS);

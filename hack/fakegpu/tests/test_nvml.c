@@ -354,20 +354,26 @@ static void case_status(void)
     free(buf);
 }
 
+static const struct tu_case WITHOUT_NODE[] = {
+    {"no node: driver not loaded", case_no_node},
+};
+
+static const struct tu_case WITH_NODE[] = {
+    {"static attributes and lookups", case_static},
+    {"NVIDIA_VISIBLE_DEVICES", case_visible},
+    {"memory and running processes", case_memory_processes},
+    {"utilisation", case_utilisation},
+    {"topology, NVLink, P2P, affinity", case_topology},
+    {"XID events", case_events},
+    {"lost and removed GPUs", case_lost_removed},
+    {"removed GPU hidden from a new process", case_removed_fresh_process},
+    {"status JSON", case_status},
+};
+
 int main(void)
 {
-    int failed = 0;
-    failed += tu_fork_case("no node: driver not loaded", case_no_node);
+    int failures = TU_RUN_CASES(WITHOUT_NODE);
     tu_node(NULL);
-    failed += tu_fork_case("static attributes and lookups", case_static);
-    failed += tu_fork_case("NVIDIA_VISIBLE_DEVICES", case_visible);
-    failed += tu_fork_case("memory and running processes", case_memory_processes);
-    failed += tu_fork_case("utilisation", case_utilisation);
-    failed += tu_fork_case("topology, NVLink, P2P, affinity", case_topology);
-    failed += tu_fork_case("XID events", case_events);
-    failed += tu_fork_case("lost and removed GPUs", case_lost_removed);
-    failed += tu_fork_case("removed GPU hidden from a new process", case_removed_fresh_process);
-    failed += tu_fork_case("status JSON", case_status);
-    printf("test_nvml: %d failed\n", failed);
-    return failed ? 1 : 0;
+    failures += TU_RUN_CASES(WITH_NODE);
+    return tu_report(__FILE__, failures);
 }

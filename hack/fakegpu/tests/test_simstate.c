@@ -412,24 +412,29 @@ static void case_flags(void)
     CHECK(sim_set_flag(7, SIM_GPU_LOST, 1) == -1);
 }
 
+static const struct tu_case WITHOUT_NODE[] = {
+    {"no state configured", case_no_env},
+    {"unknown profile key is named", case_bad_profile},
+    {"missing profile key is named", case_missing_key},
+};
+
+static const struct tu_case WITH_NODE[] = {
+    {"static attributes, lookup, visible devices", case_static},
+    {"state from another profile is refused", case_stale_profile},
+    {"reserve and release", case_reserve},
+    {"concurrent reservation is exact; killed holders reaped", case_concurrent},
+    {"SIGKILL mid-update never blocks or leaks", case_kill_midway},
+    {"exit releases; fork gets its own identity", case_exit_releases},
+    {"fork while another thread is in the state", case_fork_while_busy},
+    {"work queues FIFO and shows as utilisation", case_work_and_utilisation},
+    {"XID queue", case_xid},
+    {"lost and removed flags", case_flags},
+};
+
 int main(void)
 {
-    int failed = 0;
-    failed += tu_fork_case("no state configured", case_no_env);
-    failed += tu_fork_case("unknown profile key is named", case_bad_profile);
-    failed += tu_fork_case("missing profile key is named", case_missing_key);
+    int failures = TU_RUN_CASES(WITHOUT_NODE);
     tu_node(NULL);
-    failed += tu_fork_case("static attributes, lookup, visible devices", case_static);
-    failed += tu_fork_case("state from another profile is refused", case_stale_profile);
-    failed += tu_fork_case("reserve and release", case_reserve);
-    failed += tu_fork_case("concurrent reservation is exact; killed holders reaped",
-                           case_concurrent);
-    failed += tu_fork_case("SIGKILL mid-update never blocks or leaks", case_kill_midway);
-    failed += tu_fork_case("exit releases; fork gets its own identity", case_exit_releases);
-    failed += tu_fork_case("fork while another thread is in the state", case_fork_while_busy);
-    failed += tu_fork_case("work queues FIFO and shows as utilisation", case_work_and_utilisation);
-    failed += tu_fork_case("XID queue", case_xid);
-    failed += tu_fork_case("lost and removed flags", case_flags);
-    printf("test_simstate: %d failed\n", failed);
-    return failed ? 1 : 0;
+    failures += TU_RUN_CASES(WITH_NODE);
+    return tu_report(__FILE__, failures);
 }

@@ -4,7 +4,8 @@
  * tu_node() creates a private temporary node (profile text + state path) and points
  * VGPU_SIM_STATE/VGPU_SIM_PROFILE at it; call it before the first sim_, nvml or cu call of the
  * process. tu_fork_case() runs a test case in a fresh child process, because attachment happens
- * once per process. CHECK() (vgpu_hook/tests/check.h) ends the case with file:line on failure.
+ * once per process; a program lists its cases in a `struct tu_case` table for TU_RUN_CASES and
+ * reports the tally with tu_report(). CHECK() (vgpu_hook/tests/check.h) ends the case with file:line on failure.
  */
 #ifndef VGPU_TESTUTIL_H
 #define VGPU_TESTUTIL_H
@@ -104,6 +105,39 @@ static int tu_fork_case(const char *name, void (*fn)(void))
     printf("%s %s\n", ok ? "ok  " : "FAIL", name);
     fflush(stdout);
     return ok ? 0 : 1;
+}
+
+/* One CU_ENTRY(base, version, sym, ptsym) line of a CUDA entry-point table (.def), as strings:
+ * build a table with `#define CU_ENTRY TU_CU_ENTRY_ROW` before including the .def. */
+struct tu_cu_entry {
+    const char *base;
+    int version;
+    const char *sym;
+    const char *ptsym;
+};
+#define TU_CU_ENTRY_ROW(base, version, sym, ptsym) {#base, version, #sym, #ptsym},
+
+/* A test program's cases, each run in a child of its own (tu_fork_case). */
+struct tu_case {
+    const char *name;
+    void (*fn)(void);
+};
+
+/* Run every case of the table; the number that failed. */
+static inline int tu_run_cases(const struct tu_case *cases, size_t count)
+{
+    int failures = 0;
+    for (size_t i = 0; i < count; i++)
+        failures += tu_fork_case(cases[i].name, cases[i].fn);
+    return failures;
+}
+#define TU_RUN_CASES(cases) tu_run_cases(cases, sizeof(cases) / sizeof((cases)[0]))
+
+/* Print the program's tally; main()'s exit status. */
+static inline int tu_report(const char *file, int failures)
+{
+    printf("%s: %d failure(s)\n", file, failures);
+    return failures != 0;
 }
 
 /* Slow down timing-sensitive expectations when running under valgrind. */

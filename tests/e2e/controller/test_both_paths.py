@@ -35,12 +35,12 @@ from tests.fixtures.controller import (
     DRIVER,
     Account,
     Controller,
-    await_,
     controller_account,
     drop_holds,
     node_with_plugin,
     started,
 )
+from vgpu_testbed.polling import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -170,7 +170,7 @@ def test_a_storm_of_both_paths_never_double_books_a_container(
 ) -> None:
     args = ["--binding-conditions"] if binding_conditions else ["--no-binding-conditions"]
     with node_with_plugin(cluster, client, NODE, plugin_args=args):
-        published = await_("node-1's GPUs published", lambda: gpus(client), 60)
+        published = wait_for("node-1's GPUs published", lambda: gpus(client), 60)
         controller = Controller(account, f"storm-{binding_conditions}")
         try:
             started(client, account, controller)
@@ -185,7 +185,7 @@ def test_a_storm_of_both_paths_never_double_books_a_container(
                 time.sleep(3)  # stable across two looks: nothing was still on its way
                 return first if outcome(client, namespace) == first else None
 
-            counts = await_("the storm settled", settled, 400)
+            counts = wait_for("the storm settled", settled, 400)
         finally:
             controller.kill()
             drop_holds(client, namespace)
@@ -223,7 +223,7 @@ def test_a_default_path_allocation_over_capacity_it_did_not_see_is_failed_before
     "p" is gone, "d" is allocated again, confirmed and runs."""
     claims = kube.path(RESOURCE_API, "resourceclaims", namespace=namespace)
     with node_with_plugin(cluster, client, NODE, plugin_args=["--binding-conditions"]):
-        await_("node-1's GPUs published", lambda: gpus(client), 60)
+        wait_for("node-1's GPUs published", lambda: gpus(client), 60)
         index3 = f'device.attributes["{DRIVER}"].index == 3'
         for name in ("d", "p"):
             exactly: JSON = {
@@ -249,7 +249,7 @@ def test_a_default_path_allocation_over_capacity_it_did_not_see_is_failed_before
                                          namespace=namespace))  # fmt: skip
             return claim if claim.get("status", {}).get("allocation") else None
 
-        d = await_("kube-scheduler's allocation of d", lambda: allocated("d"), 60)
+        d = wait_for("kube-scheduler's allocation of d", lambda: allocated("d"), 60)
         (result,) = d["status"]["allocation"]["devices"]["results"]
         assert result["bindingConditions"] == ["vgpu.dra.dev/CapacityConfirmed"]
         pod = client.get(kube.path("v1", "pods", "d", namespace=namespace))
@@ -266,15 +266,15 @@ def test_a_default_path_allocation_over_capacity_it_did_not_see_is_failed_before
         controller = Controller(account, "overbooked")
         try:
             started(client, account, controller)
-            await_("d failed as Overbooked", lambda: "claim " + namespace + "/d: Overbooked"
+            wait_for("d failed as Overbooked", lambda: "claim " + namespace + "/d: Overbooked"
                    in controller.text(), 60)  # fmt: skip
             # kube-scheduler clears the failed allocation and does not bind the pod.
-            await_("d deallocated", lambda: not allocated("d"), 60)
+            wait_for("d deallocated", lambda: not allocated("d"), 60)
             pod = client.get(kube.path("v1", "pods", "d", namespace=namespace))
             assert not pod["spec"].get("nodeName") and pod["status"].get("phase") == "Pending"
             # With "p" gone the GPU has room: allocated again, confirmed, bound and prepared.
             client.delete(kube.path(RESOURCE_API, "resourceclaims", "p", namespace=namespace))
-            running = await_(
+            running = wait_for(
                 "d running",
                 lambda: (
                     (q := client.get(kube.path("v1", "pods", "d", namespace=namespace)))

@@ -32,18 +32,19 @@ from dra_driver import kube
 from dra_driver.allocator.model import parse_quantity
 from dra_driver.kube import RESOURCE_API, KubeClient
 from dra_driver.slices import build_slices
-from tests.fixtures.allocator_cluster import SHAPES, inventory
+from tests.fixtures.allocator_cluster import SHAPES, device_class, inventory
 from tests.fixtures.controller import (
     Controller,
-    await_,
     controller_account,
     drop_holds,
     leader,
     ready,
     started,
 )
+from tests.fixtures.workloads import pause_pod, resource_claim
 from vgpu_testbed.cluster import boot as cluster_boot
 from vgpu_testbed.cluster import nodes as cluster_nodes
+from vgpu_testbed.polling import wait_for
 
 # Longer than the 60 s default: module fixtures install the chart's RBAC and start stand-in nodes;
 # tests run controller processes, kill leaders and wait for convergence.
@@ -109,17 +110,7 @@ def bed(
     home = tmp_path_factory.mktemp("controller-helm")
     with controller_account(client, cluster, home, prefix) as account:
         try:
-            client.create(
-                kube.path(RESOURCE_API, "deviceclasses"),
-                {
-                    "apiVersion": RESOURCE_API,
-                    "kind": "DeviceClass",
-                    "metadata": {"name": driver},
-                    "spec": {
-                        "selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]
-                    },
-                },
-            )
+            client.create(kube.path(RESOURCE_API, "deviceclasses"), device_class(driver))
             _create_nodes_and_slices(client, cluster, prefix, driver)
             yield Bed(prefix, driver, account.system_ns, account.kubeconfig, account.logs)
         finally:
@@ -159,35 +150,14 @@ def gpu_claim(
         exactly["capacity"] = {"requests": requests}
     if selector:
         exactly["selectors"] = [{"cel": {"expression": selector}}]
-    return {
-        "apiVersion": RESOURCE_API,
-        "kind": "ResourceClaim",
-        "metadata": {"name": name},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
-    }
+    return resource_claim(name, exactly)
 
 
 def gated_pod(name: str, claims: list[str], annotations: dict[str, str]) -> JSON:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "annotations": {f"vgpu.dra.dev/{k}": v for k, v in annotations.items()},
-        },
-        "spec": {
-            "restartPolicy": "Never",
-            "schedulingGates": [{"name": GATE}, {"name": "example.com/keep"}],
-            "containers": [
-                {
-                    "name": "c",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"claims": [{"name": c} for c in claims]},
-                }
-            ],
-            "resourceClaims": [{"name": c, "resourceClaimName": c} for c in claims],
-        },
-    }
+    pod = pause_pod(name, {c: {"resourceClaimName": c} for c in claims})
+    pod["metadata"]["annotations"] = {f"vgpu.dra.dev/{k}": v for k, v in annotations.items()}
+    pod["spec"]["schedulingGates"] = [{"name": GATE}, {"name": "example.com/keep"}]
+    return pod
 
 
 def submit(
@@ -220,7 +190,7 @@ def ungated(client: KubeClient, ns: str, name: str) -> JSON | None:
 def placed(client: KubeClient, ns: str, name: str) -> tuple[str, list[str]]:
     """(node, devices) of pod `name` with its one claim `name`, once the controller lifted the
     gate; the other gate stays (so kube-scheduler does not bind yet)."""
-    pod = await_(f"pod {name} ungated", lambda: ungated(client, ns, name))
+    pod = wait_for(f"pod {name} ungated", lambda: ungated(client, ns, name))
     assert [g["name"] for g in pod["spec"]["schedulingGates"]] == ["example.com/keep"]
     status = get_claim(client, ns, name)["status"]
     uid = pod["metadata"]["uid"]
@@ -267,7 +237,7 @@ def test_binpack_then_spread_place_exactly(
     # Lifting the last gate hands the pod to kube-scheduler, which binds it to the chosen node.
     client.merge_patch(kube.path("v1", "pods", "s0", namespace=namespace),
                        {"spec": {"schedulingGates": None}})  # fmt: skip
-    bound = await_("s0 bound", lambda: get_pod(client, namespace, "s0")["spec"].get("nodeName"))
+    bound = wait_for("s0 bound", lambda: get_pod(client, namespace, "s0")["spec"].get("nodeName"))
     assert bound == a100
 
 
@@ -294,7 +264,7 @@ def test_topology_and_type_filters(
 
     submit(client, namespace, "five", [gpu_claim("five", bed.driver, count=5)],
            {"gpu-type": "A100", "topology": "link-strict"})  # fmt: skip
-    pod = await_("five refused", lambda: condition(get_pod(client, namespace, "five")) and
+    pod = wait_for("five refused", lambda: condition(get_pod(client, namespace, "five")) and
                  get_pod(client, namespace, "five"))  # fmt: skip
     cond = condition(pod)
     assert cond is not None and cond["status"] == "False" and cond["reason"] == "Unschedulable"
@@ -345,7 +315,7 @@ def test_uuid_include_and_exclude(
     assert placed(client, namespace, "alias") == (bed.node("h100"), ["gpu-5"])
     submit(client, namespace, "nowhere", [gpu_claim("nowhere", bed.driver, memory="1Gi")],
            {"include-gpu-uuid": "GPU-does-not-exist"})  # fmt: skip
-    refused = await_("nowhere refused", lambda: condition(get_pod(client, namespace, "nowhere")))
+    refused = wait_for("nowhere refused", lambda: condition(get_pod(client, namespace, "nowhere")))
     assert (refused["status"], refused["reason"]) == ("False", "Unschedulable")
 
 
@@ -383,7 +353,7 @@ def test_a_node_kube_scheduler_refuses_is_replaced(
     # Binpack's first choice is a10 (all nodes empty, first by name); kube-scheduler refuses it.
     # The controller's hold keeps kube-scheduler from deallocating the claim; the controller
     # releases it and writes its new allocation at once.
-    bound = await_(
+    bound = wait_for(
         "moved bound", lambda: get_pod(client, namespace, "moved")["spec"].get("nodeName"), 90
     )
     assert bound != a10
@@ -403,7 +373,7 @@ def test_a_node_kube_scheduler_refuses_is_replaced(
         assert "was allocated by someone else; left to kube-scheduler" in log, log[-3000:]
     # Bound: the hold is gone, the pod is the claim's only consumer.
     uid = get_pod(client, namespace, "moved")["metadata"]["uid"]
-    await_(
+    wait_for(
         "the placement hold dropped",
         lambda: (
             get_claim(client, namespace, "moved")["status"].get("reservedFor")
@@ -415,7 +385,7 @@ def test_a_node_kube_scheduler_refuses_is_replaced(
     # The claim outlives its pod, and is deallocated once the pod is gone (the finalizer).
     client.request("DELETE", kube.path("v1", "pods", "moved", namespace=namespace),
                    query={"gracePeriodSeconds": 0})  # fmt: skip
-    await_(
+    wait_for(
         "moved's claim deallocated",
         lambda: "allocation" not in (get_claim(client, namespace, "moved").get("status") or {}),
     )
@@ -443,18 +413,18 @@ def test_two_replicas_never_overbook_when_the_leader_dies(
     first = started(client, bed, *controllers)
     # Leader and standby are both ready (the standby reaches the Lease and keeps its model).
     for c in controllers:
-        await_(f"{c.log.stem} ready", functools.partial(ready, c))
+        wait_for(f"{c.log.stem} ready", functools.partial(ready, c))
     # Eight pods for four A10s at 20Gi each: exactly four fit, one per GPU.
     for i in range(8):
         claim = gpu_claim(f"p{i}", bed.driver, memory="20Gi",
                           selector=A10_SELECTOR.format(d=bed.driver))  # fmt: skip
         submit(client, namespace, f"p{i}", [claim], {})
         if i == 2:  # kill the leader mid-stream (after its first placement), lease held
-            await_("p0 placed", functools.partial(ungated, client, namespace, "p0"))
+            wait_for("p0 placed", functools.partial(ungated, client, namespace, "p0"))
             victims = [c for c in controllers if f" as {first}" in c.text()]
             assert len(victims) == 1, first
             victims[0].kill()
-    await_("a new leader", lambda: (leader(client, bed) or first) != first, timeout=30)
+    wait_for("a new leader", lambda: (leader(client, bed) or first) != first, timeout=30)
 
     def settled() -> list[str] | None:
         done = []
@@ -467,7 +437,7 @@ def test_two_replicas_never_overbook_when_the_leader_dies(
                 return None
         return done
 
-    done = await_("all eight decided", settled, timeout=60)
+    done = wait_for("all eight decided", settled, timeout=60)
     assert len(done) == 4, done
     use = device_use(client, namespace)
     assert len(use) == 4 and all(v <= A10_MEMORY for v in use.values()), use
@@ -489,7 +459,7 @@ def test_a_controller_killed_mid_allocation_converges(
             for c in client.list(kube.path(RESOURCE_API, "resourceclaims", namespace=namespace))
         )
 
-    await_("a first allocation", any_allocated)
+    wait_for("a first allocation", any_allocated)
     controllers[0].kill()
     # Make the crash between two claim writes certain for one more pod: its first claim is
     # allocated for it (on a GPU next to k0's, as a dead controller would have written it), its
@@ -512,7 +482,7 @@ def test_a_controller_killed_mid_allocation_converges(
     names.append("h")
     controllers.append(Controller(bed, "successor"))
     for name in names:
-        pod = await_(f"{name} ungated", functools.partial(ungated, client, namespace, name), 60)
+        pod = wait_for(f"{name} ungated", functools.partial(ungated, client, namespace, name), 60)
         nodes = set()
         for j in range(2):
             status = get_claim(client, namespace, f"{name}-{j}")["status"]
@@ -547,13 +517,13 @@ def test_template_claims_are_placed_and_a_refused_pod_is_retried_on_change(
     pod["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": "whole-a10"}]
     pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpus"}]}
     client.create(kube.path("v1", "pods", namespace=namespace), pod)
-    placed_pod = await_("tpl ungated", functools.partial(ungated, client, namespace, "tpl"))
+    placed_pod = wait_for("tpl ungated", functools.partial(ungated, client, namespace, "tpl"))
     (status,) = placed_pod["status"]["resourceClaimStatuses"]
     claim = get_claim(client, namespace, status["resourceClaimName"])
     assert len(claim["status"]["allocation"]["devices"]["results"]) == 4
     # All four A10s are taken whole: the next A10 pod is refused ...
     submit(client, namespace, "late", [gpu_claim("late", bed.driver, selector=only_a10)], {})
-    await_("late refused", lambda: condition(get_pod(client, namespace, "late")))
+    wait_for("late refused", lambda: condition(get_pod(client, namespace, "late")))
     assert GATE in [
         g["name"] for g in get_pod(client, namespace, "late")["spec"]["schedulingGates"]
     ]

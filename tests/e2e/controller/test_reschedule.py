@@ -27,12 +27,12 @@ from tests.fixtures.controller import (
     DRIVER,
     Account,
     Controller,
-    await_,
     controller_account,
     drop_holds,
     node_with_plugin,
     started,
 )
+from vgpu_testbed.polling import wait_for
 from vgpu_testbed.standin.node_agents import NodeAgents
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -126,7 +126,7 @@ def hog_gpu0(client: KubeClient, ns: str) -> JSON:
                   {"metadata": {"name": "hog"}, "spec": claim_spec(index0)})  # fmt: skip
     client.create(kube.path("v1", "pods", namespace=ns), {"metadata": {"name": "hog"},
                   "spec": pod_spec({"resourceClaimName": "hog"})})  # fmt: skip
-    await_("the hog running", lambda: running(client, ns, "hog"), 90)
+    wait_for("the hog running", lambda: running(client, ns, "hog"), 90)
     claim = get(client, RESOURCE_API, "resourceclaims", ns, "hog")
     assert claim is not None
     (result,) = claim["status"]["allocation"]["devices"]["results"]
@@ -193,20 +193,20 @@ def test_a_deployment_pod_that_cannot_prepare_is_recreated_and_runs_elsewhere(
         live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
         return live[0] if len(live) == 1 and claim_of(client, live[0]) else None
 
-    first = await_("the Deployment's pod and its claim", victim_pod)
+    first = wait_for("the Deployment's pod and its claim", victim_pod)
     first_claim = claim_of(client, first)
     assert first_claim is not None
     overbook(client, first_claim, first, hog)
     lift_hold(client, namespace, first["metadata"]["name"])
     # The node refuses the claim (PrepareOverbooked); after the grace time the controller
     # deletes the pod and deallocates the claim; the ReplicaSet creates a new pod.
-    second = await_(
+    second = wait_for(
         "a new pod of the Deployment",
         lambda: (p := victim_pod()) and p["metadata"]["uid"] != first["metadata"]["uid"] and p,
         90,
     )
     # The controller records its Event right after the deletion (the new pod may come first).
-    await_(
+    wait_for(
         "the PrepareOverbooked and PrepareFailedRescheduled Events",
         lambda: (
             {"PrepareOverbooked", "PrepareFailedRescheduled"}
@@ -215,7 +215,7 @@ def test_a_deployment_pod_that_cannot_prepare_is_recreated_and_runs_elsewhere(
     )
     lift_hold(client, namespace, second["metadata"]["name"])
     name = second["metadata"]["name"]
-    runs = await_("the new pod running", lambda: running(client, namespace, name), 90)
+    runs = wait_for("the new pod running", lambda: running(client, namespace, name), 90)
     claim = claim_of(client, runs)
     assert claim is not None
     (result,) = claim["status"]["allocation"]["devices"]["results"]
@@ -244,7 +244,7 @@ def test_a_bare_pod_that_cannot_prepare_gets_an_event(
                 return event
         return None
 
-    event = await_("the PrepareFailedNotRescheduled Event", told, 60)
+    event = wait_for("the PrepareFailedNotRescheduled Event", told, 60)
     assert "delete it and create it again" in event["message"] and NODE in event["message"]
     still = get(client, "v1", "pods", namespace, "bare")
     assert still is not None and still["metadata"]["uid"] == pod["metadata"]["uid"]

@@ -30,6 +30,7 @@ import yaml
 
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient, KubeError
+from kubelet_plugin.server import SocketPaths
 from tests.fixtures.chart import (
     CHART,
     KINDS,
@@ -151,11 +152,18 @@ def test_default_render(home: Path) -> None:
     assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert env["VGPU_DRA_PLUGIN_DIR"] == "/var/lib/kubelet/plugins/vgpu.dra.dev"
     assert env["VGPU_DRA_HOOK_PATH"] == "/usr/local/vgpu-dra/lib/libvgpu.so"
+    # Rolling updates with a surge: sockets named after the pod UID, no node without a plugin.
+    assert env["VGPU_DRA_INSTANCE_ID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    assert ds["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    assert "--state-lock-timeout=300" in plugin["args"]
     assert plugin["livenessProbe"]["exec"]["command"][-1] == (
-        "/var/lib/kubelet/plugins/vgpu.dra.dev/dra.sock"
+        "/var/lib/kubelet/plugins/vgpu.dra.dev/dra-${VGPU_DRA_INSTANCE_ID}.sock"
     )
     assert plugin["readinessProbe"]["exec"]["command"][-1] == (
-        "/var/lib/kubelet/plugins_registry/vgpu.dra.dev-reg.sock"
+        "/var/lib/kubelet/plugins_registry/vgpu.dra.dev-${VGPU_DRA_INSTANCE_ID}-reg.sock"
     )
     assert not plugin["securityContext"]["privileged"]
     host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
@@ -486,6 +494,10 @@ class RunningPlugin:
     agents: NodeAgents
     tree: Path
     container: JSON
+    env: dict[str, str]  # the container's resolved environment (the probes run in it)
+
+
+POD_UID = "5d1e9a2c-7b4f-4e61-9c3a-0f2b8d6e4a17"  # the plugin pod's metadata.uid in the bed
 
 
 def resolved_env(container: JSON, fields: dict[str, str]) -> dict[str, str]:
@@ -561,8 +573,10 @@ def plugin_on_node1(
         node1_token,
     )
     argv = [str(tree_bin(tree) / plugin["command"][0]), *plugin["command"][1:], *plugin["args"]]
+    fields = {"spec.nodeName": "node-1", "metadata.uid": POD_UID}
+    container_env = resolved_env(plugin, fields)
     process_env = {
-        **resolved_env(plugin, {"spec.nodeName": "node-1"}),
+        **container_env,
         **gpu_env,
         **env,
         "KUBECONFIG": str(kubeconfig),  # in a pod: the projected token, same identity
@@ -570,9 +584,17 @@ def plugin_on_node1(
     }
     cluster.spawn(agents.plugin_process, argv, env=process_env, cwd=agents.paths.root)
     try:
-        agents.wait_for_socket(agents.paths.registration_socket, timeout=60)
+        # Sockets named after the pod UID (VGPU_DRA_INSTANCE_ID from the downward API; the
+        # bed's deep directories get the short form of it).
+        sockets = SocketPaths.for_instance(
+            DRIVER,
+            plugin_dir=container_env["VGPU_DRA_PLUGIN_DIR"],
+            registrar_dir=container_env["VGPU_DRA_REGISTRAR_DIR"],
+            instance=POD_UID,
+        )
+        agents.wait_for_socket(Path(sockets.registration), timeout=60)
         cluster.spawn(agents.standin_process, agents.standin_argv(), cwd=REPO)
-        yield RunningPlugin(agents=agents, tree=tree, container=plugin)
+        yield RunningPlugin(agents=agents, tree=tree, container=plugin, env=container_env)
     finally:
         agents.stop()
         for obj in client.list(
@@ -586,7 +608,11 @@ def test_the_charts_probes_pass_on_the_running_plugin(plugin_on_node1: RunningPl
     for probe in ("livenessProbe", "readinessProbe"):
         command = plugin_on_node1.container[probe]["exec"]["command"]
         run = subprocess.run(
-            command, capture_output=True, text=True, env=tree_env(plugin_on_node1.tree), check=False
+            command,
+            capture_output=True,
+            text=True,
+            env={**plugin_on_node1.env, **tree_env(plugin_on_node1.tree)},
+            check=False,
         )
         assert run.returncode == 0, f"{probe}: {run.stderr}"
 

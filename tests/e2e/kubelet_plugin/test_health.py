@@ -30,15 +30,15 @@ import pytest
 
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
-from tests.e2e.kubelet_plugin.pods import (
+from tests.fixtures.workloads import (
     DRIVER,
-    REPO,
-    deviceclass_exists,
+    driver_on_nodes,
     gpu_pod,
+    pod_gone,
     running_pod,
 )
 from vgpu_testbed.polling import wait_for
-from vgpu_testbed.standin.node_agents import NodeAgents, start_node_agents
+from vgpu_testbed.standin.node_agents import NodeAgents
 
 # Longer than the 60 s default: module fixtures start node agents; tests inject GPU faults and wait
 # for taints to persist and lift.
@@ -49,33 +49,10 @@ QUIET_S = 20
 
 
 @pytest.fixture(scope="module")
-def client(cluster: Any) -> Iterator[KubeClient]:
-    kc = KubeClient.from_kubeconfig(str(cluster.kubeconfig))
-    yield kc
-    kc.close()
-
-
-@pytest.fixture(scope="module")
 def agents(cluster: Any, client: KubeClient) -> Iterator[NodeAgents]:
-    import yaml
-
-    device_class = yaml.safe_load((REPO / "deploy" / "deviceclass.yaml").read_text())
-    name = device_class["metadata"]["name"]
-    client.delete(kube.path(RESOURCE_API, "deviceclasses", name))
-    wait_for("an old DeviceClass to go", lambda: not deviceclass_exists(client, name))
-    client.create(kube.path(RESOURCE_API, "deviceclasses"), device_class)
-    started = start_node_agents(
-        cluster, [NODE], plugin_args=["--xid-quiet-seconds", str(QUIET_S), "--no-governor"]
-    )
-    try:
+    plugin_args = ["--xid-quiet-seconds", str(QUIET_S), "--no-governor"]
+    with driver_on_nodes(cluster, client, [NODE], plugin_args) as started:
         yield started[NODE]
-    finally:
-        started[NODE].stop()
-        for obj in client.list(
-            kube.path(RESOURCE_API, "resourceslices"), field_selector=f"spec.driver={DRIVER}"
-        ):
-            client.delete(kube.path(RESOURCE_API, "resourceslices", obj["metadata"]["name"]))
-        client.delete(kube.path(RESOURCE_API, "deviceclasses", name))
 
 
 def uuid_of(index: int) -> str:
@@ -180,14 +157,9 @@ def test_no_execute_evicts_survives_restart_and_a_re_enumeration_lifts_it(
     fault = [(f"{DRIVER}/gpu-fault", "xid-48", "NoExecute")]
     await_taints(client, sick, fault)
 
-    def evicted() -> bool:
-        try:
-            client.get(kube.path("v1", "pods", "victim", namespace=namespace))
-        except kube.NotFound:
-            return True
-        return False
-
-    wait_for("the pod on the faulty GPU to be evicted", evicted)
+    wait_for(
+        "the pod on the faulty GPU to be evicted", lambda: pod_gone(client, namespace, "victim")
+    )
     # A restart keeps the taint: the new plugin republishes it next to a fresh change.
     agents.start_plugin()
     fakegpu.inject_xid(agents.gpu_env, 3, 94)

@@ -30,23 +30,25 @@ from typing import Any
 
 import grpc
 import pytest
-import yaml
 
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
 from kubelet_plugin.checkpoint import CheckpointJournal
 from kubelet_plugin.proto import dra_v1_pb2, dra_v1_pb2_grpc
-from tests.e2e.kubelet_plugin.pods import (
+from tests.fixtures.workloads import (
     DRIVER,
     EXAMPLES,
-    REPO,
     apply,
-    deviceclass_exists,
+    claim_pod,
+    claim_template,
+    driver_on_nodes,
+    gpu_request,
     pod_claim,
+    pod_gone,
     running_pod,
 )
 from vgpu_testbed.polling import wait_for
-from vgpu_testbed.standin.node_agents import NodeAgents, start_node_agents
+from vgpu_testbed.standin.node_agents import NodeAgents
 
 # Longer than the 60 s default: module fixtures start two nodes' agents (the first test also the
 # session cluster); the batch test waits up to 120 s for 48 claims.
@@ -58,33 +60,11 @@ RESYNC = ["--resync-seconds", "1"]  # re-discover GPUs every second (default 60)
 
 
 @pytest.fixture(scope="module")
-def client(cluster: Any) -> Iterator[KubeClient]:
-    kc = KubeClient.from_kubeconfig(str(cluster.kubeconfig))
-    yield kc
-    kc.close()
-
-
-@pytest.fixture(scope="module")
 def agents(cluster: Any, client: KubeClient) -> Iterator[dict[str, NodeAgents]]:
     """Agents for node-1 (dgx-h100) and node-2 (a10-pcie) plus the DeviceClass; all removed
     afterwards (slices too), so later modules see the nodes as the test bed made them."""
-    device_class = yaml.safe_load((REPO / "deploy" / "deviceclass.yaml").read_text())
-    classes = kube.path(RESOURCE_API, "deviceclasses")
-    name = device_class["metadata"]["name"]
-    client.delete(kube.path(RESOURCE_API, "deviceclasses", name))  # a leftover of another module
-    wait_for("an old DeviceClass to go", lambda: not deviceclass_exists(client, name))
-    client.create(classes, device_class)
-    started = start_node_agents(cluster, ["node-1", "node-2"], plugin_args=RESYNC)
-    try:
+    with driver_on_nodes(cluster, client, ["node-1", "node-2"], RESYNC) as started:
         yield started
-    finally:
-        for node_agents in started.values():
-            node_agents.stop()
-        for obj in client.list(
-            kube.path(RESOURCE_API, "resourceslices"), field_selector=f"spec.driver={DRIVER}"
-        ):
-            client.delete(kube.path(RESOURCE_API, "resourceslices", obj["metadata"]["name"]))
-        client.delete(kube.path(RESOURCE_API, "deviceclasses", name))
 
 
 def node_devices(client: KubeClient, node: str) -> dict[str, dict[str, Any]]:
@@ -248,14 +228,10 @@ def test_pod_deletion_unprepares_the_claim(
     assert not node_agents.paths.claim_dir(uid).exists()
     assert uid not in checkpoint_claims(node_agents)
 
-    def pod_gone() -> bool:
-        try:
-            client.get(kube.path("v1", "pods", "shared-gpu", namespace=namespace))
-        except kube.NotFound:
-            return True
-        return False
-
-    wait_for("the stand-in to confirm the pod's termination", pod_gone)
+    wait_for(
+        "the stand-in to confirm the pod's termination",
+        lambda: pod_gone(client, namespace, "shared-gpu"),
+    )
 
 
 # ---------------------------------------------------------------- 4. crash in a batch
@@ -264,23 +240,9 @@ BATCH = 48
 
 
 def batch_pod(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "restartPolicy": "Never",
-            "nodeSelector": {"vgpu.dra.dev/fakegpu-profile": "dgx-h100"},
-            "containers": [
-                {
-                    "name": "c",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-            ],
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "small"}],
-        },
-    }
+    pod = claim_pod(name, {"resourceClaimTemplateName": "small"})
+    pod["spec"]["nodeSelector"] = {"vgpu.dra.dev/fakegpu-profile": "dgx-h100"}
+    return pod
 
 
 def node_consistency(node_agents: NodeAgents) -> tuple[set[str], set[str], set[str]]:
@@ -321,26 +283,7 @@ def test_sigkill_during_a_prepare_batch_loses_nothing(
     client: KubeClient, agents: dict[str, NodeAgents], namespace: str
 ) -> None:
     node_agents = agents["node-1"]
-    template = {
-        "apiVersion": RESOURCE_API,
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": "small"},
-        "spec": {
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": "gpu",
-                            "exactly": {
-                                "deviceClassName": DRIVER,
-                                "capacity": {"requests": {"memory": "1Gi", "cores": "1"}},
-                            },
-                        }
-                    ]
-                }
-            }
-        },
-    }
+    template = claim_template("small", gpu_request(memory="1Gi", cores="1"))
     client.create(kube.path(RESOURCE_API, "resourceclaimtemplates", namespace=namespace), template)
     before = set(checkpoint_claims(node_agents))
 

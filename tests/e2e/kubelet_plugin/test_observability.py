@@ -26,57 +26,29 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
-from tests.e2e.kubelet_plugin.pods import (
-    DRIVER,
-    EXAMPLES,
-    REPO,
-    apply,
-    deviceclass_exists,
-    pod_claim,
-    running_pod,
-)
+from dra_driver.status import fetch_metrics
+from tests.fixtures import workloads
 from vgpu_testbed.polling import wait_for
-from vgpu_testbed.standin.node_agents import NodeAgents, start_node_agents
+from vgpu_testbed.standin.node_agents import NodeAgents
 
 # Longer than the 60 s default: module fixtures start node agents; tests wait for metrics, events
 # and traces of real pods.
 pytestmark = pytest.mark.timeout(300)
 
-GIB = 1 << 30
-
-
-@pytest.fixture(scope="module")
-def client(cluster: Any) -> Iterator[KubeClient]:
-    kc = KubeClient.from_kubeconfig(str(cluster.kubeconfig))
-    yield kc
-    kc.close()
-
 
 @pytest.fixture(scope="module")
 def node1(cluster: Any, client: KubeClient) -> Iterator[tuple[NodeAgents, str]]:
     """node-1's agents with metrics on a free loopback port; (agents, metrics URL)."""
-    device_class = yaml.safe_load((REPO / "deploy" / "deviceclass.yaml").read_text())
-    name = device_class["metadata"]["name"]
-    client.delete(kube.path(RESOURCE_API, "deviceclasses", name))
-    wait_for("an old DeviceClass to go", lambda: not deviceclass_exists(client, name))
-    client.create(kube.path(RESOURCE_API, "deviceclasses"), device_class)
-    started = start_node_agents(cluster, ["node-1"], plugin_args=["--resync-seconds", "1"])
-    agents = started["node-1"]
-    try:
+    with workloads.driver_on_nodes(
+        cluster, client, ["node-1"], ["--resync-seconds", "1"]
+    ) as started:
+        agents = started["node-1"]
         # The bed starts every plugin with metrics on a free loopback port.
         url = wait_for("the plugin's metrics URL in its log", agents.metrics_url)
         yield agents, url
-    finally:
-        agents.stop()
-        for obj in client.list(
-            kube.path(RESOURCE_API, "resourceslices"), field_selector=f"spec.driver={DRIVER}"
-        ):
-            client.delete(kube.path(RESOURCE_API, "resourceslices", obj["metadata"]["name"]))
-        client.delete(kube.path(RESOURCE_API, "deviceclasses", name))
 
 
 def events_about(client: KubeClient, namespace: str, uid: str) -> list[dict[str, Any]]:
@@ -98,11 +70,11 @@ def test_prepare_failure_is_an_event_on_claim_and_pod(
         "metadata": {"name": "bad-config"},
         "spec": {
             "devices": {
-                "requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}],
+                "requests": [{"name": "gpu", "exactly": {"deviceClassName": workloads.DRIVER}}],
                 "config": [
                     {
                         "opaque": {
-                            "driver": DRIVER,
+                            "driver": workloads.DRIVER,
                             "parameters": {
                                 "apiVersion": "vgpu.dra.dev/v1alpha1",
                                 "kind": "VgpuConfig",
@@ -169,7 +141,7 @@ def run_status(cluster: Any, *args: str) -> str:
         text=True,
         timeout=60,
         check=False,
-        cwd=REPO,
+        cwd=workloads.REPO,
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -179,9 +151,9 @@ def test_status_shows_the_shared_claim_with_live_figures(
     cluster: Any, client: KubeClient, node1: tuple[NodeAgents, str], namespace: str
 ) -> None:
     _, url = node1
-    apply(client, EXAMPLES / "shared-gpu.yaml", namespace)
-    pod = running_pod(client, namespace, "shared-gpu")
-    claim = pod_claim(client, pod)
+    workloads.apply(client, workloads.EXAMPLES / "shared-gpu.yaml", namespace)
+    pod = workloads.running_pod(client, namespace, "shared-gpu")
+    claim = workloads.pod_claim(client, pod)
     [allocated] = claim["status"]["allocation"]["devices"]["results"]
     endpoint = f"--metrics-endpoint=node-1={url}"
     document = json.loads(run_status(cluster, "-o", "json", endpoint))
@@ -201,7 +173,7 @@ def test_status_shows_the_shared_claim_with_live_figures(
             "claim": claim["metadata"]["name"],
             "node": "node-1",
             "device": allocated["device"],
-            "memory": GIB,
+            "memory": workloads.GIB,
             "cores": 10,
             "pods": ["shared-gpu"],
             "memory_used": 0,  # live from the plugin's region reading: no process runs yet
@@ -220,3 +192,36 @@ def test_status_shows_the_shared_claim_with_live_figures(
     ]  # fmt: skip
     wide = run_status(cluster, "-o", "wide")
     assert "shared-gpu" in wide and "UUID" in wide
+
+
+def test_status_finds_the_plugins_metrics_without_flags(
+    cluster: Any, client: KubeClient, node1: tuple[NodeAgents, str], namespace: str
+) -> None:
+    """The admin kubeconfig lives in the bed's cluster directory: `vgpu-dra status` reads the
+    plugins' metrics URLs from there by itself; --no-discover turns that off. The claim's
+    series carry the container of the pod that uses it."""
+    assert (cluster.kubeconfig.parent / "state.json").is_file()
+    workloads.apply(client, workloads.EXAMPLES / "shared-gpu.yaml", namespace)
+    pod = workloads.running_pod(client, namespace, "shared-gpu")
+    claim = workloads.pod_claim(client, pod)
+    document = json.loads(run_status(cluster, "-o", "json"))
+    assert "node-1" in document["live_nodes"] and not document["errors"]
+    [mine] = [c for c in document["claims"] if c["claim"] == claim["metadata"]["name"]]
+    assert mine["memory_used"] == 0 and mine["utilization"] == 0.0  # live, not "-"
+    # The plugin read the pod (node credentials: its own node's pods) for the container label.
+    _, url = node1
+
+    def containers() -> set[str] | None:
+        found = {
+            labels.get("container", "")
+            for name, labels, _ in fetch_metrics(url)
+            if name == "vgpu_dra_claim_memory_limit_bytes"
+            and labels.get("claim") == claim["metadata"]["name"]
+        }
+        return found if found == {"cuda"} else None
+
+    wait_for("the claim's series to name container cuda", containers)
+    offline = json.loads(run_status(cluster, "-o", "json", "--no-discover"))
+    assert offline["live_nodes"] == []
+    [mine] = [c for c in offline["claims"] if c["claim"] == claim["metadata"]["name"]]
+    assert mine["memory_used"] is None

@@ -38,13 +38,6 @@ SLICES = kube.path(RESOURCE_API, "resourceslices")
 
 
 @pytest.fixture
-def client(cluster: Any) -> Iterator[KubeClient]:
-    kc = KubeClient.from_kubeconfig(str(cluster.kubeconfig))
-    yield kc
-    kc.close()
-
-
-@pytest.fixture
 def node(client: KubeClient) -> Iterator[str]:
     """A throwaway Node (slices need one for their owner reference)."""
     name = f"slices-{uuid.uuid4().hex[:8]}"

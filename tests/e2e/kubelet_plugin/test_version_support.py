@@ -21,7 +21,7 @@ import yaml
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
 from kubelet_plugin.slice_publisher import SlicePublisher
-from tests.fixtures.cluster import require_binaries
+from tests.fixtures.cluster import admin_client, require_binaries
 from tests.fixtures.inventories import synthetic_inventory
 from vgpu_testbed.cluster.control_plane import Cluster
 from vgpu_testbed.cluster.flags import FEATURE_GATES
@@ -51,9 +51,8 @@ def gate_off(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def client(gate_off: Cluster) -> Iterator[KubeClient]:
-    kc = KubeClient.from_kubeconfig(str(gate_off.kubeconfig))
-    yield kc
-    kc.close()
+    with admin_client(gate_off) as kc:
+        yield kc
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,12 @@ What this proves (asserted on the demo's own output):
    its launch rate is 5-16 % of the uncapped one's (whole run, settling included).
 3. Deleting the shared pod makes the plugin unprepare its claim (CDI spec, claim dir and
    checkpoint entry gone) and the pod and its generated claim disappear from the API.
-4. Without --keep the cluster directory is gone afterwards; with an example that cannot be
+4. The policy step: the allocation controller (started with the chart's RBAC) places the same
+   four shares all on one GPU under binpack and on four different GPUs under spread; on the
+   a100-2x4 node (two NVLink islands of 4) with one GPU taken, a 4-GPU `link` claim lands in
+   the other island, a 5-GPU `link-strict` claim is refused with an Event, and the 4-GPU pod,
+   handed to kube-scheduler, is bound and prepared (4 CDI devices).
+5. Without --keep the cluster directory is gone afterwards; with an example that cannot be
    scheduled (no NVLink on an A10-only cluster) the demo names the failed step, the pod and
    the scheduler's reason, keeps the logs, stops every process, and exits 1.
 """
@@ -22,16 +27,14 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
-import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.fixtures.cluster import require_binaries
+from tests.fixtures.dev_cluster import run_vgpu_dra, short_dir
 
 # Longer than the 60 s default: each test runs the whole demo: a cluster, node agents, compute-cap
 # runs.
@@ -43,23 +46,14 @@ REPO = Path(__file__).resolve().parents[3]
 
 def run_demo(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     require_binaries()
-    return subprocess.run(
-        [sys.executable, "-m", "dra_driver.cli", "demo", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
+    return run_vgpu_dra("demo", *args, timeout=timeout)
 
 
 @pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """A short cluster directory: node agents' unix socket paths must fit in 107 characters,
-    which pytest's tmp_path (deep under /tmp/pytest-of-<user>/) does not leave room for."""
-    path = Path(tempfile.mkdtemp(prefix="vdemo-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def demo_dir() -> Iterator[Path]:
+    """A short cluster directory (tests/fixtures/dev_cluster.py says why)."""
+    with short_dir("vdemo-") as path:
+        yield path
 
 
 def placement_row(out: str, pod: str) -> list[str]:
@@ -69,8 +63,8 @@ def placement_row(out: str, pod: str) -> list[str]:
     return list(match.groups())
 
 
-def test_demo_runs_and_cleans_up(short_dir: Path) -> None:
-    root = short_dir / "demo"
+def test_demo_runs_and_cleans_up(demo_dir: Path) -> None:
+    root = demo_dir / "demo"
     done = run_demo("--dir", str(root))
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
@@ -83,7 +77,8 @@ def test_demo_runs_and_cleans_up(short_dir: Path) -> None:
     a10 = re.findall(r"^ +node-2 +gpu-\d +NVIDIA A10 +22\.5 GiB +100 +[01] +- ", out, re.MULTILINE)
     assert len(a10) == 4, out
     node, devices, _, _, _, cdi = placement_row(out, "nvlink-pair")
-    assert node == "node-1" and len(devices.split(",")) == 2 and cdi == "2"
+    # node-1 (dgx-h100) or node-3 (a100-2x4): both have NVLink, kube-scheduler picks.
+    assert node in ("node-1", "node-3") and len(devices.split(",")) == 2 and cdi == "2"
     assert placement_row(out, "a10-only")[0] == "node-2"
     assert placement_row(out, "whole-gpu")[5] == "1"
     _, _, memory, cores, share, cdi = placement_row(out, "shared-gpu")
@@ -135,14 +130,41 @@ def test_demo_runs_and_cleans_up(short_dir: Path) -> None:
         throttled = re.search(r"vgpu_dra_claim_throttled_seconds_total\{[^}]*\} ([\d.e+-]+)", out)
         assert throttled and float(throttled.group(1)) > 0, out
 
-    # 5. teardown
-    assert "[8/8] Tear down" in out and "cluster stopped and removed" in out
+    # 5. the policy path
+    check_policy_step(out)
+
+    # 6. teardown
+    assert "[9/9] Tear down" in out and "cluster stopped and removed" in out
     assert re.search(r"demo finished in [\d.]+s", out)
     assert not root.exists()
 
 
-def test_failed_step_is_reported_and_torn_down(short_dir: Path) -> None:
-    root = short_dir / "demo"
+def check_policy_step(out: str) -> None:
+    assert "ServiceAccount vgpu-dra/vgpu-dra-controller with the chart's RBAC" in out
+    rows = re.findall(r"^ +(p[1-4]) +(node-\d/gpu-\d) +(node-\d/gpu-\d)$", out, re.MULTILINE)
+    assert [r[0] for r in rows] == ["p1", "p2", "p3", "p4"], out
+    assert len({r[1] for r in rows}) == 1, rows  # binpack: one GPU
+    assert len({r[2] for r in rows}) == 4, rows  # spread: four GPUs
+    assert "binpack: 4 pods on 1 GPU of 1 node" in out
+    # node-3 is the a100-2x4: islands gpu-0..3 and gpu-4..7. One GPU is taken first (which one
+    # depends on where kube-scheduler put the examples); the 4 linked GPUs share an island.
+    taken = re.search(r"pod one-gpu takes a whole gpu-(\d) first \(binpack\)", out)
+    assert taken, out
+    linked_line = (
+        r"pod linked \(4 GPUs, device-topology-mode: link\): node-3 "
+        r"(gpu-\d(?:,gpu-\d){3}), NVLink island (\d)$"
+    )
+    linked = re.search(linked_line, out, re.MULTILINE)
+    assert linked, out
+    indexes = [int(d.split("-")[1]) for d in linked.group(1).split(",")]
+    assert {i // 4 for i in indexes} == {int(linked.group(2))}, linked.group(0)
+    assert int(taken.group(1)) not in indexes
+    assert re.search(r"pod five \(5 GPUs, link-strict\): refused, Event: .*NVLink", out), out
+    assert "kube-scheduler bound pod linked to node-3, the plugin prepared 4 CDI devices" in out
+
+
+def test_failed_step_is_reported_and_torn_down(demo_dir: Path) -> None:
+    root = demo_dir / "demo"
     done = run_demo("--dir", str(root), "--nodes", "a10-pcie", "--wait-timeout", "8")
     assert done.returncode == 1, done.stdout + done.stderr
     err = done.stderr

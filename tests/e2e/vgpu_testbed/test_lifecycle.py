@@ -7,30 +7,35 @@ What this proves:
 2. A component that dies during start-up (a broken kube-apiserver) makes `Cluster.start` fail
    with the component's name and the tail of its log, after stopping what had started (etcd):
    no process, no listening port, only `logs/` kept.
+   Raised client limits (`client_qps`, `client_burst`) reach kube-scheduler's and
+   kube-controller-manager's command lines, and the components start with them.
 3. A starter that is SIGKILLed takes its components with it (PR_SET_PDEATHSIG), and a pytest
    session interrupted with Ctrl-C tears the `cluster` fixture down: no process, no port.
 4. `vgpu-dra dev-cluster up` leaves a running cluster after the command exits (detached, in its
    own sessions), ends with `export KUBECONFIG=...`, `status` reports it healthy, a second
    `up` is refused, and `down` stops it all.
 5. `up --agents` adds each node's simulated GPUs, kubelet plugin and kubelet stand-in (the
-   node's GPUs are published), and `down` stops them too; an unknown profile is refused before
-   anything starts.
+   node's GPUs are published) and the allocation controller as an install runs it (its own
+   ServiceAccount token limited by the chart's RBAC, holding its Lease, healthy in `status`,
+   the cluster default policies of --controller-args on its command line); the gated example
+   pod it prints is placed by the controller and bound by kube-scheduler; `down` stops them
+   all; an unknown profile or bad --controller-args are refused before anything starts.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.e2e.vgpu_testbed.policy_path import check_controller_identity, place_example
 from tests.fixtures.cluster import require_binaries
+from tests.fixtures.dev_cluster import run_vgpu_dra, short_dir, up_with_agents
 from vgpu_testbed.cluster.control_plane import Cluster, default_bin_dir
 from vgpu_testbed.cluster.health import ComponentDiedError
 from vgpu_testbed.cluster.state import ClusterState
@@ -128,8 +133,15 @@ def assert_all_gone(records: list[ProcessRecord], ports: list[int], root: Path) 
 def test_teardown_leaves_no_process_and_no_port(tmp_path: Path) -> None:
     require_binaries()
     root = tmp_path / "throwaway"
-    cluster = Cluster.start(root, ["a10-pcie"], die_with_parent=True)
+    # Raised client limits on the way: the real binaries accept them (else start-up fails).
+    cluster = Cluster.start(
+        root, ["a10-pcie"], die_with_parent=True, client_qps=1000, client_burst=2000
+    )
     try:
+        for name in ("kube-scheduler", "kube-controller-manager"):
+            pid = next(p.pid for p in cluster.processes if p.name == name)
+            assert " --kube-api-qps=1000 --kube-api-burst=2000 " in cmdline(pid), name
+        assert (cluster.state.client_qps, cluster.state.client_burst) == (1000, 2000)
         # An extra per-node process that forks a helper into its group, like a daemon would.
         extra = cluster.spawn("node-1-daemon", ["sh", "-c", "sleep 600 & sleep 600; wait"])
         assert is_alive(extra)
@@ -188,15 +200,7 @@ def test_component_dying_at_start_is_reported_and_cleaned_up(tmp_path: Path) -> 
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "dra_driver.cli", "dev-cluster", *args],
-        check=False,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])},
-    )
+    return run_vgpu_dra("dev-cluster", *args, cwd=cwd, timeout=180)
 
 
 def test_dev_cluster_cli_up_status_down(tmp_path: Path) -> None:
@@ -354,26 +358,30 @@ def test_dev_cluster_up_with_node_agents(tmp_path: Path) -> None:
     too_deep = run_cli("up", "--agents", "--dir", str(tmp_path / ("d" * 60)), cwd=tmp_path)
     assert too_deep.returncode == 1 and "too deep for node agents" in too_deep.stderr
     assert not (tmp_path / ("d" * 60)).exists()
+    bad = run_cli("up", "--agents", "--controller-args", "--node-policy fullest", cwd=tmp_path)
+    assert bad.returncode == 2 and "invalid choice: 'fullest'" in bad.stderr, bad.stderr
+    assert not (tmp_path / ".dev-cluster").exists()
     # Unix socket paths are limited to 107 characters: pytest's tmp_path is too deep.
-    short = Path(tempfile.mkdtemp(prefix="vd-", dir="/tmp"))
-    root = short / "c"
-    try:
-        up = run_cli(
-            "up",
-            "--agents",
-            "--runtime",
+    with short_dir("vd-") as short:
+        root = short / "c"
+        up = up_with_agents(
+            root,
             "standin",
-            "--nodes",
             "dgx-h100",
-            "--dir",
-            str(root),
-            cwd=short,
+            "--controller-args",
+            "--device-policy binpack",
+            timeout=180,
         )
         assert up.returncode == 0, up.stdout + up.stderr
         cluster = Cluster.attach(root)
         records = cluster.processes
         names = {r.name for r in records}
-        assert {"kubelet-plugin-node-1", "kubelet-standin-node-1"} <= names
+        assert {"kubelet-plugin-node-1", "kubelet-standin-node-1", "vgpu-dra-controller"} <= names
+        controller = next(r for r in records if r.name == "vgpu-dra-controller")
+        assert " --device-policy binpack" in cmdline(controller.pid)
+        check_controller_identity(cluster)
+        status = json.loads(run_cli("status", "--json", "--dir", str(root), cwd=short).stdout)
+        assert {c["name"]: c["healthy"] for c in status["components"]}["vgpu-dra-controller"]
         assert all(is_alive(r) for r in records)
 
         from kubernetes import client
@@ -389,15 +397,13 @@ def test_dev_cluster_up_with_node_agents(tmp_path: Path) -> None:
             api.close()
         # The dgx-h100 profile is an 8-GPU machine.
         assert sum(len(s.spec.devices or []) for s in slices) == 8
+        # Binpack on an empty node: the first GPU.
+        assert place_example(cluster, up.stdout) == ("node-1", "gpu-0")
 
         down = run_cli("down", "--dir", str(root), cwd=short)
         assert down.returncode == 0, down.stderr
         assert_all_gone(records, list(cluster.state.ports.values()), root)
         assert not root.exists()
-    finally:
-        if (root / "state.json").exists():
-            Cluster.attach(root).stop()
-        shutil.rmtree(short, ignore_errors=True)
 
 
 def test_up_with_agents_refuses_an_unknown_profile_before_starting(tmp_path: Path) -> None:

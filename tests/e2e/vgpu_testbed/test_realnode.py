@@ -15,7 +15,9 @@ What this proves:
    with 1 GiB total: the cap, not the card's 23028 MiB; CUDA cannot allocate beyond it.
 3. Deleting the pod unprepares the claim (CDI spec and claim dir gone).
 3b. Logs and exec work through the API server (kubectl logs/exec).
-4. Stopping the node leaves no process or cgroup behind; so does a SIGKILLed starter whose
+4. `dev-cluster up --agents --runtime real` also runs the allocation controller: the gated
+   example pod it prints is placed by the controller and runs on the real node.
+5. Stopping the node leaves no process or cgroup behind; so does a SIGKILLed starter whose
    node runs a pod (containers and daemonised shims included).
 """
 
@@ -23,11 +25,9 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -38,7 +38,9 @@ import yaml
 
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
-from tests.fixtures.cluster import require_binaries
+from tests.e2e.vgpu_testbed.policy_path import check_controller_identity, place_example
+from tests.fixtures.cluster import admin_client, require_binaries
+from tests.fixtures.dev_cluster import run_vgpu_dra, short_dir, up_with_agents
 from vgpu_testbed import polling
 from vgpu_testbed.cluster.control_plane import Cluster
 from vgpu_testbed.realnode import cgroups
@@ -79,9 +81,8 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def client(real_cluster: Cluster) -> Iterator[KubeClient]:
-    kc = KubeClient.from_kubeconfig(str(real_cluster.kubeconfig))
-    yield kc
-    kc.close()
+    with admin_client(real_cluster) as kc:
+        yield kc
 
 
 @pytest.fixture(scope="module")
@@ -402,9 +403,11 @@ def test_sigkilled_starter_leaves_no_node_behind() -> None:
     require_binaries()
     if check_host():
         pytest.skip(f"real nodes not possible here: {check_host()}")
-    # Unix socket paths are limited to 107 characters: pytest's tmp_path is too deep.
-    short = Path(tempfile.mkdtemp(prefix="rn-", dir="/tmp"))
-    root = short / "crash"
+    with short_dir("rn-") as short:
+        _sigkill_starter(short / "crash")
+
+
+def _sigkill_starter(root: Path) -> None:
     starter = subprocess.Popen(
         [sys.executable, "-c", STARTER, str(root)], stdout=subprocess.PIPE, text=True, cwd=REPO
     )
@@ -430,48 +433,32 @@ def test_sigkilled_starter_leaves_no_node_behind() -> None:
     finally:
         if starter.poll() is None:
             starter.kill()
-        if (root / "state.json").exists():
-            Cluster.attach(root).stop()
-        shutil.rmtree(short, ignore_errors=True)
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "dra_driver.cli", "dev-cluster", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=300,
-        check=False,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
+    return run_vgpu_dra("dev-cluster", *args, cwd=cwd, timeout=300)
 
 
 def test_dev_cluster_up_with_real_nodes_and_down() -> None:
     require_binaries()
     if check_host():
         pytest.skip(f"real nodes not possible here: {check_host()}")
-    short = Path(tempfile.mkdtemp(prefix="rn-", dir="/tmp"))
-    root = short / "c"
-    try:
-        up = _cli(
-            "up",
-            "--agents",
-            "--runtime",
-            "real",
-            "--nodes",
-            "a10-pcie",
-            "--dir",
-            str(root),
-            cwd=short,
-        )
+    with short_dir("rn-") as short:
+        root = short / "c"
+        up = up_with_agents(root, "real", "a10-pcie", timeout=300)
         assert up.returncode == 0, up.stdout + up.stderr
         assert "node-1: real node ready in" in up.stdout
         assert up.stdout.splitlines()[-1] == f"export KUBECONFIG={root}/kubeconfig"
-        names = {p.name for p in Cluster.attach(root).processes}
+        cluster = Cluster.attach(root)
+        names = {p.name for p in cluster.processes}
         assert {"containerd-node-1", "kubelet-node-1", "kubelet-plugin-node-1"} <= names
+        assert "vgpu-dra-controller" in names
         status = _cli("status", "--dir", str(root), cwd=short)
         assert status.returncode == 0, status.stdout
+        # The allocation controller runs with the chart's RBAC; the gated example it prints is
+        # placed by it, bound by kube-scheduler and started by the real kubelet.
+        check_controller_identity(cluster)
+        assert place_example(cluster, up.stdout, running=True)[0] == NODE
         cgroup_root = cgroup_root_of(root, NODE)
         assert cgroups.existing(cgroup_root)
         # The node's mounts (rootfs, volumes, netns files) and the bed's links stay in the
@@ -486,10 +473,6 @@ def test_dev_cluster_up_with_real_nodes_and_down() -> None:
         assert not _host_mounts(root)
         assert _host_links() <= links_before
         assert not root.exists()
-    finally:
-        if (root / "state.json").exists():
-            Cluster.attach(root).stop()
-        shutil.rmtree(short, ignore_errors=True)
 
 
 def _host_mounts(root: Path) -> list[str]:

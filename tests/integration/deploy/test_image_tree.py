@@ -11,15 +11,19 @@ the developer's virtualenv.
 from __future__ import annotations
 
 import hashlib
+import re
+import shutil
 import socket
 import stat
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from kubelet_plugin.region import REGION_VERSION
-from tests.fixtures.image_tree import BASE_PYTHON, built_tree, tree_env
+from kubelet_plugin.server import MAX_SOCKET_PATH, SocketPaths, short_instance
+from tests.fixtures.image_tree import BASE_PYTHON, REPO, built_tree, tree_env
 
 PRODUCT_PACKAGES = ("dra_driver", "kubelet_plugin", "controller")
 
@@ -175,3 +179,72 @@ def test_probe_socket_needs_a_listener(tree: Path, tmp_path: Path) -> None:
         server.listen(1)
         alive = run_tree(tree, "vgpu-dra-probe-socket", str(path))
         assert alive.returncode == 0, alive.stderr
+
+
+def test_probe_socket_expands_the_instance_id(tree: Path, tmp_path: Path) -> None:
+    """The chart's probes name `dra-${VGPU_DRA_INSTANCE_ID}.sock`; Kubernetes does not expand
+    probe commands, so the probe does, from the container's environment."""
+    path = tmp_path / "dra-0f8e2c51.sock"
+    template = str(tmp_path / "dra-${VGPU_DRA_INSTANCE_ID}.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(path))
+        server.listen(1)
+        env = {"VGPU_DRA_INSTANCE_ID": "0f8e2c51"}
+        alive = run_tree(tree, "vgpu-dra-probe-socket", template, env=env)
+        assert alive.returncode == 0, alive.stderr
+        wrong = run_tree(tree, "vgpu-dra-probe-socket", template, env={"VGPU_DRA_INSTANCE_ID": "x"})
+        assert wrong.returncode == 1
+        unset = run_tree(tree, "vgpu-dra-probe-socket", template)
+        assert unset.returncode == 2
+        assert "VGPU_DRA_INSTANCE_ID is not set" in unset.stderr
+
+
+def test_probe_socket_shortens_the_instance_id_as_the_plugin_does(
+    tree: Path, tmp_path: Path
+) -> None:
+    """Where the whole pod UID would make the path too long, plugin and probe agree on the
+    short form."""
+    uid = "0f8e2c51-3d2b-4c8e-9a51-2f8d1b7e6a90"
+    directory = Path(tempfile.mkdtemp(prefix="p" * (MAX_SOCKET_PATH - 50), dir="/tmp"))
+    try:
+        paths = SocketPaths.for_instance(
+            "vgpu.dra.dev", plugin_dir=str(directory), registrar_dir=str(directory), instance=uid
+        )
+        assert short_instance(uid) in paths.dra
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+            server.bind(paths.dra)
+            server.listen(1)
+            template = str(directory / "dra-${VGPU_DRA_INSTANCE_ID}.sock")
+            env = {"VGPU_DRA_INSTANCE_ID": uid}
+            alive = run_tree(tree, "vgpu-dra-probe-socket", template, env=env)
+            assert alive.returncode == 0, alive.stderr
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_dockerfile_copies_what_build_tree_reads() -> None:
+    """The Dockerfile's build stage runs build-tree.sh on the files it copied: every source the
+    script packs into the wheel, the hook's sources and the script's own directory must be
+    there (and not excluded by .dockerignore), or `make image` and `make image-tree` differ."""
+    dockerfile = (REPO / "Dockerfile").read_text()
+    build_stage = dockerfile.split("\nFROM ", 2)[1]
+    copied = {
+        part.rstrip("/")
+        for line in build_stage.splitlines()
+        if line.startswith("COPY ") and "--from" not in line
+        for part in line.split()[1:-1]
+    }
+    script = (REPO / "deploy" / "image" / "build-tree.sh").read_text()
+    packed = re.search(r"--exclude=\./hack/fakegpu/build (.*?)\)", script, re.S)
+    assert packed is not None
+    wheel_sources = set(packed.group(1).replace("\\", " ").split())
+    needed = wheel_sources | {"vgpu_hook", "deploy/image"}
+    assert needed <= copied, f"the Dockerfile does not copy {sorted(needed - copied)}"
+    ignored = {
+        line.strip().rstrip("/")
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert not needed & ignored, f".dockerignore drops {sorted(needed & ignored)}"
+    assert "build-tree.sh /out" in build_stage
+    assert "COPY --from=build /out/ /" in dockerfile

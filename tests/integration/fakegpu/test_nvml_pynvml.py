@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,25 @@ from tests.integration.fakegpu.nvml_node import PROGRAMS, SimNode, build_fakegpu
 @pytest.fixture(scope="module", autouse=True)
 def _built() -> None:
     build_fakegpu()
+
+
+@contextmanager
+def spinning(node: SimNode, *, seconds: int) -> Iterator[subprocess.Popen[str]]:
+    """`cuda_spin` keeps GPU 0 of `node` busy with 100 us kernels for `seconds` while the block
+    runs (the process); the block's end waits for it to finish."""
+    spin = PROGRAMS / "cuda_spin"
+    if not spin.is_file():
+        pytest.skip("the fake CUDA driver's test programs are not built")
+    proc = subprocess.Popen(
+        [str(spin), "0", str(seconds)],
+        env={**node.env, "CUDA_SPIN_KERNEL": "spin__ns100000", "VGPU_SIM_LAUNCH_NS": "0"},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        yield proc
+    finally:
+        proc.communicate(timeout=30)
 
 
 @pytest.fixture
@@ -217,19 +237,8 @@ print(json.dumps({
 
 
 def test_kernel_loop_shows_in_per_process_utilisation(dgx: SimNode) -> None:
-    spin = PROGRAMS / "cuda_spin"
-    if not spin.is_file():
-        pytest.skip("the fake CUDA driver's test programs are not built")
-    proc = subprocess.Popen(
-        [str(spin), "0", "3"],
-        env={**dgx.env, "CUDA_SPIN_KERNEL": "spin__ns100000", "VGPU_SIM_LAUNCH_NS": "0"},
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    with spinning(dgx, seconds=3) as proc:
         seen = dgx.python(PROCESS_UTIL)
-    finally:
-        proc.communicate(timeout=30)
     assert seen["gpu"] >= 90
     assert list(seen["samples"]) == [str(proc.pid)]
     assert seen["samples"][str(proc.pid)] >= 80
@@ -259,24 +268,13 @@ def test_realistic_sampling_reports_per_driver_period(dgx: SimNode) -> None:
     """VGPU_SIM_UTIL_SAMPLING=realistic: a 50 ms poller gets one new sample per 200 ms driver
     period (NOT_FOUND in between), stamped at period ends that are a period (+- jitter) apart,
     each with the busy share of its period."""
-    spin = PROGRAMS / "cuda_spin"
-    if not spin.is_file():
-        pytest.skip("the fake CUDA driver's test programs are not built")
     sampling = {
         "VGPU_SIM_UTIL_SAMPLING": "realistic",
         "VGPU_SIM_UTIL_PERIOD_US": "200000",
         "VGPU_SIM_UTIL_JITTER_US": "20000",
     }
-    proc = subprocess.Popen(
-        [str(spin), "0", "4"],
-        env={**dgx.env, "CUDA_SPIN_KERNEL": "spin__ns100000", "VGPU_SIM_LAUNCH_NS": "0"},
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    with spinning(dgx, seconds=4) as proc:
         seen = dgx.python(PERIODIC_POLL, **sampling)
-    finally:
-        proc.communicate(timeout=30)
     polls = seen["polls"]
     fresh = [p for p in polls if p is not None]
     assert seen["period_us"] == 200000

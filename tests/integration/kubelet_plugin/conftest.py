@@ -29,9 +29,9 @@ from kubelet_plugin.prepare import NodeSettings, Preparer, kube_claim_source
 from kubelet_plugin.proto import dra_v1_pb2, dra_v1_pb2_grpc
 from kubelet_plugin.server import PluginServer, SocketPaths
 from tests.fixtures.claimdata import DRIVER, HOOK_LIB, NODE, GiB, inventory
+from tests.fixtures.prepare import KIND, node_settings
 
 ROOT = Path(__file__).resolve().parents[3]
-KIND = "k8s.vgpu.dra.dev/claim"
 # `python -c LAUNCHER ARGS...`: the real plugin main on a hand-made two-GPU inventory.
 LAUNCHER = """
 import sys
@@ -98,17 +98,7 @@ def plugin(kube_client: kube.KubeClient) -> Iterator[RunningPlugin]:
     claims read from the real API server. Short socket paths (unix sockets allow 107 bytes)."""
     root = Path(tempfile.mkdtemp(prefix="vgpu-plugin-"))
     inv = inventory(count=4, memory=16 * GiB)
-    settings = NodeSettings(
-        driver=DRIVER,
-        node_name=NODE,
-        cdi_root=str(root / "cdi"),
-        spec=cdi.SpecSettings(
-            kind=KIND,
-            state_dir=str(root / "state"),
-            hook_path=str(HOOK_LIB),
-            claim_gid=4242,
-        ),
-    )
+    settings = node_settings(root, claim_gid=4242)
     sockets = SocketPaths.for_driver(
         DRIVER, plugins_dir=str(root / "plugins"), registrar_dir=str(root / "registry")
     )

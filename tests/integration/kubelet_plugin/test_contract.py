@@ -30,6 +30,7 @@ from dra_driver.gpu import NodeInventory
 from kubelet_plugin.prepare import NodeSettings, Preparer, kube_claim_source
 from kubelet_plugin.server import PluginServer, SocketPaths
 from tests.fixtures.claimdata import DRIVER, NODE, create_allocated_claim, result
+from tests.fixtures.simulated import CONTAINERS, require_simulated_gpus, simulated_node_env
 from tests.integration.kubelet_plugin.conftest import KIND, ROOT, run_json
 
 HOOK_DIR = ROOT / "vgpu_hook"
@@ -47,18 +48,10 @@ def field(line: str, key: str) -> int:
 
 @pytest.fixture
 def simulated_node() -> Iterator[tuple[Path, dict[str, str], NodeInventory]]:
-    from vgpu_testbed.fakegpu import simulator as fakegpu
-    from vgpu_testbed.fakegpu.profiles import load_profile
-
-    if os.geteuid() != 0:
-        pytest.skip("container emulation needs root (mount namespaces, bind mounts)")
-    try:
-        fakegpu.library_dir()
-    except fakegpu.FakeGpuError as exc:
-        pytest.skip(f"simulated GPUs not built (make native): {exc}")
+    require_simulated_gpus(root_for=CONTAINERS)
     subprocess.run(["make", "-s", "-C", str(HOOK_DIR)], check=True)
     root = Path(tempfile.mkdtemp(prefix="vgpu-contract-"))
-    env = {**os.environ, **fakegpu.prepare_node(load_profile("l4-2"), root / "gpus.state")}
+    env = {**os.environ, **simulated_node_env(root)}
     done = subprocess.run(
         [
             sys.executable,
@@ -117,11 +110,10 @@ def test_hook_enforces_the_limits_the_plugin_prepared(
         spec: dict[str, Any] = json.loads(spec_file.read_text())
         device_name = cdi_id.split("=", 1)[1]
 
-        from vgpu_testbed.container import run_in_container
+        from vgpu_testbed.container import run_with_claims
 
-        done = run_in_container(
-            spec,
-            [device_name],
+        done = run_with_claims(
+            [(spec, [device_name])],
             [str(PROBE), "init", "total", "info", "alloc:629145600", "alloc:629145600", "info"],
             base_env={**env, "VGPU_LOG_LEVEL": "warn"},
             timeout=60,

@@ -26,7 +26,8 @@ from typing import Any
 
 import pytest
 
-from dra_driver import names
+from tests.fixtures.simulated import simulated_node_env
+from tests.fixtures.tenants import claim_dir_spec, claim_plan
 
 GIB = 1 << 30
 ROOT = Path(__file__).resolve().parents[3]
@@ -69,35 +70,7 @@ print(json.dumps(reports))
 
 @pytest.fixture
 def node(tmp_path: Path) -> dict[str, str]:
-    from vgpu_testbed.fakegpu import simulator as fakegpu
-
-    try:
-        fakegpu.library_dir()
-    except fakegpu.FakeGpuError as exc:
-        pytest.skip(f"simulated GPUs not built (make native): {exc}")
-    if os.geteuid() != 0:
-        pytest.skip("the container runner needs root (mount namespaces)")
-    return dict(fakegpu.prepare_node(fakegpu.load_profile("l4-2"), tmp_path / "gpus.state"))
-
-
-def claim_plan(uid: str, gpu_uuid: str, enforce: str) -> dict[str, Any]:
-    return {
-        "uid": uid,
-        "namespace": "ns",
-        "name": "tenant",
-        "devices": [
-            {
-                "request": "gpu",
-                "pool": "node-1",
-                "device": "gpu-0",
-                "uuid": gpu_uuid,
-                "minor": 0,
-                "memory": GIB,
-                "cores": 0,
-                "enforce": enforce,
-            }
-        ],
-    }
+    return simulated_node_env(tmp_path, root_for="the container runner (mount namespaces)")
 
 
 @pytest.fixture
@@ -107,22 +80,8 @@ def tenant(node: dict[str, str], tmp_path: Path) -> Iterator[tuple[subprocess.Po
     uid = str(uuid.uuid4())
     claim_dir = tmp_path / "state" / "claims" / uid
     claim_dir.mkdir(parents=True)
-    spec = {
-        "cdiVersion": "0.5.0",
-        "kind": "k8s.vgpu.dra.dev/claim",
-        "devices": [{"name": "gpu", "containerEdits": {}}],
-        "containerEdits": {
-            "mounts": [
-                {
-                    "hostPath": str(claim_dir),
-                    "containerPath": f"{names.CONTAINER_CLAIMS_DIR}/{uid}",
-                    "options": ["bind", "rw"],
-                }
-            ]
-        },
-    }
     proc = subprocess.Popen(
-        container_command(spec, ["gpu"], [sys.executable, "-c", TENANT]),
+        container_command(claim_dir_spec(claim_dir, uid), ["gpu"], [sys.executable, "-c", TENANT]),
         env={**os.environ, **node},
         stdout=subprocess.PIPE,
         text=True,
@@ -145,7 +104,7 @@ def enforce(node: dict[str, str], tmp_path: Path, uid: str, mode: str) -> list[d
             sys.executable,
             "-c",
             ENFORCER,
-            json.dumps(claim_plan(uid, gpu_uuid, mode)),
+            json.dumps(claim_plan(uid, gpu_uuid, GIB, enforce=mode)),
             str(tmp_path / "state"),
         ],
         env={**os.environ, **node},

@@ -18,12 +18,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from dra_driver import kube
 from kubelet_plugin import region as rg
 from tests.fixtures.claimdata import NODE, create_allocated_claim, result
 from tests.fixtures.regions import write_region
+from tests.fixtures.simulated import require_simulated_gpus, simulated_node_env
 from tests.integration.kubelet_plugin.conftest import (
     plugin_process,
     plugin_process_argv,
@@ -42,16 +41,12 @@ def device_record(path: Path) -> tuple[int, int, int]:
 def test_the_plugins_governor_caps_exactly_the_prepared_capped_claims(
     cluster: Any, kube_client: kube.KubeClient, namespace: str
 ) -> None:
-    from vgpu_testbed.fakegpu import simulator as fakegpu
     from vgpu_testbed.fakegpu.profiles import load_profile
 
-    try:
-        fakegpu.library_dir()
-    except fakegpu.FakeGpuError as exc:
-        pytest.skip(f"simulated GPUs not built (make native): {exc}")
+    require_simulated_gpus()
     profile = load_profile("l4-2")
     root = Path(tempfile.mkdtemp(prefix="vgpu-gov-"))
-    gpu_env = fakegpu.prepare_node(profile, root / "gpus.state")
+    gpu_env = simulated_node_env(root)
     argv = plugin_process_argv(root, cluster.kubeconfig, NODE, "--no-nvidia-cdi")
     dra = root / "plugins" / "vgpu.dra.dev" / "dra.sock"
     log_path = root / "plugin.log"

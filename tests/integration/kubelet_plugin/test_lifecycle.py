@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import pytest
 
 from dra_driver import kube
 from kubelet_plugin.proto import (
@@ -36,10 +35,12 @@ from kubelet_plugin.proto import (
     dra_health_v1alpha1_pb2_grpc,
 )
 from tests.fixtures.claimdata import HOOK_LIB, inventory
+from tests.fixtures.simulated import require_simulated_gpus, simulated_node_env
 from tests.integration.kubelet_plugin.conftest import (
     LAUNCHER,
     ROOT,
     RunningPlugin,
+    plugin_process,
     plugin_process_argv,
     wait_for,
 )
@@ -68,38 +69,32 @@ def test_plugin_process_lifecycle(cluster: Any, kube_client: kube.KubeClient) ->
         "--no-nvidia-cdi",
         "--no-governor",
     ]
-    log = (root / "plugin.log").open("w")
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     dra = root / "plugins" / "vgpu.dra.dev" / "dra.sock"
     reg = root / "registry" / "vgpu.dra.dev-reg.sock"
     try:
-        wait_for(reg.exists, what="the registration socket")
-        assert dra.exists()
-        assert not orphan.exists(), "start-up reconciliation keeps orphan specs"
-        for sock in (dra, reg):
-            assert oct(sock.stat().st_mode & 0o777) == oct(0o600)
-        assert oct(dra.parent.stat().st_mode & 0o777) == oct(0o700)
-        assert oct(shared_registry.stat().st_mode & 0o777) == oct(0o750)
+        with plugin_process(argv, {}, root / "plugin.log") as proc:
+            wait_for(reg.exists, what="the registration socket")
+            assert dra.exists()
+            assert not orphan.exists(), "start-up reconciliation keeps orphan specs"
+            for sock in (dra, reg):
+                assert oct(sock.stat().st_mode & 0o777) == oct(0o600)
+            assert oct(dra.parent.stat().st_mode & 0o777) == oct(0o700)
+            assert oct(shared_registry.stat().st_mode & 0o777) == oct(0o750)
 
-        def published() -> list[dict[str, Any]]:
-            return kube_client.list(
-                kube.path(kube.RESOURCE_API, "resourceslices"),
-                field_selector="spec.nodeName=node-2",
-            )
+            def published() -> list[dict[str, Any]]:
+                return kube_client.list(
+                    kube.path(kube.RESOURCE_API, "resourceslices"),
+                    field_selector="spec.nodeName=node-2",
+                )
 
-        wait_for(lambda: len(published()) == 1, what="the ResourceSlice of node-2")
-        [slice_] = published()
-        assert [d["name"] for d in slice_["spec"]["devices"]] == ["gpu-0", "gpu-1"]
+            wait_for(lambda: len(published()) == 1, what="the ResourceSlice of node-2")
+            [slice_] = published()
+            assert [d["name"] for d in slice_["spec"]["devices"]] == ["gpu-0", "gpu-1"]
 
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-        assert not dra.exists() and not reg.exists()
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0
+            assert not dra.exists() and not reg.exists()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.close()
-        print((root / "plugin.log").read_text()[-3000:])
         for item in published_slices(kube_client):
             kube_client.delete(kube.path(kube.RESOURCE_API, "resourceslices", item))
 
@@ -175,29 +170,17 @@ def watch(channel: grpc.Channel) -> Any:
 
 def test_gpu_faults_on_simulated_node_are_streamed_unhealthy(cluster: Any) -> None:
     from vgpu_testbed.fakegpu import simulator as fakegpu
-    from vgpu_testbed.fakegpu.profiles import load_profile
 
-    try:
-        fakegpu.library_dir()
-    except fakegpu.FakeGpuError as exc:
-        pytest.skip(f"simulated GPUs not built (make native): {exc}")
+    require_simulated_gpus()
     root = Path(tempfile.mkdtemp(prefix="vgpu-sim-"))
-    gpu_env = fakegpu.prepare_node(load_profile("l4-2"), root / "gpus.state")
+    gpu_env = simulated_node_env(root)
     argv = plugin_process_argv(root, cluster.kubeconfig, "node-1", "--no-governor")
     dra = root / "plugins" / "vgpu.dra.dev" / "dra.sock"
     registration = root / "registry" / "vgpu.dra.dev-reg.sock"
-    log = (root / "plugin.log").open("w")
-
-    def start() -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(
-            argv, cwd=ROOT, env={**os.environ, **gpu_env}, stdout=log, stderr=subprocess.STDOUT
-        )
-        wait_for(registration.exists, what="registration")
-        return proc
-
+    log_path = root / "plugin.log"
     healthy, unhealthy = dra_health_v1_pb2.HEALTHY, dra_health_v1_pb2.UNHEALTHY
-    proc = start()
-    try:
+    with plugin_process(argv, gpu_env, log_path) as proc:
+        wait_for(registration.exists, what="registration")
         with grpc.insecure_channel(f"unix://{dra}") as channel:
             stream = watch(channel)
             assert {k: v[0] for k, v in health(next(stream)).items()} == {
@@ -220,9 +203,10 @@ def test_gpu_faults_on_simulated_node_are_streamed_unhealthy(cluster: Any) -> No
             stream.cancel()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
-        assert not dra.exists()
-        # A restart does not un-taint the GPU with a fatal XID (device-health.json).
-        proc = start()
+    assert not dra.exists()
+    # A restart does not un-taint the GPU with a fatal XID (device-health.json).
+    with plugin_process(argv, gpu_env, log_path) as proc:
+        wait_for(registration.exists, what="registration")
         with grpc.insecure_channel(f"unix://{dra}") as channel:
             stream = watch(channel)
             first = health(next(stream))
@@ -231,12 +215,6 @@ def test_gpu_faults_on_simulated_node_are_streamed_unhealthy(cluster: Any) -> No
             stream.cancel()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.close()
-        print((root / "plugin.log").read_text()[-3000:])
 
 
 def test_unreadable_kubeconfig_exits_with_a_clear_message(tmp_path: Path) -> None:

@@ -17,11 +17,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from kubelet_plugin.claims import ClaimRef
 from tests.fixtures.claimdata import NODE
+from tests.fixtures.simulated import require_simulated_gpus, simulated_node_env
 from tests.integration.kubelet_plugin.conftest import (
     plugin_process,
     plugin_process_argv,
@@ -42,15 +42,9 @@ def token_kubeconfig(source: Path, target: Path) -> Path:
 
 
 def test_debug_json_logs_never_show_the_token(cluster: Any) -> None:
-    from vgpu_testbed.fakegpu import simulator as fakegpu
-    from vgpu_testbed.fakegpu.profiles import load_profile
-
-    try:
-        fakegpu.library_dir()
-    except fakegpu.FakeGpuError as exc:
-        pytest.skip(f"simulated GPUs not built (make native): {exc}")
+    require_simulated_gpus()
     root = Path(tempfile.mkdtemp(prefix="vgpu-log-"))
-    gpu_env = fakegpu.prepare_node(load_profile("l4-2"), root / "gpus.state")
+    gpu_env = simulated_node_env(root)
     kubeconfig = token_kubeconfig(Path(cluster.kubeconfig), root / "token.kubeconfig")
     argv = plugin_process_argv(
         root, kubeconfig, NODE, "--no-nvidia-cdi", "--log-level=debug", "--log-format=json"

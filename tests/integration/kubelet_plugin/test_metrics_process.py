@@ -22,11 +22,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dra_driver import cdi, kube
 from tests.fixtures.claimdata import NODE, create_allocated_claim, result
+from tests.fixtures.probe import holding_memory
+from tests.fixtures.simulated import CONTAINERS, require_simulated_gpus
 from tests.integration.kubelet_plugin.conftest import (
     KIND,
     ROOT,
@@ -37,7 +38,6 @@ from tests.integration.kubelet_plugin.conftest import (
 )
 
 HOOK_DIR = ROOT / "vgpu_hook"
-PROBE = HOOK_DIR / "build" / "cuda_probe"
 HOOK_LIB = HOOK_DIR / "build" / "libvgpu.so"
 MIB = 1 << 20
 GIB = 1 << 30
@@ -61,22 +61,10 @@ def one(
     return found[0]
 
 
-def _require_simulated_node() -> None:
-    from vgpu_testbed.fakegpu import simulator as fakegpu
-
-    if os.geteuid() != 0:
-        pytest.skip("container emulation needs root (mount namespaces, bind mounts)")
-    try:
-        fakegpu.library_dir()
-    except fakegpu.FakeGpuError as exc:
-        pytest.skip(f"simulated GPUs not built (make native): {exc}")
-
-
 def test_scrape_reports_cap_and_usage_of_a_running_claim(
     cluster: Any, kube_client: kube.KubeClient, namespace: str
 ) -> None:
-    _require_simulated_node()
-    from vgpu_testbed.container import container_command
+    require_simulated_gpus(root_for=CONTAINERS)
     from vgpu_testbed.fakegpu import simulator as fakegpu
     from vgpu_testbed.fakegpu.profiles import load_profile
 
@@ -103,22 +91,8 @@ def test_scrape_reports_cap_and_usage_of_a_running_claim(
         ref = create_allocated_claim(kube_client, namespace, [result("gpu-0", memory="1Gi")])
         assert prepare(dra, [ref]) == {ref.uid: ""}
         spec = json.loads((root / "cdi" / cdi.spec_file_name(KIND, ref.uid)).read_text())
-        holder = subprocess.Popen(
-            container_command(
-                spec,
-                [spec["devices"][0]["name"]],
-                [str(PROBE), "init", f"alloc:{300 * MIB}", "ready", "sleep:60000"],
-            ),
-            env={**os.environ, **gpu_env, "VGPU_LOG_LEVEL": "warn"},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            assert holder.stdout is not None
-            assert holder.stdout.readline().startswith("init rc=0")
-            assert holder.stdout.readline().startswith("alloc rc=0")
-            assert holder.stdout.readline().strip() == "ready"
+        env = {**os.environ, **gpu_env, "VGPU_LOG_LEVEL": "warn"}
+        with holding_memory(spec, [spec["devices"][0]["name"]], 300 * MIB, env):
             labels = {"claim": ref.name, "namespace": ref.namespace, "gpu": uuid.lower()}
             samples = scrape(url)
             assert one(samples, "vgpu_dra_claim_memory_limit_bytes", **labels) == GIB
@@ -130,9 +104,6 @@ def test_scrape_reports_cap_and_usage_of_a_running_claim(
             assert one(samples, "vgpu_dra_gpu_claims", **gpu) == 1
             assert 0.0 <= one(samples, "vgpu_dra_gpu_utilization_ratio", **gpu) <= 1.0
             assert one(samples, "vgpu_dra_prepare_duration_seconds_count") == 1
-        finally:
-            holder.kill()
-            holder.wait()
 
         def released() -> bool:
             now = scrape(url)

@@ -27,6 +27,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 
 from dra_driver import kube
 from tests.fixtures.claimdata import NODE, create_allocated_claim, result
+from tests.fixtures.simulated import require_simulated_gpus, simulated_node_env
 from tests.integration.kubelet_plugin.conftest import (
     plugin_process,
     plugin_process_argv,
@@ -70,16 +71,10 @@ def test_the_plugin_exports_prepare_traces_over_otlp(
     namespace: str,
     receiver: tuple[Receiver, int],
 ) -> None:
-    from vgpu_testbed.fakegpu import simulator as fakegpu
-    from vgpu_testbed.fakegpu.profiles import load_profile
-
-    try:
-        fakegpu.library_dir()
-    except fakegpu.FakeGpuError as exc:
-        pytest.skip(f"simulated GPUs not built (make native): {exc}")
+    require_simulated_gpus()
     servicer, port = receiver
     root = Path(tempfile.mkdtemp(prefix="vgpu-otlp-"))
-    gpu_env = fakegpu.prepare_node(load_profile("l4-2"), root / "gpus.state")
+    gpu_env = simulated_node_env(root)
     gpu_env["no_grpc_proxy"] = "127.0.0.1"  # a proxy from the environment must not relay it
     argv = plugin_process_argv(
         root,

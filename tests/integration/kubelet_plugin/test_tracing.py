@@ -15,7 +15,6 @@ Preparer's spans are non-recording.
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -30,12 +29,11 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from dra_driver import cdi
 from kubelet_plugin.claims import ClaimError, ClaimRef
-from kubelet_plugin.prepare import NodeSettings, Preparer
+from kubelet_plugin.prepare import Preparer
 from kubelet_plugin.proto import dra_v1_pb2, dra_v1_pb2_grpc
 from kubelet_plugin.server import PluginServer, SocketPaths
-from tests.fixtures.claimdata import DRIVER, HOOK_LIB, NODE, GiB, claim, inventory, result
+from tests.fixtures.claimdata import DRIVER, GiB, claim, inventory, result
 from tests.fixtures.prepare import node_settings
 
 
@@ -158,17 +156,7 @@ def test_unprepare_spans(traced: Traced) -> None:
 
 
 def test_without_a_provider_no_span_is_started(tmp_path: Path) -> None:
-    settings = NodeSettings(
-        driver=DRIVER,
-        node_name=NODE,
-        cdi_root=str(tmp_path / "cdi"),
-        spec=cdi.SpecSettings(
-            kind="k8s.vgpu.dra.dev/claim",
-            state_dir=str(tmp_path / "state"),
-            hook_path=str(HOOK_LIB),
-            claim_gid=os.getgid(),
-        ),
-    )
+    settings = node_settings(tmp_path)
     obj = claim([result("gpu-0", memory="1Gi")])
     seen: list[object] = []
 

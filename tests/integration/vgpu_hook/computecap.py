@@ -271,6 +271,25 @@ def measure_accuracy(node: Node, *, seconds: float, sampling: str = "exact") -> 
     return table
 
 
+def new_claim_settling(
+    node: Node, *, governor: bool, sampling: str
+) -> tuple[dict[str, float], dict[str, float]]:
+    """A new claim (fixed, cap 30) run for 3 s, sampled every 50 ms: its result and its settling
+    (seconds into the band, overshoot above the cap in the first second)."""
+    settling: dict[str, float] = {}
+    (result,) = run_tenants(
+        node,
+        [30],
+        seconds=3,
+        governor=governor,
+        sampling=sampling,
+        interval=0.05,
+        settle_s=1.0,
+        settling=settling,
+    )
+    return result, settling
+
+
 def measure_settling(node: Node, *, sampling: str = "exact") -> dict[str, Any]:
     """Settling of a new claim (fixed, cap 30) and of two `balance` tenants (30/70) starting
     together, for both controllers: seconds from the first busy sample into the 3-point band,
@@ -278,17 +297,7 @@ def measure_settling(node: Node, *, sampling: str = "exact") -> dict[str, Any]:
     table: dict[str, Any] = {"sampling": sampling, "band_points": SETTLE_BAND, "interval_s": 0.05}
     for governor in (False, True):
         mode = "governor" if governor else "in_process"
-        fixed: dict[str, float] = {}
-        run_tenants(
-            node,
-            [30],
-            seconds=3,
-            governor=governor,
-            sampling=sampling,
-            interval=0.05,
-            settle_s=1.0,
-            settling=fixed,
-        )
+        _, fixed = new_claim_settling(node, governor=governor, sampling=sampling)
         balance: dict[str, float] = {}
         run_tenants(
             node,

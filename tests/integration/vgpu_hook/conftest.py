@@ -18,7 +18,7 @@ import pytest
 
 from dra_driver.cdi import ClaimDevice, SpecSettings, build_claim_spec
 from kubelet_plugin.claimfiles import ensure_region
-from vgpu_testbed.container import container_command, run_in_container
+from vgpu_testbed.container import container_command, run_with_claims
 
 REPO = Path(__file__).resolve().parents[3]
 HOOK_DIR = REPO / "vgpu_hook"
@@ -130,8 +130,8 @@ class Claim:
     ) -> subprocess.CompletedProcess[str]:
         full_env = dict(self.node.env)
         full_env.update(env)
-        return run_in_container(
-            self.spec, self.device_names, list(argv), base_env=full_env, timeout=timeout
+        return run_with_claims(
+            [(self.spec, self.device_names)], list(argv), base_env=full_env, timeout=timeout
         )
 
     def start(self, argv: Sequence[str]) -> subprocess.Popen[str]:

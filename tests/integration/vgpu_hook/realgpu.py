@@ -14,14 +14,13 @@ import json
 import os
 import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from kubelet_plugin.region import Region, RegionError
+from tests.fixtures.regions import budget_kept_fresh
 
 REPO = Path(__file__).resolve().parents[3]
 HOOK_LIB = REPO / "vgpu_hook" / "build" / "libvgpu.so"
@@ -51,27 +50,11 @@ def claim_dir(uuid: str, cores: int, *, budget: int | None = None) -> Iterator[P
         (claim / "vgpu.conf").write_text(
             f"version 1\nclaim c1\ndevice uuid={uuid} memory=1Ti cores={cores}\n"
         )
-        stop = threading.Event()
-
-        def feed() -> None:
-            region: Region | None = None
-            while budget is not None and not stop.is_set():
-                try:
-                    region = region or Region(str(claim / "region"))
-                    region.write_rate(0, budget, time.monotonic_ns())
-                except (OSError, RegionError):
-                    pass
-                stop.wait(0.02)
-            if region is not None:
-                region.close()
-
-        thread = threading.Thread(target=feed, daemon=True)
-        thread.start()
-        try:
+        if budget is None:
             yield Path(root)
-        finally:
-            stop.set()
-            thread.join()
+            return
+        with budget_kept_fresh(claim / "region", uuid, budget):
+            yield Path(root)
 
 
 def _bench(env: dict[str, str], iterations: int) -> dict[str, float]:

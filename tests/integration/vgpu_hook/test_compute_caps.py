@@ -9,15 +9,14 @@ two tenants at 30/70 within the accuracy targets.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
-import threading
-import time
-from pathlib import Path
 
 import pytest
 
-from kubelet_plugin.region import Region, RegionError
-from tests.integration.vgpu_hook.computecap import run_tenants
+from kubelet_plugin.region import Region
+from tests.fixtures.regions import budget_kept_fresh
+from tests.integration.vgpu_hook.computecap import new_claim_settling, run_tenants
 from tests.integration.vgpu_hook.conftest import PROBE, UUIDS, Node, fake_has_nvml, field
 from vgpu_testbed.container import container_command
 
@@ -28,37 +27,11 @@ pytestmark = pytest.mark.timeout(180)
 BLOCKS, THREADS = 216, 128  # cuda_probe's launch shape: cost 27648 per launch
 
 
-def _governor_stand_in(
-    region_path: Path, rate: int, stop: threading.Event, uuid: str = UUIDS[0]
-) -> None:
-    """Keep a fixed budget fresh in the region, as kubelet_plugin.governor would."""
-    region: Region | None = None
-    while not stop.is_set():
-        if region is None:
-            try:
-                region = Region(str(region_path))
-            except (OSError, RegionError):
-                time.sleep(0.01)
-                continue
-        index = region.device_index(uuid)
-        if index is not None:
-            region.write_rate(index, rate, time.monotonic_ns())
-        time.sleep(0.05)
-    if region is not None:
-        region.close()
-
-
 @pytest.mark.parametrize("sync", [0, 1], ids=["async-launches", "sync-after-every-launch"])
 def test_region_budget_limits_launch_rate(node: Node, sync: int) -> None:
     claim = node.claim(f"c-rate-{sync}", [f"device uuid={UUIDS[0]} memory={1 << 30} cores=40"])
     launches_per_s = 200
-    stop = threading.Event()
-    feeder = threading.Thread(
-        target=_governor_stand_in,
-        args=(claim.dir / "region", launches_per_s * BLOCKS * THREADS, stop),
-    )
-    feeder.start()
-    try:
+    with budget_kept_fresh(claim.dir / "region", UUIDS[0], launches_per_s * BLOCKS * THREADS):
         env = dict(node.env, PROBE_KERNEL="tiny__ns1000")
         done = subprocess.run(
             container_command(
@@ -72,9 +45,6 @@ def test_region_budget_limits_launch_rate(node: Node, sync: int) -> None:
             timeout=60,
             check=False,
         )
-    finally:
-        stop.set()
-        feeder.join()
     assert done.returncode == 0, done.stderr
     line = done.stdout.splitlines()[-1]
     launches = field(line, "launches")
@@ -91,13 +61,7 @@ def test_second_gpu_of_a_claim_is_capped_too(node: Node) -> None:
     also when CUDA_VISIBLE_DEVICES makes it ordinal 0."""
     lines = [f"device uuid={u} memory={1 << 30} cores=40" for u in UUIDS]
     claim = node.claim("c-rate-gpu1", lines, gpus=(0, 1))
-    stop = threading.Event()
-    feeder = threading.Thread(
-        target=_governor_stand_in,
-        args=(claim.dir / "region", 100 * BLOCKS * THREADS, stop, UUIDS[1]),
-    )
-    feeder.start()
-    try:
+    with budget_kept_fresh(claim.dir / "region", UUIDS[1], 100 * BLOCKS * THREADS):
         env = dict(node.env, PROBE_KERNEL="tiny__ns1000", CUDA_VISIBLE_DEVICES="1,0")
         argv = [str(PROBE), "init", "sleep:300", f"run:2:{BLOCKS}:0"]
         done = subprocess.run(
@@ -108,9 +72,6 @@ def test_second_gpu_of_a_claim_is_capped_too(node: Node) -> None:
             timeout=60,
             check=False,
         )
-    finally:
-        stop.set()
-        feeder.join()
     launches = field(done.stdout.splitlines()[-1], "launches")
     assert 0.85 * 200 <= launches <= 1.1 * 200 + 20, done.stdout
     with Region(str(claim.dir / "region")) as region:
@@ -201,14 +162,9 @@ def test_launches_follow_context_switches(node: Node, procaddr: bool) -> None:
     launch is charged to the GPU it runs on."""
     lines = [f"device uuid={u} memory={1 << 30} cores=40" for u in UUIDS]
     claim = node.claim(f"c-ctx-{int(procaddr)}", lines, gpus=(0, 1))
-    stop = threading.Event()
-    feeders = [
-        threading.Thread(target=_governor_stand_in, args=(claim.dir / "region", 10**15, stop, uuid))
-        for uuid in UUIDS
-    ]
-    for f in feeders:
-        f.start()
-    try:
+    with contextlib.ExitStack() as feeders:
+        for uuid in UUIDS:
+            feeders.enter_context(budget_kept_fresh(claim.dir / "region", uuid, 10**15))
         out = claim.probe(
             "init",
             "sleep:200",
@@ -222,10 +178,6 @@ def test_launches_follow_context_switches(node: Node, procaddr: bool) -> None:
             procaddr=procaddr,
             PROBE_KERNEL="tiny__ns1000",
         )
-    finally:
-        stop.set()
-        for f in feeders:
-            f.join()
     assert all("rc=0" in line or "failures=0" in line for line in out), out
     with Region(str(claim.dir / "region")) as region:
         assert region.layout.devices[0].launches == 50 + 20
@@ -252,16 +204,6 @@ def test_new_claim_is_capped_from_its_first_launch(node: Node, sampling: str) ->
     """No uncapped start: in the first second a new claim never runs more than 5 points over
     its cap (0.3 s means), and after 1 s it holds the cap (mean within 3 points). Settling times
     are a benchmark figure (bench/results/hook.json), not asserted here."""
-    settling: dict[str, float] = {}
-    (result,) = run_tenants(
-        node,
-        [30],
-        seconds=3,
-        governor=False,
-        sampling=sampling,
-        interval=0.05,
-        settle_s=1.0,
-        settling=settling,
-    )
+    result, settling = new_claim_settling(node, governor=False, sampling=sampling)
     assert settling["peak_over_cap"] <= 5, settling
     assert abs(result["mean_util"] - 30) <= 3, (result, settling)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from vgpu_testbed.container import BindMount, edits_from_spec, run_in_container
+from vgpu_testbed.container import BindMount, edits_from_spec, run_with_claims
 
 
 def _spec(tmp: Path) -> dict[str, Any]:
@@ -76,7 +76,7 @@ def test_mounts_in_a_private_namespace(tmp_path: Path) -> None:
         "cat /run/vgpu-test/ro.txt; echo x > /run/vgpu-test/ro.txt 2>/dev/null || echo ro-ok; "
         'echo written > /run/vgpu-test/rw/f; echo "B=$B"; id -G'
     )
-    done = run_in_container(_spec(tmp_path), ["d0"], ["sh", "-c", script])
+    done = run_with_claims([(_spec(tmp_path), ["d0"])], ["sh", "-c", script])
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[:3] == ["hello", "ro-ok", "B=3"]

@@ -27,6 +27,7 @@ from tests.integration.vgpu_hook.conftest import (
     HOOK_LIB,
     PROBE,
     UUIDS,
+    Claim,
     Node,
     fake_has_nvml,
     field,
@@ -108,17 +109,19 @@ PYNVML = textwrap.dedent(
 )
 
 
+def beside_300_mib(
+    claim: Claim, command: str, *, hold_ms: int, timeout: float = 60, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """Run the shell `command` in the claim's container while a probe there holds 300 MiB of
+    device memory (allocated a second before the command starts, held for `hold_ms`)."""
+    argv = ["sh", "-c", f"{PROBE} init alloc:314572800 sleep:{hold_ms} & sleep 1; {command}; wait"]
+    return claim.run(argv, timeout=timeout, **env)
+
+
 @pytest.mark.skipif(not fake_has_nvml(), reason="the simulated NVML is not built yet")
 def test_pynvml_inside_shows_the_cap(node: Node) -> None:
     claim = node.claim("c-nvml", [f"device uuid={UUIDS[0]} memory={GIB} cores=0"])
-    holder = claim.run(
-        [
-            "sh",
-            "-c",
-            f"{PROBE} init alloc:314572800 sleep:3000 & sleep 1; "
-            f"{sys.executable} -c '{PYNVML}'; wait",
-        ]
-    )
+    holder = beside_300_mib(claim, f"{sys.executable} -c '{PYNVML}'", hold_ms=3000)
     assert holder.returncode == 0, holder.stderr
     total, used, free = map(int, holder.stdout.splitlines()[-1].split())
     assert total == GIB
@@ -131,13 +134,10 @@ def test_nvitop_inside_shows_the_capped_gpu(node: Node) -> None:
     """A monitoring tool users run in a pod (nvitop's one-shot mode, `nvidia-smi`-like) sees one
     GPU whose total is the claim's 1 GiB cap and whose used memory is the claim's usage."""
     claim = node.claim("c-nvitop", [f"device uuid={UUIDS[0]} memory={GIB} cores=0"])
-    done = claim.run(
-        [
-            "sh",
-            "-c",
-            f"{PROBE} init alloc:314572800 sleep:4000 & sleep 1; "
-            f"{sys.executable} -m nvitop --once --no-unicode; wait",
-        ],
+    done = beside_300_mib(
+        claim,
+        f"{sys.executable} -m nvitop --once --no-unicode",
+        hold_ms=4000,
         timeout=120,
         COLUMNS="200",
         LINES="100",

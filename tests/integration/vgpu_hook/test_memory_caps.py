@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from kubelet_plugin.region import Region
+from tests.fixtures.probe import holding_memory
 from tests.integration.vgpu_hook.conftest import GIB, HOOK_DIR, PROBE, UUIDS, Node, field
 from vgpu_testbed.container import container_command
 
@@ -255,23 +256,8 @@ def _oversub_line(oversubscribe: int) -> str:
 def filled_gpu(node: Node) -> Iterator[None]:
     """An uncapped process (no vgpu.conf) holding 36 GiB of the 40 GiB simulated GPU."""
     other = node.claim("c-filler", None)
-    holder = subprocess.Popen(
-        container_command(
-            other.spec, other.device_names, [str(PROBE), "init", f"alloc:{FILLER}", "sleep:60000"]
-        ),
-        env=node.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout is not None
-        assert holder.stdout.readline().startswith("init rc=0")
-        assert holder.stdout.readline().startswith("alloc rc=0")
+    with holding_memory(other.spec, other.device_names, FILLER, node.env):
         yield
-    finally:
-        holder.kill()
-        holder.wait()
 
 
 # 2 GiB fits in the 4 GiB the GPU has free; 3 GiB more does not (2 GiB left); 4 GiB more would

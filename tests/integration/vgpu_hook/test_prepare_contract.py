@@ -15,7 +15,7 @@ from kubelet_plugin.claimfiles import ClaimFiles
 from kubelet_plugin.plan import ClaimPlan, DevicePlan
 from kubelet_plugin.region import Region
 from tests.integration.vgpu_hook.conftest import GIB, HOOK_LIB, KIND, PROBE, UUIDS, Node, field
-from vgpu_testbed.container import run_in_container
+from vgpu_testbed.container import run_with_claims
 
 
 def _plan() -> ClaimPlan:
@@ -59,7 +59,7 @@ def test_plugin_written_claim_is_enforced(node: Node) -> None:
     spec, names, claim_dir = _prepare(node, plan)
 
     def probe(*steps: str) -> list[str]:
-        done = run_in_container(spec, names, [str(PROBE), *steps], base_env=node.env)
+        done = run_with_claims([(spec, names)], [str(PROBE), *steps], base_env=node.env)
         assert done.returncode == 0, done.stderr
         return done.stdout.splitlines()
 

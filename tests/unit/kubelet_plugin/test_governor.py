@@ -36,14 +36,7 @@ from kubelet_plugin.governor import (
 from kubelet_plugin.plan import ClaimPlan, DevicePlan
 from kubelet_plugin.prepare import NodeSettings, Preparer
 from tests.fixtures import claimdata
-from tests.unit.kubelet_plugin.governor_sim import (
-    CAPS,
-    UUID,
-    SimGpu,
-    make_claim,
-    make_governor,
-    run_ticks,
-)
+from tests.fixtures.governor_sim import UUID, SimGpu, SimNode
 
 
 def _plan(uid: str, *devices: tuple[str, int, ComputePolicy]) -> ClaimPlan:
@@ -174,65 +167,44 @@ def test_balance_target() -> None:
     assert balance_target(30, 60, 10) == 45
 
 
-@pytest.fixture(autouse=True)
-def _no_prepared_claims() -> None:
-    CAPS.clear()
-
-
 def test_single_claim_is_driven_to_its_cap(tmp_path: Path) -> None:
-    region_path = make_claim(tmp_path, "a", 30, pid=101)
-    gpu = SimGpu({101: region_path})
-    clock = [1_000_000_000]
-    gov = make_governor(tmp_path, gpu, clock)
-    try:
-        history = run_ticks(gov, gpu, clock, 60)
+    node = SimNode(tmp_path)
+    region_path = node.claim("a", 30, pid=101)
+    with node.running(SimGpu({101: region_path})) as run:
+        history = run.ticks(60)
         with rg.Region(str(region_path)) as region:
             dev = region.layout.devices[0]
             assert dev.rate_source == rg.RATE_GOVERNOR
-            assert dev.governor_stamp_ns == clock[0]
-        tail = [h[101] for h in history[-30:]]
-        assert sum(abs(u - 30) for u in tail) / len(tail) <= 1.0
-    finally:
-        gov.close()
-        gpu.close()
+            assert dev.governor_stamp_ns == node.clock[0]
+    tail = [h[101] for h in history[-30:]]
+    assert sum(abs(u - 30) for u in tail) / len(tail) <= 1.0
 
 
 def test_two_claims_share_one_gpu_by_their_caps(tmp_path: Path) -> None:
-    a = make_claim(tmp_path, "a", 30, pid=201)
-    b = make_claim(tmp_path, "b", 70, pid=202)
-    gpu = SimGpu({201: a, 202: b})
-    clock = [1_000_000_000]
-    gov = make_governor(tmp_path, gpu, clock)
-    try:
-        history = run_ticks(gov, gpu, clock, 100)
-        tail = history[-40:]
-        assert abs(sum(h[201] for h in tail) / len(tail) - 30) <= 3
-        assert abs(sum(h[202] for h in tail) / len(tail) - 70) <= 3
-    finally:
-        gov.close()
-        gpu.close()
+    node = SimNode(tmp_path)
+    a = node.claim("a", 30, pid=201)
+    b = node.claim("b", 70, pid=202)
+    with node.running(SimGpu({201: a, 202: b})) as run:
+        tail = run.ticks(100)[-40:]
+    assert abs(sum(h[201] for h in tail) / len(tail) - 30) <= 3
+    assert abs(sum(h[202] for h in tail) / len(tail) - 70) <= 3
 
 
 def test_balance_uses_idle_capacity(tmp_path: Path) -> None:
-    a = make_claim(tmp_path, "a", 30, pid=301, policy="balance")
-    gpu = SimGpu({301: a})
-    clock = [1_000_000_000]
-    gov = make_governor(tmp_path, gpu, clock)
-    try:
-        history = run_ticks(gov, gpu, clock, 60)
-        tail = [h[301] for h in history[-20:]]
-        assert sum(tail) / len(tail) >= 85  # alone on the GPU: well above its 30 % floor
-    finally:
-        gov.close()
-        gpu.close()
+    node = SimNode(tmp_path)
+    a = node.claim("a", 30, pid=301, policy="balance")
+    with node.running(SimGpu({301: a})) as run:
+        tail = [h[301] for h in run.ticks(60)[-20:]]
+    assert sum(tail) / len(tail) >= 85  # alone on the GPU: well above its 30 % floor
 
 
 def test_removed_claims_are_dropped(tmp_path: Path) -> None:
-    region_path = make_claim(tmp_path, "gone", 30, pid=401)
-    gov = make_governor(tmp_path)
+    node = SimNode(tmp_path)
+    region_path = node.claim("gone", 30, pid=401)
+    gov = node.governor()
     gov.refresh()
     assert set(gov.claims) == {"gone"}
-    del CAPS["gone"]  # unprepared: the Preparer no longer reports it
+    del node.caps["gone"]  # unprepared: the Preparer no longer reports it
     gov.refresh()
     assert gov.claims == {}
     region_path.unlink()
@@ -270,17 +242,14 @@ class PeriodicGpu(SimGpu):
 
 
 def test_stale_polls_do_not_step_and_periodic_samples_converge(tmp_path: Path) -> None:
-    region_path = make_claim(tmp_path, "a", 30, pid=401)
+    node = SimNode(tmp_path)
+    region_path = node.claim("a", 30, pid=401)
     gpu = PeriodicGpu({401: region_path}, every=2)
-    clock = [1_000_000_000]
-    gov = make_governor(tmp_path, gpu, clock)
-    try:
+    with node.running(gpu) as run:
         rates = []
         history = []
         for _ in range(80):
-            clock[0] += 100_000_000
-            gpu.advance(0.1)
-            gov.tick()
+            run.step()
             history.append(gpu.util[401])
             rates.append(gpu.regions[401].layout.devices[0].rate)
         # A poll without a fresh sample never changes the budget.
@@ -289,11 +258,8 @@ def test_stale_polls_do_not_step_and_periodic_samples_converge(tmp_path: Path) -
         tail = history[-30:]
         assert sum(abs(u - 30) for u in tail) / len(tail) <= 1.0
         # A new claim on this GPU is offered the learnt gain as its seed.
-        new_region = make_claim(tmp_path, "b", 50, pid=402)
-        gov.tick()
+        new_region = node.claim("b", 50, pid=402)
+        run.governor.tick()
         with rg.Region(str(new_region)) as region:
             seed = struct.unpack("<d", struct.pack("<Q", region.layout.devices[0].seed_gain_bits))
             assert seed[0] == pytest.approx(gpu.gain, rel=0.05)
-    finally:
-        gov.close()
-        gpu.close()

@@ -9,51 +9,30 @@ tenant launches as fast as its budget allows.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from kubelet_plugin.claim_usage import read_usage
-from kubelet_plugin.governor import Governor
-from tests.unit.kubelet_plugin.governor_sim import (
-    CAPS,
-    UUID,
-    SimGpu,
-    make_claim,
-    make_governor,
-    run_ticks,
-)
-
-
-@pytest.fixture(autouse=True)
-def _no_prepared_claims() -> Iterator[None]:
-    CAPS.clear()
-    yield
-    CAPS.clear()
+from tests.fixtures.governor_sim import UUID, SimGpu, SimNode
 
 
 def test_measured_utilisation_reaches_the_scrape(tmp_path: Path) -> None:
-    region_path = make_claim(tmp_path, "a", 30, pid=101)
-    gpu = SimGpu({101: region_path})
-    clock = [1_000_000_000]
-    gov = make_governor(tmp_path, gpu, clock)
-    try:
-        history = run_ticks(gov, gpu, clock, 60)
+    node = SimNode(tmp_path)
+    region_path = node.claim("a", 30, pid=101)
+    with node.running(SimGpu({101: region_path})) as run:
+        history = run.ticks(60)
         stats = read_usage(str(region_path))
-        assert stats is not None
-        measured = stats[UUID.lower()].utilisation
-        # The governor's last measurement, as a ratio: the claim runs at its 30 % cap.
-        assert measured == pytest.approx(history[-1][101] / 100, abs=0.001)
-        assert 0.25 <= measured <= 0.35
-    finally:
-        gov.close()
-        gpu.close()
+    assert stats is not None
+    measured = stats[UUID.lower()].utilisation
+    # The governor's last measurement, as a ratio: the claim runs at its 30 % cap.
+    assert measured == pytest.approx(history[-1][101] / 100, abs=0.001)
+    assert 0.25 <= measured <= 0.35
 
 
 def test_every_tick_reports_its_duration(tmp_path: Path) -> None:
-    region_path = make_claim(tmp_path, "a", 30, pid=101)
-    gpu = SimGpu({101: region_path})
+    node = SimNode(tmp_path)
+    gpu = SimGpu({101: node.claim("a", 30, pid=101)})
     durations: list[float] = []
     stop = threading.Event()
 
@@ -62,7 +41,7 @@ def test_every_tick_reports_its_duration(tmp_path: Path) -> None:
         if len(durations) == 3:
             stop.set()
 
-    gov = Governor(str(tmp_path), gpu, lambda: CAPS, on_tick=on_tick)
+    gov = node.governor(gpu, fake_clock=False, on_tick=on_tick)
     try:
         gov.run(stop, period=0.001)
     finally:

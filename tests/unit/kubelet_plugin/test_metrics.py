@@ -60,7 +60,8 @@ class Plugin:
         settings = node_settings(root)
         self.inventory = inventory(count=2, memory=16 * GiB)
         self.metrics = PluginMetrics(NODE)
-        self.pods = ClaimPods()
+        self.pod_objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.pods = ClaimPods(self._read_pod)
         self.preparer = Preparer(
             settings,
             self.inventory,
@@ -77,6 +78,7 @@ class Plugin:
                 prepared=self.preparer.prepared,
                 inventory=self.preparer.inventory,
                 pods=self.pods.pod_label,
+                containers=self.pods.container_label,
                 gpus=self.gpus,
             )
         )
@@ -89,10 +91,28 @@ class Plugin:
             raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name} not found")
         return obj
 
+    def _read_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        from dra_driver import kube
+
+        found = self.pod_objects.get((namespace, name))
+        if found is None:
+            raise kube.NotFound(404, "NotFound", f"pods {name} not found")
+        return found
+
     def add(self, results: list[dict[str, Any]], *, name: str, pod: str = "") -> ClaimRef:
         obj = claim(results, name=name, namespace="tenant-a")
         if pod:
             obj["status"]["reservedFor"] = [{"resource": "pods", "name": pod, "uid": "p-1"}]
+            self.pod_objects[("tenant-a", pod)] = {
+                "metadata": {"name": pod, "namespace": "tenant-a", "uid": "p-1"},
+                "spec": {
+                    "containers": [
+                        {"name": "sidecar"},
+                        {"name": "main", "resources": {"claims": [{"name": "gpu"}]}},
+                    ],
+                    "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+                },
+            }
         meta = obj["metadata"]
         self.objects[meta["uid"]] = obj
         return ClaimRef(meta["namespace"], meta["name"], meta["uid"])
@@ -105,6 +125,7 @@ def plugin(tmp_path: Path) -> Iterator[Plugin]:
         yield p
     finally:
         p.preparer.close()
+        p.pods.close()
 
 
 @pytest.fixture
@@ -128,15 +149,22 @@ def test_claim_and_gpu_figures_after_known_claims(plugin: Plugin, served: Metric
     _set(region_path, used=300 * MIB, util_milli=25_000)
     plugin.gpus.readings[gpu0] = GpuReading(memory_used=5 * GiB, utilisation=0.4)
 
+    plugin.pods.flush()  # the pod lookup for the container label (a background thread)
     samples = _scrape_holding_slot(served.url, region_path)
 
-    claim_a = {"claim": "a", "namespace": "tenant-a", "pod": "web", "gpu": gpu0.lower()}
+    claim_a = {
+        "claim": "a",
+        "namespace": "tenant-a",
+        "pod": "web",
+        "container": "main",
+        "gpu": gpu0.lower(),
+    }
     assert value(samples, "vgpu_dra_claim_memory_limit_bytes", **claim_a) == GiB
     assert value(samples, "vgpu_dra_claim_memory_used_bytes", **claim_a) == 300 * MIB
     assert value(samples, "vgpu_dra_claim_cores_limit_ratio", **claim_a) == 0.30
     assert value(samples, "vgpu_dra_claim_utilization_ratio", **claim_a) == 0.25
     assert value(samples, "vgpu_dra_claim_processes", **claim_a) == 1
-    claim_b = {"claim": "b", "pod": ""}
+    claim_b = {"claim": "b", "pod": "", "container": ""}
     assert value(samples, "vgpu_dra_claim_memory_used_bytes", **claim_b) == 0  # no region yet
     gpu_0 = {"node": NODE, "gpu": gpu0.lower(), "device": "gpu-0"}
     assert value(samples, "vgpu_dra_gpu_allocated_memory_bytes", **gpu_0) == 3 * GiB

@@ -1,8 +1,9 @@
 """The Grafana dashboard (deploy/grafana/vgpu-dra.json) asks only for what the components export.
 
-The exported names and labels are taken from a populated registry of the kubelet plugin (every
-family has samples), not from a hand-kept list, so renaming a metric or a label without
-updating the dashboard fails here.
+The exported names and labels are taken from populated registries of the kubelet plugin and
+of the controller (every family has samples; the controller's at `--metrics-detail gpu`), not
+from a hand-kept list, so renaming a metric or a label without updating the dashboard fails
+here.
 """
 
 from __future__ import annotations
@@ -12,9 +13,13 @@ import re
 from pathlib import Path
 from typing import Any
 
+from controller.informers import PODS, Informer
+from controller.metrics import ControllerMetrics, StateCollector
+from controller.reconciler import Defaults, Reconciler
 from dra_driver.gpu import NodeInventory
 from kubelet_plugin.metrics import GpuReading, NodeCollector, PluginMetrics
 from kubelet_plugin.plan import ClaimPlan, DevicePlan
+from tests.fixtures.allocator_cluster import node_events
 from tests.fixtures.claimdata import inventory
 
 DASHBOARD = Path(__file__).resolve().parents[3] / "deploy" / "grafana" / "vgpu-dra.json"
@@ -30,7 +35,18 @@ class Reader:
 
 
 def exported() -> dict[str, set[str]]:
-    """Sample name -> its label names, from a registry where every family has samples."""
+    """Sample name -> its label names, from registries where every family has samples."""
+    out: dict[str, set[str]] = {}
+    for registry in (plugin_registry(), controller_registry()):
+        for family in registry.collect():
+            assert family.samples, f"{family.name} has no samples in this registry"
+            for sample in family.samples:
+                out.setdefault(sample.name, set()).update(sample.labels)
+    return out
+
+
+def plugin_registry() -> Any:
+    """The plugin's registry with one prepared claim and one of each event."""
     inv: NodeInventory = inventory(count=1)
     gpu = inv.gpus[0]
     plan = ClaimPlan(
@@ -63,12 +79,18 @@ def exported() -> dict[str, set[str]]:
     metrics.observe_unprepare(0.01, "internal")
     metrics.observe_slice_sync("written")
     metrics.observe_governor_tick(0.001)
-    out: dict[str, set[str]] = {}
-    for family in metrics.registry.collect():
-        assert family.samples, f"{family.name} has no samples in this registry"
-        for sample in family.samples:
-            out.setdefault(sample.name, set()).update(sample.labels)
-    return out
+    return metrics.registry
+
+
+def controller_registry() -> Any:
+    """The controller's registry over a model of one node (no API is called: no decision)."""
+    metrics = ControllerMetrics()
+    reconciler = Reconciler(None, Defaults({}), observer=metrics)  # type: ignore[arg-type]
+    for kind, obj in node_events(0, gpus=2):
+        reconciler.on_event(kind, "apply", obj)
+    informer = Informer(None, PODS, lambda kind, op, obj: None)  # type: ignore[arg-type]
+    metrics.registry.register(StateCollector(reconciler, [informer], detail="gpu"))
+    return metrics.registry
 
 
 def queries(dashboard: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -111,10 +133,10 @@ def test_every_query_names_exported_metrics_and_labels() -> None:
     )
 
 
-def test_dashboard_has_the_four_views() -> None:
+def test_dashboard_has_the_five_views() -> None:
     dashboard = json.loads(DASHBOARD.read_text())
     rows = [p["title"] for p in dashboard["panels"] if p["type"] == "row"]
-    assert rows == ["Cluster overview", "Per node", "Per GPU", "Per tenant"]
+    assert rows == ["Cluster overview", "Per node", "Per GPU", "Per tenant", "Controller"]
     variables = [v["name"] for v in dashboard["templating"]["list"]]
     assert variables == ["datasource", "node", "gpu", "namespace"]
     ids = [p["id"] for p in dashboard["panels"]]

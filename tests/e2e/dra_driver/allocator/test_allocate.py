@@ -28,8 +28,8 @@ from dra_driver.allocator.model import ClusterModel
 from dra_driver.allocator.request import Policy, parse_claim
 from dra_driver.allocator.verify import check_allocation
 from dra_driver.kube import RESOURCE_API, KubeClient
-from dra_driver.slices import build_slices
-from tests.fixtures.allocator_cluster import SHAPES, inventory
+from tests.fixtures.allocator_cluster import device_class, publish_slices
+from tests.fixtures.workloads import claim_pod
 
 # Longer than the 60 s default: the module fixtures load many nodes' slices into the session cluster
 # and the test waits for kube-scheduler on each claim.
@@ -41,33 +41,13 @@ NODES = {"node-1": ("NVIDIA H100 80GB HBM3", "two-islands", 8), "node-2": ("NVID
 
 
 @pytest.fixture(scope="module")
-def client(cluster: Any) -> Iterator[KubeClient]:
-    kc = KubeClient.from_kubeconfig(str(cluster.kubeconfig))
-    yield kc
-    kc.close()
-
-
-@pytest.fixture(scope="module")
 def driver(client: KubeClient) -> Iterator[str]:
     """A throwaway driver: its DeviceClass and slices on the session nodes, removed afterwards."""
     name = f"t{uuid.uuid4().hex[:6]}.alloc.vgpu.dra.dev"
-    client.create(
-        kube.path(RESOURCE_API, "deviceclasses"),
-        {
-            "apiVersion": RESOURCE_API,
-            "kind": "DeviceClass",
-            "metadata": {"name": name},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{name}"'}}]},
-        },
-    )
+    client.create(kube.path(RESOURCE_API, "deviceclasses"), device_class(name))
     created: list[str] = []
     try:
-        for n, (node, (product, shape, gpus)) in enumerate(sorted(NODES.items())):
-            uid = client.get(kube.path("v1", "nodes", node))["metadata"]["uid"]
-            inv = inventory(n, gpus, product, SHAPES[shape])
-            for obj in build_slices(inv, driver=name, node_name=node, node_uid=uid):
-                obj["spec"]["pool"]["generation"] = 1
-                created.append(client.create(SLICES, obj)["metadata"]["name"])
+        publish_slices(client, name, NODES, created)
         yield name
     finally:
         for slice_name in created:
@@ -160,22 +140,7 @@ def test_scheduler_allocations_are_feasible_and_refusals_agree(
         except Unschedulable:
             ours = False
         client.create(kube.path(RESOURCE_API, "resourceclaims", namespace=namespace), obj)
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name},
-            "spec": {
-                "restartPolicy": "Never",
-                "containers": [
-                    {
-                        "name": "c",
-                        "image": "registry.k8s.io/pause:3.10",
-                        "resources": {"claims": [{"name": "gpu"}]},
-                    }
-                ],
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-            },
-        }
+        pod = claim_pod(name, {"resourceClaimName": name})
         client.create(kube.path("v1", "pods", namespace=namespace), pod)
         allocation = settle(client, namespace, name)
         if allocation is not None:

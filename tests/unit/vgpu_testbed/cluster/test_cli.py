@@ -25,6 +25,7 @@ def test_defaults() -> None:
     assert args.dir == Path(".dev-cluster")
     assert args.nodes == ["dgx-h100", "a10-pcie"]
     assert args.apiserver_port is None
+    assert args.client_qps is None and args.client_burst is None
 
 
 def test_nodes_and_port_are_parsed() -> None:
@@ -36,6 +37,11 @@ def test_nodes_and_port_are_parsed() -> None:
     assert args.apiserver_port == 6443
 
 
+def test_client_limits_are_parsed() -> None:
+    args = cluster_cli.parse_args(["up", "--client-qps", "1000", "--client-burst", "2000"])
+    assert (args.client_qps, args.client_burst) == (1000, 2000)
+
+
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
@@ -44,6 +50,8 @@ def test_nodes_and_port_are_parsed() -> None:
         (["up", "--nodes", "bad/name"], "'bad/name' is not a valid label value"),
         (["up", "--apiserver-port", "http"], "not a port number: 'http'"),
         (["up", "--apiserver-port", "0"], "port must be 1..65535"),
+        (["up", "--client-qps", "0"], "must be >= 1, got 0"),
+        (["up", "--client-burst", "lots"], "not an integer: 'lots'"),
         (["launch"], "invalid choice: 'launch'"),
         ([], "required"),
     ],

@@ -7,6 +7,8 @@ What this proves:
    message naming the port.
 3. Every component binds 127.0.0.1 only, the controller-manager never runs node-lifecycle,
    and the scheduler and controller-manager carry the same gates as the apiserver.
+4. Client rate limits (--kube-api-qps/--kube-api-burst) are absent unless asked for, then reach
+   both kube-scheduler and kube-controller-manager; a rate alone raises the burst with it.
 """
 
 from __future__ import annotations
@@ -148,3 +150,32 @@ def test_controller_manager_runs_claims_and_gc_but_not_node_lifecycle(tmp_path: 
     assert kcm["--kubeconfig"] == str(
         tmp_path / "kubeconfigs" / "kube-controller-manager.kubeconfig"
     )
+
+
+def test_client_limits_are_stock_unless_asked(tmp_path: Path) -> None:
+    argv = _all_argv(tmp_path)
+    for name in ("scheduler", "kcm"):
+        assert "--kube-api-qps" not in _flags(argv[name]), name
+        assert "--kube-api-burst" not in _flags(argv[name]), name
+
+
+def test_client_limits_reach_scheduler_and_controller_manager(tmp_path: Path) -> None:
+    layout = cf.Layout(tmp_path)
+    ports = cf.Ports(2001, 2002, 2003, 2004, 2005)
+    limits = cf.ClientLimits.of(1000)
+    sched = cf.scheduler_argv(Path("/b/kube-scheduler"), layout, ports, limits=limits)
+    kcm = cf.controller_manager_argv(
+        Path("/b/kcm"), layout, ports, ca_cert=tmp_path / "ca.crt", limits=limits
+    )
+    for argv in (sched, kcm):
+        flags = _flags(argv)
+        assert flags["--kube-api-qps"] == "1000"
+        assert flags["--kube-api-burst"] == "1000"  # qps alone raises the burst with it
+
+
+def test_client_limits_burst_alone_and_validation() -> None:
+    assert cf.ClientLimits.of(burst=500).flags() == ["--kube-api-burst=500"]
+    assert cf.ClientLimits.of(100, 300).flags() == ["--kube-api-qps=100", "--kube-api-burst=300"]
+    assert cf.ClientLimits.of().stock
+    with pytest.raises(ValueError, match="client qps must be a positive integer, got 0"):
+        cf.ClientLimits.of(0)

@@ -2,7 +2,7 @@
 choices, manifests and programs (the tables and parsers are in test_report.py).
 
 What this proves:
-1. Defaults (temp dir, dgx-h100 + a10-pcie, not kept, 90 s waits); bad --nodes and
+1. Defaults (temp dir, dgx-h100 + a10-pcie + a100-2x4, not kept, 90 s waits); bad --nodes and
    --wait-timeout are usage errors naming the value.
 2. Steps run in order with numbered titles (the teardown is the last number); a failing step
    stops the run, and `main` reports the step's number, title and error (and the kept logs
@@ -36,7 +36,7 @@ GIB = 1 << 30
 def test_defaults() -> None:
     args = demo.build_parser().parse_args([])
     assert args.dir is None and args.keep is False
-    assert args.nodes == ["dgx-h100", "a10-pcie"]
+    assert args.nodes == ["dgx-h100", "a10-pcie", "a100-2x4"]
     assert args.wait_timeout == 90.0
 
 

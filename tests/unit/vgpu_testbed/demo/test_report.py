@@ -4,6 +4,8 @@ What this proves:
 1. Tables: published devices sorted by node and index with `-` for absent attributes;
    placements joined from pod, claim and the stand-in's record; devices several pods share and
    what is left of them; vgpu.conf and CDI summaries.
+   The policy step: one column per policy, how far each spread its pods, which node has
+   several NVLink islands of a size.
 2. Parsers: cuda_hold success/CUDA error/garbage, utilisation statistics after settling
    (none left is an error), cuda_spin's launch rate, a pending pod's reasons.
 """
@@ -207,3 +209,44 @@ def test_pod_state_names_the_scheduler_reason() -> None:
         "pod is on node (none), phase Pending; "
         "PodScheduled=False: 0/1 nodes are available: 1 cannot allocate all claims."
     )
+
+
+# ---------------------------------------------------------------- the policy step
+
+
+def test_policy_table_has_a_column_per_policy() -> None:
+    runs = {
+        "binpack": {"p1": ("node-2", "gpu-0"), "p2": ("node-2", "gpu-0")},
+        "spread": {"p1": ("node-3", "gpu-0"), "p2": ("node-1", "gpu-5")},
+    }
+    assert demo_report.policy_table(["p1", "p2", "p3"], runs) == [
+        "POD  BINPACK       SPREAD",
+        "p1   node-2/gpu-0  node-3/gpu-0",
+        "p2   node-2/gpu-0  node-1/gpu-5",
+        "p3   -             -",
+    ]
+
+
+def test_spread_summary_counts_gpus_and_nodes() -> None:
+    same = {"p1": ("n", "gpu-0"), "p2": ("n", "gpu-0")}
+    assert demo_report.spread_summary(same) == "2 pods on 1 GPU of 1 node"
+    apart = {"p1": ("a", "gpu-0"), "p2": ("b", "gpu-0"), "p3": ("b", "gpu-1")}
+    assert demo_report.spread_summary(apart) == "3 pods on 3 GPUs of 2 nodes"
+
+
+def _row(node: str, device: str, nvlink: Any) -> demo_report.DeviceRow:
+    return demo_report.DeviceRow(node, device, "GPU", None, None, 0, nvlink, None)
+
+
+def test_island_node_needs_several_islands_of_the_size() -> None:
+    one_domain = [_row("node-1", f"gpu-{i}", 0) for i in range(8)]
+    no_link = [_row("node-2", f"gpu-{i}", None) for i in range(4)]
+    two_islands = [_row("node-3", f"gpu-{i}", i // 4) for i in range(8)]
+    pairs = [_row("node-4", f"gpu-{i}", i // 2) for i in range(8)]
+    assert demo_report.island_node(one_domain + no_link + two_islands + pairs, 4) == "node-3"
+    assert demo_report.island_node(one_domain + no_link + pairs, 4) is None
+    assert demo_report.island_node(pairs, 2) == "node-4"
+    assert demo_report.islands(two_islands, "node-3") == {
+        0: ["gpu-0", "gpu-1", "gpu-2", "gpu-3"],
+        1: ["gpu-4", "gpu-5", "gpu-6", "gpu-7"],
+    }
