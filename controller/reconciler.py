@@ -185,7 +185,9 @@ class Reconciler:
         self.classes: dict[str, JSON] = {}
         self.dirty: set[tuple[str, str]] = set()  # gated pods to (re)consider
         self.waiting: set[tuple[str, str]] = set()  # gated pods refused: retried on changes
-        self._written: set[str] = set()  # claim uids written, until their allocation is seen
+        # claim uid -> resourceVersion of our last write of it: informer events older than that
+        # are stale (the cache already holds what we wrote) and are skipped
+        self._written: dict[str, int] = {}
         self._reported: dict[str, str] = {}  # pod uid -> last refusal reported
         self._api_retry: dict[tuple[str, str], tuple[float, float]] = {}  # key -> (due, delay)
         self._clock = clock
@@ -224,12 +226,12 @@ class Reconciler:
             old = self.claims.get(key)
             if op == "delete":
                 self.claims.pop(key, None)
-                self._written.discard(uid)
+                self._written.pop(uid, None)
             else:
-                if uid in self._written and not allocated:
+                if uid in self._written and _version(obj) < self._written[uid]:
                     # An event older than our own write: keep what we wrote until it arrives.
                     return
-                self._written.discard(uid)
+                self._written.pop(uid, None)
                 self.claims[key] = obj
             if op != "delete" and _holds(obj):
                 self.held.add(key)
@@ -273,8 +275,17 @@ class Reconciler:
             # Refused while no controller ran (or before this one saw it): place it again.
             if _refusal(pod):
                 self.refused.add(uid)
-        elif _refusal(pod) and _version(pod) > record.version:
-            self.refused.add(uid)
+        elif _refusal(pod):
+            newer = _version(pod) > record.version
+            log.debug(
+                "pod %s/%s: PodScheduled Unschedulable at version %d (placed at %d)%s",
+                *record.key,
+                _version(pod),
+                record.version,
+                "" if newer else ": seen",
+            )
+            if newer:
+                self.refused.add(uid)
         self.ungated[uid] = pod
 
     def _retry_waiting(self) -> None:
@@ -285,7 +296,7 @@ class Reconciler:
         """Read every claim again (a quorum read) before allocating as a new leader: whatever the
         previous leader wrote before its lease ran out is then in the model."""
         for obj in self.client.list(kube.path(kube.RESOURCE_API, "resourceclaims")):
-            self._written.discard(str(_meta(obj).get("uid")))
+            self._written.pop(str(_meta(obj).get("uid")), None)
             self.on_event("ResourceClaim", "apply", obj)
 
     # ------------------------------------------------------------ decisions
@@ -564,7 +575,7 @@ class Reconciler:
                 except kube.NotFound:
                     raise Retry(f"claim {ns}/{name} was deleted") from None
                 continue
-            self._written.add(str(_meta(updated).get("uid")))
+            self._written[str(_meta(updated).get("uid"))] = _version(updated)
             self.claims[(ns, name)] = updated
             self.model.apply("ResourceClaim", updated)
             return updated
@@ -605,7 +616,7 @@ class Reconciler:
                 except kube.NotFound:
                     return current
                 continue
-            self._written.discard(str(_meta(updated).get("uid")))
+            self._written[str(_meta(updated).get("uid"))] = _version(updated)
             self.claims[(ns, name)] = updated
             self.model.apply("ResourceClaim", updated)
             log.info("claim %s/%s released", ns, name)
@@ -645,6 +656,15 @@ class Reconciler:
             self._set_condition(pod, "True", "Placed", f"{PLACED_ON}{node}")
         self._reported.pop(uid, None)
 
+    def drop_all_holds(self) -> None:
+        """On a graceful stop of the leader: drop every hold, so that no claim depends on a
+        controller that may never come back (an uninstall). Pods still between their gate's
+        lifting and their binding lose the protection described in docs/scheduling.md."""
+        self.placed.clear()
+        self.ungated.clear()
+        self.refused.clear()
+        self._release_holds()
+
     def _release_holds(self) -> None:
         """Drop our hold from every claim whose pod we no longer follow (bound, gone, handed over
         to kube-scheduler), so that the resourceclaim controller can deallocate it after the pod
@@ -681,8 +701,9 @@ class Reconciler:
                 log.warning("claim %s/%s: cannot drop the placement hold: %s", *key, exc)
                 continue
             self.claims[key] = updated
+            self._written[str(_meta(updated).get("uid"))] = _version(updated)
             self.held.discard(key)
-            log.debug("claim %s/%s: placement hold dropped", *key)
+            log.info("claim %s/%s: placement hold dropped", *key)
 
     # ------------------------------------------------------------ reporting
 

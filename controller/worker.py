@@ -78,8 +78,11 @@ class Worker:
             self._thread.join(timeout)
 
     def _run(self, stop: threading.Event) -> None:
+        leading = False  # as of the last pass (the elector may release the Lease on stop first)
         while not stop.is_set():
             self._drain(timeout_s=0.5)
+            if stop.is_set():
+                break  # keep `leading` from the last pass before the stop
             if not self.synced():
                 continue  # decide only over a complete picture
             try:
@@ -88,6 +91,7 @@ class Worker:
                     self._resync = False
                     self.reconciler.dirty |= set(self.reconciler.pods)
                     self.confirmer.dirty = True
+                leading = self.reconciler.may_write()
                 self.reconciler.reconcile()
                 self.confirmer.run()  # only when a claim awaits confirmation
                 if self.rescheduler is not None:
@@ -95,6 +99,11 @@ class Worker:
             except kube.KubeError as exc:
                 log.warning("reconcile: %s", exc)
                 stop.wait(1.0)  # the API is failing: do not hammer it
+        if leading:
+            try:
+                self.reconciler.drop_all_holds()
+            except kube.KubeError as exc:
+                log.warning("could not drop the placement holds on the way out: %s", exc)
 
     def _drain(self, timeout_s: float) -> None:
         """Apply everything queued (waiting up to `timeout_s` for the first item)."""

@@ -41,6 +41,7 @@ class FakeApi:
 
     def __init__(self) -> None:
         self.objects: dict[str, JSON] = {}
+        self.history: list[tuple[str, JSON]] = []  # every version stored, in order (a watch)
         self.events: list[JSON] = []
         self.fail: dict[str, list[kube.KubeError]] = {}  # path -> errors to raise first
         self._rv = itertools.count(100)
@@ -49,6 +50,7 @@ class FakeApi:
         obj = copy.deepcopy(obj)
         obj.setdefault("metadata", {})["resourceVersion"] = str(next(self._rv))
         self.objects[path] = obj
+        self.history.append((path, copy.deepcopy(obj)))
         return copy.deepcopy(obj)
 
     def _raise_planned(self, path: str) -> None:
@@ -502,3 +504,46 @@ def test_a_refusal_seen_before_the_ungated_pod_is_acted_on(api: FakeApi) -> None
     r.on_event("Pod", "apply", gated)  # stale: from before the gate was lifted
     r.reconcile()
     assert node_of(api.get(claim_path("a"))) == "node-00001"
+
+
+def test_claim_events_older_than_our_own_writes_are_skipped(api: FakeApi) -> None:
+    """A successor finds a claim written (with a hold) by a controller that died before the
+    pod's second claim: it drops the hold, releases the claim and places both. The informer then
+    delivers those writes in order: the intermediate versions (allocated without the hold, then
+    released) must not be taken as kube-scheduler deallocating a placed pod's claim."""
+    make_claim(api, "a")
+    make_claim(api, "b")
+    make_pod(api, "p", ["a", "b"])
+    victim = reconciler(api, nodes=2)
+    feed(victim, api)
+    victim.reconcile()
+    b = api.get(claim_path("b"))
+    api.put(claim_path("b"), {**b, "status": {}})  # the victim died before writing "b"
+    pod = api.get(pod_path("p"))
+    pod["spec"]["schedulingGates"] = [{"name": GATE}]  # ... and before lifting the gate
+    api.put(pod_path("p"), pod)
+    successor = reconciler(api, nodes=2)
+    feed(successor, api)
+    start = len(api.history)
+    successor.reconcile()
+    nodes = {node_of(api.get(claim_path(n))) for n in "ab"}
+    assert len(nodes) == 1
+    for path, version in api.history[start:]:  # the watch delivers every version, in order
+        kind = "Pod" if "/pods/" in path else "ResourceClaim"
+        successor.on_event(kind, "apply", version)
+    assert not successor.refused
+    successor.reconcile()
+    assert {node_of(api.get(claim_path(n))) for n in "ab"} == nodes
+
+
+def test_a_leader_stopping_gracefully_drops_every_hold(api: FakeApi) -> None:
+    r = reconciler(api)
+    make_claim(api, "a")
+    make_pod(api, "p", ["a"])
+    feed(r, api)
+    r.reconcile()
+    feed(r, api)
+    assert api.get(claim_path("a"))["status"]["reservedFor"] == [POD_P, HOLD]
+    r.drop_all_holds()  # e.g. an uninstall: no controller may come back to drop it
+    assert api.get(claim_path("a"))["status"]["reservedFor"] == [POD_P]
+    assert api.get(claim_path("a"))["status"]["allocation"]
