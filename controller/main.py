@@ -10,6 +10,8 @@ Readiness: every informer has listed once, and the replica is the leader or a st
 reach the Lease. SIGTERM/SIGINT stop it cleanly (readiness drops first, the Lease is released,
 then the probe server closes, exit 0). With `--metrics-address` it serves Prometheus metrics
 (`controller.metrics`; the chart sets the address through VGPU_DRA_METRICS_ADDRESS).
+With `--webhook-port` it also serves the admission webhook on every replica
+(`controller.webhook.run`; docs/webhook.md).
 Every flag has an environment twin, as in the kubelet plugin.
 """
 
@@ -21,15 +23,16 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from controller.leader import LeaderElector
 from controller.metrics import DETAILS, ControllerMetrics, StateCollector
 from controller.probes import ProbeServer, parse_address
 from controller.reconciler import POLICY_ANNOTATIONS, Defaults, Reconciler
 from controller.rescheduler import DEFAULT_GRACE_S, DEFAULT_PER_MINUTE, Rescheduler
+from controller.webhook import flags as webhook_flags
 from controller.worker import Worker
-from dra_driver import cli_flags, logsetup, names
+from dra_driver import cli_flags, kube, logsetup
 from dra_driver.lifecycle import stop_on_signals
 from dra_driver.metrics_http import MetricsServer, serve_metrics
 from dra_driver.metrics_http import parse_address as parse_metrics_address
@@ -48,7 +51,6 @@ ENV = {
     "topology": "VGPU_DRA_TOPOLOGY",
     "metrics_address": "VGPU_DRA_METRICS_ADDRESS",
     "metrics_detail": "VGPU_DRA_METRICS_DETAIL",
-    "driver_name": "VGPU_DRA_DRIVER_NAME",
     "reschedule": "VGPU_DRA_RESCHEDULE",
     "reschedule_grace": "VGPU_DRA_RESCHEDULE_GRACE",
     "reschedule_per_minute": "VGPU_DRA_RESCHEDULE_PER_MINUTE",
@@ -127,11 +129,6 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
             help=f"cluster default for pods without {POLICY_ANNOTATIONS[key]} (env {ENV[key]})",
         )
     parser.add_argument(
-        "--driver-name",
-        default=env.get(ENV["driver_name"], names.DEFAULT_DRIVER_NAME),
-        help="the DRA driver whose claims the rescheduler recovers (env VGPU_DRA_DRIVER_NAME)",
-    )
-    parser.add_argument(
         "--reschedule",
         type=cli_flags.boolean,
         nargs="?",
@@ -153,7 +150,29 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
         default=float(env.get(ENV["reschedule_per_minute"], str(DEFAULT_PER_MINUTE))),
         help="at most this many recoveries a minute (env VGPU_DRA_RESCHEDULE_PER_MINUTE)",
     )
+    webhook_flags.add_arguments(parser, env)
     return parser
+
+
+def _start_webhook(
+    args: argparse.Namespace,
+    client: kube.KubeClient,
+    stop: threading.Event,
+    is_leader: Callable[[], bool],
+    metrics: ControllerMetrics | None,
+) -> bool:
+    """Serve the webhook until `stop` is set; False (after logging why and closing the client)
+    when it cannot start."""
+    from controller.webhook import run as webhook_run  # the TLS machinery only when it is on
+
+    try:
+        registry = metrics.registry if metrics is not None else None  # one /metrics for all
+        webhook_run.start(args, client, stop, is_leader, registry)
+    except Exception as exc:  # certificate, API or bind failures: say which, exit 1
+        log.error("cannot start the webhook on port %d: %s", args.webhook_port, exc)
+        client.close()
+        return False
+    return True
 
 
 def main(argv: Sequence[str]) -> int:
@@ -169,11 +188,18 @@ def main(argv: Sequence[str]) -> int:
         return 1
     stop = threading.Event()
     stop_on_signals(stop, log)
+    elector: LeaderElector | None = None
+    metrics = ControllerMetrics() if args.metrics_address else None
+    # Every replica serves the webhook (until `stop`); only the leader collects templates.
+    if args.webhook_port and not _start_webhook(
+        args, client, stop, lambda: elector is None or elector.is_leader(), metrics
+    ):
+        return 1
     try:
         probes = ProbeServer(address)
     except OSError as exc:
         log.error("cannot serve probes on %s: %s", args.health_address, exc)
-        client.close()
+        client.close()  # exiting: the webhook's daemon threads end with the process
         return 1
     defaults = Defaults(
         {
@@ -182,8 +208,6 @@ def main(argv: Sequence[str]) -> int:
             POLICY_ANNOTATIONS["topology"]: args.topology,
         }
     )
-    elector: LeaderElector | None = None
-    metrics = ControllerMetrics() if args.metrics_address else None
     reconciler = Reconciler(client, defaults, observer=metrics)
     rescheduler = (
         Rescheduler(

@@ -11,9 +11,12 @@ One decision, in three steps, all over the incrementally maintained `ClusterMode
 3. The exact search, on the best-keyed node only (then the next, if it fails): capacity
    requestPolicy rounding, several requests and claims sharing devices, firstAvailable in order,
    matchAttribute/distinctAttribute, All mode, topology groups first (smallest NVLink domain that
-   fits), devices ordered by the device policy. It is plain Python shared by both paths, so the
-   two paths differ only in step 2 and give identical answers
-   (tests/unit/dra_driver/allocator/test_kernel_twins.py).
+   fits), devices ordered by the device policy, within a step budget. The node's devices and the
+   requests are encoded here as integer arrays (static fit per request shape and node cached per
+   layout); the walk itself is `kernel.search`, or its Cython twin `_fastkernel.search`.
+
+Both kernels have pure-Python references that give identical answers
+(tests/unit/dra_driver/allocator/test_kernel_twins.py); `fast=False` runs the references.
 
 Refusals explain themselves with the closest node ("no node has 2 GPUs in one NVLink domain with
 20Gi and 30 cores free each; closest: node-3 (1 GPU)").
@@ -23,7 +26,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import uuid
+import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,17 +47,23 @@ from dra_driver.allocator.model import (
 )
 from dra_driver.allocator.nodefit import blocking_taint, static_misfit
 from dra_driver.allocator.quantity import format_quantity
-from dra_driver.allocator.request import Alternative, Claim, Constraint, Policy, Request
+from dra_driver.allocator.request import Alternative, Claim, Policy, Request
 
 try:
     from dra_driver.allocator import _fastkernel
 
     FAST_KERNEL: Callable[..., None] | None = _fastkernel.scan
+    FAST_SEARCH: Callable[..., int] | None = _fastkernel.search
 except ImportError:  # extension not built: the reference kernel serves, only slower
     FAST_KERNEL = None
+    FAST_SEARCH = None
+
+log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
 SEARCH_BUDGET = 20_000  # device choices tried per node before the node counts as not fitting
+FIT_CACHE_MAX = 65_536  # (request capacity, node) entries of the static fit cache
+KEYS_CACHE_MAX = 256  # request shapes x policies whose node keys are kept
 
 
 class Unschedulable(Exception):
@@ -132,27 +142,64 @@ class Placement:
 
 def _share_id(claim_uid: str, request: str, device: Device, index: int) -> str:
     """Deterministic per (claim, request, device, position): both paths produce the same IDs."""
-    digest = hashlib.sha256(f"{claim_uid}/{request}/{'/'.join(device.key)}/{index}".encode())
-    return str(uuid.UUID(bytes=digest.digest()[:16], version=4))
+    digest = bytearray(
+        hashlib.sha256(f"{claim_uid}/{request}/{'/'.join(device.key)}/{index}".encode()).digest()
+    )
+    # The first 16 bytes as a version-4 UUID (RFC 9562 version and variant bits), formatted
+    # like uuid.UUID(bytes=..., version=4) would, without building the object.
+    digest[6] = (digest[6] & 0x0F) | 0x40
+    digest[8] = (digest[8] & 0x3F) | 0x80
+    h = digest[:16].hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def _plural(n: int, word: str = "GPU") -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-class _Budget(Exception):
-    pass
+# What the scan needs per request shape: screened alternatives, forced groups, masks, memory,
+# cores and counts (see Allocator._screen).
+_Screen = tuple[
+    list[Alternative],
+    npt.NDArray[np.int64],
+    npt.NDArray[np.int8],
+    npt.NDArray[np.int64],
+    npt.NDArray[np.int64],
+    npt.NDArray[np.int64],
+]
 
 
-@dataclass(slots=True)
-class _Search:
-    """Mutable state of the exact search on one node."""
+def _shape(
+    claims: Sequence[Claim], flat: list[tuple[int, Request]], policy: Policy
+) -> tuple[Any, ...]:
+    """What the static inputs of a decision depend on (not claim names, not consumption): the
+    cache key of the scan's screen and, with a node, of the search's encoding."""
+    return (
+        policy.include_types,
+        policy.exclude_types,
+        policy.include_uuids,
+        policy.exclude_uuids,
+        tuple(
+            (
+                ci,
+                request.name,
+                tuple(
+                    (alt.signature, alt.capacity, alt.all_devices, alt.count, alt.admin)
+                    for alt in request.alternatives
+                ),
+            )
+            for ci, request in flat
+        ),
+        tuple(claim.constraints for claim in claims),
+    )
 
-    extra: dict[tuple[str, str, str], dict[str, int]]
-    taken: dict[tuple[str, str, str], int]
-    values: dict[tuple[int, int], Any]  # (claim index, constraint index) -> matched value
-    seen: dict[tuple[int, int], list[Any]]  # distinct values in use
-    steps: int
+
+@dataclass(frozen=True, slots=True)
+class _Encoding:
+    """The search kernel's static inputs for one request shape on one node (see `_encoding`)."""
+
+    alternatives: tuple[Alternative, ...]  # in kernel order (alts rows)
+    arrays: tuple[npt.NDArray[Any], ...]  # reqs, alts, mask, servable, amount, applies, ...
 
 
 class Allocator:
@@ -162,15 +209,23 @@ class Allocator:
         if fast and FAST_KERNEL is None:
             raise RuntimeError("the Cython kernel is not built (make native)")
         self.model = model
-        self.scan: Callable[..., None] = (
-            FAST_KERNEL if (fast is not False and FAST_KERNEL is not None) else py_kernel.scan
-        )
+        use_fast = fast is not False and FAST_KERNEL is not None and FAST_SEARCH is not None
+        self.scan: Callable[..., None] = FAST_KERNEL if use_fast else py_kernel.scan  # type: ignore[assignment]
+        self.search: Callable[..., int] = FAST_SEARCH if use_fast else py_kernel.search  # type: ignore[assignment]
         self._masks: dict[tuple[Any, ...], npt.NDArray[np.int8]] = {}
-        self._mask_drivers: dict[tuple[Any, ...], set[str]] = {}
+        # per mask: selectable devices per driver (kept exact through in-place republications)
+        self._mask_drivers: dict[tuple[Any, ...], dict[str, int]] = {}
         self._mask_epoch = -1
+        self._mask_source: dict[tuple[Any, ...], tuple[Alternative, Policy]] = {}
+        self._patch_seq = 0  # the layout's patch_seq this allocator's caches reflect
         self._cel: dict[tuple[str, tuple[str, str, str]], tuple[int, bool | str]] = {}
         self._amounts: dict[tuple[Any, ...], tuple[int, tuple[tuple[str, int], ...] | None]] = {}
         self._static: dict[str, tuple[int, npt.NDArray[np.int8], dict[str, int]]] = {}
+        self._fits: dict[tuple[Any, ...], tuple[npt.NDArray[np.int8], npt.NDArray[np.int64]]] = {}
+        self._encodings: dict[tuple[Any, ...], _Encoding] = {}
+        self._screens: dict[tuple[Any, ...], _Screen] = {}
+        # (shape, policy) -> (model.change_seq, node_ok, keys, closeness) of the last scan
+        self._node_keys: dict[tuple[Any, ...], tuple[int, Any, Any, Any]] = {}
 
     # ------------------------------------------------------------ selection
 
@@ -179,12 +234,18 @@ class Allocator:
             return False
         if not policy.admits(device.product, device.uuid):
             return False
+        # Built only when some selector has no cached result, with the fields it can read.
+        view: JSON | None = None
+        have: frozenset[str] = frozenset()
         for selector in alt.selectors:  # class first; stop at the first False, like the API
             cache_key = (selector.source, device.key)
             hit = self._cel.get(cache_key)
             if hit is None or hit[0] != device.generation:
+                if view is None or not selector.fields <= have:
+                    have = have | selector.fields
+                    view = device.cel_view(have)
                 try:
-                    value: bool | str = selector.matches(device.view)
+                    value: bool | str = selector.matches(view)
                 except CelError as exc:
                     value = str(exc)
                 hit = (device.generation, value)
@@ -195,16 +256,50 @@ class Allocator:
                 return False
         return True
 
-    def _mask(self, layout: Layout, alt: Alternative, policy: Policy) -> npt.NDArray[np.int8]:
+    def _current(self, layout: Layout) -> None:
+        """Drop every cache derived from an older layout (slices or nodes changed); after devices
+        were republished in place, refresh the rows derived from them."""
+        if self._mask_epoch == layout.epoch and self._patch_seq != layout.patch_seq:
+            self._refresh_rows(layout)
         if self._mask_epoch != layout.epoch:
+            self._patch_seq = layout.patch_seq
             self._masks.clear()
+            self._mask_source.clear()
             self._mask_drivers.clear()
             self._static.clear()
+            self._fits.clear()
+            self._encodings.clear()
+            self._screens.clear()
+            self._node_keys.clear()
             # Forget CEL results of devices that are gone (the cache is keyed by device).
             devices = self.model.devices
             self._cel = {k: v for k, v in self._cel.items() if k[1] in devices}
             self._amounts = {k: v for k, v in self._amounts.items() if k[1] in devices}
             self._mask_epoch = layout.epoch
+
+    def _refresh_rows(self, layout: Layout) -> None:
+        """Devices republished in place (same names, same nodes; see ClusterModel): recompute
+        their rows of every selection mask, and drop what holds copies of masks or per-node
+        fits (screens, encodings); their nodes are stamped changed, so node keys follow."""
+        rows = np.nonzero(layout.row_seq > self._patch_seq)[0]
+        self._patch_seq = layout.patch_seq
+        for key, (alt, policy) in list(self._mask_source.items()):
+            mask = self._masks[key]
+            drivers = self._mask_drivers[key]
+            try:
+                for row in rows:
+                    device = layout.devices[row]
+                    now = int(self._selectable(alt, policy, device))
+                    drivers[device.key[0]] = drivers.get(device.key[0], 0) + now - int(mask[row])
+                    mask[row] = now
+            except Unschedulable:  # a CEL error now: rebuilt (and reported) when next needed
+                del self._masks[key], self._mask_source[key], self._mask_drivers[key]
+        self._fits.clear()
+        self._encodings.clear()
+        self._screens.clear()
+
+    def _mask(self, layout: Layout, alt: Alternative, policy: Policy) -> npt.NDArray[np.int8]:
+        self._current(layout)
         key = (
             alt.signature,
             policy.include_types,
@@ -220,9 +315,12 @@ class Allocator:
                 count=len(layout.devices),
             )
             self._masks[key] = mask
-            self._mask_drivers[key] = {
-                d.key[0] for d, m in zip(layout.devices, mask, strict=True) if m
-            }
+            self._mask_source[key] = (alt, policy)
+            drivers: dict[str, int] = {}
+            for device, selectable in zip(layout.devices, mask, strict=True):
+                if selectable:
+                    drivers[device.key[0]] = drivers.get(device.key[0], 0) + 1
+            self._mask_drivers[key] = drivers
         return mask
 
     def _forced_group(
@@ -248,7 +346,7 @@ class Allocator:
                 continue
             domain, _, name = constraint.attribute.rpartition("/")
             kind = {"numaNode": 1, "nvlinkDomain": 2}.get(name, 0)
-            if kind and drivers == {domain}:
+            if kind and {d for d, count in drivers.items() if count > 0} == {domain}:
                 return kind
         return 0
 
@@ -294,38 +392,108 @@ class Allocator:
         policy: Policy,
         pod_resources: tuple[int, int] = (0, 0),
     ) -> Placement:
-        """The best placement of all `claims` together, or Unschedulable with the reason."""
+        """The best placement of all `claims` together, or Unschedulable with the reason.
+
+        Each decision's duration is logged at debug level (the controller's scale benchmark
+        reads it): "decision <node|unschedulable> in <ms> ms (layout rebuilt: <bool>)"."""
+        started = time.perf_counter()
+        epoch = self.model.layout_epoch
+        outcome = "unschedulable"
+        try:
+            placement = self._place(pod, claims, policy, pod_resources)
+            outcome = placement.node
+            return placement
+        finally:
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "decision %s in %.3f ms (layout rebuilt: %s)",
+                    outcome,
+                    (time.perf_counter() - started) * 1e3,
+                    self.model.layout_epoch != epoch,
+                )
+
+    def _place(
+        self,
+        pod: Mapping[str, Any],
+        claims: Sequence[Claim],
+        policy: Policy,
+        pod_resources: tuple[int, int],
+    ) -> Placement:
         layout = self.model.layout()
         if not layout.nodes:
             raise Unschedulable("no node publishes devices (no complete ResourceSlice pool)")
         node_ok, reasons = self._node_ok(layout, pod, *pod_resources)
         flat = [(ci, req) for ci, claim in enumerate(claims) for req in claim.requests]
-        screened_requests = [
-            (claims[ci], req)
-            for ci, req in flat
-            if len(req.alternatives) == 1 and not req.alternatives[0].admin
-        ]
-        screened = [req.alternatives[0] for _, req in screened_requests]
-        req_group = np.asarray(
-            [
-                self._forced_group(layout, claim, req, req.alternatives[0], policy)
-                for claim, req in screened_requests
-            ],
-            dtype=np.int64,
+        shape = _shape(claims, flat, policy)
+        self._current(layout)
+        screen = self._screens.get(shape)
+        if screen is None:
+            screen = self._screen(layout, claims, flat, policy)
+            if len(self._screens) >= FIT_CACHE_MAX:
+                self._screens.clear()
+            self._node_keys.clear()
+            self._screens[shape] = screen
+        screened = screen[0]
+        keys, closeness = self._keys(layout, node_ok, screen, shape, policy)
+        tried = 0
+        while True:
+            best = int(np.argmax(keys))
+            if keys[best] < 0:
+                break
+            tried += 1
+            found = self._search_node(
+                layout, best, claims=claims, flat=flat, policy=policy, shape=shape
+            )
+            if found is not None:
+                return Placement(layout.nodes[best], float(keys[best]), found)
+            keys[best] = -1.0
+        raise Unschedulable(
+            self._reason(
+                layout=layout,
+                node_ok=node_ok,
+                reasons=reasons,
+                screened=screened,
+                closeness=closeness,
+                policy=policy,
+                tried=tried,
+            )
         )
-        n_dev = len(layout.devices)
-        masks = np.zeros((len(screened), n_dev), dtype=np.int8)
-        for row, alt in enumerate(screened):
-            masks[row] = self._mask(layout, alt, policy)
-        req_mem = np.asarray([_requested(a, "memory") for a in screened], dtype=np.int64)
-        req_cores = np.asarray([_requested(a, "cores") for a in screened], dtype=np.int64)
-        req_count = np.asarray([-1 if a.all_devices else a.count for a in screened], np.int64)
+
+    def _keys(
+        self,
+        layout: Layout,
+        node_ok: npt.NDArray[np.int8],
+        screen: _Screen,
+        shape: tuple[Any, ...],
+        policy: Policy,
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
+        """Every node's key and closeness for this request shape and policy. A node's figures
+        depend only on its own rows, so after the first scan of a shape only the nodes changed
+        since (consumption, bound pods: `layout.node_seq`) or whose fit changed are scanned
+        again; the others keep their figures. The result equals a full scan."""
+        _, req_group, masks, req_mem, req_cores, req_count = screen
+        # The forced groups are part of the key: an in-place republication can change which
+        # drivers' devices are selectable, and with them every node's figures.
+        cache_key = (shape, policy.topology_mode, policy.strict, policy.node, req_group.tobytes())
+        seq = self.model.change_seq
+        cached = self._node_keys.get(cache_key)
+        if cached is None:
+            todo = node_ok
+        else:
+            dirty = (layout.node_seq > cached[0]) | (node_ok != cached[1])
+            if not dirty.any():
+                return cached[2].copy(), cached[3].copy()
+            todo = (node_ok > 0) & dirty
         keys = np.empty(len(layout.nodes), dtype=np.float64)
         closeness = np.empty(len(layout.nodes), dtype=np.int64)
         self.scan(
             layout.node_start,
             layout.node_end,
-            node_ok,
+            todo.astype(np.int8),
+            layout.node_mem_total,
+            layout.node_mem_used,
+            layout.node_cores_total,
+            layout.node_cores_used,
             layout.mem_total,
             layout.cores_total,
             layout.mem_default,
@@ -347,27 +515,43 @@ class Allocator:
             keys,
             closeness,
         )
-        tried = 0
-        while True:
-            best = int(np.argmax(keys))
-            if keys[best] < 0:
-                break
-            tried += 1
-            found = self._search_node(layout, best, claims, flat, policy)
-            if found is not None:
-                return Placement(layout.nodes[best], float(keys[best]), found)
-            keys[best] = -1.0
-        raise Unschedulable(
-            self._reason(
-                layout=layout,
-                node_ok=node_ok,
-                reasons=reasons,
-                screened=screened,
-                closeness=closeness,
-                policy=policy,
-                tried=tried,
-            )
+        if cached is not None:
+            keys = np.where(dirty, keys, cached[2])
+            closeness = np.where(dirty, closeness, cached[3])
+        if len(self._node_keys) >= KEYS_CACHE_MAX:
+            self._node_keys.clear()
+        self._node_keys[cache_key] = (seq, node_ok, keys, closeness)
+        return keys.copy(), closeness.copy()
+
+    def _screen(
+        self,
+        layout: Layout,
+        claims: Sequence[Claim],
+        flat: list[tuple[int, Request]],
+        policy: Policy,
+    ) -> _Screen:
+        """The scan's per-request inputs for one request shape (static per layout): the requests
+        it screens (one alternative, no admin access), their forced groups, masks and sizes."""
+        screened_requests = [
+            (claims[ci], req)
+            for ci, req in flat
+            if len(req.alternatives) == 1 and not req.alternatives[0].admin
+        ]
+        screened = [req.alternatives[0] for _, req in screened_requests]
+        req_group = np.asarray(
+            [
+                self._forced_group(layout, claim, req, req.alternatives[0], policy)
+                for claim, req in screened_requests
+            ],
+            dtype=np.int64,
         )
+        masks = np.zeros((len(screened), len(layout.devices)), dtype=np.int8)
+        for row, alt in enumerate(screened):
+            masks[row] = self._mask(layout, alt, policy)
+        req_mem = np.asarray([_requested(a, "memory") for a in screened], dtype=np.int64)
+        req_cores = np.asarray([_requested(a, "cores") for a in screened], dtype=np.int64)
+        req_count = np.asarray([-1 if a.all_devices else a.count for a in screened], np.int64)
+        return (screened, req_group, masks, req_mem, req_cores, req_count)
 
     def commit(self, placement: Placement) -> None:
         """Count the placement's consumption in the model until the claims' updates arrive."""
@@ -389,62 +573,46 @@ class Allocator:
         self,
         layout: Layout,
         node: int,
+        *,
         claims: Sequence[Claim],
         flat: list[tuple[int, Request]],
         policy: Policy,
+        shape: tuple[Any, ...],
     ) -> tuple[tuple[Claim, tuple[DeviceResult, ...]], ...] | None:
+        """Run the search kernel on one node; its picks as results (None: nothing fits within
+        the budget)."""
         start, end = int(layout.node_start[node]), int(layout.node_end[node])
-        state = _Search({}, {}, {}, {}, 0)
-        chosen: list[tuple[Alternative, list[tuple[Device, tuple[tuple[str, int], ...]]]]] = []
-
-        def solve(i: int) -> bool:
-            if i == len(flat):
-                return True
-            ci, request = flat[i]
-            claim = claims[ci]
-            applicable = [
-                (k, c)
-                for k, c in enumerate(claim.constraints)
-                if not c.requests or request.name in c.requests
-            ]
-            for alt in request.alternatives:
-                mask = self._mask(layout, alt, policy)
-                rows = [d for d in range(start, end) if mask[d]]
-                if alt.all_devices and not rows:
-                    continue
-                cands = []
-                for d in rows:
-                    device = layout.devices[d]
-                    consumed = self._consume(alt, device, state)
-                    if consumed is not None:
-                        cands.append((d, device, consumed))
-                need = len(rows) if alt.all_devices else alt.count
-                if len(cands) < need:
-                    continue
-                cands.sort(key=lambda c: self._device_order(layout, c[0], c[1], state, policy))
-                for phase in self._phases(layout, cands, need, policy):
-                    if self._pick(
-                        cands=phase,
-                        need=need,
-                        ci=ci,
-                        constraints=applicable,
-                        alt=alt,
-                        state=state,
-                        chosen=chosen,
-                        solve=solve,
-                        i=i,
-                    ):
-                        return True
-            return False
-
-        try:
-            if not solve(0):
-                return None
-        except _Budget:
+        m = end - start
+        n_req = len(flat)
+        enc = self._encodings.get((shape, start))
+        if enc is None:
+            enc = self._encoding(layout, claims=claims, flat=flat, policy=policy, start=start)
+            if len(self._encodings) >= FIT_CACHE_MAX:  # many request shapes x nodes: start over
+                self._encodings.clear()
+            self._encodings[(shape, start)] = enc
+        chosen_alt = np.zeros(n_req, dtype=np.int64)
+        picks = np.zeros((n_req, m), dtype=np.int64)
+        npicks = np.zeros(n_req, dtype=np.int64)
+        found = self.search(
+            layout.dev[start:end],
+            layout.cap[start:end],
+            layout.used_by_dim[start:end],
+            *enc.arrays,
+            policy.topology_mode,
+            int(policy.strict),
+            int(policy.device == "binpack"),
+            SEARCH_BUDGET,
+            chosen_alt,
+            picks,
+            npicks,
+        )
+        if not found:
             return None
         out: dict[int, list[DeviceResult]] = {}
-        for (ci, _), (alt, picks) in zip(flat, chosen, strict=True):
-            for position, (device, consumed) in enumerate(picks):
+        for i, (ci, _) in enumerate(flat):
+            alt = enc.alternatives[int(chosen_alt[i])]
+            for position in range(int(npicks[i])):
+                device = layout.devices[start + int(picks[i, position])]
                 share = (
                     _share_id(claims[ci].uid, alt.name, device, position)
                     if device.allow_multiple and not alt.admin
@@ -456,7 +624,7 @@ class Allocator:
                         device.key[0],
                         device.key[1],
                         device.key[2],
-                        consumed,
+                        self._consumed(alt, device),
                         share,
                         alt.admin,
                         alt.tolerations,
@@ -464,164 +632,105 @@ class Allocator:
                 )
         return tuple((claim, tuple(out.get(ci, []))) for ci, claim in enumerate(claims))
 
-    def _consume(
-        self, alt: Alternative, device: Device, state: _Search
-    ) -> tuple[tuple[str, int], ...] | None:
-        """What `alt` would consume of `device` now, or None when it does not fit."""
-        if alt.admin:
-            return () if requested_amounts(alt.capacity, device) is not None else None
-        if not device.allow_multiple:
-            requested = requested_amounts(alt.capacity, device)
-            if requested is None:
-                return None
-            if self.model.allocations.get(device.key, 0) > 0 or state.taken.get(device.key):
-                return None
-            if any(device.capacity[n].value < v for n, v in requested.items()):
-                return None
-            return ()
-        if self.model.is_held(device.key):
-            return None
-        # The amounts depend only on the request and the published device: cached per generation.
+    def _encoding(
+        self,
+        layout: Layout,
+        *,
+        claims: Sequence[Claim],
+        flat: list[tuple[int, Request]],
+        policy: Policy,
+        start: int,
+    ) -> _Encoding:
+        """The search kernel's static inputs for these requests on the node whose devices start
+        at `start`: they depend on the published devices and the requests' shape only (not on
+        claim names or consumption), so pods made from one template reuse them (cached by the
+        caller until the layout changes)."""
+        end = int(layout.node_end[layout.dev_node[start]])
+        m = end - start
+        n_req = len(flat)
+        alt_list: list[Alternative] = []
+        reqs = np.empty((n_req, 2), dtype=np.int64)
+        for i, (_, request) in enumerate(flat):
+            reqs[i, 0] = len(alt_list)
+            alt_list.extend(request.alternatives)
+            reqs[i, 1] = len(alt_list)
+        n_alt = len(alt_list)
+        alts = np.asarray(
+            [(int(alt.all_devices), alt.count, int(alt.admin)) for alt in alt_list],
+            dtype=np.int64,
+        ).reshape(n_alt, py_kernel.ALT_FIELDS)
+        mask = np.empty((n_alt, m), dtype=np.int8)
+        servable = np.empty((n_alt, m), dtype=np.int8)
+        amount = np.empty((n_alt, m, len(layout.dims)), dtype=np.int64)
+        for a, alt in enumerate(alt_list):
+            mask[a] = self._mask(layout, alt, policy)[start:end]
+            servable[a], amount[a] = self._static_fit(layout, alt, start, end)
+        slots = [(ci, c) for ci, claim in enumerate(claims) for c in claim.constraints]
+        applies = np.zeros((n_req, len(slots)), dtype=np.int8)
+        for i, (ci, request) in enumerate(flat):
+            for s, (owner, constraint) in enumerate(slots):
+                if owner == ci and (not constraint.requests or request.name in constraint.requests):
+                    applies[i, s] = 1
+        distinct = np.asarray([int(c.distinct) for _, c in slots], dtype=np.int64)
+        cval = np.full((len(slots), m), -1, dtype=np.int64)
+        for s, (_, constraint) in enumerate(slots):
+            ids: dict[Any, int] = {}  # equal attribute values get equal ids
+            for j in range(m):
+                value = layout.devices[start + j].attribute(constraint.attribute)
+                if value is not None:
+                    cval[s, j] = ids.setdefault(value, len(ids))
+        return _Encoding(
+            tuple(alt_list), (reqs, alts, mask, servable, amount, applies, distinct, cval)
+        )
+
+    def _amounts_of(self, alt: Alternative, device: Device) -> tuple[tuple[str, int], ...] | None:
+        """What `alt` consumes of a multi-allocatable device under its request policies
+        (cached per device generation); None when the device cannot serve it."""
         cache_key = (alt.capacity, device.key)
         hit = self._amounts.get(cache_key)
         if hit is None or hit[0] != device.generation:
             hit = (device.generation, consumption(alt.capacity, device))
             self._amounts[cache_key] = hit
-        amounts = hit[1]
-        if amounts is None:
-            return None
-        used = self.model.device_used(device.key)
-        extra = state.extra.get(device.key, {})
-        for name, amount in amounts:
-            if used.get(name, 0) + extra.get(name, 0) + amount > device.capacity[name].value:
-                return None
-        return amounts
+        return hit[1]
 
-    def _device_order(
-        self, layout: Layout, row: int, device: Device, state: _Search, policy: Policy
-    ) -> tuple[float, int]:
-        extra = state.extra.get(device.key, {})
-        driver = device.key[0]
-        frac = 0.0
-        total_mem = int(layout.mem_total[row])
-        total_cores = int(layout.cores_total[row])
-        if total_mem > 0:
-            used = int(layout.mem_used[row]) + extra.get(f"{driver}/memory", 0)
-            frac += 0.5 * (float(used) / float(total_mem))
-        if total_cores > 0:
-            used = int(layout.cores_used[row]) + extra.get(f"{driver}/cores", 0)
-            frac += 0.5 * (float(used) / float(total_cores))
-        return (-frac if policy.device == "binpack" else frac, row)
+    def _consumed(self, alt: Alternative, device: Device) -> tuple[tuple[str, int], ...]:
+        """The consumedCapacity of one picked device (none for admin access or a whole device)."""
+        if alt.admin or not device.allow_multiple:
+            return ()
+        return self._amounts_of(alt, device) or ()
 
-    @staticmethod
-    def _phases(
-        layout: Layout, cands: list[tuple[int, Device, Any]], need: int, policy: Policy
-    ) -> list[list[tuple[int, Device, Any]]]:
-        """Candidate lists to try in order: topology groups first, then (best effort) all."""
-        mode = policy.topology_mode
-        if not mode:
-            return [cands]
-        groups: dict[int, list[tuple[int, Device, Any]]] = {}
-        for cand in cands:
-            group = cand[1].numa if mode == 1 else cand[1].link
-            if group >= 0:
-                groups.setdefault(group, []).append(cand)
-        fitting = [(g, members) for g, members in groups.items() if len(members) >= need]
-        if mode == 2:  # the smallest NVLink domain that fits, so big islands stay whole
-            fitting.sort(key=lambda gm: (int(layout.link_size[gm[1][0][0]]), gm[0]))
-        else:
-            fitting.sort(key=lambda gm: (-len(gm[1]), gm[0]))
-        phases = [members for _, members in fitting]
-        if not policy.strict:
-            phases.append(cands)
-        return phases
-
-    def _pick(
-        self,
-        *,
-        cands: list[tuple[int, Device, Any]],
-        need: int,
-        ci: int,
-        constraints: list[tuple[int, Constraint]],
-        alt: Alternative,
-        state: _Search,
-        chosen: list[Any],
-        solve: Callable[[int], bool],
-        i: int,
-    ) -> bool:
-        """Choose `need` distinct devices from `cands` in order, honouring the constraints."""
-        picks: list[tuple[Device, tuple[tuple[str, int], ...]]] = []
-
-        def step(pos: int) -> bool:
-            if len(picks) == need:
-                chosen.append((alt, list(picks)))
-                if solve(i + 1):
-                    return True
-                chosen.pop()
-                return False
-            for j in range(pos, len(cands) - (need - len(picks)) + 1):
-                state.steps += 1
-                if state.steps > SEARCH_BUDGET:
-                    raise _Budget
-                _, device, consumed = cands[j]
-                undo = self._enter(device, consumed, ci, constraints, state)
-                if undo is None:
-                    continue
-                picks.append((device, consumed))
-                if step(j + 1):
-                    return True
-                picks.pop()
-                undo()
-            return False
-
-        return step(0)
-
-    @staticmethod
-    def _enter(
-        device: Device,
-        consumed: tuple[tuple[str, int], ...],
-        ci: int,
-        constraints: list[tuple[int, Constraint]],
-        state: _Search,
-    ) -> Callable[[], None] | None:
-        """Tentatively take `device`; None if a constraint forbids it, else the undo."""
-        set_match: list[tuple[int, int]] = []
-        add_distinct: list[tuple[int, int]] = []
-        for k, constraint in constraints:
-            value = device.attribute(constraint.attribute)
-            if value is None:
-                return None  # a device without the attribute never satisfies a constraint
-            slot = (ci, k)
-            if constraint.distinct:
-                if value in state.seen.get(slot, []):
-                    return None
-                add_distinct.append(slot)
-            elif slot in state.values:
-                if state.values[slot] != value:
-                    return None
+    def _static_fit(
+        self, layout: Layout, alt: Alternative, start: int, end: int
+    ) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.int64]]:
+        """Per device of one node: can `alt` be served by it as published (servable), and what
+        it consumes per capacity column. Depends on published devices only: cached per layout."""
+        key = (alt.capacity, alt.admin, start)
+        hit = self._fits.get(key)
+        if hit is not None:
+            return hit
+        m = end - start
+        servable = np.zeros(m, dtype=np.int8)
+        amount = np.zeros((m, len(layout.dims)), dtype=np.int64)
+        for j in range(m):
+            device = layout.devices[start + j]
+            if alt.admin:
+                servable[j] = requested_amounts(alt.capacity, device) is not None
+            elif not device.allow_multiple:
+                requested = requested_amounts(alt.capacity, device)
+                servable[j] = requested is not None and all(
+                    device.capacity[n].value >= v for n, v in requested.items()
+                )
             else:
-                set_match.append(slot)
-        for slot in set_match:
-            state.values[slot] = device.attribute(constraints_attr(constraints, slot))
-        for slot in add_distinct:
-            state.seen.setdefault(slot, []).append(
-                device.attribute(constraints_attr(constraints, slot))
-            )
-        extra = state.extra.setdefault(device.key, {})
-        for name, amount in consumed:
-            extra[name] = extra.get(name, 0) + amount
-        state.taken[device.key] = state.taken.get(device.key, 0) + 1
-
-        def undo() -> None:
-            for slot in set_match:
-                del state.values[slot]
-            for slot in add_distinct:
-                state.seen[slot].pop()
-            for name, amount in consumed:
-                extra[name] -= amount
-            state.taken[device.key] -= 1
-
-        return undo
+                amounts = self._amounts_of(alt, device)
+                if amounts is not None:
+                    servable[j] = 1
+                    for name, value in amounts:
+                        amount[j, layout.dims[name]] = value
+        if len(self._fits) >= FIT_CACHE_MAX:  # many request shapes x nodes: start over
+            self._fits.clear()
+            self._encodings.clear()
+        self._fits[key] = (servable, amount)
+        return servable, amount
 
     # ------------------------------------------------------------ explanations
 
@@ -662,13 +771,6 @@ class Allocator:
             f"no node has {'; and '.join(wants) or 'room'}; closest: {layout.nodes[best]} "
             f"({_plural(int(closeness[best]))})"
         )
-
-
-def constraints_attr(constraints: list[tuple[int, Constraint]], slot: tuple[int, int]) -> str:
-    for k, constraint in constraints:
-        if k == slot[1]:
-            return constraint.attribute
-    raise KeyError(slot)
 
 
 def _requested(alt: Alternative, name: str) -> int:

@@ -279,13 +279,32 @@ def device_view(
     }
 
 
+_DEVICE_USE = re.compile(r"\bdevice\b(\s*\.\s*(\w+))?")
+DEVICE_FIELDS = ("driver", "attributes", "capacity", "allowMultipleAllocations")
+
+
+def device_fields(source: str) -> frozenset[str]:
+    """The fields of `device` an expression can read: every `device` in its text followed by
+    `.driver`, `.attributes`, `.capacity` or `.allowMultipleAllocations`; any other use
+    (`device[...]`, a macro over `device`, the word inside a string) counts as all of them."""
+    used: set[str] = set()
+    for match in _DEVICE_USE.finditer(source):
+        field = match.group(2)
+        if field not in DEVICE_FIELDS:
+            return frozenset(DEVICE_FIELDS)
+        used.add(field)
+    return frozenset(used)
+
+
 @dataclass(frozen=True, slots=True)
 class Selector:
-    """One compiled expression and the domains it names literally (for the empty-map rule)."""
+    """One compiled expression, the domains it names literally (for the empty-map rule) and the
+    device fields it can read (a view without the others gives the same result, cheaper)."""
 
     source: str
     program: Any
     domains: tuple[str, ...]
+    fields: frozenset[str] = frozenset(DEVICE_FIELDS)
 
     def matches(self, view: Mapping[str, Any]) -> bool:
         """Evaluate on one device view; CelError for runtime errors or non-boolean results."""
@@ -319,6 +338,6 @@ def compile_selector(source: str) -> Selector:
     except RuntimeError as exc:
         raise CelError(f"CEL expression {source!r} does not compile: {exc}") from None
     domains = tuple(dict.fromkeys(a or b for a, b in _DOMAIN_LITERAL.findall(source) if (a or b)))
-    selector = Selector(source, program, domains)
+    selector = Selector(source, program, domains, device_fields(source))
     _COMPILED[source] = selector
     return selector

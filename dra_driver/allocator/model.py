@@ -11,9 +11,11 @@ Nodes, Pods and ResourceClaims, each applied with `apply(kind, obj)` / `delete(k
   same way (`assume`), and the claim's real update later replaces them.
 - Per node: labels, taints, unschedulable, allocatable cpu/memory and what bound pods request.
 
-The flat arrays the fitting kernel scans (one row per device, devices grouped by node, nodes in
-name order) are derived lazily: a slice or node change marks the layout stale and the next decision
-rebuilds it once; a claim change only adjusts the affected rows in place.
+The flat arrays the kernels read (one row per device, devices grouped by node, nodes in name
+order) are derived lazily: a slice that republishes the same devices on the same nodes rewrites
+their rows in place; any other slice or node change marks the layout stale and the next decision
+rebuilds it once; a claim or bound-pod change only adjusts the affected rows. In-place changes
+stamp their node (`Layout.node_seq`) so the allocator rescans only those nodes.
 """
 
 from __future__ import annotations
@@ -22,15 +24,16 @@ import functools
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from dra_driver import names
+from dra_driver.allocator import kernel, round_request
 from dra_driver.allocator import parse_quantity as _parse_quantity
-from dra_driver.allocator import round_request
-from dra_driver.allocator.cel import device_view
+from dra_driver.allocator.cel import DEVICE_FIELDS, device_view
 from dra_driver.allocator.quantity import QuantityError, RequestPolicy
 
 JSON = dict[str, Any]
@@ -92,17 +95,57 @@ def _policy(
     )
 
 
+CEL_FIELDS = frozenset(DEVICE_FIELDS)
+ATTRIBUTE_KINDS = ("int", "bool", "string", "version")  # first one present wins, as in the API
+
+
+@functools.lru_cache(maxsize=8192)
+def _interned(value: Any) -> Any:
+    return value
+
+
+def _shared(value: Any) -> Any:
+    """One object for equal immutable values (qualified names, attribute values, capacity
+    tables): 40,000 devices publish the same few hundred of them. Bounded, so values seen once
+    (UUIDs, bus IDs) pass through without being kept."""
+    try:
+        return _interned(value)
+    except TypeError:  # unhashable (a malformed attribute value): kept as is
+        return value
+
+
+@functools.lru_cache(maxsize=1024)
+def _capacity_table(items: tuple[tuple[str, Capacity], ...]) -> Mapping[str, Capacity]:
+    """One read-only capacity mapping per distinct table (every GPU of a model has the same)."""
+    return MappingProxyType(dict(items))
+
+
+@functools.lru_cache(maxsize=1024)
+def _attribute_index(names: tuple[str, ...]) -> Mapping[str, int]:
+    """Qualified attribute name -> position in a device's values, one per distinct name list."""
+    return MappingProxyType({name: i for i, name in enumerate(names)})
+
+
 @dataclass(slots=True)
 class Device:
-    """One published device with everything selection and fitting need, parsed once."""
+    """One published device with everything selection and fitting need, parsed once.
+
+    Compact on purpose (a model holds 40,000 of these at 5,000 nodes x 8 GPUs; 35 MiB instead
+    of 187 MiB with per-device dicts): attribute values are a tuple of (kind, value) pairs
+    behind one shared name -> position index per distinct name list; equal names, values and
+    capacity tables are one shared object; the CEL `device` variable is built when an
+    expression needs it (results are cached per device generation, so rarely) instead of being
+    kept per device.
+    """
 
     key: DeviceKey
     node: str
     allow_multiple: bool
-    attributes: dict[str, Any]  # qualified name -> typed value dict, as published
-    capacity: dict[str, Capacity]  # qualified name ("<domain>/<name>")
-    taints: list[JSON]
-    view: JSON  # the CEL `device` variable
+    attribute_index: Mapping[str, int]  # qualified name -> position in attribute_values (shared)
+    attribute_values: tuple[tuple[str, Any], ...]  # (kind, value as published)
+    capacity: Mapping[str, Capacity]  # qualified name ("<domain>/<name>"); shared, read-only
+    capacity_text: tuple[tuple[str, str], ...]  # qualified name -> value as published (for CEL)
+    taints: tuple[JSON, ...]
     generation: int  # bumped whenever this device is (re)published: keys the CEL cache
     numa: int = -1
     link: int = -1
@@ -110,14 +153,33 @@ class Device:
     uuid: str = ""
 
     def attribute(self, qualified: str) -> Any:
-        """Typed value of a fully qualified attribute, or None."""
-        typed = self.attributes.get(qualified)
-        if typed is None:
-            return None
-        for kind in ("int", "bool", "string", "version"):
-            if kind in typed:
-                return (kind, typed[kind])
-        return None
+        """(kind, value) of a fully qualified attribute, or None."""
+        i = self.attribute_index.get(qualified)
+        return None if i is None else self.attribute_values[i]
+
+    @property
+    def attributes(self) -> dict[str, tuple[str, Any]]:
+        """Qualified name -> (kind, value), for every attribute of a known type."""
+        return dict(zip(self.attribute_index, self.attribute_values, strict=True))
+
+    @property
+    def view(self) -> JSON:
+        """The CEL `device` variable (built on each call: callers cache what they evaluate)."""
+        return self.cel_view(CEL_FIELDS)
+
+    def cel_view(self, fields: frozenset[str]) -> JSON:
+        """The CEL `device` variable with only `fields` filled (attributes and capacity are the
+        costly part; an expression that cannot read them gets empty maps, same result)."""
+        return device_view(
+            self.key[0],
+            {name: {kind: value} for name, (kind, value) in self.attributes.items()}
+            if "attributes" in fields
+            else {},
+            {name: {"value": text} for name, text in self.capacity_text}
+            if "capacity" in fields
+            else {},
+            self.allow_multiple,
+        )
 
 
 def requested_amounts(
@@ -208,11 +270,24 @@ class Layout:
     numa: npt.NDArray[np.int64]
     link: npt.NDArray[np.int64]
     link_size: npt.NDArray[np.int64]  # devices of this node in the same NVLink domain
+    node_mem_total: npt.NDArray[np.int64]  # per node: sums of its devices' columns above
+    node_cores_total: npt.NDArray[np.int64]
+    node_mem_used: npt.NDArray[np.int64]  # kept current with mem_used
+    node_cores_used: npt.NDArray[np.int64]
+    node_seq: npt.NDArray[np.int64]  # per node: model.change_seq of its last change
+    row_seq: npt.NDArray[np.int64]  # per device: model.change_seq of its last republication
     cpu_free: npt.NDArray[np.int64]  # per node: allocatable cpu millis minus bound pods
     mem_free: npt.NDArray[np.int64]  # per node: allocatable memory minus bound pods
+    # For the exact search (kernel.search): every capacity name any device publishes gets a
+    # column; cap is -1 where a device lacks it. `dev` holds kernel.DEV_* columns per device.
+    dims: dict[str, int]
+    cap: npt.NDArray[np.int64]  # [devices, dims]
+    used_by_dim: npt.NDArray[np.int64]  # [devices, dims], kept current like mem_used
+    dev: npt.NDArray[np.int64]  # [devices, kernel.DEV_FIELDS]
     index: dict[DeviceKey, int] = field(default_factory=dict)
     node_index: dict[str, int] = field(default_factory=dict)
     epoch: int = 0
+    patch_seq: int = 0  # change_seq of the last in-place republication (row_seq)
 
 
 def default_consumption(capacity: Capacity | None) -> int:
@@ -277,6 +352,7 @@ class ClusterModel:
         self.device_epoch = 0  # bumped on any device change (selection caches key on it)
         self.layout_epoch = 0
         self.pod_epoch = 0  # bumped on any bound-pod change (cpu/memory fit caches key on it)
+        self.change_seq = 0  # bumped on every change of a laid-out node (Layout.node_seq)
 
     # ------------------------------------------------------------ events
 
@@ -347,7 +423,8 @@ class ClusterModel:
         """Recompute one pool's devices: highest generation, complete, node-local slices only."""
         names = self._pools.get((driver, pool), set())
         mine = [self._slices[n] for n in names]
-        for device in self._pool_devices.pop((driver, pool), []):
+        previous = self._pool_devices.pop((driver, pool), [])
+        for device in previous:
             self.devices.pop(device.key, None)
         devices: list[Device] = []
         if mine:
@@ -362,41 +439,110 @@ class ClusterModel:
             self.devices[device.key] = device
         if devices:
             self._pool_devices[(driver, pool)] = devices
-        self._layout = None
+        if not self._patch_layout(previous, devices):
+            self._layout = None
         self.device_epoch += 1
+
+    def _patch_layout(self, previous: list[Device], devices: list[Device]) -> bool:
+        """Republished devices with the same names on the same nodes (a new generation, changed
+        taints, attributes or capacity values): rewrite their rows in place instead of a full
+        rebuild, stamping the rows (`row_seq`) and their node (`node_seq`) so the allocator
+        refreshes what it derived from them. False when the layout must be rebuilt."""
+        layout = self._layout
+        if layout is None or not devices:
+            return False
+        if sorted((d.key, d.node) for d in previous) != sorted((d.key, d.node) for d in devices):
+            return False
+        rows = [layout.index[d.key] for d in devices]
+        if any(name not in layout.dims for d in devices for name in d.capacity):
+            return False  # a new capacity name: the matrix needs a new column
+        self.change_seq += 1
+        nodes = set()
+        for row, d in zip(rows, devices, strict=True):
+            driver = d.key[0]
+            mem = d.capacity.get(f"{driver}/{names.CAPACITY_MEMORY}")
+            cores = d.capacity.get(f"{driver}/{names.CAPACITY_CORES}")
+            layout.devices[row] = d
+            layout.mem_total[row] = mem.value if mem else 0
+            layout.cores_total[row] = cores.value if cores else 0
+            layout.mem_default[row] = default_consumption(mem)
+            layout.cores_default[row] = default_consumption(cores)
+            layout.busy[row] = int(self.is_held(d.key))
+            layout.multi[row] = int(d.allow_multiple)
+            layout.numa[row] = d.numa
+            layout.link[row] = d.link
+            layout.cap[row] = -1
+            for name, capacity in d.capacity.items():
+                layout.cap[row, layout.dims[name]] = capacity.value
+            layout.dev[row, kernel.DEV_MULTI] = int(d.allow_multiple)
+            layout.dev[row, kernel.DEV_HELD] = layout.busy[row]
+            layout.dev[row, kernel.DEV_NUMA] = d.numa
+            layout.dev[row, kernel.DEV_LINK] = d.link
+            layout.row_seq[row] = self.change_seq
+            nodes.add(int(layout.dev_node[row]))
+        for node in nodes:
+            s, e = int(layout.node_start[node]), int(layout.node_end[node])
+            members = layout.devices[s:e]
+            for row in range(s, e):
+                link = layout.devices[row].link
+                size = sum(1 for o in members if o.link == link) if link >= 0 else 0
+                layout.link_size[row] = size
+                layout.dev[row, kernel.DEV_LINK_SIZE] = size
+            layout.node_mem_total[node] = int(layout.mem_total[s:e].sum())
+            layout.node_cores_total[node] = int(layout.cores_total[s:e].sum())
+            layout.node_seq[node] = self.change_seq
+        layout.patch_seq = self.change_seq
+        return True
 
     def _device(self, driver: str, pool: str, node: str, raw: Mapping[str, Any]) -> Device:
         key = (driver, pool, str(raw.get("name")))
-        attributes = {_qualify(k, driver): v for k, v in (raw.get("attributes") or {}).items()}
+        attributes: dict[str, tuple[str, Any]] = {}
+        for name, typed in (raw.get("attributes") or {}).items():
+            for kind in ATTRIBUTE_KINDS:
+                if kind in typed:
+                    attributes[_shared(_qualify(name, driver))] = _shared((kind, typed[kind]))
+                    break  # a type this version does not know stays invisible, as in the API
+        raw_capacity = raw.get("capacity") or {}
         try:
-            capacity = {
-                _qualify(k, driver): Capacity(
-                    parse_quantity(str(v.get("value", "0"))), _int_policy(v.get("requestPolicy"))
+            capacity = _capacity_table(
+                tuple(
+                    (
+                        _shared(_qualify(k, driver)),
+                        Capacity(
+                            parse_quantity(str(v.get("value", "0"))),
+                            _int_policy(v.get("requestPolicy")),
+                        ),
+                    )
+                    for k, v in raw_capacity.items()
                 )
-                for k, v in (raw.get("capacity") or {}).items()
-            }
+            )
         except QuantityError as exc:
             raise ModelError(f"ResourceSlice pool {pool}, device {key[2]}: {exc}") from None
-        allow_multiple = bool(raw.get("allowMultipleAllocations"))
-        device = Device(
+        capacity_text = _shared(
+            tuple(
+                (_shared(_qualify(k, driver)), str(v.get("value", "0")))
+                for k, v in raw_capacity.items()
+            )
+        )
+        numa = attributes.get(f"{driver}/numaNode")
+        link = attributes.get(f"{driver}/nvlinkDomain")
+        product = attributes.get(f"{driver}/productName")
+        uuid = attributes.get(f"{driver}/uuid")
+        return Device(
             key=key,
             node=node,
-            allow_multiple=allow_multiple,
-            attributes=attributes,
+            allow_multiple=bool(raw.get("allowMultipleAllocations")),
+            attribute_index=_attribute_index(tuple(attributes)),
+            attribute_values=tuple(attributes.values()),
             capacity=capacity,
-            taints=list(raw.get("taints") or []),
-            view=device_view(
-                driver, raw.get("attributes") or {}, raw.get("capacity") or {}, allow_multiple
-            ),
+            capacity_text=capacity_text,
+            taints=tuple(raw.get("taints") or ()),
             generation=next(self._generation),
+            numa=int(numa[1]) if numa is not None and numa[0] == "int" else -1,
+            link=int(link[1]) if link is not None and link[0] == "int" else -1,
+            product=str(product[1]) if product is not None and product[0] == "string" else "",
+            uuid=str(uuid[1]) if uuid is not None and uuid[0] == "string" else "",
         )
-        numa = attributes.get(f"{driver}/numaNode") or {}
-        link = attributes.get(f"{driver}/nvlinkDomain") or {}
-        device.numa = int(numa["int"]) if "int" in numa else -1
-        device.link = int(link["int"]) if "int" in link else -1
-        device.product = str((attributes.get(f"{driver}/productName") or {}).get("string", ""))
-        device.uuid = str((attributes.get(f"{driver}/uuid") or {}).get("string", ""))
-        return device
 
     def _apply_node(self, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
@@ -446,6 +592,8 @@ class ClusterModel:
         layout = self._layout
         if layout is not None and node in layout.node_index:
             i = layout.node_index[node]
+            self.change_seq += 1
+            layout.node_seq[i] = self.change_seq
             info = self.nodes[node]
             layout.cpu_free[i] = info.cpu_milli - self.node_cpu_used.get(node, 0)
             layout.mem_free[i] = info.memory - self.node_mem_used.get(node, 0)
@@ -493,9 +641,22 @@ class ClusterModel:
             row = layout.index.get(entry.device)
             if row is not None:
                 driver = entry.device[0]
-                layout.mem_used[row] = used.get(f"{driver}/{names.CAPACITY_MEMORY}", 0)
-                layout.cores_used[row] = used.get(f"{driver}/{names.CAPACITY_CORES}", 0)
+                node = layout.dev_node[row]
+                self.change_seq += 1
+                layout.node_seq[node] = self.change_seq
+                mem = used.get(f"{driver}/{names.CAPACITY_MEMORY}", 0)
+                cores = used.get(f"{driver}/{names.CAPACITY_CORES}", 0)
+                layout.node_mem_used[node] += mem - layout.mem_used[row]
+                layout.node_cores_used[node] += cores - layout.cores_used[row]
+                layout.mem_used[row] = mem
+                layout.cores_used[row] = cores
                 layout.busy[row] = int(self.is_held(entry.device))
+                for name, _ in entry.amounts:
+                    column = layout.dims.get(name)
+                    if column is not None:
+                        layout.used_by_dim[row, column] = used[name]
+                layout.dev[row, kernel.DEV_ALLOCATED] = int(self.allocations[entry.device] > 0)
+                layout.dev[row, kernel.DEV_HELD] = layout.busy[row]
 
     # ------------------------------------------------------------ derived
 
@@ -543,6 +704,31 @@ class ClusterModel:
         for i, d in enumerate(devices):
             s, e = starts[node_of[i]], ends[node_of[i]]
             link_size.append(sum(1 for o in devices[s:e] if o.link == d.link) if d.link >= 0 else 0)
+        dims = {name: i for i, name in enumerate(sorted({c for d in devices for c in d.capacity}))}
+        cap = np.full((n, len(dims)), -1, dtype=np.int64)
+        used_by_dim = np.zeros((n, len(dims)), dtype=np.int64)
+        dev = np.zeros((n, kernel.DEV_FIELDS), dtype=np.int64)
+        for i, d in enumerate(devices):
+            for name, capacity in d.capacity.items():
+                cap[i, dims[name]] = capacity.value
+            for name, amount in self.used.get(d.key, {}).items():
+                if name in dims:
+                    used_by_dim[i, dims[name]] = amount
+            driver = d.key[0]
+            dev[i] = (
+                int(d.allow_multiple),
+                int(self.allocations.get(d.key, 0) > 0),
+                busy[i],
+                d.numa,
+                d.link,
+                link_size[i],
+                dims.get(f"{driver}/{names.CAPACITY_MEMORY}", -1),
+                dims.get(f"{driver}/{names.CAPACITY_CORES}", -1),
+            )
+
+        def node_sum(values: list[int]) -> npt.NDArray[np.int64]:
+            return arr([sum(values[s:e]) for s, e in zip(starts, ends, strict=True)])
+
         self.layout_epoch += 1
         return Layout(
             nodes=node_names,
@@ -561,10 +747,20 @@ class ClusterModel:
             numa=arr([d.numa for d in devices]),
             link=arr([d.link for d in devices]),
             link_size=arr(link_size),
+            node_mem_total=node_sum(mem_total),
+            node_cores_total=node_sum(cores_total),
+            node_mem_used=node_sum(mem_used),
+            node_cores_used=node_sum(cores_used),
+            node_seq=np.zeros(len(node_names), dtype=np.int64),
+            row_seq=np.zeros(n, dtype=np.int64),
             cpu_free=arr(
                 [self.nodes[n].cpu_milli - self.node_cpu_used.get(n, 0) for n in node_names]
             ),
             mem_free=arr([self.nodes[n].memory - self.node_mem_used.get(n, 0) for n in node_names]),
+            dims=dims,
+            cap=cap,
+            used_by_dim=used_by_dim,
+            dev=dev,
             index={d.key: i for i, d in enumerate(devices)},
             node_index={n: i for i, n in enumerate(node_names)},
             epoch=self.layout_epoch,

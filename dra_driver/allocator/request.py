@@ -8,7 +8,7 @@ claim and field. CEL expressions are compiled here (each text once per process).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from dra_driver.allocator.cel import CelError, Selector, compile_selector
@@ -145,13 +145,18 @@ class Alternative:
     admin: bool
     class_config: tuple[JSON, ...]
     own_selectors: int = 0  # how many of `selectors` the request itself added
+    # What determines which devices are selectable (the selection cache key); computed once, as
+    # every decision looks it up several times.
+    signature: tuple[Any, ...] = field(init=False, repr=False, compare=False)
 
-    @property
-    def signature(self) -> tuple[Any, ...]:
-        """What determines which devices are selectable (the selection cache key)."""
-        return (
-            tuple(s.source for s in self.selectors),
-            tuple(repr(sorted(t.items())) for t in self.tolerations),
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self,
+            "signature",
+            (
+                tuple(s.source for s in self.selectors),
+                tuple(repr(sorted(t.items())) for t in self.tolerations),
+            ),
         )
 
     def requested(self, name: str) -> int | None:

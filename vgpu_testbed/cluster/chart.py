@@ -45,6 +45,17 @@ KINDS: dict[str, tuple[str, str, bool]] = {
         False,
     ),
     "DeviceClass": ("resource.k8s.io/v1", "deviceclasses", False),
+    "Secret": ("v1", "secrets", True),
+    "MutatingWebhookConfiguration": (
+        "admissionregistration.k8s.io/v1",
+        "mutatingwebhookconfigurations",
+        False,
+    ),
+    "ValidatingWebhookConfiguration": (
+        "admissionregistration.k8s.io/v1",
+        "validatingwebhookconfigurations",
+        False,
+    ),
     "DaemonSet": ("apps/v1", "daemonsets", True),
     "Deployment": ("apps/v1", "deployments", True),
     "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets", True),

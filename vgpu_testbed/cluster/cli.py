@@ -208,7 +208,7 @@ def start_policy_path(
     """The DeviceClass and the allocation controller as a real install has them; returns the
     lines telling how to try the policy path by hand."""
     from dra_driver.kube import KubeClient
-    from vgpu_testbed.cluster import controller
+    from vgpu_testbed.cluster import controller, webhook
     from vgpu_testbed.realnode.images import SHELL
 
     client = KubeClient.from_kubeconfig(str(cluster.kubeconfig))
@@ -218,9 +218,21 @@ def start_policy_path(
         client.close()
     say("starting the allocation controller (chart RBAC, own token, leader election)")
     handle = controller.start_controller(cluster, args=controller_args)
-    # MERGE(webhook-serve): register_webhooks(cluster, handle.ports["webhook"], ca_bundle) here.
+    say("registering the admission webhook as the chart does (called at 127.0.0.1)")
+    secret = webhook.certificate_secret(handle.namespace, controller.RELEASE)["metadata"]["name"]
+    webhook.register_webhooks(
+        cluster,
+        handle.ports["webhook"],
+        webhook.published_ca_bundle(cluster, handle.namespace, secret),
+        namespace=handle.namespace,
+        release=controller.RELEASE,
+    )
     example = controller.write_example(cluster.root, SHELL)
-    return controller.try_it_lines(example, handle)
+    return [
+        *controller.try_it_lines(example, handle),
+        f"admission webhook on https://127.0.0.1:{handle.ports['webhook']}: pods written for "
+        "vgpu-manager, HAMi, gpu-manager or the device plugin are translated (docs/webhook.md)",
+    ]
 
 
 def choose_runtime(wanted: str, say: Callable[[str], None]) -> str:

@@ -25,7 +25,7 @@ from typing import Any, NoReturn, Protocol
 import yaml
 
 from dra_driver import kube
-from vgpu_testbed.cluster import chart
+from vgpu_testbed.cluster import chart, webhook
 from vgpu_testbed.cluster.flags import LOOPBACK, Layout, free_ports
 from vgpu_testbed.cluster.health import wait_for
 from vgpu_testbed.cluster.status import CONTROLLER_PROCESS, probe
@@ -84,7 +84,7 @@ class ControllerHandle:
     lease: str
     kubeconfig: Path
     log: Path
-    ports: dict[str, int]  # "health" (/healthz, /readyz) and "webhook" (reserved, see below)
+    ports: dict[str, int]  # "health" (/healthz, /readyz) and "webhook" (admission webhook)
 
     @property
     def port(self) -> int:
@@ -128,6 +128,12 @@ def install_rbac(
             Path(home), {"controller": {"enabled": True}}, namespace=namespace, release=release
         )
     rbac = chart.component_rbac(docs, "controller")
+    # The webhook's certificate Secret: the chart creates it empty, the controller fills it.
+    rbac += [
+        d
+        for d in chart.by_kind(docs, "Secret")
+        if (d["metadata"].get("labels") or {}).get("app.kubernetes.io/component") == "webhook"
+    ]
     if not chart.by_kind(rbac, "ServiceAccount"):
         raise RuntimeError(f"the chart at {chart.CHART} renders no controller ServiceAccount")
     out = controller_dir(root)
@@ -183,10 +189,9 @@ def start_controller(
         ]  # fmt: skip
         if lease_duration is not None:
             argv += ["--lease-duration", str(lease_duration)]
-        # MERGE(webhook-serve): once the controller serves the admission webhook, add its
-        # serving flags here on 127.0.0.1:{webhook_port} (the cluster CA signs its certificate);
-        # the lead then calls register_webhooks(cluster, handle.ports["webhook"], ca_bundle)
-        # right after start_controller returns (see cli.cmd_up).
+        # The admission webhook on loopback (it makes its own CA, kept in the chart's Secret);
+        # `vgpu_testbed.cluster.webhook.register_webhooks` points the API server at it.
+        argv += webhook.controller_flags(webhook_port, namespace=namespace, release=release)
         argv += args
         log = controller_dir(cluster.root) / f"{name}.log"
         record = cluster.spawn(name, argv, log_path=log, cwd=REPO_ROOT, port=health_port)

@@ -24,6 +24,7 @@ from pathlib import Path
 from vgpu_testbed.cluster import nodes as cluster_nodes
 from vgpu_testbed.cluster.binaries import BinariesMissingError, find_binaries
 from vgpu_testbed.demo.caps import step_workloads
+from vgpu_testbed.demo.legacy import step_legacy_pod
 from vgpu_testbed.demo.observe import step_observe
 from vgpu_testbed.demo.policies import step_policy_path
 from vgpu_testbed.demo.steps import (
@@ -49,6 +50,7 @@ STEPS: list[Step] = [
     Step(f"What an operator sees: vgpu-dra status, pod {SHARED_POD}'s metrics", step_observe),
     Step(f"Delete pod {SHARED_POD}: the plugin releases its share", step_release),
     Step("The policy path: the allocation controller places by policy", step_policy_path),
+    Step("A vgpu-manager pod, unchanged, through the admission webhook", step_legacy_pod),
 ]
 # A third node with two NVLink islands, for the policy step's NVLink-aware placement.
 DEMO_PROFILES = (*cluster_nodes.DEFAULT_PROFILES, "a100-2x4")

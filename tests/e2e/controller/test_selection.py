@@ -228,8 +228,12 @@ def test_gpu_uuid_include_and_exclude(client: KubeClient, bed: Bed, namespace: s
     submit(client, namespace, claim_obj("none", bed.driver, only_a10, count=1), gated=True,
            annotations={"exclude-gpu-uuid": ",".join(a10)})  # fmt: skip
     assert outcome(client, namespace, "none") is None
-    events = client.list(kube.path("v1", "events", namespace=namespace),
-                         field_selector="involvedObject.name=none")  # fmt: skip
+    # The Placement condition can be seen before the Event is recorded: await the Event.
+    events = wait_for(
+        "the refusal Event of pod none",
+        lambda: client.list(kube.path("v1", "events", namespace=namespace),
+                            field_selector="involvedObject.name=none"),
+    )  # fmt: skip
     assert [e["reason"] for e in events] == ["Unschedulable"], events
     pod = client.get(kube.path("v1", "pods", "none", namespace=namespace))
     assert GATE in [g["name"] for g in pod["spec"]["schedulingGates"]]

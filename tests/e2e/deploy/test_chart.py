@@ -301,7 +301,13 @@ def release(
 ) -> Iterator[tuple[str, list[JSON]]]:
     """The chart installed (controller on) into its own namespace; uninstalled afterwards."""
     namespace = "vgpu-dra-system"
-    values = {"controller": {"enabled": True}}
+    # The bed has no Service routing: the webhook the chart registers could not be called, and its
+    # fail-closed claim validation would refuse this module's claims. Limited to namespaces with a
+    # label no test sets (tests/e2e/controller/test_webhook.py calls it through the bed's URL).
+    values = {
+        "controller": {"enabled": True},
+        "webhook": {"namespaceSelector": {"matchLabels": {"vgpu-dra.test/webhook": "on"}}},
+    }
     client.create(
         kube.path("v1", "namespaces"),
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
@@ -432,6 +438,16 @@ CONTROLLER_ALLOWED = [
         name="vgpu.dra.dev",
         namespace="t",
     ),
+    # the webhook: its templates, its one Secret, its two configurations
+    attrs("create", "resourceclaimtemplates", "resource.k8s.io", namespace="tenant"),
+    attrs("delete", "resourceclaimtemplates", "resource.k8s.io", namespace="tenant"),
+    attrs("update", "secrets", namespace="vgpu-dra-system", name=f"{RELEASE}-vgpu-dra-webhook-tls"),
+    attrs(
+        "update",
+        "mutatingwebhookconfigurations",
+        "admissionregistration.k8s.io",
+        name=f"{RELEASE}-vgpu-dra-webhook",
+    ),
 ]
 CONTROLLER_DENIED = [
     attrs("create", "resourceslices", "resource.k8s.io"),
@@ -446,6 +462,14 @@ CONTROLLER_DENIED = [
     ),
     attrs("update", "leases", "coordination.k8s.io", namespace="kube-system"),
     attrs("get", "secrets", namespace="vgpu-dra-system"),
+    attrs("get", "secrets", namespace="vgpu-dra-system", name="another-secret"),
+    attrs("update", "secrets", namespace="kube-system", name=f"{RELEASE}-vgpu-dra-webhook-tls"),
+    attrs(
+        "update",
+        "mutatingwebhookconfigurations",
+        "admissionregistration.k8s.io",
+        name="someone-elses-webhook",
+    ),
     attrs("delete", "pods", namespace="tenant"),
     attrs("create", "pods", subresource="exec", namespace="tenant"),
     attrs("update", "nodes"),
@@ -630,8 +654,8 @@ def test_the_controller_runs_with_its_charts_service_account(
     rendered command and environment and a token bound to one of its pods: credentials load,
     /readyz answers on the pod IP (here loopback), it stops cleanly."""
     namespace, _ = release
-    (port,) = free_ports(1)
-    values = {"controller": {"enabled": True, "healthPort": port}}
+    port, webhook_port = free_ports(2)
+    values = {"controller": {"enabled": True, "healthPort": port, "webhookPort": webhook_port}}
     (deploy,) = by_kind(render(home, values, namespace=namespace, release=RELEASE), "Deployment")
     (container,) = deploy["spec"]["template"]["spec"]["containers"]
 
@@ -659,6 +683,9 @@ def test_the_controller_runs_with_its_charts_service_account(
     log = (cluster.root / "logs" / "chart-controller.log").read_text()
     assert "allocation controller running" in log and "stopped" in log
     assert "acquired leadership of lease" in log  # leader election on, Lease in its namespace
+    # The webhook served with certificates in the chart's Secret, caBundle published (its RBAC).
+    assert f"webhook on https://127.0.0.1:{webhook_port}" in log
+    assert "caBundle published into MutatingWebhookConfiguration" in log
 
 
 def http_status(url: str) -> int:

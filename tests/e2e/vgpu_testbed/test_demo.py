@@ -133,10 +133,20 @@ def test_demo_runs_and_cleans_up(demo_dir: Path) -> None:
     # 5. the policy path
     check_policy_step(out)
 
-    # 6. teardown
-    assert "[9/9] Tear down" in out and "cluster stopped and removed" in out
+    # 6. the webhook: a vgpu-manager pod applied unchanged, translated, prepared with its caps
+    check_webhook_step(out)
+
+    # 7. teardown
+    assert "[10/10] Tear down" in out and "cluster stopped and removed" in out
     assert re.search(r"demo finished in [\d.]+s", out)
     assert not root.exists()
+
+
+def check_webhook_step(out: str) -> None:
+    assert "registered MutatingWebhookConfiguration vgpu-dra-webhook" in out, out
+    assert "stored: resourceClaims [vgpu-main from template vgpu-" in out, out
+    assert "translated-from vgpu-manager" in out
+    assert "one GPU capped at 1024 MiB and 10 % (vgpu.conf)" in out, out
 
 
 def check_policy_step(out: str) -> None:

@@ -399,11 +399,40 @@ def test_dev_cluster_up_with_node_agents(tmp_path: Path) -> None:
         assert sum(len(s.spec.devices or []) for s in slices) == 8
         # Binpack on an empty node: the first GPU.
         assert place_example(cluster, up.stdout) == ("node-1", "gpu-0")
+        assert_legacy_pod_translated(cluster)
 
         down = run_cli("down", "--dir", str(root), cwd=short)
         assert down.returncode == 0, down.stderr
         assert_all_gone(records, list(cluster.state.ports.values()), root)
         assert not root.exists()
+
+
+def assert_legacy_pod_translated(cluster: Cluster) -> None:
+    """`up --agents` registered the admission webhook as the chart does: a vgpu-manager pod
+    created unchanged comes back with a claim from a template the webhook made."""
+    from dra_driver import kube
+
+    client = kube.KubeClient.from_kubeconfig(str(cluster.kubeconfig))
+    try:
+        legacy = {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "legacy-vgpu-manager"},
+            "spec": {"containers": [{"name": "main", "image": "busybox", "resources": {"limits": {
+                "nvidia.com/vgpu-number": "1", "nvidia.com/vgpu-cores": "10",
+                "nvidia.com/vgpu-memory": "1024"}}}]},
+        }  # fmt: skip
+        created = client.create(kube.path("v1", "pods", namespace="default"), legacy)
+        (claim,) = created["spec"]["resourceClaims"]
+        assert "nvidia.com/vgpu-number" not in created["spec"]["containers"][0]["resources"].get(
+            "limits", {}
+        )
+        client.get(
+            kube.path(
+                "resource.k8s.io/v1", "resourceclaimtemplates",
+                claim["resourceClaimTemplateName"], namespace="default",
+            )
+        )  # fmt: skip
+    finally:
+        client.close()
 
 
 def test_up_with_agents_refuses_an_unknown_profile_before_starting(tmp_path: Path) -> None:

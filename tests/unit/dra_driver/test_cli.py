@@ -86,7 +86,7 @@ def run_without(blocked: str, *argv: str) -> subprocess.CompletedProcess[str]:
     ("blocked", "command", "missing"),
     [
         ("vgpu_testbed", "fakegpu", "vgpu_testbed"),  # the test bed package itself
-        ("cryptography", "dev-cluster", "cryptography"),  # a dependency only the test bed has
+        ("cryptography", "dev-cluster", "cryptography"),  # a dependency the test bed imports
         ("cryptography", "demo", "cryptography"),
     ],
 )

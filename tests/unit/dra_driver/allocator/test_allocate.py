@@ -290,3 +290,96 @@ def test_selector_results_follow_a_republished_device() -> None:
     renamed["spec"]["devices"][0]["attributes"]["productName"] = {"string": "H100"}
     alloc.model.apply("ResourceSlice", renamed)  # a new device generation: cached result dropped
     assert picked(place(alloc, claim)) == ["gpu-0"]
+
+
+def test_incremental_node_keys_equal_a_full_scan() -> None:
+    """After the first decision of a shape only changed nodes are scanned again; every decision
+    (placements, refusals' reasons) must equal what a fresh allocator (a full scan) decides,
+    across placements, released claims and pods bound with cpu requests."""
+    events = [e for n in range(6) for e in node_events(n, shape=("pairs", "none")[n % 2])]
+    model = ClusterModel()
+    for kind, obj in events:
+        model.apply(kind, obj)
+    kept = Allocator(model)
+    shapes = [
+        (claim_obj("s", memory="30Gi", cores="40"), Policy(node="binpack", topology="link")),
+        (claim_obj("t", count=2, memory="20Gi"), Policy(node="spread", device="binpack")),
+    ]
+    placed: list[tuple[str, Placement]] = []
+    for i in range(40):
+        raw, policy = shapes[i % 2]
+        obj = copy.deepcopy(raw)
+        obj["metadata"]["uid"] = f"uid-{i}"
+        claim = parse_claim(obj, CLASSES)
+        cpu = 8000 * (i % 3)
+        outcomes: list[Placement | str] = []
+        for alloc in (kept, Allocator(model)):  # the second starts with empty caches
+            try:
+                outcomes.append(alloc.place(POD, [claim], policy, (cpu, 0)))
+            except Unschedulable as exc:
+                outcomes.append(str(exc))
+        assert outcomes[0] == outcomes[1], i
+        if isinstance(outcomes[0], Placement):
+            kept.commit(outcomes[0])
+            placed.append((claim.uid, outcomes[0]))
+            # A pod bound to the chosen node takes cpu there (node fit changes, no slice does).
+            model.apply(
+                "Pod",
+                {
+                    "metadata": {"uid": f"pod-{i}"},
+                    "spec": {
+                        "nodeName": outcomes[0].node,
+                        "containers": [{"resources": {"requests": {"cpu": "20"}}}],
+                    },
+                    "status": {"phase": "Running"},
+                },
+            )
+        if i % 5 == 4 and placed:  # a claim released (its delete event)
+            uid, _ = placed.pop(0)
+            model.delete("ResourceClaim", {"metadata": {"uid": uid}})
+
+
+def test_devices_republished_in_place_decide_like_a_fresh_allocator() -> None:
+    """A slice republished with the same devices (new generation, a device taint, another
+    product name) is patched into the layout instead of rebuilding it; decisions of an allocator
+    that lived through it equal those of a fresh allocator, and the patched layout equals a
+    freshly built one."""
+    events = [e for n in range(4) for e in node_events(n, shape="pairs")]
+    model = ClusterModel()
+    for kind, obj in events:
+        model.apply(kind, obj)
+    kept = Allocator(model)
+    selector = f'device.attributes["{DRIVER}"].productName.contains("H100")'
+    raw = claim_obj("x", memory="10Gi", selectors=(selector,))
+    for i in range(12):
+        if i % 3 == 2:  # republish one node's slice: the next generation, changed devices
+            n = i % 4
+            slc = copy.deepcopy(node_events(n, shape="pairs")[1][1])
+            slc["spec"]["pool"]["generation"] = i
+            for device in slc["spec"]["devices"]:
+                device["attributes"]["productName"] = {
+                    "string": ("NVIDIA A10", "NVIDIA H100")[i % 2]
+                }
+            slc["spec"]["devices"][0]["taints"] = [{"key": "k", "effect": "NoSchedule"}]
+            epoch = model.layout().epoch
+            model.apply("ResourceSlice", slc)
+            assert model.layout().epoch == epoch  # patched, not rebuilt
+        obj = copy.deepcopy(raw)
+        obj["metadata"]["uid"] = f"uid-{i}"
+        claim = parse_claim(obj, CLASSES)
+        outcomes: list[Placement | str] = []
+        for alloc in (kept, Allocator(model)):
+            try:
+                outcomes.append(alloc.place(POD, [claim], Policy(node="spread")))
+            except Unschedulable as exc:
+                outcomes.append(str(exc))
+        assert outcomes[0] == outcomes[1], i
+        if isinstance(outcomes[0], Placement):
+            kept.commit(outcomes[0])
+    patched = model.layout()
+    model._layout = None
+    fresh = model.layout()
+    for name in ("mem_total", "mem_default", "busy", "numa", "link", "link_size", "cap", "dev"):
+        assert (getattr(patched, name) == getattr(fresh, name)).all(), name
+    assert (patched.node_mem_total == fresh.node_mem_total).all()
+    assert [d.key for d in patched.devices] == [d.key for d in fresh.devices]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from dra_driver.allocator.cel import CelError, compile_selector, device_view
@@ -77,3 +79,61 @@ def test_non_boolean_and_uncompilable_expressions_are_refused() -> None:
 
 def test_each_expression_is_compiled_once() -> None:
     assert compile_selector("device.driver != ''") is compile_selector("device.driver != ''")
+
+
+@pytest.mark.parametrize(
+    ("expression", "fields"),
+    [
+        (f'device.driver == "{DRIVER}"', {"driver"}),
+        (f'device.attributes["{DRIVER}"].index > 2', {"attributes"}),
+        (
+            f'device . capacity["{DRIVER}"].memory.isGreaterThan(quantity("1Gi")) && '
+            "device.allowMultipleAllocations",
+            {"capacity", "allowMultipleAllocations"},
+        ),
+        # Any other use of `device` may read anything: the whole view.
+        (
+            'device["attributes"].size() > 0',
+            {"driver", "attributes", "capacity", "allowMultipleAllocations"},
+        ),
+        (
+            'device.exists(k, k == "capacity")',
+            {"driver", "attributes", "capacity", "allowMultipleAllocations"},
+        ),
+        ('"device" == "device"', {"driver", "attributes", "capacity", "allowMultipleAllocations"}),
+    ],
+)
+def test_fields_an_expression_can_read(expression: str, fields: set[str]) -> None:
+    assert compile_selector(expression).fields == fields
+
+
+def test_a_view_with_only_the_fields_read_gives_the_same_results() -> None:
+    """The allocator evaluates each selector on a view holding only the device fields it can
+    read; on real devices that gives what the full view gives, errors included."""
+    from dra_driver.allocator.model import ClusterModel
+    from tests.fixtures.allocator_cluster import node_events
+
+    model = ClusterModel()
+    for kind, obj in node_events(0, gpus=4) + node_events(1, product="NVIDIA A10", gpus=2):
+        model.apply(kind, obj)
+    expressions = [
+        f'device.driver == "{DRIVER}"',
+        f'device.attributes["{DRIVER}"].productName.contains("A10")',
+        f'device.capacity["{DRIVER}"].memory.isGreaterThan(quantity("30Gi"))',
+        'device.attributes["other.example.com"].x == 1',  # empty map: false, not an error
+        f'device.attributes["{DRIVER}"].noSuch == 1',  # runtime error
+        'device["capacity"].size() > 0',
+    ]
+
+    def outcome(expression: str, view: Any) -> bool | str:
+        try:
+            return compile_selector(expression).matches(view)
+        except CelError as exc:
+            return str(exc)
+
+    for device in model.devices.values():
+        for expression in expressions:
+            selector = compile_selector(expression)
+            assert outcome(expression, device.cel_view(selector.fields)) == outcome(
+                expression, device.view
+            ), (expression, device.key)

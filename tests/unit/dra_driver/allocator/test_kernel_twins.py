@@ -177,10 +177,20 @@ def test_scan_keys_are_bit_identical(
         data.draw(st.lists(st.integers(0, 1), min_size=n_req * n_dev, max_size=n_req * n_dev)),
         dtype=np.int8,
     ).reshape(n_req, n_dev)
+
+    def per_node(values: Any) -> Any:  # the layout's node sums of a device column
+        return np.asarray(
+            [int(values[s:e].sum()) for s, e in zip(starts, ends, strict=True)], dtype=np.int64
+        )
+
     args = [
         starts,
         ends,
         arr(st.integers(0, 1), n_nodes).astype(np.int8),
+        per_node(total),
+        per_node(used),
+        per_node(cores_total),
+        per_node(cores_used),
         total,
         cores_total,
         np.minimum(arr(ints, n_dev), total),
@@ -205,3 +215,115 @@ def test_scan_keys_are_bit_identical(
         scan(*args, topo, strict, binpack, keys, close)
         out.append((keys.tobytes(), close.tolist()))
     assert out[0] == out[1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), m=st.integers(1, 8), k_dims=st.integers(0, 3), n_req=st.integers(0, 3))
+def test_search_picks_are_identical(data: st.DataObject, m: int, k_dims: int, n_req: int) -> None:
+    """The exact search: same found/not found (budget included), same alternative, same devices
+    in the same order, on random node encodings."""
+    n_slots = data.draw(st.integers(0, 2))
+    topo, strict, binpack = (data.draw(st.integers(lo, hi)) for lo, hi in ((0, 2), (0, 1), (0, 1)))
+    budget = data.draw(st.sampled_from([1, 3, 10, 20_000]))
+
+    def arr(strategy: Any, *shape: int, dtype: Any = np.int64) -> Any:
+        size = int(np.prod(shape))
+        values = data.draw(st.lists(strategy, min_size=size, max_size=size))
+        return np.asarray(values, dtype=dtype).reshape(shape)
+
+    dims = st.integers(-1, k_dims - 1)
+    dev = np.concatenate(
+        [
+            arr(st.integers(0, 1), m, 3),  # multi, allocated, held
+            arr(st.integers(-1, 2), m, 1),  # numa
+            arr(st.integers(-1, 3), m, 1),  # link
+            arr(st.integers(0, 8), m, 1),  # link size
+            arr(dims, m, 2),  # memory, cores columns
+        ],
+        axis=1,
+    )
+    counts = data.draw(st.lists(st.integers(1, 3), min_size=n_req, max_size=n_req))
+    ends = np.cumsum(counts, dtype=np.int64)
+    reqs = np.stack([ends - np.asarray(counts, dtype=np.int64), ends], axis=1).reshape(n_req, 2)
+    n_alt = int(sum(counts))
+    alts = np.concatenate(
+        [
+            arr(st.integers(0, 1), n_alt, 1),  # all
+            arr(st.integers(1, 4), n_alt, 1),  # count
+            arr(st.integers(0, 1), n_alt, 1),  # admin
+        ],
+        axis=1,
+    )
+    inputs = [
+        np.ascontiguousarray(dev),
+        arr(st.integers(-1, 100), m, k_dims),  # cap
+        arr(st.integers(0, 100), m, k_dims),  # used
+        np.ascontiguousarray(reqs),
+        np.ascontiguousarray(alts),
+        arr(st.integers(0, 1), n_alt, m, dtype=np.int8),  # mask
+        arr(st.integers(0, 1), n_alt, m, dtype=np.int8),  # servable
+        arr(st.integers(0, 60), n_alt, m, k_dims),  # amount
+        arr(st.integers(0, 1), n_req, n_slots, dtype=np.int8),  # applies
+        arr(st.integers(0, 1), n_slots),  # distinct
+        arr(st.integers(-1, m - 1), n_slots, m),  # cval
+    ]
+    out = []
+    for search in (allocate.FAST_SEARCH, kernel.search):
+        assert search is not None
+        chosen = np.zeros(n_req, dtype=np.int64)
+        picks = np.zeros((n_req, m), dtype=np.int64)
+        npicks = np.zeros(n_req, dtype=np.int64)
+        found = search(*inputs, topo, strict, binpack, budget, chosen, picks, npicks)
+        out.append(
+            (found, [(int(chosen[i]), picks[i, : npicks[i]].tolist()) for i in range(n_req)])
+            if found
+            else (found, None)
+        )
+    assert out[0] == out[1]
+
+
+def test_cython_search_refuses_malformed_arrays() -> None:
+    """The Cython search reads raw buffers: wrong dtypes, non-contiguous arrays, disagreeing
+    shapes and out-of-range indices are refused with ValueError instead of read blindly."""
+    search = allocate.FAST_SEARCH
+    assert search is not None
+    m, k = 2, 1
+
+    def good() -> list[Any]:
+        return [
+            np.zeros((m, kernel.DEV_FIELDS), dtype=np.int64),
+            np.full((m, k), 10, dtype=np.int64),
+            np.zeros((m, k), dtype=np.int64),
+            np.asarray([[0, 1]], dtype=np.int64),
+            np.asarray([[0, 1, 0]], dtype=np.int64),
+            np.ones((1, m), dtype=np.int8),
+            np.ones((1, m), dtype=np.int8),
+            np.zeros((1, m, k), dtype=np.int64),
+            np.zeros((1, 0), dtype=np.int8),
+            np.zeros(0, dtype=np.int64),
+            np.zeros((0, m), dtype=np.int64),
+        ]
+
+    def outputs() -> list[Any]:
+        return [np.zeros(1, np.int64), np.zeros((1, m), np.int64), np.zeros(1, np.int64)]
+
+    assert search(*good(), 0, 0, 0, 100, *outputs()) == 1
+    bad_cases = []
+    wrong_dtype = good()
+    wrong_dtype[1] = wrong_dtype[1].astype(np.int32)
+    bad_cases.append(wrong_dtype)
+    strided = good()
+    strided[5] = np.ones((1, 2 * m), dtype=np.int8)[:, ::2]
+    bad_cases.append(strided)
+    shapes = good()
+    shapes[6] = np.ones((1, m + 1), dtype=np.int8)
+    bad_cases.append(shapes)
+    out_of_range = good()
+    out_of_range[3] = np.asarray([[0, 5]], dtype=np.int64)
+    bad_cases.append(out_of_range)
+    column = good()
+    column[0][0, kernel.DEV_MEM] = k
+    bad_cases.append(column)
+    for args in bad_cases:
+        with pytest.raises((ValueError, BufferError)):
+            search(*args, 0, 0, 0, 100, *outputs())

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from dra_driver.allocator.cel import device_view
 from dra_driver.allocator.model import ClusterModel, ModelError
 from tests.fixtures.allocator_cluster import DRIVER, GIB, node_events
 
@@ -122,3 +123,31 @@ def test_bad_objects_are_refused_with_their_name() -> None:
         obj["metadata"]["name"] += "-good"
         model.apply(kind, obj)
     assert list(model.devices) == [(DRIVER, "node-00000", "gpu-0")]
+
+
+def test_compact_devices_keep_what_was_published() -> None:
+    """Devices are stored compactly (shared names, values and capacity tables; the CEL view
+    built on demand) yet read back exactly as the slice published them."""
+    events = node_events(0) + node_events(1)
+    model = model_of(events)
+    published = {
+        (obj["spec"]["pool"]["name"], raw["name"]): raw
+        for kind, obj in events
+        if kind == "ResourceSlice"
+        for raw in obj["spec"]["devices"]
+    }
+    for device in model.devices.values():
+        raw = published[(device.key[1], device.key[2])]
+        assert device.view == device_view(
+            DRIVER, raw["attributes"], raw["capacity"], bool(raw.get("allowMultipleAllocations"))
+        )
+        for name, typed in raw["attributes"].items():
+            [(kind, value)] = typed.items()
+            qualified = name if "/" in name else f"{DRIVER}/{name}"  # e.g. resource.kubernetes.io/
+            assert device.attribute(qualified) == (kind, value)
+        assert device.attribute(f"{DRIVER}/noSuchAttribute") is None
+    a, b = (
+        model.devices[(DRIVER, "node-00000", "gpu-0")],
+        model.devices[(DRIVER, "node-00001", "gpu-0")],
+    )
+    assert a.capacity is b.capacity and a.attribute_index is b.attribute_index  # shared

@@ -1,0 +1,140 @@
+"""The webhook inside `vgpu-dra controller`: the pieces it starts, wired together.
+
+Why apart from controller/main.py: main stays a short sequence that other parts also extend; it
+calls `start` when `--webhook-port` is set (flags: `controller.webhook.flags`). Every replica
+serves admissions and keeps its certificate current; only the leader collects unused templates.
+Imported lazily by main, only when the webhook is on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from controller.probes import parse_address
+from controller.webhook import certs
+from controller.webhook.admission import Admission
+from controller.webhook.facts import FactsCache
+from controller.webhook.legacy import MANAGED_BY_LABEL, MANAGED_BY_VALUE
+from controller.webhook.metrics import WebhookMetrics
+from controller.webhook.server import WebhookServer
+from controller.webhook.templates import TemplateCollector, TemplateEnsurer
+from controller.webhook.translate import TranslationSettings
+from dra_driver import kube
+
+log = logging.getLogger("vgpu-dra.webhook")
+SWITCH_INTERVAL_S = 0.0005
+
+
+@dataclass
+class Running:
+    server: WebhookServer
+    threads: list[threading.Thread]
+    # Its own registry, for a controller-wide metrics endpoint to include (it is also served on
+    # the webhook's port at /metrics).
+    metrics: WebhookMetrics
+
+    def stop(self) -> None:
+        self.server.stop()
+        for thread in self.threads:
+            thread.join(timeout=5)
+
+    def stop_with(self, stop: threading.Event) -> None:
+        """Stop serving once `stop` is set (the controller's shutdown)."""
+
+        def wait() -> None:
+            stop.wait()
+            self.stop()
+
+        threading.Thread(target=wait, name="webhook-stop", daemon=True).start()
+
+
+def translation_settings(args: argparse.Namespace) -> TranslationSettings:
+    """The translation's settings from the flags; ValueError when they contradict each other."""
+    shared = dict(args.shared_resource)
+    memory = dict(args.shared_memory)
+    if set(memory) - set(shared):
+        raise ValueError(
+            f"--shared-memory names {sorted(set(memory) - set(shared))}, which no "
+            "--shared-resource declares"
+        )
+    return TranslationSettings(
+        driver=args.driver_name,
+        device_class=args.driver_name,
+        shared_resources=shared,
+        shared_memory_mib=memory,
+    )
+
+
+def start(
+    args: argparse.Namespace,
+    client: kube.KubeClient,
+    stop: threading.Event,
+    is_leader: Callable[[], bool],
+    registry: CollectorRegistry | None = None,
+) -> Running:
+    """Load (or create) the certificate, then serve; raises CertError/KubeError/OSError when it
+    cannot, ValueError for settings that contradict each other (main exits 1 with the reason)."""
+    settings = translation_settings(args)
+    holder = certs.ContextHolder()
+    source: certs.SecretCertificates | certs.FileCertificates
+    if args.webhook_cert_dir:
+        source = certs.FileCertificates(Path(args.webhook_cert_dir), holder)
+    else:
+        ips = [ip.strip() for ip in args.webhook_cert_ips.split(",") if ip.strip()]
+        names = [n.strip() for n in args.webhook_config_names.split(",") if n.strip()]
+        source = certs.SecretCertificates(
+            client,
+            args.webhook_namespace,
+            args.webhook_secret,
+            names=certs.Names.for_service(args.webhook_service, args.webhook_namespace, ips),
+            lifetimes=certs.Lifetimes(
+                ca=args.webhook_ca_lifetime,
+                serving=args.webhook_cert_lifetime,
+                propagation_s=args.webhook_ca_propagation.total_seconds(),
+            ),
+            configurations=names,
+            holder=holder,
+        )
+    source.sync()
+    metrics = WebhookMetrics(registry)
+    grace_s = args.webhook_template_grace.total_seconds()
+    ensurer = TemplateEnsurer(client, grace_s=grace_s, on_create=metrics.templates_created.inc)
+    facts = FactsCache(client, args.driver_name)
+    admission = Admission(settings, ensurer, facts.current)
+    server = WebhookServer(
+        parse_address(f"{args.webhook_bind}:{args.webhook_port}"),
+        holder,
+        mutate=admission.mutate,
+        validate=admission.validate,
+        metrics=metrics,
+    )
+    collector = TemplateCollector(
+        client,
+        f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}",
+        grace_s=grace_s,
+        may_write=is_leader,
+        on_delete=metrics.templates_collected.inc,
+    )
+    threads = [
+        certs.keep_synced(source, stop, args.webhook_cert_sync.total_seconds()),
+        facts.run(stop, args.webhook_facts_interval.total_seconds()),
+        collector.run(stop, args.webhook_gc_interval.total_seconds()),
+    ]
+    # Python hands the GIL over every 5 ms by default: with hundreds of connection threads, an
+    # admission that is ready to answer can wait several such slices. The webhook's latency
+    # target is 10 ms at p99 (bench/webhook_bench.py), so switch more often.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    server.start()
+    host, port = server.address
+    log.info("webhook on https://%s:%d (/mutate-pods, /validate, /metrics)", host, port)
+    running = Running(server, threads, metrics)
+    running.stop_with(stop)
+    return running

@@ -1,0 +1,309 @@
+"""The webhook's HTTPS transport (controller.webhook.server) with real TLS on loopback.
+
+Proves: an AdmissionReview v1 gets an AdmissionReview v1 answer carrying the request's uid and the
+review function's response, over a certificate signed by our CA for 127.0.0.1; non-reviews are
+400, missing or oversized bodies 411/413 without the body being read; a review function that
+raises gives allowed:false (code 500) and the connection survives; the histogram counts each
+admission by operation and decision and is served on /metrics; a reloaded certificate is used
+by new connections while a kept-alive connection opened before keeps working.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import http.client
+import json
+import logging
+import ssl
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+
+from controller.webhook import certs
+from controller.webhook.metrics import WebhookMetrics
+from controller.webhook.server import MAX_BODY, WebhookServer
+
+JSON = dict[str, Any]
+NAMES = certs.Names.for_service("hook", "ns", ["127.0.0.1"])
+DAY = dt.timedelta(days=1)
+
+
+def review(uid: str = "u-1", **request: Any) -> bytes:
+    body = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {"uid": uid, "kind": {"kind": "Pod"}, "namespace": "ns", **request},
+    }
+    return json.dumps(body).encode()
+
+
+def client_context(tmp_path: Path, *cas: bytes) -> ssl.SSLContext:
+    bundle = tmp_path / f"ca-{len(list(tmp_path.iterdir()))}.pem"
+    bundle.write_bytes(b"".join(cas))
+    return ssl.create_default_context(cafile=str(bundle))
+
+
+class Served:
+    def __init__(self, holder: certs.ContextHolder, ca: bytes) -> None:
+        self.ca = ca
+        self.holder = holder
+        self.metrics = WebhookMetrics()
+        self.seen: list[JSON] = []
+        self.server = WebhookServer(
+            ("127.0.0.1", 0),
+            holder,
+            mutate=self._mutate,
+            validate=self._validate,
+            metrics=self.metrics,
+            timeout_s=5,
+        )
+
+    def _mutate(self, request: JSON) -> tuple[JSON, str]:
+        self.seen.append(request)
+        if request.get("name") == "boom":
+            raise RuntimeError("a bug")
+        return {"allowed": True, "warnings": ["translated"]}, "patched"
+
+    def _validate(self, request: JSON) -> tuple[JSON, str]:
+        return {"allowed": False, "status": {"code": 422, "message": "bad"}}, "denied"
+
+    def connect(self, context: ssl.SSLContext) -> http.client.HTTPSConnection:
+        host, port = self.server.address
+        return http.client.HTTPSConnection(host, port, context=context, timeout=5)
+
+
+def issue(ca: tuple[bytes, bytes]) -> tuple[bytes, bytes]:
+    return certs.new_serving(ca[0], ca[1], NAMES, DAY)
+
+
+@pytest.fixture
+def served() -> Iterator[Served]:
+    ca = certs.new_ca(DAY * 2)
+    holder = certs.ContextHolder()
+    holder.load(*issue(ca))
+    s = Served(holder, ca[0])
+    s.server.start()
+    yield s
+    s.server.stop()
+
+
+def post(conn: http.client.HTTPSConnection, path: str, body: bytes) -> tuple[int, bytes]:
+    conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+    answer = conn.getresponse()
+    return answer.status, answer.read()
+
+
+def test_an_admission_review_is_answered_with_its_uid(served: Served, tmp_path: Path) -> None:
+    conn = served.connect(client_context(tmp_path, served.ca))
+    status, body = post(conn, "/mutate-pods", review("abc", operation="CREATE"))
+    assert status == 200
+    answer = json.loads(body)
+    assert answer["apiVersion"] == "admission.k8s.io/v1"
+    assert answer["kind"] == "AdmissionReview"
+    assert answer["response"] == {"uid": "abc", "allowed": True, "warnings": ["translated"]}
+    assert served.seen[0]["operation"] == "CREATE"
+    status, body = post(conn, "/validate", review("def"))  # same kept-alive connection
+    assert json.loads(body)["response"] == {
+        "uid": "def",
+        "allowed": False,
+        "status": {"code": 422, "message": "bad"},
+    }
+    conn.close()
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"{", "not JSON"),
+        (b"[]", "not an AdmissionReview"),
+        (json.dumps({"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1beta1"}).encode(),
+         "only v1"),
+        (json.dumps({"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1",
+                     "request": {}}).encode(), "without request.uid"),
+    ],
+)  # fmt: skip
+def test_what_is_not_a_review_is_a_400(
+    served: Served, tmp_path: Path, body: bytes, message: str
+) -> None:
+    conn = served.connect(client_context(tmp_path, served.ca))
+    status, text = post(conn, "/mutate-pods", body)
+    assert status == 400
+    assert message in text.decode()
+    assert not served.seen
+
+
+def test_body_limits(served: Served, tmp_path: Path) -> None:
+    context = client_context(tmp_path, served.ca)
+    conn = served.connect(context)
+    conn.putrequest("POST", "/mutate-pods")
+    conn.putheader("Content-Length", str(MAX_BODY + 1))
+    conn.endheaders()  # the body is never sent: the server answers from the header alone
+    answer = conn.getresponse()
+    assert answer.status == 413
+    assert f"limit of {MAX_BODY}" in answer.read().decode()
+    conn.close()
+    conn = served.connect(context)
+    conn.putrequest("POST", "/mutate-pods", skip_accept_encoding=True)
+    conn.endheaders()
+    answer = conn.getresponse()
+    assert answer.status == 411
+    conn.close()
+    conn = served.connect(context)
+    status, _ = post(conn, "/elsewhere", review())
+    assert status == 404
+    conn.close()
+
+
+def test_a_failing_review_is_a_denial_and_the_connection_lives_on(
+    served: Served, tmp_path: Path
+) -> None:
+    conn = served.connect(client_context(tmp_path, served.ca))
+    status, body = post(conn, "/mutate-pods", review("x", name="boom"))
+    assert status == 200
+    response = json.loads(body)["response"]
+    assert response["allowed"] is False
+    assert response["status"]["code"] == 500
+    assert "a bug" not in response["status"]["message"]  # internals stay in our log
+    status, body = post(conn, "/mutate-pods", review("y", name="fine"))
+    assert json.loads(body)["response"]["allowed"] is True
+    conn.close()
+
+
+def test_the_histogram_counts_admissions_by_decision(served: Served, tmp_path: Path) -> None:
+    conn = served.connect(client_context(tmp_path, served.ca))
+    for uid in ("a", "b"):
+        post(conn, "/mutate-pods", review(uid))
+    post(conn, "/validate", review("c"))
+    post(conn, "/mutate-pods", b"{")
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    metric = "vgpu_dra_webhook_admission_duration_seconds_count"
+    assert f'{metric}{{decision="patched",operation="mutate"}} 2.0' in text
+    assert f'{metric}{{decision="denied",operation="validate"}} 1.0' in text
+    assert f'{metric}{{decision="error",operation="mutate"}} 1.0' in text
+
+
+def served_serial(conn: http.client.HTTPSConnection) -> int:
+    conn.connect()
+    sock = conn.sock
+    assert isinstance(sock, ssl.SSLSocket)
+    der = sock.getpeercert(binary_form=True)
+    assert der is not None
+    return x509.load_der_x509_certificate(der).serial_number
+
+
+def test_a_reloaded_certificate_serves_new_connections_and_old_ones_continue(
+    served: Served, tmp_path: Path
+) -> None:
+    new_ca = certs.new_ca(DAY * 2)
+    both = client_context(tmp_path, served.ca, new_ca[0])
+    old_conn = served.connect(both)
+    old_serial = served_serial(old_conn)
+    assert post(old_conn, "/mutate-pods", review("1"))[0] == 200
+    cert, key = issue(new_ca)
+    assert served.holder.load(cert, key)
+    assert not served.holder.load(cert, key)  # the same pair again changes nothing
+    new_conn = served.connect(both)
+    assert served_serial(new_conn) == x509.load_pem_x509_certificate(cert).serial_number
+    assert served_serial(new_conn) != old_serial
+    assert post(new_conn, "/mutate-pods", review("2"))[0] == 200
+    assert post(old_conn, "/mutate-pods", review("3"))[0] == 200  # kept alive across the swap
+    # A client that trusts only the old CA can no longer connect anew.
+    only_old = served.connect(client_context(tmp_path, served.ca))
+    with pytest.raises(ssl.SSLError):
+        only_old.connect()
+    for conn in (old_conn, new_conn, only_old):
+        conn.close()
+
+
+def test_an_idle_kept_alive_connection_outlives_the_request_timeout(tmp_path: Path) -> None:
+    """The API server closes idle webhook connections itself (after 90 s); were we to close
+    first, it could send an admission on a connection being closed and fail it. A stalled
+    request, though, is dropped after the request timeout."""
+    ca = certs.new_ca(DAY * 2)
+    holder = certs.ContextHolder()
+    holder.load(*issue(ca))
+    s = Served(holder, ca[0])
+    s.server = WebhookServer(
+        ("127.0.0.1", 0), holder, mutate=s._mutate, validate=s._validate,
+        metrics=s.metrics, timeout_s=0.3,
+    )  # fmt: skip
+    s.server.start()
+    try:
+        context = client_context(tmp_path, ca[0])
+        conn = s.connect(context)
+        assert post(conn, "/mutate-pods", review("1"))[0] == 200
+        time.sleep(1.0)  # idle for three request timeouts
+        assert post(conn, "/mutate-pods", review("2"))[0] == 200
+        conn.close()
+        stalled = s.connect(context)
+        stalled.connect()
+        sock = stalled.sock
+        assert sock is not None
+        sock.sendall(b"POST /mutate-pods HTTP/1.1\r\nHost: x\r\n")  # headers never finish
+        sock.settimeout(10)
+        started = time.monotonic()
+        assert sock.recv(1) == b""  # closed by the server
+        assert time.monotonic() - started < 5
+        stalled.close()
+    finally:
+        s.server.stop()
+
+
+def test_each_admission_logs_one_structured_line(
+    served: Served, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="vgpu-dra.webhook.server")
+    conn = served.connect(client_context(tmp_path, served.ca))
+    status, _ = post(conn, "/mutate-pods", review("uid-7", operation="CREATE", name="p1"))
+    assert status == 200
+    conn.close()
+    (record,) = [r for r in caplog.records if r.getMessage().startswith("admission")]
+    fields = record.__dict__
+    assert (fields["uid"], fields["operation"], fields["kind"]) == ("uid-7", "mutate", "Pod")
+    assert (fields["namespace"], fields["object"], fields["decision"]) == ("ns", "p1", "patched")
+    assert fields["dry_run"] is False
+    assert 0 <= fields["ms"] < 5000
+
+
+def test_connections_beyond_the_limit_are_closed_at_once(tmp_path: Path) -> None:
+    ca = certs.new_ca(DAY * 2)
+    holder = certs.ContextHolder()
+    holder.load(*issue(ca))
+    s = Served(holder, ca[0])
+    s.server = WebhookServer(
+        ("127.0.0.1", 0), holder, mutate=s._mutate, validate=s._validate,
+        metrics=s.metrics, max_connections=2,
+    )  # fmt: skip
+    s.server.start()
+    context = client_context(tmp_path, ca[0])
+    conns = [s.connect(context) for _ in range(3)]
+    try:
+        for conn in conns[:2]:
+            assert post(conn, "/mutate-pods", review())[0] == 200  # kept alive: two open
+        with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+            post(conns[2], "/mutate-pods", review())
+        conns[0].close()
+
+        def third_admitted() -> bool:
+            conn = s.connect(context)
+            try:
+                return post(conn, "/mutate-pods", review())[0] == 200
+            except (ssl.SSLError, ConnectionError, OSError):
+                return False
+            finally:
+                conn.close()
+
+        deadline = time.monotonic() + 10
+        while not third_admitted():  # the closed one's thread counts itself out
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        for conn in conns:
+            conn.close()
+        s.server.stop()
