@@ -39,6 +39,7 @@ class Resource:
     kind: str
     api_version: str
     plural: str
+    field_selector: str | None = None  # only the objects it selects are listed and watched
 
     @property
     def path(self) -> str:
@@ -52,6 +53,8 @@ SLICES = Resource("ResourceSlice", kube.RESOURCE_API, "resourceslices")
 CLAIMS = Resource("ResourceClaim", kube.RESOURCE_API, "resourceclaims")
 CLASSES = Resource("DeviceClass", kube.RESOURCE_API, "deviceclasses")
 ALL = (NODES, SLICES, CLASSES, CLAIMS, PODS)
+# Warning Events about pods, for the rescheduler (controller.rescheduler).
+POD_WARNINGS = Resource("Event", "v1", "events", "involvedObject.kind=Pod,type=Warning")
 
 
 def _identity(obj: JSON) -> JSON:
@@ -108,7 +111,10 @@ class Informer:
                     self._list()
                     need_list = False
                 for event in self._client.watch(
-                    self.resource.path, self._version, timeout_s=self._watch_timeout
+                    self.resource.path,
+                    self._version,
+                    timeout_s=self._watch_timeout,
+                    field_selector=self.resource.field_selector,
                 ):
                     self._on_event(event)
                     backoff = BACKOFF_START_S
@@ -131,7 +137,9 @@ class Informer:
                 backoff = min(backoff * 2, BACKOFF_MAX_S)
 
     def _list(self) -> None:
-        items, version = self._client.list_versioned(self.resource.path)
+        items, version = self._client.list_versioned(
+            self.resource.path, field_selector=self.resource.field_selector
+        )
         self.relists += 1
         fresh = {_key(obj): _identity(obj) for obj in items}
         for key, old in list(self._known.items()):

@@ -2,7 +2,8 @@
 
 It loads the Kubernetes credentials (exit 1 with the reason when they are unusable), serves
 `/healthz` and `/readyz` (`controller.probes`, loopback by default) and runs the allocation
-controller of the policy path (`controller.worker`: informers feeding `controller.reconciler`).
+controller of the policy path (`controller.worker`: informers feeding `controller.reconciler`)
+and the rescheduler of pods whose claims failed to prepare (`controller.rescheduler`).
 With `--leader-elect` only the replica holding the Lease allocates (`controller.leader`); the
 others keep their model current and take over when the Lease is released or expires.
 Readiness: every informer has listed once, and the replica is the leader or a standby that can
@@ -28,6 +29,7 @@ from controller.leader import LeaderElector
 from controller.metrics import DETAILS, ControllerMetrics, StateCollector
 from controller.probes import ProbeServer, parse_address
 from controller.reconciler import POLICY_ANNOTATIONS, Defaults, Reconciler
+from controller.rescheduler import DEFAULT_GRACE_S, DEFAULT_PER_MINUTE, Rescheduler
 from controller.webhook import flags as webhook_flags
 from controller.worker import Worker
 from dra_driver import cli_flags, kube, logsetup
@@ -49,6 +51,9 @@ ENV = {
     "topology": "VGPU_DRA_TOPOLOGY",
     "metrics_address": "VGPU_DRA_METRICS_ADDRESS",
     "metrics_detail": "VGPU_DRA_METRICS_DETAIL",
+    "reschedule": "VGPU_DRA_RESCHEDULE",
+    "reschedule_grace": "VGPU_DRA_RESCHEDULE_GRACE",
+    "reschedule_per_minute": "VGPU_DRA_RESCHEDULE_PER_MINUTE",
 }
 DEFAULT_LEASE_NAME = "vgpu-dra-controller"
 DEFAULT_HEALTH_ADDRESS = "127.0.0.1:8081"
@@ -123,6 +128,28 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
             choices=choices,
             help=f"cluster default for pods without {POLICY_ANNOTATIONS[key]} (env {ENV[key]})",
         )
+    parser.add_argument(
+        "--reschedule",
+        type=cli_flags.boolean,
+        nargs="?",
+        const=True,
+        default=cli_flags.boolean(env.get(ENV["reschedule"], "true")),
+        help="recover pods whose claims failed to prepare: evict them when a controller owns "
+        "them, else report what to do (env VGPU_DRA_RESCHEDULE; default true)",
+    )
+    parser.add_argument(
+        "--reschedule-grace",
+        type=float,
+        default=float(env.get(ENV["reschedule_grace"], str(DEFAULT_GRACE_S))),
+        help="seconds a failed prepare may last before the pod is recovered "
+        "(env VGPU_DRA_RESCHEDULE_GRACE)",
+    )
+    parser.add_argument(
+        "--reschedule-per-minute",
+        type=float,
+        default=float(env.get(ENV["reschedule_per_minute"], str(DEFAULT_PER_MINUTE))),
+        help="at most this many recoveries a minute (env VGPU_DRA_RESCHEDULE_PER_MINUTE)",
+    )
     webhook_flags.add_arguments(parser, env)
     return parser
 
@@ -182,7 +209,17 @@ def main(argv: Sequence[str]) -> int:
         }
     )
     reconciler = Reconciler(client, defaults, observer=metrics)
-    worker = Worker(client, reconciler)
+    rescheduler = (
+        Rescheduler(
+            client,
+            [args.driver_name],
+            grace_s=args.reschedule_grace,
+            per_minute=args.reschedule_per_minute,
+        )
+        if args.reschedule
+        else None
+    )
+    worker = Worker(client, reconciler, rescheduler)
     if args.leader_elect:
         identity = f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
         elector = LeaderElector(
@@ -196,6 +233,8 @@ def main(argv: Sequence[str]) -> int:
             on_change=worker.became_leader,
         )
         reconciler.may_write = elector.is_leader
+        if rescheduler is not None:
+            rescheduler.may_write = elector.is_leader
         probes.add_check("leader-election", elector.healthy)
         log.info(
             "leader election on lease %s/%s as %s", args.lease_namespace, args.lease_name, identity

@@ -18,6 +18,17 @@ written for the pod. On a restart, a gated pod whose claims are all allocated fo
 gate removed; one with only some of them (crash between writes) has those released and is placed
 again, so a crash at any point converges.
 
+Claims get kube-scheduler's finalizer before their allocation, so the resourceclaim controller
+deallocates them after their last pod, as it does for kube-scheduler's own.
+
+After the gate is lifted the pod is followed until kube-scheduler binds it, and its claims carry
+a second consumer (the placement hold) so kube-scheduler never deallocates them itself: if
+kube-scheduler refuses the chosen node (PodScheduled False/Unschedulable), the claims are placed
+again without that node (`replace_pod`; docs/scheduling.md has the mechanism and its race
+window); once the pod is bound (or gone, or handed over) the hold is dropped.
+
+Every decision is reported to an optional `ReconcileObserver` (metrics) with one of `OUTCOMES`.
+
 Only one thread (the controller's worker) calls into this class; informers only enqueue.
 """
 
@@ -31,9 +42,17 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from dra_driver import kube
+from dra_driver.allocator import request
 from dra_driver.allocator.allocate import Allocator, Placement, Unschedulable
 from dra_driver.allocator.model import ClusterModel, pod_requests
-from dra_driver.allocator.request import ANNOTATION_PREFIX, Claim, Policy, RequestError, parse_claim
+from dra_driver.allocator.request import (
+    ALIASES,
+    Claim,
+    Policy,
+    RequestError,
+    canonical_annotations,
+    parse_claim,
+)
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +60,21 @@ JSON = dict[str, Any]
 GATE = "vgpu.dra.dev/policy"
 CONDITION = "vgpu.dra.dev/Placement"
 COMPONENT = "vgpu-dra-controller"
+# kube-scheduler's claim finalizer: with it the resourceclaim controller clears a claim's
+# allocation once its last consumer is gone (without it a named claim stays allocated forever)
+# and a claim in use cannot vanish. The scheduler adds it before it allocates; so do we.
+FINALIZER = "resource.kubernetes.io/delete-protection"
+# A second consumer in `status.reservedFor` of each claim the controller allocates, from the
+# gate's lifting until kube-scheduler binds the pod. kube-scheduler's DRA PostFilter deallocates
+# a refused pod's claim only when the pod is its sole consumer; without this it would do so on
+# the first refusal and, retrying at once, allocate the claim itself (first fit) before the
+# controller could place it again. The resourceclaim controller keeps entries that are not pods.
+HOLD_GROUP = "vgpu.dra.dev"
+HOLD_RESOURCE = "placements"
+HOLD_SUFFIX = "-placement"
+# Written by the controller into PodScheduled after placing a refused pod again, so that
+# kube-scheduler's next refusal changes the condition (and so the pod) again.
+REPLACED_REASON = "VgpuDraReplaced"
 CONFLICT_RETRIES = 5
 API_RETRY_START_S = 1.0
 API_RETRY_MAX_S = 60.0
@@ -86,29 +120,18 @@ def claim_names(pod: Mapping[str, Any]) -> list[str] | None:
     return names
 
 
-# The long names of the allocation-controller issue (and of vgpu-manager, whose users bring them,
-# with its `nvidia.com/` prefix translated by the webhook) -> the allocator's names. The short
-# name wins when a pod sets both.
-ALIASES = {
-    ANNOTATION_PREFIX + "node-scheduler-policy": ANNOTATION_PREFIX + "node-policy",
-    ANNOTATION_PREFIX + "device-scheduler-policy": ANNOTATION_PREFIX + "device-policy",
-    ANNOTATION_PREFIX + "device-topology-mode": ANNOTATION_PREFIX + "topology",
-    ANNOTATION_PREFIX + "include-gpu-type": ANNOTATION_PREFIX + "gpu-type",
-    ANNOTATION_PREFIX + "include-gpu-uuid": ANNOTATION_PREFIX + "gpu-uuid",
-}
-
-
 @dataclass(frozen=True, slots=True)
 class Defaults:
-    """Cluster default policies (controller flags): annotation name -> value."""
+    """Cluster default policies (controller flags): canonical annotation name -> value."""
 
     annotations: Mapping[str, str]
 
     def policy_for(self, pod: Mapping[str, Any]) -> Policy:
         given = dict(_meta(pod).get("annotations") or {})
-        own = {ALIASES[k]: v for k, v in given.items() if k in ALIASES}
-        own.update({k: v for k, v in given.items() if k not in ALIASES})
-        return Policy.from_annotations({**self.annotations, **own})
+        for name, value in canonical_annotations(self.annotations).items():
+            if name not in given and ALIASES.get(name) not in given:  # the pod's own wins
+                given[name] = value
+        return Policy.from_annotations(given)
 
 
 class ReconcileObserver(Protocol):
@@ -122,6 +145,22 @@ class ReconcileObserver(Protocol):
 # the decision), api_error, replaced (kube-scheduler refused the node; placed again elsewhere),
 # handed_over (refused and no other node: left to kube-scheduler's own allocation).
 OUTCOMES = ("placed", "refused", "invalid", "retry", "api_error", "replaced", "handed_over")
+
+
+@dataclass(slots=True)
+class Placed:
+    """A pod we placed whose gate is lifted, until kube-scheduler binds it (or it goes).
+
+    `excluded` are the nodes kube-scheduler refused for it (kept for the pod's lifetime in this
+    process only). `restored`: taken from the pod's Placement condition after a restart. A
+    refusal counts when the pod's PodScheduled is False/Unschedulable in a version newer than
+    `version` (resourceVersions compared as the integers etcd makes them)."""
+
+    key: tuple[str, str]
+    node: str
+    excluded: set[str]
+    restored: bool = False
+    version: int = 0  # the pod's resourceVersion after our last placement: older events are old
 
 
 class Reconciler:
@@ -146,11 +185,19 @@ class Reconciler:
         self.classes: dict[str, JSON] = {}
         self.dirty: set[tuple[str, str]] = set()  # gated pods to (re)consider
         self.waiting: set[tuple[str, str]] = set()  # gated pods refused: retried on changes
-        self._written: set[str] = set()  # claim uids written, until their allocation is seen
+        # claim uid -> resourceVersion of our last write of it: informer events older than that
+        # are stale (the cache already holds what we wrote) and are skipped
+        self._written: dict[str, int] = {}
         self._reported: dict[str, str] = {}  # pod uid -> last refusal reported
         self._api_retry: dict[tuple[str, str], tuple[float, float]] = {}  # key -> (due, delay)
         self._clock = clock
         self.observer = observer
+        # Re-placement (kube-scheduler refused the node we chose), by pod uid.
+        self.placed: dict[str, Placed] = {}
+        self.ungated: dict[str, JSON] = {}  # the latest object of each pod in `placed`
+        self.refused: set[str] = set()  # pod uids to place again
+        self._replace_retry: dict[str, float] = {}  # pod uid -> when (after an API failure)
+        self.held: set[tuple[str, str]] = set()  # claims carrying our hold entry
 
     # ------------------------------------------------------------ events
 
@@ -172,18 +219,34 @@ class Reconciler:
             else:
                 self.pods[key] = obj
                 self.dirty.add(key)
+            self._track_placed(op, obj)
         elif kind == "ResourceClaim":
             uid = str(_meta(obj).get("uid"))
             allocated = bool((obj.get("status") or {}).get("allocation"))
+            old = self.claims.get(key)
             if op == "delete":
                 self.claims.pop(key, None)
-                self._written.discard(uid)
+                self._written.pop(uid, None)
             else:
-                if uid in self._written and not allocated:
+                if uid in self._written and _version(obj) < self._written[uid]:
                     # An event older than our own write: keep what we wrote until it arrives.
                     return
-                self._written.discard(uid)
+                self._written.pop(uid, None)
                 self.claims[key] = obj
+            if op != "delete" and _holds(obj):
+                self.held.add(key)
+            else:
+                self.held.discard(key)
+            if old is not None and _allocated(old) and not allocated:
+                # kube-scheduler deallocates a claim of a pod it cannot schedule (its DRA
+                # PostFilter): if we placed that pod, the node we chose was refused. This is the
+                # trigger, not the pod's PodScheduled=False condition: that one arrives after
+                # the deallocation, does not name the node, and keeps its time from the
+                # SchedulingGated state, so it cannot tell a refusal answered already from a
+                # new one.
+                for consumer in (old.get("status") or {}).get("reservedFor") or []:
+                    if str(consumer.get("uid")) in self.placed:
+                        self.refused.add(str(consumer.get("uid")))
             self.dirty.update(p for p in self.pods if p[0] == key[0])
             self._retry_waiting()
         else:
@@ -193,6 +256,38 @@ class Reconciler:
         else:
             self.model.apply(kind, obj)
 
+    def _track_placed(self, op: str, pod: JSON) -> None:
+        """Follow a pod we placed from the lifting of its gate until kube-scheduler binds it."""
+        uid = str(_meta(pod).get("uid"))
+        if op != "delete" and is_gated(pod):
+            return  # older than the lifting of the gate (a gate never comes back)
+        if op == "delete" or (pod.get("spec") or {}).get("nodeName"):
+            self.placed.pop(uid, None)
+            self.ungated.pop(uid, None)
+            self.refused.discard(uid)
+            return
+        record = self.placed.get(uid)
+        if record is None:
+            record = _placed_from_condition(pod)  # placed before a restart
+            if record is None:
+                return  # not ours (default path, or a gate someone else lifted)
+            self.placed[uid] = record
+            # Refused while no controller ran (or before this one saw it): place it again.
+            if _refusal(pod):
+                self.refused.add(uid)
+        elif _refusal(pod):
+            newer = _version(pod) > record.version
+            log.debug(
+                "pod %s/%s: PodScheduled Unschedulable at version %d (placed at %d)%s",
+                *record.key,
+                _version(pod),
+                record.version,
+                "" if newer else ": seen",
+            )
+            if newer:
+                self.refused.add(uid)
+        self.ungated[uid] = pod
+
     def _retry_waiting(self) -> None:
         self.dirty |= self.waiting
         self.waiting.clear()
@@ -201,7 +296,7 @@ class Reconciler:
         """Read every claim again (a quorum read) before allocating as a new leader: whatever the
         previous leader wrote before its lease ran out is then in the model."""
         for obj in self.client.list(kube.path(kube.RESOURCE_API, "resourceclaims")):
-            self._written.discard(str(_meta(obj).get("uid")))
+            self._written.pop(str(_meta(obj).get("uid")), None)
             self.on_event("ResourceClaim", "apply", obj)
 
     # ------------------------------------------------------------ decisions
@@ -212,7 +307,20 @@ class Reconciler:
         for key, (due, _) in list(self._api_retry.items()):
             if due <= now:
                 self.dirty.add(key)
-        while self.dirty and self.may_write():
+        for uid, due in list(self._replace_retry.items()):
+            if due <= now:
+                del self._replace_retry[uid]
+                self.refused.add(uid)
+        if self.held and self.may_write():
+            self._release_holds()
+        while (self.dirty or self.refused) and self.may_write():
+            # Re-placements first: kube-scheduler retries such a pod after its backoff (1 s and
+            # up), and the new allocation must be written before it does (docs/scheduling.md).
+            for uid in sorted(self.refused):
+                if not self.may_write():
+                    return
+                self.refused.discard(uid)
+                self._replace_uid(uid)
             batch = sorted(self.dirty)
             self.dirty.clear()
             for i, key in enumerate(batch):
@@ -298,17 +406,139 @@ class Reconciler:
         self._lift_gate(pod, placement.node)
         return "placed"
 
+    # ------------------------------------------------------------ re-placement
+
+    def _replace_uid(self, uid: str) -> None:
+        record, pod = self.placed.get(uid), self.ungated.get(uid)
+        if record is None or pod is None:
+            return
+        started = self._clock()
+        try:
+            outcome = self.replace_pod(record, pod)
+        except Retry as exc:
+            # Someone else (kube-scheduler's own allocation, a user) changed a claim: the pod
+            # is on the default path from here.
+            log.info("pod %s/%s: %s; left to kube-scheduler", *record.key, exc)
+            self._forget(uid)
+            outcome = "handed_over"
+        except kube.KubeError as exc:
+            log.warning("pod %s/%s: re-placement failed: %s; retrying", *record.key, exc)
+            self._replace_retry[uid] = self._clock() + API_RETRY_START_S
+            outcome = "api_error"
+        self._observe(outcome, started)
+
+    def replace_pod(self, record: Placed, pod: JSON) -> str | None:
+        """kube-scheduler refused the node we chose for `pod`: place its claims again without
+        that node (nor any it refused before), releasing and rewriting each claim back to back.
+
+        A gate cannot be put back on a pod, so the new allocation is the only lever; between a
+        claim's release and its new allocation kube-scheduler, woken by the release, could
+        allocate it itself (then the pod is left to it: `Retry` in `_replace_uid`).
+        """
+        uid = str(_meta(pod).get("uid"))
+        ns = record.key[0]
+        names = claim_names(pod) or []
+        claims = [self.claims.get((ns, n)) for n in names]
+        if not names or any(c is None for c in claims):
+            return None  # a claim is gone or not seen yet: its event brings the pod back
+        present = [c for c in claims if c is not None]
+        foreign = [c for c in present if _allocated(c) and _node_of(c) != record.node]
+        if foreign:
+            log.info(
+                "pod %s/%s: claim %s allocated on %s by someone else; left to kube-scheduler",
+                *record.key,
+                _nsname(foreign[0])[1],
+                _node_of(foreign[0]),
+            )
+            self._forget(uid)
+            return "handed_over"
+        refused_node = record.node
+        record.excluded.add(refused_node)
+        excluded = ", ".join(sorted(record.excluded))
+        try:
+            policy = self.defaults.policy_for(pod)
+            parsed = [parse_claim(c, self.classes) for c in present]
+            placement = self.allocator.place(
+                _excluding(pod, record.excluded), parsed, policy, pod_requests(pod)
+            )
+        except (RequestError, Unschedulable) as exc:
+            message = (
+                f"kube-scheduler refused node {excluded} and no other node fits ({exc}); "
+                "the pod is left to kube-scheduler's own allocation"
+            )
+            self._forget(uid)
+            self._refuse(pod, "Unschedulable", message, retry=False)
+            return "handed_over"
+        self._write(pod, present, parsed, placement, release_first=True)
+        record.node = placement.node
+        log.info(
+            "pod %s/%s: kube-scheduler refused node %s; placed again on %s",
+            *record.key,
+            refused_node,
+            placement.node,
+        )
+        message = f"devices allocated on node {placement.node} (kube-scheduler refused {excluded})"
+        now = _now()
+        try:
+            patched = self.client.strategic_patch(
+                kube.path("v1", "pods", record.key[1], namespace=ns, subresource="status"),
+                {
+                    "status": {
+                        "conditions": [
+                            {
+                                "type": CONDITION,
+                                "status": "True",
+                                "reason": "Replaced",
+                                "message": message,
+                                "lastTransitionTime": now,
+                            },
+                            {
+                                "type": "PodScheduled",
+                                "status": "False",
+                                "reason": REPLACED_REASON,
+                                "message": message,
+                                "lastTransitionTime": now,
+                            },
+                        ]
+                    }
+                },
+            )
+            record.version = max(record.version, _version(patched))
+        except kube.KubeError as exc:
+            # Without the reset a second refusal may go unnoticed (the pod would stay pending
+            # with its claims on the new node): log it, the placement itself stands.
+            log.warning("pod %s/%s: cannot update its conditions: %s", *record.key, exc)
+        return "replaced"
+
+    def _forget(self, uid: str) -> None:
+        self.placed.pop(uid, None)
+        self.ungated.pop(uid, None)
+        self.refused.discard(uid)
+        self._replace_retry.pop(uid, None)
+
     def _write(
-        self, pod: JSON, claims: list[JSON], parsed: list[Claim], placement: Placement
+        self,
+        pod: JSON,
+        claims: list[JSON],
+        parsed: list[Claim],
+        placement: Placement,
+        *,
+        release_first: bool = False,
     ) -> None:
+        """Write every claim's allocation; `release_first` clears one still allocated (for this
+        pod, on a refused node) just before its new allocation is written."""
         ns, name = _nsname(pod)
-        reserved = {"resource": "pods", "name": name, "uid": str(_meta(pod).get("uid"))}
+        pod_uid = str(_meta(pod).get("uid"))
+        reserved = [{"resource": "pods", "name": name, "uid": pod_uid}, _hold(name, pod_uid)]
         written: list[JSON] = []
         try:
             for claim, spec in zip(claims, parsed, strict=True):
                 allocation = placement.allocation(spec.uid)
                 allocation["allocationTimestamp"] = _now()
-                written.append(self._write_claim(claim, allocation, reserved))
+                free = claim
+                if release_first and _allocated_for(claim, pod_uid):
+                    free = self._release(claim)
+                written.append(self._write_claim(free, allocation, reserved))
         except BaseException:
             for done in written:
                 self._release(done)
@@ -317,7 +547,7 @@ class Reconciler:
             "pod %s/%s: %d claim(s) allocated on node %s", ns, name, len(written), placement.node
         )
 
-    def _write_claim(self, claim: JSON, allocation: JSON, reserved: JSON) -> JSON:
+    def _write_claim(self, claim: JSON, allocation: JSON, reserved: list[JSON]) -> JSON:
         ns, name = _nsname(claim)
         status_path = kube.path(
             kube.RESOURCE_API, "resourceclaims", name, namespace=ns, subresource="status"
@@ -330,8 +560,10 @@ class Reconciler:
                 raise Retry("lost leadership")
             status = dict(current.get("status") or {})
             status["allocation"] = allocation
-            status["reservedFor"] = [reserved]
+            status["reservedFor"] = list(reserved)
             try:
+                if FINALIZER not in (_meta(current).get("finalizers") or []):
+                    current = self._add_finalizer(current)
                 updated = self.client.replace(status_path, {**current, "status": status})
             except kube.NotFound:
                 raise Retry(f"claim {ns}/{name} was deleted") from None
@@ -343,14 +575,26 @@ class Reconciler:
                 except kube.NotFound:
                     raise Retry(f"claim {ns}/{name} was deleted") from None
                 continue
-            self._written.add(str(_meta(updated).get("uid")))
+            self._written[str(_meta(updated).get("uid"))] = _version(updated)
             self.claims[(ns, name)] = updated
             self.model.apply("ResourceClaim", updated)
             return updated
         raise Retry(f"claim {ns}/{name} kept changing ({CONFLICT_RETRIES} conflicts)")
 
-    def _release(self, claim: JSON) -> None:
-        """Clear a claim's allocation and reservation (missing claim: nothing to undo)."""
+    def _add_finalizer(self, claim: JSON) -> JSON:
+        """Add kube-scheduler's finalizer (a plain update: finalizers are metadata); the status
+        update that follows carries the version this returns."""
+        ns, name = _nsname(claim)
+        meta = _meta(claim)
+        meta["finalizers"] = [*(meta.get("finalizers") or []), FINALIZER]
+        return self.client.replace(
+            kube.path(kube.RESOURCE_API, "resourceclaims", name, namespace=ns),
+            {**claim, "metadata": meta},
+        )
+
+    def _release(self, claim: JSON) -> JSON:
+        """Clear a claim's allocation and reservation (missing claim: nothing to undo); returns
+        the claim as released."""
         ns, name = _nsname(claim)
         status_path = kube.path(
             kube.RESOURCE_API, "resourceclaims", name, namespace=ns, subresource="status"
@@ -363,20 +607,20 @@ class Reconciler:
             try:
                 updated = self.client.replace(status_path, {**current, "status": status})
             except kube.NotFound:
-                return
+                return current
             except kube.Conflict:
                 try:
                     current = self.client.get(
                         kube.path(kube.RESOURCE_API, "resourceclaims", name, namespace=ns)
                     )
                 except kube.NotFound:
-                    return
+                    return current
                 continue
-            self._written.discard(str(_meta(updated).get("uid")))
+            self._written[str(_meta(updated).get("uid"))] = _version(updated)
             self.claims[(ns, name)] = updated
             self.model.apply("ResourceClaim", updated)
             log.info("claim %s/%s released", ns, name)
-            return
+            return updated
         raise Retry(f"claim {ns}/{name} kept changing while being released")
 
     def _lift_gate(self, pod: JSON, node: str | None) -> None:
@@ -387,7 +631,7 @@ class Reconciler:
             gates = (current.get("spec") or {}).get("schedulingGates") or []
             kept = [g for g in gates if g.get("name") != GATE]
             try:
-                self.client.merge_patch(
+                lifted = self.client.merge_patch(
                     pod_path,
                     {
                         "metadata": {"resourceVersion": _meta(current).get("resourceVersion")},
@@ -401,17 +645,72 @@ class Reconciler:
                 current = self.client.get(pod_path)
         else:
             raise Retry(f"pod {ns}/{name} kept changing while its gate was removed")
+        uid = str(_meta(pod).get("uid"))
         if node is None:
             self._set_condition(pod, "True", "NoClaims", "the pod has no resource claims")
         else:
-            self._set_condition(pod, "True", "Placed", f"devices allocated on node {node}")
-        self._reported.pop(str(_meta(pod).get("uid")), None)
+            # Followed from now on: kube-scheduler may refuse the node before the informer
+            # delivers the pod without its gate.
+            self.placed[uid] = Placed((ns, name), node, set(), version=_version(lifted))
+            self.ungated[uid] = lifted
+            self._set_condition(pod, "True", "Placed", f"{PLACED_ON}{node}")
+        self._reported.pop(uid, None)
+
+    def drop_all_holds(self) -> None:
+        """On a graceful stop of the leader: drop every hold, so that no claim depends on a
+        controller that may never come back (an uninstall). Pods still between their gate's
+        lifting and their binding lose the protection described in docs/scheduling.md."""
+        self.placed.clear()
+        self.ungated.clear()
+        self.refused.clear()
+        self._release_holds()
+
+    def _release_holds(self) -> None:
+        """Drop our hold from every claim whose pod we no longer follow (bound, gone, handed over
+        to kube-scheduler), so that the resourceclaim controller can deallocate it after the pod
+        as it does any claim. Runs over a complete picture only (the worker reconciles once every
+        informer has listed), so a pod not listed yet is never taken for a gone one."""
+        for key in sorted(self.held):
+            claim = self.claims.get(key)
+            if claim is None:
+                self.held.discard(key)
+                continue
+            reserved = (claim.get("status") or {}).get("reservedFor") or []
+            kept = [
+                r
+                for r in reserved
+                if not _is_hold(r) or str(r.get("uid")).removesuffix(HOLD_SUFFIX) in self.placed
+            ]
+            if len(kept) == len(reserved):
+                continue
+            status = {**(claim.get("status") or {}), "reservedFor": kept}
+            try:
+                updated = self.client.replace(
+                    kube.path(
+                        kube.RESOURCE_API,
+                        "resourceclaims",
+                        key[1],
+                        namespace=key[0],
+                        subresource="status",
+                    ),
+                    {**claim, "status": status},
+                )
+            except (kube.Conflict, kube.NotFound):
+                continue  # changed meanwhile: its event brings it back here
+            except kube.KubeError as exc:
+                log.warning("claim %s/%s: cannot drop the placement hold: %s", *key, exc)
+                continue
+            self.claims[key] = updated
+            self._written[str(_meta(updated).get("uid"))] = _version(updated)
+            self.held.discard(key)
+            log.info("claim %s/%s: placement hold dropped", *key)
 
     # ------------------------------------------------------------ reporting
 
-    def _refuse(self, pod: JSON, reason: str, message: str) -> None:
+    def _refuse(self, pod: JSON, reason: str, message: str, *, retry: bool = True) -> None:
         ns, name = _nsname(pod)
-        self.waiting.add((ns, name))
+        if retry:
+            self.waiting.add((ns, name))
         uid = str(_meta(pod).get("uid"))
         if self._reported.get(uid) == message:
             return  # said already; a changed reason is reported again
@@ -483,8 +782,77 @@ def _node_of(claim: Mapping[str, Any]) -> str:
     return "?"
 
 
+PLACED_ON = "devices allocated on node "
+
+
+def _hold(pod_name: str, pod_uid: str) -> JSON:
+    return {
+        "apiGroup": HOLD_GROUP,
+        "resource": HOLD_RESOURCE,
+        "name": pod_name,
+        "uid": pod_uid + HOLD_SUFFIX,
+    }
+
+
+def _is_hold(ref: Mapping[str, Any]) -> bool:
+    return ref.get("apiGroup") == HOLD_GROUP and ref.get("resource") == HOLD_RESOURCE
+
+
+def _holds(claim: Mapping[str, Any]) -> bool:
+    return any(_is_hold(r) for r in (claim.get("status") or {}).get("reservedFor") or [])
+
+
+def _version(obj: Mapping[str, Any]) -> int:
+    try:
+        return int(str(_meta(obj).get("resourceVersion") or "0"))
+    except ValueError:
+        return 0
+
+
+def _refusal(pod: Mapping[str, Any]) -> bool:
+    """kube-scheduler marked the pod PodScheduled=False/Unschedulable."""
+    cond = _condition(pod, "PodScheduled")
+    return (cond.get("status"), cond.get("reason")) == ("False", "Unschedulable")
+
+
+def _condition(pod: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind:
+            return dict(cond)
+    return {}
+
+
+def _placed_from_condition(pod: Mapping[str, Any]) -> Placed | None:
+    """The record of a pod placed before this process started: our Placement condition names
+    the node."""
+    ours = _condition(pod, CONDITION)
+    message = str(ours.get("message") or "")
+    if ours.get("status") != "True" or not message.startswith(PLACED_ON):
+        return None
+    node = message[len(PLACED_ON) :].split(" ", 1)[0]
+    return Placed(_nsname(pod), node, set(), restored=True)
+
+
+def _excluding(pod: Mapping[str, Any], nodes: set[str]) -> JSON:
+    """`pod` with a required node affinity that also rules out `nodes` (ANDed into each term)."""
+    spec = dict(pod.get("spec") or {})
+    affinity = dict(spec.get("affinity") or {})
+    node_affinity = dict(affinity.get("nodeAffinity") or {})
+    required = dict(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    rule = {"key": "metadata.name", "operator": "NotIn", "values": sorted(nodes)}
+    terms = [dict(t) for t in required.get("nodeSelectorTerms") or []] or [{}]
+    for term in terms:
+        term["matchFields"] = [*(term.get("matchFields") or []), rule]
+    required["nodeSelectorTerms"] = terms
+    node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = required
+    affinity["nodeAffinity"] = node_affinity
+    spec["affinity"] = affinity
+    return {**pod, "spec": spec}
+
+
+# Controller flag -> the annotation whose cluster default it sets.
 POLICY_ANNOTATIONS = {
-    "node_policy": ANNOTATION_PREFIX + "node-policy",
-    "device_policy": ANNOTATION_PREFIX + "device-policy",
-    "topology": ANNOTATION_PREFIX + "topology",
+    "node_policy": request.NODE_POLICY,
+    "device_policy": request.DEVICE_POLICY,
+    "topology": request.TOPOLOGY,
 }

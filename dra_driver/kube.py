@@ -250,17 +250,24 @@ class KubeClient:
                 return
             query["continue"] = token
 
-    def list_versioned(self, resource_path: str) -> tuple[builtins.list[JSON], str]:
+    def list_versioned(
+        self, resource_path: str, *, field_selector: str | None = None
+    ) -> tuple[builtins.list[JSON], str]:
         """All items of a collection and the collection's resourceVersion (to watch from)."""
         items: builtins.list[JSON] = []
         version = ""
-        for page in self._pages(resource_path, None, None):
+        for page in self._pages(resource_path, None, field_selector):
             items.extend(page.get("items") or [])
             version = str((page.get("metadata") or {}).get("resourceVersion") or version)
         return items, version
 
     def watch(
-        self, resource_path: str, resource_version: str, *, timeout_s: int = 300
+        self,
+        resource_path: str,
+        resource_version: str,
+        *,
+        timeout_s: int = 300,
+        field_selector: str | None = None,
     ) -> Generator[JSON, None, None]:
         """Watch events (`{"type": ADDED|MODIFIED|DELETED|BOOKMARK, "object": {...}}`) from
         `resource_version`, with bookmarks, until the server ends the stream (`timeout_s`).
@@ -274,6 +281,8 @@ class KubeClient:
             "allowWatchBookmarks": "true",
             "timeoutSeconds": str(timeout_s),
         }
+        if field_selector:
+            query["fieldSelector"] = field_selector
         url = self._api.configuration.host + resource_path + "?" + urlencode(query)
         headers = {"Accept": "application/json", **self._auth_headers()}
         try:

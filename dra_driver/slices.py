@@ -139,8 +139,22 @@ def device_capacity(gpu: GpuInfo, ratio: float) -> JSON:
     return capacity.device_capacity(gpu.memory_bytes, ratio)
 
 
+# Binding conditions (Kubernetes DRADeviceBindingConditions, beta and on by default since 1.36):
+# kube-scheduler copies them into each allocation of the device and binds the pod only once the
+# allocation controller set CONFIRMED True in the claim's status.devices (no other claim
+# overbooks the device); OVERBOOKED True makes it deallocate and try again. Published only when
+# the controller runs (a pod would otherwise wait out the scheduler's 10-minute binding timeout).
+CONDITION_CONFIRMED = "vgpu.dra.dev/CapacityConfirmed"
+CONDITION_OVERBOOKED = "vgpu.dra.dev/Overbooked"
+
+
 def build_device(
-    gpu: GpuInfo, inventory: NodeInventory, ratio: float, taints: Sequence[JSON] = ()
+    gpu: GpuInfo,
+    inventory: NodeInventory,
+    ratio: float,
+    taints: Sequence[JSON] = (),
+    *,
+    binding_conditions: bool = False,
 ) -> JSON:
     attributes = device_attributes(gpu, inventory)
     capacity = device_capacity(gpu, ratio)
@@ -156,6 +170,9 @@ def build_device(
     }
     if taints:
         device["taints"] = [dict(taint) for taint in taints]
+    if binding_conditions:
+        device["bindingConditions"] = [CONDITION_CONFIRMED]
+        device["bindingFailureConditions"] = [CONDITION_OVERBOOKED]
     return device
 
 
@@ -177,8 +194,11 @@ def build_slices(
     oversubscription_ratio: float = 1.0,
     max_devices_per_slice: int = MAX_DEVICES_PER_SLICE,
     taints: Mapping[str, Sequence[JSON]] | None = None,
+    binding_conditions: bool = False,
 ) -> list[JSON]:
     """The slices this node should have, with `pool.generation` 0 (the publisher sets it).
+
+    `binding_conditions`: devices carry CONDITION_CONFIRMED / CONDITION_OVERBOOKED (see there).
 
     `taints` maps device names to their DRA device taints (`kubelet_plugin.taints`). When any
     device carries taints, slices hold at most 64 devices (the API's limit for such slices).
@@ -191,7 +211,13 @@ def build_slices(
         raise SliceError(f"node {node_name!r} has no uid; the owner reference needs it")
     taints = taints or {}
     devices = [
-        build_device(gpu, inventory, oversubscription_ratio, taints.get(gpu.device_name, ()))
+        build_device(
+            gpu,
+            inventory,
+            oversubscription_ratio,
+            taints.get(gpu.device_name, ()),
+            binding_conditions=binding_conditions,
+        )
         for gpu in inventory.gpus
     ]
     if any("taints" in device for device in devices):
@@ -268,6 +294,8 @@ def comparable_spec(spec: Mapping[str, Any]) -> JSON:
                     (str(t.get("key")), str(t.get("value") or ""), str(t.get("effect")))
                     for t in device.get("taints") or []
                 ),
+                "bindingConditions": list(device.get("bindingConditions") or []),
+                "bindingFailureConditions": list(device.get("bindingFailureConditions") or []),
             }
         )
     return {

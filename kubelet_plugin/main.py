@@ -62,6 +62,7 @@ ENV = {
     "oversubscription_ratio": "VGPU_DRA_OVERSUBSCRIPTION_RATIO",
     "nvidia_cdi_spec_dir": "VGPU_DRA_NVIDIA_CDI_SPEC_DIR",
     "instance_id": "VGPU_DRA_INSTANCE_ID",
+    "binding_conditions": "VGPU_DRA_FEATURE_BINDING_CONDITIONS",
 }
 DEFAULT_HOOK_PATH = "/usr/local/vgpu-dra/lib/libvgpu.so"
 
@@ -166,6 +167,13 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="write Kubernetes Events on claims (and their pods) that fail to prepare",
+    )
+    add(
+        "--binding-conditions",
+        action=argparse.BooleanOptionalAction,
+        default=cli_flags.boolean(default("binding_conditions", "false") or "false"),
+        help="publish devices with binding conditions, confirmed by the allocation controller "
+        "(needs the controller; env VGPU_DRA_FEATURE_BINDING_CONDITIONS, default false)",
     )
     return parser
 
@@ -427,6 +435,7 @@ def _serve(
             rescan_s=args.rescan_seconds,
             quiet_s=args.xid_quiet_seconds,
             enforcement=args.enforcement,
+            binding_conditions=args.binding_conditions,
         ),
         inventory=inventory,
         client=client,

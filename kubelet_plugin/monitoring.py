@@ -46,6 +46,7 @@ class MonitorSettings:
     rescan_s: float
     quiet_s: float
     enforcement: bool = True
+    binding_conditions: bool = False  # dra_driver.slices.CONDITION_CONFIRMED
 
 
 def start(
@@ -140,6 +141,7 @@ def _publish(
         whole_devices=form is SliceForm.WHOLE,
         taints=devices.taints,
         on_sync=on_sync,
+        binding_conditions=settings.binding_conditions,
     )
     publisher.run(devices.inventory, stop, resync_s=settings.resync_s, wake=wake)
 

@@ -138,6 +138,7 @@ class SlicePublisher:
         on_sync: Callable[[str], None] | None = None,
         whole_devices: bool = False,
         taints: Callable[[], Mapping[str, Sequence[JSON]]] | None = None,
+        binding_conditions: bool = False,
     ) -> None:
         self._on_sync = on_sync  # told each sync's outcome: written, unchanged or error
         slices.scaled_memory(1 << 30, oversubscription_ratio)  # validate the ratio up front
@@ -153,6 +154,7 @@ class SlicePublisher:
         # start-up probe does not know about); None when the last write was stored as sent.
         self._altered_by_server: str | None = None
         self._taints = taints
+        self._binding_conditions = binding_conditions
         self.generation = 0
         """Pool generation after the last successful sync (0 before the first)."""
 
@@ -171,6 +173,7 @@ class SlicePublisher:
             oversubscription_ratio=self._ratio,
             max_devices_per_slice=self._per_slice,
             taints=self._taints() if self._taints is not None else None,
+            binding_conditions=self._binding_conditions,
         )
         if self._whole_devices:
             return [whole_device_slice(obj) for obj in built]

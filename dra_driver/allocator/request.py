@@ -30,6 +30,47 @@ def _csv(text: str | None) -> tuple[str, ...]:
     return tuple(p.strip().lower() for p in (text or "").split(",") if p.strip())
 
 
+# The policy annotations, canonical names (issue 10's, which vgpu-manager users know under its
+# `nvidia.com/` prefix; the webhook translates that prefix) -> the short names accepted as
+# aliases. When a pod sets both, the canonical name wins.
+NODE_POLICY = ANNOTATION_PREFIX + "node-scheduler-policy"
+DEVICE_POLICY = ANNOTATION_PREFIX + "device-scheduler-policy"
+TOPOLOGY = ANNOTATION_PREFIX + "device-topology-mode"
+INCLUDE_TYPE = ANNOTATION_PREFIX + "include-gpu-type"
+EXCLUDE_TYPE = ANNOTATION_PREFIX + "exclude-gpu-type"
+INCLUDE_UUID = ANNOTATION_PREFIX + "include-gpu-uuid"
+EXCLUDE_UUID = ANNOTATION_PREFIX + "exclude-gpu-uuid"
+ALIASES: dict[str, str] = {
+    NODE_POLICY: ANNOTATION_PREFIX + "node-policy",
+    DEVICE_POLICY: ANNOTATION_PREFIX + "device-policy",
+    TOPOLOGY: ANNOTATION_PREFIX + "topology",
+    INCLUDE_TYPE: ANNOTATION_PREFIX + "gpu-type",
+    INCLUDE_UUID: ANNOTATION_PREFIX + "gpu-uuid",
+}
+POLICY_ANNOTATIONS = (
+    NODE_POLICY,
+    DEVICE_POLICY,
+    TOPOLOGY,
+    INCLUDE_TYPE,
+    EXCLUDE_TYPE,
+    INCLUDE_UUID,
+    EXCLUDE_UUID,
+)
+
+
+def canonical_annotations(annotations: Mapping[str, str]) -> dict[str, str]:
+    """The policy annotations of `annotations` under their canonical names (an alias only counts
+    when its canonical name is absent); other annotations are left out."""
+    found = {}
+    for name in POLICY_ANNOTATIONS:
+        alias = ALIASES.get(name)
+        if name in annotations:
+            found[name] = annotations[name]
+        elif alias is not None and alias in annotations:
+            found[name] = annotations[alias]
+    return found
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
     """How to choose among feasible placements (docs/scheduling.md defines each score)."""
@@ -44,31 +85,29 @@ class Policy:
 
     @classmethod
     def from_annotations(cls, annotations: Mapping[str, str]) -> Policy:
-        """Read `vgpu.dra.dev/{node-policy,device-policy,topology,gpu-type,exclude-gpu-type,
-        gpu-uuid,exclude-gpu-uuid}` from a pod's annotations."""
-
-        def get(name: str) -> str | None:
-            return annotations.get(ANNOTATION_PREFIX + name)
-
-        node = get("node-policy") or "binpack"
-        device = get("device-policy") or "spread"
-        topology = get("topology") or "none"
+        """Read the policy annotations (`POLICY_ANNOTATIONS`, or their `ALIASES`) of a pod."""
+        given = canonical_annotations(annotations)
+        node = given.get(NODE_POLICY) or "binpack"
+        device = given.get(DEVICE_POLICY) or "spread"
+        topology = given.get(TOPOLOGY) or "none"
         for key, value, allowed in (
-            ("node-policy", node, ("binpack", "spread")),
-            ("device-policy", device, ("binpack", "spread")),
-            ("topology", topology, ("none", "numa", "link", "numa-strict", "link-strict")),
+            (NODE_POLICY, node, ("binpack", "spread")),
+            (DEVICE_POLICY, device, ("binpack", "spread")),
+            (TOPOLOGY, topology, ("none", "numa", "link", "numa-strict", "link-strict")),
         ):
             if value not in allowed:
                 choices = ", ".join(allowed)
-                raise RequestError(f"annotation {ANNOTATION_PREFIX}{key}={value!r}: use {choices}")
+                alias = ALIASES.get(key, key)
+                written = alias if key not in annotations and alias in annotations else key
+                raise RequestError(f"annotation {written}={value!r}: use {choices}")
         return cls(
             node=node,  # type: ignore[arg-type]
             device=device,  # type: ignore[arg-type]
             topology=topology,  # type: ignore[arg-type]
-            include_types=_csv(get("gpu-type")),
-            exclude_types=_csv(get("exclude-gpu-type")),
-            include_uuids=_csv(get("gpu-uuid")),
-            exclude_uuids=_csv(get("exclude-gpu-uuid")),
+            include_types=_csv(given.get(INCLUDE_TYPE)),
+            exclude_types=_csv(given.get(EXCLUDE_TYPE)),
+            include_uuids=_csv(given.get(INCLUDE_UUID)),
+            exclude_uuids=_csv(given.get(EXCLUDE_UUID)),
         )
 
     @property

@@ -9,7 +9,9 @@ kube-scheduler binds them once the controller lifted the gate.
 
 Proves: exact placements of a scripted binpack and spread sequence; `link` keeps a 4-GPU claim in
 one island; `link-strict` refuses a 5-GPU claim with an Event and the Placement condition;
-include/exclude of GPU types; two replicas are both ready (leader and standby) and, the leader
+include/exclude of GPU types and UUIDs (canonical names and aliases); a node kube-scheduler
+refuses after the decision is replaced by the next best, and a claim the controller allocated is
+deallocated once its pod is gone; two replicas are both ready (leader and standby) and, the leader
 killed mid-stream, never overbook a device; a controller killed mid-allocation converges after a
 restart, including a pod left with one of its two claims written (released and placed again).
 """
@@ -18,18 +20,11 @@ from __future__ import annotations
 
 import copy
 import functools
-import os
-import re
-import signal
-import subprocess
-import sys
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -38,13 +33,13 @@ from dra_driver.allocator.model import parse_quantity
 from dra_driver.kube import RESOURCE_API, KubeClient
 from dra_driver.slices import build_slices
 from tests.fixtures.allocator_cluster import SHAPES, device_class, inventory
-from tests.fixtures.chart import (
-    by_kind,
-    collection_path,
-    helm_binary,
-    render,
-    request_token,
-    token_kubeconfig,
+from tests.fixtures.controller import (
+    Controller,
+    controller_account,
+    drop_holds,
+    leader,
+    ready,
+    started,
 )
 from tests.fixtures.workloads import pause_pod, resource_claim
 from vgpu_testbed.cluster import boot as cluster_boot
@@ -56,7 +51,6 @@ from vgpu_testbed.polling import wait_for
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 JSON = dict[str, Any]
-T = TypeVar("T")
 GATE = "vgpu.dra.dev/policy"
 CLAIMS = kube.path(RESOURCE_API, "resourceclaims")
 SLICES = kube.path(RESOURCE_API, "resourceslices")
@@ -111,122 +105,34 @@ def bed(
 ) -> Iterator[Bed]:
     """Nodes, slices and a DeviceClass of a throwaway driver, and the controller's ServiceAccount
     with the chart's RBAC; all removed afterwards."""
-    helm_binary()
     prefix = f"c{uuid.uuid4().hex[:5]}"
     driver = f"{prefix}.ctl.vgpu.dra.dev"
-    system_ns = f"{prefix}-system"
     home = tmp_path_factory.mktemp("controller-helm")
-    docs = render(home, {"controller": {"enabled": True}}, namespace=system_ns, release=prefix)
-    rbac = [
-        d
-        for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
-        for d in by_kind(docs, kind)
-        if d["metadata"]["labels"].get("app.kubernetes.io/component") == "controller"
-    ]
-    assert {d["kind"] for d in rbac} == {
-        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"
-    }  # fmt: skip
-    client.create(
-        kube.path("v1", "namespaces"),
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": system_ns}},
-    )
-    try:
-        for doc in rbac:
-            client.create(collection_path(doc, system_ns), doc)
-        account = by_kind(rbac, "ServiceAccount")[0]["metadata"]["name"]
-        token = request_token(client, system_ns, account, None)
-        kubeconfig = token_kubeconfig(
-            home / "controller.kubeconfig", cluster.server, cluster.ca_cert, token
-        )
-        client.create(kube.path(RESOURCE_API, "deviceclasses"), device_class(driver))
-        _create_nodes_and_slices(client, cluster, prefix, driver)
-        yield Bed(prefix, driver, system_ns, kubeconfig, home)
-    finally:
-        for obj in client.list(SLICES):
-            if obj["spec"].get("driver") == driver:
-                client.delete(kube.path(RESOURCE_API, "resourceslices", obj["metadata"]["name"]))
-        client.delete(kube.path(RESOURCE_API, "deviceclasses", driver))
-        for profile in PROFILES:
-            client.delete(kube.path("v1", "nodes", f"{prefix}-{profile}"))
-        for doc in rbac:
-            if doc["kind"] in ("ClusterRole", "ClusterRoleBinding"):
-                api = "rbac.authorization.k8s.io/v1"
-                plural = "clusterroles" if doc["kind"] == "ClusterRole" else "clusterrolebindings"
-                client.delete(kube.path(api, plural, doc["metadata"]["name"]))
-        client.delete(kube.path("v1", "namespaces", system_ns))
-
-
-class Controller:
-    """One `vgpu-dra controller` process with the ServiceAccount's credentials."""
-
-    def __init__(self, bed: Bed, name: str, *extra: str) -> None:
-        self.log = bed.logs / f"{name}.log"
-        self._out = self.log.open("a")
-        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
-        self.proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "dra_driver.cli", "controller",
-                "--kubeconfig", str(bed.kubeconfig),
-                "--health-address", "127.0.0.1:0",
-                "--leader-elect",
-                "--lease-namespace", bed.system_ns,
-                "--lease-name", "vgpu-dra-controller",
-                "--lease-duration", "3",
-                "--log-level", "debug",
-                *extra,
-            ],
-            stdout=self._out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )  # fmt: skip
-
-    def text(self) -> str:
-        return self.log.read_text()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=10)
-        self._out.close()
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(timeout=20)
-        self._out.close()
-        return code
+    with controller_account(client, cluster, home, prefix) as account:
+        try:
+            client.create(kube.path(RESOURCE_API, "deviceclasses"), device_class(driver))
+            _create_nodes_and_slices(client, cluster, prefix, driver)
+            yield Bed(prefix, driver, account.system_ns, account.kubeconfig, account.logs)
+        finally:
+            for obj in client.list(SLICES):
+                if obj["spec"].get("driver") == driver:
+                    client.delete(
+                        kube.path(RESOURCE_API, "resourceslices", obj["metadata"]["name"])
+                    )
+            client.delete(kube.path(RESOURCE_API, "deviceclasses", driver))
+            for profile in PROFILES:
+                client.delete(kube.path("v1", "nodes", f"{prefix}-{profile}"))
 
 
 @pytest.fixture
-def controllers(bed: Bed) -> Iterator[list[Controller]]:
-    """Start controllers with `controllers.append(Controller(bed, name))`; all stopped after."""
+def controllers(bed: Bed, client: KubeClient, namespace: str) -> Iterator[list[Controller]]:
+    """Start controllers with `controllers.append(Controller(bed, name))`; all stopped after,
+    and the holds they leave on the namespace's claims dropped (so the namespace can go)."""
     started: list[Controller] = []
     yield started
     for c in started:
         c.kill()
-
-
-def ready(c: Controller) -> bool:
-    match = re.search(r"probes on (http://[\d.]+:\d+)", c.text())
-    if match is None:
-        return False
-    try:
-        with urllib.request.urlopen(match.group(1) + "/readyz", timeout=5) as answer:
-            return bool(answer.status == 200)
-    except urllib.error.HTTPError:
-        return False
-
-
-def leader(client: KubeClient, bed: Bed) -> str | None:
-    try:
-        lease = client.get(
-            kube.path(
-                "coordination.k8s.io/v1", "leases", "vgpu-dra-controller", namespace=bed.system_ns
-            )
-        )
-    except kube.NotFound:
-        return None
-    return str((lease.get("spec") or {}).get("holderIdentity") or "") or None
+    drop_holds(client, namespace)
 
 
 def gpu_claim(
@@ -287,9 +193,13 @@ def placed(client: KubeClient, ns: str, name: str) -> tuple[str, list[str]]:
     pod = wait_for(f"pod {name} ungated", lambda: ungated(client, ns, name))
     assert [g["name"] for g in pod["spec"]["schedulingGates"]] == ["example.com/keep"]
     status = get_claim(client, ns, name)["status"]
+    uid = pod["metadata"]["uid"]
+    # The pod, and the controller's hold until kube-scheduler binds the pod.
     assert status["reservedFor"] == [
-        {"resource": "pods", "name": name, "uid": pod["metadata"]["uid"]}
-    ]
+        {"resource": "pods", "name": name, "uid": uid},
+        {"apiGroup": "vgpu.dra.dev", "resource": "placements", "name": name,
+         "uid": f"{uid}-placement"},
+    ]  # fmt: skip
     terms = status["allocation"]["nodeSelector"]["nodeSelectorTerms"]
     node = terms[0]["matchFields"][0]["values"][0]
     return node, [r["device"] for r in status["allocation"]["devices"]["results"]]
@@ -300,20 +210,6 @@ def condition(pod: JSON) -> JSON | None:
         if cond["type"] == "vgpu.dra.dev/Placement":
             return dict(cond)
     return None
-
-
-def started(client: KubeClient, bed: Bed, *controllers: Controller) -> str:
-    """The identity of the Lease holder, once it is one of `controllers` (a killed controller of
-    an earlier test may hold it until it expires)."""
-
-    def holder() -> str | None:
-        for c in controllers:
-            assert c.proc.poll() is None, c.text()
-        now = leader(client, bed)
-        mine = now and any(re.search(rf" as {re.escape(now)}\b", c.text()) for c in controllers)
-        return now if mine else None
-
-    return wait_for("a lease holder among the started controllers", holder, timeout=30)
 
 
 def test_binpack_then_spread_place_exactly(
@@ -386,6 +282,113 @@ def test_topology_and_type_filters(
     submit(client, namespace, "excl", [gpu_claim("excl", bed.driver, memory="1Gi")],
            {"exclude-gpu-type": "H100,A100"})  # fmt: skip
     assert placed(client, namespace, "excl")[0] == bed.node("a10")
+
+
+def gpu_uuids(client: KubeClient, bed: Bed, node: str) -> dict[str, str]:
+    """Device name -> GPU UUID as the node's slices publish them."""
+    found = {}
+    for obj in client.list(SLICES, field_selector=f"spec.nodeName={node}"):
+        if obj["spec"]["driver"] == bed.driver:
+            for device in obj["spec"]["devices"]:
+                found[device["name"]] = device["attributes"]["uuid"]["string"]
+    return found
+
+
+def test_uuid_include_and_exclude(
+    client: KubeClient, bed: Bed, namespace: str, controllers: list[Controller]
+) -> None:
+    """The canonical names (`include-gpu-uuid`, `exclude-gpu-uuid`) and the short alias
+    (`gpu-uuid`), against binpack's own choice (the first GPU of the first node by name, then
+    the most used node)."""
+    controllers.append(Controller(bed, "uuid"))
+    started(client, bed, *controllers)
+    a10, h100 = gpu_uuids(client, bed, bed.node("a10")), gpu_uuids(client, bed, bed.node("h100"))
+    binpack = {"node-scheduler-policy": "binpack", "device-scheduler-policy": "binpack"}
+    submit(client, namespace, "never", [gpu_claim("never", bed.driver, memory="1Gi")],
+           {**binpack, "exclude-gpu-uuid": f"{a10['gpu-0']},{a10['gpu-1']}"})  # fmt: skip
+    assert placed(client, namespace, "never") == (bed.node("a10"), ["gpu-2"])
+    submit(client, namespace, "only", [gpu_claim("only", bed.driver, memory="1Gi")],
+           {**binpack, "include-gpu-uuid": h100["gpu-3"].lower()})  # fmt: skip
+    assert placed(client, namespace, "only") == (bed.node("h100"), ["gpu-3"])
+    submit(client, namespace, "alias", [gpu_claim("alias", bed.driver, memory="1Gi")],
+           {**binpack, "gpu-uuid": f"{h100['gpu-5']},{h100['gpu-6']}"})  # fmt: skip
+    assert placed(client, namespace, "alias") == (bed.node("h100"), ["gpu-5"])
+    submit(client, namespace, "nowhere", [gpu_claim("nowhere", bed.driver, memory="1Gi")],
+           {"include-gpu-uuid": "GPU-does-not-exist"})  # fmt: skip
+    refused = wait_for("nowhere refused", lambda: condition(get_pod(client, namespace, "nowhere")))
+    assert (refused["status"], refused["reason"]) == ("False", "Unschedulable")
+
+
+def test_a_node_kube_scheduler_refuses_is_replaced(
+    client: KubeClient, bed: Bed, namespace: str, controllers: list[Controller]
+) -> None:
+    """kube-scheduler refuses the node the controller chose for a reason the allocator does not
+    model (pod anti-affinity to a pod already on it): the controller places the claim again
+    without that node, with its own policy, and kube-scheduler binds the pod there."""
+    controllers.append(Controller(bed, "replace"))
+    started(client, bed, *controllers)
+    a10, a100 = bed.node("a10"), bed.node("a100")
+    blocker = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "blocker", "labels": {"app": "blocker"}},
+        "spec": {"nodeName": a10, "containers": [{"name": "c", "image": "pause"}]},
+    }
+    client.create(kube.path("v1", "pods", namespace=namespace), blocker)
+    client.create(kube.path(RESOURCE_API, "resourceclaims", namespace=namespace),
+                  gpu_claim("moved", bed.driver, memory="4Gi"))  # fmt: skip
+    pod = gated_pod("moved", ["moved"], {"node-scheduler-policy": "binpack"})
+    pod["spec"]["schedulingGates"] = [{"name": GATE}]
+    pod["spec"]["affinity"] = {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {"matchLabels": {"app": "blocker"}},
+                    "topologyKey": "kubernetes.io/hostname",
+                }
+            ]
+        }
+    }
+    client.create(kube.path("v1", "pods", namespace=namespace), pod)
+    # Binpack's first choice is a10 (all nodes empty, first by name); kube-scheduler refuses it.
+    # The controller's hold keeps kube-scheduler from deallocating the claim; the controller
+    # releases it and writes its new allocation at once.
+    bound = wait_for(
+        "moved bound", lambda: get_pod(client, namespace, "moved")["spec"].get("nodeName"), 90
+    )
+    assert bound != a10
+    log = controllers[0].text()
+    assert "claim " + namespace + "/moved released" in log  # the controller reacted
+    claim = get_claim(client, namespace, "moved")
+    terms = claim["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"]
+    assert terms[0]["matchFields"][0]["values"] == [bound]
+    if f"kube-scheduler refused node {a10}; placed again on {a100}" in log:
+        assert bound == a100  # binpack's next node
+        cond = condition(get_pod(client, namespace, "moved"))
+        assert cond is not None and (cond["status"], cond["reason"]) == ("True", "Replaced")
+        assert f"refused {a10}" in cond["message"]
+    else:
+        # The documented race: kube-scheduler allocated the released claim itself between the
+        # controller's two writes; the pod is on the default path from there.
+        assert "was allocated by someone else; left to kube-scheduler" in log, log[-3000:]
+    # Bound: the hold is gone, the pod is the claim's only consumer.
+    uid = get_pod(client, namespace, "moved")["metadata"]["uid"]
+    wait_for(
+        "the placement hold dropped",
+        lambda: (
+            get_claim(client, namespace, "moved")["status"].get("reservedFor")
+            == [{"resource": "pods", "name": "moved", "uid": uid}]
+        ),
+    )
+    claim = get_claim(client, namespace, "moved")
+    assert "resource.kubernetes.io/delete-protection" in claim["metadata"]["finalizers"]
+    # The claim outlives its pod, and is deallocated once the pod is gone (the finalizer).
+    client.request("DELETE", kube.path("v1", "pods", "moved", namespace=namespace),
+                   query={"gracePeriodSeconds": 0})  # fmt: skip
+    wait_for(
+        "moved's claim deallocated",
+        lambda: "allocation" not in (get_claim(client, namespace, "moved").get("status") or {}),
+    )
 
 
 def device_use(client: KubeClient, ns: str) -> dict[str, int]:
@@ -483,9 +486,10 @@ def test_a_controller_killed_mid_allocation_converges(
         nodes = set()
         for j in range(2):
             status = get_claim(client, namespace, f"{name}-{j}")["status"]
-            assert status["reservedFor"] == [
-                {"resource": "pods", "name": name, "uid": pod["metadata"]["uid"]}
-            ]
+            # (plus the controller's hold while the pod is unbound, unless the crash fell between
+            # the gate's lifting and the Placement condition that lets a successor follow it)
+            pods = [r for r in status["reservedFor"] if r["resource"] == "pods"]
+            assert pods == [{"resource": "pods", "name": name, "uid": pod["metadata"]["uid"]}]
             term = status["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]
             nodes.add(term["matchFields"][0]["values"][0])
         assert len(nodes) == 1, (name, nodes)  # both claims of a pod on one node

@@ -425,6 +425,19 @@ CONTROLLER_ALLOWED = [
     attrs("list", "pods"),
     attrs("create", "pods", subresource="eviction", namespace="tenant"),
     attrs("update", "leases", "coordination.k8s.io", namespace="vgpu-dra-system"),
+    # the delete-protection finalizer on claims it allocates
+    attrs("update", "resourceclaims", "resource.k8s.io", namespace="t"),
+    # the rescheduler's trigger: Warning Events about pods
+    attrs("watch", "events"),
+    # binding conditions: status.devices of the chart's driver
+    attrs(
+        "arbitrary-node:update",
+        "resourceclaims",
+        "resource.k8s.io",
+        subresource="driver",
+        name="vgpu.dra.dev",
+        namespace="t",
+    ),
     # the webhook: its templates, its one Secret, its two configurations
     attrs("create", "resourceclaimtemplates", "resource.k8s.io", namespace="tenant"),
     attrs("delete", "resourceclaimtemplates", "resource.k8s.io", namespace="tenant"),
@@ -438,7 +451,15 @@ CONTROLLER_ALLOWED = [
 ]
 CONTROLLER_DENIED = [
     attrs("create", "resourceslices", "resource.k8s.io"),
-    attrs("update", "resourceclaims", "resource.k8s.io", namespace="t"),
+    attrs("delete", "resourceclaims", "resource.k8s.io", namespace="t"),
+    attrs(
+        "arbitrary-node:update",
+        "resourceclaims",
+        "resource.k8s.io",
+        subresource="driver",
+        name="gpu.other.example",
+        namespace="t",
+    ),
     attrs("update", "leases", "coordination.k8s.io", namespace="kube-system"),
     attrs("get", "secrets", namespace="vgpu-dra-system"),
     attrs("get", "secrets", namespace="vgpu-dra-system", name="another-secret"),

@@ -34,10 +34,14 @@ class Script:
         ]
         self.watch_from: list[str] = []
 
-    def list_versioned(self, path: str) -> tuple[list[JSON], str]:
+    def list_versioned(
+        self, path: str, *, field_selector: str | None = None
+    ) -> tuple[list[JSON], str]:
         return self.lists.pop(0)
 
-    def watch(self, path: str, version: str, *, timeout_s: int) -> Iterator[JSON]:
+    def watch(
+        self, path: str, version: str, *, timeout_s: int, field_selector: str | None = None
+    ) -> Iterator[JSON]:
         self.watch_from.append(version)
         n = len(self.watch_from)
         if n == 1:

@@ -7,6 +7,7 @@ import pytest
 
 from controller.main import DEFAULT_LEASE_NAME, build_parser
 from controller.reconciler import POLICY_ANNOTATIONS, Defaults
+from dra_driver.allocator.request import RequestError
 
 
 def test_leader_election_from_the_chart_environment() -> None:
@@ -49,24 +50,35 @@ def test_cluster_defaults_yield_to_the_pods_annotations() -> None:
     assert (own.node, own.topology) == ("binpack", "link")
 
 
-def test_the_issues_long_annotation_names_are_aliases() -> None:
-    defaults = Defaults({})
-    policy = defaults.policy_for(
-        {
-            "metadata": {
-                "annotations": {
-                    "vgpu.dra.dev/node-scheduler-policy": "spread",
-                    "vgpu.dra.dev/device-scheduler-policy": "binpack",
-                    "vgpu.dra.dev/device-topology-mode": "link-strict",
-                    "vgpu.dra.dev/include-gpu-type": "H100",
-                    "vgpu.dra.dev/include-gpu-uuid": "GPU-1",
-                    "vgpu.dra.dev/exclude-gpu-type": "A10",
-                }
-            }
-        }
-    )
-    assert (policy.node, policy.device, policy.topology) == ("spread", "binpack", "link-strict")
-    assert (policy.include_types, policy.include_uuids) == (("h100",), ("gpu-1",))
-    assert policy.exclude_types == ("a10",)
-    both = {"vgpu.dra.dev/node-scheduler-policy": "spread", "vgpu.dra.dev/node-policy": "binpack"}
-    assert defaults.policy_for({"metadata": {"annotations": both}}).node == "binpack"
+def test_the_issues_long_annotation_names_are_canonical_and_the_short_ones_aliases() -> None:
+    defaults = Defaults({POLICY_ANNOTATIONS["node_policy"]: "binpack"})
+    long_names = {
+        "vgpu.dra.dev/node-scheduler-policy": "spread",
+        "vgpu.dra.dev/device-scheduler-policy": "binpack",
+        "vgpu.dra.dev/device-topology-mode": "link-strict",
+        "vgpu.dra.dev/include-gpu-type": "H100",
+        "vgpu.dra.dev/exclude-gpu-type": "A10",
+        "vgpu.dra.dev/include-gpu-uuid": "GPU-1",
+        "vgpu.dra.dev/exclude-gpu-uuid": "GPU-2",
+    }
+    short_names = {
+        "vgpu.dra.dev/node-policy": "spread",
+        "vgpu.dra.dev/device-policy": "binpack",
+        "vgpu.dra.dev/topology": "link-strict",
+        "vgpu.dra.dev/gpu-type": "H100",
+        "vgpu.dra.dev/exclude-gpu-type": "A10",
+        "vgpu.dra.dev/gpu-uuid": "GPU-1",
+        "vgpu.dra.dev/exclude-gpu-uuid": "GPU-2",
+    }
+    for given in (long_names, short_names):
+        policy = defaults.policy_for({"metadata": {"annotations": given}})
+        assert (policy.node, policy.device, policy.topology) == ("spread", "binpack", "link-strict")
+        assert (policy.include_types, policy.exclude_types) == (("h100",), ("a10",))
+        assert (policy.include_uuids, policy.exclude_uuids) == (("gpu-1",), ("gpu-2",))
+    # The canonical name wins over its alias, whichever order they come in.
+    both = {"vgpu.dra.dev/node-policy": "binpack", "vgpu.dra.dev/node-scheduler-policy": "spread"}
+    assert defaults.policy_for({"metadata": {"annotations": both}}).node == "spread"
+    # A bad value names the annotation as the pod wrote it.
+    for name in ("vgpu.dra.dev/topology", "vgpu.dra.dev/device-topology-mode"):
+        with pytest.raises(RequestError, match=f"{name}='ring'"):
+            defaults.policy_for({"metadata": {"annotations": {name: "ring"}}})

@@ -7,7 +7,12 @@ is retried after a fresh read; a claim deleted mid-placement leaves the claims a
 released and the model without their consumption; a crash between two claim writes (one claim
 allocated for the pod, one not) converges to both on one node; a refused pod gets one Event and
 one condition, is not retried without a change, and is retried when a node or slice arrives; an
-API failure is retried after a doubling backoff even when no event follows.
+API failure is retried after a doubling backoff even when no event follows; claims carry
+kube-scheduler's finalizer; a node kube-scheduler refuses (signalled by its deallocation of a
+claim) is replaced by the next best, both claims together, a second refusal excludes both nodes,
+no other node hands the pod to kube-scheduler, a restarted controller re-places a refused pod,
+kube-scheduler's own allocation ends the following, and a refusal seen before the ungated pod
+event is acted on.
 """
 
 from __future__ import annotations
@@ -20,13 +25,15 @@ from typing import Any
 
 import pytest
 
-from controller.reconciler import CONDITION, GATE, Defaults, Reconciler
+from controller.reconciler import CONDITION, FINALIZER, GATE, Defaults, Reconciler
 from dra_driver import kube
 from dra_driver.allocator.quantity import parse_quantity
 from tests.fixtures.allocator_cluster import DEVICE_CLASS, DRIVER, node_events
 
 JSON = dict[str, Any]
 NS = "tenant"
+HOLD = {"apiGroup": "vgpu.dra.dev", "resource": "placements", "name": "p", "uid": "uid-p-placement"}
+POD_P = {"resource": "pods", "name": "p", "uid": "uid-p"}
 
 
 class FakeApi:
@@ -34,6 +41,7 @@ class FakeApi:
 
     def __init__(self) -> None:
         self.objects: dict[str, JSON] = {}
+        self.history: list[tuple[str, JSON]] = []  # every version stored, in order (a watch)
         self.events: list[JSON] = []
         self.fail: dict[str, list[kube.KubeError]] = {}  # path -> errors to raise first
         self._rv = itertools.count(100)
@@ -42,6 +50,7 @@ class FakeApi:
         obj = copy.deepcopy(obj)
         obj.setdefault("metadata", {})["resourceVersion"] = str(next(self._rv))
         self.objects[path] = obj
+        self.history.append((path, copy.deepcopy(obj)))
         return copy.deepcopy(obj)
 
     def _raise_planned(self, path: str) -> None:
@@ -82,11 +91,11 @@ class FakeApi:
         return self.put(path, updated)
 
     def strategic_patch(self, path: str, patch: Mapping[str, Any]) -> JSON:
-        target = self.objects[path.removesuffix("/status")]
+        target = copy.deepcopy(self.objects[path.removesuffix("/status")])
         conditions = target.setdefault("status", {}).setdefault("conditions", [])
         for cond in patch["status"]["conditions"]:
             conditions[:] = [c for c in conditions if c["type"] != cond["type"]] + [cond]
-        return copy.deepcopy(target)
+        return self.put(path.removesuffix("/status"), target)
 
     def create(self, path: str, obj: Mapping[str, Any]) -> JSON:
         assert path.endswith("/events"), path
@@ -180,7 +189,8 @@ def test_places_writes_claims_and_removes_only_its_gate(api: FakeApi) -> None:
     claims = [api.get(claim_path(n)) for n in ("a", "b")]
     assert {node_of(c) for c in claims} == {"node-00000"}
     for claim in claims:
-        assert claim["status"]["reservedFor"] == [{"resource": "pods", "name": "p", "uid": "uid-p"}]
+        # The pod, and our hold until kube-scheduler binds it.
+        assert claim["status"]["reservedFor"] == [POD_P, HOLD]
         (result,) = claim["status"]["allocation"]["devices"]["results"]
         assert result["driver"] == DRIVER and result["request"] == "gpu"
         assert parse_quantity(result["consumedCapacity"]["memory"]) == 10 << 30
@@ -322,3 +332,218 @@ def test_a_gated_pod_without_claims_is_released_to_the_scheduler(api: FakeApi) -
     assert api.get(pod_path("plain"))["spec"]["schedulingGates"] == [{"name": "other/gate"}]
     assert api.get(pod_path("plain"))["status"]["conditions"][0]["reason"] == "NoClaims"
     assert api.events == []
+
+
+def test_claims_carry_the_schedulers_finalizer_so_they_are_deallocated_after_their_pod(
+    api: FakeApi,
+) -> None:
+    """Without the finalizer the resourceclaim controller never clears the allocation of a named
+    claim once its pod is gone, and a claim in use could be deleted."""
+    r = reconciler(api)
+    make_claim(api, "a")
+    make_pod(api, "p", ["a"])
+    feed(r, api)
+    r.reconcile()
+    claim = api.get(claim_path("a"))
+    assert claim["metadata"]["finalizers"] == [FINALIZER]
+    assert claim["status"]["allocation"]
+
+
+def refuse(api: FakeApi, r: Reconciler, pod: str, *, at: str, deallocate: str | None) -> JSON:
+    """What kube-scheduler does with a pod whose claims pin it to a node it refuses: it marks the
+    pod PodScheduled=False/Unschedulable and, when the pod is a claim's only consumer (no hold),
+    its DRA PostFilter deallocates that claim first. Returns the pod as refused."""
+    if deallocate is not None:
+        claim = api.get(claim_path(deallocate))
+        claim["status"] = {}
+        r.on_event("ResourceClaim", "apply", api.put(claim_path(deallocate), claim))
+    obj = api.get(pod_path(pod))
+    obj["status"]["conditions"] = [
+        c for c in obj["status"]["conditions"] if c["type"] != "PodScheduled"
+    ] + [
+        {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": "0/2 nodes are available: 1 node(s) had untolerated taint",
+            "lastTransitionTime": at,
+        }
+    ]
+    refused = api.put(pod_path(pod), obj)
+    r.on_event("Pod", "apply", refused)
+    return refused
+
+
+def lift_other_gate(api: FakeApi, r: Reconciler, pod: str) -> None:
+    obj = api.get(pod_path(pod))
+    obj["spec"]["schedulingGates"] = []
+    r.on_event("Pod", "apply", api.put(pod_path(pod), obj))
+
+
+def test_a_node_kube_scheduler_refuses_is_replaced_by_the_next_best(api: FakeApi) -> None:
+    r = reconciler(api, nodes=3)
+    for name in ("a", "b"):
+        make_claim(api, name)
+    make_pod(api, "p", ["a", "b"])
+    feed(r, api)
+    r.reconcile()
+    assert {node_of(api.get(claim_path(n))) for n in "ab"} == {"node-00000"}
+    lift_other_gate(api, r, "p")
+    feed(r, api)  # the informers deliver our writes
+    # Our hold keeps kube-scheduler from deallocating: the refusal is the pod's condition.
+    stale = refuse(api, r, "p", at="2026-01-01T00:00:01Z", deallocate=None)
+    r.reconcile()
+    a, b = api.get(claim_path("a")), api.get(claim_path("b"))
+    assert node_of(a) == node_of(b) == "node-00001"  # binpack's next node, both claims together
+    for claim in (a, b):
+        assert claim["status"]["reservedFor"] == [POD_P, HOLD]
+    cond = {c["type"]: c for c in api.get(pod_path("p"))["status"]["conditions"]}
+    assert (cond[CONDITION]["status"], cond[CONDITION]["reason"]) == ("True", "Replaced")
+    assert "node-00001" in cond[CONDITION]["message"]
+    assert "refused node-00000" in cond[CONDITION]["message"]
+    # PodScheduled is reset, so kube-scheduler's next refusal changes the pod again.
+    assert cond["PodScheduled"]["reason"] == "VgpuDraReplaced"
+    # The model holds the new allocation only: node-00000 is free again.
+    assert all(not any(v.values()) for k, v in r.model.used.items() if k[1] == "node-00000")
+    # The refusal of node-00000 delivered again (an event older than our reset) is no new one.
+    feed(r, api)
+    r.on_event("Pod", "apply", stale)
+    r.reconcile()
+    assert node_of(api.get(claim_path("a"))) == "node-00001"
+    # A second refusal excludes both nodes.
+    refuse(api, r, "p", at="2026-01-01T00:00:01Z", deallocate=None)
+    r.reconcile()
+    assert {node_of(api.get(claim_path(n))) for n in "ab"} == {"node-00002"}
+    # Bound by kube-scheduler: no longer followed, and the hold is dropped.
+    feed(r, api)
+    bound = api.get(pod_path("p"))
+    bound["spec"]["nodeName"] = "node-00002"
+    r.on_event("Pod", "apply", api.put(pod_path("p"), bound))
+    assert r.placed == {}
+    r.reconcile()
+    for n in "ab":
+        assert api.get(claim_path(n))["status"]["reservedFor"] == [POD_P]
+
+
+def test_a_refused_pod_with_no_other_node_is_left_to_kube_scheduler(api: FakeApi) -> None:
+    r = reconciler(api, nodes=1)
+    make_claim(api, "a")
+    make_pod(api, "p", ["a"])
+    feed(r, api)
+    r.reconcile()
+    lift_other_gate(api, r, "p")
+    feed(r, api)
+    refuse(api, r, "p", at="2026-01-01T00:00:01Z", deallocate=None)
+    r.reconcile()
+    assert node_of(api.get(claim_path("a"))) == "node-00000"  # untouched
+    (event,) = api.events
+    assert event["reason"] == "Unschedulable"
+    assert "refused node node-00000 and no other node fits" in event["message"]
+    assert r.placed == {} and not r.waiting  # not retried: kube-scheduler's from here
+    r.reconcile()  # the hold goes, so kube-scheduler's PostFilter may deallocate the claim
+    assert api.get(claim_path("a"))["status"]["reservedFor"] == [POD_P]
+
+
+def test_a_restarted_controller_replaces_a_pod_refused_after_its_placement(api: FakeApi) -> None:
+    r1 = reconciler(api, nodes=2)
+    make_claim(api, "a")
+    make_pod(api, "p", ["a"])
+    feed(r1, api)
+    r1.reconcile()
+    lift_other_gate(api, r1, "p")
+    # Not refused: a new controller only follows the pod (and keeps the hold).
+    r2 = reconciler(api, nodes=2)
+    feed(r2, api)
+    r2.reconcile()
+    assert node_of(api.get(claim_path("a"))) == "node-00000"
+    assert r2.placed["uid-p"].node == "node-00000"
+    assert api.get(claim_path("a"))["status"]["reservedFor"] == [POD_P, HOLD]
+    # Refused while no controller ran: the new one places the claim again.
+    r3 = reconciler(api, nodes=2)
+    refuse(api, r3, "p", at="2026-01-01T00:00:01Z", deallocate=None)
+    feed(r3, api)
+    r3.reconcile()
+    assert node_of(api.get(claim_path("a"))) == "node-00001"
+
+
+def test_a_claim_allocated_by_kube_scheduler_itself_ends_the_re_placement(api: FakeApi) -> None:
+    r = reconciler(api, nodes=2)
+    make_claim(api, "a")
+    make_pod(api, "p", ["a"])
+    feed(r, api)
+    r.reconcile()
+    lift_other_gate(api, r, "p")
+    feed(r, api)
+    # kube-scheduler was faster: it deallocated "a" and allocated it on node-00001 itself.
+    theirs = api.get(claim_path("a"))
+    refuse(api, r, "p", at="2026-01-01T00:00:01Z", deallocate="a")
+    theirs["metadata"] = api.get(claim_path("a"))["metadata"]
+    theirs["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0][
+        "values"
+    ] = ["node-00001"]
+    r.on_event("ResourceClaim", "apply", api.put(claim_path("a"), theirs))
+    r.reconcile()
+    assert api.get(claim_path("a")) == theirs | {"metadata": api.get(claim_path("a"))["metadata"]}
+    assert r.placed == {}
+
+
+def test_a_refusal_seen_before_the_ungated_pod_is_acted_on(api: FakeApi) -> None:
+    """Claims and pods come from two informers: kube-scheduler's deallocation can be delivered
+    before the pod event that shows the gate lifted (and a stale gated event after it)."""
+    r = reconciler(api, nodes=2)
+    make_claim(api, "a")
+    gated = make_pod(api, "p", ["a"])
+    feed(r, api)
+    r.reconcile()
+    for path, obj in list(api.objects.items()):
+        if "/resourceclaims/" in path:
+            r.on_event("ResourceClaim", "apply", obj)
+    claim = api.get(claim_path("a"))
+    claim["status"] = {}
+    r.on_event("ResourceClaim", "apply", api.put(claim_path("a"), claim))
+    r.on_event("Pod", "apply", gated)  # stale: from before the gate was lifted
+    r.reconcile()
+    assert node_of(api.get(claim_path("a"))) == "node-00001"
+
+
+def test_claim_events_older_than_our_own_writes_are_skipped(api: FakeApi) -> None:
+    """A successor finds a claim written (with a hold) by a controller that died before the
+    pod's second claim: it drops the hold, releases the claim and places both. The informer then
+    delivers those writes in order: the intermediate versions (allocated without the hold, then
+    released) must not be taken as kube-scheduler deallocating a placed pod's claim."""
+    make_claim(api, "a")
+    make_claim(api, "b")
+    make_pod(api, "p", ["a", "b"])
+    victim = reconciler(api, nodes=2)
+    feed(victim, api)
+    victim.reconcile()
+    b = api.get(claim_path("b"))
+    api.put(claim_path("b"), {**b, "status": {}})  # the victim died before writing "b"
+    pod = api.get(pod_path("p"))
+    pod["spec"]["schedulingGates"] = [{"name": GATE}]  # ... and before lifting the gate
+    api.put(pod_path("p"), pod)
+    successor = reconciler(api, nodes=2)
+    feed(successor, api)
+    start = len(api.history)
+    successor.reconcile()
+    nodes = {node_of(api.get(claim_path(n))) for n in "ab"}
+    assert len(nodes) == 1
+    for path, version in api.history[start:]:  # the watch delivers every version, in order
+        kind = "Pod" if "/pods/" in path else "ResourceClaim"
+        successor.on_event(kind, "apply", version)
+    assert not successor.refused
+    successor.reconcile()
+    assert {node_of(api.get(claim_path(n))) for n in "ab"} == nodes
+
+
+def test_a_leader_stopping_gracefully_drops_every_hold(api: FakeApi) -> None:
+    r = reconciler(api)
+    make_claim(api, "a")
+    make_pod(api, "p", ["a"])
+    feed(r, api)
+    r.reconcile()
+    feed(r, api)
+    assert api.get(claim_path("a"))["status"]["reservedFor"] == [POD_P, HOLD]
+    r.drop_all_holds()  # e.g. an uninstall: no controller may come back to drop it
+    assert api.get(claim_path("a"))["status"]["reservedFor"] == [POD_P]
+    assert api.get(claim_path("a"))["status"]["allocation"]

@@ -212,3 +212,18 @@ def test_device_taints_are_published_and_cap_slices_at_64_devices() -> None:
         slices.build_slices(
             inv, driver="d.dev", node_name="n", node_uid="u", taints={name: [taint] * 17}
         )
+
+
+def test_binding_conditions_are_published_only_when_asked_and_count_as_a_change() -> None:
+    inv = synthetic_inventory(2)
+    plain = slices.build_slices(inv, driver="vgpu.dra.dev", node_name="n", node_uid="u")
+    bound = slices.build_slices(
+        inv, driver="vgpu.dra.dev", node_name="n", node_uid="u", binding_conditions=True
+    )
+    for device in plain[0]["spec"]["devices"]:
+        assert "bindingConditions" not in device and "bindingFailureConditions" not in device
+    for device in bound[0]["spec"]["devices"]:
+        assert device["bindingConditions"] == [slices.CONDITION_CONFIRMED]
+        assert device["bindingFailureConditions"] == [slices.CONDITION_OVERBOOKED]
+    assert not slices.same_content(bound[0], plain[0])  # toggling republishes the pool
+    assert slices.same_content(bound[0], copy.deepcopy(bound[0]))

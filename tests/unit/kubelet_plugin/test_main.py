@@ -93,3 +93,11 @@ def test_bad_environment_value_is_a_usage_error(capsys: pytest.CaptureFixture[st
         parse(["--node-name", "n"], env={"VGPU_DRA_CLAIM_GID": "staff"})
     assert exit_.value.code == 2
     assert "--claim-gid: invalid int value: 'staff'" in capsys.readouterr().err
+
+
+def test_binding_conditions_are_off_unless_the_flag_or_the_charts_feature_asks() -> None:
+    assert build_parser({}).parse_args([]).binding_conditions is False
+    env = {"VGPU_DRA_FEATURE_BINDING_CONDITIONS": "true"}
+    assert build_parser(env).parse_args([]).binding_conditions is True
+    assert build_parser(env).parse_args(["--no-binding-conditions"]).binding_conditions is False
+    assert build_parser({}).parse_args(["--binding-conditions"]).binding_conditions is True

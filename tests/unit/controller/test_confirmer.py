@@ -1,0 +1,168 @@
+"""The binding-condition confirmer: which pending allocations are confirmed and which are failed
+as overbooked, against committed ones and against each other, in allocation order.
+
+On the real control plane (kube-scheduler waiting in PreBind): tests/e2e/controller/
+test_both_paths.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from controller.confirmer import CONFIRMED, OVERBOOKED, Confirmer, state
+from dra_driver import kube
+from dra_driver.allocator.model import ClusterModel
+from tests.fixtures.allocator_cluster import DRIVER, node_events
+
+JSON = dict[str, Any]
+GIB = 1 << 30
+
+
+class FakeApi:
+    def __init__(self) -> None:
+        self.objects: dict[str, JSON] = {}
+        self._rv = itertools.count(1)
+
+    def replace(self, path: str, obj: Mapping[str, Any]) -> JSON:
+        target = path.removesuffix("/status")
+        current = self.objects.get(target)
+        if current is None:
+            raise kube.NotFound(404, "NotFound", path)
+        if obj["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"]:
+            raise kube.Conflict(409, "Conflict", path)
+        updated = copy.deepcopy(dict(obj))
+        updated["metadata"]["resourceVersion"] = str(next(self._rv))
+        self.objects[target] = updated
+        return copy.deepcopy(updated)
+
+
+def claim(
+    api: FakeApi,
+    claims: dict[tuple[str, str], JSON],
+    name: str,
+    device: str,
+    memory_gib: int,
+    *,
+    conditions: bool = True,
+    at: str = "2026-01-01T00:00:00Z",
+) -> None:
+    result: JSON = {
+        "request": "gpu",
+        "driver": DRIVER,
+        "pool": "node-00000",
+        "device": device,
+        "shareID": f"share-{name}",
+        "consumedCapacity": {"memory": f"{memory_gib}Gi", "cores": "10"},
+    }
+    if conditions:
+        result["bindingConditions"] = [CONFIRMED]
+        result["bindingFailureConditions"] = [OVERBOOKED]
+    obj = {
+        "metadata": {"name": name, "namespace": "t", "uid": f"uid-{name}", "resourceVersion": "0"},
+        "status": {
+            "allocation": {"devices": {"results": [result]}, "allocationTimestamp": at},
+            "reservedFor": [{"resource": "pods", "name": name, "uid": f"pod-{name}"}],
+        },
+    }
+    path = kube.path(kube.RESOURCE_API, "resourceclaims", name, namespace="t")
+    api.objects[path] = obj
+    claims[("t", name)] = obj
+
+
+@pytest.fixture
+def setup() -> tuple[FakeApi, dict[tuple[str, str], JSON], Confirmer]:
+    model = ClusterModel()
+    for kind, obj in node_events(0):  # 8 x H100 80GB
+        model.apply(kind, obj)
+    api = FakeApi()
+    claims: dict[tuple[str, str], JSON] = {}
+    return api, claims, Confirmer(api, model, claims)  # type: ignore[arg-type]
+
+
+def written(api: FakeApi, name: str) -> JSON:
+    return api.objects[kube.path(kube.RESOURCE_API, "resourceclaims", name, namespace="t")]
+
+
+def conditions(api: FakeApi, name: str) -> dict[str, str]:
+    (entry,) = written(api, name)["status"]["devices"]
+    return {c["type"]: c["message"] for c in entry["conditions"] if c["status"] == "True"}
+
+
+def test_a_default_path_allocation_overlapping_a_policy_path_one_is_failed(
+    setup: tuple[FakeApi, dict[tuple[str, str], JSON], Confirmer],
+) -> None:
+    api, claims, confirmer = setup
+    claim(api, claims, "policy", "gpu-0", 60, conditions=False)  # the controller's own
+    claim(api, claims, "late", "gpu-0", 30)  # kube-scheduler's, made without seeing "policy"
+    claim(api, claims, "fine", "gpu-1", 30)
+    for obj in claims.values():
+        confirmer.on_claim(obj)
+    assert confirmer.run() == {"confirmed": 1, "overbooked": 1}
+    assert list(conditions(api, "fine")) == [CONFIRMED]
+    (message,) = conditions(api, "late").values()
+    assert list(conditions(api, "late")) == [OVERBOOKED]
+    assert "gpu-0" in message and str(90 * GIB) in message and str(80 * GIB) in message
+    (entry,) = written(api, "late")["status"]["devices"]
+    assert (entry["driver"], entry["pool"], entry["device"], entry["shareID"]) == (
+        DRIVER, "node-00000", "gpu-0", "share-late"
+    )  # fmt: skip
+    assert confirmer.run() == {"confirmed": 0, "overbooked": 0}  # nothing new: no work
+
+
+def test_pending_allocations_are_decided_in_allocation_order(
+    setup: tuple[FakeApi, dict[tuple[str, str], JSON], Confirmer],
+) -> None:
+    api, claims, confirmer = setup
+    claim(api, claims, "second", "gpu-0", 50, at="2026-01-01T00:00:02Z")
+    claim(api, claims, "first", "gpu-0", 50, at="2026-01-01T00:00:01Z")
+    for obj in claims.values():
+        confirmer.on_claim(obj)
+    confirmer.run()
+    assert list(conditions(api, "first")) == [CONFIRMED]
+    assert list(conditions(api, "second")) == [OVERBOOKED]
+    assert state(written(api, "first")) == "committed"
+    assert state(written(api, "second")) == "failed"
+
+
+def test_failed_claims_hold_nothing_and_a_standby_writes_nothing(
+    setup: tuple[FakeApi, dict[tuple[str, str], JSON], Confirmer],
+) -> None:
+    api, claims, confirmer = setup
+    claim(api, claims, "a", "gpu-0", 50, at="2026-01-01T00:00:01Z")
+    claim(api, claims, "b", "gpu-0", 50, at="2026-01-01T00:00:02Z")
+    for obj in claims.values():
+        confirmer.on_claim(obj)
+    confirmer.run()
+    # The failed one stays failed (kube-scheduler clears it); a new one fits next to "a".
+    claims[("t", "a")] = written(api, "a")
+    claims[("t", "b")] = written(api, "b")
+    claim(api, claims, "c", "gpu-0", 30, at="2026-01-01T00:00:03Z")
+    confirmer.may_write = lambda: False
+    confirmer.on_claim(claims[("t", "c")])
+    assert confirmer.run() == {"confirmed": 0, "overbooked": 0}
+    assert "devices" not in written(api, "c")["status"]
+    confirmer.may_write = lambda: True
+    assert confirmer.run() == {"confirmed": 1, "overbooked": 0}
+
+
+def test_an_api_failure_leaves_the_claim_to_decide_again(
+    setup: tuple[FakeApi, dict[tuple[str, str], JSON], Confirmer],
+) -> None:
+    api, claims, confirmer = setup
+    claim(api, claims, "a", "gpu-0", 10)
+    confirmer.on_claim(claims[("t", "a")])
+    real = api.replace
+
+    def refuse(path: str, obj: Mapping[str, Any]) -> JSON:
+        raise kube.KubeError(403, "Forbidden", "resourceclaims/driver")
+
+    api.replace = refuse  # type: ignore[method-assign]
+    with pytest.raises(kube.KubeError):
+        confirmer.run()
+    api.replace = real  # type: ignore[method-assign]
+    assert confirmer.run() == {"confirmed": 1, "overbooked": 0}
