@@ -68,7 +68,7 @@ VALUE_SETS: dict[str, JSON] = {
         "kubeletPlugin": {"nvml": {"mode": "hostDevices"}, "governor": False},
         "metrics": {"enabled": True},
         "tracing": {"otlpEndpoint": "otel-collector.monitoring:4317", "sampleRatio": 0.1},
-        "features": {"policyPath": True},
+        "features": {"bindingConditions": True},
         "logFormat": "json",
         "logLevel": "debug",
     },
@@ -89,7 +89,6 @@ VALUE_SETS: dict[str, JSON] = {
             "kubeletDir": "/var/lib/k0s/kubelet",
         },
         "nodeAdmissionPolicy": {"enabled": False},
-        "legacyResourceMapping": {"nvidia.com/gpu": {"deviceClass": "gpu.example.com"}},
         "defaults": {"oversubscriptionRatio": 1.5, "computePolicy": "balance"},
     },
 }
@@ -236,7 +235,7 @@ def test_renamed_driver_render(home: Path) -> None:
         ({"kubeletPlugin": {"nvml": {"mode": "magic"}}}, "/kubeletPlugin/nvml/mode"),
         ({"driverName": "Not_A_Domain"}, "/driverName"),
         ({"controller": {"replicas": "two"}}, "/controller/replicas"),
-        ({"features": {"webhook": "yes"}}, "/features/webhook"),
+        ({"features": {"bindingConditions": "yes"}}, "/features/bindingConditions"),
         ({"deviceClasses": [{"extendedResourceName": "gpu"}]}, "/deviceClasses/0"),
     ],
 )

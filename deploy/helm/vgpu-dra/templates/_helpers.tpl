@@ -52,10 +52,6 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - name: OTEL_TRACES_SAMPLER_ARG
   value: {{ .Values.tracing.sampleRatio | quote }}
 {{- end }}
-- name: VGPU_DRA_FEATURE_POLICY_PATH
-  value: {{ .Values.features.policyPath | quote }}
-- name: VGPU_DRA_FEATURE_WEBHOOK
-  value: {{ .Values.features.webhook | quote }}
 - name: VGPU_DRA_FEATURE_BINDING_CONDITIONS
   value: {{ .Values.features.bindingConditions | quote }}
 - name: VGPU_DRA_DEFAULT_COMPUTE_POLICY
