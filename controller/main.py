@@ -32,7 +32,7 @@ from controller.reconciler import POLICY_ANNOTATIONS, Defaults, Reconciler
 from controller.rescheduler import DEFAULT_GRACE_S, DEFAULT_PER_MINUTE, Rescheduler
 from controller.webhook import flags as webhook_flags
 from controller.worker import Worker
-from dra_driver import cli_flags, kube, logsetup
+from dra_driver import cli_flags, kube, logsetup, tracing
 from dra_driver.lifecycle import stop_on_signals
 from dra_driver.metrics_http import MetricsServer, serve_metrics
 from dra_driver.metrics_http import parse_address as parse_metrics_address
@@ -73,6 +73,7 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
         help="host:port of /healthz and /readyz (env VGPU_DRA_HEALTH_ADDRESS; port 0 = any)",
     )
     cli_flags.add_logging(parser, env)
+    cli_flags.add_otlp_endpoint(parser, env)
     parser.add_argument(
         "--leader-elect",
         type=cli_flags.boolean,
@@ -186,6 +187,15 @@ def main(argv: Sequence[str]) -> int:
     client = cli_flags.connect(args.kubeconfig, log)
     if client is None:
         return 1
+    # Before the reconciler and the webhook are built: they look the tracer up once.
+    provider = tracing.configure_tracing("vgpu-dra-controller", args.otlp_endpoint)
+    try:
+        return _run(args, client, address)
+    finally:
+        tracing.shutdown_tracing(provider)
+
+
+def _run(args: argparse.Namespace, client: kube.KubeClient, address: tuple[str, int]) -> int:
     stop = threading.Event()
     stop_on_signals(stop, log)
     elector: LeaderElector | None = None

@@ -37,9 +37,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
+
+from opentelemetry import trace
 
 from dra_driver import kube
 from dra_driver.allocator import request
@@ -53,11 +56,13 @@ from dra_driver.allocator.request import (
     canonical_annotations,
     parse_claim,
 )
+from dra_driver.tracing import installed_tracer
 
 log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
 GATE = "vgpu.dra.dev/policy"
+TRACER_NAME = "vgpu-dra.controller"
 CONDITION = "vgpu.dra.dev/Placement"
 COMPONENT = "vgpu-dra-controller"
 # kube-scheduler's claim finalizer: with it the resourceclaim controller clears a claim's
@@ -174,8 +179,11 @@ class Reconciler:
         may_write: Callable[[], bool] = lambda: True,
         clock: Callable[[], float] = time.monotonic,
         observer: ReconcileObserver | None = None,
+        tracer: trace.Tracer | None = None,
     ) -> None:
         self.client = client
+        # None while tracing is off: no span is created at all (dra_driver.tracing).
+        self._tracer = tracer if tracer is not None else installed_tracer(TRACER_NAME)
         self.defaults = defaults
         self.may_write = may_write
         self.model = ClusterModel()
@@ -335,6 +343,20 @@ class Reconciler:
             self._api_retry.pop(key, None)
             return
         started = self._clock()
+        span = (
+            self._tracer.start_as_current_span(
+                "place pod", attributes={"k8s.namespace.name": key[0], "k8s.pod.name": key[1]}
+            )
+            if self._tracer is not None
+            else nullcontext()
+        )
+        with span as current:
+            outcome = self._decide(key, pod)
+            if current is not None:
+                current.set_attribute("vgpu_dra.outcome", outcome or "waiting")
+        self._observe(outcome, started)
+
+    def _decide(self, key: tuple[str, str], pod: JSON) -> str | None:
         outcome: str | None
         try:
             outcome = self.reconcile_pod(pod)
@@ -354,7 +376,7 @@ class Reconciler:
             outcome = "api_error"
         else:
             self._api_retry.pop(key, None)
-        self._observe(outcome, started)
+        return outcome
 
     def _observe(self, outcome: str | None, started: float) -> None:
         if outcome is not None and self.observer is not None:

@@ -1,6 +1,6 @@
 """OpenTelemetry tracing for every vgpu-dra process: off unless an OTLP endpoint is configured.
 
-Why a shared module: the kubelet plugin today and the controller later install the same tracer
+Why a shared module: the kubelet plugin and the controller install the same tracer
 provider the same way, from the same flag (`--otlp-endpoint`, or the standard
 `OTEL_EXPORTER_OTLP_ENDPOINT` environment variable). Code is instrumented with the OpenTelemetry
 API only (`trace.get_tracer(...)`); without a provider those spans are non-recording no-ops
@@ -43,6 +43,15 @@ def configure_tracing(service: str, endpoint: str | None) -> TracerProvider | No
     trace.set_tracer_provider(provider)
     log.info("exporting traces over OTLP", extra={"endpoint": endpoint, "service": service})
     return provider
+
+
+def installed_tracer(name: str) -> trace.Tracer | None:
+    """The tracer `name` once a real provider is installed (configure_tracing, or a test's), None
+    while tracing is off: callers then create no span at all, because even the API's no-op spans
+    cost about 5-25 us each (bench/telemetry_bench.py)."""
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        return None
+    return trace.get_tracer(name)
 
 
 def shutdown_tracing(provider: TracerProvider | None) -> None:

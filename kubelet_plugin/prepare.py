@@ -37,6 +37,7 @@ from opentelemetry import trace
 
 from dra_driver import cdi, kube
 from dra_driver.gpu import NodeInventory
+from dra_driver.tracing import installed_tracer
 from kubelet_plugin.checkpoint import CheckpointJournal, Record
 from kubelet_plugin.claimfiles import ClaimFiles, ReconcileReport
 from kubelet_plugin.claims import ClaimError, ClaimRef, clip, fetch_claim, parse_allocation
@@ -122,7 +123,7 @@ class Preparer:
         # Tracing is off unless a tracer is given or a provider was installed before this
         # (dra_driver.tracing): then no span is even created, since the OpenTelemetry API's
         # no-op spans still cost ~5-25 us each (bench/telemetry_bench.py).
-        self._tracer = tracer if tracer is not None else _installed_tracer()
+        self._tracer = tracer if tracer is not None else installed_tracer(TRACER_NAME)
         self._inventory = inventory
         self._source = claim_source
         self._checkpoint = CheckpointJournal(settings.state_dir)
@@ -435,13 +436,7 @@ def _os_error(exc: OSError) -> str:
 
 
 _NO_SPAN = nullcontext()
-
-
-def _installed_tracer() -> trace.Tracer | None:
-    """The plugin's tracer if a real TracerProvider is installed, None while tracing is off."""
-    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
-        return None
-    return trace.get_tracer("vgpu-dra.kubelet-plugin")
+TRACER_NAME = "vgpu-dra.kubelet-plugin"
 
 
 def _span_attrs(ref: ClaimRef) -> dict[str, str]:

@@ -33,8 +33,11 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from opentelemetry import trace
+
 from controller.webhook.certs import ContextHolder
 from controller.webhook.metrics import WebhookMetrics
+from dra_driver.tracing import installed_tracer
 
 log = logging.getLogger("vgpu-dra.webhook.server")
 
@@ -50,6 +53,7 @@ IDLE_TIMEOUT_S = 120.0
 # Open connections (one thread each) beyond which new ones are closed at once: the port is
 # reachable from the pod network, and a flood of idle connections must not exhaust threads.
 MAX_CONNECTIONS = 1024
+TRACER_NAME = "vgpu-dra.webhook"
 MUTATE_PATH = "/mutate-pods"
 VALIDATE_PATH = "/validate"
 
@@ -160,7 +164,10 @@ class WebhookServer:
         metrics: WebhookMetrics,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_connections: int = MAX_CONNECTIONS,
+        tracer: trace.Tracer | None = None,
     ) -> None:
+        # None while tracing is off: no span is created at all (dra_driver.tracing).
+        self._tracer = tracer if tracer is not None else installed_tracer(TRACER_NAME)
         self._routes = {MUTATE_PATH: ("mutate", mutate), VALIDATE_PATH: ("validate", validate)}
         self._timeout_s = timeout_s
         self._metrics = metrics
@@ -274,8 +281,34 @@ class WebhookServer:
             handler._refuse(HTTPStatus.BAD_REQUEST, str(exc))  # type: ignore[attr-defined]
             self._metrics.observe(operation, "error", _clock() - started)
             return
+        kind = (request.get("kind") or {}).get("kind", "")
+        span = (
+            self._tracer.start_as_current_span(
+                f"admission {operation}",
+                attributes={
+                    "vgpu_dra.admission.uid": str(request["uid"]),
+                    "vgpu_dra.admission.kind": kind,
+                    "k8s.namespace.name": str(request.get("namespace") or ""),
+                    "vgpu_dra.admission.dry_run": bool(request.get("dryRun")),
+                },
+            )
+            if self._tracer is not None
+            else contextlib.nullcontext()
+        )
+        with span as current:
+            response, decision = self._review(operation, review, request)
+            if current is not None:
+                current.set_attribute("vgpu_dra.admission.decision", decision)
+        payload = answer(request["uid"], response)
+        handler._reply(HTTPStatus.OK, payload, "application/json")  # type: ignore[attr-defined]
+        elapsed = _clock() - started
+        self._metrics.observe(operation, decision, elapsed)
+        self._log(operation, kind, request, decision, elapsed)
+
+    @staticmethod
+    def _review(operation: str, review: Review, request: JSON) -> tuple[JSON, str]:
         try:
-            response, decision = review(request)
+            return review(request)
         except Exception:
             # A bug of ours must not crash the connection thread; the API server applies the
             # failurePolicy to the error answer.
@@ -284,12 +317,10 @@ class WebhookServer:
                 "allowed": False,
                 "status": {"code": 500, "message": "vgpu-dra webhook internal error (see its log)"},
             }
-            decision = "error"
-        payload = answer(request["uid"], response)
-        handler._reply(HTTPStatus.OK, payload, "application/json")  # type: ignore[attr-defined]
-        elapsed = _clock() - started
-        self._metrics.observe(operation, decision, elapsed)
-        kind = (request.get("kind") or {}).get("kind", "")
+            return response, "error"
+
+    @staticmethod
+    def _log(operation: str, kind: str, request: JSON, decision: str, elapsed: float) -> None:
         name = request.get("name") or (request.get("object") or {}).get("metadata", {}).get(
             "generateName", ""
         )

@@ -24,6 +24,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from controller.reconciler import CONDITION, FINALIZER, GATE, Defaults, Reconciler
 from dra_driver import kube
@@ -547,3 +550,30 @@ def test_a_leader_stopping_gracefully_drops_every_hold(api: FakeApi) -> None:
     r.drop_all_holds()  # e.g. an uninstall: no controller may come back to drop it
     assert api.get(claim_path("a"))["status"]["reservedFor"] == [POD_P]
     assert api.get(claim_path("a"))["status"]["allocation"]
+
+
+def test_each_decision_is_one_span_with_its_outcome(api: FakeApi) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    r = Reconciler(api, Defaults({}), tracer=provider.get_tracer("test"))  # type: ignore[arg-type]
+    r.on_event("DeviceClass", "apply", {**DEVICE_CLASS, "metadata": {"name": DRIVER}})
+    for kind, obj in node_events(0, gpus=2, shape="none"):
+        r.on_event(kind, "apply", obj)
+    make_claim(api, "a")
+    make_pod(api, "p", ["a"])
+    make_claim(api, "huge", memory="1000Gi")
+    make_pod(api, "q", ["huge"])
+    feed(r, api)
+    r.reconcile()
+    spans = {span.attributes["k8s.pod.name"]: span for span in exporter.get_finished_spans()}
+    assert sorted(spans) == ["p", "q"]
+    assert {span.name for span in spans.values()} == {"place pod"}
+    assert spans["p"].attributes["vgpu_dra.outcome"] == "placed"
+    assert spans["q"].attributes["vgpu_dra.outcome"] == "refused"
+    assert spans["p"].attributes["k8s.namespace.name"] == NS
+
+
+def test_without_a_tracer_provider_no_span_is_made(api: FakeApi) -> None:
+    # No provider installed in this process: the reconciler holds no tracer at all.
+    assert reconciler(api)._tracer is None

@@ -22,6 +22,10 @@ from typing import Any
 
 import pytest
 from cryptography import x509
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from controller.webhook import certs
 from controller.webhook.metrics import WebhookMetrics
@@ -48,7 +52,9 @@ def client_context(tmp_path: Path, *cas: bytes) -> ssl.SSLContext:
 
 
 class Served:
-    def __init__(self, holder: certs.ContextHolder, ca: bytes) -> None:
+    def __init__(
+        self, holder: certs.ContextHolder, ca: bytes, tracer: trace.Tracer | None = None
+    ) -> None:
         self.ca = ca
         self.holder = holder
         self.metrics = WebhookMetrics()
@@ -60,6 +66,7 @@ class Served:
             validate=self._validate,
             metrics=self.metrics,
             timeout_s=5,
+            tracer=tracer,
         )
 
     def _mutate(self, request: JSON) -> tuple[JSON, str]:
@@ -307,3 +314,32 @@ def test_connections_beyond_the_limit_are_closed_at_once(tmp_path: Path) -> None
         for conn in conns:
             conn.close()
         s.server.stop()
+
+
+def test_each_admission_is_one_span_with_its_decision(tmp_path: Path) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    ca = certs.new_ca(DAY * 2)
+    holder = certs.ContextHolder()
+    holder.load(*issue(ca))
+    s = Served(holder, ca[0], tracer=provider.get_tracer("test"))
+    s.server.start()
+    try:
+        conn = s.connect(client_context(tmp_path, s.ca))
+        post(conn, "/mutate-pods", review("m-1", dryRun=True))
+        post(conn, "/validate", review("v-1"))
+        post(conn, "/mutate-pods", review("m-2", name="boom"))
+        conn.close()
+    finally:
+        s.server.stop()
+    finished = exporter.get_finished_spans()
+    spans = {span.attributes["vgpu_dra.admission.uid"]: span for span in finished}
+    assert sorted(spans) == ["m-1", "m-2", "v-1"]
+    assert spans["m-1"].name == "admission mutate"
+    assert spans["m-1"].attributes["vgpu_dra.admission.decision"] == "patched"
+    assert spans["m-1"].attributes["vgpu_dra.admission.dry_run"] is True
+    assert spans["m-1"].attributes["k8s.namespace.name"] == "ns"
+    assert spans["v-1"].name == "admission validate"
+    assert spans["v-1"].attributes["vgpu_dra.admission.decision"] == "denied"
+    assert spans["m-2"].attributes["vgpu_dra.admission.decision"] == "error"
