@@ -122,6 +122,11 @@ def chart_objects(home: Path, node: RealNode) -> list[JSON]:
         },
         # One replica: with the host's network two would share one health port on one node.
         "controller": {"enabled": True, "replicas": 1, "healthPort": free_ports(1)[0]},
+        # The API server cannot reach the webhook's Service here (no Service routing; the node
+        # relay refuses it), and the fail-closed claim validation would refuse this module's
+        # claims: scope the webhook to namespaces with a label no test sets, as test_chart does
+        # (tests/e2e/controller/test_webhook.py covers the webhook through the bed's URL).
+        "webhook": {"namespaceSelector": {"matchLabels": {"vgpu-dra.test/webhook": "on"}}},
     }
     docs = render(home, values, namespace=NAMESPACE, release=RELEASE)
     (ds,) = by_kind(docs, "DaemonSet")
