@@ -25,8 +25,6 @@ from __future__ import annotations
 import os
 import platform
 import re
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -34,8 +32,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from bench.cluster_load import controller_process, create_device_class, is_ready, probe_url
 from bench.common import percentiles, utc_stamp, write_results
-from bench.controller_bench import create_all, is_ready, probe_url, slices_of
+from bench.controller_bench import create_all, slices_of
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
 from vgpu_testbed.cluster.control_plane import running_cluster
@@ -239,32 +238,9 @@ def main() -> None:
         ):
             kubeconfig = str(cluster.kubeconfig)
             client = KubeClient.from_kubeconfig(kubeconfig)
-            client.create(
-                kube.path(RESOURCE_API, "deviceclasses"),
-                {
-                    "apiVersion": RESOURCE_API,
-                    "kind": "DeviceClass",
-                    "metadata": {"name": DRIVER},
-                    "spec": {
-                        "selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]
-                    },
-                },
-            )
+            create_device_class(client, DRIVER)
             log = Path(tmp) / "controller.log"
-            out = log.open("w")
-            env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
-            proc = subprocess.Popen(
-                [
-                    sys.executable, "-m", "dra_driver.cli", "controller",
-                    "--kubeconfig", kubeconfig,
-                    "--health-address", "127.0.0.1:0",
-                    "--log-level", "debug",
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-            )  # fmt: skip
-            try:
+            with controller_process(kubeconfig, log):
                 made = 0
                 for size in SIZES:
                     add_nodes(client, kubeconfig, made, size)
@@ -299,15 +275,7 @@ def main() -> None:
                         entry[path] = figures
                         print(limits, size, path, figures, flush=True)
                     results["runs"].setdefault(limits, {})[str(size)] = entry
-            finally:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-                out.close()
-                client.close()
+            client.close()
     results["client_limits"] = {
         "stock": "kube-scheduler 50/s (burst 100), kube-controller-manager 20/s (burst 30)",
         "raised": "both 1000/s, burst 1000",
