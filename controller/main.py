@@ -73,12 +73,12 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
         help="host:port of /healthz and /readyz (env VGPU_DRA_HEALTH_ADDRESS; port 0 = any)",
     )
     cli_flags.add_logging(parser, env)
-    parser.add_argument(
+    cli_flags.add_switch(
+        parser,
+        env,
         "--leader-elect",
-        type=cli_flags.boolean,
-        nargs="?",
-        const=True,
-        default=cli_flags.boolean(env.get(ENV["leader_elect"], "false")),
+        env_name=ENV["leader_elect"],
+        default=False,
         help="allocate only while holding the Lease (env VGPU_DRA_LEADER_ELECT; default false)",
     )
     parser.add_argument(
@@ -128,12 +128,12 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
             choices=choices,
             help=f"cluster default for pods without {POLICY_ANNOTATIONS[key]} (env {ENV[key]})",
         )
-    parser.add_argument(
+    cli_flags.add_switch(
+        parser,
+        env,
         "--reschedule",
-        type=cli_flags.boolean,
-        nargs="?",
-        const=True,
-        default=cli_flags.boolean(env.get(ENV["reschedule"], "true")),
+        env_name=ENV["reschedule"],
+        default=True,
         help="recover pods whose claims failed to prepare: evict them when a controller owns "
         "them, else report what to do (env VGPU_DRA_RESCHEDULE; default true)",
     )
