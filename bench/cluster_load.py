@@ -1,4 +1,5 @@
-"""What the benches that load the real control plane share: the DeviceClass, the controller process.
+"""What the benches that load the real control plane share: the DeviceClass, the claims and
+pods they create, the controller process.
 
 controller_bench and e2e_bench both run `vgpu-dra controller` as a subprocess against the test
 bed's apiserver and wait for its /readyz; one home for starting, probing and stopping it keeps
@@ -16,6 +17,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
@@ -74,3 +76,50 @@ def is_ready(url: str) -> bool:
             return bool(answer.status == 200)
     except (urllib.error.URLError, OSError):
         return False
+
+
+def bench_claim(name: str, namespace: str, driver: str, gpus: int = 1) -> dict[str, Any]:
+    """A ResourceClaim for `gpus` GPUs of `driver`, 10 GiB and 20 cores of each."""
+    return {
+        "apiVersion": RESOURCE_API,
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": driver,
+                            "count": gpus,
+                            "capacity": {"requests": {"memory": "10Gi", "cores": "20"}},
+                        },
+                    }
+                ]
+            }
+        },
+    }
+
+
+def bench_pod(name: str, namespace: str, claim: str, gate: str | None) -> dict[str, Any]:
+    """A pod using `claim` that tolerates every taint (the benches' nodes have no kubelet), held
+    back by the scheduling gate `gate` unless None."""
+    spec: dict[str, Any] = {
+        "tolerations": [{"operator": "Exists"}],
+        "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+        "containers": [
+            {
+                "name": "c",
+                "image": "example.invalid/none",
+                "resources": {"claims": [{"name": "gpu"}]},
+            }
+        ],
+    }
+    if gate is not None:
+        spec["schedulingGates"] = [{"name": gate}]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }

@@ -33,7 +33,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.cluster_load import controller_process, create_device_class, is_ready, probe_url
+from bench.cluster_load import (
+    bench_claim,
+    bench_pod,
+    controller_process,
+    create_device_class,
+    is_ready,
+    probe_url,
+)
 from bench.common import percentiles, utc_stamp, write_results
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
@@ -126,48 +133,6 @@ def rss_mib(pid: int, field: str = "VmRSS") -> float:
     raise RuntimeError(f"no {field} for pid {pid}")
 
 
-def claim_obj(i: int) -> dict[str, Any]:
-    return {
-        "apiVersion": RESOURCE_API,
-        "kind": "ResourceClaim",
-        "metadata": {"name": f"c{i}", "namespace": NAMESPACE},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "gpu",
-                        "exactly": {
-                            "deviceClassName": DRIVER,
-                            "count": 1 + (i % 4 == 3),  # every fourth asks for two GPUs
-                            "capacity": {"requests": {"memory": "10Gi", "cores": "20"}},
-                        },
-                    }
-                ]
-            }
-        },
-    }
-
-
-def pod_obj(i: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": f"p{i}", "namespace": NAMESPACE},
-        "spec": {
-            "schedulingGates": [{"name": GATE}],
-            "tolerations": [{"operator": "Exists"}],
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": f"c{i}"}],
-            "containers": [
-                {
-                    "name": "c",
-                    "image": "example.invalid/none",
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-            ],
-        },
-    }
-
-
 def churn(client: KubeClient, stop: threading.Event, counts: dict[str, int], nodes: int) -> None:
     """Republish one node's slices with a new pool generation every second, round robin."""
     n = 0
@@ -215,9 +180,11 @@ def run_churn(client: KubeClient, kubeconfig: str, nodes: int) -> dict[str, Any]
     creator = KubeClient.from_kubeconfig(kubeconfig)
     started = time.monotonic()
     for i in range(PODS):
-        creator.create(CLAIMS_PATH, claim_obj(i))
+        creator.create(
+            CLAIMS_PATH, bench_claim(f"c{i}", NAMESPACE, DRIVER, gpus=1 + (i % 4 == 3))
+        )  # every fourth asks for two GPUs
         created[f"c{i}"] = time.monotonic()
-        creator.create(PODS_PATH, pod_obj(i))
+        creator.create(PODS_PATH, bench_pod(f"p{i}", NAMESPACE, f"c{i}", GATE))
         if i >= 50 and i % 5 == 0:  # release an older placement now and then
             old = i - 50
             if f"c{old}" in allocated:

@@ -32,7 +32,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.cluster_load import controller_process, create_device_class, is_ready, probe_url
+from bench.cluster_load import (
+    bench_claim,
+    bench_pod,
+    controller_process,
+    create_device_class,
+    is_ready,
+    probe_url,
+)
 from bench.common import percentiles, utc_stamp, write_results
 from bench.controller_bench import create_all, slices_of
 from dra_driver import kube
@@ -81,50 +88,6 @@ def add_nodes(client: KubeClient, kubeconfig: str, first: int, last: int) -> Non
             for obj in slices_of(n)
         ],
     )
-
-
-def claim_obj(name: str, namespace: str) -> dict[str, Any]:
-    return {
-        "apiVersion": RESOURCE_API,
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "gpu",
-                        "exactly": {
-                            "deviceClassName": DRIVER,
-                            "count": 1,
-                            "capacity": {"requests": {"memory": "10Gi", "cores": "20"}},
-                        },
-                    }
-                ]
-            }
-        },
-    }
-
-
-def pod_obj(name: str, namespace: str, *, gated: bool) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "tolerations": [{"operator": "Exists"}],
-        "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-        "containers": [
-            {
-                "name": "c",
-                "image": "example.invalid/none",
-                "resources": {"claims": [{"name": "gpu"}]},
-            }
-        ],
-    }
-    if gated:
-        spec["schedulingGates"] = [{"name": GATE}]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": spec,
-    }
 
 
 def watch_allocations(
@@ -188,9 +151,10 @@ def run_path(kubeconfig: str, namespace: str, *, gated: bool) -> dict[str, Any]:
                 writers.append(writer)
         name = f"p{i}"
         created[name] = time.monotonic()
-        writer.create(claims_path, claim_obj(name, namespace))
+        writer.create(claims_path, bench_claim(name, namespace, DRIVER))
         writer.create(
-            kube.path("v1", "pods", namespace=namespace), pod_obj(name, namespace, gated=gated)
+            kube.path("v1", "pods", namespace=namespace),
+            bench_pod(name, namespace, name, GATE if gated else None),
         )
 
     started = time.monotonic()
