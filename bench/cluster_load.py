@@ -21,19 +21,12 @@ from typing import Any
 
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
+from tests.fixtures.allocator_cluster import device_class
 
 
 def create_device_class(client: KubeClient, driver: str) -> None:
     """The DeviceClass that selects every device of `driver`."""
-    client.create(
-        kube.path(RESOURCE_API, "deviceclasses"),
-        {
-            "apiVersion": RESOURCE_API,
-            "kind": "DeviceClass",
-            "metadata": {"name": driver},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]},
-        },
-    )
+    client.create(kube.path(RESOURCE_API, "deviceclasses"), device_class(driver))
 
 
 @contextmanager
