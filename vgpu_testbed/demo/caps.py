@@ -23,7 +23,13 @@ from vgpu_testbed.demo.steps import (
     DemoContext,
     Prepared,
 )
-from vgpu_testbed.demo.workloads import ClaimContainer, Container, WorkloadError, nvml_view
+from vgpu_testbed.demo.workloads import (
+    ClaimContainer,
+    Container,
+    WorkloadError,
+    holding,
+    nvml_view,
+)
 from vgpu_testbed.demo.workloads import run_with_samples as sampled_run
 
 CAPPED_SECONDS = 6.0  # sampled; the first SETTLE_S are the controller learning the GPU
@@ -114,21 +120,13 @@ def show_memory_cap(ctx: DemoContext, container: Container, cap: int) -> None:
         f"{'ok' if over_result.ok else over_result.error}"
     )
     # The cap is the claim's, over all its processes: hold 3/4 in one, ask 1/2 in another.
-    holder = container.popen([hold, "0", str(within)])
-    try:
-        assert holder.stdout is not None and holder.stdin is not None
+    with holding(container, [hold, "0", str(within)]) as holder:
+        assert holder.stdout is not None
         ready = holder.stdout.readline()
         if not ready.startswith("ready"):
             raise WorkloadError(f"cuda_hold did not allocate {within} bytes: {ready.strip()}")
         again = container.run([hold, "0", str(second)])
         shared_result = report.parse_hold(again.stdout, again.returncode)
-        holder.stdin.write("release\n")  # a line, not EOF: ctr exec never passes EOF on
-        holder.stdin.close()
-        holder.wait(timeout=30)
-    finally:
-        if holder.poll() is None:
-            holder.kill()
-            holder.wait()
     after = container.run([hold, "0", str(second)])
     after_result = report.parse_hold(after.stdout, after.returncode)
     ctx.say(

@@ -21,7 +21,8 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -117,6 +118,23 @@ class ClaimContainer(ContainerProcesses):
 
     def command(self, argv: Sequence[str]) -> list[str]:
         return container_command(self.spec, self.device_names, list(argv))
+
+
+@contextmanager
+def holding(container: Container, argv: Sequence[str]) -> Iterator[subprocess.Popen[str]]:
+    """A program (cuda_hold) started in `container` that holds until told: released with a line
+    on its stdin when the block ends normally, killed when it ends by an exception."""
+    holder = container.popen(argv)
+    try:
+        assert holder.stdout is not None and holder.stdin is not None
+        yield holder
+        holder.stdin.write("release\n")  # a line, not EOF: ctr exec never passes EOF on
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
 
 
 def program(name: str) -> str:
