@@ -22,6 +22,7 @@ from typing import Any
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
 from tests.fixtures.allocator_cluster import device_class
+from tests.fixtures.workloads import resource_claim
 
 
 def create_device_class(client: KubeClient, driver: str) -> None:
@@ -73,25 +74,14 @@ def is_ready(url: str) -> bool:
 
 def bench_claim(name: str, namespace: str, driver: str, gpus: int = 1) -> dict[str, Any]:
     """A ResourceClaim for `gpus` GPUs of `driver`, 10 GiB and 20 cores of each."""
-    return {
-        "apiVersion": RESOURCE_API,
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "gpu",
-                        "exactly": {
-                            "deviceClassName": driver,
-                            "count": gpus,
-                            "capacity": {"requests": {"memory": "10Gi", "cores": "20"}},
-                        },
-                    }
-                ]
-            }
-        },
+    exactly = {
+        "deviceClassName": driver,
+        "count": gpus,
+        "capacity": {"requests": {"memory": "10Gi", "cores": "20"}},
     }
+    claim = resource_claim(name, exactly)
+    claim["metadata"]["namespace"] = namespace
+    return claim
 
 
 def bench_pod(name: str, namespace: str, claim: str, gate: str | None) -> dict[str, Any]:
