@@ -30,6 +30,7 @@ from dra_driver.kube import RESOURCE_API, KubeClient
 from dra_driver.slices import build_slices
 from tests.fixtures.allocator_cluster import MEMORY, SHAPES, device_class, inventory
 from tests.fixtures.controller import Controller, controller_account, remove_driver
+from tests.fixtures.workloads import pause_pod, resource_claim
 from vgpu_testbed.cluster import boot as cluster_boot
 from vgpu_testbed.cluster import nodes as cluster_nodes
 from vgpu_testbed.polling import wait_for
@@ -112,43 +113,12 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
 
 
 def submit(client: KubeClient, ns: str, name: str, driver: str, memory: str) -> None:
-    claim = {
-        "apiVersion": RESOURCE_API,
-        "kind": "ResourceClaim",
-        "metadata": {"name": name},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "gpu",
-                        "exactly": {
-                            "deviceClassName": driver,
-                            "capacity": {"requests": {"memory": memory}},
-                        },
-                    }
-                ]
-            }
-        },
-    }
+    exactly = {"deviceClassName": driver, "capacity": {"requests": {"memory": memory}}}
+    claim = resource_claim(name, exactly)
     client.create(kube.path(RESOURCE_API, "resourceclaims", namespace=ns), claim)
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "restartPolicy": "Never",
-            # A second gate keeps kube-scheduler from binding to the stand-in node.
-            "schedulingGates": [{"name": GATE}, {"name": "example.com/keep"}],
-            "containers": [
-                {
-                    "name": "c",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-            ],
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-        },
-    }
+    pod = pause_pod(name, {"gpu": {"resourceClaimName": name}})
+    # A second gate keeps kube-scheduler from binding to the stand-in node.
+    pod["spec"]["schedulingGates"] = [{"name": GATE}, {"name": "example.com/keep"}]
     client.create(kube.path("v1", "pods", namespace=ns), pod)
 
 
