@@ -278,6 +278,11 @@ class HoldResult:
     ok: bool
     error: str | None
 
+    @property
+    def outcome(self) -> str | None:
+        """How the demo reports it: "ok", or the error."""
+        return "ok" if self.ok else self.error
+
 
 def parse_hold(stdout: str, returncode: int) -> HoldResult:
     for line in stdout.splitlines():
