@@ -23,7 +23,6 @@ bench/results/controller_scale.json (not when CONTROLLER_BENCH_OUT says elsewher
 from __future__ import annotations
 
 import os
-import platform
 import re
 import statistics
 import tempfile
@@ -41,7 +40,7 @@ from bench.cluster_load import (
     is_ready,
     probe_url,
 )
-from bench.common import percentiles, utc_stamp, write_results
+from bench.common import machine_at_start, percentiles, utc_stamp, write_results
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
 from dra_driver.slices import build_slices
@@ -236,11 +235,7 @@ def decisions(log: Path) -> dict[str, Any]:
 def main() -> None:
     results: dict[str, Any] = {
         "benchmark": "controller_scale",
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "load_average_at_start": os.getloadavg()[0],
-        },
+        "machine": machine_at_start(),
         "targets": TARGETS,
         "nodes": NODES,
         "gpus_per_node": GPUS,

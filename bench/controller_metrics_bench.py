@@ -17,15 +17,13 @@ bench/results/controller_metrics.json.
 from __future__ import annotations
 
 import gc
-import os
-import platform
 import random
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import utc_stamp, write_results
+from bench.common import machine_at_start, utc_stamp, write_results
 from bench.scrape import scrape_cost
 from controller.informers import ALL, Informer
 from controller.metrics import DETAILS, ControllerMetrics, StateCollector
@@ -111,11 +109,7 @@ def main() -> None:
     reconciler, feed_s = build()
     results: dict[str, Any] = {
         "benchmark": "controller_metrics",
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "load_average_at_start": os.getloadavg()[0],
-        },
+        "machine": machine_at_start(),
         "cluster": {
             "nodes": NODES,
             "gpus": len(reconciler.model.devices),

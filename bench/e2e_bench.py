@@ -23,7 +23,6 @@ writes bench/results/e2e.json (or E2E_BENCH_OUT).
 from __future__ import annotations
 
 import os
-import platform
 import re
 import tempfile
 import threading
@@ -40,7 +39,7 @@ from bench.cluster_load import (
     is_ready,
     probe_url,
 )
-from bench.common import percentiles, utc_stamp, write_results
+from bench.common import machine_at_start, percentiles, utc_stamp, write_results
 from bench.controller_bench import create_all, slices_of
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
@@ -185,11 +184,7 @@ def run_path(kubeconfig: str, namespace: str, *, gated: bool) -> dict[str, Any]:
 def main() -> None:
     results: dict[str, Any] = {
         "benchmark": "e2e",
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "load_average_at_start": os.getloadavg()[0],
-        },
+        "machine": machine_at_start(),
         "pods_per_run": PODS,
         "runs": {},
     }
