@@ -15,7 +15,6 @@ for the waiting request; the admission-free registry follows the naming conventi
 from __future__ import annotations
 
 import re
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,13 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
 from dra_driver.slices import build_slices
 from tests.fixtures.allocator_cluster import MEMORY, SHAPES, device_class, inventory
 from tests.fixtures.controller import Controller, controller_account, remove_driver
+from tests.fixtures.scrape import Samples, scrape
 from tests.fixtures.workloads import pause_pod, resource_claim
 from vgpu_testbed.cluster import boot as cluster_boot
 from vgpu_testbed.cluster import nodes as cluster_nodes
@@ -46,7 +45,6 @@ GPUS = 4
 GATE = "vgpu.dra.dev/policy"
 SLICES = kube.path(RESOURCE_API, "resourceslices")
 P = "vgpu_dra_controller_"
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 @dataclass
@@ -96,16 +94,6 @@ def controller(bed: Bed) -> Iterator[Controller]:
         yield c
     finally:
         assert c.stop() == 0, c.text()
-
-
-def scrape(url: str) -> Samples:
-    with urllib.request.urlopen(url, timeout=10) as response:
-        text = response.read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
 
 
 def value(samples: Samples, name: str, **labels: str) -> float | None:
