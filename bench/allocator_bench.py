@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import gc
 import os
-import platform
 import statistics
 import time
 import tracemalloc
 from pathlib import Path
 from typing import Any
 
-from bench.common import utc_stamp, write_results
+from bench.common import machine_at_start, utc_stamp, write_results
 from dra_driver.allocator import allocate, kernel
 from dra_driver.allocator.allocate import Allocator, Unschedulable
 from dra_driver.allocator.model import ClusterModel
@@ -212,11 +211,7 @@ def main() -> None:
         raise RuntimeError("the Cython kernel is not built: run `make native` first")
     results: dict[str, Any] = {
         "benchmark": "allocator",
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "load_average_at_start": os.getloadavg()[0],
-        },
+        "machine": machine_at_start(),
         "targets": {
             "placements_per_s_at_1000_nodes": 5000,
             "p99_ms_at_5000_nodes": 5.0,

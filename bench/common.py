@@ -42,6 +42,16 @@ def machine() -> dict[str, Any]:
     }
 
 
+def machine_at_start() -> dict[str, Any]:
+    """The machine record of the benches that also note the load at their end
+    (`load_average_at_end`, set by each when it finishes)."""
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "load_average_at_start": os.getloadavg()[0],
+    }
+
+
 def node_settings(base: Path) -> NodeSettings:
     """Settings of a Preparer for the test node whose CDI specs and claim state live under base
     (claim dirs owned by group 0, as the plugin's default --claim-gid)."""

@@ -23,21 +23,24 @@ bench/results/controller_scale.json (not when CONTROLLER_BENCH_OUT says elsewher
 from __future__ import annotations
 
 import os
-import platform
 import re
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.common import percentiles, utc_stamp, write_results
+from bench.cluster_load import (
+    bench_claim,
+    bench_pod,
+    controller_process,
+    create_device_class,
+    is_ready,
+    probe_url,
+)
+from bench.common import machine_at_start, percentiles, utc_stamp, write_results
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
 from dra_driver.slices import build_slices
@@ -129,61 +132,6 @@ def rss_mib(pid: int, field: str = "VmRSS") -> float:
     raise RuntimeError(f"no {field} for pid {pid}")
 
 
-def probe_url(log: Path) -> str | None:
-    match = re.search(r"probes on (http://[\d.]+:\d+)", log.read_text())
-    return match.group(1) if match else None
-
-
-def is_ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/readyz", timeout=2) as answer:
-            return bool(answer.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def claim_obj(i: int) -> dict[str, Any]:
-    return {
-        "apiVersion": RESOURCE_API,
-        "kind": "ResourceClaim",
-        "metadata": {"name": f"c{i}", "namespace": NAMESPACE},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "gpu",
-                        "exactly": {
-                            "deviceClassName": DRIVER,
-                            "count": 1 + (i % 4 == 3),  # every fourth asks for two GPUs
-                            "capacity": {"requests": {"memory": "10Gi", "cores": "20"}},
-                        },
-                    }
-                ]
-            }
-        },
-    }
-
-
-def pod_obj(i: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": f"p{i}", "namespace": NAMESPACE},
-        "spec": {
-            "schedulingGates": [{"name": GATE}],
-            "tolerations": [{"operator": "Exists"}],
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": f"c{i}"}],
-            "containers": [
-                {
-                    "name": "c",
-                    "image": "example.invalid/none",
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-            ],
-        },
-    }
-
-
 def churn(client: KubeClient, stop: threading.Event, counts: dict[str, int], nodes: int) -> None:
     """Republish one node's slices with a new pool generation every second, round robin."""
     n = 0
@@ -231,9 +179,11 @@ def run_churn(client: KubeClient, kubeconfig: str, nodes: int) -> dict[str, Any]
     creator = KubeClient.from_kubeconfig(kubeconfig)
     started = time.monotonic()
     for i in range(PODS):
-        creator.create(CLAIMS_PATH, claim_obj(i))
+        creator.create(
+            CLAIMS_PATH, bench_claim(f"c{i}", NAMESPACE, DRIVER, gpus=1 + (i % 4 == 3))
+        )  # every fourth asks for two GPUs
         created[f"c{i}"] = time.monotonic()
-        creator.create(PODS_PATH, pod_obj(i))
+        creator.create(PODS_PATH, bench_pod(f"p{i}", NAMESPACE, f"c{i}", GATE))
         if i >= 50 and i % 5 == 0:  # release an older placement now and then
             old = i - 50
             if f"c{old}" in allocated:
@@ -285,11 +235,7 @@ def decisions(log: Path) -> dict[str, Any]:
 def main() -> None:
     results: dict[str, Any] = {
         "benchmark": "controller_scale",
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "load_average_at_start": os.getloadavg()[0],
-        },
+        "machine": machine_at_start(),
         "targets": TARGETS,
         "nodes": NODES,
         "gpus_per_node": GPUS,
@@ -300,15 +246,7 @@ def main() -> None:
     ):
         kubeconfig_path = str(cluster.kubeconfig)
         client = KubeClient.from_kubeconfig(kubeconfig_path)
-        client.create(
-            kube.path(RESOURCE_API, "deviceclasses"),
-            {
-                "apiVersion": RESOURCE_API,
-                "kind": "DeviceClass",
-                "metadata": {"name": DRIVER},
-                "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-            },
-        )
+        create_device_class(client, DRIVER)
         client.create(
             kube.path("v1", "namespaces"),
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
@@ -325,44 +263,24 @@ def main() -> None:
         }
         print("setup", results["setup"], flush=True)
         log = Path(tmp) / "controller.log"
-        with log.open("w") as out:
-            env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
-            started = time.monotonic()
-            proc = subprocess.Popen(
-                [
-                    sys.executable, "-m", "dra_driver.cli", "controller",
-                    "--kubeconfig", kubeconfig_path,
-                    "--health-address", "127.0.0.1:0",
-                    "--log-level", "debug",
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-            )  # fmt: skip
-            try:
-                ready_s = None
-                while time.monotonic() - started < 300 and proc.poll() is None:
-                    url = probe_url(log)
-                    if url and is_ready(url):
-                        ready_s = time.monotonic() - started
-                        break
-                    time.sleep(0.05)
-                if ready_s is None:
-                    raise RuntimeError(f"controller not ready; log:\n{log.read_text()[-3000:]}")
-                results["start_to_ready_s"] = round(ready_s, 2)
-                results["rss_after_ready_mib"] = rss_mib(proc.pid)
-                print("ready", ready_s, results["rss_after_ready_mib"], flush=True)
-                results["churn"] = run_churn(client, kubeconfig_path, NODES)
-                results["decision"] = decisions(log)
-                results["rss_end_mib"] = rss_mib(proc.pid)
-                results["rss_peak_mib"] = rss_mib(proc.pid, "VmHWM")
-            finally:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+        started = time.monotonic()
+        with controller_process(kubeconfig_path, log) as proc:
+            ready_s = None
+            while time.monotonic() - started < 300 and proc.poll() is None:
+                url = probe_url(log)
+                if url and is_ready(url):
+                    ready_s = time.monotonic() - started
+                    break
+                time.sleep(0.05)
+            if ready_s is None:
+                raise RuntimeError(f"controller not ready; log:\n{log.read_text()[-3000:]}")
+            results["start_to_ready_s"] = round(ready_s, 2)
+            results["rss_after_ready_mib"] = rss_mib(proc.pid)
+            print("ready", ready_s, results["rss_after_ready_mib"], flush=True)
+            results["churn"] = run_churn(client, kubeconfig_path, NODES)
+            results["decision"] = decisions(log)
+            results["rss_end_mib"] = rss_mib(proc.pid)
+            results["rss_peak_mib"] = rss_mib(proc.pid, "VmHWM")
         client.close()
     results["verdict"] = {
         "rss_met": results["rss_peak_mib"] <= TARGETS["rss_mib"],

@@ -17,22 +17,17 @@ bench/results/controller_metrics.json.
 from __future__ import annotations
 
 import gc
-import os
-import platform
 import random
 import statistics
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import generate_latest
-
-from bench.common import utc_stamp, write_results
+from bench.common import machine_at_start, utc_stamp, write_results
+from bench.scrape import scrape_cost
 from controller.informers import ALL, Informer
 from controller.metrics import DETAILS, ControllerMetrics, StateCollector
 from controller.reconciler import GATE, Defaults, Reconciler
-from dra_driver.metrics_http import serve_metrics
 from tests.fixtures.allocator_cluster import DEVICE_CLASS, DRIVER, claim_obj, cluster_events
 
 RESULTS = Path(__file__).parent / "results" / "controller_metrics.json"
@@ -92,28 +87,12 @@ def measure(reconciler: Reconciler, detail: str) -> dict[str, Any]:
     metrics = ControllerMetrics()
     informers = [Informer(None, r, lambda kind, op, obj: None) for r in ALL]  # type: ignore[arg-type]
     metrics.registry.register(StateCollector(reconciler, informers, detail=detail))
-    renders: list[float] = []
-    body = b""
-    for _ in range(ROUNDS):
-        started = time.perf_counter()
-        body = generate_latest(metrics.registry)
-        renders.append(time.perf_counter() - started)
-    series = sum(1 for line in body.decode().splitlines() if line and not line.startswith("#"))
-    server = serve_metrics("127.0.0.1:0", metrics.registry)
-    scrapes: list[float] = []
-    try:
-        for _ in range(ROUNDS):
-            started = time.perf_counter()
-            with urllib.request.urlopen(server.url, timeout=60) as response:
-                response.read()
-            scrapes.append(time.perf_counter() - started)
-    finally:
-        server.stop()
+    cost = scrape_cost(metrics.registry, ROUNDS, timeout_s=60)
     return {
-        "series": series,
-        "bytes": len(body),
-        "render_p50_ms": round(statistics.median(renders) * 1e3, 1),
-        "http_scrape_p50_ms": round(statistics.median(scrapes) * 1e3, 1),
+        "series": cost.series,
+        "bytes": len(cost.body),
+        "render_p50_ms": round(statistics.median(cost.render_s) * 1e3, 1),
+        "http_scrape_p50_ms": round(statistics.median(cost.http_s) * 1e3, 1),
     }
 
 
@@ -130,11 +109,7 @@ def main() -> None:
     reconciler, feed_s = build()
     results: dict[str, Any] = {
         "benchmark": "controller_metrics",
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "load_average_at_start": os.getloadavg()[0],
-        },
+        "machine": machine_at_start(),
         "cluster": {
             "nodes": NODES,
             "gpus": len(reconciler.model.devices),

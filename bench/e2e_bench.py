@@ -23,10 +23,7 @@ writes bench/results/e2e.json (or E2E_BENCH_OUT).
 from __future__ import annotations
 
 import os
-import platform
 import re
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -34,8 +31,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.common import percentiles, utc_stamp, write_results
-from bench.controller_bench import create_all, is_ready, probe_url, slices_of
+from bench.cluster_load import (
+    bench_claim,
+    bench_pod,
+    controller_process,
+    create_device_class,
+    is_ready,
+    probe_url,
+)
+from bench.common import machine_at_start, percentiles, utc_stamp, write_results
+from bench.controller_bench import create_all, slices_of
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
 from vgpu_testbed.cluster.control_plane import running_cluster
@@ -82,50 +87,6 @@ def add_nodes(client: KubeClient, kubeconfig: str, first: int, last: int) -> Non
             for obj in slices_of(n)
         ],
     )
-
-
-def claim_obj(name: str, namespace: str) -> dict[str, Any]:
-    return {
-        "apiVersion": RESOURCE_API,
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "gpu",
-                        "exactly": {
-                            "deviceClassName": DRIVER,
-                            "count": 1,
-                            "capacity": {"requests": {"memory": "10Gi", "cores": "20"}},
-                        },
-                    }
-                ]
-            }
-        },
-    }
-
-
-def pod_obj(name: str, namespace: str, *, gated: bool) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "tolerations": [{"operator": "Exists"}],
-        "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-        "containers": [
-            {
-                "name": "c",
-                "image": "example.invalid/none",
-                "resources": {"claims": [{"name": "gpu"}]},
-            }
-        ],
-    }
-    if gated:
-        spec["schedulingGates"] = [{"name": GATE}]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": spec,
-    }
 
 
 def watch_allocations(
@@ -189,9 +150,10 @@ def run_path(kubeconfig: str, namespace: str, *, gated: bool) -> dict[str, Any]:
                 writers.append(writer)
         name = f"p{i}"
         created[name] = time.monotonic()
-        writer.create(claims_path, claim_obj(name, namespace))
+        writer.create(claims_path, bench_claim(name, namespace, DRIVER))
         writer.create(
-            kube.path("v1", "pods", namespace=namespace), pod_obj(name, namespace, gated=gated)
+            kube.path("v1", "pods", namespace=namespace),
+            bench_pod(name, namespace, name, GATE if gated else None),
         )
 
     started = time.monotonic()
@@ -222,11 +184,7 @@ def run_path(kubeconfig: str, namespace: str, *, gated: bool) -> dict[str, Any]:
 def main() -> None:
     results: dict[str, Any] = {
         "benchmark": "e2e",
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "load_average_at_start": os.getloadavg()[0],
-        },
+        "machine": machine_at_start(),
         "pods_per_run": PODS,
         "runs": {},
     }
@@ -239,32 +197,9 @@ def main() -> None:
         ):
             kubeconfig = str(cluster.kubeconfig)
             client = KubeClient.from_kubeconfig(kubeconfig)
-            client.create(
-                kube.path(RESOURCE_API, "deviceclasses"),
-                {
-                    "apiVersion": RESOURCE_API,
-                    "kind": "DeviceClass",
-                    "metadata": {"name": DRIVER},
-                    "spec": {
-                        "selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]
-                    },
-                },
-            )
+            create_device_class(client, DRIVER)
             log = Path(tmp) / "controller.log"
-            out = log.open("w")
-            env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
-            proc = subprocess.Popen(
-                [
-                    sys.executable, "-m", "dra_driver.cli", "controller",
-                    "--kubeconfig", kubeconfig,
-                    "--health-address", "127.0.0.1:0",
-                    "--log-level", "debug",
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-            )  # fmt: skip
-            try:
+            with controller_process(kubeconfig, log):
                 made = 0
                 for size in SIZES:
                     add_nodes(client, kubeconfig, made, size)
@@ -299,15 +234,7 @@ def main() -> None:
                         entry[path] = figures
                         print(limits, size, path, figures, flush=True)
                     results["runs"].setdefault(limits, {})[str(size)] = entry
-            finally:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-                out.close()
-                client.close()
+            client.close()
     results["client_limits"] = {
         "stock": "kube-scheduler 50/s (burst 100), kube-controller-manager 20/s (burst 30)",
         "raised": "both 1000/s, burst 1000",

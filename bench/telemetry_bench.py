@@ -35,7 +35,6 @@ import shutil
 import struct
 import tempfile
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -46,10 +45,9 @@ from opentelemetry import trace
 from opentelemetry.instrumentation.grpc import server_interceptor
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-from prometheus_client import generate_latest
 
 from bench.common import machine, node_settings, percentiles, request, utc_stamp, write_results
-from dra_driver.metrics_http import serve_metrics
+from bench.scrape import scrape_cost
 from kubelet_plugin import region as rg
 from kubelet_plugin.claims import ClaimRef
 from kubelet_plugin.metrics import NodeCollector, PluginMetrics
@@ -240,30 +238,13 @@ def measure_scrape(root: Path) -> dict[str, Any]:
                 fcntl.fcntl(fd, fcntl.F_OFD_SETLK, lock)
                 held.append(fd)
         assert variant.metrics is not None
-        registry = variant.metrics.registry
-        body = generate_latest(registry)
-        render: list[float] = []
-        for _ in range(SCRAPES):
-            started = time.perf_counter()
-            generate_latest(registry)
-            render.append(time.perf_counter() - started)
-        server = serve_metrics("127.0.0.1:0", registry)
-        http: list[float] = []
-        try:
-            for _ in range(SCRAPES):
-                started = time.perf_counter()
-                with urllib.request.urlopen(server.url, timeout=30) as answer:
-                    answer.read()
-                http.append(time.perf_counter() - started)
-        finally:
-            server.stop()
-        series = sum(1 for line in body.decode().splitlines() if line and not line.startswith("#"))
+        cost = scrape_cost(variant.metrics.registry, SCRAPES, timeout_s=30)
         return {
             "claims": SCRAPE_CLAIMS,
-            "series": series,
-            "bytes": len(body),
-            "render": percentiles(render),
-            "http": percentiles(http),
+            "series": cost.series,
+            "bytes": len(cost.body),
+            "render": percentiles(cost.render_s),
+            "http": percentiles(cost.http_s),
         }
     finally:
         for fd in held:

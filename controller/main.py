@@ -74,12 +74,12 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
     )
     cli_flags.add_logging(parser, env)
     cli_flags.add_otlp_endpoint(parser, env)
-    parser.add_argument(
+    cli_flags.add_switch(
+        parser,
+        env,
         "--leader-elect",
-        type=cli_flags.boolean,
-        nargs="?",
-        const=True,
-        default=cli_flags.boolean(env.get(ENV["leader_elect"], "false")),
+        env_name=ENV["leader_elect"],
+        default=False,
         help="allocate only while holding the Lease (env VGPU_DRA_LEADER_ELECT; default false)",
     )
     parser.add_argument(
@@ -129,12 +129,12 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
             choices=choices,
             help=f"cluster default for pods without {POLICY_ANNOTATIONS[key]} (env {ENV[key]})",
         )
-    parser.add_argument(
+    cli_flags.add_switch(
+        parser,
+        env,
         "--reschedule",
-        type=cli_flags.boolean,
-        nargs="?",
-        const=True,
-        default=cli_flags.boolean(env.get(ENV["reschedule"], "true")),
+        env_name=ENV["reschedule"],
+        default=True,
         help="recover pods whose claims failed to prepare: evict them when a controller owns "
         "them, else report what to do (env VGPU_DRA_RESCHEDULE; default true)",
     )

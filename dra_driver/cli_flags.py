@@ -70,6 +70,27 @@ def add_otlp_endpoint(parser: argparse.ArgumentParser, env: Mapping[str, str]) -
     )
 
 
+def add_switch(
+    parser: argparse.ArgumentParser,
+    env: Mapping[str, str],
+    flag: str,
+    *,
+    env_name: str,
+    default: bool,
+    help: str,
+) -> None:
+    """A true/false flag: `--x` alone is true, `--x=false` false; its default comes from
+    `env_name` when set (`boolean` reads both)."""
+    parser.add_argument(
+        flag,
+        type=boolean,
+        nargs="?",
+        const=True,
+        default=boolean(env.get(env_name, "true" if default else "false")),
+        help=help,
+    )
+
+
 def boolean(text: str | bool) -> bool:
     """An argparse `type` for true/false flags whose default comes from the environment."""
     if isinstance(text, bool):

@@ -171,19 +171,9 @@ class KubeClient:
         if body is not None:
             headers["Content-Type"] = content_type
         headers.update(self._auth_headers())
-        try:
-            response = self._api.call_api(
-                method,
-                url,
-                header_params=headers,
-                body=body,
-                _request_timeout=self._timeout if timeout_s is None else timeout_s,
-            )
-            raw = response.read()
-        except k8s.ApiException as exc:
-            raise _error(exc.status or 0, exc.reason or "", exc.body or "") from exc
-        except Exception as exc:  # urllib3 connection errors, TLS, timeouts
-            raise Unreachable(0, "Unreachable", f"{method} {resource_path}: {exc}") from exc
+        response, raw = self._exchange(
+            method, resource_path, url, headers, body=body, timeout_s=timeout_s
+        )
         text = raw.decode() if isinstance(raw, bytes) else str(raw or "")
         if not 200 <= response.status < 300:
             raise _error(response.status, response.reason or "", text)
@@ -196,6 +186,32 @@ class KubeClient:
                 0, "TooDeep", f"{method} {resource_path}: the object is nested too deeply to read"
             ) from None
 
+    def _exchange(
+        self,
+        method: str,
+        resource_path: str,
+        url: str,
+        headers: dict[str, str],
+        *,
+        body: Any,
+        timeout_s: float | None,
+    ) -> tuple[Any, Any]:
+        """One call through the client: (response, raw body). An answer the client raises on
+        becomes its KubeError subclass; no answer at all, Unreachable."""
+        try:
+            response = self._api.call_api(
+                method,
+                url,
+                header_params=headers,
+                body=body,
+                _request_timeout=self._timeout if timeout_s is None else timeout_s,
+            )
+            return response, response.read()
+        except k8s.ApiException as exc:
+            raise _error(exc.status or 0, exc.reason or "", exc.body or "") from exc
+        except Exception as exc:  # urllib3 connection errors, TLS, timeouts
+            raise Unreachable(0, "Unreachable", f"{method} {resource_path}: {exc}") from exc
+
     def get(self, resource_path: str, *, timeout_s: float | None = None) -> JSON:
         return self.request("GET", resource_path, timeout_s=timeout_s)
 
@@ -204,18 +220,9 @@ class KubeClient:
         proxy (`.../pods/<name>:<port>/proxy/metrics`); KubeError subclasses as `request`."""
         url = self._api.configuration.host + resource_path
         headers = {"Accept": "text/plain, */*", **self._auth_headers()}
-        try:
-            response = self._api.call_api(
-                "GET",
-                url,
-                header_params=headers,
-                _request_timeout=self._timeout if timeout_s is None else timeout_s,
-            )
-            raw = response.read()
-        except k8s.ApiException as exc:
-            raise _error(exc.status or 0, exc.reason or "", exc.body or "") from exc
-        except Exception as exc:  # urllib3 connection errors, TLS, timeouts
-            raise Unreachable(0, "Unreachable", f"GET {resource_path}: {exc}") from exc
+        response, raw = self._exchange(
+            "GET", resource_path, url, headers, body=None, timeout_s=timeout_s
+        )
         text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw or "")
         if not 200 <= response.status < 300:
             raise _error(response.status, response.reason or "", text[:1024])

@@ -136,24 +136,25 @@ def _backdate(lifetime: dt.timedelta) -> dt.timedelta:
     return min(dt.timedelta(minutes=5), lifetime / 20)
 
 
-def new_ca(lifetime: dt.timedelta, now: dt.datetime | None = None) -> tuple[bytes, bytes]:
-    """A fresh self-signed CA: (cert PEM, key PEM). P-256: small, fast to sign and verify."""
-    now = now or _now()
-    key = ec.generate_private_key(ec.SECP256R1())
-    # A distinct subject per CA: during a rotation the API server holds two CAs, and a verifier
-    # that picks the issuer by name must not try the other one's key.
-    serial = x509.random_serial_number()
-    subject = x509.Name(
-        [x509.NameAttribute(NameOID.COMMON_NAME, f"vgpu-dra-webhook-ca-{serial:x}"[:64])]
-    )
-    cert = (
+def self_signed_ca(
+    key: ec.EllipticCurvePrivateKey,
+    common_name: str,
+    not_before: dt.datetime,
+    not_after: dt.datetime,
+    serial: int | None = None,
+) -> x509.Certificate:
+    """A CA certificate for `key`, signed by itself, that may sign end-entity certificates only
+    (path length 0); a random serial unless given. Also the test bed's cluster CA
+    (vgpu_testbed.cluster.certs)."""
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    return (
         x509.CertificateBuilder()
         .subject_name(subject)
         .issuer_name(subject)
         .public_key(key.public_key())
-        .serial_number(serial)
-        .not_valid_before(now - _backdate(lifetime))  # tolerate clock skew
-        .not_valid_after(now + lifetime)
+        .serial_number(x509.random_serial_number() if serial is None else serial)
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(
@@ -171,6 +172,22 @@ def new_ca(lifetime: dt.timedelta, now: dt.datetime | None = None) -> tuple[byte
         )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
+    )
+
+
+def new_ca(lifetime: dt.timedelta, now: dt.datetime | None = None) -> tuple[bytes, bytes]:
+    """A fresh self-signed CA: (cert PEM, key PEM). P-256: small, fast to sign and verify."""
+    now = now or _now()
+    key = ec.generate_private_key(ec.SECP256R1())
+    # A distinct subject per CA: during a rotation the API server holds two CAs, and a verifier
+    # that picks the issuer by name must not try the other one's key.
+    serial = x509.random_serial_number()
+    cert = self_signed_ca(
+        key,
+        f"vgpu-dra-webhook-ca-{serial:x}"[:64],
+        not_before=now - _backdate(lifetime),  # tolerate clock skew
+        not_after=now + lifetime,
+        serial=serial,
     )
     return _cert_pem(cert), _key_pem(key)
 

@@ -56,6 +56,21 @@ MAX_MEMORY_MIB = 1 << 24  # 16 TiB per GPU: far above any GPU, far below int64 b
 _TYPE_NAME = re.compile(r"[A-Za-z0-9 ._-]+")
 _UUID = re.compile(r"[A-Za-z0-9-]+")
 _PERCENT = re.compile(r"[0-9]{1,3}")
+# The annotations whose value is a comma list: what each item must match, and how to say so.
+_TYPE_LIST = (
+    _TYPE_NAME,
+    "GPU product names (letters, digits, space, '.', '_', '-'), e.g. 'A100,H100'",
+)
+_UUID_LIST = (
+    _UUID,
+    "GPU UUIDs (letters, digits, '-'), e.g. 'GPU-49aa2e6a-33f3-99dd-e08b-ea4beb0e0d28'",
+)
+_COMMA_LISTS: dict[str, tuple[re.Pattern[str], str]] = {
+    "include_types": _TYPE_LIST,
+    "exclude_types": _TYPE_LIST,
+    "include_uuids": _UUID_LIST,
+    "exclude_uuids": _UUID_LIST,
+}
 
 # User values are echoed into refusals shortened: an annotation may be hundreds of KiB.
 _SHORT = reprlib.Repr()
@@ -154,23 +169,11 @@ def _normalise(concept: Concept, key: str, raw: Any) -> str:
                 f"annotation {key}={_short(value)}: allowed values are {', '.join(choices)}"
             )
         return value
-    if concept in ("include_types", "exclude_types"):
+    if concept in _COMMA_LISTS:
+        pattern, what = _COMMA_LISTS[concept]
         items = _csv(value)
-        bad = [t for t in items if not _TYPE_NAME.fullmatch(t)]
-        if not items or bad:
-            raise Refusal(
-                f"annotation {key}={_short(value)}: a comma list of GPU product names (letters, "
-                "digits, space, '.', '_', '-'), e.g. 'A100,H100'"
-            )
-        return ",".join(items)
-    if concept in ("include_uuids", "exclude_uuids"):
-        items = _csv(value)
-        bad = [u for u in items if not _UUID.fullmatch(u)]
-        if not items or bad:
-            raise Refusal(
-                f"annotation {key}={_short(value)}: a comma list of GPU UUIDs (letters, digits, "
-                "'-'), e.g. 'GPU-49aa2e6a-33f3-99dd-e08b-ea4beb0e0d28'"
-            )
+        if not items or any(not pattern.fullmatch(item) for item in items):
+            raise Refusal(f"annotation {key}={_short(value)}: a comma list of {what}")
         return ",".join(items)
     # core_limit, memory_percentage: whole percentages
     if not _PERCENT.fullmatch(value) or int(value) > 100:

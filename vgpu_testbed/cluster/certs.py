@@ -21,6 +21,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from controller.webhook.certs import self_signed_ca
+
 # Names and addresses clients may use for the apiserver: loopback, and the in-cluster service
 # (first address of the service range 10.0.0.0/24) so an in-cluster client would verify too.
 SERVING_DNS_NAMES = (
@@ -85,32 +87,11 @@ def _name(common_name: str) -> x509.Name:
 
 def _ca(now: dt.datetime) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     key = _new_key()
-    subject = _name("vgpu-dra-testbed-ca")
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + _VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(key, hashes.SHA256())
+    cert = self_signed_ca(
+        key,
+        "vgpu-dra-testbed-ca",
+        not_before=now - dt.timedelta(minutes=5),
+        not_after=now + _VALIDITY,
     )
     return key, cert
 

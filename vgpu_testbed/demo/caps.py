@@ -23,7 +23,13 @@ from vgpu_testbed.demo.steps import (
     DemoContext,
     Prepared,
 )
-from vgpu_testbed.demo.workloads import ClaimContainer, Container, WorkloadError, nvml_view
+from vgpu_testbed.demo.workloads import (
+    ClaimContainer,
+    Container,
+    WorkloadError,
+    holding,
+    nvml_view,
+)
 from vgpu_testbed.demo.workloads import run_with_samples as sampled_run
 
 CAPPED_SECONDS = 6.0  # sampled; the first SETTLE_S are the controller learning the GPU
@@ -98,44 +104,32 @@ def show_nvml(
     ctx.results["nvml_host_total"] = host_gpu["memory_total"]
 
 
+def try_hold(container: Container, size: int) -> report.HoldResult:
+    """Whether a cuda_hold run in `container` can allocate `size` bytes (it exits at once)."""
+    done = container.run([container.program("cuda_hold"), "0", str(size)])
+    return report.parse_hold(done.stdout, done.returncode)
+
+
 def show_memory_cap(ctx: DemoContext, container: Container, cap: int) -> None:
     hold = container.program("cuda_hold")
     within, beyond, second = cap * 3 // 4, cap * 2, cap // 2
-    done = container.run([hold, "0", str(within)])
-    first = report.parse_hold(done.stdout, done.returncode)
-    over = container.run([hold, "0", str(beyond)])
-    over_result = report.parse_hold(over.stdout, over.returncode)
-    ctx.say(
-        f"(b) cuMemAlloc {report.human_bytes(within)} (within the cap): "
-        f"{'ok' if first.ok else first.error}"
-    )
-    ctx.say(
-        f"    cuMemAlloc {report.human_bytes(beyond)} (beyond the cap): "
-        f"{'ok' if over_result.ok else over_result.error}"
-    )
+    first = try_hold(container, within)
+    over_result = try_hold(container, beyond)
+    ctx.say(f"(b) cuMemAlloc {report.human_bytes(within)} (within the cap): {first.outcome}")
+    ctx.say(f"    cuMemAlloc {report.human_bytes(beyond)} (beyond the cap): {over_result.outcome}")
     # The cap is the claim's, over all its processes: hold 3/4 in one, ask 1/2 in another.
-    holder = container.popen([hold, "0", str(within)])
-    try:
-        assert holder.stdout is not None and holder.stdin is not None
+    with holding(container, [hold, "0", str(within)]) as holder:
+        assert holder.stdout is not None
         ready = holder.stdout.readline()
         if not ready.startswith("ready"):
             raise WorkloadError(f"cuda_hold did not allocate {within} bytes: {ready.strip()}")
-        again = container.run([hold, "0", str(second)])
-        shared_result = report.parse_hold(again.stdout, again.returncode)
-        holder.stdin.write("release\n")  # a line, not EOF: ctr exec never passes EOF on
-        holder.stdin.close()
-        holder.wait(timeout=30)
-    finally:
-        if holder.poll() is None:
-            holder.kill()
-            holder.wait()
-    after = container.run([hold, "0", str(second)])
-    after_result = report.parse_hold(after.stdout, after.returncode)
+        shared_result = try_hold(container, second)
+    after_result = try_hold(container, second)
     ctx.say(
         f"    another process asks {report.human_bytes(second)} while "
         f"{report.human_bytes(within)} is held: "
-        f"{'ok' if shared_result.ok else shared_result.error}; after release: "
-        f"{'ok' if after_result.ok else after_result.error}"
+        f"{shared_result.outcome}; after release: "
+        f"{after_result.outcome}"
     )
     ctx.results["memory"] = {
         "cap": cap,

@@ -20,6 +20,7 @@ from dra_driver import status as status_cmd
 from dra_driver.metrics_endpoints import Endpoint
 from dra_driver.names import DEFAULT_DRIVER_NAME
 from vgpu_testbed.demo.steps import SHARED_POD, DemoContext, Prepared
+from vgpu_testbed.demo.workloads import holding
 from vgpu_testbed.standin.node_agents import NodeAgents
 
 HELD = 300 << 20  # what a program of the shared pod holds while its metrics are shown
@@ -89,16 +90,8 @@ def _holding(ctx: DemoContext, shared: Prepared) -> Iterator[None]:
     from vgpu_testbed.demo.caps import claim_container
 
     container = claim_container(shared)
-    holder = container.popen([container.program("cuda_hold"), "0", str(HELD)])
-    try:
-        assert holder.stdout is not None and holder.stdin is not None
+    with holding(container, [container.program("cuda_hold"), "0", str(HELD)]) as holder:
+        assert holder.stdout is not None
         ready = holder.stdout.readline().strip()
         ctx.say(f"a program of pod {SHARED_POD} holds {HELD >> 20} MiB ({ready})")
         yield
-        holder.stdin.write("release\n")  # a line, not EOF: ctr exec never passes EOF on
-        holder.stdin.close()
-        holder.wait(timeout=30)
-    finally:
-        if holder.poll() is None:
-            holder.kill()
-            holder.wait()

@@ -55,13 +55,7 @@ def attribute(device: Mapping[str, Any], name: str) -> Any:
 
 
 def capacity_value(device: Mapping[str, Any], name: str) -> int | None:
-    raw = ((device.get("capacity") or {}).get(name) or {}).get("value")
-    if raw is None:
-        return None
-    try:
-        return parse_quantity(str(raw))
-    except QuantityError:
-        return None
+    return _quantity_or_none(((device.get("capacity") or {}).get(name) or {}).get("value"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +166,7 @@ def placement(
 
 
 def _quantity_or_none(raw: Any) -> int | None:
+    """A Kubernetes quantity as a number; None when absent or not a quantity."""
     if raw is None:
         return None
     try:
@@ -277,6 +272,11 @@ class HoldResult:
 
     ok: bool
     error: str | None
+
+    @property
+    def outcome(self) -> str | None:
+        """How the demo reports it: "ok", or the error."""
+        return "ok" if self.ok else self.error
 
 
 def parse_hold(stdout: str, returncode: int) -> HoldResult:

@@ -26,9 +26,10 @@ import subprocess
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from dra_driver.metrics_endpoints import Endpoint
+from vgpu_testbed.demo.workloads import ContainerProcesses
 from vgpu_testbed.realnode.images import PAUSE, WORKLOAD
 from vgpu_testbed.realnode.node import RealNode
 
@@ -133,8 +134,12 @@ def kubelet_record(node: RealNode, pod: Mapping[str, Any], claim_uid: str) -> di
 
 
 @dataclass(frozen=True)
-class PodContainer:
+class PodContainer(ContainerProcesses):
     """A pod's running container on a real node: programs are exec'd into it by containerd."""
+
+    # `ctr tasks exec` never passes end-of-file on to the process: a program waiting for its
+    # stdin (cuda_hold) gets a line instead.
+    run_input: ClassVar[str | None] = "\n"
 
     node: RealNode
     container_id: str
@@ -166,30 +171,6 @@ class PodContainer:
 
     def env(self) -> dict[str, str]:
         return {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-
-    def run(self, argv: Sequence[str], *, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        # `ctr tasks exec` never passes end-of-file on to the process: a program waiting for
-        # its stdin (cuda_hold) gets a line instead.
-        return subprocess.run(
-            self.command(argv),
-            env=self.env(),
-            input="\n",
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-
-    def popen(self, argv: Sequence[str]) -> subprocess.Popen[str]:
-        """Started with stdin a pipe: write a line to it to end a program waiting for one."""
-        return subprocess.Popen(
-            self.command(argv),
-            env=self.env(),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
 
     def nvml(self) -> dict[str, Any]:
         """NVML as the container sees it (the image's `nvml-query`), in the shape of

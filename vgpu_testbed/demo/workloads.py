@@ -21,10 +21,11 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from vgpu_testbed.container import container_command
 
@@ -55,8 +56,45 @@ class Container(Protocol):
     def nvml(self) -> dict[str, Any]: ...
 
 
+class ContainerProcesses:
+    """Running a program in a container, for both kinds of container: each gives the command line
+    that enters it and the environment of that command; this runs it to its end or starts it."""
+
+    # What the program reads on its stdin when run to its end; None: nothing (end-of-file).
+    run_input: ClassVar[str | None] = None
+
+    def command(self, argv: Sequence[str]) -> list[str]:
+        raise NotImplementedError
+
+    def env(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def run(self, argv: Sequence[str], *, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            self.command(argv),
+            env=self.env(),
+            stdin=subprocess.DEVNULL if self.run_input is None else None,
+            input=self.run_input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def popen(self, argv: Sequence[str]) -> subprocess.Popen[str]:
+        """Started with stdin a pipe: write a line to it to end a program waiting for one."""
+        return subprocess.Popen(
+            self.command(argv),
+            env=self.env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+
 @dataclass(frozen=True)
-class ClaimContainer:
+class ClaimContainer(ContainerProcesses):
     """What a runtime needs to start a container holding one claim."""
 
     spec: Mapping[str, Any]
@@ -81,26 +119,22 @@ class ClaimContainer:
     def command(self, argv: Sequence[str]) -> list[str]:
         return container_command(self.spec, self.device_names, list(argv))
 
-    def run(self, argv: Sequence[str], *, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            self.command(argv),
-            env=self.env(),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
 
-    def popen(self, argv: Sequence[str]) -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            self.command(argv),
-            env=self.env(),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+@contextmanager
+def holding(container: Container, argv: Sequence[str]) -> Iterator[subprocess.Popen[str]]:
+    """A program (cuda_hold) started in `container` that holds until told: released with a line
+    on its stdin when the block ends normally, killed when it ends by an exception."""
+    holder = container.popen(argv)
+    try:
+        assert holder.stdout is not None and holder.stdin is not None
+        yield holder
+        holder.stdin.write("release\n")  # a line, not EOF: ctr exec never passes EOF on
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
 
 
 def program(name: str) -> str:

@@ -23,7 +23,6 @@ import copy
 import json
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -35,7 +34,6 @@ from tests.fixtures.controller import (
     DRIVER,
     Account,
     Controller,
-    controller_account,
     drop_holds,
     node_with_plugin,
     started,
@@ -50,22 +48,6 @@ GATE = "vgpu.dra.dev/policy"
 PER_PATH = 10
 ROUNDS = 3
 SHARE = 10 * (1 << 30)
-
-
-@pytest.fixture(scope="module")
-def client(cluster: Any) -> Iterator[KubeClient]:
-    kc = KubeClient.from_kubeconfig(str(cluster.kubeconfig))
-    yield kc
-    kc.close()
-
-
-@pytest.fixture(scope="module")
-def account(
-    cluster: Any, client: KubeClient, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Account]:
-    prefix = f"s{uuid.uuid4().hex[:5]}"
-    with controller_account(client, cluster, tmp_path_factory.mktemp("storm"), prefix) as acc:
-        yield acc
 
 
 def gpus(client: KubeClient) -> dict[str, tuple[str, int]] | None:

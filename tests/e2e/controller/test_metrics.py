@@ -14,61 +14,37 @@ for the waiting request; the admission-free registry follows the naming conventi
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
-import sys
-import time
-import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
 from dra_driver.slices import build_slices
-from tests.fixtures.allocator_cluster import MEMORY, SHAPES, inventory
-from tests.fixtures.chart import (
-    by_kind,
-    collection_path,
-    helm_binary,
-    render,
-    request_token,
-    token_kubeconfig,
-)
+from tests.fixtures.allocator_cluster import MEMORY, SHAPES, device_class, inventory
+from tests.fixtures.controller import Controller, controller_account, remove_driver
+from tests.fixtures.scrape import Samples, scrape
+from tests.fixtures.workloads import pause_pod, resource_claim
 from vgpu_testbed.cluster import boot as cluster_boot
 from vgpu_testbed.cluster import nodes as cluster_nodes
+from vgpu_testbed.polling import wait_for
 
 # Longer than the 60 s default: the module fixture installs RBAC and a stand-in node; the test
 # runs a controller process and waits for its decisions.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 JSON = dict[str, Any]
-T = TypeVar("T")
 GIB = 1 << 30
 A10 = "NVIDIA A10"
 GPUS = 4
 GATE = "vgpu.dra.dev/policy"
 SLICES = kube.path(RESOURCE_API, "resourceslices")
 P = "vgpu_dra_controller_"
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def await_(what: str, check: Callable[[], T | None], timeout: float = 60) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
 
 
 @dataclass
@@ -81,110 +57,43 @@ class Bed:
 
 
 @pytest.fixture(scope="module")
-def client(cluster: Any) -> Iterator[KubeClient]:
-    kc = KubeClient.from_kubeconfig(str(cluster.kubeconfig))
-    yield kc
-    kc.close()
-
-
-@pytest.fixture(scope="module")
 def bed(
     cluster: Any, client: KubeClient, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Bed]:
-    helm_binary()
     prefix = f"m{uuid.uuid4().hex[:5]}"
     driver = f"{prefix}.metrics.vgpu.dra.dev"
-    system_ns = f"{prefix}-system"
     node = f"{prefix}-a10"
     home = tmp_path_factory.mktemp("controller-metrics")
-    docs = render(home, {"controller": {"enabled": True}}, namespace=system_ns, release=prefix)
-    rbac = [
-        d
-        for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
-        for d in by_kind(docs, kind)
-        if d["metadata"]["labels"].get("app.kubernetes.io/component") == "controller"
-    ]
-    client.create(
-        kube.path("v1", "namespaces"),
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": system_ns}},
-    )
-    try:
-        for doc in rbac:
-            client.create(collection_path(doc, system_ns), doc)
-        account = by_kind(rbac, "ServiceAccount")[0]["metadata"]["name"]
-        token = request_token(client, system_ns, account, None)
-        kubeconfig = token_kubeconfig(
-            home / "controller.kubeconfig", cluster.server, cluster.ca_cert, token
-        )
-        client.create(
-            kube.path(RESOURCE_API, "deviceclasses"),
-            {
-                "apiVersion": RESOURCE_API,
-                "kind": "DeviceClass",
-                "metadata": {"name": driver},
-                "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]},
-            },
-        )
-        api_client = cluster.api_client()
+    with controller_account(client, cluster, home, prefix) as account:
         try:
-            cluster_boot.create_nodes(api_client, [cluster_nodes.NodeSpec(node, "t-a10")])
+            client.create(kube.path(RESOURCE_API, "deviceclasses"), device_class(driver))
+            api_client = cluster.api_client()
+            try:
+                cluster_boot.create_nodes(api_client, [cluster_nodes.NodeSpec(node, "t-a10")])
+            finally:
+                api_client.close()
+            uid = client.get(kube.path("v1", "nodes", node))["metadata"]["uid"]
+            for obj in build_slices(
+                inventory(200, GPUS, A10, SHAPES["none"]),
+                driver=driver,
+                node_name=node,
+                node_uid=uid,
+            ):
+                obj["spec"]["pool"]["generation"] = 1
+                client.create(SLICES, obj)
+            yield Bed(node, driver, account.system_ns, account.kubeconfig, account.logs)
         finally:
-            api_client.close()
-        uid = client.get(kube.path("v1", "nodes", node))["metadata"]["uid"]
-        for obj in build_slices(
-            inventory(200, GPUS, A10, SHAPES["none"]), driver=driver, node_name=node, node_uid=uid
-        ):
-            obj["spec"]["pool"]["generation"] = 1
-            client.create(SLICES, obj)
-        yield Bed(node, driver, system_ns, kubeconfig, home)
-    finally:
-        for obj in client.list(SLICES):
-            if obj["spec"].get("driver") == driver:
-                client.delete(kube.path(RESOURCE_API, "resourceslices", obj["metadata"]["name"]))
-        client.delete(kube.path(RESOURCE_API, "deviceclasses", driver))
-        client.delete(kube.path("v1", "nodes", node))
-        for doc in rbac:
-            if doc["kind"] in ("ClusterRole", "ClusterRoleBinding"):
-                api = "rbac.authorization.k8s.io/v1"
-                plural = "clusterroles" if doc["kind"] == "ClusterRole" else "clusterrolebindings"
-                client.delete(kube.path(api, plural, doc["metadata"]["name"]))
-        client.delete(kube.path("v1", "namespaces", system_ns))
+            remove_driver(client, driver)
+            client.delete(kube.path("v1", "nodes", node))
 
 
 @pytest.fixture
-def controller(bed: Bed) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
-    log = bed.logs / "controller.log"
-    with log.open("a") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "dra_driver.cli", "controller",
-                "--kubeconfig", str(bed.kubeconfig),
-                "--health-address", "127.0.0.1:0",
-                "--metrics-address", "127.0.0.1:0",
-                "--leader-elect",
-                "--lease-namespace", bed.system_ns,
-                "--lease-duration", "3",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
-        )  # fmt: skip
+def controller(bed: Bed) -> Iterator[Controller]:
+    c = Controller(bed, "controller", "--metrics-address", "127.0.0.1:0")
     try:
-        yield proc, log
+        yield c
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 0, log.read_text()
-
-
-def scrape(url: str) -> Samples:
-    with urllib.request.urlopen(url, timeout=10) as response:
-        text = response.read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+        assert c.stop() == 0, c.text()
 
 
 def value(samples: Samples, name: str, **labels: str) -> float | None:
@@ -192,43 +101,12 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
 
 
 def submit(client: KubeClient, ns: str, name: str, driver: str, memory: str) -> None:
-    claim = {
-        "apiVersion": RESOURCE_API,
-        "kind": "ResourceClaim",
-        "metadata": {"name": name},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "gpu",
-                        "exactly": {
-                            "deviceClassName": driver,
-                            "capacity": {"requests": {"memory": memory}},
-                        },
-                    }
-                ]
-            }
-        },
-    }
+    exactly = {"deviceClassName": driver, "capacity": {"requests": {"memory": memory}}}
+    claim = resource_claim(name, exactly)
     client.create(kube.path(RESOURCE_API, "resourceclaims", namespace=ns), claim)
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "restartPolicy": "Never",
-            # A second gate keeps kube-scheduler from binding to the stand-in node.
-            "schedulingGates": [{"name": GATE}, {"name": "example.com/keep"}],
-            "containers": [
-                {
-                    "name": "c",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-            ],
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-        },
-    }
+    pod = pause_pod(name, {"gpu": {"resourceClaimName": name}})
+    # A second gate keeps kube-scheduler from binding to the stand-in node.
+    pod["spec"]["schedulingGates"] = [{"name": GATE}, {"name": "example.com/keep"}]
     client.create(kube.path("v1", "pods", namespace=ns), pod)
 
 
@@ -236,23 +114,23 @@ def test_the_controllers_metrics_after_a_known_workload(
     client: KubeClient,
     bed: Bed,
     namespace: str,
-    controller: tuple[subprocess.Popen[bytes], Path],
+    controller: Controller,
 ) -> None:
-    proc, log = controller
+    proc, log = controller.proc, controller.log
 
     def url() -> str | None:
         assert proc.poll() is None, log.read_text()
         found = re.findall(r"metrics_url=(http://\S+)", log.read_text())
         return found[-1] if found else None
 
-    metrics = await_("the controller's metrics URL in its log", url)
+    metrics = wait_for("the controller's metrics URL in its log", url)
 
     def leading() -> Samples | None:
         s = scrape(metrics)
         synced = [v for (n, _), v in s.items() if n == P + "informer_synced"]
         return s if value(s, P + "leader") == 1 and synced and min(synced) == 1 else None
 
-    samples = await_("leadership and synced informers", leading)
+    samples = wait_for("leadership and synced informers", leading)
     synced = {dict(k[1])["resource"] for k in samples if k[0] == P + "informer_synced"}
     assert synced == {"pods", "nodes", "resourceslices", "resourceclaims", "deviceclasses"}
     node = {"node": bed.node}
@@ -271,8 +149,8 @@ def test_the_controllers_metrics_after_a_known_workload(
         return s if value(s, P + "placements_total") == 1 and refused >= 1 else None
 
     try:
-        samples = await_("one placement and one refusal", decided)
-    except AssertionError as exc:
+        samples = wait_for("one placement and one refusal", decided)
+    except TimeoutError as exc:
         last = {k: v for k, v in scrape(metrics).items() if "placement" in k[0]}
         raise AssertionError(f"{exc}; metrics {last}; log:\n{log.read_text()[-3000:]}") from None
     assert value(samples, P + "decision_duration_seconds_count", outcome="placed") == 1

@@ -39,6 +39,7 @@ from tests.fixtures.controller import (
     drop_holds,
     leader,
     ready,
+    remove_driver,
     started,
 )
 from tests.fixtures.workloads import pause_pod, resource_claim
@@ -74,13 +75,6 @@ class Bed:
         return f"{self.prefix}-{profile}"
 
 
-@pytest.fixture(scope="module")
-def client(cluster: Any) -> Iterator[KubeClient]:
-    kc = KubeClient.from_kubeconfig(str(cluster.kubeconfig))
-    yield kc
-    kc.close()
-
-
 def _create_nodes_and_slices(client: KubeClient, cluster: Any, prefix: str, driver: str) -> None:
     api_client = cluster.api_client()
     try:
@@ -114,12 +108,7 @@ def bed(
             _create_nodes_and_slices(client, cluster, prefix, driver)
             yield Bed(prefix, driver, account.system_ns, account.kubeconfig, account.logs)
         finally:
-            for obj in client.list(SLICES):
-                if obj["spec"].get("driver") == driver:
-                    client.delete(
-                        kube.path(RESOURCE_API, "resourceslices", obj["metadata"]["name"])
-                    )
-            client.delete(kube.path(RESOURCE_API, "deviceclasses", driver))
+            remove_driver(client, driver)
             for profile in PROFILES:
                 client.delete(kube.path("v1", "nodes", f"{prefix}-{profile}"))
 

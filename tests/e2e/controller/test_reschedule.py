@@ -27,7 +27,6 @@ from tests.fixtures.controller import (
     DRIVER,
     Account,
     Controller,
-    controller_account,
     drop_holds,
     node_with_plugin,
     started,
@@ -43,25 +42,9 @@ HOLD = "example.com/hold"
 
 
 @pytest.fixture(scope="module")
-def client(cluster: Any) -> Iterator[KubeClient]:
-    kc = KubeClient.from_kubeconfig(str(cluster.kubeconfig))
-    yield kc
-    kc.close()
-
-
-@pytest.fixture(scope="module")
 def agents(cluster: Any, client: KubeClient) -> Iterator[NodeAgents]:
     with node_with_plugin(cluster, client, NODE) as node_agents:
         yield node_agents
-
-
-@pytest.fixture(scope="module")
-def account(
-    cluster: Any, client: KubeClient, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Account]:
-    prefix = f"r{uuid.uuid4().hex[:5]}"
-    with controller_account(client, cluster, tmp_path_factory.mktemp("resched"), prefix) as acc:
-        yield acc
 
 
 @pytest.fixture

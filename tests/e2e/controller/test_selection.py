@@ -56,13 +56,6 @@ class Bed:
 
 
 @pytest.fixture(scope="module")
-def client(cluster: Cluster) -> Iterator[KubeClient]:
-    kc = KubeClient.from_kubeconfig(str(cluster.kubeconfig))
-    yield kc
-    kc.close()
-
-
-@pytest.fixture(scope="module")
 def bed(cluster: Cluster, client: KubeClient) -> Iterator[Bed]:
     """The throwaway driver's DeviceClass and slices, and the controller; removed afterwards."""
     helm_binary()

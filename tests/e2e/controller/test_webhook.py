@@ -177,13 +177,6 @@ class Hook:
         return True
 
 
-@pytest.fixture(scope="module")
-def client(cluster: Any) -> Iterator[KubeClient]:
-    kc = KubeClient.from_kubeconfig(str(cluster.kubeconfig))
-    yield kc
-    kc.close()
-
-
 def _namespace(client: KubeClient, name: str, labels: dict[str, str] | None = None) -> None:
     client.create(
         kube.path("v1", "namespaces"),

@@ -32,7 +32,6 @@ What this proves:
 from __future__ import annotations
 
 import copy
-import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -44,13 +43,12 @@ from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
 from kubelet_plugin.server import SocketPaths
 from tests.fixtures.chart import JSON, by_kind, collection_path, render
-from tests.fixtures.cluster import require_binaries
+from tests.fixtures.cluster import require_real_nodes
 from tests.fixtures.image_tree import built_tree
 from vgpu_testbed import polling
 from vgpu_testbed.cluster.control_plane import Cluster
 from vgpu_testbed.cluster.flags import free_ports
 from vgpu_testbed.fakegpu import simulator as fakegpu
-from vgpu_testbed.realnode.host import check_host
 from vgpu_testbed.realnode.images import WORKLOAD, import_images
 from vgpu_testbed.realnode.node import RealNode, start_real_nodes
 from vgpu_testbed.realnode.plugin_image import PLUGIN_IMAGE, build_plugin_image
@@ -72,12 +70,7 @@ def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 180.0) -> T
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, RealNode]]:
-    require_binaries()
-    problems = check_host()
-    if problems:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must allow real nodes: {problems}", pytrace=False)
-        pytest.skip(f"real nodes not possible here: {problems}")
+    require_real_nodes()
     tree = built_tree()
     cluster = Cluster.start(tmp_path_factory.mktemp("install"), ["a10-pcie"], die_with_parent=True)
     nodes: dict[str, RealNode] = {}

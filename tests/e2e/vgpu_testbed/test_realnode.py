@@ -23,7 +23,6 @@ What this proves:
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -39,7 +38,7 @@ import yaml
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
 from tests.e2e.vgpu_testbed.policy_path import check_controller_identity, place_example
-from tests.fixtures.cluster import admin_client, require_binaries
+from tests.fixtures.cluster import admin_client, require_real_nodes
 from tests.fixtures.dev_cluster import run_vgpu_dra, short_dir, up_with_agents
 from vgpu_testbed import polling
 from vgpu_testbed.cluster.control_plane import Cluster
@@ -64,12 +63,7 @@ def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 90.0) -> T:
 
 @pytest.fixture(scope="module")
 def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    require_binaries()
-    problems = check_host()
-    if problems:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must allow real nodes: {problems}", pytrace=False)
-        pytest.skip(f"real nodes not possible here: {problems}")
+    require_real_nodes()
     started = Cluster.start(
         tmp_path_factory.mktemp("real"), ["a10-pcie", "dgx-h100"], die_with_parent=True
     )
@@ -400,7 +394,7 @@ def _mentions(root: Path) -> list[int]:
 
 
 def test_sigkilled_starter_leaves_no_node_behind() -> None:
-    require_binaries()
+    require_real_nodes()
     if check_host():
         pytest.skip(f"real nodes not possible here: {check_host()}")
     with short_dir("rn-") as short:
@@ -440,7 +434,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_dev_cluster_up_with_real_nodes_and_down() -> None:
-    require_binaries()
+    require_real_nodes()
     if check_host():
         pytest.skip(f"real nodes not possible here: {check_host()}")
     with short_dir("rn-") as short:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -181,3 +182,62 @@ def plugin_process(
             proc.kill()
             proc.wait()
         print(log_path.read_text()[-3000:])
+
+
+class LaunchedPlugin:
+    """One plugin process (LAUNCHER: main's wiring on a hand-made inventory) on the state dir and
+    CDI root under `root`, with its sockets in `plugin_dir` and `registrar_dir`; several of them
+    share one node's state in test_single_instance and test_rolling_update."""
+
+    def __init__(
+        self,
+        root: Path,
+        cluster: Any,
+        log_path: Path,
+        plugin_dir: Path,
+        registrar_dir: Path,
+        *extra: str,
+    ) -> None:
+        self.log_path = log_path
+        argv = [
+            sys.executable,
+            "-c",
+            LAUNCHER,
+            f"--node-name={NODE}",
+            f"--kubeconfig={cluster.kubeconfig}",
+            f"--plugin-dir={plugin_dir}",
+            f"--registrar-dir={registrar_dir}",
+            f"--cdi-root={root}/cdi",
+            f"--state-dir={root}/state",
+            f"--hook-path={HOOK_LIB}",
+            "--no-nvidia-cdi",
+            "--no-governor",
+            "--no-publish-slices",
+            *extra,
+        ]
+        self._log = self.log_path.open("w")
+        self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=30)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def close(self) -> None:
+        """Killed if still running; its log closed."""
+        self.kill()
+        self._log.close()
+
+
+def prepared_files(root: Path, uid: str) -> bool:
+    """The claim's CDI spec and its vgpu.conf exist under a LaunchedPlugin's `root`."""
+    spec = root / "cdi" / cdi.spec_file_name(KIND, uid)
+    return spec.exists() and (root / "state" / "claims" / uid / "vgpu.conf").exists()

@@ -21,9 +21,6 @@ What this proves:
 from __future__ import annotations
 
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -34,48 +31,34 @@ from typing import Any
 import grpc
 import pytest
 
-from dra_driver import cdi, kube
+from dra_driver import kube
 from kubelet_plugin.checkpoint import CheckpointJournal
 from kubelet_plugin.claims import ClaimRef
 from kubelet_plugin.proto import dra_v1_pb2, dra_v1_pb2_grpc
-from tests.fixtures.claimdata import HOOK_LIB, NODE, create_allocated_claim, result
-from tests.integration.kubelet_plugin.conftest import KIND, LAUNCHER, ROOT, wait_for
+from tests.fixtures.claimdata import create_allocated_claim, result
+from tests.integration.kubelet_plugin.conftest import LaunchedPlugin, prepared_files, wait_for
 
 DRIVER = "vgpu.dra.dev"
 
 
-class Instance:
+class Instance(LaunchedPlugin):
     """One plugin pod's process: the node's shared dirs, sockets named after `instance`."""
 
     def __init__(self, root: Path, instance: str, cluster: Any, *extra: str) -> None:
         self.instance = instance
-        self.log_path = root / f"{instance}.log"
         self.dra = root / "plugins" / f"dra-{instance}.sock"
         self.reg = root / "registry" / f"{DRIVER}-{instance}-reg.sock"
-        argv = [
-            sys.executable,
-            "-c",
-            LAUNCHER,
-            f"--node-name={NODE}",
-            f"--kubeconfig={cluster.kubeconfig}",
-            f"--plugin-dir={root}/plugins",
-            f"--registrar-dir={root}/registry",
-            f"--cdi-root={root}/cdi",
-            f"--state-dir={root}/state",
-            f"--hook-path={HOOK_LIB}",
+        super().__init__(
+            root,
+            cluster,
+            root / f"{instance}.log",
+            root / "plugins",
+            root / "registry",
             f"--instance-id={instance}",
             "--state-lock-timeout=120",
             "--log-level=debug",
-            "--no-nvidia-cdi",
-            "--no-governor",
-            "--no-publish-slices",
             *extra,
-        ]
-        self._log = self.log_path.open("w")
-        self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT)
-
-    def log(self) -> str:
-        return self.log_path.read_text()
+        )
 
     def call(self, method: str, ref: ClaimRef, timeout: float = 45.0) -> str:
         """One kubelet call (45 s: the kubelet's default DRA call timeout); the claim's error."""
@@ -89,20 +72,6 @@ class Instance:
                 request = dra_v1_pb2.NodeUnprepareResourcesRequest(claims=claims)
                 response = stub.NodeUnprepareResources(request, timeout=timeout)
         return str(response.claims[ref.uid].error)
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=30)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-    def close(self) -> None:
-        self.kill()
-        self._log.close()
 
 
 class PrepareStream:
@@ -147,11 +116,6 @@ def root() -> Iterator[Path]:
         (path / sub).mkdir()
     yield path
     shutil.rmtree(path, ignore_errors=True)
-
-
-def prepared_files(root: Path, uid: str) -> bool:
-    spec = root / "cdi" / cdi.spec_file_name(KIND, uid)
-    return spec.exists() and (root / "state" / "claims" / uid / "vgpu.conf").exists()
 
 
 def test_new_instance_takes_over_without_losing_a_prepare(

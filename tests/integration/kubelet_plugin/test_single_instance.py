@@ -10,79 +10,44 @@ every claim the first prepared (none deleted as an "orphan", no checkpoint entry
 from __future__ import annotations
 
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 
-from dra_driver import cdi, kube
+from dra_driver import kube
 from kubelet_plugin.checkpoint import CheckpointJournal
 from kubelet_plugin.claims import ClaimRef
-from kubelet_plugin.proto import dra_v1_pb2, dra_v1_pb2_grpc
-from tests.fixtures.claimdata import HOOK_LIB, NODE, create_allocated_claim, result
-from tests.integration.kubelet_plugin.conftest import KIND, LAUNCHER, ROOT, wait_for
+from tests.fixtures.claimdata import create_allocated_claim, result
+from tests.integration.kubelet_plugin.conftest import (
+    LaunchedPlugin,
+    prepare,
+    prepared_files,
+    wait_for,
+)
 
 
-class Instance:
+class Instance(LaunchedPlugin):
     """One plugin process with its own sockets and a shared state dir and CDI root."""
 
     def __init__(self, root: Path, name: str, cluster: Any, *extra: str) -> None:
         self.dir = root / name
         self.dir.mkdir()
-        self.log_path = self.dir / "plugin.log"
         self.dra = self.dir / "plugins" / "dra.sock"
         self.reg = self.dir / "registry" / "vgpu.dra.dev-reg.sock"
-        argv = [
-            sys.executable,
-            "-c",
-            LAUNCHER,
-            f"--node-name={NODE}",
-            f"--kubeconfig={cluster.kubeconfig}",
-            f"--plugin-dir={self.dir}/plugins",
-            f"--registrar-dir={self.dir}/registry",
-            f"--cdi-root={root}/cdi",
-            f"--state-dir={root}/state",
-            f"--hook-path={HOOK_LIB}",
-            "--no-nvidia-cdi",
-            "--no-governor",
-            "--no-publish-slices",
+        super().__init__(
+            root,
+            cluster,
+            self.dir / "plugin.log",
+            self.dir / "plugins",
+            self.dir / "registry",
             *extra,
-        ]
-        self._log = self.log_path.open("w")
-        self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT)
-
-    def log(self) -> str:
-        return self.log_path.read_text()
+        )
 
     def prepare(self, ref: ClaimRef) -> str:
-        with grpc.insecure_channel(f"unix://{self.dra}") as channel:
-            response = dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
-                dra_v1_pb2.NodePrepareResourcesRequest(
-                    claims=[dra_v1_pb2.Claim(namespace=ref.namespace, name=ref.name, uid=ref.uid)]
-                ),
-                timeout=30,
-            )
-        return str(response.claims[ref.uid].error)
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=30)
-        finally:
-            self._log.close()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self._log.close()
+        return prepare(self.dra, [ref])[ref.uid]
 
 
 @pytest.fixture
@@ -91,11 +56,6 @@ def root() -> Iterator[Path]:
     (path / "cdi").mkdir()
     yield path
     shutil.rmtree(path, ignore_errors=True)
-
-
-def prepared_files(root: Path, uid: str) -> bool:
-    spec = root / "cdi" / cdi.spec_file_name(KIND, uid)
-    return spec.exists() and (root / "state" / "claims" / uid / "vgpu.conf").exists()
 
 
 def test_second_instance_cannot_corrupt_the_first(
@@ -136,5 +96,5 @@ def test_second_instance_cannot_corrupt_the_first(
         assert waiting.stop() == 0
     finally:
         for instance in instances:
-            instance.kill()
+            instance.close()
             print(f"--- {instance.dir.name}\n{instance.log()[-2000:]}")

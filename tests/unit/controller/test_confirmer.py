@@ -114,15 +114,24 @@ def test_a_default_path_allocation_overlapping_a_policy_path_one_is_failed(
     assert confirmer.run() == {"confirmed": 0, "overbooked": 0}  # nothing new: no work
 
 
-def test_pending_allocations_are_decided_in_allocation_order(
-    setup: tuple[FakeApi, dict[tuple[str, str], JSON], Confirmer],
+def decide(
+    setup: tuple[FakeApi, dict[tuple[str, str], JSON], Confirmer], *made: tuple[str, int, str]
 ) -> None:
+    """Claims `(name, GiB, allocated at)` on gpu-0, made in this order, seen by the confirmer,
+    which then decides once."""
     api, claims, confirmer = setup
-    claim(api, claims, "second", "gpu-0", 50, at="2026-01-01T00:00:02Z")
-    claim(api, claims, "first", "gpu-0", 50, at="2026-01-01T00:00:01Z")
+    for name, gib, at in made:
+        claim(api, claims, name, "gpu-0", gib, at=at)
     for obj in claims.values():
         confirmer.on_claim(obj)
     confirmer.run()
+
+
+def test_pending_allocations_are_decided_in_allocation_order(
+    setup: tuple[FakeApi, dict[tuple[str, str], JSON], Confirmer],
+) -> None:
+    api, _, _ = setup
+    decide(setup, ("second", 50, "2026-01-01T00:00:02Z"), ("first", 50, "2026-01-01T00:00:01Z"))
     assert list(conditions(api, "first")) == [CONFIRMED]
     assert list(conditions(api, "second")) == [OVERBOOKED]
     assert state(written(api, "first")) == "committed"
@@ -133,11 +142,7 @@ def test_failed_claims_hold_nothing_and_a_standby_writes_nothing(
     setup: tuple[FakeApi, dict[tuple[str, str], JSON], Confirmer],
 ) -> None:
     api, claims, confirmer = setup
-    claim(api, claims, "a", "gpu-0", 50, at="2026-01-01T00:00:01Z")
-    claim(api, claims, "b", "gpu-0", 50, at="2026-01-01T00:00:02Z")
-    for obj in claims.values():
-        confirmer.on_claim(obj)
-    confirmer.run()
+    decide(setup, ("a", 50, "2026-01-01T00:00:01Z"), ("b", 50, "2026-01-01T00:00:02Z"))
     # The failed one stays failed (kube-scheduler clears it); a new one fits next to "a".
     claims[("t", "a")] = written(api, "a")
     claims[("t", "b")] = written(api, "b")

@@ -25,6 +25,7 @@ from controller.reconciler import Defaults, Reconciler
 from dra_driver import kube
 from dra_driver.metrics_http import MetricsServer, serve_metrics
 from tests.fixtures.allocator_cluster import DEVICE_CLASS, DRIVER, MEMORY, PRODUCTS, node_events
+from tests.fixtures.scrape import Samples, scrape
 from tests.unit.controller.test_informers import Script
 from tests.unit.controller.test_reconciler import (
     NS,
@@ -38,7 +39,6 @@ from tests.unit.controller.test_reconciler import (
 
 GiB = 1 << 30
 H100 = MEMORY[PRODUCTS[0]]  # 80 GiB
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 class Bed:
@@ -73,13 +73,7 @@ class Bed:
         self.server: MetricsServer = serve_metrics("127.0.0.1:0", self.metrics.registry)
 
     def scrape(self) -> Samples:
-        with urllib.request.urlopen(self.server.url, timeout=10) as response:
-            text = response.read().decode()
-        out: Samples = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-        return out
+        return scrape(self.server.url)
 
     def submit(self, name: str, memory: str = "10Gi", **annotations: str) -> None:
         make_claim(self.api, name, memory=memory)

@@ -383,6 +383,18 @@ def lift_other_gate(api: FakeApi, r: Reconciler, pod: str) -> None:
     r.on_event("Pod", "apply", api.put(pod_path(pod), obj))
 
 
+def placed_then_ungated(api: FakeApi, nodes: int) -> Reconciler:
+    """A reconciler that placed pod p's claim a, after which the pod's other gate was lifted:
+    kube-scheduler now schedules p on the node its claim is allocated on."""
+    r = reconciler(api, nodes=nodes)
+    make_claim(api, "a")
+    make_pod(api, "p", ["a"])
+    feed(r, api)
+    r.reconcile()
+    lift_other_gate(api, r, "p")
+    return r
+
+
 def test_a_node_kube_scheduler_refuses_is_replaced_by_the_next_best(api: FakeApi) -> None:
     r = reconciler(api, nodes=3)
     for name in ("a", "b"):
@@ -429,12 +441,7 @@ def test_a_node_kube_scheduler_refuses_is_replaced_by_the_next_best(api: FakeApi
 
 
 def test_a_refused_pod_with_no_other_node_is_left_to_kube_scheduler(api: FakeApi) -> None:
-    r = reconciler(api, nodes=1)
-    make_claim(api, "a")
-    make_pod(api, "p", ["a"])
-    feed(r, api)
-    r.reconcile()
-    lift_other_gate(api, r, "p")
+    r = placed_then_ungated(api, nodes=1)
     feed(r, api)
     refuse(api, r, "p", at="2026-01-01T00:00:01Z", deallocate=None)
     r.reconcile()
@@ -448,12 +455,7 @@ def test_a_refused_pod_with_no_other_node_is_left_to_kube_scheduler(api: FakeApi
 
 
 def test_a_restarted_controller_replaces_a_pod_refused_after_its_placement(api: FakeApi) -> None:
-    r1 = reconciler(api, nodes=2)
-    make_claim(api, "a")
-    make_pod(api, "p", ["a"])
-    feed(r1, api)
-    r1.reconcile()
-    lift_other_gate(api, r1, "p")
+    placed_then_ungated(api, nodes=2)  # the first controller, then gone
     # Not refused: a new controller only follows the pod (and keeps the hold).
     r2 = reconciler(api, nodes=2)
     feed(r2, api)
@@ -470,12 +472,7 @@ def test_a_restarted_controller_replaces_a_pod_refused_after_its_placement(api: 
 
 
 def test_a_claim_allocated_by_kube_scheduler_itself_ends_the_re_placement(api: FakeApi) -> None:
-    r = reconciler(api, nodes=2)
-    make_claim(api, "a")
-    make_pod(api, "p", ["a"])
-    feed(r, api)
-    r.reconcile()
-    lift_other_gate(api, r, "p")
+    r = placed_then_ungated(api, nodes=2)
     feed(r, api)
     # kube-scheduler was faster: it deallocated "a" and allocated it on node-00001 itself.
     theirs = api.get(claim_path("a"))

@@ -17,6 +17,7 @@ import logging
 import ssl
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from controller.webhook import certs
 from controller.webhook.metrics import WebhookMetrics
-from controller.webhook.server import MAX_BODY, WebhookServer
+from controller.webhook.server import MAX_BODY, MAX_CONNECTIONS, WebhookServer
 
 JSON = dict[str, Any]
 NAMES = certs.Names.for_service("hook", "ns", ["127.0.0.1"])
@@ -53,7 +54,12 @@ def client_context(tmp_path: Path, *cas: bytes) -> ssl.SSLContext:
 
 class Served:
     def __init__(
-        self, holder: certs.ContextHolder, ca: bytes, tracer: trace.Tracer | None = None
+        self,
+        holder: certs.ContextHolder,
+        ca: bytes,
+        timeout_s: float = 5,
+        max_connections: int = MAX_CONNECTIONS,
+        tracer: trace.Tracer | None = None,
     ) -> None:
         self.ca = ca
         self.holder = holder
@@ -65,7 +71,8 @@ class Served:
             mutate=self._mutate,
             validate=self._validate,
             metrics=self.metrics,
-            timeout_s=5,
+            timeout_s=timeout_s,
+            max_connections=max_connections,
             tracer=tracer,
         )
 
@@ -87,15 +94,28 @@ def issue(ca: tuple[bytes, bytes]) -> tuple[bytes, bytes]:
     return certs.new_serving(ca[0], ca[1], NAMES, DAY)
 
 
-@pytest.fixture
-def served() -> Iterator[Served]:
+@contextmanager
+def serving(
+    timeout_s: float = 5,
+    max_connections: int = MAX_CONNECTIONS,
+    tracer: trace.Tracer | None = None,
+) -> Iterator[Served]:
+    """A started server with a fresh CA and serving certificate; stopped afterwards."""
     ca = certs.new_ca(DAY * 2)
     holder = certs.ContextHolder()
     holder.load(*issue(ca))
-    s = Served(holder, ca[0])
+    s = Served(holder, ca[0], timeout_s, max_connections, tracer)
     s.server.start()
-    yield s
-    s.server.stop()
+    try:
+        yield s
+    finally:
+        s.server.stop()
+
+
+@pytest.fixture
+def served() -> Iterator[Served]:
+    with serving() as s:
+        yield s
 
 
 def post(conn: http.client.HTTPSConnection, path: str, body: bytes) -> tuple[int, bytes]:
@@ -232,17 +252,8 @@ def test_an_idle_kept_alive_connection_outlives_the_request_timeout(tmp_path: Pa
     """The API server closes idle webhook connections itself (after 90 s); were we to close
     first, it could send an admission on a connection being closed and fail it. A stalled
     request, though, is dropped after the request timeout."""
-    ca = certs.new_ca(DAY * 2)
-    holder = certs.ContextHolder()
-    holder.load(*issue(ca))
-    s = Served(holder, ca[0])
-    s.server = WebhookServer(
-        ("127.0.0.1", 0), holder, mutate=s._mutate, validate=s._validate,
-        metrics=s.metrics, timeout_s=0.3,
-    )  # fmt: skip
-    s.server.start()
-    try:
-        context = client_context(tmp_path, ca[0])
+    with serving(timeout_s=0.3) as s:
+        context = client_context(tmp_path, s.ca)
         conn = s.connect(context)
         assert post(conn, "/mutate-pods", review("1"))[0] == 200
         time.sleep(1.0)  # idle for three request timeouts
@@ -258,8 +269,6 @@ def test_an_idle_kept_alive_connection_outlives_the_request_timeout(tmp_path: Pa
         assert sock.recv(1) == b""  # closed by the server
         assert time.monotonic() - started < 5
         stalled.close()
-    finally:
-        s.server.stop()
 
 
 def test_each_admission_logs_one_structured_line(
@@ -279,60 +288,44 @@ def test_each_admission_logs_one_structured_line(
 
 
 def test_connections_beyond_the_limit_are_closed_at_once(tmp_path: Path) -> None:
-    ca = certs.new_ca(DAY * 2)
-    holder = certs.ContextHolder()
-    holder.load(*issue(ca))
-    s = Served(holder, ca[0])
-    s.server = WebhookServer(
-        ("127.0.0.1", 0), holder, mutate=s._mutate, validate=s._validate,
-        metrics=s.metrics, max_connections=2,
-    )  # fmt: skip
-    s.server.start()
-    context = client_context(tmp_path, ca[0])
-    conns = [s.connect(context) for _ in range(3)]
-    try:
-        for conn in conns[:2]:
-            assert post(conn, "/mutate-pods", review())[0] == 200  # kept alive: two open
-        with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
-            post(conns[2], "/mutate-pods", review())
-        conns[0].close()
+    with serving(max_connections=2) as s:
+        context = client_context(tmp_path, s.ca)
+        conns = [s.connect(context) for _ in range(3)]
+        try:
+            for conn in conns[:2]:
+                assert post(conn, "/mutate-pods", review())[0] == 200  # kept alive: two open
+            with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+                post(conns[2], "/mutate-pods", review())
+            conns[0].close()
 
-        def third_admitted() -> bool:
-            conn = s.connect(context)
-            try:
-                return post(conn, "/mutate-pods", review())[0] == 200
-            except (ssl.SSLError, ConnectionError, OSError):
-                return False
-            finally:
+            def third_admitted() -> bool:
+                conn = s.connect(context)
+                try:
+                    return post(conn, "/mutate-pods", review())[0] == 200
+                except (ssl.SSLError, ConnectionError, OSError):
+                    return False
+                finally:
+                    conn.close()
+
+            deadline = time.monotonic() + 10
+            while not third_admitted():  # the closed one's thread counts itself out
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        finally:
+            for conn in conns:
                 conn.close()
-
-        deadline = time.monotonic() + 10
-        while not third_admitted():  # the closed one's thread counts itself out
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-    finally:
-        for conn in conns:
-            conn.close()
-        s.server.stop()
 
 
 def test_each_admission_is_one_span_with_its_decision(tmp_path: Path) -> None:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    ca = certs.new_ca(DAY * 2)
-    holder = certs.ContextHolder()
-    holder.load(*issue(ca))
-    s = Served(holder, ca[0], tracer=provider.get_tracer("test"))
-    s.server.start()
-    try:
+    with serving(tracer=provider.get_tracer("test")) as s:
         conn = s.connect(client_context(tmp_path, s.ca))
         post(conn, "/mutate-pods", review("m-1", dryRun=True))
         post(conn, "/validate", review("v-1"))
         post(conn, "/mutate-pods", review("m-2", name="boom"))
         conn.close()
-    finally:
-        s.server.stop()
     finished = exporter.get_finished_spans()
     spans = {span.attributes["vgpu_dra.admission.uid"]: span for span in finished}
     assert sorted(spans) == ["m-1", "m-2", "v-1"]

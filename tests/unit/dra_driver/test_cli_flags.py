@@ -66,3 +66,21 @@ def test_unusable_credentials_are_logged_not_raised(
     with caplog.at_level(logging.ERROR, logger="test-cli-flags"):
         assert cli_flags.connect(missing, log) is None
     assert "cannot load Kubernetes credentials" in caplog.text and missing in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("env", "argv", "value"),
+    [
+        ({}, [], True),  # the default
+        ({"X_ON": "false"}, [], False),  # the environment's default
+        ({"X_ON": "false"}, ["--x"], True),  # the flag alone
+        ({}, ["--x=false"], False),
+        ({}, ["--x", "off"], False),
+    ],
+)
+def test_a_switch_reads_its_default_from_the_environment_and_its_flag_alone_as_true(
+    env: dict[str, str], argv: list[str], value: bool
+) -> None:
+    parser = argparse.ArgumentParser()
+    cli_flags.add_switch(parser, env, "--x", env_name="X_ON", default=True, help="")
+    assert parser.parse_args(argv).x is value

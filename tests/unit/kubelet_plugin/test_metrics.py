@@ -22,19 +22,9 @@ from kubelet_plugin.telemetry import ClaimPods, ClaimTelemetry
 from tests.fixtures.claimdata import NODE, GiB, claim, inventory, result
 from tests.fixtures.prepare import node_settings
 from tests.fixtures.regions import write_region
+from tests.fixtures.scrape import Samples, scrape
 
 MIB = 1 << 20
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def scrape(url: str) -> Samples:
-    with urllib.request.urlopen(url, timeout=10) as response:
-        text = response.read().decode()
-    out: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return out
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:

@@ -177,13 +177,19 @@ class _FakeCluster:
         return []
 
 
+def _torn_down(root: Path, *, keep: bool, failed: bool) -> _FakeCluster:
+    """The demo's tear-down run on a fake cluster under `root`; the cluster, to see what it did."""
+    ctx = _ctx()
+    cluster = _FakeCluster(root)
+    ctx.cluster = cluster  # type: ignore[assignment]
+    demo.tear_down(ctx, keep=keep, failed=failed)
+    return cluster
+
+
 def test_teardown_after_failure_keeps_logs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    ctx = _ctx()
-    cluster = _FakeCluster(tmp_path)
-    ctx.cluster = cluster  # type: ignore[assignment]
-    demo.tear_down(ctx, keep=False, failed=True)
+    cluster = _torn_down(tmp_path, keep=False, failed=True)
     assert cluster.stopped == [True]
     assert f"logs kept in {tmp_path / 'logs'}" in capsys.readouterr().out
 
@@ -191,10 +197,7 @@ def test_teardown_after_failure_keeps_logs(
 def test_keep_prints_how_to_reach_and_stop(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    ctx = _ctx()
-    cluster = _FakeCluster(tmp_path)
-    ctx.cluster = cluster  # type: ignore[assignment]
-    demo.tear_down(ctx, keep=True, failed=False)
+    cluster = _torn_down(tmp_path, keep=True, failed=False)
     out = capsys.readouterr().out
     assert cluster.stopped == []
     assert f"export KUBECONFIG={tmp_path / 'kubeconfig'}" in out

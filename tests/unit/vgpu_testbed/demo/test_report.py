@@ -172,6 +172,8 @@ def test_parse_hold() -> None:
         "error cuMemAlloc_v2(&p, (size_t)bytes) CUDA_ERROR_OUT_OF_MEMORY\n", 3
     )
     assert oom == demo_report.HoldResult(False, "CUDA_ERROR_OUT_OF_MEMORY")
+    assert oom.outcome == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert demo_report.HoldResult(True, None).outcome == "ok"
     garbage = demo_report.parse_hold("Segmentation fault\n", 139)
     assert not garbage.ok and garbage.error is not None and "exit 139" in garbage.error
 
