@@ -258,8 +258,12 @@ def test_topology_and_type_filters(
     cond = condition(pod)
     assert cond is not None and cond["status"] == "False" and cond["reason"] == "Unschedulable"
     assert "NVLink" in cond["message"], cond
-    events = client.list(kube.path("v1", "events", namespace=namespace),
-                         field_selector="involvedObject.name=five")  # fmt: skip
+    # The condition is written before the Event: await the Event.
+    events = wait_for(
+        "the refusal Event of pod five",
+        lambda: client.list(kube.path("v1", "events", namespace=namespace),
+                            field_selector="involvedObject.name=five"),
+    )  # fmt: skip
     assert [e["reason"] for e in events] == ["Unschedulable"]
     assert events[0]["message"] == cond["message"] and events[0]["type"] == "Warning"
     assert GATE in [g["name"] for g in pod["spec"]["schedulingGates"]]
