@@ -36,6 +36,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from dra_driver import kube
+from dra_driver.events import ObjectRef, record_warning
 
 log = logging.getLogger(__name__)
 
@@ -297,28 +298,5 @@ class Rescheduler:
 
     def _event(self, pod: Mapping[str, Any], reason: str, message: str) -> None:
         meta = _meta(pod)
-        ns, name = str(meta.get("namespace")), str(meta.get("name"))
-        now = _now()
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{name}.", "namespace": ns},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "namespace": ns,
-                "name": name,
-                "uid": meta.get("uid"),
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": "Warning",
-            "source": {"component": COMPONENT},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        try:
-            self.client.create(kube.path("v1", "events", namespace=ns), event)
-        except kube.KubeError as exc:
-            log.warning("pod %s/%s: cannot record event: %s", ns, name, exc)
+        ref = ObjectRef.pod(str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid")))
+        record_warning(self.client, ref, reason, message, component=COMPONENT)

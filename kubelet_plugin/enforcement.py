@@ -33,13 +33,12 @@ import os
 import signal
 import threading
 import time
-import uuid as uuidlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Protocol
 
 from dra_driver import kube, names
+from dra_driver.events import ObjectRef, record_warning
 from dra_driver.nvml import DeviceHandle, Nvml, NvmlError, PyNvml, session
 from kubelet_plugin.governor import pids_holding
 from kubelet_plugin.plan import ClaimPlan, hook_device_lines
@@ -193,36 +192,15 @@ class EventReporter:
         self._node = node_name
 
     def report(self, report: Report) -> None:
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         cap = report.cap
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {
-                "name": f"{cap.name}.{uuidlib.uuid4().hex[:16]}",
-                "namespace": cap.namespace,
-            },
-            "involvedObject": {
-                "apiVersion": kube.RESOURCE_API,
-                "kind": "ResourceClaim",
-                "name": cap.name,
-                "namespace": cap.namespace,
-                "uid": cap.uid,
-            },
-            "reason": report.reason,
-            "message": report.message[:1024],
-            "type": "Warning",
-            "source": {"component": names.OTEL_SERVICE_KUBELET_PLUGIN, "host": self._node},
-            "reportingComponent": names.OTEL_SERVICE_KUBELET_PLUGIN,
-            "reportingInstance": self._node,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        try:
-            self._client.create(kube.path("v1", "events", namespace=cap.namespace), event)
-        except kube.KubeError as exc:
-            log.warning("cannot record event %s on claim %s: %s", report.reason, cap.uid, exc)
+        record_warning(
+            self._client,
+            ObjectRef.claim(cap.namespace, cap.name, cap.uid),
+            report.reason,
+            report.message,
+            component=names.OTEL_SERVICE_KUBELET_PLUGIN,
+            host=self._node,
+        )
 
 
 # ---- the enforcer -------------------------------------------------------------------------------

@@ -18,19 +18,18 @@ from __future__ import annotations
 
 import logging
 import queue
-import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dra_driver import kube
+from dra_driver.events import MAX_MESSAGE, ObjectRef, warning_event
 from kubelet_plugin.claims import ClaimRef
 
 log = logging.getLogger(__name__)
 
 COMPONENT = "vgpu-dra-kubelet-plugin"
-MAX_MESSAGE = 1024  # what the API server accepts in Event.message
 REASONS = {
     "overbooked": "PrepareOverbooked",
     "invalid_claim": "PrepareFailed",
@@ -53,15 +52,6 @@ ADVICE = {
 
 @dataclass(frozen=True, slots=True)
 class PodRef:
-    name: str
-    uid: str
-
-
-@dataclass(frozen=True, slots=True)
-class _Target:
-    api_version: str
-    kind: str
-    namespace: str
     name: str
     uid: str
 
@@ -90,7 +80,7 @@ class PrepareEvents:
         self._node = node
         self._interval = repeat_interval_s
         self._clock = clock
-        self._queue: queue.Queue[tuple[_Target, str, str] | None] = queue.Queue(max_queued)
+        self._queue: queue.Queue[tuple[ObjectRef, str, str] | None] = queue.Queue(max_queued)
         self._posted: dict[tuple[str, str, str], _Posted] = {}
         self._thread = threading.Thread(target=self._run, name="prepare-events", daemon=True)
         self._thread.start()
@@ -104,13 +94,13 @@ class PrepareEvents:
         claim_text = f"{self._node}: {error}" + (f" ({advice})" if advice else "")
         targets = [
             (
-                _Target("resource.k8s.io/v1", "ResourceClaim", ref.namespace, ref.name, ref.uid),
+                ObjectRef.claim(ref.namespace, ref.name, ref.uid),
                 f"cannot prepare this claim on node {claim_text}",
             )
         ]
         targets += [
             (
-                _Target("v1", "Pod", ref.namespace, pod.name, pod.uid),
+                ObjectRef.pod(ref.namespace, pod.name, pod.uid),
                 f"cannot prepare ResourceClaim {ref.name} on node {claim_text}",
             )
             for pod in pods
@@ -145,7 +135,7 @@ class PrepareEvents:
             finally:
                 self._queue.task_done()
 
-    def _write(self, target: _Target, reason: str, message: str) -> None:
+    def _write(self, target: ObjectRef, reason: str, message: str) -> None:
         key = (target.uid, reason, message)
         now = self._clock()
         posted = self._posted.get(key)
@@ -164,31 +154,9 @@ class PrepareEvents:
                 return
             except kube.NotFound:  # expired (events live an hour): start a new one
                 del self._posted[key]
-        name = f"{target.name}.{secrets.token_hex(8)}"
-        self._client.create(
-            events,
-            {
-                "apiVersion": "v1",
-                "kind": "Event",
-                "metadata": {"name": name, "namespace": target.namespace},
-                "involvedObject": {
-                    "apiVersion": target.api_version,
-                    "kind": target.kind,
-                    "namespace": target.namespace,
-                    "name": target.name,
-                    "uid": target.uid,
-                },
-                "reason": reason,
-                "message": message,
-                "type": "Warning",
-                "count": 1,
-                "firstTimestamp": stamp,
-                "lastTimestamp": stamp,
-                "source": {"component": COMPONENT, "host": self._node},
-                "reportingComponent": COMPONENT,
-                "reportingInstance": self._node,
-            },
-        )
+        event = warning_event(target, reason, message, component=COMPONENT, host=self._node)
+        self._client.create(events, event)
+        name = str(event["metadata"]["name"])
         self._posted[key] = _Posted(name=name, count=1, pending=0, patched_at=now)
         if len(self._posted) > 4096:  # bound the memory of a long-running plugin
             oldest = min(self._posted, key=lambda k: self._posted[k].patched_at)
