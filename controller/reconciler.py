@@ -508,6 +508,11 @@ class Reconciler:
     def _plan(self, pod: JSON) -> str | _Plan | None:
         """Decide for a gated pod: an outcome reached without claim writes, or the placement
         whose writes `_execute` makes."""
+        if str(_meta(pod).get("uid")) in self.placed:
+            # We lifted its gate (a gate never comes back): this is the gated object from before,
+            # still cached until the informer delivers the lifting; lifting again would only
+            # repeat the gate and condition writes.
+            return None
         ns = _nsname(pod)[0]
         names = claim_names(pod)
         if names is None:

@@ -343,6 +343,21 @@ def test_an_api_failure_is_retried_after_a_backoff_without_any_event(api: FakeAp
     assert api.get(claim_path("a"))["status"]["allocation"]
 
 
+def test_a_stale_gated_pod_after_its_placement_causes_no_more_writes(api: FakeApi) -> None:
+    r = reconciler(api)
+    make_claim(api, "a")
+    gated_pod = make_pod(api, "p", ["a"])
+    feed(r, api)
+    r.reconcile()
+    assert api.get(pod_path("p"))["spec"]["schedulingGates"] == [{"name": "other/gate"}]
+    writes = len(api.history)
+    # The written claim arrives while the cache still holds the pod with our gate.
+    r.on_event("Pod", "apply", gated_pod)
+    r.on_event("ResourceClaim", "apply", api.get(claim_path("a")))
+    r.reconcile()
+    assert len(api.history) == writes
+
+
 def test_a_gated_pod_without_claims_is_released_to_the_scheduler(api: FakeApi) -> None:
     r = reconciler(api, nodes=0)
     make_pod(api, "plain", [])
