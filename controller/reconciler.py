@@ -432,12 +432,13 @@ class Reconciler:
     def _reserve(self, plan: _Plan) -> None:
         """Count a decided placement in the model before it is written (the next decision must
         not reuse its capacity); `_unreserve` puts back what the cache holds."""
-        for claim, spec in zip(plan.claims, plan.parsed, strict=True):
-            status = {
-                **(claim.get("status") or {}),
-                "allocation": plan.placement.allocation(spec.uid),
-            }
-            self.model.apply("ResourceClaim", {**claim, "status": status})
+        with self._lock:
+            for claim, spec in zip(plan.claims, plan.parsed, strict=True):
+                status = {
+                    **(claim.get("status") or {}),
+                    "allocation": plan.placement.allocation(spec.uid),
+                }
+                self.model.apply("ResourceClaim", {**claim, "status": status})
 
     def _unreserve(self, plan: _Plan) -> None:
         with self._lock:

@@ -143,7 +143,7 @@ def test_a_write_failure_releases_only_that_pod_and_it_is_retried() -> None:
     api = HeldApi()
     fill(api, memory="10Gi")
     r = build(api, 4)
-    hold_writes_until_all_decided(api, r, PODS)
+    hold_writes_until_all_decided(api, r, 4)  # the first four in flight together
     feed(r, api)
     api.fail[claim_path("c3") + "/status"] = [kube.Conflict(409, "Conflict", "x")] * 5
     r.reconcile()
