@@ -54,7 +54,9 @@ ENV = {
     "reschedule": "VGPU_DRA_RESCHEDULE",
     "reschedule_grace": "VGPU_DRA_RESCHEDULE_GRACE",
     "reschedule_per_minute": "VGPU_DRA_RESCHEDULE_PER_MINUTE",
+    "write_concurrency": "VGPU_DRA_WRITE_CONCURRENCY",
 }
+DEFAULT_WRITE_CONCURRENCY = 8
 DEFAULT_LEASE_NAME = "vgpu-dra-controller"
 DEFAULT_HEALTH_ADDRESS = "127.0.0.1:8081"
 
@@ -151,8 +153,26 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
         default=float(env.get(ENV["reschedule_per_minute"], str(DEFAULT_PER_MINUTE))),
         help="at most this many recoveries a minute (env VGPU_DRA_RESCHEDULE_PER_MINUTE)",
     )
+    parser.add_argument(
+        "--write-concurrency",
+        type=_at_least_one,
+        default=env.get(ENV["write_concurrency"], str(DEFAULT_WRITE_CONCURRENCY)),
+        help="pods of the policy path whose API writes (claims, gate, condition) may be in "
+        "flight together; decisions stay one at a time; 1 = one pod after the other (env "
+        f"VGPU_DRA_WRITE_CONCURRENCY, default {DEFAULT_WRITE_CONCURRENCY})",
+    )
     webhook_flags.add_arguments(parser, env)
     return parser
+
+
+def _at_least_one(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, not {value!r}")
+    return number
 
 
 def _start_webhook(
@@ -218,7 +238,9 @@ def _run(args: argparse.Namespace, client: kube.KubeClient, address: tuple[str, 
             POLICY_ANNOTATIONS["topology"]: args.topology,
         }
     )
-    reconciler = Reconciler(client, defaults, observer=metrics)
+    reconciler = Reconciler(
+        client, defaults, observer=metrics, write_concurrency=args.write_concurrency
+    )
     rescheduler = (
         Rescheduler(
             client,

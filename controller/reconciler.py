@@ -30,14 +30,23 @@ window); once the pod is bound (or gone, or handed over) the hold is dropped.
 Every decision is reported to an optional `ReconcileObserver` (metrics) with one of `OUTCOMES`.
 
 Only one thread (the controller's worker) calls into this class; informers only enqueue.
+Decisions are made one after another on that thread; with `write_concurrency` > 1 the writes of
+a placed pod (claims, gate, condition) run on a small thread pool so that the API round trips of
+different pods overlap. A decided placement is reserved in the model before its writes start
+(the next decision cannot reuse its capacity) and put back to what the cache holds if they fail;
+a pod sharing a claim with a write in flight waits for it. The writes touch the reconciler's
+state only under `_lock`, which the worker holds while it decides; failures are handled on the
+worker thread exactly as in the serial path.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
-from contextlib import nullcontext
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -168,6 +177,28 @@ class Placed:
     version: int = 0  # the pod's resourceVersion after our last placement: older events are old
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """A decided placement whose writes are still to be made."""
+
+    pod: JSON
+    claims: list[JSON]
+    parsed: list[Claim]
+    placement: Placement
+
+
+@dataclass(frozen=True, slots=True)
+class _InFlight:
+    key: tuple[str, str]
+    plan: _Plan
+    span: trace.Span | None
+    started: float
+
+
+def _using(span: trace.Span | None) -> AbstractContextManager[Any]:
+    return nullcontext() if span is None else trace.use_span(span, end_on_exit=False)
+
+
 class Reconciler:
     """State mirrored from the informers plus the placement of gated pods."""
 
@@ -180,8 +211,17 @@ class Reconciler:
         clock: Callable[[], float] = time.monotonic,
         observer: ReconcileObserver | None = None,
         tracer: trace.Tracer | None = None,
+        write_concurrency: int = 1,
     ) -> None:
+        if write_concurrency < 1:
+            raise ValueError(f"write_concurrency must be at least 1, not {write_concurrency}")
         self.client = client
+        # Guards the state below while pod writes run on the pool (the worker holds it while
+        # it decides; a write takes it only to record what it wrote).
+        self._lock = threading.RLock()
+        self._concurrency = write_concurrency
+        self._pool: ThreadPoolExecutor | None = None  # during a batch only (no thread outlives it)
+        self._inflight: dict[Future[str], _InFlight] = {}
         # None while tracing is off: no span is created at all (dra_driver.tracing).
         self._tracer = tracer if tracer is not None else installed_tracer(TRACER_NAME)
         self.defaults = defaults
@@ -331,35 +371,107 @@ class Reconciler:
                 self._replace_uid(uid)
             batch = sorted(self.dirty)
             self.dirty.clear()
-            for i, key in enumerate(batch):
-                if not self.may_write():
-                    self.dirty.update(batch[i:])
-                    return
-                self._reconcile_key(key)
+            if self._concurrency > 1:
+                self._pool = ThreadPoolExecutor(self._concurrency, thread_name_prefix="pod-write")
+            try:
+                for i, key in enumerate(batch):
+                    if not self.may_write():
+                        self.dirty.update(batch[i:])
+                        return
+                    self._reconcile_key(key)
+            finally:
+                self._settle(everything=True)  # nothing in flight outside a batch
+                if self._pool is not None:
+                    self._pool.shutdown()
+                    self._pool = None
 
     def _reconcile_key(self, key: tuple[str, str]) -> None:
         pod = self.pods.get(key)
         if pod is None:
             self._api_retry.pop(key, None)
             return
+        if self._inflight and self._shares_claims(pod):
+            self._settle(everything=True)  # decide over the written state, as serially
         started = self._clock()
         span = (
-            self._tracer.start_as_current_span(
+            self._tracer.start_span(
                 "place pod", attributes={"k8s.namespace.name": key[0], "k8s.pod.name": key[1]}
             )
             if self._tracer is not None
-            else nullcontext()
+            else None
         )
-        with span as current:
-            outcome = self._decide(key, pod)
-            if current is not None:
-                current.set_attribute("vgpu_dra.outcome", outcome or "waiting")
+        with self._lock, _using(span):
+            decided = self._guarded(key, lambda: self._plan(pod))
+        if isinstance(decided, _Plan):
+            plan = decided
+            if self._pool is not None:
+                self._reserve(plan)
+                while len(self._inflight) >= self._concurrency:
+                    self._settle(everything=False)
+                future = self._pool.submit(self._execute_traced, plan, span)
+                self._inflight[future] = _InFlight(key, plan, span, started)
+                return
+            with _using(span):
+                decided = self._guarded(key, lambda: self._execute(plan))
+        assert not isinstance(decided, _Plan)
+        self._finish(decided, span, started)
+
+    def _finish(self, outcome: str | None, span: trace.Span | None, started: float) -> None:
+        if span is not None:
+            span.set_attribute("vgpu_dra.outcome", outcome or "waiting")
+            span.end()
         self._observe(outcome, started)
 
-    def _decide(self, key: tuple[str, str], pod: JSON) -> str | None:
-        outcome: str | None
+    def _shares_claims(self, pod: JSON) -> bool:
+        ns = _nsname(pod)[0]
+        mine = {(ns, n) for n in claim_names(pod) or []}
+        return any(
+            _nsname(c) in mine for flight in self._inflight.values() for c in flight.plan.claims
+        )
+
+    def _reserve(self, plan: _Plan) -> None:
+        """Count a decided placement in the model before it is written (the next decision must
+        not reuse its capacity); `_unreserve` puts back what the cache holds."""
+        with self._lock:
+            for claim, spec in zip(plan.claims, plan.parsed, strict=True):
+                status = {
+                    **(claim.get("status") or {}),
+                    "allocation": plan.placement.allocation(spec.uid),
+                }
+                self.model.apply("ResourceClaim", {**claim, "status": status})
+
+    def _unreserve(self, plan: _Plan) -> None:
+        with self._lock:
+            for claim in plan.claims:
+                self.model.apply("ResourceClaim", self.claims.get(_nsname(claim), claim))
+
+    def _execute_traced(self, plan: _Plan, span: trace.Span | None) -> str:
+        """A pool thread: one pod's writes."""
+        with _using(span):
+            return self._execute(plan)
+
+    def _settle(self, *, everything: bool) -> None:
+        """Take the results of finished writes (all of them with `everything`) on this thread."""
+        if not self._inflight:
+            return
+        done, _ = wait(
+            list(self._inflight), return_when=ALL_COMPLETED if everything else FIRST_COMPLETED
+        )
+        for future in sorted(done, key=lambda f: self._inflight[f].key):
+            flight = self._inflight.pop(future)
+            if future.exception() is not None:
+                self._unreserve(flight.plan)
+            outcome = self._guarded(flight.key, future.result)
+            assert not isinstance(outcome, _Plan)
+            self._finish(outcome, flight.span, flight.started)
+
+    def _guarded(
+        self, key: tuple[str, str], step: Callable[[], str | _Plan | None]
+    ) -> str | _Plan | None:
+        """Run one step of a decision; a failure is answered as the serial path always did."""
+        outcome: str | _Plan | None
         try:
-            outcome = self.reconcile_pod(pod)
+            outcome = step()
         except Retry as exc:
             # The change behind it (claim deleted/taken, leadership) arrives as an event and
             # brings the pod back; retrying at once could loop on a stale cache.
@@ -375,7 +487,8 @@ class Reconciler:
             log.warning("pod %s/%s: %s; retrying in %.0fs", key[0], key[1], exc, delay)
             outcome = "api_error"
         else:
-            self._api_retry.pop(key, None)
+            if not isinstance(outcome, _Plan):  # the backoff stays until the writes succeed
+                self._api_retry.pop(key, None)
         return outcome
 
     def _observe(self, outcome: str | None, started: float) -> None:
@@ -384,6 +497,23 @@ class Reconciler:
 
     def reconcile_pod(self, pod: JSON) -> str | None:
         """One decision for a gated pod; returns its outcome (OUTCOMES) or None (waiting)."""
+        decided = self._plan(pod)
+        return self._execute(decided) if isinstance(decided, _Plan) else decided
+
+    def _execute(self, plan: _Plan) -> str:
+        """The writes of a decided placement: every claim, then the gate and the condition."""
+        self._write(plan.pod, plan.claims, plan.parsed, plan.placement)
+        self._lift_gate(plan.pod, plan.placement.node)
+        return "placed"
+
+    def _plan(self, pod: JSON) -> str | _Plan | None:
+        """Decide for a gated pod: an outcome reached without claim writes, or the placement
+        whose writes `_execute` makes."""
+        if str(_meta(pod).get("uid")) in self.placed:
+            # We lifted its gate (a gate never comes back): this is the gated object from before,
+            # still cached until the informer delivers the lifting; lifting again would only
+            # repeat the gate and condition writes.
+            return None
         ns = _nsname(pod)[0]
         names = claim_names(pod)
         if names is None:
@@ -424,9 +554,7 @@ class Reconciler:
             invalid = isinstance(exc, RequestError)
             self._refuse(pod, "InvalidRequest" if invalid else "Unschedulable", str(exc))
             return "invalid" if invalid else "refused"
-        self._write(pod, claims, parsed, placement)
-        self._lift_gate(pod, placement.node)
-        return "placed"
+        return _Plan(pod, claims, parsed, placement)
 
     # ------------------------------------------------------------ re-placement
 
@@ -597,9 +725,10 @@ class Reconciler:
                 except kube.NotFound:
                     raise Retry(f"claim {ns}/{name} was deleted") from None
                 continue
-            self._written[str(_meta(updated).get("uid"))] = _version(updated)
-            self.claims[(ns, name)] = updated
-            self.model.apply("ResourceClaim", updated)
+            with self._lock:
+                self._written[str(_meta(updated).get("uid"))] = _version(updated)
+                self.claims[(ns, name)] = updated
+                self.model.apply("ResourceClaim", updated)
             return updated
         raise Retry(f"claim {ns}/{name} kept changing ({CONFLICT_RETRIES} conflicts)")
 
@@ -638,9 +767,10 @@ class Reconciler:
                 except kube.NotFound:
                     return current
                 continue
-            self._written[str(_meta(updated).get("uid"))] = _version(updated)
-            self.claims[(ns, name)] = updated
-            self.model.apply("ResourceClaim", updated)
+            with self._lock:
+                self._written[str(_meta(updated).get("uid"))] = _version(updated)
+                self.claims[(ns, name)] = updated
+                self.model.apply("ResourceClaim", updated)
             log.info("claim %s/%s released", ns, name)
             return updated
         raise Retry(f"claim {ns}/{name} kept changing while being released")
@@ -673,10 +803,12 @@ class Reconciler:
         else:
             # Followed from now on: kube-scheduler may refuse the node before the informer
             # delivers the pod without its gate.
-            self.placed[uid] = Placed((ns, name), node, set(), version=_version(lifted))
-            self.ungated[uid] = lifted
+            with self._lock:
+                self.placed[uid] = Placed((ns, name), node, set(), version=_version(lifted))
+                self.ungated[uid] = lifted
             self._set_condition(pod, "True", "Placed", f"{PLACED_ON}{node}")
-        self._reported.pop(uid, None)
+        with self._lock:
+            self._reported.pop(uid, None)
 
     def drop_all_holds(self) -> None:
         """On a graceful stop of the leader: drop every hold, so that no claim depends on a

@@ -1,7 +1,9 @@
 """The allocation controller's one worker: informer events in, decisions out, in one thread.
 
 Why one thread: the allocator's model is mutated by every event and read by every decision; with
-a single consumer of one queue no lock is needed and a decision always sees a consistent cluster.
+a single consumer of one queue a decision always sees a consistent cluster. Only the API writes
+of placed pods leave this thread (the reconciler's `--write-concurrency` pool, under its one
+lock); every write of a pass has finished before the pass ends and the next events are applied.
 Informers (one thread each) only enqueue; the worker drains everything queued, then reconciles
 the pods those changes made worth another look, then lets the rescheduler (when on) handle the
 pods whose prepare failed and whose grace time is over. Allocations awaiting their binding

@@ -12,7 +12,8 @@ kube-scheduler's finalizer; a node kube-scheduler refuses (signalled by its deal
 claim) is replaced by the next best, both claims together, a second refusal excludes both nodes,
 no other node hands the pod to kube-scheduler, a restarted controller re-places a refused pod,
 kube-scheduler's own allocation ends the following, and a refusal seen before the ungated pod
-event is acted on.
+event is acted on. Every case built with `reconciler()` runs twice: serial writes and writes of
+different pods overlapping on a pool (`write_concurrency`), with the same results.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 import copy
 import itertools
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -160,10 +161,25 @@ def api() -> FakeApi:
     return FakeApi()
 
 
+WRITE_CONCURRENCY = {"value": 1}
+
+
+@pytest.fixture(autouse=True, params=[1, 8], ids=["serial", "concurrent"])
+def write_concurrency(request: pytest.FixtureRequest) -> Iterator[None]:
+    WRITE_CONCURRENCY["value"] = request.param
+    yield
+    WRITE_CONCURRENCY["value"] = 1
+
+
 def reconciler(
     api: FakeApi, nodes: int = 2, clock: Callable[[], float] = time.monotonic
 ) -> Reconciler:
-    r = Reconciler(api, Defaults({}), clock=clock)  # type: ignore[arg-type]
+    r = Reconciler(
+        api,  # type: ignore[arg-type]
+        Defaults({}),
+        clock=clock,
+        write_concurrency=WRITE_CONCURRENCY["value"],
+    )
     r.on_event("DeviceClass", "apply", {**DEVICE_CLASS, "metadata": {"name": DRIVER}})
     for n in range(nodes):
         for kind, obj in node_events(n, gpus=2, shape="none"):
@@ -325,6 +341,21 @@ def test_an_api_failure_is_retried_after_a_backoff_without_any_event(api: FakeAp
     now[0] = 3.0
     r.reconcile()
     assert api.get(claim_path("a"))["status"]["allocation"]
+
+
+def test_a_stale_gated_pod_after_its_placement_causes_no_more_writes(api: FakeApi) -> None:
+    r = reconciler(api)
+    make_claim(api, "a")
+    gated_pod = make_pod(api, "p", ["a"])
+    feed(r, api)
+    r.reconcile()
+    assert api.get(pod_path("p"))["spec"]["schedulingGates"] == [{"name": "other/gate"}]
+    writes = len(api.history)
+    # The written claim arrives while the cache still holds the pod with our gate.
+    r.on_event("Pod", "apply", gated_pod)
+    r.on_event("ResourceClaim", "apply", api.get(claim_path("a")))
+    r.reconcile()
+    assert len(api.history) == writes
 
 
 def test_a_gated_pod_without_claims_is_released_to_the_scheduler(api: FakeApi) -> None:
