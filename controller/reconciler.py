@@ -65,6 +65,7 @@ from dra_driver.allocator.request import (
     canonical_annotations,
     parse_claim,
 )
+from dra_driver.events import ObjectRef, record_warning
 from dra_driver.tracing import installed_tracer
 
 log = logging.getLogger(__name__)
@@ -870,8 +871,9 @@ class Reconciler:
             return  # said already; a changed reason is reported again
         self._reported[uid] = message
         log.info("pod %s/%s not placed: %s", ns, name, message)
-        self._set_condition(pod, "False", reason, message)
+        # The Event first: whoever sees the condition finds the Event already there.
         self._event(pod, reason, message)
+        self._set_condition(pod, "False", reason, message)
 
     def _set_condition(self, pod: JSON, status: str, reason: str, message: str) -> None:
         ns, name = _nsname(pod)
@@ -892,30 +894,8 @@ class Reconciler:
 
     def _event(self, pod: JSON, reason: str, message: str) -> None:
         ns, name = _nsname(pod)
-        now = _now()
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{name}.", "namespace": ns},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "namespace": ns,
-                "name": name,
-                "uid": _meta(pod).get("uid"),
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": "Warning",
-            "source": {"component": COMPONENT},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        try:
-            self.client.create(kube.path("v1", "events", namespace=ns), event)
-        except kube.KubeError as exc:
-            log.warning("pod %s/%s: cannot record event: %s", ns, name, exc)
+        ref = ObjectRef.pod(ns, name, str(_meta(pod).get("uid")))
+        record_warning(self.client, ref, reason, message, component=COMPONENT)
 
 
 def _allocated(claim: Mapping[str, Any]) -> bool:
