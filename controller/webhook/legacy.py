@@ -17,7 +17,7 @@ Sources (their public READMEs, checked 2026-11):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from dra_driver.allocator.request import ANNOTATION_PREFIX
 
@@ -98,18 +98,12 @@ CANONICAL: dict[Concept, str] = {
     "memory_percentage": _ours("memory-percentage"),
 }
 
-# The concepts the allocation controller reads from pod annotations (and so the webhook writes).
-CONTROLLER_CONCEPTS: frozenset[Concept] = frozenset(
-    {
-        "node_policy",
-        "device_policy",
-        "topology",
-        "include_types",
-        "exclude_types",
-        "include_uuids",
-        "exclude_uuids",
-    }
+# The concepts the allocation controller reads from pod annotations (and so the webhook writes):
+# all but those the webhook turns into the claim itself (its VgpuConfig and capacity requests).
+CLAIM_CONCEPTS: frozenset[Concept] = frozenset(
+    {"compute_policy", "core_limit", "memory_percentage"}
 )
+CONTROLLER_CONCEPTS: frozenset[Concept] = frozenset(get_args(Concept)) - CLAIM_CONCEPTS
 
 ANNOTATIONS: tuple[Annotation, ...] = (
     # vgpu-manager
