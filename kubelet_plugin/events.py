@@ -17,14 +17,13 @@ does.
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dra_driver import kube
 from dra_driver.events import MAX_MESSAGE, ObjectRef, warning_event
+from kubelet_plugin.background import Background
 from kubelet_plugin.claims import ClaimRef
 
 log = logging.getLogger(__name__)
@@ -80,10 +79,10 @@ class PrepareEvents:
         self._node = node
         self._interval = repeat_interval_s
         self._clock = clock
-        self._queue: queue.Queue[tuple[ObjectRef, str, str] | None] = queue.Queue(max_queued)
         self._posted: dict[tuple[str, str, str], _Posted] = {}
-        self._thread = threading.Thread(target=self._run, name="prepare-events", daemon=True)
-        self._thread.start()
+        self._work: Background[tuple[ObjectRef, str, str]] = Background(
+            self._write_logged, name="prepare-events", max_queued=max_queued
+        )
 
     def prepare_failed(
         self, ref: ClaimRef, reason: str, error: str, pods: Sequence[PodRef] = ()
@@ -106,34 +105,21 @@ class PrepareEvents:
             for pod in pods
         ]
         for target, message in targets:
-            try:
-                self._queue.put_nowait((target, event_reason, message[:MAX_MESSAGE]))
-            except queue.Full:
+            if not self._work.submit((target, event_reason, message[:MAX_MESSAGE])):
                 log.debug("event queue full; dropping event for %s", target.name)
 
     def flush(self, timeout_s: float = 10.0) -> None:
         """Wait until every queued event was written (tests, shutdown)."""
-        deadline = time.monotonic() + timeout_s
-        while self._queue.unfinished_tasks and time.monotonic() < deadline:
-            time.sleep(0.01)
+        self._work.flush(timeout_s)
 
     def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout=5)
+        self._work.close()
 
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            try:
-                if item is None:
-                    return
-                self._write(*item)
-            except kube.KubeError as exc:
-                log.warning("could not write an Event: %s", exc)
-            except Exception:
-                log.exception("could not write an Event")
-            finally:
-                self._queue.task_done()
+    def _write_logged(self, item: tuple[ObjectRef, str, str]) -> None:
+        try:
+            self._write(*item)
+        except kube.KubeError as exc:
+            log.warning("could not write an Event: %s", exc)
 
     def _write(self, target: ObjectRef, reason: str, message: str) -> None:
         key = (target.uid, reason, message)

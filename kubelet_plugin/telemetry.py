@@ -18,13 +18,12 @@ leaves the label empty: the label is "where known".
 from __future__ import annotations
 
 import logging
-import queue
 import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from dra_driver import cdi, kube
+from kubelet_plugin.background import Background
 from kubelet_plugin.claims import ClaimRef
 from kubelet_plugin.events import PodRef, PrepareEvents
 from kubelet_plugin.metrics import PluginMetrics
@@ -65,9 +64,9 @@ class ClaimPods:
         self._containers: dict[str, str] = {}
         self._lock = threading.Lock()
         self._reader = pod_reader
-        self._queue: queue.Queue[tuple[str, str, str, PodRef] | None] = queue.Queue(max_queued)
-        self._thread: threading.Thread | None = None  # started with the first lookup
-        self._closed = False
+        self._lookups: Background[tuple[str, str, str, PodRef]] = Background(
+            lambda item: self._look_up(*item), name="claim-containers", max_queued=max_queued
+        )
 
     def wrap_source(self, source: ClaimSource) -> ClaimSource:
         """The same claim source, remembering each claim's pods on the way."""
@@ -89,20 +88,12 @@ class ClaimPods:
         with self._lock:
             self._pods[uid] = pods
             known = uid in self._containers
-            if self._reader is None or self._closed or known or len(pods) != 1:
-                return
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="claim-containers", daemon=True
-                )
-                self._thread.start()
+        if self._reader is None or known or len(pods) != 1:
+            return
         meta = claim.get("metadata") or {}
-        try:
-            self._queue.put_nowait(
-                (uid, str(meta.get("namespace", "")), str(meta.get("name", "")), pods[0])
-            )
-        except queue.Full:
-            log.debug("container lookup queue full; claim %s stays without a container", uid)
+        lookup = (uid, str(meta.get("namespace", "")), str(meta.get("name", "")), pods[0])
+        if not self._lookups.submit(lookup):
+            log.debug("container lookups full or closed; claim %s stays without a container", uid)
 
     def forget(self, uid: str) -> None:
         with self._lock:
@@ -117,29 +108,10 @@ class ClaimPods:
 
     def flush(self, timeout_s: float = 10.0) -> None:
         """Wait until every queued pod lookup is done (tests, shutdown)."""
-        deadline = time.monotonic() + timeout_s
-        while self._queue.unfinished_tasks and time.monotonic() < deadline:
-            time.sleep(0.01)
+        self._lookups.flush(timeout_s)
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            thread, self._thread = self._thread, None
-        if thread is not None:
-            self._queue.put(None)
-            thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            try:
-                if item is None:
-                    return
-                self._look_up(*item)
-            except Exception:  # one odd pod must not end the lookups
-                log.exception("container lookup failed")
-            finally:
-                self._queue.task_done()
+        self._lookups.close()
 
     def _look_up(self, uid: str, namespace: str, claim_name: str, ref: PodRef) -> None:
         assert self._reader is not None
