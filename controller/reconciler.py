@@ -305,6 +305,18 @@ class Reconciler:
         else:
             self.model.apply(kind, obj)
 
+    def remember(self, claim: JSON) -> None:
+        """Take a claim as this process just wrote it (the API's answer) into the view and the
+        model at once. Until the watch delivers that version, events older than it are skipped
+        (`on_event`): without this a decision made in the meantime would not see the write (the
+        confirmer would take a claim it confirmed for pending and confirm an overlapping one
+        before it). Every writer of claims reports here (placements, releases, holds,
+        confirmations); callable from the write pool."""
+        with self._lock:
+            self._written[str(_meta(claim).get("uid"))] = _version(claim)
+            self.claims[_nsname(claim)] = claim
+            self.model.apply("ResourceClaim", claim)
+
     def _track_placed(self, op: str, pod: JSON) -> None:
         """Follow a pod we placed from the lifting of its gate until kube-scheduler binds it."""
         uid = str(_meta(pod).get("uid"))
@@ -726,10 +738,7 @@ class Reconciler:
                 except kube.NotFound:
                     raise Retry(f"claim {ns}/{name} was deleted") from None
                 continue
-            with self._lock:
-                self._written[str(_meta(updated).get("uid"))] = _version(updated)
-                self.claims[(ns, name)] = updated
-                self.model.apply("ResourceClaim", updated)
+            self.remember(updated)
             return updated
         raise Retry(f"claim {ns}/{name} kept changing ({CONFLICT_RETRIES} conflicts)")
 
@@ -768,10 +777,7 @@ class Reconciler:
                 except kube.NotFound:
                     return current
                 continue
-            with self._lock:
-                self._written[str(_meta(updated).get("uid"))] = _version(updated)
-                self.claims[(ns, name)] = updated
-                self.model.apply("ResourceClaim", updated)
+            self.remember(updated)
             log.info("claim %s/%s released", ns, name)
             return updated
         raise Retry(f"claim {ns}/{name} kept changing while being released")
@@ -855,8 +861,7 @@ class Reconciler:
             except kube.KubeError as exc:
                 log.warning("claim %s/%s: cannot drop the placement hold: %s", *key, exc)
                 continue
-            self.claims[key] = updated
-            self._written[str(_meta(updated).get("uid"))] = _version(updated)
+            self.remember(updated)
             self.held.discard(key)
             log.info("claim %s/%s: placement hold dropped", *key)
 
