@@ -157,7 +157,7 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
         "--write-concurrency",
         type=_at_least_one,
         default=env.get(ENV["write_concurrency"], str(DEFAULT_WRITE_CONCURRENCY)),
-        help="pods of the policy path whose API writes (claims, gate, condition) may be in "
+        help="pods of the policy path whose API writes (claims, gate) may be in "
         "flight together; decisions stay one at a time; 1 = one pod after the other (env "
         f"VGPU_DRA_WRITE_CONCURRENCY, default {DEFAULT_WRITE_CONCURRENCY})",
     )
