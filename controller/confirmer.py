@@ -23,6 +23,13 @@ before it (memory and cores summed against the published capacity; a device with
 kube-scheduler allocation that overlaps a policy-path allocation, or another kube-scheduler
 allocation confirmed earlier, never reaches a node.
 
+Each decision is written with the claim's resourceVersion and put into the reconciler's view at
+once (`Reconciler.remember`): a confirmation counts as committed from its write on. Were the
+confirmer to wait for the watch to bring it back, a pass in between would still see that claim
+as pending, could sort an overlapping claim seen after it ahead of it (the same whole-second
+`allocationTimestamp`, a smaller uid) and confirm that one too: both bound, one refused by the
+node's guard (the stale write failing the first only meets a 409).
+
 Only the leader writes (`may_write`); only the worker thread calls in.
 """
 
@@ -89,12 +96,16 @@ class Confirmer:
         client: kube.KubeClient,
         model: ClusterModel,
         claims: Mapping[tuple[str, str], JSON],
+        remember: Callable[[JSON], None],
         *,
         may_write: Callable[[], bool] = lambda: True,
     ) -> None:
         self.client = client
         self.model = model
         self.claims = claims  # the reconciler's view of every claim (its own writes included)
+        # Puts each claim as written into that view (Reconciler.remember): a confirmation counts
+        # as committed from the write on, not from the watch's delivery of it.
+        self.remember = remember
         self.may_write = may_write
         self.dirty = False
 
@@ -134,6 +145,7 @@ class Confirmer:
                     self._set(claim, OVERBOOKED, "Overbooked", why)
                     done["overbooked"] += 1
             except (kube.Conflict, kube.NotFound):
+                log.info("claim %s/%s changed before its decision was written", *_key(claim))
                 self.dirty = True  # changed meanwhile: its event brings the next look
             except kube.KubeError:
                 self.dirty = True  # the API failed: decide again on the worker's next pass
@@ -202,8 +214,7 @@ class Confirmer:
     # ------------------------------------------------------------ writes
 
     def _set(self, claim: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
-        meta = claim.get("metadata") or {}
-        ns, name = str(meta.get("namespace")), str(meta.get("name"))
+        ns, name = _key(claim)
         status = dict(claim.get("status") or {})
         entries = [dict(e) for e in status.get("devices") or []]
         now = _now()
@@ -230,13 +241,19 @@ class Confirmer:
             else:
                 entries.append(entry)
         status["devices"] = entries
-        self.client.replace(
+        updated = self.client.replace(
             kube.path(
                 kube.RESOURCE_API, "resourceclaims", name, namespace=ns, subresource="status"
             ),
             {**claim, "status": status},
         )
+        self.remember(updated)
         log.info("claim %s/%s: %s (%s)", ns, name, reason, message)
+
+
+def _key(claim: Mapping[str, Any]) -> tuple[str, str]:
+    meta = claim.get("metadata") or {}
+    return str(meta.get("namespace")), str(meta.get("name"))
 
 
 def _allocation_order(claim: Mapping[str, Any]) -> tuple[str, str]:

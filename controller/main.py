@@ -56,11 +56,7 @@ ENV = {
     "reschedule_per_minute": "VGPU_DRA_RESCHEDULE_PER_MINUTE",
     "write_concurrency": "VGPU_DRA_WRITE_CONCURRENCY",
 }
-# One pod's writes after the other: with binding conditions on, overlapping writes let the
-# confirmer confirm a kube-scheduler allocation the node then refuses as overbooked (about 1
-# storm in 3 in tests/e2e/controller/test_both_paths.py; none with 1). Raise it for throughput
-# where binding conditions are off (docs/scheduling.md).
-DEFAULT_WRITE_CONCURRENCY = 1
+DEFAULT_WRITE_CONCURRENCY = 8
 DEFAULT_LEASE_NAME = "vgpu-dra-controller"
 DEFAULT_HEALTH_ADDRESS = "127.0.0.1:8081"
 
@@ -161,7 +157,7 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
         "--write-concurrency",
         type=_at_least_one,
         default=env.get(ENV["write_concurrency"], str(DEFAULT_WRITE_CONCURRENCY)),
-        help="pods of the policy path whose API writes (claims, gate, condition) may be in "
+        help="pods of the policy path whose API writes (claims, gate) may be in "
         "flight together; decisions stay one at a time; 1 = one pod after the other (env "
         f"VGPU_DRA_WRITE_CONCURRENCY, default {DEFAULT_WRITE_CONCURRENCY})",
     )

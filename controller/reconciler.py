@@ -9,7 +9,8 @@ listed in `status.resourceClaimStatuses`), one decision:
 3. each claim's `status.allocation` and `status.reservedFor` (the pod) are written with the
    resourceVersion read (409 Conflict: read again and retry while the claim is still free);
 4. the gate is removed (other gates kept), so kube-scheduler binds the pod to the node the
-   allocations select.
+   allocations select. No condition is written on success (one API write per pod saved), only
+   over a refusal reported before; a restarted controller recognises its pods by the hold.
 
 A pod that cannot be placed gets a Warning Event and the pod condition `vgpu.dra.dev/Placement`
 (False, reason, the allocator's message); it is tried again only when slices, nodes, claims or the
@@ -31,7 +32,7 @@ Every decision is reported to an optional `ReconcileObserver` (metrics) with one
 
 Only one thread (the controller's worker) calls into this class; informers only enqueue.
 Decisions are made one after another on that thread; with `write_concurrency` > 1 the writes of
-a placed pod (claims, gate, condition) run on a small thread pool so that the API round trips of
+a placed pod (claims, gate) run on a small thread pool so that the API round trips of
 different pods overlap. A decided placement is reserved in the model before its writes start
 (the next decision cannot reuse its capacity) and put back to what the cache holds if they fail;
 a pod sharing a claim with a write in flight waits for it. The writes touch the reconciler's
@@ -167,7 +168,7 @@ class Placed:
     """A pod we placed whose gate is lifted, until kube-scheduler binds it (or it goes).
 
     `excluded` are the nodes kube-scheduler refused for it (kept for the pod's lifetime in this
-    process only). `restored`: taken from the pod's Placement condition after a restart. A
+    process only). `restored`: taken from its claims' hold entries after a restart. A
     refusal counts when the pod's PodScheduled is False/Unschedulable in a version newer than
     `version` (resourceVersions compared as the integers etcd makes them)."""
 
@@ -247,6 +248,10 @@ class Reconciler:
         self.refused: set[str] = set()  # pod uids to place again
         self._replace_retry: dict[str, float] = {}  # pod uid -> when (after an API failure)
         self.held: set[tuple[str, str]] = set()  # claims carrying our hold entry
+        # Ungated, unbound pods with claims that are not in `placed`: after a restart, the ones
+        # whose claims carry our hold are followed again as soon as those claims are seen.
+        self.unbound: dict[str, JSON] = {}
+        self.handed_over: set[str] = set()  # pod uids left to kube-scheduler, until bound or gone
 
     # ------------------------------------------------------------ events
 
@@ -284,6 +289,7 @@ class Reconciler:
                 self.claims[key] = obj
             if op != "delete" and _holds(obj):
                 self.held.add(key)
+                self._follow_held(obj)
             else:
                 self.held.discard(key)
             if old is not None and _allocated(old) and not allocated:
@@ -305,6 +311,18 @@ class Reconciler:
         else:
             self.model.apply(kind, obj)
 
+    def remember(self, claim: JSON) -> None:
+        """Take a claim as this process just wrote it (the API's answer) into the view and the
+        model at once. Until the watch delivers that version, events older than it are skipped
+        (`on_event`): without this a decision made in the meantime would not see the write (the
+        confirmer would take a claim it confirmed for pending and confirm an overlapping one
+        before it). Every writer of claims reports here (placements, releases, holds,
+        confirmations); callable from the write pool."""
+        with self._lock:
+            self._written[str(_meta(claim).get("uid"))] = _version(claim)
+            self.claims[_nsname(claim)] = claim
+            self.model.apply("ResourceClaim", claim)
+
     def _track_placed(self, op: str, pod: JSON) -> None:
         """Follow a pod we placed from the lifting of its gate until kube-scheduler binds it."""
         uid = str(_meta(pod).get("uid"))
@@ -314,12 +332,21 @@ class Reconciler:
             self.placed.pop(uid, None)
             self.ungated.pop(uid, None)
             self.refused.discard(uid)
+            self.unbound.pop(uid, None)
+            self.handed_over.discard(uid)
             return
         record = self.placed.get(uid)
         if record is None:
-            record = _placed_from_condition(pod)  # placed before a restart
+            if uid in self.handed_over:
+                return  # its claims may still carry the hold until `_release_holds` runs
+            record = self._placed_from_hold(pod)  # placed before a restart
             if record is None:
-                return  # not ours (default path, or a gate someone else lifted)
+                # Not ours (default path, a gate someone else lifted), or its claims are not
+                # listed yet: the claim's event looks here again (`_follow_held`).
+                if (pod.get("spec") or {}).get("resourceClaims"):
+                    self.unbound[uid] = pod
+                return
+            self.unbound.pop(uid, None)
             self.placed[uid] = record
             # Refused while no controller ran (or before this one saw it): place it again.
             if _refusal(pod):
@@ -336,6 +363,28 @@ class Reconciler:
             if newer:
                 self.refused.add(uid)
         self.ungated[uid] = pod
+
+    def _placed_from_hold(self, pod: Mapping[str, Any]) -> Placed | None:
+        """The record of a pod placed before this process started: one of its claims carries our
+        hold for it (written with the allocation, so there is no window after the gate's
+        lifting in which a restart loses the pod)."""
+        ns = _nsname(pod)[0]
+        hold_uid = str(_meta(pod).get("uid")) + HOLD_SUFFIX
+        for name in claim_names(pod) or []:
+            claim = self.claims.get((ns, name))
+            reserved = ((claim or {}).get("status") or {}).get("reservedFor") or []
+            if claim is not None and any(
+                _is_hold(r) and r.get("uid") == hold_uid for r in reserved
+            ):
+                return Placed(_nsname(pod), _node_of(claim), set(), restored=True)
+        return None
+
+    def _follow_held(self, claim: Mapping[str, Any]) -> None:
+        """A claim with our hold arrived after its (ungated, unbound) pod: follow the pod."""
+        for ref in (claim.get("status") or {}).get("reservedFor") or []:
+            uid = str(ref.get("uid")).removesuffix(HOLD_SUFFIX)
+            if _is_hold(ref) and uid in self.unbound and uid not in self.placed:
+                self._track_placed("apply", self.unbound[uid])
 
     def _retry_waiting(self) -> None:
         self.dirty |= self.waiting
@@ -662,6 +711,7 @@ class Reconciler:
         return "replaced"
 
     def _forget(self, uid: str) -> None:
+        self.handed_over.add(uid)
         self.placed.pop(uid, None)
         self.ungated.pop(uid, None)
         self.refused.discard(uid)
@@ -726,10 +776,7 @@ class Reconciler:
                 except kube.NotFound:
                     raise Retry(f"claim {ns}/{name} was deleted") from None
                 continue
-            with self._lock:
-                self._written[str(_meta(updated).get("uid"))] = _version(updated)
-                self.claims[(ns, name)] = updated
-                self.model.apply("ResourceClaim", updated)
+            self.remember(updated)
             return updated
         raise Retry(f"claim {ns}/{name} kept changing ({CONFLICT_RETRIES} conflicts)")
 
@@ -768,10 +815,7 @@ class Reconciler:
                 except kube.NotFound:
                     return current
                 continue
-            with self._lock:
-                self._written[str(_meta(updated).get("uid"))] = _version(updated)
-                self.claims[(ns, name)] = updated
-                self.model.apply("ResourceClaim", updated)
+            self.remember(updated)
             log.info("claim %s/%s released", ns, name)
             return updated
         raise Retry(f"claim {ns}/{name} kept changing while being released")
@@ -799,17 +843,22 @@ class Reconciler:
         else:
             raise Retry(f"pod {ns}/{name} kept changing while its gate was removed")
         uid = str(_meta(pod).get("uid"))
-        if node is None:
-            self._set_condition(pod, "True", "NoClaims", "the pod has no resource claims")
-        else:
+        if node is not None:
             # Followed from now on: kube-scheduler may refuse the node before the informer
             # delivers the pod without its gate.
             with self._lock:
                 self.placed[uid] = Placed((ns, name), node, set(), version=_version(lifted))
                 self.ungated[uid] = lifted
-            self._set_condition(pod, "True", "Placed", f"{PLACED_ON}{node}")
         with self._lock:
-            self._reported.pop(uid, None)
+            refused_before = self._reported.pop(uid, None) is not None
+        # A success writes no condition (one API write less per pod; the claims' hold entries
+        # are what a restarted controller follows): only a refusal reported earlier, by this
+        # process or a previous one, is replaced so that it does not outlive the placement.
+        if refused_before or _condition(pod, CONDITION).get("status") == "False":
+            if node is None:
+                self._set_condition(pod, "True", "NoClaims", "the pod has no resource claims")
+            else:
+                self._set_condition(pod, "True", "Placed", f"{PLACED_ON}{node}")
 
     def drop_all_holds(self) -> None:
         """On a graceful stop of the leader: drop every hold, so that no claim depends on a
@@ -855,8 +904,7 @@ class Reconciler:
             except kube.KubeError as exc:
                 log.warning("claim %s/%s: cannot drop the placement hold: %s", *key, exc)
                 continue
-            self.claims[key] = updated
-            self._written[str(_meta(updated).get("uid"))] = _version(updated)
+            self.remember(updated)
             self.held.discard(key)
             log.info("claim %s/%s: placement hold dropped", *key)
 
@@ -954,17 +1002,6 @@ def _condition(pod: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
         if cond.get("type") == kind:
             return dict(cond)
     return {}
-
-
-def _placed_from_condition(pod: Mapping[str, Any]) -> Placed | None:
-    """The record of a pod placed before this process started: our Placement condition names
-    the node."""
-    ours = _condition(pod, CONDITION)
-    message = str(ours.get("message") or "")
-    if ours.get("status") != "True" or not message.startswith(PLACED_ON):
-        return None
-    node = message[len(PLACED_ON) :].split(" ", 1)[0]
-    return Placed(_nsname(pod), node, set(), restored=True)
 
 
 def _excluding(pod: Mapping[str, Any], nodes: set[str]) -> JSON:

@@ -45,6 +45,7 @@ class Worker:
             client,
             reconciler.model,
             reconciler.claims,
+            reconciler.remember,
             may_write=lambda: reconciler.may_write(),  # noqa: PLW0108
         )
         self.queue: queue.Queue[tuple[str, str, JSON]] = queue.Queue()

@@ -479,8 +479,8 @@ def test_a_controller_killed_mid_allocation_converges(
         nodes = set()
         for j in range(2):
             status = get_claim(client, namespace, f"{name}-{j}")["status"]
-            # (plus the controller's hold while the pod is unbound, unless the crash fell between
-            # the gate's lifting and the Placement condition that lets a successor follow it)
+            # (plus the controller's hold while the pod is unbound: the successor follows the
+            # pod from it)
             pods = [r for r in status["reservedFor"] if r["resource"] == "pods"]
             assert pods == [{"resource": "pods", "name": name, "uid": pod["metadata"]["uid"]}]
             term = status["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]

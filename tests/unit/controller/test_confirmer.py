@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 
 from controller.confirmer import CONFIRMED, OVERBOOKED, Confirmer, state
+from controller.reconciler import Defaults, Reconciler
+from controller.worker import Worker
 from dra_driver import kube
 from dra_driver.allocator.model import ClusterModel
 from tests.fixtures.allocator_cluster import DRIVER, node_events
@@ -81,7 +83,11 @@ def setup() -> tuple[FakeApi, dict[tuple[str, str], JSON], Confirmer]:
         model.apply(kind, obj)
     api = FakeApi()
     claims: dict[tuple[str, str], JSON] = {}
-    return api, claims, Confirmer(api, model, claims)  # type: ignore[arg-type]
+
+    def remember(obj: JSON) -> None:
+        claims[(obj["metadata"]["namespace"], obj["metadata"]["name"])] = obj
+
+    return api, claims, Confirmer(api, model, claims, remember)  # type: ignore[arg-type]
 
 
 def written(api: FakeApi, name: str) -> JSON:
@@ -171,3 +177,31 @@ def test_an_api_failure_leaves_the_claim_to_decide_again(
         confirmer.run()
     api.replace = real  # type: ignore[method-assign]
     assert confirmer.run() == {"confirmed": 1, "overbooked": 0}
+
+
+def test_a_confirmation_counts_before_the_informer_delivers_it() -> None:
+    """The storm's double-booking, forced: the confirmer confirms "x" (kube-scheduler's, 50Gi of
+    gpu-0); before the watch brings "x" back with its condition, kube-scheduler's "w" (50Gi of
+    gpu-0, allocated in the same second, a uid that sorts first) arrives and the confirmer runs
+    again. "x" is committed from its confirmation on, so "w" is failed; were "x" still pending
+    in the confirmer's view, "w" would come first and be confirmed too: 100Gi on an 80GB GPU."""
+    api = FakeApi()
+    reconciler = Reconciler(api, Defaults({}))  # type: ignore[arg-type]
+    worker = Worker(api, reconciler)  # type: ignore[arg-type]
+    for kind, obj in node_events(0):
+        worker._apply(kind, "apply", obj)
+    seen: dict[tuple[str, str], JSON] = {}  # the objects as the informer delivers them
+    claim(api, seen, "x", "gpu-0", 50)
+    worker._apply("ResourceClaim", "apply", seen[("t", "x")])
+    assert worker.confirmer.run() == {"confirmed": 1, "overbooked": 0}
+    claim(api, seen, "w", "gpu-0", 50)  # same allocationTimestamp; "uid-w" < "uid-x"
+    worker._apply("ResourceClaim", "apply", seen[("t", "w")])
+    assert worker.confirmer.run() == {"confirmed": 0, "overbooked": 1}
+    assert list(conditions(api, "x")) == [CONFIRMED]
+    assert list(conditions(api, "w")) == [OVERBOOKED]
+    # The watch then delivers the older "x" (as first seen) late, and the confirmed one: the
+    # older one is not taken over the confirmation.
+    worker._apply("ResourceClaim", "apply", seen[("t", "x")])
+    assert state(reconciler.claims[("t", "x")]) == "committed"
+    worker._apply("ResourceClaim", "apply", written(api, "x"))
+    assert state(reconciler.claims[("t", "x")]) == "committed"

@@ -216,8 +216,8 @@ def test_places_writes_claims_and_removes_only_its_gate(api: FakeApi) -> None:
         assert result["shareID"]
     pod = api.get(pod_path("p"))
     assert pod["spec"]["schedulingGates"] == [{"name": "other/gate"}]
-    assert pod["status"]["conditions"][0]["type"] == CONDITION
-    assert pod["status"]["conditions"][0]["status"] == "True"
+    # A success writes no condition (one write less per pod): the claims' hold marks it ours.
+    assert "status" not in pod
 
 
 def test_a_pod_whose_claim_is_missing_waits(api: FakeApi) -> None:
@@ -309,6 +309,35 @@ def test_a_refused_pod_is_reported_once_and_retried_on_change(api: FakeApi) -> N
     assert len(api.events) == 2 and "NVLink" in api.events[1]["message"]
 
 
+def test_a_refusal_is_replaced_by_the_placement_that_follows_it(api: FakeApi) -> None:
+    """Only a success after a refusal writes the condition: the refusal must not outlive it."""
+    r = reconciler(api, nodes=0)
+    make_claim(api, "a")
+    make_pod(api, "p", ["a"])
+    feed(r, api)
+    r.reconcile()
+    assert api.get(pod_path("p"))["status"]["conditions"][0]["status"] == "False"
+    for kind, obj in node_events(3):
+        r.on_event(kind, "apply", obj)
+    r.reconcile()  # the cached pod is still the one without the condition: no matter
+    cond = api.get(pod_path("p"))["status"]["conditions"][0]
+    assert (cond["type"], cond["status"], cond["reason"]) == (CONDITION, "True", "Placed")
+    assert cond["message"].endswith("node-00003")
+
+
+def test_a_refusal_by_a_previous_controller_is_replaced_too(api: FakeApi) -> None:
+    make_claim(api, "a")
+    make_pod(api, "p", ["a"])
+    first = reconciler(api, nodes=0)
+    feed(first, api)
+    first.reconcile()
+    second = reconciler(api, nodes=1)
+    feed(second, api)  # the pod as listed carries the refusal
+    second.reconcile()
+    cond = api.get(pod_path("p"))["status"]["conditions"][0]
+    assert (cond["status"], cond["reason"]) == ("True", "Placed")
+
+
 def test_an_invalid_policy_annotation_fails_that_pod_only(api: FakeApi) -> None:
     r = reconciler(api)
     make_claim(api, "a")
@@ -364,7 +393,7 @@ def test_a_gated_pod_without_claims_is_released_to_the_scheduler(api: FakeApi) -
     feed(r, api)
     r.reconcile()
     assert api.get(pod_path("plain"))["spec"]["schedulingGates"] == [{"name": "other/gate"}]
-    assert api.get(pod_path("plain"))["status"]["conditions"][0]["reason"] == "NoClaims"
+    assert "status" not in api.get(pod_path("plain"))  # nothing to say: no condition
     assert api.events == []
 
 
@@ -392,8 +421,9 @@ def refuse(api: FakeApi, r: Reconciler, pod: str, *, at: str, deallocate: str | 
         claim["status"] = {}
         r.on_event("ResourceClaim", "apply", api.put(claim_path(deallocate), claim))
     obj = api.get(pod_path(pod))
-    obj["status"]["conditions"] = [
-        c for c in obj["status"]["conditions"] if c["type"] != "PodScheduled"
+    status = obj.setdefault("status", {})
+    status["conditions"] = [
+        c for c in status.get("conditions") or [] if c["type"] != "PodScheduled"
     ] + [
         {
             "type": "PodScheduled",
@@ -500,6 +530,43 @@ def test_a_restarted_controller_replaces_a_pod_refused_after_its_placement(api: 
     feed(r3, api)
     r3.reconcile()
     assert node_of(api.get(claim_path("a"))) == "node-00001"
+
+
+def test_a_restarted_controller_follows_its_pods_whichever_informer_lists_first(
+    api: FakeApi,
+) -> None:
+    """A successor knows its predecessor's pods from the hold in their claims (no condition is
+    written on success), whether the pod or its claim is delivered first; it keeps the hold."""
+    placed_then_ungated(api, nodes=2)
+    pods_first = reconciler(api, nodes=2)
+    for path, obj in sorted(api.objects.items(), key=lambda item: "/pods/" not in item[0]):
+        pods_first.on_event("Pod" if "/pods/" in path else "ResourceClaim", "apply", obj)
+    claims_first = reconciler(api, nodes=2)
+    feed(claims_first, api)
+    for r in (pods_first, claims_first):
+        assert r.placed["uid-p"].node == "node-00000" and r.placed["uid-p"].restored
+        r.reconcile()
+        assert api.get(claim_path("a"))["status"]["reservedFor"] == [POD_P, HOLD]
+    # A pod that is not ours (no hold) is not followed.
+    plain = api.get(claim_path("a"))
+    plain["status"]["reservedFor"] = [POD_P]
+    api.put(claim_path("a"), plain)
+    stranger = reconciler(api, nodes=2)
+    feed(stranger, api)
+    assert stranger.placed == {}
+
+
+def test_a_pod_handed_over_is_not_followed_again_from_its_hold(api: FakeApi) -> None:
+    r = placed_then_ungated(api, nodes=1)
+    feed(r, api)
+    refuse(api, r, "p", at="2026-01-01T00:00:01Z", deallocate=None)
+    r.reconcile()  # no other node: handed over to kube-scheduler
+    assert r.placed == {}
+    # The pod's next event arrives while the claim still carries the hold (dropped only on the
+    # next pass): it is not taken for a pod placed before a restart.
+    r.on_event("ResourceClaim", "apply", api.get(claim_path("a")))
+    r.on_event("Pod", "apply", api.get(pod_path("p")))
+    assert r.placed == {}
 
 
 def test_a_claim_allocated_by_kube_scheduler_itself_ends_the_re_placement(api: FakeApi) -> None:

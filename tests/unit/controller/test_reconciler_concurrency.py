@@ -15,7 +15,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from controller.confirmer import CONFIRMED, OVERBOOKED
 from controller.reconciler import GATE, Defaults, Reconciler
+from controller.worker import Worker
 from dra_driver import kube
 from tests.fixtures.allocator_cluster import DEVICE_CLASS, DRIVER, node_events
 from tests.unit.controller.test_reconciler import (
@@ -230,3 +232,44 @@ def test_a_pod_sharing_a_claim_in_flight_is_decided_over_the_written_claim() -> 
     r.reconcile()
     assert not gated(api, "p")
     assert gated(api, "q") and [e["reason"] for e in api.events] == ["ClaimAllocatedElsewhere"]
+
+
+def test_placements_count_for_the_confirmer_before_the_informer_delivers_them() -> None:
+    """The confirmer runs after a batch of overlapped writes, before any of them comes back
+    through the watch: kube-scheduler's allocation on the GPU the batch just filled is failed as
+    overbooked, not confirmed (every placement the controller decided is committed from its
+    write on)."""
+    api = FakeApi()
+    fill(api, pods=4)  # 4 x 30Gi: two per 80 GiB GPU (spread)
+    r = build(api, PODS)
+    worker = Worker(api, r)  # type: ignore[arg-type]
+    feed(r, api)
+    r.reconcile()
+    taken = [api.get(claim_path(f"c{i}"))["status"]["allocation"] for i in range(4)]
+    devices = [a["devices"]["results"][0]["device"] for a in taken]
+    assert sorted(devices) == ["gpu-0", "gpu-0", "gpu-1", "gpu-1"]
+    node = node_of(api.get(claim_path("c0")))
+    theirs = make_claim(api, "k", memory="30Gi")
+    theirs["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {
+                        "request": "gpu",
+                        "driver": DRIVER,
+                        "pool": node,
+                        "device": "gpu-0",
+                        "shareID": "share-k",
+                        "consumedCapacity": {"memory": "30Gi"},
+                        "bindingConditions": [CONFIRMED],
+                        "bindingFailureConditions": [OVERBOOKED],
+                    }
+                ]
+            },
+            "allocationTimestamp": "2026-01-01T00:00:00Z",
+        }
+    }
+    worker._apply("ResourceClaim", "apply", api.put(claim_path("k"), theirs))
+    assert worker.confirmer.run() == {"confirmed": 0, "overbooked": 1}
+    (entry,) = api.get(claim_path("k"))["status"]["devices"]
+    assert [c["type"] for c in entry["conditions"] if c["status"] == "True"] == [OVERBOOKED]
