@@ -126,8 +126,10 @@ def kernel_speedup(model: ClusterModel, obj: dict[str, Any], policy: Policy) -> 
     """The kernels alone, Cython vs the pure-Python twin on the same inputs: one full scan of
     every node and one exact search on the chosen node, captured from a decision on an empty
     cluster (decisions after it scan only changed nodes, on both paths). CPU time, best of
-    several runs (the machine is shared)."""
-    alloc = Allocator(model, fast=True)
+    several runs (the machine is shared). The arguments are captured from the reference path,
+    which calls the kernels with plain arrays (the fast path hands them over once, in an
+    Engine)."""
+    alloc = Allocator(model, fast=False)
     captured: dict[str, tuple[Any, ...]] = {}
 
     def spy(name: str, kernel: Any) -> Any:

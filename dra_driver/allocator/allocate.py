@@ -55,6 +55,7 @@ try:
     FAST_KERNEL: Callable[..., None] | None = _fastkernel.scan
     FAST_SEARCH: Callable[..., int] | None = _fastkernel.search
 except ImportError:  # extension not built: the reference kernel serves, only slower
+    _fastkernel = None  # type: ignore[assignment]
     FAST_KERNEL = None
     FAST_SEARCH = None
 
@@ -201,6 +202,7 @@ class _Encoding:
 
     alternatives: tuple[Alternative, ...]  # in kernel order (alts rows)
     arrays: tuple[npt.NDArray[Any], ...]  # reqs, alts, mask, servable, amount, applies, ...
+    fast: Any = None  # the same arrays as a checked `_fastkernel.Encoding` (fast path)
 
 
 class Allocator:
@@ -211,6 +213,9 @@ class Allocator:
             raise RuntimeError("the Cython kernel is not built (make native)")
         self.model = model
         use_fast = fast is not False and FAST_KERNEL is not None and FAST_SEARCH is not None
+        self.fast = use_fast
+        self._engine: Any = None  # _fastkernel.Engine over the current layout (fast path)
+        self._engine_epoch = -1
         self.scan: Callable[..., None] = FAST_KERNEL if use_fast else py_kernel.scan  # type: ignore[assignment]
         self.search: Callable[..., int] = FAST_SEARCH if use_fast else py_kernel.search  # type: ignore[assignment]
         self._masks: dict[tuple[Any, ...], npt.NDArray[np.int8]] = {}
@@ -435,6 +440,17 @@ class Allocator:
             self._node_keys.clear()
             self._screens[shape] = screen
         screened = screen[0]
+        if self.fast:
+            return self._place_fast(
+                layout,
+                node_ok=node_ok,
+                reasons=reasons,
+                screen=screen,
+                shape=shape,
+                claims=claims,
+                flat=flat,
+                policy=policy,
+            )
         keys, closeness = self._keys(layout, node_ok, screen, shape, policy)
         tried = 0
         while True:
@@ -455,6 +471,66 @@ class Allocator:
                 reasons=reasons,
                 screened=screened,
                 closeness=closeness,
+                policy=policy,
+                tried=tried,
+            )
+        )
+
+    def _place_fast(
+        self,
+        layout: Layout,
+        *,
+        node_ok: npt.NDArray[np.int8],
+        reasons: dict[str, int],
+        screen: _Screen,
+        shape: tuple[Any, ...],
+        claims: Sequence[Claim],
+        flat: list[tuple[int, Request]],
+        policy: Policy,
+    ) -> Placement:
+        """`_place` after the screen, in the Cython engine: the same incremental node keys as
+        `_keys` (kept in a `_fastkernel.NodeKeys` per shape and policy), the same order of
+        nodes tried, the same search; so the same answers as the reference path."""
+        if self._engine_epoch != layout.epoch:
+            self._engine = _fastkernel.Engine(layout)
+            self._engine_epoch = layout.epoch
+        engine = self._engine
+        screened, req_group, masks, req_mem, req_pct, req_cores, req_count = screen
+        cache_key = (shape, policy.topology_mode, policy.strict, policy.node, req_group.tobytes())
+        node_keys = self._node_keys.get(cache_key)
+        if node_keys is None:
+            if len(self._node_keys) >= KEYS_CACHE_MAX:
+                self._node_keys.clear()
+            node_keys = _fastkernel.NodeKeys(
+                masks,
+                req_mem,
+                req_pct,
+                req_cores,
+                req_count,
+                req_group,
+                policy.topology_mode,
+                int(policy.strict),
+                int(policy.node == "binpack"),
+                len(layout.nodes),
+            )
+            self._node_keys[cache_key] = node_keys  # type: ignore[assignment]
+        best = engine.rank(node_keys, node_ok, self.model.change_seq)
+        tried = 0
+        while best >= 0:
+            tried += 1
+            found = self._search_node(
+                layout, best, claims=claims, flat=flat, policy=policy, shape=shape
+            )
+            if found is not None:
+                return Placement(layout.nodes[best], node_keys.key(best), found)
+            best = engine.next(node_keys, best)
+        raise Unschedulable(
+            self._reason(
+                layout=layout,
+                node_ok=node_ok,
+                reasons=reasons,
+                screened=screened,
+                closeness=node_keys.closeness,
                 policy=policy,
                 tried=tried,
             )
@@ -593,29 +669,44 @@ class Allocator:
             if len(self._encodings) >= FIT_CACHE_MAX:  # many request shapes x nodes: start over
                 self._encodings.clear()
             self._encodings[(shape, start)] = enc
-        chosen_alt = np.zeros(n_req, dtype=np.int64)
-        picks = np.zeros((n_req, m), dtype=np.int64)
-        npicks = np.zeros(n_req, dtype=np.int64)
-        found = self.search(
-            layout.dev[start:end],
-            layout.cap[start:end],
-            layout.used_by_dim[start:end],
-            *enc.arrays,
-            policy.topology_mode,
-            int(policy.strict),
-            int(policy.device == "binpack"),
-            SEARCH_BUDGET,
-            chosen_alt,
-            picks,
-            npicks,
-        )
-        if not found:
-            return None
+        if enc.fast is not None:
+            if not self._engine.search(
+                node,
+                enc.fast,
+                policy.topology_mode,
+                int(policy.strict),
+                int(policy.device == "binpack"),
+                SEARCH_BUDGET,
+            ):
+                return None
+            chosen_alt, picks, npicks = enc.fast.chosen_alt, enc.fast.picks, enc.fast.npicks
+        else:
+            chosen_alt = np.zeros(n_req, dtype=np.int64)
+            picks = np.zeros((n_req, m), dtype=np.int64)
+            npicks = np.zeros(n_req, dtype=np.int64)
+            found = self.search(
+                layout.dev[start:end],
+                layout.cap[start:end],
+                layout.used_by_dim[start:end],
+                *enc.arrays,
+                policy.topology_mode,
+                int(policy.strict),
+                int(policy.device == "binpack"),
+                SEARCH_BUDGET,
+                chosen_alt,
+                picks,
+                npicks,
+            )
+            if not found:
+                return None
         out: dict[int, list[DeviceResult]] = {}
+        alt_rows = chosen_alt.tolist()
+        counts = npicks.tolist()
         for i, (ci, _) in enumerate(flat):
-            alt = enc.alternatives[int(chosen_alt[i])]
-            for position in range(int(npicks[i])):
-                device = layout.devices[start + int(picks[i, position])]
+            alt = enc.alternatives[alt_rows[i]]
+            rows = picks[i, : counts[i]].tolist()
+            for position, row in enumerate(rows):
+                device = layout.devices[start + row]
                 share = (
                     _share_id(claims[ci].uid, alt.name, device, position)
                     if device.allow_multiple and not alt.admin
@@ -682,9 +773,9 @@ class Allocator:
                 value = layout.devices[start + j].attribute(constraint.attribute)
                 if value is not None:
                     cval[s, j] = ids.setdefault(value, len(ids))
-        return _Encoding(
-            tuple(alt_list), (reqs, alts, mask, servable, amount, applies, distinct, cval)
-        )
+        arrays = (reqs, alts, mask, servable, amount, applies, distinct, cval)
+        fast = _fastkernel.Encoding(*arrays, len(layout.dims)) if self.fast else None
+        return _Encoding(tuple(alt_list), arrays, fast)
 
     def _amounts_of(self, alt: Alternative, device: Device) -> tuple[tuple[str, int], ...] | None:
         """What `alt` consumes of a multi-allocatable device under its request policies
