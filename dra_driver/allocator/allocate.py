@@ -230,8 +230,9 @@ class Allocator:
         self._fits: dict[tuple[Any, ...], tuple[npt.NDArray[np.int8], npt.NDArray[np.int64]]] = {}
         self._encodings: dict[tuple[Any, ...], _Encoding] = {}
         self._screens: dict[tuple[Any, ...], _Screen] = {}
-        # (shape, policy) -> (model.change_seq, node_ok, keys, closeness) of the last scan
-        self._node_keys: dict[tuple[Any, ...], tuple[int, Any, Any, Any]] = {}
+        # (shape, policy) -> (model.change_seq, node_ok, keys, closeness) of the last scan, or
+        # on the fast path the `_fastkernel.NodeKeys` holding the same
+        self._node_keys: dict[tuple[Any, ...], Any] = {}
 
     # ------------------------------------------------------------ selection
 
@@ -513,7 +514,7 @@ class Allocator:
                 int(policy.node == "binpack"),
                 len(layout.nodes),
             )
-            self._node_keys[cache_key] = node_keys  # type: ignore[assignment]
+            self._node_keys[cache_key] = node_keys
         best = engine.rank(node_keys, node_ok, self.model.change_seq)
         tried = 0
         while best >= 0:
