@@ -904,6 +904,8 @@ cdef class Engine:
         fit changed) and return the best node (first of the highest key), -1 when none."""
         cdef Scan s = self.base
         cdef Py_ssize_t n
+        cdef Py_ssize_t best = -1
+        cdef double top = -1.0
         if node_ok.shape[0] != self.n_nodes or nk.key_view.shape[0] != self.n_nodes:
             raise ValueError("rank: node_ok / NodeKeys do not match the layout")
         if nk.masks.shape[1] != s.n_dev:
@@ -919,19 +921,20 @@ cdef class Engine:
         s.strict = nk.strict
         s.binpack = nk.binpack
         for n in range(self.n_nodes):
-            if nk.filled and self.node_seq[n] <= nk.seq and node_ok[n] == nk.ok[n]:
-                continue
-            nk.ok[n] = node_ok[n]
-            if node_ok[n]:
-                _scan_node(&s, n, &nk.key_view[n], &nk.close_view[n])
-            else:
-                nk.key_view[n] = -1.0
-                nk.close_view[n] = 0
+            if not nk.filled or self.node_seq[n] > nk.seq or node_ok[n] != nk.ok[n]:
+                nk.ok[n] = node_ok[n]
+                if node_ok[n]:
+                    _scan_node(&s, n, &nk.key_view[n], &nk.close_view[n])
+                else:
+                    nk.key_view[n] = -1.0
+                    nk.close_view[n] = 0
+            nk.work[n] = nk.key_view[n]
+            if nk.work[n] > top or best < 0:  # the first of the highest, as np.argmax
+                best = n
+                top = nk.work[n]
         nk.seq = seq
         nk.filled = True
-        for n in range(self.n_nodes):
-            nk.work[n] = nk.key_view[n]
-        return _best(nk)
+        return best if top >= 0 else -1
 
     def next(self, NodeKeys nk, Py_ssize_t failed):
         """The best node after `failed` (whose search found nothing) is set aside; -1: none."""

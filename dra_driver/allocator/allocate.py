@@ -29,7 +29,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -171,9 +171,7 @@ _Screen = tuple[
 ]
 
 
-def _shape(
-    claims: Sequence[Claim], flat: list[tuple[int, Request]], policy: Policy
-) -> tuple[Any, ...]:
+def _shape(claims: Sequence[Claim], policy: Policy) -> tuple[Any, ...]:
     """What the static inputs of a decision depend on (not claim names, not consumption): the
     cache key of the scan's screen and, with a node, of the search's encoding."""
     return (
@@ -181,18 +179,7 @@ def _shape(
         policy.exclude_types,
         policy.include_uuids,
         policy.exclude_uuids,
-        tuple(
-            (
-                ci,
-                request.name,
-                tuple(
-                    (alt.signature, alt.capacity_key, alt.all_devices, alt.count, alt.admin)
-                    for alt in request.alternatives
-                ),
-            )
-            for ci, request in flat
-        ),
-        tuple(claim.constraints for claim in claims),
+        *(claim.shape for claim in claims),
     )
 
 
@@ -203,6 +190,8 @@ class _Encoding:
     alternatives: tuple[Alternative, ...]  # in kernel order (alts rows)
     arrays: tuple[npt.NDArray[Any], ...]  # reqs, alts, mask, servable, amount, applies, ...
     fast: Any = None  # the same arrays as a checked `_fastkernel.Encoding` (fast path)
+    # (alternative row, node-local device row) -> consumedCapacity, filled as devices are picked
+    consumed: dict[tuple[int, int], tuple[tuple[str, int], ...]] = field(default_factory=dict)
 
 
 class Allocator:
@@ -363,10 +352,9 @@ class Allocator:
         self, layout: Layout, pod: Mapping[str, Any], cpu: int, mem: int
     ) -> tuple[npt.NDArray[np.int8], dict[str, int]]:
         spec = pod.get("spec") or {}
-        shape = json.dumps(
-            [spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations")],
-            sort_keys=True,
-        )
+        constraints = [spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations")]
+        # Most pods set none of the three: skip serialising them.
+        shape = json.dumps(constraints, sort_keys=True) if any(constraints) else ""
         cached = self._static.get(shape)
         if cached is None or cached[0] != layout.epoch:
             reasons: dict[str, int] = {}
@@ -431,7 +419,7 @@ class Allocator:
             raise Unschedulable("no node publishes devices (no complete ResourceSlice pool)")
         node_ok, reasons = self._node_ok(layout, pod, *pod_resources)
         flat = [(ci, req) for ci, claim in enumerate(claims) for req in claim.requests]
-        shape = _shape(claims, flat, policy)
+        shape = _shape(claims, policy)
         self._current(layout)
         screen = self._screens.get(shape)
         if screen is None:
@@ -713,13 +701,16 @@ class Allocator:
                     if device.allow_multiple and not alt.admin
                     else None
                 )
+                consumed = enc.consumed.get((alt_rows[i], row))
+                if consumed is None:
+                    consumed = enc.consumed[alt_rows[i], row] = self._consumed(alt, device)
                 out.setdefault(ci, []).append(
                     DeviceResult(
                         alt.name,
                         device.key[0],
                         device.key[1],
                         device.key[2],
-                        self._consumed(alt, device),
+                        consumed,
                         share,
                         alt.admin,
                         alt.tolerations,

@@ -198,6 +198,31 @@ class Claim:
     requests: tuple[Request, ...]
     constraints: tuple[Constraint, ...]
     config: tuple[JSON, ...]  # the claim's own config entries
+    # What decides where the claim can go, without its names: requests (selection, capacity,
+    # count, mode, admin) and constraints, as one string (its hash is computed once, and the
+    # allocator looks shapes up several times per decision); equal for claims of one template.
+    shape: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self,
+            "shape",
+            repr(
+                (
+                    tuple(
+                        (
+                            request.name,
+                            tuple(
+                                (a.signature, a.capacity_key, a.all_devices, a.count, a.admin)
+                                for a in request.alternatives
+                            ),
+                        )
+                        for request in self.requests
+                    ),
+                    self.constraints,
+                )
+            ),
+        )
 
     @property
     def ref(self) -> str:
