@@ -68,6 +68,7 @@ class Encoding:
         cval: Any,
         k_dims: int,
     ) -> None: ...
+    def picked(self) -> list[tuple[int, tuple[int, ...]]]: ...
 
 class NodeKeys:
     keys: Any

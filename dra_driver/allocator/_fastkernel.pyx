@@ -768,6 +768,20 @@ cdef class Encoding:
         self.out_npicks = self.npicks
 
 
+    def picked(self):
+        """The last search's picks: (alternative row, node-local device rows) per request."""
+        cdef Py_ssize_t i, p
+        out = []
+        for i in range(self.n_req):
+            out.append(
+                (
+                    self.out_alt[i],
+                    tuple([self.out_picks[i, p] for p in range(self.out_npicks[i])]),
+                )
+            )
+        return out
+
+
 cdef class NodeKeys:
     """One request shape and policy's scan inputs (see kernel.scan) and every node's key and
     closeness as of model change number `seq`, refreshed by `Engine.rank` for the nodes that

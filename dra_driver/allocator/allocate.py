@@ -141,17 +141,17 @@ class Placement:
         raise KeyError(claim_uid)
 
 
-def _share_id(claim_uid: str, request: str, device: Device, index: int) -> str:
-    """Deterministic per (claim, request, device, position): both paths produce the same IDs."""
-    digest = bytearray(
-        hashlib.sha256(f"{claim_uid}/{request}/{'/'.join(device.key)}/{index}".encode()).digest()
-    )
+def _share_id(claim_uid: str, request: str, device_path: str, index: int) -> str:
+    """Deterministic per (claim, request, device "driver/pool/name", position): both paths
+    produce the same IDs."""
+    h = hashlib.sha256(f"{claim_uid}/{request}/{device_path}/{index}".encode()).hexdigest()
     # The first 16 bytes as a version-4 UUID (RFC 9562 version and variant bits), formatted
-    # like uuid.UUID(bytes=..., version=4) would, without building the object.
-    digest[6] = (digest[6] & 0x0F) | 0x40
-    digest[8] = (digest[8] & 0x3F) | 0x80
-    h = digest[:16].hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    # like uuid.UUID(bytes=..., version=4) would, without building the object: the version
+    # nibble becomes 4, the variant's two high bits 10.
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:32]}"
+
+
+_VARIANT = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}
 
 
 def _plural(n: int, word: str = "GPU") -> str:
@@ -190,8 +190,34 @@ class _Encoding:
     alternatives: tuple[Alternative, ...]  # in kernel order (alts rows)
     arrays: tuple[npt.NDArray[Any], ...]  # reqs, alts, mask, servable, amount, applies, ...
     fast: Any = None  # the same arrays as a checked `_fastkernel.Encoding` (fast path)
-    # (alternative row, node-local device row) -> consumedCapacity, filled as devices are picked
-    consumed: dict[tuple[int, int], tuple[tuple[str, int], ...]] = field(default_factory=dict)
+    # (alternative row, node-local device row) -> what a result holds, filled as devices are
+    # picked (decisions of one shape pick the same few devices again and again)
+    picks: dict[tuple[int, int], _Pick] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _Pick:
+    """A `DeviceResult` without its shareID, per alternative and device (see `_Encoding`)."""
+
+    request: str
+    driver: str
+    pool: str
+    device: str
+    path: str  # "driver/pool/device", what shareIDs hash
+    consumed: tuple[tuple[str, int], ...]
+    shared: bool  # gets a shareID
+    admin: bool
+    tolerations: tuple[JSON, ...]
+
+
+def _picked(
+    chosen_alt: npt.NDArray[np.int64], picks: npt.NDArray[np.int64], npicks: npt.NDArray[np.int64]
+) -> list[tuple[int, tuple[int, ...]]]:
+    """The search's outputs as (alternative row, node-local device rows) per flat request."""
+    return [
+        (int(a), tuple(picks[i, :count].tolist()))
+        for i, (a, count) in enumerate(zip(chosen_alt.tolist(), npicks.tolist(), strict=True))
+    ]
 
 
 class Allocator:
@@ -668,7 +694,7 @@ class Allocator:
                 SEARCH_BUDGET,
             ):
                 return None
-            chosen_alt, picks, npicks = enc.fast.chosen_alt, enc.fast.picks, enc.fast.npicks
+            picked = enc.fast.picked()
         else:
             chosen_alt = np.zeros(n_req, dtype=np.int64)
             picks = np.zeros((n_req, m), dtype=np.int64)
@@ -688,35 +714,43 @@ class Allocator:
             )
             if not found:
                 return None
-        out: dict[int, list[DeviceResult]] = {}
-        alt_rows = chosen_alt.tolist()
-        counts = npicks.tolist()
-        for i, (ci, _) in enumerate(flat):
-            alt = enc.alternatives[alt_rows[i]]
-            rows = picks[i, : counts[i]].tolist()
+            picked = _picked(chosen_alt, picks, npicks)
+        out: list[list[DeviceResult]] = [[] for _ in claims]
+        for (ci, _), (a, rows) in zip(flat, picked, strict=True):
+            uid = claims[ci].uid
             for position, row in enumerate(rows):
-                device = layout.devices[start + row]
-                share = (
-                    _share_id(claims[ci].uid, alt.name, device, position)
-                    if device.allow_multiple and not alt.admin
-                    else None
-                )
-                consumed = enc.consumed.get((alt_rows[i], row))
-                if consumed is None:
-                    consumed = enc.consumed[alt_rows[i], row] = self._consumed(alt, device)
-                out.setdefault(ci, []).append(
+                pick = enc.picks.get((a, row))
+                if pick is None:
+                    pick = enc.picks[a, row] = self._pick(enc.alternatives[a], start + row, layout)
+                share = _share_id(uid, pick.request, pick.path, position) if pick.shared else None
+                out[ci].append(
                     DeviceResult(
-                        alt.name,
-                        device.key[0],
-                        device.key[1],
-                        device.key[2],
-                        consumed,
+                        pick.request,
+                        pick.driver,
+                        pick.pool,
+                        pick.device,
+                        pick.consumed,
                         share,
-                        alt.admin,
-                        alt.tolerations,
+                        pick.admin,
+                        pick.tolerations,
                     )
                 )
-        return tuple((claim, tuple(out.get(ci, []))) for ci, claim in enumerate(claims))
+        return tuple((claim, tuple(results)) for claim, results in zip(claims, out, strict=True))
+
+    def _pick(self, alt: Alternative, row: int, layout: Layout) -> _Pick:
+        """What a result of `alt` on the device at layout `row` holds, but its shareID."""
+        device = layout.devices[row]
+        return _Pick(
+            alt.name,
+            device.key[0],
+            device.key[1],
+            device.key[2],
+            "/".join(device.key),
+            self._consumed(alt, device),
+            device.allow_multiple and not alt.admin,
+            alt.admin,
+            alt.tolerations,
+        )
 
     def _encoding(
         self,

@@ -300,6 +300,16 @@ class Layout:
     patch_seq: int = 0  # change_seq of the last in-place republication (row_seq)
 
 
+@functools.lru_cache(maxsize=64)
+def _memory_name(driver: str) -> str:
+    return f"{driver}/{names.CAPACITY_MEMORY}"
+
+
+@functools.lru_cache(maxsize=64)
+def _cores_name(driver: str) -> str:
+    return f"{driver}/{names.CAPACITY_CORES}"
+
+
 def default_consumption(capacity: Capacity | None) -> int:
     """What a request that names this capacity not at all consumes (0 when absent)."""
     if capacity is None:
@@ -651,22 +661,23 @@ class ClusterModel:
             row = layout.index.get(entry.device)
             if row is not None:
                 driver = entry.device[0]
-                node = layout.dev_node[row]
+                node = int(layout.dev_node[row])
                 self.change_seq += 1
                 layout.node_seq[node] = self.change_seq
-                mem = used.get(f"{driver}/{names.CAPACITY_MEMORY}", 0)
-                cores = used.get(f"{driver}/{names.CAPACITY_CORES}", 0)
-                layout.node_mem_used[node] += mem - layout.mem_used[row]
-                layout.node_cores_used[node] += cores - layout.cores_used[row]
+                mem = used.get(_memory_name(driver), 0)
+                cores = used.get(_cores_name(driver), 0)
+                layout.node_mem_used[node] += mem - int(layout.mem_used[row])
+                layout.node_cores_used[node] += cores - int(layout.cores_used[row])
                 layout.mem_used[row] = mem
                 layout.cores_used[row] = cores
-                layout.busy[row] = int(self.is_held(entry.device))
+                held = int(self.is_held(entry.device))
+                layout.busy[row] = held
                 for name, _ in entry.amounts:
                     column = layout.dims.get(name)
                     if column is not None:
                         layout.used_by_dim[row, column] = used[name]
                 layout.dev[row, kernel.DEV_ALLOCATED] = int(self.allocations[entry.device] > 0)
-                layout.dev[row, kernel.DEV_HELD] = layout.busy[row]
+                layout.dev[row, kernel.DEV_HELD] = held
 
     # ------------------------------------------------------------ derived
 

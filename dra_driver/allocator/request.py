@@ -74,6 +74,9 @@ def canonical_annotations(annotations: Mapping[str, str]) -> dict[str, str]:
     return found
 
 
+_TOPOLOGY_MODES = {"none": 0, "numa": 1, "numa-strict": 1, "link": 2, "link-strict": 2}
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
     """How to choose among feasible placements (docs/scheduling.md defines each score)."""
@@ -116,7 +119,7 @@ class Policy:
     @property
     def topology_mode(self) -> int:
         """0 none, 1 NUMA node, 2 NVLink domain (the kernel's encoding)."""
-        return {"none": 0, "numa": 1, "numa-strict": 1, "link": 2, "link-strict": 2}[self.topology]
+        return _TOPOLOGY_MODES[self.topology]
 
     @property
     def strict(self) -> bool:
