@@ -240,7 +240,7 @@ class Allocator:
         self._mask_source: dict[tuple[Any, ...], tuple[Alternative, Policy]] = {}
         self._patch_seq = 0  # the layout's patch_seq this allocator's caches reflect
         self._cel: dict[tuple[str, tuple[str, str, str]], tuple[int, bool | str]] = {}
-        self._amounts: dict[tuple[Any, ...], tuple[int, tuple[tuple[str, int], ...] | None]] = {}
+        self._amounts: dict[tuple[Any, ...], tuple[Any, tuple[tuple[str, int], ...] | None]] = {}
         self._static: dict[str, tuple[int, npt.NDArray[np.int8], dict[str, int]]] = {}
         self._fits: dict[tuple[Any, ...], tuple[npt.NDArray[np.int8], npt.NDArray[np.int64]]] = {}
         self._encodings: dict[tuple[Any, ...], _Encoding] = {}
@@ -296,7 +296,6 @@ class Allocator:
             # Forget CEL results of devices that are gone (the cache is keyed by device).
             devices = self.model.devices
             self._cel = {k: v for k, v in self._cel.items() if k[1] in devices}
-            self._amounts = {k: v for k, v in self._amounts.items() if k[1] in devices}
             self._mask_epoch = layout.epoch
 
     def _refresh_rows(self, layout: Layout) -> None:
@@ -805,11 +804,16 @@ class Allocator:
 
     def _amounts_of(self, alt: Alternative, device: Device) -> tuple[tuple[str, int], ...] | None:
         """What `alt` consumes of a multi-allocatable device under its request policies
-        (cached per device generation); None when the device cannot serve it."""
-        cache_key = (alt.capacity_key, device.key)
+        (cached per capacity table); None when the device cannot serve it."""
+        # The amounts depend on the driver and the capacity table only, and every GPU of a model
+        # shares one table object (model.py): keyed by its identity, which the entry keeps alive.
+        table = device.capacity
+        cache_key = (alt.capacity_key, device.key[0], id(table))
         hit = self._amounts.get(cache_key)
-        if hit is None or hit[0] != device.generation:
-            hit = (device.generation, consumption(alt.capacity, device, alt.memory_percent))
+        if hit is None or hit[0] is not table:
+            if len(self._amounts) >= FIT_CACHE_MAX:
+                self._amounts.clear()
+            hit = (table, consumption(alt.capacity, device, alt.memory_percent))
             self._amounts[cache_key] = hit
         return hit[1]
 
