@@ -334,3 +334,55 @@ def test_cython_search_refuses_malformed_arrays() -> None:
     for args in bad_cases:
         with pytest.raises((ValueError, BufferError)):
             search(*args, 0, 0, 0, 100, *outputs())
+
+
+def test_cython_engine_and_encoding_refuse_what_does_not_fit_their_layout() -> None:
+    """The fast path's Engine keeps pointers into the layout and reads encodings per node: a
+    node out of range, an encoding made for another node's device count, mismatched node-fit
+    or scan inputs are refused with ValueError, never read past an array."""
+    fk = allocate._fastkernel
+    model = build([("NVIDIA A10", "pairs", 2), ("NVIDIA A10", "pairs", 4)])
+    layout = model.layout()
+    engine = fk.Engine(layout)
+    n_dev, k = len(layout.devices), len(layout.dims)
+
+    def encoding(m: int) -> Any:
+        return fk.Encoding(
+            np.asarray([[0, 1]], dtype=np.int64),
+            np.asarray([[0, 1, 0]], dtype=np.int64),
+            np.ones((1, m), dtype=np.int8),
+            np.ones((1, m), dtype=np.int8),
+            np.zeros((1, m, k), dtype=np.int64),
+            np.zeros((1, 0), dtype=np.int8),
+            np.zeros(0, dtype=np.int64),
+            np.zeros((0, m), dtype=np.int64),
+            k,
+        )
+
+    assert engine.search(0, encoding(2), 0, 0, 0, 100) == 1
+    for node, enc in ((1, encoding(2)), (2, encoding(2)), (-1, encoding(2))):
+        with pytest.raises(ValueError):
+            engine.search(node, enc, 0, 0, 0, 100)
+    with pytest.raises(ValueError):  # amount's capacity columns disagree with k_dims
+        fk.Encoding(*encoding(2).arrays[:4], np.zeros((1, 2, k + 1)), *encoding(2).arrays[5:], k)
+
+    def node_keys(n_req: int, masks_dev: int) -> Any:
+        req = np.zeros(n_req, dtype=np.int64)
+        masks = np.ones((n_req, masks_dev), dtype=np.int8)
+        return fk.NodeKeys(masks, req, req, req, req + 1, req, 0, 0, 1, len(layout.nodes))
+
+    ok = np.ones(len(layout.nodes), dtype=np.int8)
+    assert engine.rank(node_keys(1, n_dev), ok, model.change_seq) == 0  # binpack: first of equals
+    with pytest.raises(ValueError):
+        engine.rank(node_keys(1, n_dev - 1), ok, model.change_seq)
+    with pytest.raises(ValueError):
+        engine.rank(node_keys(1, n_dev), ok[:1], model.change_seq)
+    with pytest.raises(ValueError):
+        fk.NodeKeys(
+            np.ones((2, n_dev), dtype=np.int8),
+            *(np.zeros(1, dtype=np.int64),) * 5,
+            0,
+            0,
+            1,
+            len(layout.nodes),
+        )
