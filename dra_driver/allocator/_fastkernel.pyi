@@ -95,3 +95,17 @@ class Engine:
     def search(
         self, node: int, enc: Encoding, topo: int, strict: int, binpack: int, budget: int
     ) -> int: ...
+
+class LayoutWriter:
+    def __init__(self, layout: Any) -> None: ...
+    def account(
+        self,
+        row: int,
+        seq: int,
+        mem: int,
+        cores: int,
+        held: int,
+        allocated: int,
+        columns: tuple[int, ...],
+        values: tuple[int, ...],
+    ) -> None: ...

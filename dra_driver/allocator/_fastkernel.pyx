@@ -1009,3 +1009,65 @@ cdef Py_ssize_t _best(NodeKeys nk) noexcept:
 cdef Py_ssize_t _length(object column) except -1:
     cdef const int64_t[::1] view = column
     return view.shape[0]
+
+
+cdef class LayoutWriter:
+    """Writes one device's consumption into a layout's arrays in one call (model._account does
+    a dozen numpy item writes per device otherwise). Keeps the arrays alive; the model never
+    replaces a layout's arrays, only writes into them."""
+
+    cdef object arrays
+    cdef const int64_t[::1] dev_node
+    cdef int64_t[::1] node_seq, node_mem_used, node_cores_used, mem_used, cores_used, busy
+    cdef int64_t[:, ::1] used_by_dim, dev
+
+    def __init__(self, layout):
+        self.arrays = (
+            layout.dev_node, layout.node_seq, layout.node_mem_used, layout.node_cores_used,
+            layout.mem_used, layout.cores_used, layout.busy, layout.used_by_dim, layout.dev,
+        )
+        self.dev_node = layout.dev_node
+        self.node_seq = layout.node_seq
+        self.node_mem_used = layout.node_mem_used
+        self.node_cores_used = layout.node_cores_used
+        self.mem_used = layout.mem_used
+        self.cores_used = layout.cores_used
+        self.busy = layout.busy
+        self.used_by_dim = layout.used_by_dim
+        self.dev = layout.dev
+        cdef Py_ssize_t n_dev = self.dev_node.shape[0], n_nodes = self.node_seq.shape[0], row
+        if not (
+            self.node_mem_used.shape[0] == n_nodes and self.node_cores_used.shape[0] == n_nodes
+            and self.mem_used.shape[0] == n_dev and self.cores_used.shape[0] == n_dev
+            and self.busy.shape[0] == n_dev and self.used_by_dim.shape[0] == n_dev
+            and self.dev.shape[0] == n_dev and self.dev.shape[1] == 8
+        ):
+            raise ValueError("LayoutWriter: layout arrays do not agree")
+        for row in range(n_dev):
+            if not 0 <= self.dev_node[row] < n_nodes:
+                raise ValueError("LayoutWriter: dev_node out of range")
+
+    def account(
+        self, Py_ssize_t row, int64_t seq, int64_t mem, int64_t cores, int64_t held,
+        int64_t allocated, tuple columns, tuple values,
+    ):
+        """Device `row` now has `mem` / `cores` used (its node's sums follow), the held /
+        allocated flags, and values[i] used in capacity column columns[i]; its node is stamped
+        `seq` (model.change_seq)."""
+        cdef Py_ssize_t i, node
+        if not 0 <= row < self.dev_node.shape[0] or len(columns) != len(values):
+            raise ValueError("account: row out of range or columns/values disagree")
+        for i in range(len(columns)):
+            if not 0 <= <Py_ssize_t>columns[i] < self.used_by_dim.shape[1]:
+                raise ValueError("account: capacity column out of range")
+        node = self.dev_node[row]
+        self.node_seq[node] = seq
+        self.node_mem_used[node] += mem - self.mem_used[row]
+        self.node_cores_used[node] += cores - self.cores_used[row]
+        self.mem_used[row] = mem
+        self.cores_used[row] = cores
+        self.busy[row] = held
+        for i in range(len(columns)):
+            self.used_by_dim[row, <Py_ssize_t>columns[i]] = <int64_t>values[i]
+        self.dev[row, DEV_ALLOCATED] = allocated
+        self.dev[row, DEV_HELD] = held

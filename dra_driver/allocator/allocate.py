@@ -524,7 +524,7 @@ class Allocator:
                 req_group,
                 policy.topology_mode,
                 int(policy.strict),
-                int(policy.node == "binpack"),
+                policy.node_binpack,
                 len(layout.nodes),
             )
             self._node_keys[cache_key] = node_keys
@@ -603,7 +603,7 @@ class Allocator:
             req_group,
             policy.topology_mode,
             int(policy.strict),
-            int(policy.node == "binpack"),
+            policy.node_binpack,
             keys,
             closeness,
         )
@@ -689,7 +689,7 @@ class Allocator:
                 enc.fast,
                 policy.topology_mode,
                 int(policy.strict),
-                int(policy.device == "binpack"),
+                policy.device_binpack,
                 SEARCH_BUDGET,
             ):
                 return None
@@ -705,7 +705,7 @@ class Allocator:
                 *enc.arrays,
                 policy.topology_mode,
                 int(policy.strict),
-                int(policy.device == "binpack"),
+                policy.device_binpack,
                 SEARCH_BUDGET,
                 chosen_alt,
                 picks,

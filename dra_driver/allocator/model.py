@@ -36,6 +36,11 @@ from dra_driver.allocator import parse_quantity as _parse_quantity
 from dra_driver.allocator.cel import DEVICE_FIELDS, device_view
 from dra_driver.allocator.quantity import QuantityError, RequestPolicy
 
+try:
+    from dra_driver.allocator import _fastkernel
+except ImportError:  # extension not built: numpy item writes serve, only slower
+    _fastkernel = None  # type: ignore[assignment]
+
 JSON = dict[str, Any]
 KINDS = ("ResourceSlice", "Node", "Pod", "ResourceClaim")
 # Slices repeat the same few quantity strings ("1Mi", "100", each GPU model's memory) thousands
@@ -298,6 +303,29 @@ class Layout:
     node_index: dict[str, int] = field(default_factory=dict)
     epoch: int = 0
     patch_seq: int = 0  # change_seq of the last in-place republication (row_seq)
+    # Writes a device's consumption into the arrays above in one call (Cython; None when the
+    # extension is not built: numpy item writes then).
+    writer: Any = None
+
+    def __post_init__(self) -> None:
+        if _fastkernel is not None:
+            self.writer = _fastkernel.LayoutWriter(self)
+
+
+def _write_usage(  # noqa: PLR0917 - LayoutWriter.account's arguments, one to one
+    layout: Layout, row: int, seq: int, mem: int, cores: int, held: int, allocated: int
+) -> None:
+    """What `_fastkernel.LayoutWriter.account` does, with numpy item writes (extension not
+    built)."""
+    node = int(layout.dev_node[row])
+    layout.node_seq[node] = seq
+    layout.node_mem_used[node] += mem - int(layout.mem_used[row])
+    layout.node_cores_used[node] += cores - int(layout.cores_used[row])
+    layout.mem_used[row] = mem
+    layout.cores_used[row] = cores
+    layout.busy[row] = held
+    layout.dev[row, kernel.DEV_ALLOCATED] = allocated
+    layout.dev[row, kernel.DEV_HELD] = held
 
 
 @functools.lru_cache(maxsize=64)
@@ -661,23 +689,23 @@ class ClusterModel:
             row = layout.index.get(entry.device)
             if row is not None:
                 driver = entry.device[0]
-                node = int(layout.dev_node[row])
                 self.change_seq += 1
-                layout.node_seq[node] = self.change_seq
                 mem = used.get(_memory_name(driver), 0)
                 cores = used.get(_cores_name(driver), 0)
-                layout.node_mem_used[node] += mem - int(layout.mem_used[row])
-                layout.node_cores_used[node] += cores - int(layout.cores_used[row])
-                layout.mem_used[row] = mem
-                layout.cores_used[row] = cores
                 held = int(self.is_held(entry.device))
-                layout.busy[row] = held
-                for name, _ in entry.amounts:
-                    column = layout.dims.get(name)
-                    if column is not None:
-                        layout.used_by_dim[row, column] = used[name]
-                layout.dev[row, kernel.DEV_ALLOCATED] = int(self.allocations[entry.device] > 0)
-                layout.dev[row, kernel.DEV_HELD] = held
+                allocated = int(self.allocations[entry.device] > 0)
+                columns = tuple(
+                    layout.dims[name] for name, _ in entry.amounts if name in layout.dims
+                )
+                values = tuple(used[name] for name, _ in entry.amounts if name in layout.dims)
+                if layout.writer is not None:
+                    layout.writer.account(
+                        row, self.change_seq, mem, cores, held, allocated, columns, values
+                    )
+                else:
+                    _write_usage(layout, row, self.change_seq, mem, cores, held, allocated)
+                    for column, value in zip(columns, values, strict=True):
+                        layout.used_by_dim[row, column] = value
 
     # ------------------------------------------------------------ derived
 

@@ -116,14 +116,22 @@ class Policy:
             exclude_uuids=_csv(given.get(EXCLUDE_UUID)),
         )
 
-    @property
-    def topology_mode(self) -> int:
-        """0 none, 1 NUMA node, 2 NVLink domain (the kernel's encoding)."""
-        return _TOPOLOGY_MODES[self.topology]
+    # Derived once (every decision reads them several times): 0 none, 1 NUMA node, 2 NVLink
+    # domain (the kernels' encoding); strict topology; binpack flags for the kernels.
+    topology_mode: int = field(init=False, repr=False, compare=False)
+    strict: bool = field(init=False, repr=False, compare=False)
+    node_binpack: int = field(init=False, repr=False, compare=False)
+    device_binpack: int = field(init=False, repr=False, compare=False)
 
-    @property
-    def strict(self) -> bool:
-        return self.topology.endswith("-strict")
+    def __post_init__(self) -> None:
+        derived = (
+            ("topology_mode", _TOPOLOGY_MODES[self.topology]),
+            ("strict", self.topology.endswith("-strict")),
+            ("node_binpack", int(self.node == "binpack")),
+            ("device_binpack", int(self.device == "binpack")),
+        )
+        for name, value in derived:
+            object.__setattr__(self, name, value)
 
     def admits(self, product: str, uuid: str) -> bool:
         """Include/exclude by GPU type (case-insensitive substring) and UUID."""
