@@ -106,6 +106,6 @@ class LayoutWriter:
         cores: int,
         held: int,
         allocated: int,
-        columns: tuple[int, ...],
-        values: tuple[int, ...],
+        columns: list[int],
+        values: list[int],
     ) -> None: ...

@@ -1049,7 +1049,7 @@ cdef class LayoutWriter:
 
     def account(
         self, Py_ssize_t row, int64_t seq, int64_t mem, int64_t cores, int64_t held,
-        int64_t allocated, tuple columns, tuple values,
+        int64_t allocated, list columns, list values,
     ):
         """Device `row` now has `mem` / `cores` used (its node's sums follow), the held /
         allocated flags, and values[i] used in capacity column columns[i]; its node is stamped

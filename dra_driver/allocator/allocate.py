@@ -83,6 +83,9 @@ class DeviceResult:
     share_id: str | None
     admin: bool
     tolerations: tuple[JSON, ...] = ()
+    # What `Allocator.commit` records for this result (None: build it from the fields above);
+    # equal for every result on the same device with the same amounts, so it is made once.
+    consumption: Consumption | None = field(default=None, compare=False, repr=False)
 
     def to_api(self) -> JSON:
         result: JSON = {
@@ -208,6 +211,7 @@ class _Pick:
     shared: bool  # gets a shareID
     admin: bool
     tolerations: tuple[JSON, ...]
+    consumption: Consumption  # what committing such a result records
 
 
 def _picked(
@@ -652,7 +656,8 @@ class Allocator:
             self.model.assume(
                 claim.uid,
                 [
-                    Consumption(
+                    r.consumption
+                    or Consumption(
                         (r.driver, r.pool, r.device), r.consumed, exclusive=r.share_id is None
                     )
                     for r in results
@@ -732,6 +737,7 @@ class Allocator:
                         share,
                         pick.admin,
                         pick.tolerations,
+                        pick.consumption,
                     )
                 )
         return tuple((claim, tuple(results)) for claim, results in zip(claims, out, strict=True))
@@ -739,16 +745,19 @@ class Allocator:
     def _pick(self, alt: Alternative, row: int, layout: Layout) -> _Pick:
         """What a result of `alt` on the device at layout `row` holds, but its shareID."""
         device = layout.devices[row]
+        consumed = self._consumed(alt, device)
+        shared = device.allow_multiple and not alt.admin
         return _Pick(
             alt.name,
             device.key[0],
             device.key[1],
             device.key[2],
             "/".join(device.key),
-            self._consumed(alt, device),
-            device.allow_multiple and not alt.admin,
+            consumed,
+            shared,
             alt.admin,
             alt.tolerations,
+            Consumption(device.key, consumed, exclusive=not shared),
         )
 
     def _encoding(

@@ -694,10 +694,12 @@ class ClusterModel:
                 cores = used.get(_cores_name(driver), 0)
                 held = int(self.is_held(entry.device))
                 allocated = int(self.allocations[entry.device] > 0)
-                columns = tuple(
-                    layout.dims[name] for name, _ in entry.amounts if name in layout.dims
-                )
-                values = tuple(used[name] for name, _ in entry.amounts if name in layout.dims)
+                columns, values = [], []
+                for name, _ in entry.amounts:
+                    column = layout.dims.get(name)
+                    if column is not None:
+                        columns.append(column)
+                        values.append(used[name])
                 if layout.writer is not None:
                     layout.writer.account(
                         row, self.change_seq, mem, cores, held, allocated, columns, values
