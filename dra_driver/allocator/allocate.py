@@ -18,6 +18,14 @@ One decision, in three steps, all over the incrementally maintained `ClusterMode
 Both kernels have pure-Python references that give identical answers
 (tests/unit/dra_driver/allocator/test_kernel_twins.py); `fast=False` runs the references.
 
+The fast path (`fast=True`, the default when built) crosses into C with whole steps instead of
+array arguments: one `_fastkernel.Engine` per layout holds pointers to its columns, a
+`NodeKeys` per request shape and policy holds the scan inputs and every node's key (the engine
+rescans the nodes changed since, and picks the best, in one pass), an `Encoding` per shape and
+node holds the search inputs and output buffers. The reference path does the same steps with
+numpy and the pure-Python kernels (`_keys`, `kernel.scan`, `kernel.search`). Everything else
+(node fit, selection, encodings, results, commit) is shared.
+
 Refusals explain themselves with the closest node ("no node has 2 GPUs in one NVLink domain with
 20Gi and 30 cores free each; closest: node-3 (1 GPU)").
 """
@@ -446,10 +454,12 @@ class Allocator:
         layout = self.model.layout()
         if not layout.nodes:
             raise Unschedulable("no node publishes devices (no complete ResourceSlice pool)")
+        # Caches derived from an older layout go first (node fit's among them: dropping it
+        # after computing it would make the next decision compute it again).
+        self._current(layout)
         node_ok, reasons = self._node_ok(layout, pod, *pod_resources)
         flat = [(ci, req) for ci, claim in enumerate(claims) for req in claim.requests]
         shape = _shape(claims, policy)
-        self._current(layout)
         screen = self._screens.get(shape)
         if screen is None:
             screen = self._screen(layout, claims, flat, policy)
