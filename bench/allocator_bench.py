@@ -18,15 +18,20 @@ inputs: after the first decision of a shape both paths scan only the nodes that 
 decisions share most of their time with the Python around the kernels); the model's memory at
 the largest size (tracemalloc, after the layout is built) and the
 time to feed it the events; a verdict per target. Targets (issue 9): >= 5,000 placements/s at 1,000
-nodes, p99 <= 5 ms at 5,000 nodes, Cython >= 30x the reference. Writes
-bench/results/allocator.json.
+nodes, p99 <= 5 ms at 5,000 nodes, Cython >= 30x the reference. Also, where valgrind is
+installed, instructions per decision under callgrind for both paths (`instructions`): a ratio
+the machine's load does not move. Writes bench/results/allocator.json.
 """
 
 from __future__ import annotations
 
 import gc
 import os
+import shutil
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 import tracemalloc
 from pathlib import Path
@@ -42,6 +47,12 @@ from tests.fixtures.allocator_cluster import DEVICE_CLASS, DRIVER, claim_obj, cl
 RESULTS = Path(__file__).parent / "results" / "allocator.json"
 SIZES = tuple(int(s) for s in os.environ.get("ALLOC_BENCH_SIZES", "100,1000,5000").split(","))
 PLACEMENTS = 400
+# Instruction counts under callgrind (load-independent; bench/allocator_instructions.py): the
+# sizes measured (empty: skipped) and the decisions counted per workload and path.
+CALLGRIND_SIZES = tuple(
+    int(s) for s in os.environ.get("ALLOC_BENCH_CALLGRIND_SIZES", "100,1000,5000").split(",") if s
+)
+CALLGRIND_DECISIONS = 50
 SLOW_BUDGET_S = 6.0  # the reference is slow at scale: it gets a time budget, not a count
 CLASSES = {DRIVER: DEVICE_CLASS}
 LINK = f"{DRIVER}/nvlinkDomain"
@@ -126,8 +137,10 @@ def kernel_speedup(model: ClusterModel, obj: dict[str, Any], policy: Policy) -> 
     """The kernels alone, Cython vs the pure-Python twin on the same inputs: one full scan of
     every node and one exact search on the chosen node, captured from a decision on an empty
     cluster (decisions after it scan only changed nodes, on both paths). CPU time, best of
-    several runs (the machine is shared)."""
-    alloc = Allocator(model, fast=True)
+    several runs (the machine is shared). The arguments are captured from the reference path,
+    which calls the kernels with plain arrays (the fast path hands them over once, in an
+    Engine)."""
+    alloc = Allocator(model, fast=False)
     captured: dict[str, tuple[Any, ...]] = {}
 
     def spy(name: str, kernel: Any) -> Any:
@@ -163,6 +176,58 @@ def kernel_speedup(model: ClusterModel, obj: dict[str, Any], policy: Policy) -> 
     return out
 
 
+def _callgrind_total(nodes: int, workload: str, path: str, count: int) -> int:
+    """Instructions callgrind counted in one run of bench/allocator_instructions.py."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "callgrind.out"
+        subprocess.run(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                "--instr-atstart=no",
+                f"--callgrind-out-file={out}",
+                sys.executable,
+                "-m",
+                "bench.allocator_instructions",
+                str(nodes),
+                workload,
+                path,
+                str(count),
+            ],
+            check=True,
+            capture_output=True,
+            cwd=Path(__file__).parent.parent,
+        )
+        for line in out.read_text().splitlines():
+            if line.startswith("totals:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no totals in the callgrind output of {workload}/{path}")
+
+
+def instructions(nodes: int) -> dict[str, Any]:
+    """Instructions per decision (place + commit), Cython vs reference, per workload: the same
+    loop as `run`, counted by callgrind instead of timed, so the ratio does not move with the
+    machine's load. The cost of switching instrumentation on and off (a run with no
+    decisions) is subtracted."""
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        return {"skipped": "valgrind (callgrind) is not installed"}
+    toggles = _callgrind_total(nodes, "share", "fast", 0)
+    out: dict[str, Any] = {"decisions": CALLGRIND_DECISIONS, "toggle_instructions": toggles}
+    for name in workloads():
+        per = {
+            path: (_callgrind_total(nodes, name, path, CALLGRIND_DECISIONS) - toggles)
+            / CALLGRIND_DECISIONS
+            for path in ("fast", "reference")
+        }
+        out[name] = {
+            "cython_per_decision": round(per["fast"]),
+            "reference_per_decision": round(per["reference"]),
+            "speedup": round(per["reference"] / per["fast"], 1),
+        }
+        print(nodes, name, "instructions", out[name], flush=True)
+    return out
+
+
 def figures(prefix: str, samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples)
     p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
@@ -191,6 +256,15 @@ def verdict(sizes: dict[str, Any]) -> dict[str, Any]:
             "cpu": mix["cpu_p99_ms"],
             "met_wall": mix["p99_ms"] <= 5.0,
             "met_cpu": mix["cpu_p99_ms"] <= 5.0,
+        }
+    counted = {
+        size: min(w["speedup"] for w in entry["instructions"].values() if isinstance(w, dict))
+        for size, entry in sizes.items()
+        if any(isinstance(w, dict) for w in entry.get("instructions", {}).values())
+    }
+    if counted:
+        out["cython_instruction_speedup_min_per_size"] = {
+            size: {"speedup": ratio, "met": ratio >= 30} for size, ratio in counted.items()
         }
     smallest = min(sizes, key=int)
     measured = [w for w in sizes[smallest].values() if isinstance(w, dict) and "kernels" in w]
@@ -247,6 +321,8 @@ def main() -> None:
             print(nodes, name, entry[name], flush=True)
         # The claim mix: every Cython decision of the four workloads together.
         entry["mix_cython"] = {**figures("", mix_wall), **figures("cpu_", mix_cpu)}
+        if nodes in CALLGRIND_SIZES:
+            entry["instructions"] = instructions(nodes)
         results["sizes"][str(nodes)] = entry
     results["verdict"] = verdict(results["sizes"])
     results["machine"]["load_average_at_end"] = os.getloadavg()[0]

@@ -20,6 +20,7 @@ def scan(
     link_size: Any,
     masks: Any,
     req_mem: Any,
+    req_pct: Any,
     req_cores: Any,
     req_count: Any,
     req_group: Any,
@@ -49,3 +50,62 @@ def search(
     picks: Any,
     npicks: Any,
 ) -> int: ...
+
+class Encoding:
+    arrays: tuple[Any, ...]
+    chosen_alt: Any
+    picks: Any
+    npicks: Any
+    def __init__(
+        self,
+        reqs: Any,
+        alts: Any,
+        mask: Any,
+        servable: Any,
+        amount: Any,
+        applies: Any,
+        distinct: Any,
+        cval: Any,
+        k_dims: int,
+    ) -> None: ...
+    def picked(self) -> list[tuple[int, tuple[int, ...]]]: ...
+
+class NodeKeys:
+    keys: Any
+    closeness: Any
+    def __init__(
+        self,
+        masks: Any,
+        req_mem: Any,
+        req_pct: Any,
+        req_cores: Any,
+        req_count: Any,
+        req_group: Any,
+        topo: int,
+        strict: int,
+        binpack: int,
+        n_nodes: int,
+    ) -> None: ...
+    def key(self, node: int) -> float: ...
+
+class Engine:
+    def __init__(self, layout: Any) -> None: ...
+    def rank(self, nk: NodeKeys, node_ok: Any, seq: int) -> int: ...
+    def next(self, nk: NodeKeys, failed: int) -> int: ...
+    def search(
+        self, node: int, enc: Encoding, topo: int, strict: int, binpack: int, budget: int
+    ) -> int: ...
+
+class LayoutWriter:
+    def __init__(self, layout: Any) -> None: ...
+    def account(
+        self,
+        row: int,
+        seq: int,
+        mem: int,
+        cores: int,
+        held: int,
+        allocated: int,
+        columns: list[int],
+        values: list[int],
+    ) -> None: ...

@@ -22,9 +22,9 @@ from libc.string cimport memset
 cdef inline int64_t _best_group(
     Py_ssize_t* fit,
     Py_ssize_t nfit,
-    const int64_t[::1] numa,
-    const int64_t[::1] link,
-    const int64_t[::1] link_size,
+    const int64_t* numa,
+    const int64_t* link,
+    const int64_t* link_size,
     int64_t kind,
     int64_t need,
     int64_t* table,
@@ -63,6 +63,135 @@ cdef inline int64_t _best_group(
     return best_count
 
 
+ctypedef struct Scan:
+    # The layout's columns (see kernel.scan) and one request shape's inputs, as raw pointers.
+    const int64_t* node_start
+    const int64_t* node_end
+    const int64_t* node_mem_total
+    const int64_t* node_mem_used
+    const int64_t* node_cores_total
+    const int64_t* node_cores_used
+    const int64_t* mem_total
+    const int64_t* cores_total
+    const int64_t* mem_default
+    const int64_t* cores_default
+    const int64_t* mem_used
+    const int64_t* cores_used
+    const int64_t* busy
+    const int64_t* numa
+    const int64_t* link
+    const int64_t* link_size
+    const signed char* masks  # [n_req, n_dev]
+    const int64_t* req_mem
+    const int64_t* req_pct
+    const int64_t* req_cores
+    const int64_t* req_count
+    const int64_t* req_group
+    Py_ssize_t n_dev, n_req
+    int topo, strict, binpack
+
+
+cdef void _scan_node(Scan* s, Py_ssize_t n, double* key_out, int64_t* close_out) noexcept:
+    """One node's key and closeness (the body of kernel.scan's node loop, node fit passed)."""
+    cdef Py_ssize_t d, r, start, end, nfit
+    cdef int64_t mt, mu, ct, cu, want_mem, pct, want_cores, need, matching, have, wm, wc
+    cdef int64_t best_count = 0, best_size, widest, least, forced, forced_count, forced_size
+    cdef double frac, key
+    cdef bint feasible, grouped
+    cdef Py_ssize_t fit[256]
+    cdef int64_t table[64]
+    cdef const signed char* mask
+    start = s.node_start[n]
+    end = s.node_end[n]
+    mt = s.node_mem_total[n]
+    mu = s.node_mem_used[n]
+    ct = s.node_cores_total[n]
+    cu = s.node_cores_used[n]
+    frac = 0.0
+    if mt > 0:
+        frac += 0.5 * (<double>mu / <double>mt)
+    if ct > 0:
+        frac += 0.5 * (<double>cu / <double>ct)
+    feasible = True
+    grouped = True
+    widest = 0
+    least = 1 << 30
+    for r in range(s.n_req):
+        want_mem = s.req_mem[r]
+        pct = s.req_pct[r]
+        want_cores = s.req_cores[r]
+        need = s.req_count[r]
+        mask = s.masks + r * s.n_dev
+        nfit = 0
+        matching = 0
+        for d in range(start, end):
+            if not mask[d]:
+                continue
+            matching += 1
+            if s.busy[d]:
+                continue
+            if want_mem >= 0:
+                wm = want_mem
+            elif pct > 0:
+                wm = (pct * s.mem_total[d] + 99) // 100
+            else:
+                wm = s.mem_default[d]
+            if s.mem_total[d] - s.mem_used[d] < wm:
+                continue
+            wc = s.cores_default[d] if want_cores < 0 else want_cores
+            if s.cores_total[d] - s.cores_used[d] < wc:
+                continue
+            if nfit < 256:
+                fit[nfit] = d
+                nfit += 1
+        if need < 0:
+            need = matching if matching > 0 else 1
+        have = nfit
+        if s.topo:
+            best_count = _best_group(
+                fit, nfit, s.numa, s.link, s.link_size, s.topo, need, table, &best_size
+            )
+            if best_count >= need:
+                if s.topo == 2 and best_size > widest:
+                    widest = best_size
+            else:
+                grouped = False
+            if s.strict:
+                have = best_count
+        forced = s.req_group[r]
+        if forced:
+            if forced == s.topo:
+                forced_count = best_count
+            else:
+                forced_count = _best_group(
+                    fit, nfit, s.numa, s.link, s.link_size, forced, need, table, &forced_size
+                )
+            if forced_count < have:
+                have = forced_count
+        if have < need:
+            feasible = False
+        if have < least:
+            least = have
+    close_out[0] = least
+    key_out[0] = -1.0
+    if not feasible:
+        return
+    key = 0.0
+    if s.topo and grouped:
+        key += 1000.0
+        if s.topo == 2:
+            key += 10.0 * (64 - (widest if widest < 64 else 64))
+    if s.binpack:
+        key += frac
+    else:
+        key += 1.0 - frac
+    key_out[0] = key
+
+
+cdef inline const int64_t* _i64(const int64_t[::1] view) noexcept:
+    return &view[0] if view.shape[0] else NULL
+
+
 def scan(
     const int64_t[::1] node_start,
     const int64_t[::1] node_end,
@@ -83,6 +212,7 @@ def scan(
     const int64_t[::1] link_size,
     const signed char[:, ::1] masks,
     const int64_t[::1] req_mem,
+    const int64_t[::1] req_pct,
     const int64_t[::1] req_cores,
     const int64_t[::1] req_count,
     const int64_t[::1] req_group,
@@ -92,95 +222,59 @@ def scan(
     double[::1] keys,
     int64_t[::1] closeness,
 ):
+    cdef Scan s
+    cdef Py_ssize_t n
     cdef Py_ssize_t n_nodes = node_start.shape[0]
-    cdef Py_ssize_t n_req = req_mem.shape[0]
-    cdef Py_ssize_t n, d, r, start, end, nfit
-    cdef int64_t mt, mu, ct, cu, want_mem, want_cores, need, matching, have, wm, wc
-    cdef int64_t best_count, best_size, widest, least, forced, forced_count, forced_size
-    cdef double frac, key
-    cdef bint feasible, grouped
-    cdef Py_ssize_t fit[256]
-    cdef int64_t table[64]
+    cdef Py_ssize_t n_dev = mem_total.shape[0]
+    s.n_req = req_mem.shape[0]
+    if not (
+        node_end.shape[0] == n_nodes and node_ok.shape[0] == n_nodes
+        and node_mem_total.shape[0] == n_nodes and node_mem_used.shape[0] == n_nodes
+        and node_cores_total.shape[0] == n_nodes and node_cores_used.shape[0] == n_nodes
+        and keys.shape[0] == n_nodes and closeness.shape[0] == n_nodes
+        and cores_total.shape[0] == n_dev and mem_default.shape[0] == n_dev
+        and cores_default.shape[0] == n_dev and mem_used.shape[0] == n_dev
+        and cores_used.shape[0] == n_dev and busy.shape[0] == n_dev and numa.shape[0] == n_dev
+        and link.shape[0] == n_dev and link_size.shape[0] == n_dev
+        and masks.shape[0] == s.n_req and masks.shape[1] == n_dev
+        and req_pct.shape[0] == s.n_req and req_cores.shape[0] == s.n_req
+        and req_count.shape[0] == s.n_req and req_group.shape[0] == s.n_req
+    ):
+        raise ValueError("scan: array shapes do not agree (see kernel.scan)")
+    for n in range(n_nodes):
+        if not 0 <= node_start[n] <= node_end[n] <= n_dev:
+            raise ValueError("scan: node_start/node_end out of range")
+    s.node_start = _i64(node_start)
+    s.node_end = _i64(node_end)
+    s.node_mem_total = _i64(node_mem_total)
+    s.node_mem_used = _i64(node_mem_used)
+    s.node_cores_total = _i64(node_cores_total)
+    s.node_cores_used = _i64(node_cores_used)
+    s.mem_total = _i64(mem_total)
+    s.cores_total = _i64(cores_total)
+    s.mem_default = _i64(mem_default)
+    s.cores_default = _i64(cores_default)
+    s.mem_used = _i64(mem_used)
+    s.cores_used = _i64(cores_used)
+    s.busy = _i64(busy)
+    s.numa = _i64(numa)
+    s.link = _i64(link)
+    s.link_size = _i64(link_size)
+    s.masks = &masks[0, 0] if masks.shape[0] and masks.shape[1] else NULL
+    s.req_mem = _i64(req_mem)
+    s.req_pct = _i64(req_pct)
+    s.req_cores = _i64(req_cores)
+    s.req_count = _i64(req_count)
+    s.req_group = _i64(req_group)
+    s.n_dev = n_dev
+    s.topo = topo
+    s.strict = strict
+    s.binpack = binpack
     for n in range(n_nodes):
         keys[n] = -1.0
         closeness[n] = 0
-        if not node_ok[n]:
-            continue
-        start = node_start[n]
-        end = node_end[n]
-        mt = node_mem_total[n]
-        mu = node_mem_used[n]
-        ct = node_cores_total[n]
-        cu = node_cores_used[n]
-        frac = 0.0
-        if mt > 0:
-            frac += 0.5 * (<double>mu / <double>mt)
-        if ct > 0:
-            frac += 0.5 * (<double>cu / <double>ct)
-        feasible = True
-        grouped = True
-        widest = 0
-        least = 1 << 30
-        for r in range(n_req):
-            want_mem = req_mem[r]
-            want_cores = req_cores[r]
-            need = req_count[r]
-            nfit = 0
-            matching = 0
-            for d in range(start, end):
-                if not masks[r, d]:
-                    continue
-                matching += 1
-                if busy[d]:
-                    continue
-                wm = mem_default[d] if want_mem < 0 else want_mem
-                if mem_total[d] - mem_used[d] < wm:
-                    continue
-                wc = cores_default[d] if want_cores < 0 else want_cores
-                if cores_total[d] - cores_used[d] < wc:
-                    continue
-                if nfit < 256:
-                    fit[nfit] = d
-                    nfit += 1
-            if need < 0:
-                need = matching if matching > 0 else 1
-            have = nfit
-            if topo:
-                best_count = _best_group(fit, nfit, numa, link, link_size, topo, need, table, &best_size)
-                if best_count >= need:
-                    if topo == 2 and best_size > widest:
-                        widest = best_size
-                else:
-                    grouped = False
-                if strict:
-                    have = best_count
-            forced = req_group[r]
-            if forced:
-                if forced == topo:
-                    forced_count = best_count
-                else:
-                    forced_count = _best_group(
-                        fit, nfit, numa, link, link_size, forced, need, table, &forced_size
-                    )
-                if forced_count < have:
-                    have = forced_count
-            if have < need:
-                feasible = False
-            if have < least:
-                least = have
-        closeness[n] = least
-        if not feasible:
-            continue
-        key = 0.0
-        if topo and grouped:
-            key += 1000.0
-            if topo == 2:
-                key += 10.0 * (64 - (widest if widest < 64 else 64))
-        if binpack:
-            key += frac
-        else:
-            key += 1.0 - frac
-        keys[n] = key
+        if node_ok[n]:
+            _scan_node(&s, n, &keys[n], &closeness[n])
 
 
 # Columns, as in kernel.py.
@@ -514,7 +608,6 @@ def search(
     cdef int taken = 0
     cdef Ctx c
     cdef Py_ssize_t p, n_alt
-    cdef void* block = NULL
     memset(&c, 0, sizeof(Ctx))
     try:
         c.dev = <const int64_t*>_take(dev, views, &taken, 8, 2, False, b"dev")
@@ -558,22 +651,36 @@ def search(
         for p in range(c.m):
             if not (-1 <= DEV(&c, p, DEV_MEM) < c.k_dims and -1 <= DEV(&c, p, DEV_CORES) < c.k_dims):
                 raise ValueError("search: dev names capacity columns out of range")
-        c.n_ids = 1
-        for p in range(c.n_slots * c.m):
-            if c.cval[p] >= c.n_ids:
-                c.n_ids = c.cval[p] + 1
         c.topo = topo
         c.strict = strict
         c.binpack = binpack
         c.budget = budget
-        # One block for all scratch (calloc(0) may return NULL: at least one element each).
-        block = calloc(
-            (c.m * c.k_dims + 1) + (c.m + 1) + 2 * (c.n_slots + 1) + (c.n_slots * c.n_ids + 1)
-            + 3 * (c.n_req * c.m + 1) + (c.n_req * c.m + 1) + (c.m + 1),
-            8,
-        )
-        if block == NULL:
-            raise MemoryError()
+        return _run(&c)
+    finally:
+        for p in range(taken):
+            PyBuffer_Release(&views[p])
+
+
+cdef int _run(Ctx* c) except -1:
+    """Allocate the walk's scratch, walk, free: 1 when every request found devices."""
+    cdef Py_ssize_t p
+    cdef void* block = NULL
+    c.n_ids = 1
+    for p in range(c.n_slots * c.m):
+        if c.cval[p] >= c.n_ids:
+            c.n_ids = c.cval[p] + 1
+    c.steps = 0
+    c.depth = 0
+    c.over_budget = False
+    # One block for all scratch (calloc(0) may return NULL: at least one element each).
+    block = calloc(
+        (c.m * c.k_dims + 1) + (c.m + 1) + 2 * (c.n_slots + 1) + (c.n_slots * c.n_ids + 1)
+        + 3 * (c.n_req * c.m + 1) + (c.n_req * c.m + 1) + (c.m + 1),
+        8,
+    )
+    if block == NULL:
+        raise MemoryError()
+    try:
         c.extra = <int64_t*>block
         c.taken = c.extra + (c.m * c.k_dims + 1)
         c.match = c.taken + (c.m + 1)
@@ -587,8 +694,380 @@ def search(
         for p in range(c.n_slots):
             c.match[p] = -1
             c.match_owner[p] = -1
-        return 1 if _solve(&c, 0) else 0
+        return 1 if _solve(c, 0) else 0
     finally:
         free(block)
-        for p in range(taken):
-            PyBuffer_Release(&views[p])
+
+
+# ---------------------------------------------------------------- whole decisions
+#
+# The classes below let one decision cross into C once or twice instead of paying for a dozen
+# numpy operations and ~30 array arguments per call: the layout's columns are taken as pointers
+# once per layout, a request shape's scan inputs and its cached node keys live in a `NodeKeys`,
+# and a node's search encoding (plus output buffers) in an `Encoding`. Same `_scan_node` and
+# `_solve` as `scan` / `search`, so the answers are those of the reference twins.
+
+
+cdef class Encoding:
+    """One request shape's search inputs on one node (see kernel.search), checked once; the
+    outputs of the last `Engine.search` on it are `chosen_alt`, `picks`, `npicks`."""
+
+    cdef readonly object arrays  # the inputs, kept alive
+    cdef readonly object chosen_alt
+    cdef readonly object picks
+    cdef readonly object npicks
+    cdef const int64_t[:, ::1] reqs
+    cdef const int64_t[:, ::1] alts
+    cdef const signed char[:, ::1] mask
+    cdef const signed char[:, ::1] servable
+    cdef const int64_t[:, :, ::1] amount
+    cdef const signed char[:, ::1] applies
+    cdef const int64_t[::1] distinct
+    cdef const int64_t[:, ::1] cval
+    cdef int64_t[::1] out_alt
+    cdef int64_t[:, ::1] out_picks
+    cdef int64_t[::1] out_npicks
+    cdef Py_ssize_t m, k_dims, n_req, n_slots
+
+    def __init__(self, reqs, alts, mask, servable, amount, applies, distinct, cval, int k_dims):
+        import numpy
+
+        cdef Py_ssize_t p, n_alt
+        self.arrays = (reqs, alts, mask, servable, amount, applies, distinct, cval)
+        self.reqs = reqs
+        self.alts = alts
+        self.mask = mask
+        self.servable = servable
+        self.amount = amount
+        self.applies = applies
+        self.distinct = distinct
+        self.cval = cval
+        self.n_req = self.reqs.shape[0]
+        n_alt = self.alts.shape[0]
+        self.m = self.mask.shape[1]
+        self.k_dims = k_dims
+        self.n_slots = self.distinct.shape[0]
+        if not (
+            self.reqs.shape[1] == 2 and self.alts.shape[1] == 3
+            and self.mask.shape[0] == n_alt
+            and self.servable.shape[0] == n_alt and self.servable.shape[1] == self.m
+            and self.amount.shape[0] == n_alt and self.amount.shape[1] == self.m
+            and self.amount.shape[2] == k_dims
+            and self.applies.shape[0] == self.n_req and self.applies.shape[1] == self.n_slots
+            and self.cval.shape[0] == self.n_slots and self.cval.shape[1] == self.m
+        ):
+            raise ValueError("Encoding: array shapes do not agree (see kernel.search)")
+        for p in range(self.n_req):
+            if not 0 <= self.reqs[p, 0] <= self.reqs[p, 1] <= n_alt:
+                raise ValueError("Encoding: reqs names alternatives out of range")
+        self.chosen_alt = numpy.zeros(self.n_req, dtype=numpy.int64)
+        self.picks = numpy.zeros((self.n_req, self.m), dtype=numpy.int64)
+        self.npicks = numpy.zeros(self.n_req, dtype=numpy.int64)
+        self.out_alt = self.chosen_alt
+        self.out_picks = self.picks
+        self.out_npicks = self.npicks
+
+
+    def picked(self):
+        """The last search's picks: (alternative row, node-local device rows) per request."""
+        cdef Py_ssize_t i, p
+        out = []
+        for i in range(self.n_req):
+            out.append(
+                (
+                    self.out_alt[i],
+                    tuple([self.out_picks[i, p] for p in range(self.out_npicks[i])]),
+                )
+            )
+        return out
+
+
+cdef class NodeKeys:
+    """One request shape and policy's scan inputs (see kernel.scan) and every node's key and
+    closeness as of model change number `seq`, refreshed by `Engine.rank` for the nodes that
+    changed since; `keys` / `closeness` are the figures a full scan would give."""
+
+    cdef readonly object keys
+    cdef readonly object closeness
+    cdef object inputs  # kept alive
+    cdef const signed char[:, ::1] masks
+    cdef const int64_t[::1] req_mem, req_pct, req_cores, req_count, req_group
+    cdef double[::1] key_view
+    cdef int64_t[::1] close_view
+    cdef signed char[::1] ok
+    cdef double[::1] work  # keys of nodes not yet tried by this decision
+    cdef int topo, strict, binpack
+    cdef int64_t seq
+    cdef bint filled
+
+    def __init__(
+        self, masks, req_mem, req_pct, req_cores, req_count, req_group,
+        int topo, int strict, int binpack, Py_ssize_t n_nodes,
+    ):
+        import numpy
+
+        self.inputs = (masks, req_mem, req_pct, req_cores, req_count, req_group)
+        self.masks = masks
+        self.req_mem = req_mem
+        self.req_pct = req_pct
+        self.req_cores = req_cores
+        self.req_count = req_count
+        self.req_group = req_group
+        cdef Py_ssize_t n_req = self.req_mem.shape[0]
+        if not (
+            self.masks.shape[0] == n_req and self.req_pct.shape[0] == n_req
+            and self.req_cores.shape[0] == n_req and self.req_count.shape[0] == n_req
+            and self.req_group.shape[0] == n_req
+        ):
+            raise ValueError("NodeKeys: array shapes do not agree (see kernel.scan)")
+        self.topo = topo
+        self.strict = strict
+        self.binpack = binpack
+        self.keys = numpy.full(n_nodes, -1.0, dtype=numpy.float64)
+        self.closeness = numpy.zeros(n_nodes, dtype=numpy.int64)
+        self.key_view = self.keys
+        self.close_view = self.closeness
+        self.ok = numpy.zeros(n_nodes, dtype=numpy.int8)
+        self.work = numpy.empty(n_nodes, dtype=numpy.float64)
+        self.filled = False
+
+    def key(self, Py_ssize_t node):
+        return self.key_view[node]
+
+
+cdef class Engine:
+    """The fast path's scan and search over one layout's arrays (which the model updates in
+    place; a new layout needs a new Engine)."""
+
+    cdef object arrays  # every array the pointers below point into, kept alive
+    cdef Scan base
+    cdef Py_ssize_t n_nodes, k_dims
+    cdef const int64_t* node_seq
+    cdef const int64_t* dev
+    cdef const int64_t* cap
+    cdef const int64_t* used
+
+    def __init__(self, layout):
+        self.arrays = (
+            layout.node_start, layout.node_end, layout.node_seq, layout.node_mem_total,
+            layout.node_mem_used, layout.node_cores_total, layout.node_cores_used,
+            layout.mem_total, layout.cores_total, layout.mem_default, layout.cores_default,
+            layout.mem_used, layout.cores_used, layout.busy, layout.numa, layout.link,
+            layout.link_size, layout.cap, layout.used_by_dim, layout.dev,
+        )
+        cdef const int64_t[::1] node_start = layout.node_start
+        cdef const int64_t[::1] node_end = layout.node_end
+        cdef const int64_t[::1] node_seq = layout.node_seq
+        cdef const int64_t[::1] mem_total = layout.mem_total
+        cdef const int64_t[:, ::1] cap = layout.cap
+        cdef const int64_t[:, ::1] used = layout.used_by_dim
+        cdef const int64_t[:, ::1] dev = layout.dev
+        cdef Py_ssize_t n, n_dev = mem_total.shape[0]
+        cdef object column
+        self.n_nodes = node_start.shape[0]
+        self.k_dims = cap.shape[1]
+        if not (
+            node_end.shape[0] == self.n_nodes and node_seq.shape[0] == self.n_nodes
+            and cap.shape[0] == n_dev and used.shape[0] == n_dev and used.shape[1] == self.k_dims
+            and dev.shape[0] == n_dev and dev.shape[1] == 8
+        ):
+            raise ValueError("Engine: layout arrays do not agree")
+        for n in range(self.n_nodes):
+            if not 0 <= node_start[n] <= node_end[n] <= n_dev:
+                raise ValueError("Engine: node_start/node_end out of range")
+        for n in range(n_dev):
+            if not (-1 <= dev[n, DEV_MEM] < self.k_dims and -1 <= dev[n, DEV_CORES] < self.k_dims):
+                raise ValueError("Engine: dev names capacity columns out of range")
+        for column in (
+            layout.node_mem_total, layout.node_mem_used, layout.node_cores_total,
+            layout.node_cores_used,
+        ):
+            if _length(column) != self.n_nodes:
+                raise ValueError("Engine: layout arrays do not agree")
+        for column in (
+            layout.cores_total, layout.mem_default, layout.cores_default, layout.mem_used,
+            layout.cores_used, layout.busy, layout.numa, layout.link, layout.link_size,
+        ):
+            if _length(column) != n_dev:
+                raise ValueError("Engine: layout arrays do not agree")
+        memset(&self.base, 0, sizeof(Scan))
+        self.base.node_start = _i64(node_start)
+        self.base.node_end = _i64(node_end)
+        self.base.node_mem_total = _i64(layout.node_mem_total)
+        self.base.node_mem_used = _i64(layout.node_mem_used)
+        self.base.node_cores_total = _i64(layout.node_cores_total)
+        self.base.node_cores_used = _i64(layout.node_cores_used)
+        self.base.mem_total = _i64(mem_total)
+        self.base.cores_total = _i64(layout.cores_total)
+        self.base.mem_default = _i64(layout.mem_default)
+        self.base.cores_default = _i64(layout.cores_default)
+        self.base.mem_used = _i64(layout.mem_used)
+        self.base.cores_used = _i64(layout.cores_used)
+        self.base.busy = _i64(layout.busy)
+        self.base.numa = _i64(layout.numa)
+        self.base.link = _i64(layout.link)
+        self.base.link_size = _i64(layout.link_size)
+        self.base.n_dev = n_dev
+        self.node_seq = _i64(node_seq)
+        self.dev = &dev[0, 0] if n_dev else NULL
+        self.cap = &cap[0, 0] if n_dev and self.k_dims else NULL
+        self.used = &used[0, 0] if n_dev and self.k_dims else NULL
+
+    def rank(self, NodeKeys nk, const signed char[::1] node_ok, int64_t seq):
+        """Bring `nk` up to date (scan the nodes changed since its last refresh or whose node
+        fit changed) and return the best node (first of the highest key), -1 when none."""
+        cdef Scan s = self.base
+        cdef Py_ssize_t n
+        cdef Py_ssize_t best = -1
+        cdef double top = -1.0
+        if node_ok.shape[0] != self.n_nodes or nk.key_view.shape[0] != self.n_nodes:
+            raise ValueError("rank: node_ok / NodeKeys do not match the layout")
+        if nk.masks.shape[1] != s.n_dev:
+            raise ValueError("rank: masks do not match the layout")
+        s.n_req = nk.req_mem.shape[0]
+        s.masks = &nk.masks[0, 0] if s.n_req and s.n_dev else NULL
+        s.req_mem = _i64(nk.req_mem)
+        s.req_pct = _i64(nk.req_pct)
+        s.req_cores = _i64(nk.req_cores)
+        s.req_count = _i64(nk.req_count)
+        s.req_group = _i64(nk.req_group)
+        s.topo = nk.topo
+        s.strict = nk.strict
+        s.binpack = nk.binpack
+        for n in range(self.n_nodes):
+            if not nk.filled or self.node_seq[n] > nk.seq or node_ok[n] != nk.ok[n]:
+                nk.ok[n] = node_ok[n]
+                if node_ok[n]:
+                    _scan_node(&s, n, &nk.key_view[n], &nk.close_view[n])
+                else:
+                    nk.key_view[n] = -1.0
+                    nk.close_view[n] = 0
+            nk.work[n] = nk.key_view[n]
+            if nk.work[n] > top or best < 0:  # the first of the highest, as np.argmax
+                best = n
+                top = nk.work[n]
+        nk.seq = seq
+        nk.filled = True
+        return best if top >= 0 else -1
+
+    def next(self, NodeKeys nk, Py_ssize_t failed):
+        """The best node after `failed` (whose search found nothing) is set aside; -1: none."""
+        nk.work[failed] = -1.0
+        return _best(nk)
+
+    def search(
+        self, Py_ssize_t node, Encoding enc, int topo, int strict, int binpack, int64_t budget
+    ):
+        """kernel.search on `node`'s devices with `enc`; outputs in enc.chosen_alt/picks/npicks."""
+        cdef Ctx c
+        cdef Py_ssize_t start, end
+        if not 0 <= node < self.n_nodes:
+            raise ValueError("search: node out of range")
+        start = self.base.node_start[node]
+        end = self.base.node_end[node]
+        if enc.m != end - start or enc.k_dims != self.k_dims:
+            raise ValueError("search: the encoding is not for this node's devices")
+        memset(&c, 0, sizeof(Ctx))
+        c.m = enc.m
+        c.k_dims = self.k_dims
+        c.n_req = enc.n_req
+        c.n_slots = enc.n_slots
+        # Empty arrays are never read (every loop over them has zero length): NULL for those.
+        c.dev = self.dev + start * 8
+        c.cap = self.cap + start * self.k_dims if self.cap != NULL else NULL
+        c.used = self.used + start * self.k_dims if self.used != NULL else NULL
+        c.reqs = &enc.reqs[0, 0] if enc.n_req else NULL
+        c.alts = &enc.alts[0, 0] if enc.alts.shape[0] else NULL
+        c.mask = &enc.mask[0, 0] if enc.mask.shape[0] and enc.m else NULL
+        c.servable = &enc.servable[0, 0] if enc.mask.shape[0] and enc.m else NULL
+        c.amount = &enc.amount[0, 0, 0] if enc.mask.shape[0] and enc.m and self.k_dims else NULL
+        c.applies = &enc.applies[0, 0] if enc.n_req and enc.n_slots else NULL
+        c.distinct = &enc.distinct[0] if enc.n_slots else NULL
+        c.cval = &enc.cval[0, 0] if enc.n_slots and enc.m else NULL
+        c.chosen_alt = &enc.out_alt[0] if enc.n_req else NULL
+        c.picks = &enc.out_picks[0, 0] if enc.n_req and enc.m else NULL
+        c.npicks = &enc.out_npicks[0] if enc.n_req else NULL
+        c.topo = topo
+        c.strict = strict
+        c.binpack = binpack
+        c.budget = budget
+        return _run(&c)
+
+
+cdef Py_ssize_t _best(NodeKeys nk) noexcept:
+    """First index of the highest work key (np.argmax), -1 when that key is negative."""
+    cdef Py_ssize_t n, best = 0
+    cdef Py_ssize_t count = nk.work.shape[0]
+    if count == 0:
+        return -1
+    for n in range(1, count):
+        if nk.work[n] > nk.work[best]:
+            best = n
+    return best if nk.work[best] >= 0 else -1
+
+
+cdef Py_ssize_t _length(object column) except -1:
+    cdef const int64_t[::1] view = column
+    return view.shape[0]
+
+
+cdef class LayoutWriter:
+    """Writes one device's consumption into a layout's arrays in one call (model._account does
+    a dozen numpy item writes per device otherwise). Keeps the arrays alive; the model never
+    replaces a layout's arrays, only writes into them."""
+
+    cdef object arrays
+    cdef const int64_t[::1] dev_node
+    cdef int64_t[::1] node_seq, node_mem_used, node_cores_used, mem_used, cores_used, busy
+    cdef int64_t[:, ::1] used_by_dim, dev
+
+    def __init__(self, layout):
+        self.arrays = (
+            layout.dev_node, layout.node_seq, layout.node_mem_used, layout.node_cores_used,
+            layout.mem_used, layout.cores_used, layout.busy, layout.used_by_dim, layout.dev,
+        )
+        self.dev_node = layout.dev_node
+        self.node_seq = layout.node_seq
+        self.node_mem_used = layout.node_mem_used
+        self.node_cores_used = layout.node_cores_used
+        self.mem_used = layout.mem_used
+        self.cores_used = layout.cores_used
+        self.busy = layout.busy
+        self.used_by_dim = layout.used_by_dim
+        self.dev = layout.dev
+        cdef Py_ssize_t n_dev = self.dev_node.shape[0], n_nodes = self.node_seq.shape[0], row
+        if not (
+            self.node_mem_used.shape[0] == n_nodes and self.node_cores_used.shape[0] == n_nodes
+            and self.mem_used.shape[0] == n_dev and self.cores_used.shape[0] == n_dev
+            and self.busy.shape[0] == n_dev and self.used_by_dim.shape[0] == n_dev
+            and self.dev.shape[0] == n_dev and self.dev.shape[1] == 8
+        ):
+            raise ValueError("LayoutWriter: layout arrays do not agree")
+        for row in range(n_dev):
+            if not 0 <= self.dev_node[row] < n_nodes:
+                raise ValueError("LayoutWriter: dev_node out of range")
+
+    def account(
+        self, Py_ssize_t row, int64_t seq, int64_t mem, int64_t cores, int64_t held,
+        int64_t allocated, list columns, list values,
+    ):
+        """Device `row` now has `mem` / `cores` used (its node's sums follow), the held /
+        allocated flags, and values[i] used in capacity column columns[i]; its node is stamped
+        `seq` (model.change_seq)."""
+        cdef Py_ssize_t i, node
+        if not 0 <= row < self.dev_node.shape[0] or len(columns) != len(values):
+            raise ValueError("account: row out of range or columns/values disagree")
+        for i in range(len(columns)):
+            if not 0 <= <Py_ssize_t>columns[i] < self.used_by_dim.shape[1]:
+                raise ValueError("account: capacity column out of range")
+        node = self.dev_node[row]
+        self.node_seq[node] = seq
+        self.node_mem_used[node] += mem - self.mem_used[row]
+        self.node_cores_used[node] += cores - self.cores_used[row]
+        self.mem_used[row] = mem
+        self.cores_used[row] = cores
+        self.busy[row] = held
+        for i in range(len(columns)):
+            self.used_by_dim[row, <Py_ssize_t>columns[i]] = <int64_t>values[i]
+        self.dev[row, DEV_ALLOCATED] = allocated
+        self.dev[row, DEV_HELD] = held

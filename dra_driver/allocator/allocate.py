@@ -18,6 +18,14 @@ One decision, in three steps, all over the incrementally maintained `ClusterMode
 Both kernels have pure-Python references that give identical answers
 (tests/unit/dra_driver/allocator/test_kernel_twins.py); `fast=False` runs the references.
 
+The fast path (`fast=True`, the default when built) crosses into C with whole steps instead of
+array arguments: one `_fastkernel.Engine` per layout holds pointers to its columns, a
+`NodeKeys` per request shape and policy holds the scan inputs and every node's key (the engine
+rescans the nodes changed since, and picks the best, in one pass), an `Encoding` per shape and
+node holds the search inputs and output buffers. The reference path does the same steps with
+numpy and the pure-Python kernels (`_keys`, `kernel.scan`, `kernel.search`). Everything else
+(node fit, selection, encodings, results, commit) is shared.
+
 Refusals explain themselves with the closest node ("no node has 2 GPUs in one NVLink domain with
 20Gi and 30 cores free each; closest: node-3 (1 GPU)").
 """
@@ -29,8 +37,8 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -55,6 +63,7 @@ try:
     FAST_KERNEL: Callable[..., None] | None = _fastkernel.scan
     FAST_SEARCH: Callable[..., int] | None = _fastkernel.search
 except ImportError:  # extension not built: the reference kernel serves, only slower
+    _fastkernel = None  # type: ignore[assignment]
     FAST_KERNEL = None
     FAST_SEARCH = None
 
@@ -82,6 +91,9 @@ class DeviceResult:
     share_id: str | None
     admin: bool
     tolerations: tuple[JSON, ...] = ()
+    # What `Allocator.commit` records for this result (None: build it from the fields above);
+    # equal for every result on the same device with the same amounts, so it is made once.
+    consumption: Consumption | None = field(default=None, compare=False, repr=False)
 
     def to_api(self) -> JSON:
         result: JSON = {
@@ -140,17 +152,17 @@ class Placement:
         raise KeyError(claim_uid)
 
 
-def _share_id(claim_uid: str, request: str, device: Device, index: int) -> str:
-    """Deterministic per (claim, request, device, position): both paths produce the same IDs."""
-    digest = bytearray(
-        hashlib.sha256(f"{claim_uid}/{request}/{'/'.join(device.key)}/{index}".encode()).digest()
-    )
+def _share_id(claim_uid: str, request: str, device_path: str, index: int) -> str:
+    """Deterministic per (claim, request, device "driver/pool/name", position): both paths
+    produce the same IDs."""
+    h = hashlib.sha256(f"{claim_uid}/{request}/{device_path}/{index}".encode()).hexdigest()
     # The first 16 bytes as a version-4 UUID (RFC 9562 version and variant bits), formatted
-    # like uuid.UUID(bytes=..., version=4) would, without building the object.
-    digest[6] = (digest[6] & 0x0F) | 0x40
-    digest[8] = (digest[8] & 0x3F) | 0x80
-    h = digest[:16].hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    # like uuid.UUID(bytes=..., version=4) would, without building the object: the version
+    # nibble becomes 4, the variant's two high bits 10.
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:32]}"
+
+
+_VARIANT = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}
 
 
 def _plural(n: int, word: str = "GPU") -> str:
@@ -158,7 +170,7 @@ def _plural(n: int, word: str = "GPU") -> str:
 
 
 # What the scan needs per request shape: screened alternatives, forced groups, masks, memory,
-# cores and counts (see Allocator._screen).
+# memory percentage, cores and counts (see Allocator._screen).
 _Screen = tuple[
     list[Alternative],
     npt.NDArray[np.int64],
@@ -166,12 +178,11 @@ _Screen = tuple[
     npt.NDArray[np.int64],
     npt.NDArray[np.int64],
     npt.NDArray[np.int64],
+    npt.NDArray[np.int64],
 ]
 
 
-def _shape(
-    claims: Sequence[Claim], flat: list[tuple[int, Request]], policy: Policy
-) -> tuple[Any, ...]:
+def _shape(claims: Sequence[Claim], policy: Policy) -> tuple[Any, ...]:
     """What the static inputs of a decision depend on (not claim names, not consumption): the
     cache key of the scan's screen and, with a node, of the search's encoding."""
     return (
@@ -179,18 +190,7 @@ def _shape(
         policy.exclude_types,
         policy.include_uuids,
         policy.exclude_uuids,
-        tuple(
-            (
-                ci,
-                request.name,
-                tuple(
-                    (alt.signature, alt.capacity, alt.all_devices, alt.count, alt.admin)
-                    for alt in request.alternatives
-                ),
-            )
-            for ci, request in flat
-        ),
-        tuple(claim.constraints for claim in claims),
+        *(claim.shape for claim in claims),
     )
 
 
@@ -200,6 +200,36 @@ class _Encoding:
 
     alternatives: tuple[Alternative, ...]  # in kernel order (alts rows)
     arrays: tuple[npt.NDArray[Any], ...]  # reqs, alts, mask, servable, amount, applies, ...
+    fast: Any = None  # the same arrays as a checked `_fastkernel.Encoding` (fast path)
+    # (alternative row, node-local device row) -> what a result holds, filled as devices are
+    # picked (decisions of one shape pick the same few devices again and again)
+    picks: dict[tuple[int, int], _Pick] = field(default_factory=dict)
+
+
+class _Pick(NamedTuple):
+    """A `DeviceResult` without its shareID, per alternative and device (see `_Encoding`; a
+    tuple, as it is made for nearly every pick of a filling cluster)."""
+
+    request: str
+    driver: str
+    pool: str
+    device: str
+    path: str  # "driver/pool/device", what shareIDs hash
+    consumed: tuple[tuple[str, int], ...]
+    shared: bool  # gets a shareID
+    admin: bool
+    tolerations: tuple[JSON, ...]
+    consumption: Consumption  # what committing such a result records
+
+
+def _picked(
+    chosen_alt: npt.NDArray[np.int64], picks: npt.NDArray[np.int64], npicks: npt.NDArray[np.int64]
+) -> list[tuple[int, tuple[int, ...]]]:
+    """The search's outputs as (alternative row, node-local device rows) per flat request."""
+    return [
+        (int(a), tuple(picks[i, :count].tolist()))
+        for i, (a, count) in enumerate(zip(chosen_alt.tolist(), npicks.tolist(), strict=True))
+    ]
 
 
 class Allocator:
@@ -210,6 +240,9 @@ class Allocator:
             raise RuntimeError("the Cython kernel is not built (make native)")
         self.model = model
         use_fast = fast is not False and FAST_KERNEL is not None and FAST_SEARCH is not None
+        self.fast = use_fast
+        self._engine: Any = None  # _fastkernel.Engine over the current layout (fast path)
+        self._engine_epoch = -1
         self.scan: Callable[..., None] = FAST_KERNEL if use_fast else py_kernel.scan  # type: ignore[assignment]
         self.search: Callable[..., int] = FAST_SEARCH if use_fast else py_kernel.search  # type: ignore[assignment]
         self._masks: dict[tuple[Any, ...], npt.NDArray[np.int8]] = {}
@@ -219,13 +252,14 @@ class Allocator:
         self._mask_source: dict[tuple[Any, ...], tuple[Alternative, Policy]] = {}
         self._patch_seq = 0  # the layout's patch_seq this allocator's caches reflect
         self._cel: dict[tuple[str, tuple[str, str, str]], tuple[int, bool | str]] = {}
-        self._amounts: dict[tuple[Any, ...], tuple[int, tuple[tuple[str, int], ...] | None]] = {}
+        self._amounts: dict[tuple[Any, ...], tuple[Any, tuple[tuple[str, int], ...] | None]] = {}
         self._static: dict[str, tuple[int, npt.NDArray[np.int8], dict[str, int]]] = {}
         self._fits: dict[tuple[Any, ...], tuple[npt.NDArray[np.int8], npt.NDArray[np.int64]]] = {}
         self._encodings: dict[tuple[Any, ...], _Encoding] = {}
         self._screens: dict[tuple[Any, ...], _Screen] = {}
-        # (shape, policy) -> (model.change_seq, node_ok, keys, closeness) of the last scan
-        self._node_keys: dict[tuple[Any, ...], tuple[int, Any, Any, Any]] = {}
+        # (shape, policy) -> (model.change_seq, node_ok, keys, closeness) of the last scan, or
+        # on the fast path the `_fastkernel.NodeKeys` holding the same
+        self._node_keys: dict[tuple[Any, ...], Any] = {}
 
     # ------------------------------------------------------------ selection
 
@@ -274,7 +308,6 @@ class Allocator:
             # Forget CEL results of devices that are gone (the cache is keyed by device).
             devices = self.model.devices
             self._cel = {k: v for k, v in self._cel.items() if k[1] in devices}
-            self._amounts = {k: v for k, v in self._amounts.items() if k[1] in devices}
             self._mask_epoch = layout.epoch
 
     def _refresh_rows(self, layout: Layout) -> None:
@@ -356,10 +389,9 @@ class Allocator:
         self, layout: Layout, pod: Mapping[str, Any], cpu: int, mem: int
     ) -> tuple[npt.NDArray[np.int8], dict[str, int]]:
         spec = pod.get("spec") or {}
-        shape = json.dumps(
-            [spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations")],
-            sort_keys=True,
-        )
+        constraints = [spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations")]
+        # Most pods set none of the three: skip serialising them.
+        shape = json.dumps(constraints, sort_keys=True) if any(constraints) else ""
         cached = self._static.get(shape)
         if cached is None or cached[0] != layout.epoch:
             reasons: dict[str, int] = {}
@@ -422,10 +454,12 @@ class Allocator:
         layout = self.model.layout()
         if not layout.nodes:
             raise Unschedulable("no node publishes devices (no complete ResourceSlice pool)")
+        # Caches derived from an older layout go first (node fit's among them: dropping it
+        # after computing it would make the next decision compute it again).
+        self._current(layout)
         node_ok, reasons = self._node_ok(layout, pod, *pod_resources)
         flat = [(ci, req) for ci, claim in enumerate(claims) for req in claim.requests]
-        shape = _shape(claims, flat, policy)
-        self._current(layout)
+        shape = _shape(claims, policy)
         screen = self._screens.get(shape)
         if screen is None:
             screen = self._screen(layout, claims, flat, policy)
@@ -434,6 +468,17 @@ class Allocator:
             self._node_keys.clear()
             self._screens[shape] = screen
         screened = screen[0]
+        if self.fast:
+            return self._place_fast(
+                layout,
+                node_ok=node_ok,
+                reasons=reasons,
+                screen=screen,
+                shape=shape,
+                claims=claims,
+                flat=flat,
+                policy=policy,
+            )
         keys, closeness = self._keys(layout, node_ok, screen, shape, policy)
         tried = 0
         while True:
@@ -459,6 +504,66 @@ class Allocator:
             )
         )
 
+    def _place_fast(
+        self,
+        layout: Layout,
+        *,
+        node_ok: npt.NDArray[np.int8],
+        reasons: dict[str, int],
+        screen: _Screen,
+        shape: tuple[Any, ...],
+        claims: Sequence[Claim],
+        flat: list[tuple[int, Request]],
+        policy: Policy,
+    ) -> Placement:
+        """`_place` after the screen, in the Cython engine: the same incremental node keys as
+        `_keys` (kept in a `_fastkernel.NodeKeys` per shape and policy), the same order of
+        nodes tried, the same search; so the same answers as the reference path."""
+        if self._engine_epoch != layout.epoch:
+            self._engine = _fastkernel.Engine(layout)
+            self._engine_epoch = layout.epoch
+        engine = self._engine
+        screened, req_group, masks, req_mem, req_pct, req_cores, req_count = screen
+        cache_key = (shape, policy.topology_mode, policy.strict, policy.node, req_group.tobytes())
+        node_keys = self._node_keys.get(cache_key)
+        if node_keys is None:
+            if len(self._node_keys) >= KEYS_CACHE_MAX:
+                self._node_keys.clear()
+            node_keys = _fastkernel.NodeKeys(
+                masks,
+                req_mem,
+                req_pct,
+                req_cores,
+                req_count,
+                req_group,
+                policy.topology_mode,
+                int(policy.strict),
+                policy.node_binpack,
+                len(layout.nodes),
+            )
+            self._node_keys[cache_key] = node_keys
+        best = engine.rank(node_keys, node_ok, self.model.change_seq)
+        tried = 0
+        while best >= 0:
+            tried += 1
+            found = self._search_node(
+                layout, best, claims=claims, flat=flat, policy=policy, shape=shape
+            )
+            if found is not None:
+                return Placement(layout.nodes[best], node_keys.key(best), found)
+            best = engine.next(node_keys, best)
+        raise Unschedulable(
+            self._reason(
+                layout=layout,
+                node_ok=node_ok,
+                reasons=reasons,
+                screened=screened,
+                closeness=node_keys.closeness,
+                policy=policy,
+                tried=tried,
+            )
+        )
+
     def _keys(
         self,
         layout: Layout,
@@ -471,7 +576,7 @@ class Allocator:
         depend only on its own rows, so after the first scan of a shape only the nodes changed
         since (consumption, bound pods: `layout.node_seq`) or whose fit changed are scanned
         again; the others keep their figures. The result equals a full scan."""
-        _, req_group, masks, req_mem, req_cores, req_count = screen
+        _, req_group, masks, req_mem, req_pct, req_cores, req_count = screen
         # The forced groups are part of the key: an in-place republication can change which
         # drivers' devices are selectable, and with them every node's figures.
         cache_key = (shape, policy.topology_mode, policy.strict, policy.node, req_group.tobytes())
@@ -506,12 +611,13 @@ class Allocator:
             layout.link_size,
             masks,
             req_mem,
+            req_pct,
             req_cores,
             req_count,
             req_group,
             policy.topology_mode,
             int(policy.strict),
-            int(policy.node == "binpack"),
+            policy.node_binpack,
             keys,
             closeness,
         )
@@ -549,9 +655,10 @@ class Allocator:
         for row, alt in enumerate(screened):
             masks[row] = self._mask(layout, alt, policy)
         req_mem = np.asarray([_requested(a, "memory") for a in screened], dtype=np.int64)
+        req_pct = np.asarray([a.memory_percent for a in screened], dtype=np.int64)
         req_cores = np.asarray([_requested(a, "cores") for a in screened], dtype=np.int64)
         req_count = np.asarray([-1 if a.all_devices else a.count for a in screened], np.int64)
-        return (screened, req_group, masks, req_mem, req_cores, req_count)
+        return (screened, req_group, masks, req_mem, req_pct, req_cores, req_count)
 
     def commit(self, placement: Placement) -> None:
         """Count the placement's consumption in the model until the claims' updates arrive."""
@@ -559,7 +666,8 @@ class Allocator:
             self.model.assume(
                 claim.uid,
                 [
-                    Consumption(
+                    r.consumption
+                    or Consumption(
                         (r.driver, r.pool, r.device), r.consumed, exclusive=r.share_id is None
                     )
                     for r in results
@@ -590,47 +698,77 @@ class Allocator:
             if len(self._encodings) >= FIT_CACHE_MAX:  # many request shapes x nodes: start over
                 self._encodings.clear()
             self._encodings[(shape, start)] = enc
-        chosen_alt = np.zeros(n_req, dtype=np.int64)
-        picks = np.zeros((n_req, m), dtype=np.int64)
-        npicks = np.zeros(n_req, dtype=np.int64)
-        found = self.search(
-            layout.dev[start:end],
-            layout.cap[start:end],
-            layout.used_by_dim[start:end],
-            *enc.arrays,
-            policy.topology_mode,
-            int(policy.strict),
-            int(policy.device == "binpack"),
-            SEARCH_BUDGET,
-            chosen_alt,
-            picks,
-            npicks,
-        )
-        if not found:
-            return None
-        out: dict[int, list[DeviceResult]] = {}
-        for i, (ci, _) in enumerate(flat):
-            alt = enc.alternatives[int(chosen_alt[i])]
-            for position in range(int(npicks[i])):
-                device = layout.devices[start + int(picks[i, position])]
-                share = (
-                    _share_id(claims[ci].uid, alt.name, device, position)
-                    if device.allow_multiple and not alt.admin
-                    else None
-                )
-                out.setdefault(ci, []).append(
+        if enc.fast is not None:
+            if not self._engine.search(
+                node,
+                enc.fast,
+                policy.topology_mode,
+                int(policy.strict),
+                policy.device_binpack,
+                SEARCH_BUDGET,
+            ):
+                return None
+            picked = enc.fast.picked()
+        else:
+            chosen_alt = np.zeros(n_req, dtype=np.int64)
+            picks = np.zeros((n_req, m), dtype=np.int64)
+            npicks = np.zeros(n_req, dtype=np.int64)
+            found = self.search(
+                layout.dev[start:end],
+                layout.cap[start:end],
+                layout.used_by_dim[start:end],
+                *enc.arrays,
+                policy.topology_mode,
+                int(policy.strict),
+                policy.device_binpack,
+                SEARCH_BUDGET,
+                chosen_alt,
+                picks,
+                npicks,
+            )
+            if not found:
+                return None
+            picked = _picked(chosen_alt, picks, npicks)
+        out: list[list[DeviceResult]] = [[] for _ in claims]
+        for (ci, _), (a, rows) in zip(flat, picked, strict=True):
+            uid = claims[ci].uid
+            for position, row in enumerate(rows):
+                pick = enc.picks.get((a, row))
+                if pick is None:
+                    pick = enc.picks[a, row] = self._pick(enc.alternatives[a], start + row, layout)
+                share = _share_id(uid, pick.request, pick.path, position) if pick.shared else None
+                out[ci].append(
                     DeviceResult(
-                        alt.name,
-                        device.key[0],
-                        device.key[1],
-                        device.key[2],
-                        self._consumed(alt, device),
+                        pick.request,
+                        pick.driver,
+                        pick.pool,
+                        pick.device,
+                        pick.consumed,
                         share,
-                        alt.admin,
-                        alt.tolerations,
+                        pick.admin,
+                        pick.tolerations,
+                        pick.consumption,
                     )
                 )
-        return tuple((claim, tuple(out.get(ci, []))) for ci, claim in enumerate(claims))
+        return tuple((claim, tuple(results)) for claim, results in zip(claims, out, strict=True))
+
+    def _pick(self, alt: Alternative, row: int, layout: Layout) -> _Pick:
+        """What a result of `alt` on the device at layout `row` holds, but its shareID."""
+        device = layout.devices[row]
+        consumed = self._consumed(alt, device)
+        shared = device.allow_multiple and not alt.admin
+        return _Pick(
+            alt.name,
+            device.key[0],
+            device.key[1],
+            device.key[2],
+            "/".join(device.key),
+            consumed,
+            shared,
+            alt.admin,
+            alt.tolerations,
+            Consumption(device.key, consumed, exclusive=not shared),
+        )
 
     def _encoding(
         self,
@@ -679,17 +817,22 @@ class Allocator:
                 value = layout.devices[start + j].attribute(constraint.attribute)
                 if value is not None:
                     cval[s, j] = ids.setdefault(value, len(ids))
-        return _Encoding(
-            tuple(alt_list), (reqs, alts, mask, servable, amount, applies, distinct, cval)
-        )
+        arrays = (reqs, alts, mask, servable, amount, applies, distinct, cval)
+        fast = _fastkernel.Encoding(*arrays, len(layout.dims)) if self.fast else None
+        return _Encoding(tuple(alt_list), arrays, fast)
 
     def _amounts_of(self, alt: Alternative, device: Device) -> tuple[tuple[str, int], ...] | None:
         """What `alt` consumes of a multi-allocatable device under its request policies
-        (cached per device generation); None when the device cannot serve it."""
-        cache_key = (alt.capacity, device.key)
+        (cached per capacity table); None when the device cannot serve it."""
+        # The amounts depend on the driver and the capacity table only, and every GPU of a model
+        # shares one table object (model.py): keyed by its identity, which the entry keeps alive.
+        table = device.capacity
+        cache_key = (alt.capacity_key, device.key[0], id(table))
         hit = self._amounts.get(cache_key)
-        if hit is None or hit[0] != device.generation:
-            hit = (device.generation, consumption(alt.capacity, device))
+        if hit is None or hit[0] is not table:
+            if len(self._amounts) >= FIT_CACHE_MAX:
+                self._amounts.clear()
+            hit = (table, consumption(alt.capacity, device, alt.memory_percent))
             self._amounts[cache_key] = hit
         return hit[1]
 
@@ -704,7 +847,7 @@ class Allocator:
     ) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.int64]]:
         """Per device of one node: can `alt` be served by it as published (servable), and what
         it consumes per capacity column. Depends on published devices only: cached per layout."""
-        key = (alt.capacity, alt.admin, start)
+        key = (alt.capacity_key, alt.admin, start)
         hit = self._fits.get(key)
         if hit is not None:
             return hit
@@ -714,9 +857,11 @@ class Allocator:
         for j in range(m):
             device = layout.devices[start + j]
             if alt.admin:
-                servable[j] = requested_amounts(alt.capacity, device) is not None
+                servable[j] = (
+                    requested_amounts(alt.capacity, device, alt.memory_percent) is not None
+                )
             elif not device.allow_multiple:
-                requested = requested_amounts(alt.capacity, device)
+                requested = requested_amounts(alt.capacity, device, alt.memory_percent)
                 servable[j] = requested is not None and all(
                     device.capacity[n].value >= v for n, v in requested.items()
                 )
@@ -759,7 +904,10 @@ class Allocator:
             mem = _requested(alt, "memory")
             cores = _requested(alt, "cores")
             what = "all matching GPUs" if alt.all_devices else _plural(alt.count)
-            parts = ["its whole memory" if mem < 0 else format_quantity(mem)]
+            if alt.memory_percent:
+                parts = [f"{alt.memory_percent}% of its memory"]
+            else:
+                parts = ["its whole memory" if mem < 0 else format_quantity(mem)]
             if cores > 0:
                 parts.append(f"{cores} cores")
             each = " each" if alt.all_devices or alt.count > 1 else ""

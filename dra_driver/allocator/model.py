@@ -36,6 +36,11 @@ from dra_driver.allocator import parse_quantity as _parse_quantity
 from dra_driver.allocator.cel import DEVICE_FIELDS, device_view
 from dra_driver.allocator.quantity import QuantityError, RequestPolicy
 
+try:
+    from dra_driver.allocator import _fastkernel
+except ImportError:  # extension not built: numpy item writes serve, only slower
+    _fastkernel = None  # type: ignore[assignment]
+
 JSON = dict[str, Any]
 KINDS = ("ResourceSlice", "Node", "Pod", "ResourceClaim")
 # Slices repeat the same few quantity strings ("1Mi", "100", each GPU model's memory) thousands
@@ -182,11 +187,17 @@ class Device:
         )
 
 
+def percent_of(percent: int, capacity: int) -> int:
+    """ceil(percent / 100 x capacity), in integers (what a percentage request asks for)."""
+    return -(-percent * capacity // 100)
+
+
 def requested_amounts(
-    requests: tuple[tuple[str, int], ...], device: Device
+    requests: tuple[tuple[str, int], ...], device: Device, memory_percent: int = 0
 ) -> dict[str, int] | None:
     """Capacity requests keyed by qualified name (bare names are the device driver's); None when
-    the device lacks a requested capacity (it cannot serve the request)."""
+    the device lacks a requested capacity (it cannot serve the request). With `memory_percent`
+    (the request names no memory), a device with a memory capacity is asked for that share of it."""
     driver = device.key[0]
     out: dict[str, int] = {}
     for name, value in requests:
@@ -194,15 +205,19 @@ def requested_amounts(
         if qualified not in device.capacity:
             return None
         out[qualified] = value
+    if memory_percent:
+        memory = device.capacity.get(f"{driver}/{names.CAPACITY_MEMORY}")
+        if memory is not None:
+            out[f"{driver}/{names.CAPACITY_MEMORY}"] = percent_of(memory_percent, memory.value)
     return out
 
 
 def consumption(
-    requests: tuple[tuple[str, int], ...], device: Device
+    requests: tuple[tuple[str, int], ...], device: Device, memory_percent: int = 0
 ) -> tuple[tuple[str, int], ...] | None:
     """What a request consumes of a multi-allocatable device, per capacity, under its request
     policies (sorted by name); None when the device lacks a capacity or a policy refuses."""
-    requested = requested_amounts(requests, device)
+    requested = requested_amounts(requests, device, memory_percent)
     if requested is None:
         return None
     out = []
@@ -288,6 +303,39 @@ class Layout:
     node_index: dict[str, int] = field(default_factory=dict)
     epoch: int = 0
     patch_seq: int = 0  # change_seq of the last in-place republication (row_seq)
+    # Writes a device's consumption into the arrays above in one call (Cython; None when the
+    # extension is not built: numpy item writes then).
+    writer: Any = None
+
+    def __post_init__(self) -> None:
+        if _fastkernel is not None:
+            self.writer = _fastkernel.LayoutWriter(self)
+
+
+def _write_usage(  # noqa: PLR0917 - LayoutWriter.account's arguments, one to one
+    layout: Layout, row: int, seq: int, mem: int, cores: int, held: int, allocated: int
+) -> None:
+    """What `_fastkernel.LayoutWriter.account` does, with numpy item writes (extension not
+    built)."""
+    node = int(layout.dev_node[row])
+    layout.node_seq[node] = seq
+    layout.node_mem_used[node] += mem - int(layout.mem_used[row])
+    layout.node_cores_used[node] += cores - int(layout.cores_used[row])
+    layout.mem_used[row] = mem
+    layout.cores_used[row] = cores
+    layout.busy[row] = held
+    layout.dev[row, kernel.DEV_ALLOCATED] = allocated
+    layout.dev[row, kernel.DEV_HELD] = held
+
+
+@functools.lru_cache(maxsize=64)
+def _memory_name(driver: str) -> str:
+    return f"{driver}/{names.CAPACITY_MEMORY}"
+
+
+@functools.lru_cache(maxsize=64)
+def _cores_name(driver: str) -> str:
+    return f"{driver}/{names.CAPACITY_CORES}"
 
 
 def default_consumption(capacity: Capacity | None) -> int:
@@ -641,22 +689,25 @@ class ClusterModel:
             row = layout.index.get(entry.device)
             if row is not None:
                 driver = entry.device[0]
-                node = layout.dev_node[row]
                 self.change_seq += 1
-                layout.node_seq[node] = self.change_seq
-                mem = used.get(f"{driver}/{names.CAPACITY_MEMORY}", 0)
-                cores = used.get(f"{driver}/{names.CAPACITY_CORES}", 0)
-                layout.node_mem_used[node] += mem - layout.mem_used[row]
-                layout.node_cores_used[node] += cores - layout.cores_used[row]
-                layout.mem_used[row] = mem
-                layout.cores_used[row] = cores
-                layout.busy[row] = int(self.is_held(entry.device))
+                mem = used.get(_memory_name(driver), 0)
+                cores = used.get(_cores_name(driver), 0)
+                held = int(self.is_held(entry.device))
+                allocated = int(self.allocations[entry.device] > 0)
+                columns, values = [], []
                 for name, _ in entry.amounts:
                     column = layout.dims.get(name)
                     if column is not None:
-                        layout.used_by_dim[row, column] = used[name]
-                layout.dev[row, kernel.DEV_ALLOCATED] = int(self.allocations[entry.device] > 0)
-                layout.dev[row, kernel.DEV_HELD] = layout.busy[row]
+                        columns.append(column)
+                        values.append(used[name])
+                if layout.writer is not None:
+                    layout.writer.account(
+                        row, self.change_seq, mem, cores, held, allocated, columns, values
+                    )
+                else:
+                    _write_usage(layout, row, self.change_seq, mem, cores, held, allocated)
+                    for column, value in zip(columns, values, strict=True):
+                        layout.used_by_dim[row, column] = value
 
     # ------------------------------------------------------------ derived
 

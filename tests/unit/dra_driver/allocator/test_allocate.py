@@ -292,7 +292,8 @@ def test_selector_results_follow_a_republished_device() -> None:
     assert picked(place(alloc, claim)) == ["gpu-0"]
 
 
-def test_incremental_node_keys_equal_a_full_scan() -> None:
+@pytest.mark.parametrize("fast", [None, False])  # the default path, the reference
+def test_incremental_node_keys_equal_a_full_scan(fast: bool | None) -> None:
     """After the first decision of a shape only changed nodes are scanned again; every decision
     (placements, refusals' reasons) must equal what a fresh allocator (a full scan) decides,
     across placements, released claims and pods bound with cpu requests."""
@@ -300,7 +301,7 @@ def test_incremental_node_keys_equal_a_full_scan() -> None:
     model = ClusterModel()
     for kind, obj in events:
         model.apply(kind, obj)
-    kept = Allocator(model)
+    kept = Allocator(model, fast=fast)
     shapes = [
         (claim_obj("s", memory="30Gi", cores="40"), Policy(node="binpack", topology="link")),
         (claim_obj("t", count=2, memory="20Gi"), Policy(node="spread", device="binpack")),
@@ -313,7 +314,7 @@ def test_incremental_node_keys_equal_a_full_scan() -> None:
         claim = parse_claim(obj, CLASSES)
         cpu = 8000 * (i % 3)
         outcomes: list[Placement | str] = []
-        for alloc in (kept, Allocator(model)):  # the second starts with empty caches
+        for alloc in (kept, Allocator(model, fast=fast)):  # the second starts with empty caches
             try:
                 outcomes.append(alloc.place(POD, [claim], policy, (cpu, 0)))
             except Unschedulable as exc:
@@ -339,7 +340,8 @@ def test_incremental_node_keys_equal_a_full_scan() -> None:
             model.delete("ResourceClaim", {"metadata": {"uid": uid}})
 
 
-def test_devices_republished_in_place_decide_like_a_fresh_allocator() -> None:
+@pytest.mark.parametrize("fast", [None, False])  # the default path, the reference
+def test_devices_republished_in_place_decide_like_a_fresh_allocator(fast: bool | None) -> None:
     """A slice republished with the same devices (new generation, a device taint, another
     product name) is patched into the layout instead of rebuilding it; decisions of an allocator
     that lived through it equal those of a fresh allocator, and the patched layout equals a
@@ -348,7 +350,7 @@ def test_devices_republished_in_place_decide_like_a_fresh_allocator() -> None:
     model = ClusterModel()
     for kind, obj in events:
         model.apply(kind, obj)
-    kept = Allocator(model)
+    kept = Allocator(model, fast=fast)
     selector = f'device.attributes["{DRIVER}"].productName.contains("H100")'
     raw = claim_obj("x", memory="10Gi", selectors=(selector,))
     for i in range(12):
@@ -368,7 +370,7 @@ def test_devices_republished_in_place_decide_like_a_fresh_allocator() -> None:
         obj["metadata"]["uid"] = f"uid-{i}"
         claim = parse_claim(obj, CLASSES)
         outcomes: list[Placement | str] = []
-        for alloc in (kept, Allocator(model)):
+        for alloc in (kept, Allocator(model, fast=fast)):
             try:
                 outcomes.append(alloc.place(POD, [claim], Policy(node="spread")))
             except Unschedulable as exc:

@@ -20,6 +20,7 @@ def test_allocator_bench_runs_small(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(allocator_bench, "RESULTS", out)
     monkeypatch.setattr(allocator_bench, "SIZES", (12,))
     monkeypatch.setattr(allocator_bench, "PLACEMENTS", 5)
+    monkeypatch.setattr(allocator_bench, "CALLGRIND_SIZES", ())  # minutes under valgrind
     allocator_bench.main()
     doc = json.loads(out.read_text())
     size = doc["sizes"]["12"]

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from dra_driver.allocator.cel import device_view
-from dra_driver.allocator.model import ClusterModel, ModelError
+from dra_driver.allocator.model import ClusterModel, ModelError, _fastkernel
 from tests.fixtures.allocator_cluster import DRIVER, GIB, node_events
 
 MEM = f"{DRIVER}/memory"
@@ -79,6 +79,41 @@ def test_claims_consume_on_update_and_release_on_delete() -> None:
     unallocated = {"metadata": {"uid": "b"}, "status": {}}
     model.apply("ResourceClaim", unallocated)  # deallocation releases too
     assert layout.mem_used[row] == 0 and model.allocations[(DRIVER, "node-00000", "gpu-1")] == 0
+
+
+def test_consumption_lands_in_the_layout_the_same_with_and_without_the_cython_writer() -> None:
+    def arrays(model: ClusterModel) -> list[list[Any]]:
+        layout = model.layout()
+        return [
+            getattr(layout, name).tolist()
+            for name in (
+                "node_seq",
+                "node_mem_used",
+                "node_cores_used",
+                "mem_used",
+                "cores_used",
+                "busy",
+                "used_by_dim",
+                "dev",
+            )
+        ]
+
+    results = []
+    for writer in (True, False):
+        model = model_of(node_events(0, gpus=2), node_events(1, gpus=2))
+        layout = model.layout()
+        assert (layout.writer is not None) == (_fastkernel is not None)
+        if not writer:
+            layout.writer = None  # the numpy fallback
+        model.apply("ResourceClaim", allocated("a", "gpu-1", "10Gi"))
+        model.apply("ResourceClaim", allocated("b", "gpu-1", "1Gi", node="node-00001"))
+        model.apply("ResourceClaim", allocated("a", "gpu-0", "4Gi"))
+        model.delete("ResourceClaim", {"metadata": {"uid": "b"}})
+        results.append(arrays(model))
+    assert results[0] == results[1]
+    layout = model.layout()
+    assert layout.mem_used.tolist() == [4 * GIB, 0, 0, 0]
+    assert layout.node_mem_used.tolist() == [4 * GIB, 0]
 
 
 def test_a_claim_seen_before_its_device_counts_once_the_device_appears() -> None:
