@@ -46,6 +46,10 @@ from kubelet_plugin.region import (
 log = logging.getLogger(__name__)
 
 DEFAULT_PERIOD_S = 0.1
+# While a claim's controller is still learning (or skipping a sample that straddles a big rate
+# change) the governor polls this often: NVML publishes one sample per driver period (~1/6 s),
+# and a 100 ms poll would add up to 100 ms to each of the steps a new claim needs.
+LEARNING_PERIOD_S = 0.02
 GOVERNOR_REFRESH_NS = 500_000_000  # rewrite an unchanged budget at least this often
 BALANCE_HEADROOM = 5.0
 STARVING_MARGIN = 2.0  # points under its cap before a throttled claim counts as starving
@@ -112,6 +116,10 @@ def caps_of_prepared(prepared: Callable[[], Mapping[str, ClaimPlan]]) -> ClaimCa
 # ---- the controller (mirror of vgpu_ctl_step in vgpu_hook/src/bucket.c) ---------------------
 
 
+GAIN_MEMORY = 0.6  # share of the gain estimate's weight kept per step (steady state: EMA 0.4)
+GAIN_MIN_STEP = 1.0 - GAIN_MEMORY
+
+
 @dataclass(slots=True)
 class Controller:
     """Model util = gain * cost_rate; rate = (target + integral) / gain, anti-windup."""
@@ -119,6 +127,9 @@ class Controller:
     gain: float = 0.0
     integral: float = 0.0
     hold: bool = False  # the last step changed the rate by over a third: skip the next sample
+    # Weight behind `gain`: the squared utilisation of the windows it was learnt from, decayed
+    # by GAIN_MEMORY per step (NVML's integer percent makes a window's relative error ~1/util).
+    weight: float = 0.0
 
     def step(
         self, *, target: float, util: float, cost_rate: float, throttled: bool, rate: float
@@ -129,18 +140,29 @@ class Controller:
             self.hold = False
             return rate
         learning = False
+        replaced = False
         if cost_rate > 0:
             # Below NVML's resolution counts as a quarter point: a gain learnt too high (work
             # starved to nothing) is corrected instead of freezing the budget.
-            observed = (util if util > 0.5 else 0.25) / cost_rate
+            seen = util if util > 0.5 else 0.25
+            observed = seen / cost_rate
             learning = self.gain <= 0
-            self.gain = observed if learning else 0.6 * self.gain + 0.4 * observed
+            # A window at 30 % says far more than the seed window at 2 % the gain was first
+            # learnt from: weigh each by its squared utilisation, and never move by less than
+            # the plain EMA step, so a gain learnt too high still unwinds at the EMA's pace.
+            prior = GAIN_MEMORY * self.weight
+            fresh = seen * seen
+            step = 1.0 if learning else max(GAIN_MIN_STEP, fresh / (prior + fresh))
+            self.gain = observed if learning else self.gain + step * (observed - self.gain)
+            self.weight = prior + fresh
+            replaced = step > 0.8
         if self.gain <= 0:
             return rate
         error = target - util
-        # No integration on the step that first learns the gain: that window ran on the
-        # provisional budget the claim was seeded with, so its error is not model bias.
-        if not learning and (throttled or error < 0):
+        # No integration while the gain estimate is being replaced (the first step learns it
+        # from the provisional seed window; a much better window re-learns it): that error
+        # comes from the old gain, not from a bias of the model the integral is there for.
+        if not replaced and (throttled or error < 0):
             bound = max(target, 10.0)
             self.integral = min(bound, max(-bound, self.integral + 0.5 * error))
         want = max(0.5, target + self.integral)
@@ -445,6 +467,16 @@ class Governor:
             rate,
         )
 
+    def next_period(self, period: float = DEFAULT_PERIOD_S) -> float:
+        """Seconds until the next tick: short while any claim's controller has not settled its
+        gain yet or skips a straddling sample, so fresh samples are used as soon as they exist."""
+        for claim in self.claims.values():
+            for cap in claim.caps:
+                controller = claim.controllers.get(cap.uuid)
+                if controller is None or controller.gain <= 0 or controller.hold:
+                    return min(period, LEARNING_PERIOD_S)
+        return period
+
     def run(self, stop: threading.Event, period: float = DEFAULT_PERIOD_S) -> None:
         while not stop.is_set():
             started = time.monotonic()
@@ -454,7 +486,7 @@ class Governor:
                 log.exception("governor: tick failed")
             if self.on_tick is not None:
                 self.on_tick(time.monotonic() - started)
-            stop.wait(max(0.0, period - (time.monotonic() - started)))
+            stop.wait(max(0.0, self.next_period(period) - (time.monotonic() - started)))
         self.close()
 
 

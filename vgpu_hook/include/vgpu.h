@@ -129,7 +129,12 @@ struct vgpu_ctl_state {
     double integral;      /* accumulated error correction, points */
     bool hold;            /* the last step changed the rate by more than a third: the next
                              sample's period may straddle the change, so it is skipped */
+    double weight;        /* what `gain` rests on: squared utilisation of the windows it was
+                             learnt from, decayed per step (VGPU_GAIN_MEMORY) */
 };
+/* Share of the gain estimate's weight kept per step; in steady state the estimate is an EMA
+ * that moves 1 - VGPU_GAIN_MEMORY (0.4) of the way to each new observation. */
+#define VGPU_GAIN_MEMORY 0.6
 /* One controller step; returns the new refill rate (cost units / s), 0 = no limit yet. */
 double vgpu_ctl_step(struct vgpu_ctl_state *st, const struct vgpu_ctl_sample *s,
                      double current_rate);
