@@ -51,7 +51,8 @@ DEFAULT_PERIOD_S = 0.1
 # and a 100 ms poll would add up to 100 ms to each of the steps a new claim needs.
 LEARNING_PERIOD_S = 0.02
 GOVERNOR_REFRESH_NS = 500_000_000  # rewrite an unchanged budget at least this often
-BALANCE_HEADROOM = 5.0
+BALANCE_HEADROOM = 5.0  # vgpu.h VGPU_BALANCE_HEADROOM
+FULL_GPU = 100.0 - BALANCE_HEADROOM / 2  # borrowing yields from here on (VGPU_FULL_GPU)
 STARVING_MARGIN = 2.0  # points under its cap before a throttled claim counts as starving
 REGION_SWEEP_TICKS = 10  # uncapped claims' regions are size-checked once per 10 passes (1 s)
 _POLICIES: Mapping[ComputePolicy, int] = {
@@ -118,6 +119,7 @@ def caps_of_prepared(prepared: Callable[[], Mapping[str, ClaimPlan]]) -> ClaimCa
 
 GAIN_MEMORY = 0.6  # share of the gain estimate's weight kept per step (steady state: EMA 0.4)
 GAIN_MIN_STEP = 1.0 - GAIN_MEMORY
+INTEGRAL_ERROR_MAX = 5.0  # points of error one step may integrate (vgpu.h VGPU_INTEGRAL_ERROR_MAX)
 
 
 @dataclass(slots=True)
@@ -163,8 +165,11 @@ class Controller:
         # from the provisional seed window; a much better window re-learns it): that error
         # comes from the old gain, not from a bias of the model the integral is there for.
         if not replaced and (throttled or error < 0):
+            # Only small errors are model bias; a large one comes from a target that just
+            # moved (balance) and would wind the integral up against the new target.
+            bounded = min(INTEGRAL_ERROR_MAX, max(-INTEGRAL_ERROR_MAX, error))
             bound = max(target, 10.0)
-            self.integral = min(bound, max(-bound, self.integral + 0.5 * error))
+            self.integral = min(bound, max(-bound, self.integral + 0.5 * bounded))
         want = max(0.5, target + self.integral)
         new_rate = want / self.gain
         if not (math.isfinite(new_rate) and new_rate >= 1):
@@ -174,9 +179,24 @@ class Controller:
 
 
 def balance_target(cores: int, device_util: float, own_util: float) -> float:
-    """`balance`: borrow the GPU's idle capacity, never below the guaranteed cap."""
+    """`balance`: borrow the GPU's idle capacity, never below the guaranteed cap.
+
+    A full GPU while we borrow means someone else's share is being squeezed (what they get is
+    then less than what they want, so `others` understates them): step back by twice the
+    headroom and let them take it; idle capacity shows again at the next sample if they did
+    not want it.
+    """
     others = max(0.0, device_util - own_util)
+    if device_util >= FULL_GPU and own_util > cores and others >= 1.0:
+        return max(float(cores), own_util - 2 * BALANCE_HEADROOM)
     return max(float(cores), 100.0 - others - BALANCE_HEADROOM)
+
+
+def may_borrow(controller: Controller) -> bool:
+    """A `balance` claim borrows only once its own gain is learnt and not being re-learnt:
+    claims starting together then first reach their caps, instead of all jumping at the idle
+    GPU, overfilling it and sorting the split out over many sample periods."""
+    return controller.gain > 0 and not controller.hold
 
 
 # ---- the NVML seam -----------------------------------------------------------------------------
@@ -443,7 +463,7 @@ class Governor:
         device_util = min(100.0, sum(sample.process_util.values())) or sample.device_util
         target = (
             balance_target(cap.cores, max(device_util, util), util)
-            if cap.policy == POLICY_BALANCE and not others_starving
+            if cap.policy == POLICY_BALANCE and not others_starving and may_borrow(controller)
             else float(cap.cores)
         )
         rate = controller.step(

@@ -95,7 +95,12 @@ double vgpu_ctl_step(struct vgpu_ctl_state *st, const struct vgpu_ctl_sample *s,
      * estimate is being replaced (learnt from the seed window, or re-learnt from a much
      * better one): that error comes from the old gain, not from a bias of the model. */
     if (!replaced && (s->throttled || error < 0)) {
-        st->integral += 0.5 * error;
+        /* Only small errors are model bias; a large one comes from a target that just moved
+         * (balance) and would wind the integral up against the new target. */
+        double bounded = error;
+        if (bounded > VGPU_INTEGRAL_ERROR_MAX) bounded = VGPU_INTEGRAL_ERROR_MAX;
+        if (bounded < -VGPU_INTEGRAL_ERROR_MAX) bounded = -VGPU_INTEGRAL_ERROR_MAX;
+        st->integral += 0.5 * bounded;
         double bound = s->target > 10 ? s->target : 10;
         if (st->integral > bound) st->integral = bound;
         if (st->integral < -bound) st->integral = -bound;
@@ -113,6 +118,13 @@ double vgpu_balance_target(uint32_t cores, double device_util, double own_util) 
      * and never go below the guaranteed cap. */
     double others = device_util - own_util;
     if (others < 0) others = 0;
-    double target = 100.0 - others - 5.0;
+    /* A full GPU while we borrow means someone else's share is being squeezed (what they get
+     * then understates what they want): step back by twice the headroom and let them take it;
+     * idle capacity shows again at the next sample if they did not want it. */
+    if (device_util >= VGPU_FULL_GPU && own_util > (double)cores && others >= 1.0) {
+        double back = own_util - 2 * VGPU_BALANCE_HEADROOM;
+        return back > (double)cores ? back : (double)cores;
+    }
+    double target = 100.0 - others - VGPU_BALANCE_HEADROOM;
     return target > (double)cores ? target : (double)cores;
 }

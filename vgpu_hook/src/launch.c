@@ -144,15 +144,19 @@ static void maybe_step_controller(struct vgpu_dev *d, struct vgpu_region_device 
         .throttled = throttled > throttle_mark,
     };
     s.cost_rate = (double)(cost - cost_mark) / s.dt;
-    s.target = d->conf.policy == VGPU_POLICY_BALANCE
-                   ? vgpu_balance_target(d->conf.cores, device_util, claim_util)
-                   : (double)d->conf.cores;
     struct vgpu_ctl_state st = {
         .gain = bits_to_double(atomic_load(&rd->ctl_gain_bits)),
         .integral = bits_to_double(atomic_load(&rd->ctl_integral_bits)),
         .hold = atomic_load(&rd->ctl_hold) != 0,
         .weight = bits_to_double(atomic_load(&rd->ctl_weight_bits)),
     };
+    /* `balance` borrows only once the gain is learnt and not being re-learnt: claims starting
+     * together first reach their caps instead of all jumping at the idle GPU, overfilling it
+     * and sorting the split out over many sample periods (governor.py may_borrow). */
+    bool may_borrow = st.gain > 0 && !st.hold;
+    s.target = d->conf.policy == VGPU_POLICY_BALANCE && may_borrow
+                   ? vgpu_balance_target(d->conf.cores, device_util, claim_util)
+                   : (double)d->conf.cores;
     double rate = vgpu_ctl_step(&st, &s, (double)atomic_load(&rd->rate));
     atomic_store(&rd->ctl_gain_bits, double_to_bits(st.gain));
     atomic_store(&rd->ctl_integral_bits, double_to_bits(st.integral));

@@ -134,6 +134,10 @@ static void test_balance(void) {
     CHECK(fabs(vgpu_balance_target(30, 100, 30) - 30) < 1e-9); /* others use 70: own cap */
     CHECK(fabs(vgpu_balance_target(30, 60, 10) - 45) < 1e-9);  /* others use 50 */
     CHECK(fabs(vgpu_balance_target(30, 10, 50) - 95) < 1e-9);  /* noisy samples: no negatives */
+    /* Borrowing (own 80 over cap 30) on a full GPU: step back 10 points for the others. */
+    CHECK(fabs(vgpu_balance_target(30, 99, 80) - 70) < 1e-9);
+    CHECK(fabs(vgpu_balance_target(30, 99, 35) - 30) < 1e-9);  /* never under the cap */
+    CHECK(fabs(vgpu_balance_target(30, 99, 99) - 95) < 1e-9); /* alone: no one to yield to */
 }
 
 static void test_lazy_refill(void) {

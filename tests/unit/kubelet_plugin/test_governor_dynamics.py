@@ -141,7 +141,7 @@ def settle_s(tenants: list[Tenant], caps: list[float], first_ns: int) -> float:
     times = [when for when, _ in tenants[0].busy]
     settled: int | None = None
     for i in range(len(times) - steps):
-        if times[i] < first_ns:
+        if times[i] < first_ns - DT_NS:
             continue
         inside = all(
             abs(sum(s[i : i + steps]) / steps - cap) <= BAND
@@ -182,15 +182,18 @@ def run(
     policy: str = "fixed",
     seconds: float = 4.0,
     true_gain: float = 7.2e-8,
+    delays_ms: list[int] | None = None,
 ) -> tuple[list[Tenant], int]:
     node = SimNode(tmp_path)
     node.clock[0] = 0
     tenants = []
     rnd = random.Random(seed * 31 + 7)
     start = 600_000_000 + rnd.randrange(PERIOD_NS) // DT_NS * DT_NS
+    delays = delays_ms or [0] * len(caps)
     for i, cap in enumerate(caps):
         path = node.claim(f"c{i}", cap, pid=500 + i, policy=policy)
-        tenants.append(Tenant(500 + i, cap, rg.Region(str(path)), start, true_gain))
+        begins = start + delays[i] * 1_000_000
+        tenants.append(Tenant(500 + i, cap, rg.Region(str(path)), begins, true_gain))
     plant = Plant(tenants, realistic=realistic, seed=seed)
     gov = node.governor(None)
     gov.source = plant  # the plant is the NVML the governor samples
