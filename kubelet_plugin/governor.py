@@ -53,6 +53,7 @@ LEARNING_PERIOD_S = 0.02
 GOVERNOR_REFRESH_NS = 500_000_000  # rewrite an unchanged budget at least this often
 BALANCE_HEADROOM = 5.0  # vgpu.h VGPU_BALANCE_HEADROOM
 FULL_GPU = 100.0 - BALANCE_HEADROOM / 2  # borrowing yields from here on (VGPU_FULL_GPU)
+BORROW_STEP = 10.0  # points a borrower may grow per step (VGPU_BORROW_STEP)
 STARVING_MARGIN = 2.0  # points under its cap before a throttled claim counts as starving
 REGION_SWEEP_TICKS = 10  # uncapped claims' regions are size-checked once per 10 passes (1 s)
 _POLICIES: Mapping[ComputePolicy, int] = {
@@ -179,7 +180,8 @@ class Controller:
 
 
 def balance_target(cores: int, device_util: float, own_util: float) -> float:
-    """`balance`: borrow the GPU's idle capacity, never below the guaranteed cap.
+    """`balance`: borrow the GPU's idle capacity (at most BORROW_STEP points more than we use
+    per step), never below the guaranteed cap.
 
     A full GPU while we borrow means someone else's share is being squeezed (what they get is
     then less than what they want, so `others` understates them): step back by twice the
@@ -189,7 +191,9 @@ def balance_target(cores: int, device_util: float, own_util: float) -> float:
     others = max(0.0, device_util - own_util)
     if device_util >= FULL_GPU and own_util > cores and others >= 1.0:
         return max(float(cores), own_util - 2 * BALANCE_HEADROOM)
-    return max(float(cores), 100.0 - others - BALANCE_HEADROOM)
+    # Borrowing grows by at most BORROW_STEP per step: a neighbour that started a moment later
+    # is still at its seed rate and looks idle; it reaches its cap before we take its share.
+    return max(float(cores), min(100.0 - others - BALANCE_HEADROOM, own_util + BORROW_STEP))
 
 
 def may_borrow(controller: Controller) -> bool:

@@ -144,6 +144,7 @@ double vgpu_ctl_step(struct vgpu_ctl_state *st, const struct vgpu_ctl_sample *s,
 /* `balance`: points the claim may use, from the GPU's and its own utilisation of one window. */
 #define VGPU_BALANCE_HEADROOM 5.0
 #define VGPU_FULL_GPU (100.0 - VGPU_BALANCE_HEADROOM / 2) /* borrowing yields from here on */
+#define VGPU_BORROW_STEP 10.0 /* points a borrower may grow per step */
 double vgpu_balance_target(uint32_t cores, double device_util, double own_util);
 
 /* ---- loader.c: real entry points --------------------------------------------------------- */

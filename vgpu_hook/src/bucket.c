@@ -125,6 +125,10 @@ double vgpu_balance_target(uint32_t cores, double device_util, double own_util) 
         double back = own_util - 2 * VGPU_BALANCE_HEADROOM;
         return back > (double)cores ? back : (double)cores;
     }
+    /* Borrowing grows by at most VGPU_BORROW_STEP per step: a neighbour that started a moment
+     * later is still at its seed rate and looks idle; it reaches its cap before we take its
+     * share. */
     double target = 100.0 - others - VGPU_BALANCE_HEADROOM;
+    if (target > own_util + VGPU_BORROW_STEP) target = own_util + VGPU_BORROW_STEP;
     return target > (double)cores ? target : (double)cores;
 }

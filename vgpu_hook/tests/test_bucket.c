@@ -130,10 +130,11 @@ static void test_recovers_from_bad_gain(void) {
 }
 
 static void test_balance(void) {
-    CHECK(fabs(vgpu_balance_target(30, 20, 20) - 95) < 1e-9);  /* alone: borrow idle SMs */
+    CHECK(fabs(vgpu_balance_target(30, 90, 90) - 95) < 1e-9);  /* alone: borrow idle SMs */
+    CHECK(fabs(vgpu_balance_target(30, 32, 30) - 40) < 1e-9);  /* ...10 points per step */
     CHECK(fabs(vgpu_balance_target(30, 100, 30) - 30) < 1e-9); /* others use 70: own cap */
-    CHECK(fabs(vgpu_balance_target(30, 60, 10) - 45) < 1e-9);  /* others use 50 */
-    CHECK(fabs(vgpu_balance_target(30, 10, 50) - 95) < 1e-9);  /* noisy samples: no negatives */
+    CHECK(fabs(vgpu_balance_target(30, 80, 40) - 50) < 1e-9);  /* others use 40: up to 55 */
+    CHECK(fabs(vgpu_balance_target(30, 10, 90) - 95) < 1e-9);  /* noisy samples: no negatives */
     /* Borrowing (own 80 over cap 30) on a full GPU: step back 10 points for the others. */
     CHECK(fabs(vgpu_balance_target(30, 99, 80) - 70) < 1e-9);
     CHECK(fabs(vgpu_balance_target(30, 99, 35) - 30) < 1e-9);  /* never under the cap */

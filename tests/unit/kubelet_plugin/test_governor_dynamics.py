@@ -255,3 +255,22 @@ def test_a_light_kernel_is_never_over_its_cap_while_learning(tmp_path: Path) -> 
     )
     assert settle_s(tenants, [30], start) <= 1.0
     assert peak_over_cap(tenants, [30], start) <= BAND
+
+
+@pytest.mark.parametrize("realistic", [False, True], ids=["exact", "realistic"])
+@pytest.mark.parametrize("delay_ms", [300, 1500])
+def test_a_later_balance_tenant_gets_its_cap_within_1_s(
+    tmp_path: Path, realistic: bool, delay_ms: int
+) -> None:
+    """The 70 % tenant starts while the 30 % one already borrows (or is about to): the borrower
+    yields and the newcomer holds its cap within a second of its first launch."""
+    tenants, start = run(
+        tmp_path,
+        [30, 70],
+        realistic=realistic,
+        seed=delay_ms,
+        policy="balance",
+        seconds=3.5,
+        delays_ms=[0, delay_ms],
+    )
+    assert settle_s(tenants, [30, 70], start + delay_ms * 1_000_000) <= 1.0
