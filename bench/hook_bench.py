@@ -124,7 +124,6 @@ def _instructions(node: hook_env.Node) -> dict[str, Any]:
         return {"skipped": "valgrind not installed"}
     uuid = "GPU-11111111-1111-1111-1111-111111111111"
     iterations, warmup = 100_000, 1000  # hook_bench warms up with 1000 launches
-    claims = node.state_dir / "claims"
     idle = node.claim("ir-idle", [f"device uuid={uuid} memory={1 << 40} cores=0"])
     active = node.claim("ir-active", [f"device uuid={uuid} memory={1 << 40} cores=50"])
     result: dict[str, Any] = {"driver": "null, NULLDRV_CTX_LOCK=1", "unit": "instructions"}
@@ -144,25 +143,24 @@ def _instructions(node: hook_env.Node) -> dict[str, Any]:
                 NULLDRV_CTX_LOCK="1",
                 HOOK_BENCH_SETTLE_MS="300",
             )
-            if claim is not None:
-                # Only this claim is visible: the claims dir holds the others too.
-                only = Path(tmp) / f"claims-{key}"
-                only.mkdir()
-                (only / claim.uid).symlink_to(claims / claim.uid)
-                env.update(LD_PRELOAD=str(hook_env.HOOK_LIB), VGPU_DRA_CLAIMS_DIR=str(only))
-            subprocess.run(
-                [
-                    valgrind,
-                    "--tool=callgrind",
-                    f"--callgrind-out-file={out}",
-                    "--toggle-collect=cuLaunchKernel",
-                    str(HOOK_BENCH),
-                    str(iterations),
-                ],
-                env=env,
-                capture_output=True,
-                check=True,
-            )
+            argv = [
+                valgrind,
+                "--tool=callgrind",
+                f"--callgrind-out-file={out}",
+                "--toggle-collect=cuLaunchKernel",
+                str(HOOK_BENCH),
+                str(iterations),
+            ]
+            if claim is None:
+                subprocess.run(argv, env=env, capture_output=True, check=True)
+            else:
+                # The hook reads claims only from /run/vgpu-dra/claims (no override), so the run
+                # goes through the container runner like the timed ones: without it the hook is
+                # a pass-through and "limiter active" would measure the idle path.
+                run = run_with_claims(
+                    [(claim.spec, claim.device_names)], argv, base_env=env, timeout=600
+                )
+                assert run.returncode == 0, run.stderr
             summary = [x for x in out.read_text().splitlines() if x.startswith("summary:")]
             result[f"{key}_per_launch"] = round(
                 int(summary[0].split()[1]) / (iterations + warmup), 1
