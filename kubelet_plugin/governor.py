@@ -492,14 +492,25 @@ class Governor:
         )
 
     def next_period(self, period: float = DEFAULT_PERIOD_S) -> float:
-        """Seconds until the next tick: short while any claim's controller has not settled its
-        gain yet or skips a straddling sample, so fresh samples are used as soon as they exist."""
+        """Seconds until the next tick: short while a claim that is launching has no learnt gain
+        yet or skips a straddling sample, so fresh samples are used as soon as they exist. Idle
+        claims (prepared, nothing launched since the last step) never shorten it."""
         for claim in self.claims.values():
             for cap in claim.caps:
-                controller = claim.controllers.get(cap.uuid)
-                if controller is None or controller.gain <= 0 or controller.hold:
+                if self._learning(claim, cap):
                     return min(period, LEARNING_PERIOD_S)
         return period
+
+    @staticmethod
+    def _learning(claim: _Claim, cap: CappedDevice) -> bool:
+        controller = claim.controllers.get(cap.uuid)
+        if controller is not None and controller.gain > 0 and not controller.hold:
+            return False
+        index = claim.region.device_index(cap.uuid)
+        mark = claim.marks.get(cap.uuid)
+        if index is None or mark is None:
+            return False
+        return claim.region.device(index).launch_cost != mark[0]
 
     def run(self, stop: threading.Event, period: float = DEFAULT_PERIOD_S) -> None:
         while not stop.is_set():

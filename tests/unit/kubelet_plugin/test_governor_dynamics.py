@@ -274,3 +274,23 @@ def test_a_later_balance_tenant_gets_its_cap_within_1_s(
         delays_ms=[0, delay_ms],
     )
     assert settle_s(tenants, [30, 70], start + delay_ms * 1_000_000) <= 1.0
+
+
+def test_the_governor_polls_fast_only_while_a_launching_claim_learns(tmp_path: Path) -> None:
+    node = SimNode(tmp_path)
+    path = node.claim("idle", 30, pid=600)
+    region = rg.Region(str(path))
+    plant = Plant([], realistic=True, seed=0)
+    gov = node.governor(None)
+    gov.source = plant
+    try:
+        for _ in range(3):
+            node.clock[0] += 100_000_000
+            gov.tick()
+        assert gov.next_period() == 0.1  # prepared, nothing launched: no fast polls
+        region.layout.devices[0].rate = 3_000_000
+        region.layout.devices[0].launch_cost += 300_000  # first launches, gain not learnt yet
+        assert gov.next_period() == 0.02
+    finally:
+        gov.close()
+        region.close()
