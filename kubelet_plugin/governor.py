@@ -46,8 +46,14 @@ from kubelet_plugin.region import (
 log = logging.getLogger(__name__)
 
 DEFAULT_PERIOD_S = 0.1
+# While a claim's controller is still learning (or skipping a sample that straddles a big rate
+# change) the governor polls this often: NVML publishes one sample per driver period (~1/6 s),
+# and a 100 ms poll would add up to 100 ms to each of the steps a new claim needs.
+LEARNING_PERIOD_S = 0.02
 GOVERNOR_REFRESH_NS = 500_000_000  # rewrite an unchanged budget at least this often
-BALANCE_HEADROOM = 5.0
+BALANCE_HEADROOM = 5.0  # vgpu.h VGPU_BALANCE_HEADROOM
+FULL_GPU = 100.0 - BALANCE_HEADROOM / 2  # borrowing yields from here on (VGPU_FULL_GPU)
+BORROW_STEP = 10.0  # points a borrower may grow per step (VGPU_BORROW_STEP)
 STARVING_MARGIN = 2.0  # points under its cap before a throttled claim counts as starving
 REGION_SWEEP_TICKS = 10  # uncapped claims' regions are size-checked once per 10 passes (1 s)
 _POLICIES: Mapping[ComputePolicy, int] = {
@@ -112,6 +118,11 @@ def caps_of_prepared(prepared: Callable[[], Mapping[str, ClaimPlan]]) -> ClaimCa
 # ---- the controller (mirror of vgpu_ctl_step in vgpu_hook/src/bucket.c) ---------------------
 
 
+GAIN_MEMORY = 0.6  # share of the gain estimate's weight kept per step (steady state: EMA 0.4)
+GAIN_MIN_STEP = 1.0 - GAIN_MEMORY
+INTEGRAL_ERROR_MAX = 5.0  # points of error one step may integrate (vgpu.h VGPU_INTEGRAL_ERROR_MAX)
+
+
 @dataclass(slots=True)
 class Controller:
     """Model util = gain * cost_rate; rate = (target + integral) / gain, anti-windup."""
@@ -119,6 +130,9 @@ class Controller:
     gain: float = 0.0
     integral: float = 0.0
     hold: bool = False  # the last step changed the rate by over a third: skip the next sample
+    # Weight behind `gain`: the squared utilisation of the windows it was learnt from, decayed
+    # by GAIN_MEMORY per step (NVML's integer percent makes a window's relative error ~1/util).
+    weight: float = 0.0
 
     def step(
         self, *, target: float, util: float, cost_rate: float, throttled: bool, rate: float
@@ -129,20 +143,34 @@ class Controller:
             self.hold = False
             return rate
         learning = False
+        replaced = False
         if cost_rate > 0:
             # Below NVML's resolution counts as a quarter point: a gain learnt too high (work
             # starved to nothing) is corrected instead of freezing the budget.
-            observed = (util if util > 0.5 else 0.25) / cost_rate
+            seen = util if util > 0.5 else 0.25
+            observed = seen / cost_rate
             learning = self.gain <= 0
-            self.gain = observed if learning else 0.6 * self.gain + 0.4 * observed
+            # A window at 30 % says far more than the seed window at 2 % the gain was first
+            # learnt from: weigh each by its squared utilisation, and never move by less than
+            # the plain EMA step, so a gain learnt too high still unwinds at the EMA's pace.
+            prior = GAIN_MEMORY * self.weight
+            fresh = seen * seen
+            step = 1.0 if learning else max(GAIN_MIN_STEP, fresh / (prior + fresh))
+            self.gain = observed if learning else self.gain + step * (observed - self.gain)
+            self.weight = prior + fresh
+            replaced = step > 0.8
         if self.gain <= 0:
             return rate
         error = target - util
-        # No integration on the step that first learns the gain: that window ran on the
-        # provisional budget the claim was seeded with, so its error is not model bias.
-        if not learning and (throttled or error < 0):
+        # No integration while the gain estimate is being replaced (the first step learns it
+        # from the provisional seed window; a much better window re-learns it): that error
+        # comes from the old gain, not from a bias of the model the integral is there for.
+        if not replaced and (throttled or error < 0):
+            # Only small errors are model bias; a large one comes from a target that just
+            # moved (balance) and would wind the integral up against the new target.
+            bounded = min(INTEGRAL_ERROR_MAX, max(-INTEGRAL_ERROR_MAX, error))
             bound = max(target, 10.0)
-            self.integral = min(bound, max(-bound, self.integral + 0.5 * error))
+            self.integral = min(bound, max(-bound, self.integral + 0.5 * bounded))
         want = max(0.5, target + self.integral)
         new_rate = want / self.gain
         if not (math.isfinite(new_rate) and new_rate >= 1):
@@ -152,9 +180,27 @@ class Controller:
 
 
 def balance_target(cores: int, device_util: float, own_util: float) -> float:
-    """`balance`: borrow the GPU's idle capacity, never below the guaranteed cap."""
+    """`balance`: borrow the GPU's idle capacity (at most BORROW_STEP points more than we use
+    per step), never below the guaranteed cap.
+
+    A full GPU while we borrow means someone else's share is being squeezed (what they get is
+    then less than what they want, so `others` understates them): step back by twice the
+    headroom and let them take it; idle capacity shows again at the next sample if they did
+    not want it.
+    """
     others = max(0.0, device_util - own_util)
-    return max(float(cores), 100.0 - others - BALANCE_HEADROOM)
+    if device_util >= FULL_GPU and own_util > cores and others >= 1.0:
+        return max(float(cores), own_util - 2 * BALANCE_HEADROOM)
+    # Borrowing grows by at most BORROW_STEP per step: a neighbour that started a moment later
+    # is still at its seed rate and looks idle; it reaches its cap before we take its share.
+    return max(float(cores), min(100.0 - others - BALANCE_HEADROOM, own_util + BORROW_STEP))
+
+
+def may_borrow(controller: Controller) -> bool:
+    """A `balance` claim borrows only once its own gain is learnt and not being re-learnt:
+    claims starting together then first reach their caps, instead of all jumping at the idle
+    GPU, overfilling it and sorting the split out over many sample periods."""
+    return controller.gain > 0 and not controller.hold
 
 
 # ---- the NVML seam -----------------------------------------------------------------------------
@@ -421,7 +467,7 @@ class Governor:
         device_util = min(100.0, sum(sample.process_util.values())) or sample.device_util
         target = (
             balance_target(cap.cores, max(device_util, util), util)
-            if cap.policy == POLICY_BALANCE and not others_starving
+            if cap.policy == POLICY_BALANCE and not others_starving and may_borrow(controller)
             else float(cap.cores)
         )
         rate = controller.step(
@@ -445,6 +491,27 @@ class Governor:
             rate,
         )
 
+    def next_period(self, period: float = DEFAULT_PERIOD_S) -> float:
+        """Seconds until the next tick: short while a claim that is launching has no learnt gain
+        yet or skips a straddling sample, so fresh samples are used as soon as they exist. Idle
+        claims (prepared, nothing launched since the last step) never shorten it."""
+        for claim in self.claims.values():
+            for cap in claim.caps:
+                if self._learning(claim, cap):
+                    return min(period, LEARNING_PERIOD_S)
+        return period
+
+    @staticmethod
+    def _learning(claim: _Claim, cap: CappedDevice) -> bool:
+        controller = claim.controllers.get(cap.uuid)
+        if controller is not None and controller.gain > 0 and not controller.hold:
+            return False
+        index = claim.region.device_index(cap.uuid)
+        mark = claim.marks.get(cap.uuid)
+        if index is None or mark is None:
+            return False
+        return claim.region.device(index).launch_cost != mark[0]
+
     def run(self, stop: threading.Event, period: float = DEFAULT_PERIOD_S) -> None:
         while not stop.is_set():
             started = time.monotonic()
@@ -454,7 +521,7 @@ class Governor:
                 log.exception("governor: tick failed")
             if self.on_tick is not None:
                 self.on_tick(time.monotonic() - started)
-            stop.wait(max(0.0, period - (time.monotonic() - started)))
+            stop.wait(max(0.0, self.next_period(period) - (time.monotonic() - started)))
         self.close()
 
 

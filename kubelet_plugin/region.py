@@ -58,7 +58,8 @@ class RegionDevice(ctypes.Structure):
         ("ctl_window_ns", ctypes.c_uint64),
         ("ctl_learning_anchor", ctypes.c_uint64),
         ("ctl_hold", ctypes.c_uint64),
-        ("reserved1", ctypes.c_uint8 * (512 - 96 - 8 - 4 - 4 - 16 - 4 - 4 - 136)),
+        ("ctl_weight_bits", ctypes.c_uint64),
+        ("reserved1", ctypes.c_uint8 * (512 - 96 - 8 - 4 - 4 - 16 - 4 - 4 - 144)),
     )
 
 

@@ -88,7 +88,8 @@ struct vgpu_region_device {
      * sample's period may reach back before the first launch, so it only starts the window. */
     _Atomic uint64_t ctl_learning_anchor;
     _Atomic uint64_t ctl_hold;           /* struct vgpu_ctl_state.hold of the fallback */
-    uint8_t reserved1[512 - 96 - 8 - 4 - 4 - 8 * 2 - 4 - 4 - 8 * 17];
+    _Atomic uint64_t ctl_weight_bits;    /* double: struct vgpu_ctl_state.weight of the fallback */
+    uint8_t reserved1[512 - 96 - 8 - 4 - 4 - 8 * 2 - 4 - 4 - 8 * 18];
 };
 
 /* One per live process. 264 bytes. */

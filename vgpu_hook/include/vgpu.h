@@ -129,10 +129,22 @@ struct vgpu_ctl_state {
     double integral;      /* accumulated error correction, points */
     bool hold;            /* the last step changed the rate by more than a third: the next
                              sample's period may straddle the change, so it is skipped */
+    double weight;        /* what `gain` rests on: squared utilisation of the windows it was
+                             learnt from, decayed per step (VGPU_GAIN_MEMORY) */
 };
+/* Share of the gain estimate's weight kept per step; in steady state the estimate is an EMA
+ * that moves 1 - VGPU_GAIN_MEMORY (0.4) of the way to each new observation. */
+#define VGPU_GAIN_MEMORY 0.6
+/* Points of error one step may add to the integral: larger errors come from a moved target or
+ * a gain being re-learnt, not from the model's bias the integral is there to remove. */
+#define VGPU_INTEGRAL_ERROR_MAX 5.0
 /* One controller step; returns the new refill rate (cost units / s), 0 = no limit yet. */
 double vgpu_ctl_step(struct vgpu_ctl_state *st, const struct vgpu_ctl_sample *s,
                      double current_rate);
+/* `balance`: points the claim may use, from the GPU's and its own utilisation of one window. */
+#define VGPU_BALANCE_HEADROOM 5.0
+#define VGPU_FULL_GPU (100.0 - VGPU_BALANCE_HEADROOM / 2) /* borrowing yields from here on */
+#define VGPU_BORROW_STEP 10.0 /* points a borrower may grow per step */
 double vgpu_balance_target(uint32_t cores, double device_util, double own_util);
 
 /* ---- loader.c: real entry points --------------------------------------------------------- */

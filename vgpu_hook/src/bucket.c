@@ -11,10 +11,11 @@
  * controller is implemented by kubelet_plugin/governor.py for the node-side path.
  *
  * Controller: utilisation is modelled as util = gain * cost_rate (cost units launched per
- * second). Each step re-estimates gain from the last window (EMA), then sets
- * rate = (target + integral) / gain. The integral term removes the model's steady-state bias
- * and only integrates while the claim is actually limited (anti-windup), so an application that
- * wants less than its cap does not build up credit and burst later.
+ * second). Each step re-estimates gain from the last window (an EMA weighted by how precise
+ * each window's utilisation figure is), then sets rate = (target + integral) / gain. The
+ * integral term removes the model's steady-state bias and only integrates while the claim is
+ * actually limited (anti-windup), so an application that wants less than its cap does not
+ * build up credit and burst later.
  */
 #include <math.h>
 #include <stdatomic.h>
@@ -69,23 +70,37 @@ double vgpu_ctl_step(struct vgpu_ctl_state *st, const struct vgpu_ctl_sample *s,
         st->hold = false;
         return current_rate;
     }
-    bool learning = false;
+    bool learning = false, replaced = false;
     if (s->cost_rate > 0) {
         /* Utilisation under half a point is below NVML's resolution: count it as a quarter
          * point, so a gain learnt too high (launches starved to nothing) is corrected instead
          * of freezing the budget, while zero-cost work still gets a generous budget. */
-        double util = s->util > 0.5 ? s->util : 0.25;
-        double observed = util / s->cost_rate;
+        double seen = s->util > 0.5 ? s->util : 0.25;
+        double observed = seen / s->cost_rate;
         learning = st->gain <= 0;
-        st->gain = learning ? observed : 0.6 * st->gain + 0.4 * observed;
+        /* NVML reports integer percent, so a window's relative error is about 1/util: a
+         * window at 30 % says far more than the seed window at 2 % the gain was first learnt
+         * from. Weigh each by its squared utilisation, and never move by less than the plain
+         * EMA step, so a gain learnt too high still unwinds at the EMA's pace. */
+        double prior = VGPU_GAIN_MEMORY * st->weight, fresh = seen * seen;
+        double step = fresh / (prior + fresh);
+        if (step < 1.0 - VGPU_GAIN_MEMORY) step = 1.0 - VGPU_GAIN_MEMORY;
+        st->gain = learning ? observed : st->gain + step * (observed - st->gain);
+        st->weight = prior + fresh;
+        replaced = learning || step > 0.8;
     }
     if (st->gain <= 0) return current_rate; /* nothing learnt yet: keep the current budget */
     double error = s->target - s->util;
-    /* Integrate only while limited or over target (anti-windup), and not on the step that
-     * first learns the gain: that window ran on a provisional budget (the claim's cap over a
-     * default gain), and its error says nothing about the model's bias. */
-    if (!learning && (s->throttled || error < 0)) {
-        st->integral += 0.5 * error;
+    /* Integrate only while limited or over target (anti-windup), and not while the gain
+     * estimate is being replaced (learnt from the seed window, or re-learnt from a much
+     * better one): that error comes from the old gain, not from a bias of the model. */
+    if (!replaced && (s->throttled || error < 0)) {
+        /* Only small errors are model bias; a large one comes from a target that just moved
+         * (balance) and would wind the integral up against the new target. */
+        double bounded = error;
+        if (bounded > VGPU_INTEGRAL_ERROR_MAX) bounded = VGPU_INTEGRAL_ERROR_MAX;
+        if (bounded < -VGPU_INTEGRAL_ERROR_MAX) bounded = -VGPU_INTEGRAL_ERROR_MAX;
+        st->integral += 0.5 * bounded;
         double bound = s->target > 10 ? s->target : 10;
         if (st->integral > bound) st->integral = bound;
         if (st->integral < -bound) st->integral = -bound;
@@ -103,6 +118,17 @@ double vgpu_balance_target(uint32_t cores, double device_util, double own_util) 
      * and never go below the guaranteed cap. */
     double others = device_util - own_util;
     if (others < 0) others = 0;
-    double target = 100.0 - others - 5.0;
+    /* A full GPU while we borrow means someone else's share is being squeezed (what they get
+     * then understates what they want): step back by twice the headroom and let them take it;
+     * idle capacity shows again at the next sample if they did not want it. */
+    if (device_util >= VGPU_FULL_GPU && own_util > (double)cores && others >= 1.0) {
+        double back = own_util - 2 * VGPU_BALANCE_HEADROOM;
+        return back > (double)cores ? back : (double)cores;
+    }
+    /* Borrowing grows by at most VGPU_BORROW_STEP per step: a neighbour that started a moment
+     * later is still at its seed rate and looks idle; it reaches its cap before we take its
+     * share. */
+    double target = 100.0 - others - VGPU_BALANCE_HEADROOM;
+    if (target > own_util + VGPU_BORROW_STEP) target = own_util + VGPU_BORROW_STEP;
     return target > (double)cores ? target : (double)cores;
 }

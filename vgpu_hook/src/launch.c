@@ -19,7 +19,11 @@
 
 #include "vgpu.h"
 
-#define CTL_PERIOD_NS 100000000ULL     /* controller step every 100 ms */
+#define CTL_PERIOD_NS 100000000ULL     /* controller step every 100 ms once settled */
+/* While the controller has no gain yet, or skips a sample that straddles a big rate change, it
+ * polls NVML this often: a fresh sample comes once per driver period (~1/6 s), and waiting up to
+ * 100 ms to notice each one would add that to every step a new claim needs to settle. */
+#define CTL_LEARNING_PERIOD_NS 20000000ULL
 #define GOVERNOR_STALE_NS 2000000000ULL /* governor considered gone after 2 s of silence */
 
 static double bits_to_double(uint64_t bits) {
@@ -106,7 +110,11 @@ static void maybe_step_controller(struct vgpu_dev *d, struct vgpu_region_device 
     uint64_t gov = atomic_load_explicit(&rd->governor_stamp_ns, memory_order_relaxed);
     if (gov != 0 && now - gov < GOVERNOR_STALE_NS) return;
     uint64_t last = atomic_load_explicit(&rd->ctl_stamp_ns, memory_order_relaxed);
-    if (last != 0 && now - last < CTL_PERIOD_NS) return;
+    uint64_t period = atomic_load_explicit(&rd->ctl_gain_bits, memory_order_relaxed) == 0 ||
+                              atomic_load_explicit(&rd->ctl_hold, memory_order_relaxed) != 0
+                          ? CTL_LEARNING_PERIOD_NS
+                          : CTL_PERIOD_NS;
+    if (last != 0 && now - last < period) return;
     if (!atomic_compare_exchange_strong(&rd->ctl_stamp_ns, &last, now)) return;
     /* Elected for this period. The window runs from the last consumed sample. */
     uint64_t cost = atomic_load(&rd->launch_cost);
@@ -136,18 +144,24 @@ static void maybe_step_controller(struct vgpu_dev *d, struct vgpu_region_device 
         .throttled = throttled > throttle_mark,
     };
     s.cost_rate = (double)(cost - cost_mark) / s.dt;
-    s.target = d->conf.policy == VGPU_POLICY_BALANCE
-                   ? vgpu_balance_target(d->conf.cores, device_util, claim_util)
-                   : (double)d->conf.cores;
     struct vgpu_ctl_state st = {
         .gain = bits_to_double(atomic_load(&rd->ctl_gain_bits)),
         .integral = bits_to_double(atomic_load(&rd->ctl_integral_bits)),
         .hold = atomic_load(&rd->ctl_hold) != 0,
+        .weight = bits_to_double(atomic_load(&rd->ctl_weight_bits)),
     };
+    /* `balance` borrows only once the gain is learnt and not being re-learnt: claims starting
+     * together first reach their caps instead of all jumping at the idle GPU, overfilling it
+     * and sorting the split out over many sample periods (governor.py may_borrow). */
+    bool may_borrow = st.gain > 0 && !st.hold;
+    s.target = d->conf.policy == VGPU_POLICY_BALANCE && may_borrow
+                   ? vgpu_balance_target(d->conf.cores, device_util, claim_util)
+                   : (double)d->conf.cores;
     double rate = vgpu_ctl_step(&st, &s, (double)atomic_load(&rd->rate));
     atomic_store(&rd->ctl_gain_bits, double_to_bits(st.gain));
     atomic_store(&rd->ctl_integral_bits, double_to_bits(st.integral));
     atomic_store(&rd->ctl_hold, st.hold ? 1 : 0);
+    atomic_store(&rd->ctl_weight_bits, double_to_bits(st.weight));
     if (rate >= 1 && isfinite(rate)) {
         atomic_store(&rd->rate, (uint64_t)rate);
         atomic_store(&rd->rate_stamp_ns, now);

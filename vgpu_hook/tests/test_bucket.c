@@ -130,10 +130,15 @@ static void test_recovers_from_bad_gain(void) {
 }
 
 static void test_balance(void) {
-    CHECK(fabs(vgpu_balance_target(30, 20, 20) - 95) < 1e-9);  /* alone: borrow idle SMs */
+    CHECK(fabs(vgpu_balance_target(30, 90, 90) - 95) < 1e-9);  /* alone: borrow idle SMs */
+    CHECK(fabs(vgpu_balance_target(30, 32, 30) - 40) < 1e-9);  /* ...10 points per step */
     CHECK(fabs(vgpu_balance_target(30, 100, 30) - 30) < 1e-9); /* others use 70: own cap */
-    CHECK(fabs(vgpu_balance_target(30, 60, 10) - 45) < 1e-9);  /* others use 50 */
-    CHECK(fabs(vgpu_balance_target(30, 10, 50) - 95) < 1e-9);  /* noisy samples: no negatives */
+    CHECK(fabs(vgpu_balance_target(30, 80, 40) - 50) < 1e-9);  /* others use 40: up to 55 */
+    CHECK(fabs(vgpu_balance_target(30, 10, 90) - 95) < 1e-9);  /* noisy samples: no negatives */
+    /* Borrowing (own 80 over cap 30) on a full GPU: step back 10 points for the others. */
+    CHECK(fabs(vgpu_balance_target(30, 99, 80) - 70) < 1e-9);
+    CHECK(fabs(vgpu_balance_target(30, 99, 35) - 30) < 1e-9);  /* never under the cap */
+    CHECK(fabs(vgpu_balance_target(30, 99, 99) - 95) < 1e-9); /* alone: no one to yield to */
 }
 
 static void test_lazy_refill(void) {
@@ -175,9 +180,44 @@ static void test_learning_step_does_not_integrate(void) {
     s.cost_rate = rate;
     CHECK(vgpu_ctl_step(&st, &s, rate) == rate);
     CHECK(!st.hold && fabs(st.integral) < 1e-12);
+    /* A window at 29 % is far more precise than the 5 % one the gain was learnt from: it
+     * replaces the gain (no integration on that step either), and steps after it integrate. */
     s.util = 29;
     vgpu_ctl_step(&st, &s, rate);
+    CHECK(fabs(st.integral) < 1e-12);
+    vgpu_ctl_step(&st, &s, rate);
     CHECK(st.integral > 0);
+}
+
+static void test_precise_window_replaces_seed_gain(void) {
+    /* True gain 7.2e-8: the seed window (3e7 units/s, 2.16 % truly) reads 2 %, so the learnt
+     * gain is 7 % low and the first budget overshoots the cap of 30 to 32.4 %. The next window
+     * (after the skipped straddling one) reads 32 %, 16x the seed's precision: the gain moves
+     * nearly all the way (a plain 0.4 EMA would leave 60 % of the error). */
+    const double truth = 7.2e-8;
+    struct vgpu_ctl_state st = {0};
+    struct vgpu_ctl_sample s = {.target = 30, .util = 2, .cost_rate = 3e7, .dt = 0.17,
+                                .throttled = true};
+    double rate = vgpu_ctl_step(&st, &s, 3e7);
+    CHECK(st.hold);
+    s.cost_rate = rate;
+    s.util = 31; /* the straddling window: skipped */
+    CHECK(vgpu_ctl_step(&st, &s, rate) == rate);
+    s.util = round(truth * rate);
+    rate = vgpu_ctl_step(&st, &s, rate);
+    CHECK(fabs(st.gain - truth) / truth < 0.02);
+    CHECK(fabs(truth * rate - 30) < 0.6);
+    /* In steady state windows are equally precise and the estimate is the plain EMA. */
+    for (int i = 0; i < 20; i++) {
+        s.cost_rate = rate;
+        s.util = 30;
+        rate = vgpu_ctl_step(&st, &s, rate);
+    }
+    double before = st.gain;
+    s.cost_rate = rate * 1.25; /* same utilisation for more launches: lighter kernels */
+    vgpu_ctl_step(&st, &s, rate);
+    double moved = (st.gain - before) / (30 / s.cost_rate - before);
+    CHECK(fabs(moved - (1.0 - VGPU_GAIN_MEMORY)) < 0.05);
 }
 
 int main(void) {
@@ -191,5 +231,6 @@ int main(void) {
     test_balance();
     test_lazy_refill();
     test_learning_step_does_not_integrate();
+    test_precise_window_replaces_seed_gain();
     CHECK_DONE();
 }

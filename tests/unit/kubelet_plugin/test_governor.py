@@ -162,9 +162,11 @@ def test_controller_recovers_from_a_gain_learnt_too_high() -> None:
 
 
 def test_balance_target() -> None:
-    assert balance_target(30, 20, 20) == 95
-    assert balance_target(30, 100, 30) == 30
-    assert balance_target(30, 60, 10) == 45
+    assert balance_target(30, 90, 90) == 95  # alone: borrow the idle GPU...
+    assert balance_target(30, 32, 30) == 40  # ...growing 10 points per step
+    assert balance_target(30, 100, 30) == 30  # others use 70: own cap
+    assert balance_target(30, 80, 40) == 50  # others use 40: up to 55
+    assert balance_target(30, 99, 80) == 70  # full GPU while borrowing: step back 10
 
 
 def test_single_claim_is_driven_to_its_cap(tmp_path: Path) -> None:

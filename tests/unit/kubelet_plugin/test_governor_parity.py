@@ -32,6 +32,7 @@ class CtlState(ctypes.Structure):
         ("gain", ctypes.c_double),
         ("integral", ctypes.c_double),
         ("hold", ctypes.c_bool),
+        ("weight", ctypes.c_double),
     )
 
 
@@ -67,10 +68,12 @@ def _same(a: float, b: float) -> bool:
 class _Pair:
     """One C state and one Python controller, stepped together."""
 
-    def __init__(self, lib: ctypes.CDLL, gain: float = 0.0, integral: float = 0.0) -> None:
+    def __init__(
+        self, lib: ctypes.CDLL, gain: float = 0.0, integral: float = 0.0, weight: float = 0.0
+    ) -> None:
         self.lib = lib
-        self.c = CtlState(gain, integral)
-        self.py = Controller(gain=gain, integral=integral)
+        self.c = CtlState(gain, integral, False, weight)
+        self.py = Controller(gain=gain, integral=integral, weight=weight)
 
     def step(
         self, *, target: float, util: float, cost_rate: float, throttled: bool, rate: float
@@ -85,13 +88,16 @@ class _Pair:
         assert _same(self.c.gain, self.py.gain), context
         assert _same(self.c.integral, self.py.integral), context
         assert self.c.hold == self.py.hold, context
+        assert _same(self.c.weight, self.py.weight), context
         return py_rate
 
 
 @pytest.mark.parametrize("seed", range(8))
 def test_random_samples_give_the_same_rates(c_lib: ctypes.CDLL, seed: int) -> None:
     rnd = random.Random(seed)
-    pair = _Pair(c_lib, gain=rnd.choice([0.0, 0.0, 1e-7, 0.1]))
+    pair = _Pair(
+        c_lib, gain=rnd.choice([0.0, 0.0, 1e-7, 0.1]), weight=rnd.choice([0.0, 4.0, 900.0])
+    )
     rate = rnd.choice([0.0, 1.0, 5e7])
     for _ in range(400):
         util = rnd.choice([0.0, 0.3, 0.5, 0.51, rnd.uniform(0, 100), 100.0])

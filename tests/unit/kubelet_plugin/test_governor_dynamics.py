@@ -1,0 +1,296 @@
+"""The node governor's closed-loop dynamics against a simulated GPU, under both NVML samplings.
+
+Deterministic (fake clock, seeded jitter), so settling is asserted in controller time, not wall
+time: the real `Governor` (real region files, real controller) drives a plant that behaves like
+the simulated GPU and the hook together:
+- a tenant starts launching at `start_s`; its first launch seeds the region's rate from the cap
+  (`cores / seed gain`, as vgpu_hook/src/launch.c does), then it launches as fast as the
+  region's rate allows (utilisation = true gain x admitted cost rate; the GPU time-slices when
+  the tenants together want more than 100 %);
+- NVML answers per-process utilisation either exactly over the caller's interval, or
+  realistically: integer percentages per driver sample period (1/6 s, boundaries jittered by up
+  to 20 ms), averaged over the completed periods since `lastSeen`, nothing new between period
+  ends (hack/fakegpu/src/nvml_usage.c models the same).
+
+The settling figure is the one bench/hook_bench.py reports from the real simulated GPU: time
+from the tenant's first launch until every tenant's 0.3 s mean utilisation stays within 3
+points of its cap (for `balance` tenants: of the cap when the GPU is full).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from kubelet_plugin import region as rg
+from kubelet_plugin.governor import GpuSample
+from tests.fixtures.governor_sim import UUID, SimNode
+
+SEED_GAIN_DEFAULT = 1e-6  # vgpu_hook/include/vgpu.h VGPU_SEED_GAIN_DEFAULT
+DT_NS = 2_000_000  # plant resolution
+PERIOD_NS = 166_667_000
+JITTER_NS = 20_000_000
+BAND = 3.0
+WINDOW_NS = 300_000_000
+
+
+@dataclass
+class Tenant:
+    pid: int
+    cap: int
+    region: rg.Region
+    start_ns: int
+    true_gain: float
+    demand: float = 5e9
+    busy: list[tuple[int, float]] = field(default_factory=list)  # (t_ns, util) per plant step
+
+    def started(self, now: int) -> bool:
+        return now >= self.start_ns
+
+
+class Plant:
+    """GPU + hooks + NVML for the governor (`UtilSource`)."""
+
+    def __init__(self, tenants: list[Tenant], *, realistic: bool, seed: int) -> None:
+        self.tenants = tenants
+        self.realistic = realistic
+        self.now = 0
+        rnd = random.Random(seed)
+        self.phase = rnd.randrange(PERIOD_NS)
+        self.jitters = [rnd.randrange(JITTER_NS + 1) for _ in range(2000)]
+        # per pid: list of (period_end_ns, integer percent)
+        self.periods: dict[int, list[tuple[int, int]]] = {t.pid: [] for t in tenants}
+        self.period_busy: dict[int, float] = {t.pid: 0.0 for t in tenants}
+        self.period_start = 0
+        self.period_index = 0
+
+    def _period_end(self, k: int) -> int:
+        return self.phase + k * PERIOD_NS + self.jitters[k % len(self.jitters)]
+
+    def advance(self, until_ns: int) -> None:
+        while self.now + DT_NS <= until_ns:
+            self.now += DT_NS
+            wanted: dict[int, float] = {}
+            for t in self.tenants:
+                if not t.started(self.now):
+                    continue
+                dev = t.region.layout.devices[0]
+                if dev.rate == 0:  # the hook's seed at the first launch
+                    seed = _bits_to_double(dev.seed_gain_bits)
+                    gain = seed if seed > SEED_GAIN_DEFAULT else SEED_GAIN_DEFAULT
+                    dev.rate = int(t.cap / gain)
+                    dev.rate_source = rg.RATE_SEED
+                wanted[t.pid] = min(float(dev.rate), t.demand)
+            total = sum(t.true_gain * wanted[t.pid] for t in self.tenants if t.pid in wanted)
+            scale = min(1.0, 100.0 / total) if total else 1.0
+            for t in self.tenants:
+                util = 0.0
+                if t.pid in wanted:
+                    admitted = wanted[t.pid] * scale
+                    util = t.true_gain * admitted
+                    dev = t.region.layout.devices[0]
+                    dev.launch_cost += int(admitted * DT_NS / 1e9)
+                    if dev.rate < t.demand:
+                        dev.throttled_ns += DT_NS // 2
+                t.busy.append((self.now, util))
+                self.period_busy[t.pid] += util * DT_NS
+            if self.now >= self._period_end(self.period_index):
+                span = self.now - self.period_start
+                for t in self.tenants:
+                    pct = round(self.period_busy[t.pid] / span) if span else 0
+                    if t.started(self.now) or pct:
+                        self.periods[t.pid].append((self.now, pct))
+                    self.period_busy[t.pid] = 0.0
+                self.period_start = self.now
+                self.period_index += 1
+
+    def sample(self, uuid: str, since_us: int) -> GpuSample:
+        assert uuid == UUID
+        since = since_us * 1000
+        if self.realistic:
+            per_pid: dict[int, float] = {}
+            for pid, periods in self.periods.items():
+                fresh = [pct for end, pct in periods if end > since]
+                if fresh:
+                    per_pid[pid] = float(round(sum(fresh) / len(fresh)))
+            if not per_pid:
+                return GpuSample(0.0, {}, fresh=False)
+            last = sum(periods[-1][1] for periods in self.periods.values() if periods)
+            return GpuSample(float(min(100, last)), per_pid)
+        per_pid = {}
+        for t in self.tenants:
+            window = [u for when, u in t.busy if when > since]
+            if window and any(u > 0 for u in window):
+                per_pid[t.pid] = float(round(sum(window) / len(window)))
+        return GpuSample(float(min(100.0, sum(per_pid.values()))), per_pid)
+
+
+def _bits_to_double(bits: int) -> float:
+    return float(struct.unpack("<d", struct.pack("<Q", bits))[0])
+
+
+def settle_s(tenants: list[Tenant], caps: list[float], first_ns: int) -> float:
+    """Seconds from `first_ns` until every tenant's 0.3 s mean stays within BAND of its cap."""
+    steps = WINDOW_NS // DT_NS
+    series = [[u for _, u in t.busy] for t in tenants]
+    times = [when for when, _ in tenants[0].busy]
+    settled: int | None = None
+    for i in range(len(times) - steps):
+        if times[i] < first_ns - DT_NS:
+            continue
+        inside = all(
+            abs(sum(s[i : i + steps]) / steps - cap) <= BAND
+            for s, cap in zip(series, caps, strict=True)
+        )
+        if inside and settled is None:
+            settled = times[i] - DT_NS
+        elif not inside:
+            settled = None
+    return math.inf if settled is None else (settled - first_ns) / 1e9
+
+
+def peak_over_cap(tenants: list[Tenant], caps: list[int], first_ns: int) -> float:
+    """Highest 0.3 s mean above its cap of any tenant within the first second."""
+    steps = WINDOW_NS // DT_NS
+    worst = -math.inf
+    for tenant, cap in zip(tenants, caps, strict=True):
+        series = [u for when, u in tenant.busy if first_ns <= when < first_ns + 1_000_000_000]
+        for i in range(len(series) - steps + 1):
+            worst = max(worst, sum(series[i : i + steps]) / steps - cap)
+    return worst
+
+
+def mae(tenant: Tenant, cap: float, from_ns: int) -> float:
+    """Mean absolute error of 0.5 s means from the cap, from `from_ns` on."""
+    per = 500_000_000 // DT_NS
+    series = [u for when, u in tenant.busy if when >= from_ns]
+    windows = [sum(series[i : i + per]) / per for i in range(0, len(series) - per + 1, per)]
+    return sum(abs(w - cap) for w in windows) / len(windows)
+
+
+def run(
+    tmp_path: Path,
+    caps: list[int],
+    *,
+    realistic: bool,
+    seed: int,
+    policy: str = "fixed",
+    seconds: float = 4.0,
+    true_gain: float = 7.2e-8,
+    delays_ms: list[int] | None = None,
+) -> tuple[list[Tenant], int]:
+    node = SimNode(tmp_path)
+    node.clock[0] = 0
+    tenants = []
+    rnd = random.Random(seed * 31 + 7)
+    start = 600_000_000 + rnd.randrange(PERIOD_NS) // DT_NS * DT_NS
+    delays = delays_ms or [0] * len(caps)
+    for i, cap in enumerate(caps):
+        path = node.claim(f"c{i}", cap, pid=500 + i, policy=policy)
+        begins = start + delays[i] * 1_000_000
+        tenants.append(Tenant(500 + i, cap, rg.Region(str(path)), begins, true_gain))
+    plant = Plant(tenants, realistic=realistic, seed=seed)
+    gov = node.governor(None)
+    gov.source = plant  # the plant is the NVML the governor samples
+    tick_phase = rnd.randrange(100_000_000) // DT_NS * DT_NS
+    now = tick_phase
+    end = int(seconds * 1e9) + start
+    try:
+        while now < end:
+            plant.advance(now)
+            node.clock[0] = now
+            gov.tick()
+            now += int(gov.next_period() * 1e9)
+        plant.advance(end)
+    finally:
+        gov.close()
+        for t in tenants:
+            t.region.close()
+    return tenants, start
+
+
+@pytest.mark.parametrize("realistic", [False, True], ids=["exact", "realistic"])
+@pytest.mark.parametrize("seed", range(4))
+def test_a_fixed_claim_settles_within_300_ms(tmp_path: Path, realistic: bool, seed: int) -> None:
+    """Seeded from the cap at its first launch, the claim is in the band once the governor has
+    learnt its gain from one clean sample period (realistic: the second period end after the
+    first launch, at most 2 x 1/6 s + jitter + one 20 ms learning poll), and stays there."""
+    tenants, start = run(tmp_path, [30], realistic=realistic, seed=seed, seconds=3.0)
+    assert settle_s(tenants, [30], start) <= 0.3
+    assert peak_over_cap(tenants, [30], start) <= BAND
+    assert mae(tenants[0], 30, start + 1_000_000_000) <= 1.0
+
+
+@pytest.mark.parametrize("realistic", [False, True], ids=["exact", "realistic"])
+@pytest.mark.parametrize("cap", [10, 30, 50, 70])
+def test_accuracy_at_each_cap(tmp_path: Path, realistic: bool, cap: int) -> None:
+    tenants, start = run(tmp_path, [cap], realistic=realistic, seed=cap, seconds=4.0)
+    assert mae(tenants[0], cap, start + 2_000_000_000) <= 1.0
+
+
+@pytest.mark.parametrize("realistic", [False, True], ids=["exact", "realistic"])
+@pytest.mark.parametrize("seed", range(3))
+def test_two_balance_tenants_starting_together_settle_within_1_s(
+    tmp_path: Path, realistic: bool, seed: int
+) -> None:
+    tenants, start = run(
+        tmp_path, [30, 70], realistic=realistic, seed=seed, policy="balance", seconds=3.0
+    )
+    assert settle_s(tenants, [30, 70], start) <= 1.0
+    for tenant, cap in zip(tenants, (30, 70), strict=True):
+        assert mae(tenant, cap, start + 1_500_000_000) <= 3.0 / 2
+
+
+def test_a_light_kernel_is_never_over_its_cap_while_learning(tmp_path: Path) -> None:
+    """Kernels 50x lighter per thread than the seed assumes: the seed window reads 0-1 %, below
+    what one NVML sample can resolve, so the first learnt gain is off; the re-learn from the
+    next precise window still settles within a second, and the start never overshoots."""
+    tenants, start = run(
+        tmp_path, [30], realistic=True, seed=1, seconds=3.0, true_gain=SEED_GAIN_DEFAULT / 50
+    )
+    assert settle_s(tenants, [30], start) <= 1.0
+    assert peak_over_cap(tenants, [30], start) <= BAND
+
+
+@pytest.mark.parametrize("realistic", [False, True], ids=["exact", "realistic"])
+@pytest.mark.parametrize("delay_ms", [300, 1500])
+def test_a_later_balance_tenant_gets_its_cap_within_1_s(
+    tmp_path: Path, realistic: bool, delay_ms: int
+) -> None:
+    """The 70 % tenant starts while the 30 % one already borrows (or is about to): the borrower
+    yields and the newcomer holds its cap within a second of its first launch."""
+    tenants, start = run(
+        tmp_path,
+        [30, 70],
+        realistic=realistic,
+        seed=delay_ms,
+        policy="balance",
+        seconds=3.5,
+        delays_ms=[0, delay_ms],
+    )
+    assert settle_s(tenants, [30, 70], start + delay_ms * 1_000_000) <= 1.0
+
+
+def test_the_governor_polls_fast_only_while_a_launching_claim_learns(tmp_path: Path) -> None:
+    node = SimNode(tmp_path)
+    path = node.claim("idle", 30, pid=600)
+    region = rg.Region(str(path))
+    plant = Plant([], realistic=True, seed=0)
+    gov = node.governor(None)
+    gov.source = plant
+    try:
+        for _ in range(3):
+            node.clock[0] += 100_000_000
+            gov.tick()
+        assert gov.next_period() == 0.1  # prepared, nothing launched: no fast polls
+        region.layout.devices[0].rate = 3_000_000
+        region.layout.devices[0].launch_cost += 300_000  # first launches, gain not learnt yet
+        assert gov.next_period() == 0.02
+    finally:
+        gov.close()
+        region.close()
