@@ -1,8 +1,12 @@
-"""The webhook inside `vgpu-dra controller`: the pieces it starts, wired together.
+"""The webhook's pieces, wired together: serving admissions, and collecting unused templates.
 
 Why apart from controller/main.py: main stays a short sequence that other parts also extend; it
 calls `start` when `--webhook-port` is set (flags: `controller.webhook.flags`). Every replica
 serves admissions and keeps its certificate current; only the leader collects unused templates.
+With `--webhook-process child` (the default) the serving part runs in a child process
+(`controller.webhook.process`, `vgpu-dra webhook`) so that admissions never wait for the GIL
+behind the controller's informers and allocation; the collector stays in the controller, which
+knows whether it leads. `--webhook-process inline` serves from the controller's own threads.
 Imported lazily by main, only when the webhook is on.
 """
 
@@ -24,6 +28,7 @@ from controller.webhook.admission import Admission
 from controller.webhook.facts import FactsCache
 from controller.webhook.legacy import MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from controller.webhook.metrics import WebhookMetrics
+from controller.webhook.process import ChildWebhook
 from controller.webhook.server import WebhookServer
 from controller.webhook.templates import TemplateCollector, TemplateEnsurer
 from controller.webhook.translate import TranslationSettings
@@ -35,16 +40,24 @@ SWITCH_INTERVAL_S = 0.0005
 
 @dataclass
 class Running:
-    server: WebhookServer
     threads: list[threading.Thread]
     # Its own registry, for a controller-wide metrics endpoint to include (it is also served on
-    # the webhook's port at /metrics).
+    # the webhook's port at /metrics, by whichever process serves admissions).
     metrics: WebhookMetrics
+    server: WebhookServer | None = None  # serving in this process
+    child: ChildWebhook | None = None  # serving in a child process
 
     def stop(self) -> None:
-        self.server.stop()
+        if self.server is not None:
+            self.server.stop()
+        if self.child is not None:
+            self.child.stop()
         for thread in self.threads:
             thread.join(timeout=5)
+
+    def serving(self) -> bool:
+        """Readiness: admissions are being served (the child process, if any, is running)."""
+        return self.child is None or self.child.running()
 
     def stop_with(self, stop: threading.Event) -> None:
         """Stop serving once `stop` is set (the controller's shutdown)."""
@@ -80,10 +93,58 @@ def start(
     is_leader: Callable[[], bool],
     registry: CollectorRegistry | None = None,
 ) -> Running:
-    """Load (or create) the certificate, then serve; raises CertError/KubeError/OSError when it
-    cannot, ValueError for settings that contradict each other (main exits 1 with the reason)."""
+    """The controller's webhook: serve (here or in a child process) and collect templates.
+    Raises CertError/KubeError/OSError when it cannot serve, ValueError for settings that
+    contradict each other (main exits 1 with the reason)."""
+    translation_settings(args)  # contradicting settings stop the controller, not only the child
+    metrics = WebhookMetrics(registry)
+    threads = [collector(args, client, stop, is_leader, metrics)]
+    if args.webhook_process == "inline":
+        running = serve(args, client, stop, metrics)
+        running.threads += threads
+    else:
+        child = ChildWebhook(args)
+        child.start()
+        threads.append(child.supervise(stop))
+        running = Running(threads, metrics, child=child)
+    running.stop_with(stop)
+    return running
+
+
+def collector(
+    args: argparse.Namespace,
+    client: kube.KubeClient,
+    stop: threading.Event,
+    is_leader: Callable[[], bool],
+    metrics: WebhookMetrics,
+) -> threading.Thread:
+    """The periodic collection of unused templates; it writes only while `is_leader()`."""
+    return TemplateCollector(
+        client,
+        f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}",
+        grace_s=args.webhook_template_grace.total_seconds(),
+        may_write=is_leader,
+        on_delete=metrics.templates_collected.inc,
+    ).run(stop, args.webhook_gc_interval.total_seconds())
+
+
+def serve(
+    args: argparse.Namespace,
+    client: kube.KubeClient,
+    stop: threading.Event,
+    metrics: WebhookMetrics | None = None,
+) -> Running:
+    """Load (or create) the certificate, then serve admissions from this process until `stop`
+    (`vgpu-dra webhook`, or the controller inline). Raises CertError/KubeError/OSError when it
+    cannot, ValueError for contradicting settings."""
     settings = translation_settings(args)
-    holder = certs.ContextHolder()
+    client_ca = None
+    if args.webhook_client_ca:
+        try:
+            client_ca = Path(args.webhook_client_ca).read_bytes()
+        except OSError as exc:
+            raise certs.CertError(f"cannot read --webhook-client-ca: {exc}") from exc
+    holder = certs.ContextHolder(client_ca)
     source: certs.SecretCertificates | certs.FileCertificates
     if args.webhook_cert_dir:
         source = certs.FileCertificates(Path(args.webhook_cert_dir), holder)
@@ -104,7 +165,7 @@ def start(
             holder=holder,
         )
     source.sync()
-    metrics = WebhookMetrics(registry)
+    metrics = metrics if metrics is not None else WebhookMetrics()
     grace_s = args.webhook_template_grace.total_seconds()
     ensurer = TemplateEnsurer(client, grace_s=grace_s, on_create=metrics.templates_created.inc)
     facts = FactsCache(client, args.driver_name)
@@ -116,17 +177,9 @@ def start(
         validate=admission.validate,
         metrics=metrics,
     )
-    collector = TemplateCollector(
-        client,
-        f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}",
-        grace_s=grace_s,
-        may_write=is_leader,
-        on_delete=metrics.templates_collected.inc,
-    )
     threads = [
         certs.keep_synced(source, stop, args.webhook_cert_sync.total_seconds()),
         facts.run(stop, args.webhook_facts_interval.total_seconds()),
-        collector.run(stop, args.webhook_gc_interval.total_seconds()),
     ]
     # Python hands the GIL over every 5 ms by default: with hundreds of connection threads, an
     # admission that is ready to answer can wait several such slices. The webhook's latency
@@ -135,6 +188,4 @@ def start(
     server.start()
     host, port = server.address
     log.info("webhook on https://%s:%d (/mutate-pods, /validate, /metrics)", host, port)
-    running = Running(server, threads, metrics)
-    running.stop_with(stop)
-    return running
+    return Running(threads, metrics, server=server)

@@ -336,3 +336,72 @@ def test_each_admission_is_one_span_with_its_decision(tmp_path: Path) -> None:
     assert spans["v-1"].name == "admission validate"
     assert spans["v-1"].attributes["vgpu_dra.admission.decision"] == "denied"
     assert spans["m-2"].attributes["vgpu_dra.admission.decision"] == "error"
+
+
+def client_certificate(ca: tuple[bytes, bytes], tmp_path: Path) -> tuple[Path, Path]:
+    """A client certificate (clientAuth) signed by `ca`, as files for ssl.load_cert_chain."""
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    ca_cert = x509.load_pem_x509_certificate(ca[0])
+    ca_key = serialization.load_pem_private_key(ca[1], password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - DAY)
+        .not_valid_after(now + DAY)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    cert_path, key_path = tmp_path / "client.crt", tmp_path / "client.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+def test_with_a_client_ca_only_clients_with_its_certificate_get_through(tmp_path: Path) -> None:
+    """--webhook-client-ca: the API server's client certificate is required at the handshake."""
+    client_ca, stranger_ca = certs.new_ca(DAY), certs.new_ca(DAY)
+    ca = certs.new_ca(DAY * 2)
+    holder = certs.ContextHolder(client_ca[0])
+    holder.load(*issue(ca))
+    s = Served(holder, ca[0])
+    s.server.start()
+    try:
+        trusted = client_context(tmp_path, ca[0])
+        trusted.load_cert_chain(*client_certificate(client_ca, tmp_path / "good"))
+        conn = s.connect(trusted)
+        assert post(conn, "/mutate-pods", review("ok"))[0] == 200
+        conn.close()
+        for name, cert in (("none", None), ("stranger", stranger_ca)):
+            context = client_context(tmp_path, ca[0])
+            if cert is not None:
+                context.load_cert_chain(*client_certificate(cert, tmp_path / name))
+            conn = s.connect(context)
+            # TLS 1.3: the refusal arrives as an alert when the client first reads.
+            with pytest.raises((ssl.SSLError, ConnectionError)):
+                post(conn, "/mutate-pods", review(name))
+            conn.close()
+        assert [r["uid"] for r in s.seen] == ["ok"]
+    finally:
+        s.server.stop()
+
+
+def test_an_unusable_client_ca_is_a_cert_error() -> None:
+    holder = certs.ContextHolder(b"-----BEGIN CERTIFICATE-----\nnot base64\n")
+    with pytest.raises(certs.CertError, match="the webhook's client CA is unusable"):
+        holder.load(*issue(certs.new_ca(DAY)))

@@ -1,0 +1,215 @@
+"""The webhook in a process of its own: `vgpu-dra webhook`, and the controller's child.
+
+Why a process: CPython runs one thread of a process at a time (the GIL). Inside the controller an
+admission waits for it behind the informers, which decode every pod event (and a burst of pod
+creations is exactly when admissions arrive), and behind allocation; the tail of the webhook's
+own time is that wait, not its ~0.3 ms of work (bench/webhook_bench.py measures both ways). A
+child process has an interpreter and a GIL of its own, and the kernel schedules it apart.
+
+The controller starts the child with the webhook flags as the controller parsed them
+(`child_argv`; the child's environment loses their `VGPU_DRA_*` twins, so the command line is
+the one source), so a flag means the same in both. The child serves admissions and keeps the
+certificate current; the controller keeps the template collection (it knows whether it leads).
+The child stops at EOF on its stdin (`--exit-on-stdin-eof`): the controller holds the other end
+of that pipe, so a controller that dies, even by SIGKILL, leaves no orphan serving. A child that
+exits is started again after a back-off (1 s, doubling to 30 s); meanwhile the controller's
+readiness reports `webhook` failing, so the Service sends admissions to the other replicas.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+
+from controller.webhook import flags
+from dra_driver import cli_flags, logsetup, tracing
+from dra_driver.lifecycle import stop_on_signals
+
+log = logging.getLogger("vgpu-dra.webhook.process")
+
+BACKOFF_S = (1.0, 30.0)  # first and longest wait before starting an exited child again
+HEALTHY_RUN_S = 60.0  # a child that ran this long starts again after the first back-off
+STOP_TIMEOUT_S = 10.0
+# Flags of the webhook's parser that the controller does not forward to its child.
+_NOT_FORWARDED = frozenset({"help", "exit_on_stdin_eof", "webhook_process"})
+
+
+def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    env = dict(os.environ if env is None else env)
+    parser = argparse.ArgumentParser(
+        prog="vgpu-dra webhook",
+        description="The admission webhook of vgpu-dra on its own (docs/webhook.md): translates "
+        "legacy GPU pods and validates GPU configurations. `vgpu-dra controller` starts it as "
+        "a child process; the template collection stays in the controller.",
+    )
+    cli_flags.add_kubeconfig(parser, env)
+    cli_flags.add_logging(parser, env)
+    cli_flags.add_otlp_endpoint(parser, env)
+    parser.add_argument(
+        "--exit-on-stdin-eof",
+        action="store_true",
+        help="stop when stdin reaches end of file (how the controller starts its child: the "
+        "child ends with the controller)",
+    )
+    flags.add_arguments(parser, env)
+    return parser
+
+
+def _flag_text(value: object) -> str:
+    if isinstance(value, dt.timedelta):
+        return f"{value.total_seconds()}s"
+    if isinstance(value, list):
+        return ",".join(f"{name}={number}" for name, number in value)
+    return str(value)
+
+
+def child_argv(args: argparse.Namespace) -> list[str]:
+    """The webhook's flags with the values `args` holds (parsed by the controller's parser,
+    which has them all), as a `vgpu-dra webhook` command line."""
+    argv = []
+    for action in build_parser({})._actions:
+        if not action.option_strings or action.dest in _NOT_FORWARDED:
+            continue
+        value = getattr(args, action.dest, None)
+        if value is None or value == []:
+            continue  # the webhook's own default is the same "nothing"
+        argv.append(f"{action.option_strings[0]}={_flag_text(value)}")
+    return argv
+
+
+def child_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` without the twins of the forwarded flags: the command line alone decides."""
+    twins = set(flags.ENV.values()) | set(cli_flags.ENV.values())
+    return {name: value for name, value in environ.items() if name not in twins}
+
+
+class ChildWebhook:
+    """The `vgpu-dra webhook` child of a controller: started, watched, started again, stopped."""
+
+    def __init__(self, args: argparse.Namespace, command: Sequence[str] | None = None) -> None:
+        self._argv = list(command or [sys.executable, "-m", "dra_driver.cli", "webhook"])
+        self._argv += ["--exit-on-stdin-eof", *child_argv(args)]
+        self._env = child_env(os.environ)
+        host = str(args.webhook_bind)
+        self._probe = ("127.0.0.1" if host in ("", "0.0.0.0", "::") else host, args.webhook_port)
+        self._process: subprocess.Popen[bytes] | None = None
+        self._started = 0.0
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        with self._lock:
+            # stdin is the lifeline (module docstring); output goes where the controller's goes.
+            self._process = subprocess.Popen(self._argv, stdin=subprocess.PIPE, env=self._env)
+            self._started = time.monotonic()
+        log.info("webhook child process %d started", self._process.pid)
+
+    def running(self) -> bool:
+        """The child runs and accepts connections on the webhook port (readiness)."""
+        with self._lock:
+            process = self._process
+        if process is None or process.poll() is not None:
+            return False
+        try:
+            # A bare connect: the server drops it at the handshake, logged at debug only.
+            socket.create_connection(self._probe, timeout=1.0).close()
+        except OSError:
+            return False
+        return True
+
+    def supervise(self, stop: threading.Event) -> threading.Thread:
+        """Start the child again whenever it exits, until `stop`."""
+
+        def loop() -> None:
+            backoff = BACKOFF_S[0]
+            while not stop.wait(0.5):
+                with self._lock:
+                    process, started = self._process, self._started
+                code = process.poll() if process is not None else None
+                if code is None:
+                    continue
+                if time.monotonic() - started >= HEALTHY_RUN_S:
+                    backoff = BACKOFF_S[0]
+                log.error(
+                    "webhook child process exited with %s; starting it again in %.0f s",
+                    code,
+                    backoff,
+                )
+                if stop.wait(backoff):
+                    return
+                try:
+                    self.start()
+                except OSError as exc:
+                    log.error("cannot start the webhook child process: %s", exc)
+                backoff = min(backoff * 2, BACKOFF_S[1])
+
+        thread = threading.Thread(target=loop, name="webhook-child", daemon=True)
+        thread.start()
+        return thread
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after STOP_TIMEOUT_S."""
+        with self._lock:
+            process, self._process = self._process, None
+        if process is None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            log.warning("webhook child process %d ignored SIGTERM; killing it", process.pid)
+            process.kill()
+            process.wait()
+        if process.stdin is not None:
+            process.stdin.close()
+
+
+def _stop_at_eof(stop: threading.Event) -> None:
+    def wait() -> None:
+        try:
+            while sys.stdin.buffer.read(4096):
+                pass
+        except OSError:
+            pass
+        log.info("stdin closed (the controller is gone): stopping")
+        stop.set()
+
+    threading.Thread(target=wait, name="webhook-lifeline", daemon=True).start()
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(list(argv))
+    logsetup.configure_logging(args.log_level, args.log_format)
+    if args.webhook_port <= 0:
+        parser.error("--webhook-port: a port to serve on is required")
+    client = cli_flags.connect(args.kubeconfig, log)
+    if client is None:
+        return 1
+    provider = tracing.configure_tracing("vgpu-dra-webhook", args.otlp_endpoint)
+    stop = threading.Event()
+    stop_on_signals(stop, log)
+    if args.exit_on_stdin_eof:
+        _stop_at_eof(stop)
+    from controller.webhook import run  # run imports this module (ChildWebhook)
+
+    try:
+        try:
+            running = run.serve(args, client, stop)
+        except Exception as exc:  # certificate, API or bind failures: say which, exit 1
+            log.error("cannot start the webhook on port %d: %s", args.webhook_port, exc)
+            return 1
+        stop.wait()
+        log.info("shutting down")
+        running.stop()
+        return 0
+    finally:
+        client.close()
+        tracing.shutdown_tracing(provider)
