@@ -24,6 +24,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from controller.leader import LeaderElector
 from controller.metrics import DETAILS, ControllerMetrics, StateCollector
@@ -36,6 +37,9 @@ from dra_driver import cli_flags, kube, logsetup, tracing
 from dra_driver.lifecycle import stop_on_signals
 from dra_driver.metrics_http import MetricsServer, serve_metrics
 from dra_driver.metrics_http import parse_address as parse_metrics_address
+
+if TYPE_CHECKING:
+    from controller.webhook.run import Running  # imported when the webhook is on only
 
 log = logging.getLogger("vgpu-dra.controller")
 
@@ -185,9 +189,9 @@ def _start_webhook(
     stop: threading.Event,
     is_leader: Callable[[], bool],
     metrics: ControllerMetrics | None,
-) -> Callable[[], bool] | None:
-    """Serve the webhook until `stop` is set; its readiness check, or None (after logging why
-    and closing the client) when it cannot start."""
+) -> Running | None:
+    """Serve the webhook until `stop` is set: what runs it, or None (after
+    logging why and closing the client) when it cannot start."""
     from controller.webhook import run as webhook_run  # the TLS machinery only when it is on
 
     try:
@@ -197,7 +201,7 @@ def _start_webhook(
         log.error("cannot start the webhook on port %d: %s", args.webhook_port, exc)
         client.close()
         return None
-    return running.serving
+    return running
 
 
 def main(argv: Sequence[str]) -> int:
@@ -225,12 +229,12 @@ def _run(args: argparse.Namespace, client: kube.KubeClient, address: tuple[str, 
     elector: LeaderElector | None = None
     metrics = ControllerMetrics() if args.metrics_address else None
     # Every replica serves the webhook (until `stop`); only the leader collects templates.
-    webhook_serving = None
+    webhook = None
     if args.webhook_port:
-        webhook_serving = _start_webhook(
+        webhook = _start_webhook(
             args, client, stop, lambda: elector is None or elector.is_leader(), metrics
         )
-        if webhook_serving is None:
+        if webhook is None:
             return 1
     try:
         probes = ProbeServer(address)
@@ -281,8 +285,8 @@ def _run(args: argparse.Namespace, client: kube.KubeClient, address: tuple[str, 
     else:
         worker.became_leader(True)
     probes.add_check("informers-synced", worker.synced)
-    if webhook_serving is not None:
-        probes.add_check("webhook", webhook_serving)
+    if webhook is not None:
+        probes.add_check("webhook", webhook.serving)
     metrics_server = _serve_metrics(args, metrics, worker, elector)
     if metrics is not None and metrics_server is None:  # could not bind: said why
         probes.stop()
@@ -298,6 +302,8 @@ def _run(args: argparse.Namespace, client: kube.KubeClient, address: tuple[str, 
     stop.wait()
     log.info("shutting down")
     _shut_down(probes, metrics_server, elector, worker)
+    if webhook is not None:  # its child answers during its drain; exiting would end it
+        webhook.stopped.wait(timeout=webhook.drain_s + 15)
     client.close()
     log.info("stopped")
     return 0

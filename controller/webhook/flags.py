@@ -33,6 +33,7 @@ ENV = {
     "driver_name": "VGPU_DRA_DRIVER_NAME",
     "webhook_process": "VGPU_DRA_WEBHOOK_PROCESS",
     "webhook_client_ca": "VGPU_DRA_WEBHOOK_CLIENT_CA",
+    "webhook_drain": "VGPU_DRA_WEBHOOK_DRAIN",
 }
 # Where the controller serves admissions: a child process of its own (`vgpu-dra webhook`, the
 # default: admissions do not share the GIL with informers and allocation) or its own threads.
@@ -226,6 +227,14 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> No
         "",
         "PEM file of the CA that signs the API server's client certificate: when set, a "
         "connection without a certificate it signed is refused during the TLS handshake",
+    )
+    add(
+        "--webhook-drain",
+        "webhook_drain",
+        "5s",
+        "on SIGTERM, keep answering this long, closing each connection after its answer, so "
+        "that the API server moves to another replica without a failed admission",
+        parse=duration,
     )
     group.add_argument(
         "--webhook-process",

@@ -37,7 +37,7 @@ log = logging.getLogger("vgpu-dra.webhook.process")
 
 BACKOFF_S = (1.0, 30.0)  # first and longest wait before starting an exited child again
 HEALTHY_RUN_S = 60.0  # a child that ran this long starts again after the first back-off
-STOP_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 10.0  # beyond the child's drain (--webhook-drain)
 # Flags of the webhook's parser that the controller does not forward to its child.
 _NOT_FORWARDED = frozenset({"help", "exit_on_stdin_eof", "webhook_process"})
 
@@ -98,6 +98,7 @@ class ChildWebhook:
         self._argv = list(command or [sys.executable, "-m", "dra_driver.cli", "webhook"])
         self._argv += ["--exit-on-stdin-eof", *child_argv(args)]
         self._env = child_env(os.environ)
+        self.drain_s = args.webhook_drain.total_seconds()
         host = str(args.webhook_bind)
         self._probe = ("127.0.0.1" if host in ("", "0.0.0.0", "::") else host, args.webhook_port)
         self._process: subprocess.Popen[bytes] | None = None
@@ -162,7 +163,7 @@ class ChildWebhook:
             return
         process.terminate()
         try:
-            process.wait(timeout=STOP_TIMEOUT_S)
+            process.wait(timeout=STOP_TIMEOUT_S + self.drain_s)
         except subprocess.TimeoutExpired:
             log.warning("webhook child process %d ignored SIGTERM; killing it", process.pid)
             process.kill()
@@ -207,8 +208,8 @@ def main(argv: Sequence[str]) -> int:
             log.error("cannot start the webhook on port %d: %s", args.webhook_port, exc)
             return 1
         stop.wait()
-        log.info("shutting down")
-        running.stop()
+        log.info("shutting down (answering for %.1f s more)", running.drain_s)
+        running.stop(running.drain_s)
         return 0
     finally:
         client.close()

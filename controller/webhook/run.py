@@ -16,8 +16,9 @@ import argparse
 import logging
 import sys
 import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -46,25 +47,34 @@ class Running:
     metrics: WebhookMetrics
     server: WebhookServer | None = None  # serving in this process
     child: ChildWebhook | None = None  # serving in a child process
+    drain_s: float = 0.0  # see `stop`
+    stopped: threading.Event = field(default_factory=threading.Event)
 
-    def stop(self) -> None:
+    def stop(self, drain_s: float = 0.0) -> None:
+        """Stop serving; with `drain_s`, first answer for that long while closing connections
+        after each answer (`WebhookServer.drain`)."""
         if self.server is not None:
+            if drain_s > 0:
+                self.server.drain()
+                time.sleep(drain_s)  # the drain window itself: requests keep being answered
             self.server.stop()
         if self.child is not None:
             self.child.stop()
         for thread in self.threads:
             thread.join(timeout=5)
+        self.stopped.set()
 
     def serving(self) -> bool:
         """Readiness: admissions are being served (the child process, if any, is running)."""
         return self.child is None or self.child.running()
 
     def stop_with(self, stop: threading.Event) -> None:
-        """Stop serving once `stop` is set (the controller's shutdown)."""
+        """Stop serving once `stop` is set (the controller's shutdown); `stopped` is set when
+        done (the controller waits for it: its exit would end a draining child)."""
 
         def wait() -> None:
             stop.wait()
-            self.stop()
+            self.stop(self.drain_s)
 
         threading.Thread(target=wait, name="webhook-stop", daemon=True).start()
 
@@ -106,7 +116,7 @@ def start(
         child = ChildWebhook(args)
         child.start()
         threads.append(child.supervise(stop))
-        running = Running(threads, metrics, child=child)
+        running = Running(threads, metrics, child=child, drain_s=child.drain_s)
     running.stop_with(stop)
     return running
 
@@ -188,4 +198,4 @@ def serve(
     server.start()
     host, port = server.address
     log.info("webhook on https://%s:%d (/mutate-pods, /validate, /metrics)", host, port)
-    return Running(threads, metrics, server=server)
+    return Running(threads, metrics, server=server, drain_s=args.webhook_drain.total_seconds())

@@ -405,3 +405,20 @@ def test_an_unusable_client_ca_is_a_cert_error() -> None:
     holder = certs.ContextHolder(b"-----BEGIN CERTIFICATE-----\nnot base64\n")
     with pytest.raises(certs.CertError, match="the webhook's client CA is unusable"):
         holder.load(*issue(certs.new_ca(DAY)))
+
+
+def test_while_draining_each_answer_closes_its_connection(served: Served, tmp_path: Path) -> None:
+    """On the way out (SIGTERM), kept-alive connections are closed one answer at a time, so the
+    API server opens its next one to another replica instead of meeting a dead socket."""
+    context = client_context(tmp_path, served.ca)
+    conn = served.connect(context)
+    assert post(conn, "/mutate-pods", review("before"))[0] == 200
+    served.server.drain()
+    conn.request("POST", "/mutate-pods", body=review("during"))
+    answer = conn.getresponse()
+    assert (answer.status, answer.getheader("Connection")) == (200, "close")
+    answer.read()
+    assert conn.sock is None  # http.client closed it as told
+    fresh = served.connect(context)  # new connections are still answered while draining
+    assert post(fresh, "/mutate-pods", review("new"))[0] == 200
+    assert [r["uid"] for r in served.seen] == ["before", "during", "new"]
