@@ -33,10 +33,12 @@ Proves:
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -518,11 +520,242 @@ def test_an_admission_touching_a_template_wins_over_the_collector(
     assert hook.template(template.name) is not None
 
 
+# ---------------------------------------------------------------- two replicas
+
+
+class Relay:
+    """A TCP relay on loopback in front of the webhook replicas, standing in for the Service
+    (the bed's API server cannot reach Services): each new connection goes to the next replica
+    that accepts it; a stopped replica refuses, as an endpoint that left the Service. TLS
+    passes through untouched, so the API server verifies each replica's certificate itself."""
+
+    def __init__(self, ports: list[int]) -> None:
+        self.ports = ports
+        self.pinned: int | None = None
+        self.connections = {port: 0 for port in ports}
+        self._open: list[tuple[int, socket.socket, socket.socket]] = []
+        self._lock = threading.Lock()
+        self._next = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, name="relay", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                downstream, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._connect, args=(downstream,), daemon=True).start()
+
+    def _connect(self, downstream: socket.socket) -> None:
+        with self._lock:
+            self._next += 1
+            order = self.ports[self._next % 2 :] + self.ports[: self._next % 2]
+            if self.pinned is not None:
+                order = [self.pinned]
+        for port in order:
+            try:
+                upstream = socket.create_connection(("127.0.0.1", port), timeout=5)
+            except OSError:
+                continue
+            upstream.settimeout(None)
+            with self._lock:
+                self.connections[port] += 1
+                self._open.append((port, downstream, upstream))
+            for a, b in ((downstream, upstream), (upstream, downstream)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+            return
+        downstream.close()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        for sock in (source, sink):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def pin(self, port: int) -> None:
+        """Only `port` from now on; open connections to the others are closed (idle ones: the
+        API server reconnects, through the relay, to `port`)."""
+        with self._lock:
+            self.pinned = port
+            others = [(d, u) for p, d, u in self._open if p != port]
+        for pair in others:
+            for sock in pair:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self._listener.close()
+        self.pin(-1)
+
+
+def _flag(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def _replaced(argv: list[str], flag: str, value: str) -> list[str]:
+    out = list(argv)
+    out[out.index(flag) + 1] = value
+    return out
+
+
+def _point_configs(hook: Hook, port: int) -> None:
+    """Every webhook of both configurations called at https://127.0.0.1:<port> (same paths)."""
+    for plural in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
+        resource = kube.path("admissionregistration.k8s.io/v1", plural, hook.config_name)
+        config = hook.client.get(resource)
+        for webhook in config["webhooks"]:
+            url = webhook["clientConfig"]["url"]
+            webhook["clientConfig"]["url"] = re.sub(r":\d+/", f":{port}/", url, count=1)
+        hook.client.request("PUT", resource, body=config)
+
+
+def _admissions(controller: Controller) -> int:
+    return controller.text().count("admission mutate Pod")
+
+
+def _serving_lines(controller: Controller, port: int) -> int:
+    return controller.text().count(f"webhook on https://127.0.0.1:{port}")
+
+
+class Stream:
+    """Legacy pods admitted one after the other from a thread (dry run: admitted and translated,
+    nothing stored) until stopped; every refusal is kept."""
+
+    def __init__(self, hook: Hook) -> None:
+        self.hook = hook
+        self.admitted = 0
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        shape = pod("stream", {"nvidia.com/vgpu-number": "1", "nvidia.com/vgpu-memory": "1300"})
+        while not self._stop.is_set():
+            try:
+                self.hook.client.request(
+                    "POST", self.hook.pods(), body=shape, query={"dryRun": "All"}
+                )
+                self.admitted += 1
+            except KubeError as exc:
+                self.failures.append(exc.message or str(exc))
+            time.sleep(0.05)  # pacing: a steady stream, not a flood
+
+    def until(self, what: str, done: Any, timeout: float = 60) -> None:
+        wait_for(what, done, timeout=timeout)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
+def test_two_replicas_admit_while_either_is_stopped_and_gc_spares_the_others_templates(
+    hook: Hook, client: KubeClient, tmp_path: Path
+) -> None:
+    """Two controller replicas (each serving from its child process) behind one relay: a stream
+    of admissions loses none while replica A stops (SIGTERM: it drains) and comes back, and then
+    while B does. Then admissions go to the replica that does not lead only, and the leader's
+    template collection leaves the template they keep using alone (touch stamps on the object,
+    not the admitting replica's memory), while it collects another unused one meanwhile, and
+    collects this one too once the admissions stop."""
+    a = hook.controller
+    port_a = int(_flag(a.argv, "--webhook-port"))
+    (port_b,) = free_ports(1)
+    b = Controller(_replaced(a.argv, "--webhook-port", str(port_b)), tmp_path / "replica-b.log")
+    relay = Relay([port_a, port_b])
+    stream: Stream | None = None
+    try:
+        b.start()
+        wait_for("replica B serving", lambda: _serving_lines(b, port_b) == 1)
+        _point_configs(hook, relay.port)
+        stream = Stream(hook)
+        stream.until("admissions through both replicas", lambda: min(relay.connections.values()))
+        _stop_and_start(stream, a, port_a, b)
+        _stop_and_start(stream, b, port_b, a)
+        stream.until("admissions after both came back", lambda: stream.admitted >= 60)
+        stream.stop()
+        assert stream.failures == []
+        # Which replica leads: the Lease names one of the identities the two logged.
+        lease = client.get(kube.path("coordination.k8s.io/v1", "leases", "vgpu-dra-controller",
+                                     namespace=hook.system_ns))  # fmt: skip
+        holder = lease["spec"]["holderIdentity"]
+        leader, follower, follower_port = (a, b, port_b) if holder in a.text() else (b, a, port_a)
+        assert holder in leader.text() and holder not in follower.text()
+        relay.pin(follower_port)
+        follower_before = _admissions(follower)
+        admitted = _keep_using_while_the_leader_collects(hook)
+        assert _admissions(follower) - follower_before >= admitted  # the follower admitted all
+        assert "deleted unused ResourceClaimTemplate" in leader.text()
+    finally:
+        if stream is not None:
+            stream.stop()
+        _point_configs(hook, port_a)
+        relay.close()
+        b.stop()
+        if a.proc is None:
+            a.start()
+
+
+def _stop_and_start(stream: Stream, stopped: Controller, port: int, other: Controller) -> None:
+    """Stop a replica while the stream runs, let the other admit alone, start it again."""
+    served_before = _serving_lines(stopped, port)
+    seen = _admissions(other)
+    stopped.stop()  # SIGTERM: the child drains, then exits; the controller waits for it
+    stream.until("admissions by the other replica alone", lambda: _admissions(other) >= seen + 20)
+    stopped.start()
+    wait_for("the replica serving again", lambda: (
+        _serving_lines(stopped, port) == served_before + 1))  # fmt: skip
+
+
+def _keep_using_while_the_leader_collects(hook: Hook) -> int:
+    """Pods of one shape, each deleted at once (only touches protect its template), admitted
+    until the leader has collected another unused template and for one grace period (4 s)
+    more: the template is never deleted meanwhile (same uid), and is collected once unused.
+    Returns how many pods were admitted."""
+    used = pod("gc-used", {"nvidia.com/vgpu-number": "1", "nvidia.com/vgpu-memory": "1777"})
+    other = pod("gc-other", {"nvidia.com/vgpu-number": "1", "nvidia.com/vgpu-memory": "1778"})
+
+    def create_and_delete(shape: JSON, name: str) -> str:
+        created = hook.client.create(hook.pods(), {**shape, "metadata": {"name": name}})
+        hook.client.request("DELETE", kube.path("v1", "pods", name, namespace=hook.tenant),
+                            query={"gracePeriodSeconds": 0})  # fmt: skip
+        return str(created["spec"]["resourceClaims"][0]["resourceClaimTemplateName"])
+
+    other_name = create_and_delete(other, "gc-other-0")
+    used_name = create_and_delete(used, "gc-used-0")
+    first = hook.template(used_name)
+    assert first is not None
+    uid = first["metadata"]["uid"]
+    n = 1
+    other_gone_at: float | None = None
+    while other_gone_at is None or time.monotonic() - other_gone_at < 4.0:
+        assert create_and_delete(used, f"gc-used-{n}") == used_name
+        current = hook.template(used_name)
+        assert current is not None and current["metadata"]["uid"] == uid
+        if other_gone_at is None and hook.template(other_name) is None:
+            other_gone_at = time.monotonic()
+        n += 1
+        assert n < 400, "the leader never collected the other template"
+        time.sleep(0.3)  # pacing of the pods that keep using the template
+    wait_for("the template collected once unused", lambda: hook.template(used_name) is None)
+    return n + 1
+
+
 # ---------------------------------------------------------------- bad inputs
 
 
 BAD_PODS = {
-    "percent-memory": pod("pct", {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "50"}),
+    "percent-and-absolute-memory": pod(
+        "pct", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"},
+        {"vgpu.dra.dev/memory-percentage": "50"},
+    ),
     "include-and-exclude": pod(
         "inex", {"nvidia.com/vgpu-number": "1"},
         {"nvidia.com/include-gpu-type": "A100", "nvidia.com/exclude-gpu-type": "A100"},
@@ -532,7 +765,11 @@ BAD_PODS = {
     ),
 }  # fmt: skip
 BAD_POD_WORDS = {
-    "percent-memory": ("nvidia.com/gpumem-percentage=50", "policy path", "MiB instead"),
+    "percent-and-absolute-memory": (
+        "GPU memory 1000 MiB",
+        "vgpu.dra.dev/memory-percentage=50",
+        "cannot be used together",
+    ),
     "include-and-exclude": ("include-gpu-type", "exclude-gpu-type", "remove it from one"),
     "unknown-policy": ("node-scheduler-policy='fastest'", "allowed values are binpack, spread"),
 }
