@@ -20,6 +20,7 @@ def scan(
     link_size: Any,
     masks: Any,
     req_mem: Any,
+    req_pct: Any,
     req_cores: Any,
     req_count: Any,
     req_group: Any,

@@ -83,6 +83,7 @@ def scan(
     const int64_t[::1] link_size,
     const signed char[:, ::1] masks,
     const int64_t[::1] req_mem,
+    const int64_t[::1] req_pct,
     const int64_t[::1] req_cores,
     const int64_t[::1] req_count,
     const int64_t[::1] req_group,
@@ -95,7 +96,7 @@ def scan(
     cdef Py_ssize_t n_nodes = node_start.shape[0]
     cdef Py_ssize_t n_req = req_mem.shape[0]
     cdef Py_ssize_t n, d, r, start, end, nfit
-    cdef int64_t mt, mu, ct, cu, want_mem, want_cores, need, matching, have, wm, wc
+    cdef int64_t mt, mu, ct, cu, want_mem, pct, want_cores, need, matching, have, wm, wc
     cdef int64_t best_count, best_size, widest, least, forced, forced_count, forced_size
     cdef double frac, key
     cdef bint feasible, grouped
@@ -123,6 +124,7 @@ def scan(
         least = 1 << 30
         for r in range(n_req):
             want_mem = req_mem[r]
+            pct = req_pct[r]
             want_cores = req_cores[r]
             need = req_count[r]
             nfit = 0
@@ -133,7 +135,12 @@ def scan(
                 matching += 1
                 if busy[d]:
                     continue
-                wm = mem_default[d] if want_mem < 0 else want_mem
+                if want_mem >= 0:
+                    wm = want_mem
+                elif pct > 0:
+                    wm = (pct * mem_total[d] + 99) // 100
+                else:
+                    wm = mem_default[d]
                 if mem_total[d] - mem_used[d] < wm:
                     continue
                 wc = cores_default[d] if want_cores < 0 else want_cores

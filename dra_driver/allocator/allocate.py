@@ -158,11 +158,12 @@ def _plural(n: int, word: str = "GPU") -> str:
 
 
 # What the scan needs per request shape: screened alternatives, forced groups, masks, memory,
-# cores and counts (see Allocator._screen).
+# memory percentage, cores and counts (see Allocator._screen).
 _Screen = tuple[
     list[Alternative],
     npt.NDArray[np.int64],
     npt.NDArray[np.int8],
+    npt.NDArray[np.int64],
     npt.NDArray[np.int64],
     npt.NDArray[np.int64],
     npt.NDArray[np.int64],
@@ -184,7 +185,7 @@ def _shape(
                 ci,
                 request.name,
                 tuple(
-                    (alt.signature, alt.capacity, alt.all_devices, alt.count, alt.admin)
+                    (alt.signature, alt.capacity_key, alt.all_devices, alt.count, alt.admin)
                     for alt in request.alternatives
                 ),
             )
@@ -471,7 +472,7 @@ class Allocator:
         depend only on its own rows, so after the first scan of a shape only the nodes changed
         since (consumption, bound pods: `layout.node_seq`) or whose fit changed are scanned
         again; the others keep their figures. The result equals a full scan."""
-        _, req_group, masks, req_mem, req_cores, req_count = screen
+        _, req_group, masks, req_mem, req_pct, req_cores, req_count = screen
         # The forced groups are part of the key: an in-place republication can change which
         # drivers' devices are selectable, and with them every node's figures.
         cache_key = (shape, policy.topology_mode, policy.strict, policy.node, req_group.tobytes())
@@ -506,6 +507,7 @@ class Allocator:
             layout.link_size,
             masks,
             req_mem,
+            req_pct,
             req_cores,
             req_count,
             req_group,
@@ -549,9 +551,10 @@ class Allocator:
         for row, alt in enumerate(screened):
             masks[row] = self._mask(layout, alt, policy)
         req_mem = np.asarray([_requested(a, "memory") for a in screened], dtype=np.int64)
+        req_pct = np.asarray([a.memory_percent for a in screened], dtype=np.int64)
         req_cores = np.asarray([_requested(a, "cores") for a in screened], dtype=np.int64)
         req_count = np.asarray([-1 if a.all_devices else a.count for a in screened], np.int64)
-        return (screened, req_group, masks, req_mem, req_cores, req_count)
+        return (screened, req_group, masks, req_mem, req_pct, req_cores, req_count)
 
     def commit(self, placement: Placement) -> None:
         """Count the placement's consumption in the model until the claims' updates arrive."""
@@ -686,10 +689,10 @@ class Allocator:
     def _amounts_of(self, alt: Alternative, device: Device) -> tuple[tuple[str, int], ...] | None:
         """What `alt` consumes of a multi-allocatable device under its request policies
         (cached per device generation); None when the device cannot serve it."""
-        cache_key = (alt.capacity, device.key)
+        cache_key = (alt.capacity_key, device.key)
         hit = self._amounts.get(cache_key)
         if hit is None or hit[0] != device.generation:
-            hit = (device.generation, consumption(alt.capacity, device))
+            hit = (device.generation, consumption(alt.capacity, device, alt.memory_percent))
             self._amounts[cache_key] = hit
         return hit[1]
 
@@ -704,7 +707,7 @@ class Allocator:
     ) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.int64]]:
         """Per device of one node: can `alt` be served by it as published (servable), and what
         it consumes per capacity column. Depends on published devices only: cached per layout."""
-        key = (alt.capacity, alt.admin, start)
+        key = (alt.capacity_key, alt.admin, start)
         hit = self._fits.get(key)
         if hit is not None:
             return hit
@@ -714,9 +717,11 @@ class Allocator:
         for j in range(m):
             device = layout.devices[start + j]
             if alt.admin:
-                servable[j] = requested_amounts(alt.capacity, device) is not None
+                servable[j] = (
+                    requested_amounts(alt.capacity, device, alt.memory_percent) is not None
+                )
             elif not device.allow_multiple:
-                requested = requested_amounts(alt.capacity, device)
+                requested = requested_amounts(alt.capacity, device, alt.memory_percent)
                 servable[j] = requested is not None and all(
                     device.capacity[n].value >= v for n, v in requested.items()
                 )
@@ -759,7 +764,10 @@ class Allocator:
             mem = _requested(alt, "memory")
             cores = _requested(alt, "cores")
             what = "all matching GPUs" if alt.all_devices else _plural(alt.count)
-            parts = ["its whole memory" if mem < 0 else format_quantity(mem)]
+            if alt.memory_percent:
+                parts = [f"{alt.memory_percent}% of its memory"]
+            else:
+                parts = ["its whole memory" if mem < 0 else format_quantity(mem)]
             if cores > 0:
                 parts.append(f"{cores} cores")
             each = " each" if alt.all_devices or alt.count > 1 else ""

@@ -76,6 +76,7 @@ def scan(  # noqa: PLR0915, PLR0917 - mirrors the Cython signature and loop one 
     link_size: Array,
     masks: Array,
     req_mem: Array,
+    req_pct: Array,
     req_cores: Array,
     req_count: Array,
     req_group: Array,
@@ -110,6 +111,7 @@ def scan(  # noqa: PLR0915, PLR0917 - mirrors the Cython signature and loop one 
         least = 1 << 30
         for r in range(n_req):
             want_mem = int(req_mem[r])
+            pct = int(req_pct[r])
             want_cores = int(req_cores[r])
             need = int(req_count[r])
             fit: list[int] = []
@@ -120,7 +122,12 @@ def scan(  # noqa: PLR0915, PLR0917 - mirrors the Cython signature and loop one 
                 matching += 1
                 if busy[d]:
                     continue
-                wm = int(mem_default[d]) if want_mem < 0 else want_mem
+                if want_mem >= 0:
+                    wm = want_mem
+                elif pct > 0:  # unrounded: rounding only adds, so this stays a necessary test
+                    wm = -(-pct * int(mem_total[d]) // 100)
+                else:
+                    wm = int(mem_default[d])
                 if int(mem_total[d]) - int(mem_used[d]) < wm:
                     continue
                 wc = int(cores_default[d]) if want_cores < 0 else want_cores

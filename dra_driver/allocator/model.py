@@ -182,11 +182,17 @@ class Device:
         )
 
 
+def percent_of(percent: int, capacity: int) -> int:
+    """ceil(percent / 100 x capacity), in integers (what a percentage request asks for)."""
+    return -(-percent * capacity // 100)
+
+
 def requested_amounts(
-    requests: tuple[tuple[str, int], ...], device: Device
+    requests: tuple[tuple[str, int], ...], device: Device, memory_percent: int = 0
 ) -> dict[str, int] | None:
     """Capacity requests keyed by qualified name (bare names are the device driver's); None when
-    the device lacks a requested capacity (it cannot serve the request)."""
+    the device lacks a requested capacity (it cannot serve the request). With `memory_percent`
+    (the request names no memory), a device with a memory capacity is asked for that share of it."""
     driver = device.key[0]
     out: dict[str, int] = {}
     for name, value in requests:
@@ -194,15 +200,19 @@ def requested_amounts(
         if qualified not in device.capacity:
             return None
         out[qualified] = value
+    if memory_percent:
+        memory = device.capacity.get(f"{driver}/{names.CAPACITY_MEMORY}")
+        if memory is not None:
+            out[f"{driver}/{names.CAPACITY_MEMORY}"] = percent_of(memory_percent, memory.value)
     return out
 
 
 def consumption(
-    requests: tuple[tuple[str, int], ...], device: Device
+    requests: tuple[tuple[str, int], ...], device: Device, memory_percent: int = 0
 ) -> tuple[tuple[str, int], ...] | None:
     """What a request consumes of a multi-allocatable device, per capacity, under its request
     policies (sorted by name); None when the device lacks a capacity or a policy refuses."""
-    requested = requested_amounts(requests, device)
+    requested = requested_amounts(requests, device, memory_percent)
     if requested is None:
         return None
     out = []

@@ -20,6 +20,9 @@ Topology = Literal["none", "numa", "link", "numa-strict", "link-strict"]
 
 ANNOTATION_PREFIX = "vgpu.dra.dev/"
 MAX_COUNT = 128  # devices per request (the API's limit on results per claim)
+# A claim annotation: each request naming no memory capacity takes this share of each candidate
+# device's memory capacity instead of its default (docs/scheduling.md, "Percentage requests").
+MEMORY_PERCENTAGE = ANNOTATION_PREFIX + "memory-percentage"
 
 
 class RequestError(ValueError):
@@ -145,6 +148,9 @@ class Alternative:
     admin: bool
     class_config: tuple[JSON, ...]
     own_selectors: int = 0  # how many of `selectors` the request itself added
+    # 1..100: the request takes ceil(pct/100 x memory capacity) of each device that has one
+    # (claim annotation MEMORY_PERCENTAGE; only set when the request names no memory); 0: unset.
+    memory_percent: int = 0
     # What determines which devices are selectable (the selection cache key); computed once, as
     # every decision looks it up several times.
     signature: tuple[Any, ...] = field(init=False, repr=False, compare=False)
@@ -158,6 +164,11 @@ class Alternative:
                 tuple(repr(sorted(t.items())) for t in self.tolerations),
             ),
         )
+
+    @property
+    def capacity_key(self) -> tuple[Any, ...]:
+        """What the consumption of this alternative on a device depends on (cache keys)."""
+        return (self.capacity, self.memory_percent)
 
     def requested(self, name: str) -> int | None:
         for key, value in self.capacity:
@@ -206,8 +217,30 @@ def _selectors(raw: Sequence[Any] | None, where: str) -> tuple[Selector, ...]:
     return tuple(out)
 
 
+def names_memory(capacity: Sequence[tuple[str, int]]) -> bool:
+    """Does a capacity request name the memory capacity (bare, or in any domain)?"""
+    return any(key == "memory" or key.endswith("/memory") for key, _ in capacity)
+
+
+def _memory_percentage(annotations: Mapping[str, Any], ref: str) -> int:
+    """The claim's MEMORY_PERCENTAGE annotation as 1..100, 0 when absent."""
+    if MEMORY_PERCENTAGE not in annotations:
+        return 0
+    text = str(annotations[MEMORY_PERCENTAGE]).strip()
+    if text.isascii() and text.isdigit() and 1 <= int(text) <= 100:
+        return int(text)
+    raise RequestError(
+        f"{ref}: annotation {MEMORY_PERCENTAGE}={annotations[MEMORY_PERCENTAGE]!r}: "
+        "use an integer from 1 to 100 (percent of each GPU's memory)"
+    )
+
+
 def _alternative(
-    name: str, raw: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]], where: str
+    name: str,
+    raw: Mapping[str, Any],
+    classes: Mapping[str, Mapping[str, Any]],
+    where: str,
+    memory_percent: int = 0,
 ) -> Alternative:
     class_name = raw.get("deviceClassName")
     if not class_name:
@@ -243,6 +276,7 @@ def _alternative(
         admin=bool(raw.get("adminAccess")),
         class_config=tuple(dict(c) for c in cls_spec.get("config") or []),
         own_selectors=len(own),
+        memory_percent=0 if names_memory(capacity) else memory_percent,
     )
 
 
@@ -250,6 +284,7 @@ def parse_claim(obj: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]]
     """A ResourceClaim (API dict) and the DeviceClasses by name -> a validated `Claim`."""
     meta = obj.get("metadata") or {}
     ref = f"ResourceClaim {meta.get('namespace', '')}/{meta.get('name', '')}"
+    percent = _memory_percentage(meta.get("annotations") or {}, ref)
     devices = (obj.get("spec") or {}).get("devices") or {}
     requests = []
     seen: set[str] = set()
@@ -263,12 +298,16 @@ def parse_claim(obj: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]]
             raise RequestError(f"{where}: set exactly or firstAvailable, not both")
         if raw.get("exactly"):
             alternatives: tuple[Alternative, ...] = (
-                _alternative(name, raw["exactly"], classes, where),
+                _alternative(name, raw["exactly"], classes, where, percent),
             )
         elif raw.get("firstAvailable"):
             alternatives = tuple(
                 _alternative(
-                    f"{name}/{sub.get('name')}", sub, classes, f"{where}/{sub.get('name')}"
+                    f"{name}/{sub.get('name')}",
+                    sub,
+                    classes,
+                    f"{where}/{sub.get('name')}",
+                    percent,
                 )
                 for sub in raw["firstAvailable"]
             )

@@ -29,7 +29,7 @@ def _alternatives(claim: Claim) -> dict[str, Alternative]:
 
 def expected_consumption(alt: Alternative, device: Device) -> dict[str, int] | None:
     """What `alt` consumes of `device` under its request policies (None: not allowed)."""
-    amounts = consumption(alt.capacity, device)
+    amounts = consumption(alt.capacity, device, alt.memory_percent)
     return None if amounts is None else dict(amounts)
 
 

@@ -15,7 +15,7 @@ from dra_driver.allocator import allocate, kernel
 from dra_driver.allocator.allocate import Allocator, Placement, Unschedulable
 from dra_driver.allocator.model import ClusterModel
 from dra_driver.allocator.quantity import parse_quantity
-from dra_driver.allocator.request import Policy, parse_claim
+from dra_driver.allocator.request import MEMORY_PERCENTAGE, Policy, parse_claim
 from dra_driver.allocator.verify import check_allocation
 from tests.fixtures.allocator_cluster import (
     DEVICE_CLASS,
@@ -53,6 +53,7 @@ claim_st = st.tuples(
     st.sampled_from(["binpack", "spread"]),  # node policy
     st.sampled_from(["binpack", "spread"]),  # device policy
     st.sampled_from(["none", "numa", "link", "numa-strict", "link-strict"]),
+    st.sampled_from([None, None, 1, 25, 50, 99, 100]),  # memory-percentage annotation
 )
 
 
@@ -78,7 +79,7 @@ def build(nodes: list[tuple[str, str, int]]) -> ClusterModel:
 
 def oracle_feasible(model: ClusterModel, raw: tuple[Any, ...], policy: Policy) -> bool:
     """Brute force: does any node have `count` distinct devices satisfying everything?"""
-    count, memory, cores, selector, constraint, _, _, topology = raw
+    count, memory, cores, selector, constraint, _, _, topology, percent = raw
     want_mem = None if memory is None else parse_quantity(memory)
     want_cores = None if cores is None else parse_quantity(cores)
     by_node: dict[str, list[Any]] = {}
@@ -95,7 +96,10 @@ def oracle_feasible(model: ClusterModel, raw: tuple[Any, ...], policy: Policy) -
                 continue
             used = model.device_used(d.key)
             mem_cap = d.capacity[f"{DRIVER}/memory"].value
-            take_mem = mem_cap if want_mem is None else max(MiB, -(-want_mem // MiB) * MiB)
+            asked = want_mem
+            if asked is None and percent is not None:  # the annotation only fills a gap
+                asked = -(-percent * mem_cap // 100)
+            take_mem = mem_cap if asked is None else max(MiB, -(-asked // MiB) * MiB)
             take_cores = 0 if want_cores is None else want_cores
             if used.get(f"{DRIVER}/memory", 0) + take_mem > mem_cap:
                 continue
@@ -120,7 +124,7 @@ def oracle_feasible(model: ClusterModel, raw: tuple[Any, ...], policy: Policy) -
 
 
 def claim_of(i: int, raw: tuple[Any, ...]) -> Any:
-    count, memory, cores, selector, constraint, _, _, _ = raw
+    count, memory, cores, selector, constraint, _, _, _, percent = raw
     obj = claim_obj(
         f"c{i}",
         count=count,
@@ -130,6 +134,8 @@ def claim_of(i: int, raw: tuple[Any, ...]) -> Any:
         match=constraint[1] if constraint and constraint[0] == "match" else None,
         distinct=constraint[1] if constraint and constraint[0] == "distinct" else None,
     )
+    if percent is not None:
+        obj["metadata"]["annotations"] = {MEMORY_PERCENTAGE: str(percent)}
     return parse_claim(obj, CLASSES)
 
 
@@ -203,6 +209,7 @@ def test_scan_keys_are_bit_identical(
         arr(st.integers(0, 8), n_dev),
         masks,
         arr(st.integers(-1, 1 << 40), n_req),
+        arr(st.sampled_from([0, 0, 1, 33, 50, 99, 100]), n_req),  # memory percentage
         arr(st.integers(-1, 100), n_req),
         arr(st.integers(-1, 5), n_req),
         arr(st.integers(0, 2), n_req),
