@@ -10,10 +10,13 @@ The controller starts the child with the webhook flags as the controller parsed 
 (`child_argv`; the child's environment loses their `VGPU_DRA_*` twins, so the command line is
 the one source), so a flag means the same in both. The child serves admissions and keeps the
 certificate current; the controller keeps the template collection (it knows whether it leads).
-The child stops at EOF on its stdin (`--exit-on-stdin-eof`): the controller holds the other end
-of that pipe, so a controller that dies, even by SIGKILL, leaves no orphan serving. A child that
-exits is started again after a back-off (1 s, doubling to 30 s); meanwhile the controller's
-readiness reports `webhook` failing, so the Service sends admissions to the other replicas.
+The two are joined by a socket pair (the child's end is `--parent-fd`). It is the child's
+lifeline: at EOF (the controller is gone, even by SIGKILL) the child stops, so no orphan keeps
+serving. And it carries the child's metrics: for each byte the controller sends, the child
+answers with its Prometheus exposition (8-byte length, then the text), which the controller's
+`/metrics` serves as its own (`ChildMetrics`), so one scrape still sees the admission histogram.
+A child that exits is started again after a back-off (1 s, doubling to 30 s); meanwhile the
+controller's readiness reports `webhook` failing, so the Service sends admissions elsewhere.
 """
 
 from __future__ import annotations
@@ -27,7 +30,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 
 from controller.webhook import flags
 from dra_driver import cli_flags, logsetup, tracing
@@ -39,7 +47,9 @@ BACKOFF_S = (1.0, 30.0)  # first and longest wait before starting an exited chil
 HEALTHY_RUN_S = 60.0  # a child that ran this long starts again after the first back-off
 STOP_TIMEOUT_S = 10.0  # beyond the child's drain (--webhook-drain)
 # Flags of the webhook's parser that the controller does not forward to its child.
-_NOT_FORWARDED = frozenset({"help", "exit_on_stdin_eof", "webhook_process"})
+_NOT_FORWARDED = frozenset({"help", "parent_fd", "webhook_process"})
+SCRAPE_TIMEOUT_S = 2.0
+_LENGTH = 8  # bytes of the big-endian length before each exposition
 
 
 def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
@@ -54,10 +64,11 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
     cli_flags.add_logging(parser, env)
     cli_flags.add_otlp_endpoint(parser, env)
     parser.add_argument(
-        "--exit-on-stdin-eof",
-        action="store_true",
-        help="stop when stdin reaches end of file (how the controller starts its child: the "
-        "child ends with the controller)",
+        "--parent-fd",
+        type=int,
+        default=-1,
+        help="a connected socket inherited from the controller that started this process: stop "
+        "at its EOF, answer each byte read with the metrics exposition (set by the controller)",
     )
     flags.add_arguments(parser, env)
     return parser
@@ -96,21 +107,51 @@ class ChildWebhook:
 
     def __init__(self, args: argparse.Namespace, command: Sequence[str] | None = None) -> None:
         self._argv = list(command or [sys.executable, "-m", "dra_driver.cli", "webhook"])
-        self._argv += ["--exit-on-stdin-eof", *child_argv(args)]
+        self._argv += child_argv(args)
         self._env = child_env(os.environ)
         self.drain_s = args.webhook_drain.total_seconds()
         host = str(args.webhook_bind)
         self._probe = ("127.0.0.1" if host in ("", "0.0.0.0", "::") else host, args.webhook_port)
         self._process: subprocess.Popen[bytes] | None = None
+        self._link: socket.socket | None = None
         self._started = 0.0
         self._lock = threading.Lock()
+        self._scrape_lock = threading.Lock()
 
     def start(self) -> None:
-        with self._lock:
-            # stdin is the lifeline (module docstring); output goes where the controller's goes.
-            self._process = subprocess.Popen(self._argv, stdin=subprocess.PIPE, env=self._env)
-            self._started = time.monotonic()
+        ours, theirs = socket.socketpair()
+        try:
+            with self._lock:
+                # Output goes where the controller's goes (one log stream per pod).
+                self._process = subprocess.Popen(
+                    [*self._argv, f"--parent-fd={theirs.fileno()}"],
+                    stdin=subprocess.DEVNULL,
+                    env=self._env,
+                    pass_fds=(theirs.fileno(),),
+                )
+                old, self._link = self._link, ours
+                self._started = time.monotonic()
+        finally:
+            theirs.close()  # the child holds it now: its EOF is ours closing
+        if old is not None:
+            old.close()
         log.info("webhook child process %d started", self._process.pid)
+
+    def scrape(self) -> bytes:
+        """The child's metrics exposition; empty when it does not answer in time."""
+        with self._scrape_lock:
+            with self._lock:
+                link = self._link
+            if link is None:
+                return b""
+            try:
+                link.settimeout(SCRAPE_TIMEOUT_S)
+                link.sendall(b"m")
+                size = int.from_bytes(_read(link, _LENGTH), "big")
+                return _read(link, size)
+            except (OSError, EOFError) as exc:
+                log.debug("cannot read the webhook child's metrics: %s", exc)
+                return b""
 
     def running(self) -> bool:
         """The child runs and accepts connections on the webhook port (readiness)."""
@@ -168,21 +209,60 @@ class ChildWebhook:
             log.warning("webhook child process %d ignored SIGTERM; killing it", process.pid)
             process.kill()
             process.wait()
-        if process.stdin is not None:
-            process.stdin.close()
+        with self._lock:
+            link, self._link = self._link, None
+        if link is not None:
+            link.close()
 
 
-def _stop_at_eof(stop: threading.Event) -> None:
-    def wait() -> None:
+class ChildMetrics(Collector):
+    """The webhook's families for the controller's registry: the child's (admission histogram,
+    templates created), except those named in `local`, which come from the controller's own
+    `local_registry` instead (templates collected: the collector runs in the controller)."""
+
+    def __init__(
+        self, child: ChildWebhook, local_registry: CollectorRegistry, local: Iterable[str]
+    ) -> None:
+        self._child = child
+        self._local_registry = local_registry
+        self._local = frozenset(local)
+
+    def collect(self) -> Iterator[Metric]:
+        text = self._child.scrape().decode("utf-8", "replace")
+        for family in text_string_to_metric_families(text):
+            if family.name not in self._local:
+                yield family
+        for family in self._local_registry.collect():
+            if family.name in self._local:
+                yield family
+
+
+def _read(link: socket.socket, size: int) -> bytes:
+    chunks, left = [], size
+    while left:
+        chunk = link.recv(min(left, 1 << 16))
+        if not chunk:
+            raise EOFError("the webhook child closed the link")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _serve_parent(fd: int, stop: threading.Event, exposition: Callable[[], bytes]) -> None:
+    """The child's end of the link: metrics on request, and stop at EOF."""
+    link = socket.socket(fileno=fd)
+
+    def loop() -> None:
         try:
-            while sys.stdin.buffer.read(4096):
-                pass
-        except OSError:
-            pass
-        log.info("stdin closed (the controller is gone): stopping")
+            while link.recv(1):
+                payload = exposition()
+                link.sendall(len(payload).to_bytes(_LENGTH, "big") + payload)
+        except OSError as exc:
+            log.debug("link to the controller failed: %s", exc)
+        log.info("the controller is gone (its link closed): stopping")
         stop.set()
 
-    threading.Thread(target=wait, name="webhook-lifeline", daemon=True).start()
+    threading.Thread(target=loop, name="webhook-parent-link", daemon=True).start()
 
 
 def main(argv: Sequence[str]) -> int:
@@ -197,8 +277,6 @@ def main(argv: Sequence[str]) -> int:
     provider = tracing.configure_tracing("vgpu-dra-webhook", args.otlp_endpoint)
     stop = threading.Event()
     stop_on_signals(stop, log)
-    if args.exit_on_stdin_eof:
-        _stop_at_eof(stop)
     from controller.webhook import run  # run imports this module (ChildWebhook)
 
     try:
@@ -207,6 +285,8 @@ def main(argv: Sequence[str]) -> int:
         except Exception as exc:  # certificate, API or bind failures: say which, exit 1
             log.error("cannot start the webhook on port %d: %s", args.webhook_port, exc)
             return 1
+        if args.parent_fd >= 0:
+            _serve_parent(args.parent_fd, stop, running.metrics.exposition)
         stop.wait()
         log.info("shutting down (answering for %.1f s more)", running.drain_s)
         running.stop(running.drain_s)

@@ -29,7 +29,7 @@ from controller.webhook.admission import Admission
 from controller.webhook.facts import FactsCache
 from controller.webhook.legacy import MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from controller.webhook.metrics import WebhookMetrics
-from controller.webhook.process import ChildWebhook
+from controller.webhook.process import ChildMetrics, ChildWebhook
 from controller.webhook.server import WebhookServer
 from controller.webhook.templates import TemplateCollector, TemplateEnsurer
 from controller.webhook.translate import TranslationSettings
@@ -37,6 +37,8 @@ from dra_driver import kube
 
 log = logging.getLogger("vgpu-dra.webhook")
 SWITCH_INTERVAL_S = 0.0005
+# The family of WebhookMetrics.templates_collected (the collector runs in the controller).
+COLLECTED_FAMILY = "vgpu_dra_webhook_claim_templates_collected"
 
 
 @dataclass
@@ -107,15 +109,17 @@ def start(
     Raises CertError/KubeError/OSError when it cannot serve, ValueError for settings that
     contradict each other (main exits 1 with the reason)."""
     translation_settings(args)  # contradicting settings stop the controller, not only the child
-    metrics = WebhookMetrics(registry)
-    threads = [collector(args, client, stop, is_leader, metrics)]
     if args.webhook_process == "inline":
+        metrics = WebhookMetrics(registry)
         running = serve(args, client, stop, metrics)
-        running.threads += threads
+        running.threads.append(collector(args, client, stop, is_leader, metrics))
     else:
+        metrics = WebhookMetrics()  # exposed through ChildMetrics, merged with the child's
         child = ChildWebhook(args)
         child.start()
-        threads.append(child.supervise(stop))
+        if registry is not None:
+            registry.register(ChildMetrics(child, metrics.registry, [COLLECTED_FAMILY]))
+        threads = [collector(args, client, stop, is_leader, metrics), child.supervise(stop)]
         running = Running(threads, metrics, child=child, drain_s=child.drain_s)
     running.stop_with(stop)
     return running

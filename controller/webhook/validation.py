@@ -122,7 +122,8 @@ def _alternatives(devices: Any) -> list[Mapping[str, Any]]:
 
 def _names_memory(alternative: Mapping[str, Any], driver: str) -> bool:
     requests = (alternative.get("capacity") or {}).get("requests") or {}
-    return any(str(k).removeprefix(f"{driver}/") == names.CAPACITY_MEMORY for k in requests)
+    # Bare or in any domain, as the allocator reads it (dra_driver.allocator.request).
+    return any(str(k).rsplit("/", 1)[-1] == names.CAPACITY_MEMORY for k in requests)
 
 
 def _configs(where: str, path: str, entries: Any, facts: ClusterFacts) -> list[str]:

@@ -906,6 +906,41 @@ def test_a_translated_pod_is_allocated_prepared_and_capped(
     assert result["consumedCapacity"]["memory"] and result["driver"] == "vgpu.dra.dev"
 
 
+def test_a_hami_memory_percentage_caps_at_that_share_of_the_chosen_gpu(
+    hook: Hook, client: KubeClient, nodes: dict[str, NodeAgents]
+) -> None:
+    """`nvidia.com/gpumem-percentage: 50`: the claim carries vgpu.dra.dev/memory-percentage, the
+    gate sends the pod to the allocation controller, which gives it half of the memory of the
+    GPU it chose (rounded up by the device's request policy); vgpu.conf caps exactly that."""
+    legacy_pod = pod("n-hami-percent", {"nvidia.com/gpu": "1",
+                                        "nvidia.com/gpumem-percentage": "50"})  # fmt: skip
+    created = hook.client.create(hook.pods(), legacy_pod)
+    assert {"name": GATE} in created["spec"]["schedulingGates"]
+    running = running_pod(client, hook.tenant, "n-hami-percent")
+    claim = pod_claim(client, running)
+    assert claim["metadata"]["annotations"]["vgpu.dra.dev/memory-percentage"] == "50"
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    (device,) = [
+        d
+        for s in client.list(kube.path(RESOURCE_API, "resourceslices"),
+                             field_selector=f"spec.nodeName={running['spec']['nodeName']}")
+        for d in s["spec"]["devices"]
+        if s["spec"]["driver"] == "vgpu.dra.dev" and s["spec"]["pool"]["name"] == result["pool"]
+        and d["name"] == result["device"]
+    ]  # fmt: skip
+    memory = device["capacity"]["memory"]
+    total = parse_quantity(memory["value"])
+    step = parse_quantity(
+        ((memory.get("requestPolicy") or {}).get("validRange") or {}).get("step") or "1"
+    )
+    granted = parse_quantity(result["consumedCapacity"]["memory"])
+    half = -(-total // 2)
+    assert half <= granted < half + step, (total, step, granted)
+    node_agents = nodes[running["spec"]["nodeName"]]
+    (conf,) = vgpu_conf(node_agents, claim["metadata"]["uid"])
+    assert int(conf["memory"]) == granted
+
+
 def test_more_memory_than_any_gpu_is_refused_once_the_inventory_is_known(
     hook: Hook, nodes: dict[str, NodeAgents]
 ) -> None:

@@ -1,7 +1,7 @@
 """The webhook's own process (controller.webhook.process): the controller's parsed flags become
-the child's command line unchanged, and the child is started, started again after it exits,
-and stopped. (A child whose controller is gone stopping at stdin EOF:
-tests/e2e/controller/test_webhook.py, which needs an API server.)"""
+the child's command line unchanged; the child is started, started again after it exits, and
+stopped; over the link between them the controller's registry gets the child's families (and
+its own templates-collected counter, not the child's), and the child stops at the link's EOF."""
 
 from __future__ import annotations
 
@@ -13,9 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from controller.main import build_parser as controller_parser
 from controller.webhook import process
+from controller.webhook.metrics import WebhookMetrics
+from controller.webhook.run import COLLECTED_FAMILY
 from vgpu_testbed.polling import wait_for
 
 
@@ -28,11 +31,11 @@ def test_the_child_gets_the_flags_the_controller_parsed() -> None:
          "--node-policy", "spread"]
     )  # fmt: skip
     argv = process.child_argv(args)
-    assert "--exit-on-stdin-eof" not in argv
+    assert not any(a.startswith("--parent-fd") for a in argv)
     assert not any(a.startswith(("--webhook-process", "--node-policy")) for a in argv)
     child = process.build_parser({}).parse_args(argv)
     for name, value in vars(child).items():
-        if name != "exit_on_stdin_eof" and not name.startswith("_seen_"):
+        if name != "parent_fd" and not name.startswith("_seen_"):
             assert value == getattr(args, name), name
     assert child.webhook_template_grace.total_seconds() == 420
     assert child.shared_resource == [("b.io/y", 4)]
@@ -87,3 +90,51 @@ def test_vgpu_dra_webhook_needs_a_port(tmp_path: Path) -> None:
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2  # usage error: a port is required
     assert b"--webhook-port: a port to serve on is required" in err
+
+
+LINKED_CHILD = """
+import sys, threading
+from controller.webhook.metrics import WebhookMetrics
+from controller.webhook.process import _serve_parent
+metrics = WebhookMetrics()
+metrics.observe("mutate", "patched", 0.001)
+metrics.templates_created.inc()
+metrics.templates_collected.inc(5)
+fd = int(next(a for a in sys.argv if a.startswith("--parent-fd=")).split("=")[1])
+stop = threading.Event()
+_serve_parent(fd, stop, metrics.exposition)
+stop.wait()
+sys.exit(7)
+"""
+
+
+def test_the_controller_serves_the_childs_metrics_and_the_child_ends_with_the_link() -> None:
+    args = controller_parser({}).parse_args(["--webhook-port", "1"])
+    child = process.ChildWebhook(args, command=[sys.executable, "-c", LINKED_CHILD])
+    child.start()
+    try:
+        local = WebhookMetrics()
+        local.templates_collected.inc(2)
+        registry = CollectorRegistry()
+        registry.register(process.ChildMetrics(child, local.registry, [COLLECTED_FAMILY]))
+        wait_for(
+            "the child answering",
+            lambda: "admission_duration" in generate_latest(registry).decode(),
+        )
+        text = generate_latest(registry).decode()
+        assert (
+            'vgpu_dra_webhook_admission_duration_seconds_count{decision="patched",'
+            'operation="mutate"} 1.0'
+        ) in text
+        assert "vgpu_dra_webhook_claim_templates_created_total 1.0" in text
+        assert "vgpu_dra_webhook_claim_templates_collected_total 2.0" in text  # the controller's
+        assert text.count("# TYPE vgpu_dra_webhook_claim_templates_collected_total") == 1
+        # The controller is gone (its end of the link closes): the child stops by itself.
+        process_ = child._process
+        assert process_ is not None
+        link = child._link
+        assert link is not None
+        link.close()
+        assert process_.wait(timeout=30) == 7
+    finally:
+        child.stop()
