@@ -35,10 +35,12 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import http.client
 import os
 import re
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -72,6 +74,7 @@ from tests.fixtures.chart import (
 )
 from tests.fixtures.chart import token_kubeconfig as make_kubeconfig
 from tests.fixtures.workloads import REPO, deviceclass_exists, pod_claim, running_pod
+from vgpu_testbed.cluster import webhook_client
 from vgpu_testbed.cluster.flags import free_ports
 from vgpu_testbed.cluster.webhook import register_webhooks, render_chart, unregister_webhooks
 from vgpu_testbed.polling import wait_for
@@ -746,6 +749,59 @@ def _keep_using_while_the_leader_collects(hook: Hook) -> int:
         time.sleep(0.3)  # pacing of the pods that keep using the template
     wait_for("the template collected once unused", lambda: hook.template(used_name) is None)
     return n + 1
+
+
+def _webhook_argv(controller_argv: list[str], port: int) -> list[str]:
+    """`vgpu-dra webhook` with the credentials and webhook flags of the controller's argv."""
+    argv = [sys.executable, "-m", "dra_driver.cli", "webhook"]
+    tokens = controller_argv[controller_argv.index("controller") + 1 :]
+    for flag, value in zip(tokens, [*tokens[1:], ""], strict=True):
+        if flag.startswith(("--kubeconfig", "--webhook-", "--shared-", "--log-level")):
+            argv += [flag, str(port) if flag == "--webhook-port" else value]
+    return argv
+
+
+def test_a_webhook_requiring_the_api_servers_client_certificate(
+    hook: Hook, cluster: Any, tmp_path: Path
+) -> None:
+    """`vgpu-dra webhook` on its own with --webhook-client-ca: the bed's API server presents a
+    certificate signed by that CA (vgpu_testbed.cluster.webhook_client), so admissions pass;
+    a client without it is refused during the handshake, before any request is read."""
+    (port,) = free_ports(1)
+    ca = webhook_client.client_ca(cluster.layout.pki)
+    alone = Controller([*_webhook_argv(hook.controller.argv, port), "--webhook-client-ca",
+                        str(ca)], tmp_path / "webhook.log")  # fmt: skip
+    try:
+        alone.start()
+        wait_for("the webhook serving", lambda: _serving_lines(alone, port) == 1)
+        _point_configs(hook, port)
+        shape = pod("client-cert", {"nvidia.com/vgpu-number": "1"})
+        # Admitted by it once the API server calls the new address (the controller still
+        # serves the old one meanwhile).
+        wait_for("an admission by the webhook alone", lambda: (
+            _dry_run(hook, shape) is not None and _admissions(alone) >= 1))  # fmt: skip
+        echo = _dry_run(hook, shape)
+        assert echo is not None and echo["spec"]["resourceClaims"]
+        secret = hook.client.get(kube.path("v1", "secrets", hook.secret, namespace=hook.system_ns))
+        context = ssl.create_default_context(
+            cadata=base64.b64decode(secret["data"]["ca-bundle.crt"]).decode()
+        )
+        stranger = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            stranger.request("GET", "/healthz")
+            stranger.getresponse()
+        stranger.close()
+    finally:
+        _point_configs(hook, int(_flag(hook.controller.argv, "--webhook-port")))
+        alone.stop()
+
+
+def _dry_run(hook: Hook, shape: JSON) -> JSON | None:
+    """The admitted pod of a dry-run create; None when refused."""
+    try:
+        return hook.client.request("POST", hook.pods(), body=shape, query={"dryRun": "All"})
+    except KubeError:
+        return None
 
 
 # ---------------------------------------------------------------- bad inputs

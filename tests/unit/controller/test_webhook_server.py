@@ -31,6 +31,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from controller.webhook import certs
 from controller.webhook.metrics import WebhookMetrics
 from controller.webhook.server import MAX_BODY, MAX_CONNECTIONS, WebhookServer
+from vgpu_testbed.cluster import webhook_client
 
 JSON = dict[str, Any]
 NAMES = certs.Names.for_service("hook", "ns", ["127.0.0.1"])
@@ -339,37 +340,13 @@ def test_each_admission_is_one_span_with_its_decision(tmp_path: Path) -> None:
 
 
 def client_certificate(ca: tuple[bytes, bytes], tmp_path: Path) -> tuple[Path, Path]:
-    """A client certificate (clientAuth) signed by `ca`, as files for ssl.load_cert_chain."""
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    ca_cert = x509.load_pem_x509_certificate(ca[0])
-    ca_key = serialization.load_pem_private_key(ca[1], password=None)
-    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - DAY)
-        .not_valid_after(now + DAY)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
+    """A client certificate (clientAuth) signed by `ca`, as files for ssl.load_cert_chain (the
+    bed's own issuer for its API server's webhook client certificate)."""
     tmp_path.mkdir(parents=True, exist_ok=True)
+    cert, key = webhook_client.issue_client(ca[0], ca[1], "kube-apiserver")
     cert_path, key_path = tmp_path / "client.crt", tmp_path / "client.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
+    cert_path.write_bytes(cert)
+    key_path.write_bytes(key)
     return cert_path, key_path
 
 
