@@ -749,15 +749,6 @@ def _translate_annotations(meta: Mapping[str, Any], policy: PodPolicy, work: _Wo
         for concept, value in policy.values.items()
         if concept in legacy.CONTROLLER_CONCEPTS and concept not in ours
     }
-    percent = policy.get("memory_percentage")
-    if percent is not None and int(percent) < 100 and not work.memory_percent:
-        key = legacy.CANONICAL["memory_percentage"]
-        raise Refusal(
-            f"annotation {key}={percent}: on a pod it applies to the claims the webhook writes for "
-            "legacy GPU resources, and this pod has none (or all give memory in MiB); annotate "
-            "the pod's own ResourceClaims or ResourceClaimTemplates with it instead (their pod "
-            f"needs the scheduling gate {GATE}: only the allocation controller honours it)"
-        )
     foreign = policy.systems - {"vgpu-dra"}
     source = work.systems[0] if work.systems else min(foreign, default="vgpu-dra")
     if (work.patch or foreign) and legacy.TRANSLATED_FROM not in annotations:
@@ -811,6 +802,27 @@ def _onto_policy_path(spec: Mapping[str, Any], policy: PodPolicy, work: _Work) -
     work.warnings.append(f"scheduling gate {GATE} added: the allocation controller places this pod")
 
 
+def _unapplied_memory_percentage(spec: Mapping[str, Any], policy: PodPolicy, work: _Work) -> None:
+    """The pod's memory percentage goes into the claims the webhook writes; a pod with none
+    (and none written before: a translated pod admitted again) is refused: the user's own
+    claims must carry it themselves, and silently giving them the whole memory would not do."""
+    percent = policy.get("memory_percentage")
+    if percent is None or int(percent) == 100 or work.memory_percent:
+        return
+    if any(
+        is_webhook_template(str(c.get("resourceClaimTemplateName") or ""))
+        for c in spec.get("resourceClaims") or []
+    ):
+        return
+    key = legacy.CANONICAL["memory_percentage"]
+    raise Refusal(
+        f"annotation {key}={percent}: on a pod it applies to the claims the webhook writes for "
+        "legacy GPU resources, and this pod has none; annotate the pod's own ResourceClaims "
+        "or ResourceClaimTemplates with it instead (their pod "
+        f"needs the scheduling gate {GATE}: only the allocation controller honours it)"
+    )
+
+
 def _unapplied_compute_policy(spec: Mapping[str, Any], policy: PodPolicy, work: _Work) -> None:
     """A compute policy goes into the VgpuConfig of the claims the webhook writes; on a pod with
     none, it would change nothing, which the user is told rather than left to find out."""
@@ -840,6 +852,7 @@ def translate_pod(pod: Mapping[str, Any], settings: TranslationSettings) -> Tran
     source = _translate_annotations(pod.get("metadata") or {}, policy, work)
     _onto_policy_path(spec, policy, work)
     _unapplied_compute_policy(spec, policy, work)
+    _unapplied_memory_percentage(spec, policy, work)
     if not work.patch and not work.warnings:
         return None
     return Translation(

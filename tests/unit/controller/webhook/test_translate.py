@@ -641,10 +641,9 @@ def test_requests_are_removed_too_and_must_equal_limits() -> None:
             {"cpu": "1"},
             {"vgpu.dra.dev/memory-percentage": "50"},
             "annotation vgpu.dra.dev/memory-percentage=50: on a pod it applies to the claims the "
-            "webhook writes for legacy GPU resources, and this pod has none (or all give memory "
-            "in MiB); annotate the pod's own ResourceClaims or ResourceClaimTemplates with it "
-            "instead (their pod needs the scheduling gate vgpu.dra.dev/policy: only the "
-            "allocation controller honours it)",
+            "webhook writes for legacy GPU resources, and this pod has none; annotate the pod's "
+            "own ResourceClaims or ResourceClaimTemplates with it instead (their pod needs the "
+            "scheduling gate vgpu.dra.dev/policy: only the allocation controller honours it)",
         ),
     ],
 )
