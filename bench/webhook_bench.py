@@ -51,7 +51,7 @@ RESULTS = Path(__file__).parent / "results" / "webhook.json"
 CONCURRENCY = 200
 ROUNDS = 3
 MODES = ("inline", "child")  # --webhook-process: the controller's threads, or its own process
-PASSES = 2  # per way, alternating
+PASSES = 3  # per way, alternating
 TARGETS = {"webhook_p99_ms": 10.0}
 LABEL = "vgpu-dra.bench/webhook"
 HOOK_NAME = "legacy-pods.vgpu.dra.dev"
@@ -209,7 +209,8 @@ def _measure(
         _wait("the webhook serving", lambda: "webhook on https://" in log_path.read_text())
         _wait("the caBundle published", lambda: _published(client, config_name))
         time.sleep(1.0)  # let the API server's webhook informer see the caBundle
-        _create_round(client, tenant, "warm", CONCURRENCY)  # connections, template, caches
+        # Connections, the template (a new shape: one create for 200 admissions), caches.
+        _, warm_errors = _create_round(client, tenant, "warm", CONCURRENCY)
         warm_lines = len(_admissions(log_path.read_text()))
         metrics_before = _apiserver_metrics(client, cluster.server)
         hook_before = _webhook_metrics(client, system_ns, port)
@@ -235,6 +236,7 @@ def _measure(
         (metrics_before, metrics_after), (hook_before, hook_after), admissions, client_samples
     )
     figures["client"]["errors"] = errors
+    figures["client"]["warm_up_errors"] = warm_errors
     print(f"{mode}: webhook p50 {figures['webhook']['p50_ms']} ms p99 "
           f"{figures['webhook']['p99_ms']} ms, load {load}", flush=True)  # fmt: skip
     return {"load_avg_1m": load, **figures}
