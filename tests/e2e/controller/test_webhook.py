@@ -541,7 +541,8 @@ class Relay:
         self._next = 0
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
-        threading.Thread(target=self._accept, name="relay", daemon=True).start()
+        self._thread = threading.Thread(target=self._accept, name="relay", daemon=True)
+        self._thread.start()
 
     def _accept(self) -> None:
         while True:
@@ -594,8 +595,11 @@ class Relay:
                     sock.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept
         self._listener.close()
-        self.pin(-1)
+        self._thread.join(timeout=5)
+        self.pin(-1)  # every relayed connection ends, and its two threads
 
 
 def _flag(argv: list[str], flag: str) -> str:
@@ -662,36 +666,39 @@ class Stream:
 def test_two_replicas_admit_while_either_is_stopped_and_gc_spares_the_others_templates(
     hook: Hook, client: KubeClient, tmp_path: Path
 ) -> None:
-    """Two controller replicas (each serving from its child process) behind one relay: a stream
-    of admissions loses none while replica A stops (SIGTERM: it drains) and comes back, and then
-    while B does. Then admissions go to the replica that does not lead only, and the leader's
-    template collection leaves the template they keep using alone (touch stamps on the object,
-    not the admitting replica's memory), while it collects another unused one meanwhile, and
-    collects this one too once the admissions stop."""
+    """Two more controller replicas, B and C (each serving from its child process; same Secret,
+    Lease and configurations as the module's), behind one relay: a stream of admissions loses
+    none while B stops (SIGTERM: it drains) and comes back, and then while C does. Then
+    admissions go to a replica that does not lead only, and the leader's template collection
+    leaves the template they keep using alone (touch stamps on the object, not the admitting
+    replica's memory), while it collects another unused one meanwhile, and collects this one
+    too once the admissions stop."""
     a = hook.controller
     port_a = int(_flag(a.argv, "--webhook-port"))
-    (port_b,) = free_ports(1)
+    port_b, port_c = free_ports(2)
     b = Controller(_replaced(a.argv, "--webhook-port", str(port_b)), tmp_path / "replica-b.log")
-    relay = Relay([port_a, port_b])
+    c = Controller(_replaced(a.argv, "--webhook-port", str(port_c)), tmp_path / "replica-c.log")
+    relay = Relay([port_b, port_c])
     stream: Stream | None = None
     try:
-        b.start()
-        wait_for("replica B serving", lambda: _serving_lines(b, port_b) == 1)
+        for replica, port in ((b, port_b), (c, port_c)):
+            replica.start()
+            wait_for("a replica serving", lambda: _serving_lines(replica, port) == 1)  # noqa: B023
         _point_configs(hook, relay.port)
         stream = Stream(hook)
         stream.until("admissions through the relay", lambda: stream.admitted >= 10)
-        _stop_and_start(stream, a, port_a, b)
-        _stop_and_start(stream, b, port_b, a)
+        _stop_and_start(stream, b, port_b, c)
+        _stop_and_start(stream, c, port_c, b)
         stream.until("admissions after both came back", lambda: stream.admitted >= 60)
         stream.stop()
         assert stream.failures == []
         assert min(relay.connections.values()) > 0  # each replica served through the relay
-        # Which replica leads: the Lease names one of the identities the two logged.
+        # Which replica leads: the Lease names one of the identities the three logged.
         lease = client.get(kube.path("coordination.k8s.io/v1", "leases", "vgpu-dra-controller",
                                      namespace=hook.system_ns))  # fmt: skip
         holder = lease["spec"]["holderIdentity"]
-        leader, follower, follower_port = (a, b, port_b) if holder in a.text() else (b, a, port_a)
-        assert holder in leader.text() and holder not in follower.text()
+        (leader,) = [r for r in (a, b, c) if holder in r.text()]
+        follower, follower_port = (c, port_c) if leader is b else (b, port_b)
         relay.pin(follower_port)
         follower_before = _admissions(follower)
         admitted = _keep_using_while_the_leader_collects(hook)
@@ -703,8 +710,7 @@ def test_two_replicas_admit_while_either_is_stopped_and_gc_spares_the_others_tem
         _point_configs(hook, port_a)
         relay.close()
         b.stop()
-        if a.proc is None:
-            a.start()
+        c.stop()
 
 
 def _stop_and_start(stream: Stream, stopped: Controller, port: int, other: Controller) -> None:
