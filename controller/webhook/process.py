@@ -249,8 +249,11 @@ def _read(link: socket.socket, size: int) -> bytes:
     return b"".join(chunks)
 
 
-def _serve_parent(fd: int, stop: threading.Event, exposition: Callable[[], bytes]) -> None:
-    """The child's end of the link: metrics on request, and stop at EOF."""
+def _serve_parent(
+    fd: int, stop: threading.Event, exposition: Callable[[], bytes], orphaned: threading.Event
+) -> None:
+    """The child's end of the link: metrics on request, and stop at EOF (`orphaned` set first:
+    no drain then, there is no controller to wait for it and its replica is gone anyway)."""
     link = socket.socket(fileno=fd)
 
     def loop() -> None:
@@ -261,6 +264,7 @@ def _serve_parent(fd: int, stop: threading.Event, exposition: Callable[[], bytes
         except OSError as exc:
             log.debug("link to the controller failed: %s", exc)
         log.info("the controller is gone (its link closed): stopping")
+        orphaned.set()
         stop.set()
 
     threading.Thread(target=loop, name="webhook-parent-link", daemon=True).start()
@@ -286,16 +290,18 @@ def main(argv: Sequence[str]) -> int:
         except Exception as exc:  # certificate, API or bind failures: say which, exit 1
             log.error("cannot start the webhook on port %d: %s", args.webhook_port, exc)
             return 1
+        orphaned = threading.Event()
         if args.parent_fd >= 0:
-            _serve_parent(args.parent_fd, stop, running.metrics.exposition)
+            _serve_parent(args.parent_fd, stop, running.metrics.exposition, orphaned)
         # What start-up allocated (modules, the client, certificates) lives as long as the
         # process: out of the collector's sight, a full collection has only admissions' objects
         # to walk (fewer, shorter pauses in the middle of an admission).
         gc.collect()
         gc.freeze()
         stop.wait()
-        log.info("shutting down (answering for %.1f s more)", running.drain_s)
-        running.stop(running.drain_s)
+        drain_s = 0.0 if orphaned.is_set() else running.drain_s
+        log.info("shutting down (answering for %.1f s more)", drain_s)
+        running.stop(drain_s)
         return 0
     finally:
         client.close()

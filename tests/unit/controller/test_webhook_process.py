@@ -101,10 +101,10 @@ metrics.observe("mutate", "patched", 0.001)
 metrics.templates_created.inc()
 metrics.templates_collected.inc(5)
 fd = int(next(a for a in sys.argv if a.startswith("--parent-fd=")).split("=")[1])
-stop = threading.Event()
-_serve_parent(fd, stop, metrics.exposition)
+stop, orphaned = threading.Event(), threading.Event()
+_serve_parent(fd, stop, metrics.exposition, orphaned)
 stop.wait()
-sys.exit(7)
+sys.exit(7 if orphaned.is_set() else 1)
 """
 
 
