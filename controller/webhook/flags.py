@@ -231,7 +231,7 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> No
     add(
         "--webhook-drain",
         "webhook_drain",
-        "5s",
+        "2s",
         "on SIGTERM, keep answering this long, closing each connection after its answer, so "
         "that the API server moves to another replica without a failed admission",
         parse=duration,
