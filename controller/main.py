@@ -10,8 +10,8 @@ Readiness: every informer has listed once, and the replica is the leader or a st
 reach the Lease. SIGTERM/SIGINT stop it cleanly (readiness drops first, the Lease is released,
 then the probe server closes, exit 0). With `--metrics-address` it serves Prometheus metrics
 (`controller.metrics`; the chart sets the address through VGPU_DRA_METRICS_ADDRESS).
-With `--webhook-port` it also serves the admission webhook on every replica
-(`controller.webhook.run`; docs/webhook.md).
+With `--webhook-port` it also serves the admission webhook on every replica, from a child
+process by default (`controller.webhook.run`; docs/webhook.md).
 Every flag has an environment twin, as in the kubelet plugin.
 """
 
@@ -24,6 +24,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from controller.leader import LeaderElector
 from controller.metrics import DETAILS, ControllerMetrics, StateCollector
@@ -36,6 +37,9 @@ from dra_driver import cli_flags, kube, logsetup, tracing
 from dra_driver.lifecycle import stop_on_signals
 from dra_driver.metrics_http import MetricsServer, serve_metrics
 from dra_driver.metrics_http import parse_address as parse_metrics_address
+
+if TYPE_CHECKING:
+    from controller.webhook.run import Running  # imported when the webhook is on only
 
 log = logging.getLogger("vgpu-dra.controller")
 
@@ -181,19 +185,19 @@ def _start_webhook(
     stop: threading.Event,
     is_leader: Callable[[], bool],
     metrics: ControllerMetrics | None,
-) -> bool:
-    """Serve the webhook until `stop` is set; False (after logging why and closing the client)
-    when it cannot start."""
+) -> Running | None:
+    """Serve the webhook until `stop` is set: what runs it, or None (after
+    logging why and closing the client) when it cannot start."""
     from controller.webhook import run as webhook_run  # the TLS machinery only when it is on
 
     try:
         registry = metrics.registry if metrics is not None else None  # one /metrics for all
-        webhook_run.start(args, client, stop, is_leader, registry)
+        running = webhook_run.start(args, client, stop, is_leader, registry)
     except Exception as exc:  # certificate, API or bind failures: say which, exit 1
         log.error("cannot start the webhook on port %d: %s", args.webhook_port, exc)
         client.close()
-        return False
-    return True
+        return None
+    return running
 
 
 def main(argv: Sequence[str]) -> int:
@@ -221,10 +225,13 @@ def _run(args: argparse.Namespace, client: kube.KubeClient, address: tuple[str, 
     elector: LeaderElector | None = None
     metrics = ControllerMetrics() if args.metrics_address else None
     # Every replica serves the webhook (until `stop`); only the leader collects templates.
-    if args.webhook_port and not _start_webhook(
-        args, client, stop, lambda: elector is None or elector.is_leader(), metrics
-    ):
-        return 1
+    webhook = None
+    if args.webhook_port:
+        webhook = _start_webhook(
+            args, client, stop, lambda: elector is None or elector.is_leader(), metrics
+        )
+        if webhook is None:
+            return 1
     try:
         probes = ProbeServer(address)
     except OSError as exc:
@@ -274,6 +281,8 @@ def _run(args: argparse.Namespace, client: kube.KubeClient, address: tuple[str, 
     else:
         worker.became_leader(True)
     probes.add_check("informers-synced", worker.synced)
+    if webhook is not None:
+        probes.add_check("webhook", webhook.serving)
     metrics_server = _serve_metrics(args, metrics, worker, elector)
     if metrics is not None and metrics_server is None:  # could not bind: said why
         probes.stop()
@@ -289,6 +298,8 @@ def _run(args: argparse.Namespace, client: kube.KubeClient, address: tuple[str, 
     stop.wait()
     log.info("shutting down")
     _shut_down(probes, metrics_server, elector, worker)
+    if webhook is not None:  # its child answers during its drain; exiting would end it
+        webhook.stopped.wait(timeout=webhook.drain_s + 15)
     client.close()
     log.info("stopped")
     return 0

@@ -26,6 +26,10 @@ TESTBED_EXTRA = "pip install 'vgpu-dra[testbed]'"
 PRODUCT_COMMANDS: dict[str, tuple[str, str]] = {
     "kubelet-plugin": ("kubelet_plugin.main:main", "run the node daemon (DRA kubelet plugin)"),
     "controller": ("controller.main:main", "run the cluster-side controller (probes only, today)"),
+    "webhook": (
+        "controller.webhook.process:main",
+        "serve the admission webhook alone (the controller starts it as a child)",
+    ),
     "status": ("dra_driver.status:main", "GPUs, claims, allocated and free memory/cores per GPU"),
 }
 # name -> ("module of vgpu_testbed:function", one-line help).

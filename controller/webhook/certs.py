@@ -247,10 +247,19 @@ def split_bundle(bundle: bytes) -> list[bytes]:
     return [_cert_pem(c) for c in x509.load_pem_x509_certificates(bundle)] if bundle else []
 
 
-def server_context(cert_pem: bytes, key_pem: bytes) -> ssl.SSLContext:
-    """A TLS 1.2+ server context for the pair, loaded without writing the key to a file."""
+def server_context(
+    cert_pem: bytes, key_pem: bytes, client_ca: bytes | None = None
+) -> ssl.SSLContext:
+    """A TLS 1.2+ server context for the pair, loaded without writing the key to a file. With
+    `client_ca` (PEM), the handshake fails for a client without a certificate that CA signed."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if client_ca:
+        try:
+            context.load_verify_locations(cadata=client_ca.decode())
+        except (ssl.SSLError, ValueError) as exc:
+            raise CertError(f"the webhook's client CA is unusable: {exc}") from exc
+        context.verify_mode = ssl.CERT_REQUIRED
     fd = os.memfd_create("webhook-tls", os.MFD_CLOEXEC)
     try:
         os.write(fd, cert_pem + b"\n" + key_pem)
@@ -266,9 +275,11 @@ def server_context(cert_pem: bytes, key_pem: bytes) -> ssl.SSLContext:
 
 
 class ContextHolder:
-    """The SSLContext new connections use; swapped atomically on reload."""
+    """The SSLContext new connections use; swapped atomically on reload. `client_ca` (PEM):
+    require a client certificate signed by it (`--webhook-client-ca`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, client_ca: bytes | None = None) -> None:
+        self._client_ca = client_ca
         self._context: ssl.SSLContext | None = None
         self._serving: bytes = b""
         self._lock = threading.Lock()
@@ -282,7 +293,7 @@ class ContextHolder:
         with self._lock:
             if cert_pem == self._serving:
                 return False
-        context = server_context(cert_pem, key_pem)
+        context = server_context(cert_pem, key_pem, self._client_ca)
         with self._lock:
             self._context, self._serving = context, cert_pem
         return True

@@ -31,7 +31,13 @@ ENV = {
     "shared_resources": "VGPU_DRA_SHARED_RESOURCES",
     "shared_memory": "VGPU_DRA_SHARED_MEMORY",
     "driver_name": "VGPU_DRA_DRIVER_NAME",
+    "webhook_process": "VGPU_DRA_WEBHOOK_PROCESS",
+    "webhook_client_ca": "VGPU_DRA_WEBHOOK_CLIENT_CA",
+    "webhook_drain": "VGPU_DRA_WEBHOOK_DRAIN",
 }
+# Where the controller serves admissions: a child process of its own (`vgpu-dra webhook`, the
+# default: admissions do not share the GIL with informers and allocation) or its own threads.
+PROCESS_CHOICES = ("child", "inline")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -215,3 +221,25 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> No
             help=f"{help_text} (repeatable or comma-separated; env {ENV[key]})",
         )
     add("--driver-name", "driver_name", "vgpu.dra.dev", "the DRA driver (DeviceClass) name")
+    add(
+        "--webhook-client-ca",
+        "webhook_client_ca",
+        "",
+        "PEM file of the CA that signs the API server's client certificate: when set, a "
+        "connection without a certificate it signed is refused during the TLS handshake",
+    )
+    add(
+        "--webhook-drain",
+        "webhook_drain",
+        "2s",
+        "on SIGTERM, keep answering this long, closing each connection after its answer, so "
+        "that the API server moves to another replica without a failed admission",
+        parse=duration,
+    )
+    group.add_argument(
+        "--webhook-process",
+        default=env.get(ENV["webhook_process"], PROCESS_CHOICES[0]),
+        choices=PROCESS_CHOICES,
+        help="controller only: serve admissions from a child process `vgpu-dra webhook` (child) "
+        f"or from the controller's own threads (inline) (env {ENV['webhook_process']})",
+    )

@@ -85,7 +85,8 @@ def _ours(name: str) -> str:
 # Our name for each concept. For the concepts the controller reads these are the long names of
 # the allocation-controller issue, which controller.reconciler.ALIASES maps onto the allocator's
 # short names. compute_policy (and gpu-manager's core limit) go into the claim's VgpuConfig
-# instead; the memory percentage has a name so that it is documented and refused precisely.
+# instead; the memory percentage becomes an annotation of the claim (its template's
+# spec.metadata), which the allocation controller reads.
 CANONICAL: dict[Concept, str] = {
     "node_policy": _ours("node-scheduler-policy"),
     "device_policy": _ours("device-scheduler-policy"),

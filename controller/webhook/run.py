@@ -1,8 +1,12 @@
-"""The webhook inside `vgpu-dra controller`: the pieces it starts, wired together.
+"""The webhook's pieces, wired together: serving admissions, and collecting unused templates.
 
 Why apart from controller/main.py: main stays a short sequence that other parts also extend; it
 calls `start` when `--webhook-port` is set (flags: `controller.webhook.flags`). Every replica
 serves admissions and keeps its certificate current; only the leader collects unused templates.
+With `--webhook-process child` (the default) the serving part runs in a child process
+(`controller.webhook.process`, `vgpu-dra webhook`) so that admissions never wait for the GIL
+behind the controller's informers and allocation; the collector stays in the controller, which
+knows whether it leads. `--webhook-process inline` serves from the controller's own threads.
 Imported lazily by main, only when the webhook is on.
 """
 
@@ -12,8 +16,9 @@ import argparse
 import logging
 import sys
 import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -24,6 +29,7 @@ from controller.webhook.admission import Admission
 from controller.webhook.facts import FactsCache
 from controller.webhook.legacy import MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from controller.webhook.metrics import WebhookMetrics
+from controller.webhook.process import ChildMetrics, ChildWebhook
 from controller.webhook.server import WebhookServer
 from controller.webhook.templates import TemplateCollector, TemplateEnsurer
 from controller.webhook.translate import TranslationSettings
@@ -31,27 +37,46 @@ from dra_driver import kube
 
 log = logging.getLogger("vgpu-dra.webhook")
 SWITCH_INTERVAL_S = 0.0005
+# The family of WebhookMetrics.templates_collected (the collector runs in the controller).
+COLLECTED_FAMILY = "vgpu_dra_webhook_claim_templates_collected"
 
 
 @dataclass
 class Running:
-    server: WebhookServer
     threads: list[threading.Thread]
     # Its own registry, for a controller-wide metrics endpoint to include (it is also served on
-    # the webhook's port at /metrics).
+    # the webhook's port at /metrics, by whichever process serves admissions).
     metrics: WebhookMetrics
+    server: WebhookServer | None = None  # serving in this process
+    child: ChildWebhook | None = None  # serving in a child process
+    drain_s: float = 0.0  # see `stop`
+    stopped: threading.Event = field(default_factory=threading.Event)
 
-    def stop(self) -> None:
-        self.server.stop()
+    def stop(self, drain_s: float = 0.0) -> None:
+        """Stop serving; with `drain_s`, first answer for that long while closing connections
+        after each answer (`WebhookServer.drain`)."""
+        if self.server is not None:
+            if drain_s > 0:
+                self.server.drain()
+                time.sleep(drain_s)  # the drain window itself: requests keep being answered
+            self.server.stop()
+        if self.child is not None:
+            self.child.stop()
         for thread in self.threads:
             thread.join(timeout=5)
+        self.stopped.set()
+
+    def serving(self) -> bool:
+        """Readiness: admissions are being served (the child process, if any, is running)."""
+        return self.child is None or self.child.running()
 
     def stop_with(self, stop: threading.Event) -> None:
-        """Stop serving once `stop` is set (the controller's shutdown)."""
+        """Stop serving once `stop` is set (the controller's shutdown); `stopped` is set when
+        done (the controller waits for it: its exit would end a draining child)."""
 
         def wait() -> None:
             stop.wait()
-            self.stop()
+            self.stop(self.drain_s)
 
         threading.Thread(target=wait, name="webhook-stop", daemon=True).start()
 
@@ -80,10 +105,60 @@ def start(
     is_leader: Callable[[], bool],
     registry: CollectorRegistry | None = None,
 ) -> Running:
-    """Load (or create) the certificate, then serve; raises CertError/KubeError/OSError when it
-    cannot, ValueError for settings that contradict each other (main exits 1 with the reason)."""
+    """The controller's webhook: serve (here or in a child process) and collect templates.
+    Raises CertError/KubeError/OSError when it cannot serve, ValueError for settings that
+    contradict each other (main exits 1 with the reason)."""
+    translation_settings(args)  # contradicting settings stop the controller, not only the child
+    if args.webhook_process == "inline":
+        metrics = WebhookMetrics(registry)
+        running = serve(args, client, stop, metrics)
+        running.threads.append(collector(args, client, stop, is_leader, metrics))
+    else:
+        metrics = WebhookMetrics()  # exposed through ChildMetrics, merged with the child's
+        child = ChildWebhook(args)
+        child.start()
+        if registry is not None:
+            registry.register(ChildMetrics(child, metrics.registry, [COLLECTED_FAMILY]))
+        threads = [collector(args, client, stop, is_leader, metrics), child.supervise(stop)]
+        running = Running(threads, metrics, child=child, drain_s=child.drain_s)
+    running.stop_with(stop)
+    return running
+
+
+def collector(
+    args: argparse.Namespace,
+    client: kube.KubeClient,
+    stop: threading.Event,
+    is_leader: Callable[[], bool],
+    metrics: WebhookMetrics,
+) -> threading.Thread:
+    """The periodic collection of unused templates; it writes only while `is_leader()`."""
+    return TemplateCollector(
+        client,
+        f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}",
+        grace_s=args.webhook_template_grace.total_seconds(),
+        may_write=is_leader,
+        on_delete=metrics.templates_collected.inc,
+    ).run(stop, args.webhook_gc_interval.total_seconds())
+
+
+def serve(
+    args: argparse.Namespace,
+    client: kube.KubeClient,
+    stop: threading.Event,
+    metrics: WebhookMetrics | None = None,
+) -> Running:
+    """Load (or create) the certificate, then serve admissions from this process until `stop`
+    (`vgpu-dra webhook`, or the controller inline). Raises CertError/KubeError/OSError when it
+    cannot, ValueError for contradicting settings."""
     settings = translation_settings(args)
-    holder = certs.ContextHolder()
+    client_ca = None
+    if args.webhook_client_ca:
+        try:
+            client_ca = Path(args.webhook_client_ca).read_bytes()
+        except OSError as exc:
+            raise certs.CertError(f"cannot read --webhook-client-ca: {exc}") from exc
+    holder = certs.ContextHolder(client_ca)
     source: certs.SecretCertificates | certs.FileCertificates
     if args.webhook_cert_dir:
         source = certs.FileCertificates(Path(args.webhook_cert_dir), holder)
@@ -104,7 +179,7 @@ def start(
             holder=holder,
         )
     source.sync()
-    metrics = WebhookMetrics(registry)
+    metrics = metrics if metrics is not None else WebhookMetrics()
     grace_s = args.webhook_template_grace.total_seconds()
     ensurer = TemplateEnsurer(client, grace_s=grace_s, on_create=metrics.templates_created.inc)
     facts = FactsCache(client, args.driver_name)
@@ -116,17 +191,9 @@ def start(
         validate=admission.validate,
         metrics=metrics,
     )
-    collector = TemplateCollector(
-        client,
-        f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}",
-        grace_s=grace_s,
-        may_write=is_leader,
-        on_delete=metrics.templates_collected.inc,
-    )
     threads = [
         certs.keep_synced(source, stop, args.webhook_cert_sync.total_seconds()),
         facts.run(stop, args.webhook_facts_interval.total_seconds()),
-        collector.run(stop, args.webhook_gc_interval.total_seconds()),
     ]
     # Python hands the GIL over every 5 ms by default: with hundreds of connection threads, an
     # admission that is ready to answer can wait several such slices. The webhook's latency
@@ -135,6 +202,4 @@ def start(
     server.start()
     host, port = server.address
     log.info("webhook on https://%s:%d (/mutate-pods, /validate, /metrics)", host, port)
-    running = Running(server, threads, metrics)
-    running.stop_with(stop)
-    return running
+    return Running(threads, metrics, server=server, drain_s=args.webhook_drain.total_seconds())

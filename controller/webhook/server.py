@@ -171,6 +171,7 @@ class WebhookServer:
         self._routes = {MUTATE_PATH: ("mutate", mutate), VALIDATE_PATH: ("validate", validate)}
         self._timeout_s = timeout_s
         self._metrics = metrics
+        self._draining = threading.Event()
         self._httpd = _TLSServer(address, self._handler_class(), holder, timeout_s)
         self._httpd.max_connections = max_connections
         self._thread = threading.Thread(
@@ -184,6 +185,12 @@ class WebhookServer:
 
     def start(self) -> None:
         self._thread.start()
+
+    def drain(self) -> None:
+        """Keep serving, but close each connection after its next answer: on the way out, the
+        API server's kept-alive connections move to another replica one request at a time
+        instead of failing when the process exits."""
+        self._draining.set()
 
     def stop(self) -> None:
         self._httpd.shutdown()
@@ -300,7 +307,9 @@ class WebhookServer:
             if current is not None:
                 current.set_attribute("vgpu_dra.admission.decision", decision)
         payload = answer(request["uid"], response)
-        handler._reply(HTTPStatus.OK, payload, "application/json")  # type: ignore[attr-defined]
+        handler._reply(  # type: ignore[attr-defined]
+            HTTPStatus.OK, payload, "application/json", self._draining.is_set()
+        )
         elapsed = _clock() - started
         self._metrics.observe(operation, decision, elapsed)
         self._log(operation, kind, request, decision, elapsed)

@@ -18,6 +18,10 @@ and `TemplateCollector` (leader only, periodic):
   `grace_s` must exceed the time from admission to the pod's creation (the webhook timeout).
 - To keep writes off the hot path, an ensurer remembers what it created or touched and skips
   both for `grace_s / 4`: well inside the grace, so the collector cannot have judged it unused.
+- Concurrent admissions of one new shape (a burst of identical pods) make one create-or-touch,
+  not one each: the others wait for it and share its outcome. Without that, 200 at once each
+  created (AlreadyExists), read and wrote the template back, and each write made the others'
+  writes Conflict and retry, until admissions ran out of time (bench/webhook_bench.py saw it).
 
 Dry-run admissions never reach here (the server checks `request.dryRun`): `sideEffects:
 NoneOnDryRun`.
@@ -78,6 +82,14 @@ def _object(namespace: str, name: str) -> str:
     return kube.path(RESOURCE_API, "resourceclaimtemplates", name, namespace=namespace)
 
 
+class _Flight:
+    """One ensure of a template in progress, which concurrent admissions wait for."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.error: TemplateError | None = None
+
+
 class TemplateEnsurer:
     """Makes the templates of an admission exist (and marks them used)."""
 
@@ -96,6 +108,8 @@ class TemplateEnsurer:
         self._on_create = on_create or (lambda: None)
         self._clock = clock
         self._recent: dict[tuple[str, str], float] = {}
+        # (namespace, name) -> the ensure in flight and, once it is done, its error (None: ok)
+        self._flights: dict[tuple[str, str], _Flight] = {}
         self._lock = threading.Lock()
 
     def ensure(self, namespace: str, templates: Iterable[Template]) -> None:
@@ -107,14 +121,41 @@ class TemplateEnsurer:
             key = (namespace, template.name)
             with self._lock:
                 seen = self._recent.get(key)
-            if seen is not None and self._clock() - seen < self._fresh_s:
-                continue
+                if seen is not None and self._clock() - seen < self._fresh_s:
+                    continue
+                flight = self._flights.get(key)
+                ours = flight is None
+                if flight is None:
+                    flight = self._flights[key] = _Flight()
+            if ours:
+                self._fly(namespace, template, deadline, flight)
+            elif not flight.done.wait(max(0.0, _left(deadline))):
+                raise TemplateError(
+                    f"timed out waiting for ResourceClaimTemplate {namespace}/{template.name}"
+                )
+            elif flight.error is not None:
+                raise TemplateError(str(flight.error))
+
+    def _fly(self, namespace: str, template: Template, deadline: float, flight: _Flight) -> None:
+        key = (namespace, template.name)
+        try:
             self._ensure_one(namespace, template, deadline)
+        except TemplateError as exc:
+            flight.error = exc
+            raise
+        except BaseException as exc:  # a bug: the waiters must not wait for ever
+            flight.error = TemplateError(f"template {namespace}/{template.name}: {exc}")
+            raise
+        else:
             with self._lock:
                 self._recent[key] = self._clock()
                 if len(self._recent) > 10_000:  # bounded: forget the oldest half
                     for old in sorted(self._recent, key=self._recent.__getitem__)[:5_000]:
                         del self._recent[old]
+        finally:
+            with self._lock:
+                del self._flights[key]
+            flight.done.set()
 
     def _ensure_one(self, namespace: str, template: Template, deadline: float) -> None:
         now = _stamp(dt.datetime.now(dt.UTC))

@@ -237,7 +237,8 @@ class Shape:
 
     system: System
     count: int
-    memory_mib: int | None  # per GPU; None = the whole memory
+    memory_mib: int | None  # per GPU; None = the whole memory (or memory_percent of it)
+    memory_percent: int | None  # % of the chosen GPU's memory (policy path only); None = unused
     cores: int | None  # % per GPU; None = no reservation (the default 0)
     compute_policy: str | None
     removed: tuple[str, ...]  # legacy resource names taken off the container
@@ -306,6 +307,7 @@ class _Ask:
     got: dict[str, int]
     count: int = 1
     memory: int | None = None
+    memory_percent: int | None = None
     cores: int | None = None
     compute: str | None = None
     notes: list[str] = field(default_factory=list)
@@ -368,8 +370,18 @@ def _hami_or_whole(ask: _Ask, system: System) -> None:
         ask.memory = got[legacy.HAMI_MEMORY]
         ask.note(legacy.HAMI_MEMORY, f"claim memory {ask.memory}Mi per GPU")
     if legacy.HAMI_MEMORY_PERCENTAGE in got:
-        _memory_percentage(name, legacy.HAMI_MEMORY_PERCENTAGE, got[legacy.HAMI_MEMORY_PERCENTAGE])
-        ask.note(legacy.HAMI_MEMORY_PERCENTAGE, "the whole memory of each GPU")
+        percent = _memory_percentage(
+            name, legacy.HAMI_MEMORY_PERCENTAGE, got[legacy.HAMI_MEMORY_PERCENTAGE]
+        )
+        if percent is None:
+            ask.note(legacy.HAMI_MEMORY_PERCENTAGE, "the whole memory of each GPU")
+        else:
+            ask.memory_percent = percent
+            ask.note(
+                legacy.HAMI_MEMORY_PERCENTAGE,
+                f"claim annotation {legacy.CANONICAL['memory_percentage']}={percent}: {percent} % "
+                "of the memory of each GPU the allocation controller chooses",
+            )
     if legacy.HAMI_CORES in got:
         ask.cores = _percent(name, legacy.HAMI_CORES, got[legacy.HAMI_CORES])
         ask.note(legacy.HAMI_CORES, f"claim cores {ask.cores} per GPU")
@@ -452,6 +464,31 @@ def _shared(ask: _Ask, key: str, settings: TranslationSettings) -> None:
         )
 
 
+def _pod_memory_percentage(ask: _Ask, policy: PodPolicy) -> None:
+    """The pod's `vgpu.dra.dev/memory-percentage` for a container that names no memory."""
+    raw = policy.get("memory_percentage")
+    percent = None if raw is None else _memory_percentage(ask.container, "(pod)", int(raw))
+    if percent is None:
+        return
+    key = legacy.CANONICAL["memory_percentage"]
+    if ask.memory is not None:
+        raise Refusal(
+            f"container {ask.container}: GPU memory {ask.memory} MiB and annotation "
+            f"{key}={percent} cannot be used together: keep one"
+        )
+    if ask.memory_percent is not None and ask.memory_percent != percent:
+        raise Refusal(
+            f"container {ask.container}: {legacy.HAMI_MEMORY_PERCENTAGE}={ask.memory_percent} "
+            f"and annotation {key}={percent} contradict each other: keep one"
+        )
+    if ask.memory_percent is None:
+        ask.memory_percent = percent
+        ask.notes.append(
+            f"container {ask.container}: annotation {key}={percent} -> {percent} % of the memory "
+            "of each GPU the allocation controller chooses"
+        )
+
+
 def _container_shape(
     container: Mapping[str, Any], keys: list[str], policy: PodPolicy, settings: TranslationSettings
 ) -> Shape | None:
@@ -468,6 +505,7 @@ def _container_shape(
         _shared(ask, keys[0], settings)
     else:
         _hami_or_whole(ask, system)
+    _pod_memory_percentage(ask, policy)
     if ask.count == 0:
         if ask.memory or ask.cores:
             raise Refusal(
@@ -484,6 +522,7 @@ def _container_shape(
         system=system,
         count=ask.count,
         memory_mib=ask.memory,
+        memory_percent=ask.memory_percent,
         cores=ask.cores or None,
         compute_policy=ask.compute,
         removed=tuple(keys),
@@ -491,17 +530,15 @@ def _container_shape(
     )
 
 
-def _memory_percentage(container: str, key: str, percent: int) -> None:
-    """Only 100 % (the whole memory, which needs no device size) can be honoured today."""
-    if percent == 100:
-        return
-    raise Refusal(
-        f"container {container}: {key}={percent}: a percentage of GPU memory needs the size of "
-        f"the GPU chosen, which only the policy path could apply "
-        f"({legacy.CANONICAL['memory_percentage']}), and the allocation controller does not "
-        "support it yet; give the memory in MiB instead (nvidia.com/gpumem or "
-        "nvidia.com/vgpu-memory), or 100 for the whole memory"
-    )
+def _memory_percentage(container: str, key: str, percent: int) -> int | None:
+    """A percentage of each GPU's memory: None for 100 (the whole memory: no request at all),
+    else the percentage, which the claim carries as an annotation that only the allocation
+    controller (policy path) honours, since it needs the size of the GPU chosen."""
+    if not 1 <= percent <= 100:
+        raise Refusal(
+            f"container {container}: {key}={percent}: a percentage of each GPU's memory, 1..100"
+        )
+    return None if percent == 100 else percent
 
 
 # ----------------------------------------------------------------------------- claim templates
@@ -575,7 +612,13 @@ def _template(shape: Shape, policy: PodPolicy, settings: TranslationSettings) ->
                 "opaque": {"driver": settings.driver, "parameters": parameters},
             }
         ]
-    spec = {"spec": {"devices": devices}}
+    spec: JSON = {"spec": {"devices": devices}}
+    if shape.memory_percent is not None:
+        # Carried by every claim made from the template (contract with the allocator: a request
+        # of our driver that names no memory consumes this share of the chosen device's memory).
+        spec["metadata"] = {
+            "annotations": {legacy.CANONICAL["memory_percentage"]: str(shape.memory_percent)}
+        }
     return ClaimTemplate(
         name=template_name(spec),
         spec=spec,
@@ -642,6 +685,8 @@ class _Work:
     templates: dict[str, ClaimTemplate] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     systems: list[str] = field(default_factory=list)  # per translated container
+    # A claim carries a memory percentage, which only the allocation controller honours.
+    memory_percent: bool = False
 
 
 def _translate_containers(
@@ -671,6 +716,7 @@ def _translate_containers(
             else:
                 template = _template(shape, policy, settings)
                 work.templates.setdefault(template.name, template)
+                work.memory_percent |= shape.memory_percent is not None
                 claim = _claim_name(str(container.get("name") or index), taken)
                 new_claims.append({"name": claim, "resourceClaimTemplateName": template.name})
                 new_res["claims"] = [*(res.get("claims") or []), {"name": claim}]
@@ -703,10 +749,6 @@ def _translate_annotations(meta: Mapping[str, Any], policy: PodPolicy, work: _Wo
         for concept, value in policy.values.items()
         if concept in legacy.CONTROLLER_CONCEPTS and concept not in ours
     }
-    if policy.get("memory_percentage") is not None:
-        _memory_percentage(
-            "(all)", legacy.CANONICAL["memory_percentage"], int(policy.values["memory_percentage"])
-        )
     foreign = policy.systems - {"vgpu-dra"}
     source = work.systems[0] if work.systems else min(foreign, default="vgpu-dra")
     if (work.patch or foreign) and legacy.TRANSLATED_FROM not in annotations:
@@ -728,7 +770,8 @@ def _translate_annotations(meta: Mapping[str, Any], policy: PodPolicy, work: _Wo
 
 
 def _onto_policy_path(spec: Mapping[str, Any], policy: PodPolicy, work: _Work) -> None:
-    """vgpu-scheduler -> the default scheduler; policies the default path cannot honour -> gate."""
+    """vgpu-scheduler -> the default scheduler; policies the default path cannot honour (and
+    memory percentages: kube-scheduler cannot size them) -> gate."""
     vgpu_scheduler = spec.get("schedulerName") == legacy.VGPU_SCHEDULER
     if vgpu_scheduler:
         work.patch.append(
@@ -745,7 +788,10 @@ def _onto_policy_path(spec: Mapping[str, Any], policy: PodPolicy, work: _Work) -
     )
     gated = any(g.get("name") == GATE for g in spec.get("schedulingGates") or [])
     if gated or not (
-        vgpu_scheduler or policy.wants_policy_path or (policy.selects_devices and native_claims)
+        vgpu_scheduler
+        or policy.wants_policy_path
+        or (policy.selects_devices and native_claims)
+        or work.memory_percent
     ):
         return
     gate = {"name": GATE}
@@ -754,6 +800,27 @@ def _onto_policy_path(spec: Mapping[str, Any], policy: PodPolicy, work: _Work) -
     else:
         work.patch.append({"op": "add", "path": "/spec/schedulingGates", "value": [gate]})
     work.warnings.append(f"scheduling gate {GATE} added: the allocation controller places this pod")
+
+
+def _unapplied_memory_percentage(spec: Mapping[str, Any], policy: PodPolicy, work: _Work) -> None:
+    """The pod's memory percentage goes into the claims the webhook writes; a pod with none
+    (and none written before: a translated pod admitted again) is refused: the user's own
+    claims must carry it themselves, and silently giving them the whole memory would not do."""
+    percent = policy.get("memory_percentage")
+    if percent is None or int(percent) == 100 or work.memory_percent:
+        return
+    if any(
+        is_webhook_template(str(c.get("resourceClaimTemplateName") or ""))
+        for c in spec.get("resourceClaims") or []
+    ):
+        return
+    key = legacy.CANONICAL["memory_percentage"]
+    raise Refusal(
+        f"annotation {key}={percent}: on a pod it applies to the claims the webhook writes for "
+        "legacy GPU resources, and this pod has none; annotate the pod's own ResourceClaims "
+        "or ResourceClaimTemplates with it instead (their pod "
+        f"needs the scheduling gate {GATE}: only the allocation controller honours it)"
+    )
 
 
 def _unapplied_compute_policy(spec: Mapping[str, Any], policy: PodPolicy, work: _Work) -> None:
@@ -785,6 +852,7 @@ def translate_pod(pod: Mapping[str, Any], settings: TranslationSettings) -> Tran
     source = _translate_annotations(pod.get("metadata") or {}, policy, work)
     _onto_policy_path(spec, policy, work)
     _unapplied_compute_policy(spec, policy, work)
+    _unapplied_memory_percentage(spec, policy, work)
     if not work.patch and not work.warnings:
         return None
     return Translation(

@@ -10,6 +10,7 @@ has. Each message names the field, the value and the allowed values.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ from dra_driver.allocator import QuantityError, parse_quantity
 
 JSON = dict[str, Any]
 MIB = 1 << 20
+_PERCENT = re.compile(r"[0-9]{1,3}")
 
 # Legacy resources that give GPU memory in MiB per GPU.
 _MEMORY_MIB = (legacy.VGPU_MEMORY, legacy.HAMI_MEMORY, legacy.VCUDA_MEMORY)
@@ -45,13 +47,83 @@ def validate_object(obj: Mapping[str, Any], facts: ClusterFacts) -> list[str]:
     if kind == "DeviceClass":
         return _configs(f"DeviceClass {name}", "spec.config", spec.get("config"), facts)
     if kind == "ResourceClaim":
-        return _devices(f"ResourceClaim {name}", "spec.devices", spec.get("devices"), facts)
+        where = f"ResourceClaim {name}"
+        devices = spec.get("devices")
+        return _devices(where, "spec.devices", devices, facts) + _memory_percentage(
+            where, "metadata.annotations", meta.get("annotations"), devices, facts
+        )
     if kind == "ResourceClaimTemplate":
+        where = f"ResourceClaimTemplate {name}"
         devices = (spec.get("spec") or {}).get("devices")
-        return _devices(f"ResourceClaimTemplate {name}", "spec.spec.devices", devices, facts)
+        claim_meta = spec.get("metadata") or {}
+        return (
+            _devices(where, "spec.spec.devices", devices, facts)
+            + _memory_percentage(
+                where, "spec.metadata.annotations", claim_meta.get("annotations"), devices, facts
+            )
+            + _misplaced_percentage(where, meta.get("annotations"))
+        )
     if kind == "Pod":
         return _pod(f"Pod {name}", obj, facts)
     return []
+
+
+def _memory_percentage(
+    where: str, path: str, annotations: Any, devices: Any, facts: ClusterFacts
+) -> list[str]:
+    """`vgpu.dra.dev/memory-percentage` on a claim: a percentage 1..100, and at least one request
+    of our DeviceClasses that names no memory (the requests it applies to; contract with the
+    allocation controller, which alone honours it)."""
+    key = legacy.CANONICAL["memory_percentage"]
+    if not isinstance(annotations, Mapping) or key not in annotations:
+        return []
+    raw = annotations[key]
+    field = f"{where}: {path}[{key}]={str(raw)[:40]!r}"
+    if not (isinstance(raw, str) and _PERCENT.fullmatch(raw) and 1 <= int(raw) <= 100):
+        return [f"{field}: an integer percentage of each GPU's memory, 1..100"]
+    classes = ", ".join(sorted(facts.device_classes))
+    if not any(
+        alternative.get("deviceClassName") in facts.device_classes
+        and not _names_memory(alternative, facts.driver)
+        for alternative in _alternatives(devices)
+    ):
+        return [
+            f"{field}: applies to the requests of DeviceClass {classes} that name no capacity "
+            f"{names.CAPACITY_MEMORY}, and this claim has none; drop the annotation, or drop "
+            f"the {names.CAPACITY_MEMORY} request (a percentage and an absolute amount cannot "
+            "be used together)"
+        ]
+    return []
+
+
+def _misplaced_percentage(where: str, annotations: Any) -> list[str]:
+    key = legacy.CANONICAL["memory_percentage"]
+    if isinstance(annotations, Mapping) and key in annotations:
+        return [
+            f"{where}: metadata.annotations[{key}]: the template's own annotations do not reach "
+            "its claims; put it under spec.metadata.annotations"
+        ]
+    return []
+
+
+def _alternatives(devices: Any) -> list[Mapping[str, Any]]:
+    """Every device request's `exactly` and `firstAvailable` entries."""
+    found: list[Mapping[str, Any]] = []
+    if not isinstance(devices, Mapping):
+        return found
+    for request in devices.get("requests") or []:
+        if not isinstance(request, Mapping):
+            continue
+        if isinstance(request.get("exactly"), Mapping):
+            found.append(request["exactly"])
+        found += [s for s in request.get("firstAvailable") or [] if isinstance(s, Mapping)]
+    return found
+
+
+def _names_memory(alternative: Mapping[str, Any], driver: str) -> bool:
+    requests = (alternative.get("capacity") or {}).get("requests") or {}
+    # Bare or in any domain, as the allocator reads it (dra_driver.allocator.request).
+    return any(str(k).rsplit("/", 1)[-1] == names.CAPACITY_MEMORY for k in requests)
 
 
 def _configs(where: str, path: str, entries: Any, facts: ClusterFacts) -> list[str]:

@@ -27,7 +27,7 @@ from typing import Any
 
 from vgpu_testbed import procs
 from vgpu_testbed.cluster import boot as cluster_boot
-from vgpu_testbed.cluster import certs
+from vgpu_testbed.cluster import certs, webhook_client
 from vgpu_testbed.cluster import flags as cluster_flags
 from vgpu_testbed.cluster import nodes as cluster_nodes
 from vgpu_testbed.cluster import state as cluster_state
@@ -348,6 +348,7 @@ class Cluster:
         api_argv += realnode_pki.apiserver_flags(
             layout.pki, realnode_pki.egress_socket(layout.root)
         )
+        api_argv += webhook_client.apiserver_flags(layout.pki)  # for --webhook-client-ca
         api = self._spawn("kube-apiserver", api_argv, ports.apiserver)
         admin = identities["admin"].token
         wait_for(

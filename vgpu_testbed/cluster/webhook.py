@@ -135,6 +135,9 @@ def controller_flags(port: int, *, namespace: str, release: str) -> list[str]:
         "--webhook-service", env["VGPU_DRA_WEBHOOK_SERVICE"],
         "--webhook-secret", env["VGPU_DRA_WEBHOOK_SECRET"],
         "--webhook-config-names", env["VGPU_DRA_WEBHOOK_CONFIG_NAMES"],
+        # The bed stops a controller with SIGTERM and SIGKILLs it 5 s later (procs.stop_all);
+        # one replica per bed, so the drain (2 s by default) would only delay every stop.
+        "--webhook-drain", "0.5s",
     ]  # fmt: skip
 
 

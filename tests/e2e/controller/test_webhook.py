@@ -33,10 +33,14 @@ Proves:
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
+import http.client
 import os
 import re
 import signal
+import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -70,6 +74,7 @@ from tests.fixtures.chart import (
 )
 from tests.fixtures.chart import token_kubeconfig as make_kubeconfig
 from tests.fixtures.workloads import REPO, deviceclass_exists, pod_claim, running_pod
+from vgpu_testbed.cluster import webhook_client
 from vgpu_testbed.cluster.flags import free_ports
 from vgpu_testbed.cluster.webhook import register_webhooks, render_chart, unregister_webhooks
 from vgpu_testbed.polling import wait_for
@@ -518,11 +523,302 @@ def test_an_admission_touching_a_template_wins_over_the_collector(
     assert hook.template(template.name) is not None
 
 
+# ---------------------------------------------------------------- two replicas
+
+
+class Relay:
+    """A TCP relay on loopback in front of the webhook replicas, standing in for the Service
+    (the bed's API server cannot reach Services): each new connection goes to the next replica
+    that accepts it; a stopped replica refuses, as an endpoint that left the Service. TLS
+    passes through untouched, so the API server verifies each replica's certificate itself."""
+
+    def __init__(self, ports: list[int]) -> None:
+        self.ports = ports
+        self.pinned: int | None = None
+        self.connections = {port: 0 for port in ports}
+        self._open: list[tuple[int, socket.socket, socket.socket]] = []
+        self._lock = threading.Lock()
+        self._next = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._thread = threading.Thread(target=self._accept, name="relay", daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                downstream, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._connect, args=(downstream,), daemon=True).start()
+
+    def _connect(self, downstream: socket.socket) -> None:
+        with self._lock:
+            self._next += 1
+            order = self.ports[self._next % 2 :] + self.ports[: self._next % 2]
+            if self.pinned is not None:
+                order = [self.pinned]
+        for port in order:
+            try:
+                upstream = socket.create_connection(("127.0.0.1", port), timeout=5)
+            except OSError:
+                continue
+            upstream.settimeout(None)
+            with self._lock:
+                self.connections[port] += 1
+                self._open.append((port, downstream, upstream))
+            for a, b in ((downstream, upstream), (upstream, downstream)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+            return
+        downstream.close()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        for sock in (source, sink):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def pin(self, port: int) -> None:
+        """Only `port` from now on; open connections to the others are closed (idle ones: the
+        API server reconnects, through the relay, to `port`)."""
+        with self._lock:
+            self.pinned = port
+            others = [(d, u) for p, d, u in self._open if p != port]
+        for pair in others:
+            for sock in pair:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept
+        self._listener.close()
+        self._thread.join(timeout=5)
+        self.pin(-1)  # every relayed connection ends, and its two threads
+
+
+def _flag(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def _replaced(argv: list[str], flag: str, value: str) -> list[str]:
+    out = list(argv)
+    out[out.index(flag) + 1] = value
+    return out
+
+
+def _point_configs(hook: Hook, port: int) -> None:
+    """Every webhook of both configurations called at https://127.0.0.1:<port> (same paths)."""
+    for plural in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
+        resource = kube.path("admissionregistration.k8s.io/v1", plural, hook.config_name)
+        config = hook.client.get(resource)
+        for webhook in config["webhooks"]:
+            url = webhook["clientConfig"]["url"]
+            webhook["clientConfig"]["url"] = re.sub(r":\d+/", f":{port}/", url, count=1)
+        hook.client.request("PUT", resource, body=config)
+
+
+def _admissions(controller: Controller) -> int:
+    return controller.text().count("admission mutate Pod")
+
+
+def _serving_lines(controller: Controller, port: int) -> int:
+    return controller.text().count(f"webhook on https://127.0.0.1:{port}")
+
+
+class Stream:
+    """Legacy pods admitted one after the other from a thread (dry run: admitted and translated,
+    nothing stored) until stopped; every refusal is kept."""
+
+    def __init__(self, hook: Hook) -> None:
+        self.hook = hook
+        self.admitted = 0
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        shape = pod("stream", {"nvidia.com/vgpu-number": "1", "nvidia.com/vgpu-memory": "1300"})
+        while not self._stop.is_set():
+            try:
+                self.hook.client.request(
+                    "POST", self.hook.pods(), body=shape, query={"dryRun": "All"}
+                )
+                self.admitted += 1
+            except KubeError as exc:
+                self.failures.append(exc.message or str(exc))
+            time.sleep(0.05)  # pacing: a steady stream, not a flood
+
+    def until(self, what: str, done: Any, timeout: float = 60) -> None:
+        wait_for(what, done, timeout=timeout)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
+def test_two_replicas_admit_while_either_is_stopped_and_gc_spares_the_others_templates(
+    hook: Hook, client: KubeClient, tmp_path: Path
+) -> None:
+    """Two more controller replicas, B and C (each serving from its child process; same Secret,
+    Lease and configurations as the module's), behind one relay: a stream of admissions loses
+    none while B stops (SIGTERM: it drains) and comes back, and then while C does. Then
+    admissions go to a replica that does not lead only, and the leader's template collection
+    leaves the template they keep using alone (touch stamps on the object, not the admitting
+    replica's memory), while it collects another unused one meanwhile, and collects this one
+    too once the admissions stop."""
+    a = hook.controller
+    port_a = int(_flag(a.argv, "--webhook-port"))
+    port_b, port_c = free_ports(2)
+    b = Controller(_replaced(a.argv, "--webhook-port", str(port_b)), tmp_path / "replica-b.log")
+    c = Controller(_replaced(a.argv, "--webhook-port", str(port_c)), tmp_path / "replica-c.log")
+    relay = Relay([port_b, port_c])
+    stream: Stream | None = None
+    try:
+        for replica, port in ((b, port_b), (c, port_c)):
+            replica.start()
+            wait_for("a replica serving", lambda: _serving_lines(replica, port) == 1)  # noqa: B023
+        _point_configs(hook, relay.port)
+        stream = Stream(hook)
+        stream.until("admissions through the relay", lambda: stream.admitted >= 10)
+        _stop_and_start(stream, b, port_b, c)
+        _stop_and_start(stream, c, port_c, b)
+        stream.until("admissions after both came back", lambda: stream.admitted >= 60)
+        stream.stop()
+        assert stream.failures == []
+        assert min(relay.connections.values()) > 0  # each replica served through the relay
+        # Which replica leads: the Lease names one of the identities the three logged.
+        lease = client.get(kube.path("coordination.k8s.io/v1", "leases", "vgpu-dra-controller",
+                                     namespace=hook.system_ns))  # fmt: skip
+        holder = lease["spec"]["holderIdentity"]
+        (leader,) = [r for r in (a, b, c) if holder in r.text()]
+        follower, follower_port = (c, port_c) if leader is b else (b, port_b)
+        relay.pin(follower_port)
+        follower_before = _admissions(follower)
+        admitted = _keep_using_while_the_leader_collects(hook)
+        assert _admissions(follower) - follower_before >= admitted  # the follower admitted all
+        assert "deleted unused ResourceClaimTemplate" in leader.text()
+    finally:
+        if stream is not None:
+            stream.stop()
+        _point_configs(hook, port_a)
+        relay.close()
+        b.stop()
+        c.stop()
+
+
+def _stop_and_start(stream: Stream, stopped: Controller, port: int, other: Controller) -> None:
+    """Stop a replica while the stream runs, let the other admit alone, start it again."""
+    served_before = _serving_lines(stopped, port)
+    seen = _admissions(other)
+    stopped.stop()  # SIGTERM: the child drains, then exits; the controller waits for it
+    stream.until("admissions by the other replica alone", lambda: _admissions(other) >= seen + 20)
+    stopped.start()
+    wait_for("the replica serving again", lambda: (
+        _serving_lines(stopped, port) == served_before + 1))  # fmt: skip
+
+
+def _keep_using_while_the_leader_collects(hook: Hook) -> int:
+    """Pods of one shape, each deleted at once (only touches protect its template), admitted
+    until the leader has collected another unused template and for one grace period (4 s)
+    more: the template is never deleted meanwhile (same uid), and is collected once unused.
+    Returns how many pods were admitted."""
+    used = pod("gc-used", {"nvidia.com/vgpu-number": "1", "nvidia.com/vgpu-memory": "1777"})
+    other = pod("gc-other", {"nvidia.com/vgpu-number": "1", "nvidia.com/vgpu-memory": "1778"})
+
+    def create_and_delete(shape: JSON, name: str) -> str:
+        created = hook.client.create(hook.pods(), {**shape, "metadata": {"name": name}})
+        hook.client.request("DELETE", kube.path("v1", "pods", name, namespace=hook.tenant),
+                            query={"gracePeriodSeconds": 0})  # fmt: skip
+        return str(created["spec"]["resourceClaims"][0]["resourceClaimTemplateName"])
+
+    other_name = create_and_delete(other, "gc-other-0")
+    used_name = create_and_delete(used, "gc-used-0")
+    first = hook.template(used_name)
+    assert first is not None
+    uid = first["metadata"]["uid"]
+    n = 1
+    other_gone_at: float | None = None
+    while other_gone_at is None or time.monotonic() - other_gone_at < 4.0:
+        assert create_and_delete(used, f"gc-used-{n}") == used_name
+        current = hook.template(used_name)
+        assert current is not None and current["metadata"]["uid"] == uid
+        if other_gone_at is None and hook.template(other_name) is None:
+            other_gone_at = time.monotonic()
+        n += 1
+        assert n < 400, "the leader never collected the other template"
+        time.sleep(0.3)  # pacing of the pods that keep using the template
+    wait_for("the template collected once unused", lambda: hook.template(used_name) is None)
+    return n + 1
+
+
+def _webhook_argv(controller_argv: list[str], port: int) -> list[str]:
+    """`vgpu-dra webhook` with the credentials and webhook flags of the controller's argv."""
+    argv = [sys.executable, "-m", "dra_driver.cli", "webhook"]
+    tokens = controller_argv[controller_argv.index("controller") + 1 :]
+    for flag, value in zip(tokens, [*tokens[1:], ""], strict=True):
+        if flag.startswith(("--kubeconfig", "--webhook-", "--shared-", "--log-level")):
+            argv += [flag, str(port) if flag == "--webhook-port" else value]
+    return argv
+
+
+def test_a_webhook_requiring_the_api_servers_client_certificate(
+    hook: Hook, cluster: Any, tmp_path: Path
+) -> None:
+    """`vgpu-dra webhook` on its own with --webhook-client-ca: the bed's API server presents a
+    certificate signed by that CA (vgpu_testbed.cluster.webhook_client), so admissions pass;
+    a client without it is refused during the handshake, before any request is read."""
+    (port,) = free_ports(1)
+    ca = webhook_client.client_ca(cluster.layout.pki)
+    alone = Controller([*_webhook_argv(hook.controller.argv, port), "--webhook-client-ca",
+                        str(ca)], tmp_path / "webhook.log")  # fmt: skip
+    try:
+        alone.start()
+        wait_for("the webhook serving", lambda: _serving_lines(alone, port) == 1)
+        _point_configs(hook, port)
+        shape = pod("client-cert", {"nvidia.com/vgpu-number": "1"})
+        # Admitted by it once the API server calls the new address (the controller still
+        # serves the old one meanwhile).
+        wait_for("an admission by the webhook alone", lambda: (
+            _dry_run(hook, shape) is not None and _admissions(alone) >= 1))  # fmt: skip
+        echo = _dry_run(hook, shape)
+        assert echo is not None and echo["spec"]["resourceClaims"]
+        secret = hook.client.get(kube.path("v1", "secrets", hook.secret, namespace=hook.system_ns))
+        context = ssl.create_default_context(
+            cadata=base64.b64decode(secret["data"]["ca-bundle.crt"]).decode()
+        )
+        stranger = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            stranger.request("GET", "/healthz")
+            stranger.getresponse()
+        stranger.close()
+    finally:
+        _point_configs(hook, int(_flag(hook.controller.argv, "--webhook-port")))
+        alone.stop()
+
+
+def _dry_run(hook: Hook, shape: JSON) -> JSON | None:
+    """The admitted pod of a dry-run create; None when refused."""
+    try:
+        return hook.client.request("POST", hook.pods(), body=shape, query={"dryRun": "All"})
+    except KubeError:
+        return None
+
+
 # ---------------------------------------------------------------- bad inputs
 
 
 BAD_PODS = {
-    "percent-memory": pod("pct", {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "50"}),
+    "percent-and-absolute-memory": pod(
+        "pct", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"},
+        {"vgpu.dra.dev/memory-percentage": "50"},
+    ),
     "include-and-exclude": pod(
         "inex", {"nvidia.com/vgpu-number": "1"},
         {"nvidia.com/include-gpu-type": "A100", "nvidia.com/exclude-gpu-type": "A100"},
@@ -532,7 +828,11 @@ BAD_PODS = {
     ),
 }  # fmt: skip
 BAD_POD_WORDS = {
-    "percent-memory": ("nvidia.com/gpumem-percentage=50", "policy path", "MiB instead"),
+    "percent-and-absolute-memory": (
+        "GPU memory 1000 MiB",
+        "vgpu.dra.dev/memory-percentage=50",
+        "cannot be used together",
+    ),
     "include-and-exclude": ("include-gpu-type", "exclude-gpu-type", "remove it from one"),
     "unknown-policy": ("node-scheduler-policy='fastest'", "allowed values are binpack, spread"),
 }
@@ -667,6 +967,41 @@ def test_a_translated_pod_is_allocated_prepared_and_capped(
     assert (int(device["memory"]), device["cores"], device["policy"]) == (memory, cores, policy)
     (result,) = claim["status"]["allocation"]["devices"]["results"]
     assert result["consumedCapacity"]["memory"] and result["driver"] == "vgpu.dra.dev"
+
+
+def test_a_hami_memory_percentage_caps_at_that_share_of_the_chosen_gpu(
+    hook: Hook, client: KubeClient, nodes: dict[str, NodeAgents]
+) -> None:
+    """`nvidia.com/gpumem-percentage: 50`: the claim carries vgpu.dra.dev/memory-percentage, the
+    gate sends the pod to the allocation controller, which gives it half of the memory of the
+    GPU it chose (rounded up by the device's request policy); vgpu.conf caps exactly that."""
+    legacy_pod = pod("n-hami-percent", {"nvidia.com/gpu": "1",
+                                        "nvidia.com/gpumem-percentage": "50"})  # fmt: skip
+    created = hook.client.create(hook.pods(), legacy_pod)
+    assert {"name": GATE} in created["spec"]["schedulingGates"]
+    running = running_pod(client, hook.tenant, "n-hami-percent")
+    claim = pod_claim(client, running)
+    assert claim["metadata"]["annotations"]["vgpu.dra.dev/memory-percentage"] == "50"
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    (device,) = [
+        d
+        for s in client.list(kube.path(RESOURCE_API, "resourceslices"),
+                             field_selector=f"spec.nodeName={running['spec']['nodeName']}")
+        for d in s["spec"]["devices"]
+        if s["spec"]["driver"] == "vgpu.dra.dev" and s["spec"]["pool"]["name"] == result["pool"]
+        and d["name"] == result["device"]
+    ]  # fmt: skip
+    memory = device["capacity"]["memory"]
+    total = parse_quantity(memory["value"])
+    step = parse_quantity(
+        ((memory.get("requestPolicy") or {}).get("validRange") or {}).get("step") or "1"
+    )
+    granted = parse_quantity(result["consumedCapacity"]["memory"])
+    half = -(-total // 2)
+    assert half <= granted < half + step, (total, step, granted)
+    node_agents = nodes[running["spec"]["nodeName"]]
+    (conf,) = vgpu_conf(node_agents, claim["metadata"]["uid"])
+    assert int(conf["memory"]) == granted
 
 
 def test_more_memory_than_any_gpu_is_refused_once_the_inventory_is_known(

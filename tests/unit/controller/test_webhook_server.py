@@ -31,6 +31,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from controller.webhook import certs
 from controller.webhook.metrics import WebhookMetrics
 from controller.webhook.server import MAX_BODY, MAX_CONNECTIONS, WebhookServer
+from vgpu_testbed.cluster import webhook_client
 
 JSON = dict[str, Any]
 NAMES = certs.Names.for_service("hook", "ns", ["127.0.0.1"])
@@ -336,3 +337,65 @@ def test_each_admission_is_one_span_with_its_decision(tmp_path: Path) -> None:
     assert spans["v-1"].name == "admission validate"
     assert spans["v-1"].attributes["vgpu_dra.admission.decision"] == "denied"
     assert spans["m-2"].attributes["vgpu_dra.admission.decision"] == "error"
+
+
+def client_certificate(ca: tuple[bytes, bytes], tmp_path: Path) -> tuple[Path, Path]:
+    """A client certificate (clientAuth) signed by `ca`, as files for ssl.load_cert_chain (the
+    bed's own issuer for its API server's webhook client certificate)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    cert, key = webhook_client.issue_client(ca[0], ca[1], "kube-apiserver")
+    cert_path, key_path = tmp_path / "client.crt", tmp_path / "client.key"
+    cert_path.write_bytes(cert)
+    key_path.write_bytes(key)
+    return cert_path, key_path
+
+
+def test_with_a_client_ca_only_clients_with_its_certificate_get_through(tmp_path: Path) -> None:
+    """--webhook-client-ca: the API server's client certificate is required at the handshake."""
+    client_ca, stranger_ca = certs.new_ca(DAY), certs.new_ca(DAY)
+    ca = certs.new_ca(DAY * 2)
+    holder = certs.ContextHolder(client_ca[0])
+    holder.load(*issue(ca))
+    s = Served(holder, ca[0])
+    s.server.start()
+    try:
+        trusted = client_context(tmp_path, ca[0])
+        trusted.load_cert_chain(*client_certificate(client_ca, tmp_path / "good"))
+        conn = s.connect(trusted)
+        assert post(conn, "/mutate-pods", review("ok"))[0] == 200
+        conn.close()
+        for name, cert in (("none", None), ("stranger", stranger_ca)):
+            context = client_context(tmp_path, ca[0])
+            if cert is not None:
+                context.load_cert_chain(*client_certificate(cert, tmp_path / name))
+            conn = s.connect(context)
+            # TLS 1.3: the refusal arrives as an alert when the client first reads.
+            with pytest.raises((ssl.SSLError, ConnectionError)):
+                post(conn, "/mutate-pods", review(name))
+            conn.close()
+        assert [r["uid"] for r in s.seen] == ["ok"]
+    finally:
+        s.server.stop()
+
+
+def test_an_unusable_client_ca_is_a_cert_error() -> None:
+    holder = certs.ContextHolder(b"-----BEGIN CERTIFICATE-----\nnot base64\n")
+    with pytest.raises(certs.CertError, match="the webhook's client CA is unusable"):
+        holder.load(*issue(certs.new_ca(DAY)))
+
+
+def test_while_draining_each_answer_closes_its_connection(served: Served, tmp_path: Path) -> None:
+    """On the way out (SIGTERM), kept-alive connections are closed one answer at a time, so the
+    API server opens its next one to another replica instead of meeting a dead socket."""
+    context = client_context(tmp_path, served.ca)
+    conn = served.connect(context)
+    assert post(conn, "/mutate-pods", review("before"))[0] == 200
+    served.server.drain()
+    conn.request("POST", "/mutate-pods", body=review("during"))
+    answer = conn.getresponse()
+    assert (answer.status, answer.getheader("Connection")) == (200, "close")
+    answer.read()
+    assert conn.sock is None  # http.client closed it as told
+    fresh = served.connect(context)  # new connections are still answered while draining
+    assert post(fresh, "/mutate-pods", review("new"))[0] == 200
+    assert [r["uid"] for r in served.seen] == ["before", "during", "new"]

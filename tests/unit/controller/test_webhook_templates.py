@@ -108,3 +108,64 @@ def test_an_ensure_fails_within_its_budget(silent_server: int) -> None:
         assert time.monotonic() - started < 2.0
     finally:
         client.close()
+
+
+class CountingClient:
+    """Stands in for the API client's `request` (the unit under test is the ensurer's
+    concurrency, not HTTP): each POST takes `delay_s`, then succeeds or raises `error`."""
+
+    def __init__(self, delay_s: float, error: kube.KubeError | None = None) -> None:
+        self.delay_s = delay_s
+        self.error = error
+        self.calls: list[tuple[str, str]] = []
+        self._lock = threading.Lock()
+
+    def request(self, method: str, path: str, **_: Any) -> JSON:
+        with self._lock:
+            self.calls.append((method, path))
+        time.sleep(self.delay_s)
+        if self.error is not None:
+            raise self.error
+        return {}
+
+
+def _burst(ensurer: TemplateEnsurer, count: int) -> list[BaseException | None]:
+    spec = {"spec": {"devices": {"requests": []}}}
+    barrier = threading.Barrier(count)
+    outcomes: list[BaseException | None] = [None] * count
+
+    def one(n: int) -> None:
+        barrier.wait()
+        try:
+            ensurer.ensure("ns", [ClaimTemplate("vgpu-same", spec, {})])
+        except BaseException as exc:
+            outcomes[n] = exc
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    return outcomes
+
+
+def test_a_burst_of_one_new_shape_makes_one_create_that_all_share() -> None:
+    """200 admissions of one new shape at once: one create; the others wait for it."""
+    client = CountingClient(delay_s=0.2)
+    ensurer = TemplateEnsurer(client, timeout_s=5)  # type: ignore[arg-type]
+    assert _burst(ensurer, 200) == [None] * 200
+    assert client.calls == [
+        ("POST", "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaimtemplates")
+    ]
+
+
+def test_when_the_shared_create_fails_every_waiter_is_refused_with_its_reason() -> None:
+    client = CountingClient(delay_s=0.2, error=kube.KubeError(403, "Forbidden", "no RBAC"))
+    ensurer = TemplateEnsurer(client, timeout_s=5)  # type: ignore[arg-type]
+    outcomes = _burst(ensurer, 20)
+    assert len(client.calls) == 1
+    assert {str(o) for o in outcomes} == {
+        "cannot create ResourceClaimTemplate ns/vgpu-same for the translated pod: no RBAC"
+    }
+    # Nothing is remembered from a failure: the next admission tries again.
+    assert len(_burst(ensurer, 1)) == 1 and len(client.calls) == 2

@@ -194,3 +194,28 @@ def test_no_webhook_without_it_or_without_the_controller(home: Path, values: JSO
     for deploy in by_kind(docs, "Deployment"):
         names = {e["name"] for e in deploy["spec"]["template"]["spec"]["containers"][0]["env"]}
         assert not any(n.startswith("VGPU_DRA_WEBHOOK_") for n in names)
+
+
+def test_process_drain_and_client_ca(home: Path) -> None:
+    """webhook.process and webhook.drain reach the controller's flags; webhook.clientCA mounts
+    the ConfigMap's CA read-only and points --webhook-client-ca at it."""
+    values: JSON = {"controller": {"enabled": True}}
+    fields = {"status.podIP": "10.0.0.7", "metadata.namespace": "ns"}
+    args = build_parser(controller_env(render(home, values, namespace="ns", release="r"),
+                                       fields)).parse_args([])  # fmt: skip
+    assert (args.webhook_process, args.webhook_drain.total_seconds()) == ("child", 2.0)
+    assert args.webhook_client_ca == ""
+    values["webhook"] = {"process": "inline", "drain": "1s",
+                         "clientCA": {"configMap": "apiserver-client-ca"}}  # fmt: skip
+    docs = render(home, values, namespace="ns", release="r")
+    args = build_parser(controller_env(docs, fields)).parse_args([])
+    assert (args.webhook_process, args.webhook_drain.total_seconds()) == ("inline", 1.0)
+    (deploy,) = by_kind(docs, "Deployment")
+    pod = deploy["spec"]["template"]["spec"]
+    (mount,) = pod["containers"][0]["volumeMounts"]
+    assert args.webhook_client_ca == mount["mountPath"] + "/ca.crt" and mount["readOnly"] is True
+    (volume,) = pod["volumes"]
+    assert volume["configMap"] == {
+        "name": "apiserver-client-ca",
+        "items": [{"key": "ca.crt", "path": "ca.crt"}],
+    }

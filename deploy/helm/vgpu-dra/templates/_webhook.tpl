@@ -66,6 +66,14 @@ controller.webhook.translate.match_conditions() for the same values.
   value: {{ include "vgpu-dra.webhookName" . | quote }}
 - name: VGPU_DRA_WEBHOOK_TEMPLATE_GRACE
   value: {{ .Values.webhook.templateGrace | quote }}
+- name: VGPU_DRA_WEBHOOK_PROCESS
+  value: {{ .Values.webhook.process | quote }}
+- name: VGPU_DRA_WEBHOOK_DRAIN
+  value: {{ .Values.webhook.drain | quote }}
+{{- if .Values.webhook.clientCA.configMap }}
+- name: VGPU_DRA_WEBHOOK_CLIENT_CA
+  value: {{ printf "%s/%s" (include "vgpu-dra.webhookClientCADir" .) .Values.webhook.clientCA.key | quote }}
+{{- end }}
 {{- if .Values.webhook.certManager.enabled }}
 - name: VGPU_DRA_WEBHOOK_CERT_DIR
   value: {{ include "vgpu-dra.webhookCertDir" . | quote }}
@@ -92,19 +100,38 @@ controller.webhook.translate.match_conditions() for the same values.
 {{- end }}
 {{- end -}}
 
+{{/* Where the CA of the API server's client certificate is mounted (webhook.clientCA). */}}
+{{- define "vgpu-dra.webhookClientCADir" -}}/etc/vgpu-dra/webhook-client-ca{{- end -}}
+
 {{- define "vgpu-dra.webhookVolumeMounts" -}}
-{{- if and (include "vgpu-dra.webhookEnabled" .) .Values.webhook.certManager.enabled }}
+{{- if include "vgpu-dra.webhookEnabled" . }}
+{{- if .Values.webhook.certManager.enabled }}
 - name: webhook-tls
   mountPath: {{ include "vgpu-dra.webhookCertDir" . }}
   readOnly: true
 {{- end }}
+{{- if .Values.webhook.clientCA.configMap }}
+- name: webhook-client-ca
+  mountPath: {{ include "vgpu-dra.webhookClientCADir" . }}
+  readOnly: true
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{- define "vgpu-dra.webhookVolumes" -}}
-{{- if and (include "vgpu-dra.webhookEnabled" .) .Values.webhook.certManager.enabled }}
+{{- if include "vgpu-dra.webhookEnabled" . }}
+{{- if .Values.webhook.certManager.enabled }}
 - name: webhook-tls
   secret:
     secretName: {{ include "vgpu-dra.webhookSecretName" . }}
     defaultMode: 0440
+{{- end }}
+{{- if .Values.webhook.clientCA.configMap }}
+- name: webhook-client-ca
+  configMap:
+    name: {{ .Values.webhook.clientCA.configMap }}
+    items:
+      - {key: {{ .Values.webhook.clientCA.key }}, path: {{ .Values.webhook.clientCA.key }}}
+{{- end }}
 {{- end }}
 {{- end -}}

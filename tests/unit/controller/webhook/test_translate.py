@@ -219,16 +219,65 @@ def test_hami_readme_pod_cores_types_and_policies() -> None:
     assert out["spec"]["schedulingGates"] == [{"name": GATE}]
 
 
-def test_hami_memory_percentage_is_refused_with_the_reason() -> None:
+def test_hami_memory_percentage_becomes_a_claim_annotation_and_the_policy_gate() -> None:
+    pod = legacy_pods.load("hami-gpumem-percentage-pod")
+    out, translation = _apply(pod)
+    spec = {
+        "metadata": {"annotations": {"vgpu.dra.dev/memory-percentage": "50"}},
+        **_template({"requests": [_request(2)]}),
+    }
+    assert [t.spec for t in translation.templates] == [spec]
+    assert translation.templates[0].name == template_name(spec)
+    # Only the allocation controller knows the chosen GPU's size: the pod waits for it.
+    assert out["spec"]["schedulingGates"] == [{"name": GATE}]
+    assert out["spec"]["containers"][0]["resources"] == {
+        "claims": [{"name": "vgpu-ubuntu-container"}]
+    }
+    assert (
+        "container ubuntu-container: nvidia.com/gpumem-percentage=50 -> claim annotation "
+        "vgpu.dra.dev/memory-percentage=50: 50 % of the memory of each GPU the allocation "
+        "controller chooses"
+    ) in translation.warnings
+
+
+def test_memory_percentages_make_templates_of_their_own() -> None:
+    pod = legacy_pods.load("hami-gpumem-percentage-pod")
+    limits = pod["spec"]["containers"][0]["resources"]["limits"]
+    names_by_percent = {}
+    for percent in ("25", "50", "100"):
+        limits["nvidia.com/gpumem-percentage"] = percent
+        translation = translate_pod(pod, SETTINGS)
+        assert translation is not None
+        names_by_percent[percent] = translation.templates[0].name
+    assert len(set(names_by_percent.values())) == 3
+
+
+def test_hami_memory_percentage_0_is_refused() -> None:
+    pod = legacy_pods.load("hami-gpumem-percentage-pod")
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem-percentage"] = "0"
     with pytest.raises(Refusal) as err:
-        translate_pod(legacy_pods.load("hami-gpumem-percentage-pod"), SETTINGS)
+        translate_pod(pod, SETTINGS)
     assert str(err.value) == (
-        "container ubuntu-container: nvidia.com/gpumem-percentage=50: a percentage of GPU memory "
-        "needs the size of the GPU chosen, which only the policy path could apply "
-        "(vgpu.dra.dev/memory-percentage), and the allocation controller does not support it "
-        "yet; give the memory in MiB instead (nvidia.com/gpumem or nvidia.com/vgpu-memory), or "
-        "100 for the whole memory"
+        "container ubuntu-container: nvidia.com/gpumem-percentage=0: a percentage of each GPU's "
+        "memory, 1..100"
     )
+
+
+def test_pod_memory_percentage_applies_to_translated_containers_without_memory() -> None:
+    pod = _pod({"nvidia.com/vgpu-number": "1", "nvidia.com/vgpu-cores": "20"},
+               annotations={"vgpu.dra.dev/memory-percentage": "30"})  # fmt: skip
+    out, translation = _apply(pod)
+    assert [t.spec for t in translation.templates] == [
+        {
+            "metadata": {"annotations": {"vgpu.dra.dev/memory-percentage": "30"}},
+            **_template({"requests": [_request(1, capacity={"requests": {"cores": "20"}})]}),
+        }
+    ]
+    assert out["spec"]["schedulingGates"] == [{"name": GATE}]
+    # A claim concept: it is not copied onto the pod for the controller.
+    assert "vgpu.dra.dev/memory-percentage" not in {
+        p["path"].rsplit("/", 1)[-1].replace("~1", "/") for p in translation.patch
+    }
 
 
 def test_hami_memory_percentage_100_is_the_whole_memory() -> None:
@@ -577,13 +626,24 @@ def test_requests_are_removed_too_and_must_equal_limits() -> None:
             "product names (letters, digits, space, '.', '_', '-'), e.g. 'A100,H100'",
         ),
         (
-            {"nvidia.com/vgpu-number": "1"},
+            {"nvidia.com/vgpu-number": "1", "nvidia.com/vgpu-memory": "1024"},
             {"vgpu.dra.dev/memory-percentage": "50"},
-            "container (all): vgpu.dra.dev/memory-percentage=50: a percentage of GPU memory needs "
-            "the size of the GPU chosen, which only the policy path could apply "
-            "(vgpu.dra.dev/memory-percentage), and the allocation controller does not support it "
-            "yet; give the memory in MiB instead (nvidia.com/gpumem or nvidia.com/vgpu-memory), "
-            "or 100 for the whole memory",
+            "container main: GPU memory 1024 MiB and annotation vgpu.dra.dev/memory-percentage=50 "
+            "cannot be used together: keep one",
+        ),
+        (
+            {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "40"},
+            {"vgpu.dra.dev/memory-percentage": "50"},
+            "container main: nvidia.com/gpumem-percentage=40 and annotation "
+            "vgpu.dra.dev/memory-percentage=50 contradict each other: keep one",
+        ),
+        (
+            {"cpu": "1"},
+            {"vgpu.dra.dev/memory-percentage": "50"},
+            "annotation vgpu.dra.dev/memory-percentage=50: on a pod it applies to the claims the "
+            "webhook writes for legacy GPU resources, and this pod has none; annotate the pod's "
+            "own ResourceClaims or ResourceClaimTemplates with it instead (their pod needs the "
+            "scheduling gate vgpu.dra.dev/policy: only the allocation controller honours it)",
         ),
     ],
 )

@@ -183,3 +183,73 @@ def test_pod_memory_above_any_gpu() -> None:
         "memory than any GPU in the cluster has (largest: 81920 MiB)"
     ]
     assert validate_object(pod, UNKNOWN) == []
+
+
+def _percent_claim(value: str, *requests: dict[str, Any], kind: str = "ResourceClaim") -> Any:
+    claim = _claim({"requests": list(requests)}, kind=kind)
+    annotations = {"vgpu.dra.dev/memory-percentage": value}
+    if kind == "ResourceClaimTemplate":
+        claim["spec"]["metadata"] = {"annotations": annotations}
+    else:
+        claim["metadata"]["annotations"] = annotations
+    return claim
+
+
+def test_memory_percentage_on_a_claim_with_a_request_naming_no_memory_passes() -> None:
+    for kind in ("ResourceClaim", "ResourceClaimTemplate"):
+        claim = _percent_claim(
+            "50",
+            _request(capacity={"requests": {"memory": "1Gi"}}),
+            {"name": "b", "exactly": {"deviceClassName": DRIVER}},
+            kind=kind,
+        )
+        assert validate_object(claim, FACTS) == []
+
+
+@pytest.mark.parametrize(
+    ("value", "requests", "message"),
+    [
+        (
+            "0",
+            [_request()],
+            "ResourceClaim c: metadata.annotations[vgpu.dra.dev/memory-percentage]='0': an "
+            "integer percentage of each GPU's memory, 1..100",
+        ),
+        (
+            "50%",
+            [_request()],
+            "ResourceClaim c: metadata.annotations[vgpu.dra.dev/memory-percentage]='50%': an "
+            "integer percentage of each GPU's memory, 1..100",
+        ),
+        (
+            "50",
+            [_request(capacity={"requests": {"memory": "1Gi"}})],
+            "ResourceClaim c: metadata.annotations[vgpu.dra.dev/memory-percentage]='50': applies "
+            "to the requests of DeviceClass vgpu.dra.dev that name no capacity memory, and this "
+            "claim has none; drop the annotation, or drop the memory request (a percentage and "
+            "an absolute amount cannot be used together)",
+        ),
+        (
+            "50",
+            [{"name": "gpu", "exactly": {"deviceClassName": "other.example.com"}}],
+            "ResourceClaim c: metadata.annotations[vgpu.dra.dev/memory-percentage]='50': applies "
+            "to the requests of DeviceClass vgpu.dra.dev that name no capacity memory, and this "
+            "claim has none; drop the annotation, or drop the memory request (a percentage and "
+            "an absolute amount cannot be used together)",
+        ),
+    ],
+)
+def test_memory_percentage_on_a_claim_it_cannot_apply_to(
+    value: str, requests: list[dict[str, Any]], message: str
+) -> None:
+    assert validate_object(_percent_claim(value, *requests), FACTS) == [message]
+
+
+def test_memory_percentage_on_the_template_itself_is_misplaced() -> None:
+    template = _claim({"requests": [_request()]}, kind="ResourceClaimTemplate", name="t")
+    template["metadata"]["annotations"] = {"vgpu.dra.dev/memory-percentage": "50"}
+    assert validate_object(template, FACTS) == [
+        "ResourceClaimTemplate t: metadata.annotations[vgpu.dra.dev/memory-percentage]: the "
+        "template's own annotations do not reach its claims; put it under "
+        "spec.metadata.annotations"
+    ]
