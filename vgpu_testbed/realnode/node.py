@@ -82,6 +82,7 @@ class RealNode(NodeAgents):
         self.ip = node_ip(index)
         self.cgroup_root = cgroup_root_of(cluster.root, node_name)
         self.pid1 = 0
+        self.metrics_port = 0  # the host-side mirror of the plugin's /metrics port
         self.start_seconds = 0.0  # how long start() took (namespaces to a Ready kubelet + plugin)
         self.ctr_bin = containerd_bin_dir()
 
@@ -106,6 +107,10 @@ class RealNode(NodeAgents):
     def forwarder_process(self) -> str:
         return self._name("apiserver-forwarder")
 
+    @property
+    def metrics_forwarder_process(self) -> str:
+        return self._name("metrics-forwarder")
+
     def enter(self, argv: Sequence[str]) -> list[str]:
         """argv run inside the node (its PID, mount and network namespaces)."""
         return [
@@ -117,6 +122,13 @@ class RealNode(NodeAgents):
             "--",
             *argv,
         ]
+
+    def metrics_address(self) -> str:
+        """The same port on the node's loopback as the host-side mirror listens on, so the URL
+        the plugin logs works from the host (`vgpu-dra status`, tests) as on a stand-in node."""
+        if not self.metrics_port:
+            raise NodeAgentError(f"{self.node_name}: the metrics forwarder is not running")
+        return f"127.0.0.1:{self.metrics_port}"
 
     def plugin_argv(self) -> list[str]:
         argv = super().plugin_argv()
@@ -130,6 +142,7 @@ class RealNode(NodeAgents):
         self.layout.make()
         self._start_holder(timeout)
         self._start_forwarder(timeout)
+        self._start_metrics_forwarder(timeout)
         self._start_containerd(timeout)
         self.prepare_gpus()
         self._write_toolkit_spec()
@@ -152,7 +165,7 @@ class RealNode(NodeAgents):
 
         ensure_cgroup(self.cgroup_root)
         run = self.layout.run_dir
-        for stale in ("holder.ready", "holder.pid", "forwarder.ready"):
+        for stale in ("holder.ready", "holder.pid", "forwarder.ready", "metrics-forwarder.ready"):
             (run / stale).unlink(missing_ok=True)
         self.cluster.spawn(
             self.holder_process,
@@ -198,6 +211,26 @@ class RealNode(NodeAgents):
             cwd=REPO_ROOT,
         )
         _wait_file(ready, self.forwarder_process, self._alive(self.forwarder_process), timeout)
+
+    def _start_metrics_forwarder(self, timeout: float) -> None:
+        ready = self.layout.run_dir / "metrics-forwarder.ready"
+        self.cluster.spawn(
+            self.metrics_forwarder_process,
+            [
+                _python(),
+                "-m",
+                "vgpu_testbed.realnode.forwarder",
+                "--netns",
+                f"/proc/{self.pid1}/ns/net",
+                "--into",
+                "--ready-file",
+                str(ready),
+            ],
+            cwd=REPO_ROOT,
+        )
+        alive = self._alive(self.metrics_forwarder_process)
+        _wait_file(ready, self.metrics_forwarder_process, alive, timeout)
+        self.metrics_port = int(ready.read_text())
 
     def _start_containerd(self, timeout: float) -> None:
         runc = shutil.which("runc")
@@ -319,16 +352,38 @@ class RealNode(NodeAgents):
         self.cluster.stop_process(self.plugin_process)
 
     def stop(self) -> None:
-        """Stop the node: kubelet, plugin, containerd, then the holder (which kills the rest)."""
+        """Stop the node: kubelet, plugin, containerd, then the holder (which kills the rest);
+        then give the Node object back its bed status."""
+        kubelet_ran = self._running(self.kubelet_process)
         for name in (
             self.kubelet_process,
             self.plugin_process,
             self.containerd_process,
+            self.metrics_forwarder_process,
             self.forwarder_process,
             self.holder_process,
         ):
             if self._running(name):
                 self.cluster.stop_process(name)
+        if kubelet_ran:
+            self.restore_node_status()
+
+    def restore_node_status(self) -> None:
+        """The Node's status as the bed created it (32 CPUs, 256Gi, Ready from the bed): the
+        kubelet replaced it with this machine's figures and its own conditions, and a cluster
+        that outlives the node (the shared test cluster) must look as the bed made it to the
+        next user, stand-in or real."""
+        from dra_driver import kube
+        from vgpu_testbed.cluster.nodes import NodeSpec, node_manifest
+
+        client = kube.KubeClient.from_kubeconfig(str(self.bed.kubeconfig))
+        try:
+            status_path = kube.path("v1", "nodes", self.node_name, subresource="status")
+            node = client.get(status_path)
+            node["status"] = node_manifest(NodeSpec(self.node_name, self.profile))["status"]
+            client.replace(status_path, node)
+        finally:
+            client.close()
 
 
 def _python() -> str:
@@ -367,6 +422,22 @@ def start_bed_network(cluster: Cluster, timeout: float = START_TIMEOUT) -> None:
     argv.append(str(pki.egress_socket(cluster.root)))
     record = cluster.spawn(BED_NETWORK, argv, cwd=REPO_ROOT)
     _wait_file(ready, BED_NETWORK, lambda: procs.is_alive(record), timeout)
+
+
+def start_nodes(
+    cluster: Cluster, nodes: Iterable[str] | None = None, *, runtime: str, **kwargs: object
+) -> dict[str, NodeAgents]:
+    """Start every node (or those named) of the chosen kind: `real` (`start_real_nodes`) or
+    `standin` (`vgpu_testbed.standin.node_agents.start_node_agents`). Both kinds have the same
+    surface (paths, gpu_env, metrics_url, start_plugin/kill_plugin, enter, stop), so a test
+    that does not drive the DRA gRPC by hand runs unchanged on either."""
+    if runtime == "real":
+        return dict(start_real_nodes(cluster, nodes, **kwargs))
+    if runtime == "standin":
+        from vgpu_testbed.standin.node_agents import start_node_agents
+
+        return start_node_agents(cluster, nodes, **kwargs)
+    raise ValueError(f"unknown node runtime {runtime!r} (real or standin)")
 
 
 def start_real_nodes(

@@ -189,12 +189,21 @@ class NodeAgents:
             str(self.paths.state_dir),
             "--hook-path",
             str(self.hook_path),
-            # Metrics on a free loopback port (the URL is in the log: metrics_url()); a
+            # Metrics on a loopback port (the URL is in the log: metrics_url()); a
             # --metrics-address in plugin_args comes later and wins.
             "--metrics-address",
-            "127.0.0.1:0",
+            self.metrics_address(),
             *self.plugin_args,
         ]
+
+    def metrics_address(self) -> str:
+        """Where the plugin serves /metrics: a free port of the host's loopback."""
+        return "127.0.0.1:0"
+
+    def enter(self, argv: Sequence[str]) -> list[str]:
+        """argv as run on this node: the stand-in's node is the host itself (a real node
+        overrides this to enter its namespaces), so tests run a node-side process alike."""
+        return list(argv)
 
     def metrics_url(self) -> str | None:
         """The /metrics URL the running plugin logged (None before it serves, or when off)."""
