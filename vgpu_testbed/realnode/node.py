@@ -139,6 +139,10 @@ class RealNode(NodeAgents):
 
     def start(self, *, timeout: float = START_TIMEOUT) -> None:
         self.paths.make()
+        # A node started again in the same directory (the shared test cluster starts node-1
+        # for several modules) runs no pod yet: addresses leased to pods of its last run, which
+        # died with its namespaces without a CNI DEL, are free. Else the /24 runs out.
+        shutil.rmtree(self.layout.cni_ipam_dir, ignore_errors=True)
         self.layout.make()
         self._start_holder(timeout)
         self._start_forwarder(timeout)
