@@ -355,6 +355,49 @@ class RealNode(NodeAgents):
         os.killpg(record.pid, signal.SIGKILL)
         self.cluster.stop_process(self.plugin_process)
 
+    def drain(self, timeout: float = 60.0) -> None:
+        """Take the node's pods off it before it stops, as an operator drains a node: cordon
+        it, delete every pod bound to it (grace 0) and wait until the kubelet unprepared their
+        claims (the plugin's checkpoint holds none). A node stopped with prepared claims keeps
+        them in its checkpoint; the next node started in that directory (the shared test
+        cluster starts node-1 for several modules) would count them until the kubelet's
+        reconcile unprepares them, up to a minute later. `restore_node_status` uncordons."""
+        from dra_driver import kube
+        from kubelet_plugin.checkpoint import CheckpointJournal
+
+        if not self._running(self.kubelet_process):
+            return
+        client = kube.KubeClient.from_kubeconfig(str(self.bed.kubeconfig))
+        journal = CheckpointJournal(str(self.paths.checkpoint.parent))
+        try:
+            client.merge_patch(
+                kube.path("v1", "nodes", self.node_name), {"spec": {"unschedulable": True}}
+            )
+            deadline = time.monotonic() + timeout
+            while True:
+                pods = client.list(
+                    kube.path("v1", "pods"), field_selector=f"spec.nodeName={self.node_name}"
+                )
+                for pod in pods:
+                    meta = pod["metadata"]
+                    client.request(
+                        "DELETE",
+                        kube.path("v1", "pods", meta["name"], namespace=meta["namespace"]),
+                        query={"gracePeriodSeconds": 0},
+                    )
+                # A killed plugin unprepares nothing: then only the pods can be waited for.
+                plugin_up = self._running(self.plugin_process)
+                if not pods and not (plugin_up and journal.load()):
+                    return
+                if time.monotonic() > deadline:
+                    raise NodeAgentError(
+                        f"{self.node_name}: {len(journal.load())} claims still prepared "
+                        f"{timeout:.0f}s after its pods were deleted (see the kubelet's log)"
+                    )
+                time.sleep(0.2)
+        finally:
+            client.close()
+
     def stop(self) -> None:
         """Stop the node: kubelet, plugin, containerd, then the holder (which kills the rest);
         then give the Node object back its bed status."""
@@ -386,6 +429,8 @@ class RealNode(NodeAgents):
             node = client.get(status_path)
             node["status"] = node_manifest(NodeSpec(self.node_name, self.profile))["status"]
             client.replace(status_path, node)
+            node_path = kube.path("v1", "nodes", self.node_name)
+            client.merge_patch(node_path, {"spec": {"unschedulable": None}})
         finally:
             client.close()
 

@@ -269,6 +269,12 @@ class NodeAgents:
         os.kill(record.pid, signal.SIGKILL)
         self.cluster.stop_process(self.plugin_process)  # reaps it and forgets the record
 
+    def drain(self, timeout: float = 60.0) -> None:
+        """Take the node's pods off it before it stops (a real node must: `RealNode.drain`).
+        Nothing to do here: the stand-in unprepares every recorded claim that no active pod
+        uses at each poll, its first one after a restart included."""
+        del timeout
+
     def stop(self) -> None:
         """Stop the stand-in and the plugin (SIGTERM first); leaves the files for inspection."""
         for name in (self.standin_process, self.plugin_process):
