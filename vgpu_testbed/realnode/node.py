@@ -18,6 +18,7 @@ left in the node and removes the node's cgroups. Only files under `<cluster>/nod
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -380,11 +381,12 @@ class RealNode(NodeAgents):
                 )
                 for pod in pods:
                     meta = pod["metadata"]
-                    client.request(
-                        "DELETE",
-                        kube.path("v1", "pods", meta["name"], namespace=meta["namespace"]),
-                        query={"gracePeriodSeconds": 0},
-                    )
+                    with contextlib.suppress(kube.NotFound):  # gone meanwhile: fine
+                        client.request(
+                            "DELETE",
+                            kube.path("v1", "pods", meta["name"], namespace=meta["namespace"]),
+                            query={"gracePeriodSeconds": 0},
+                        )
                 # A killed plugin unprepares nothing: then only the pods can be waited for.
                 plugin_up = self._running(self.plugin_process)
                 if not pods and not (plugin_up and journal.load()):
@@ -478,8 +480,8 @@ def start_nodes(
 ) -> dict[str, NodeAgents]:
     """Start every node (or those named) of the chosen kind: `real` (`start_real_nodes`) or
     `standin` (`vgpu_testbed.standin.node_agents.start_node_agents`). Both kinds have the same
-    surface (paths, gpu_env, metrics_url, start_plugin/kill_plugin, enter, stop), so a test
-    that does not drive the DRA gRPC by hand runs unchanged on either."""
+    surface (paths, gpu_env, metrics_url, start_plugin/kill_plugin, enter, drain, stop), so a
+    test that does not drive the DRA gRPC by hand runs unchanged on either."""
     if runtime == "real":
         return dict(start_real_nodes(cluster, nodes, **kwargs))
     if runtime == "standin":
