@@ -11,8 +11,9 @@
   NOT in the image: the node's NVIDIA-toolkit-like CDI spec injects them, as on a real GPU node.
 
 `build_images(out_dir)` writes the archives (`<name>.tar`) and returns them; `import_images`
-loads them into one node's containerd (`ctr -n k8s.io images import`). Pods must use
-`imagePullPolicy: Never`.
+loads them into one node's containerd (`ctr -n k8s.io images import`) and gives them the
+`ALIASES` names too. Pods must use `imagePullPolicy: Never`, or name an image by a tag the node
+already has (`IfNotPresent`, the default for a tag): nothing is ever pulled.
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ CC_FLAGS = ("-Wall", "-Wextra", "-Werror", "-O2", "-D_FORTIFY_SOURCE=2", "-fstac
 PAUSE = "vgpu-dra.local/pause:bed"
 SHELL = "vgpu-dra.local/shell:bed"
 WORKLOAD = "vgpu-dra.local/workload:bed"
+
+# Other names the bed's images carry on every node, as on an air-gapped node whose images were
+# loaded in advance: the e2e tests and deploy/examples name the upstream pause image (pods that
+# only need to exist), and a tagged image is not pulled when the node has it.
+ALIASES = {"registry.k8s.io/pause:3.10": PAUSE}
 
 
 class ImageBuildError(RuntimeError):
@@ -171,6 +177,7 @@ def build_images(out_dir: Path, driver_libraries: Sequence[Path]) -> list[BuiltI
 
 def import_images(ctr: Path, address: Path, images: Iterable[BuiltImage]) -> None:
     """Load the archives into the containerd at `address` (namespace k8s.io, as the CRI uses)."""
+    images = list(images)
     for image in images:
         result = subprocess.run(
             [
@@ -190,4 +197,19 @@ def import_images(ctr: Path, address: Path, images: Iterable[BuiltImage]) -> Non
         if result.returncode != 0:
             raise ImageBuildError(
                 f"importing {image.name} into {address} failed: {result.stderr.strip()[-1000:]}"
+            )
+    names = {image.name for image in images}
+    for alias, source in ALIASES.items():
+        if source not in names:
+            continue
+        tag = ["images", "tag", "--force", source, alias]
+        tagged = subprocess.run(
+            [str(ctr), "--address", str(address), "-n", "k8s.io", *tag],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if tagged.returncode != 0:
+            raise ImageBuildError(
+                f"tagging {source} as {alias} in {address} failed: {tagged.stderr.strip()[-1000:]}"
             )

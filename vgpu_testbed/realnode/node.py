@@ -18,6 +18,7 @@ left in the node and removes the node's cgroups. Only files under `<cluster>/nod
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -82,6 +83,7 @@ class RealNode(NodeAgents):
         self.ip = node_ip(index)
         self.cgroup_root = cgroup_root_of(cluster.root, node_name)
         self.pid1 = 0
+        self.metrics_port = 0  # the host-side mirror of the plugin's /metrics port
         self.start_seconds = 0.0  # how long start() took (namespaces to a Ready kubelet + plugin)
         self.ctr_bin = containerd_bin_dir()
 
@@ -106,6 +108,10 @@ class RealNode(NodeAgents):
     def forwarder_process(self) -> str:
         return self._name("apiserver-forwarder")
 
+    @property
+    def metrics_forwarder_process(self) -> str:
+        return self._name("metrics-forwarder")
+
     def enter(self, argv: Sequence[str]) -> list[str]:
         """argv run inside the node (its PID, mount and network namespaces)."""
         return [
@@ -118,6 +124,13 @@ class RealNode(NodeAgents):
             *argv,
         ]
 
+    def metrics_address(self) -> str:
+        """The same port on the node's loopback as the host-side mirror listens on, so the URL
+        the plugin logs works from the host (`vgpu-dra status`, tests) as on a stand-in node."""
+        if not self.metrics_port:
+            raise NodeAgentError(f"{self.node_name}: the metrics forwarder is not running")
+        return f"127.0.0.1:{self.metrics_port}"
+
     def plugin_argv(self) -> list[str]:
         argv = super().plugin_argv()
         argv += ["--nvidia-cdi-spec-dir", str(self.layout.cdi_dir)]
@@ -127,9 +140,14 @@ class RealNode(NodeAgents):
 
     def start(self, *, timeout: float = START_TIMEOUT) -> None:
         self.paths.make()
+        # A node started again in the same directory (the shared test cluster starts node-1
+        # for several modules) runs no pod yet: addresses leased to pods of its last run, which
+        # died with its namespaces without a CNI DEL, are free. Else the /24 runs out.
+        shutil.rmtree(self.layout.cni_ipam_dir, ignore_errors=True)
         self.layout.make()
         self._start_holder(timeout)
         self._start_forwarder(timeout)
+        self._start_metrics_forwarder(timeout)
         self._start_containerd(timeout)
         self.prepare_gpus()
         self._write_toolkit_spec()
@@ -152,7 +170,7 @@ class RealNode(NodeAgents):
 
         ensure_cgroup(self.cgroup_root)
         run = self.layout.run_dir
-        for stale in ("holder.ready", "holder.pid", "forwarder.ready"):
+        for stale in ("holder.ready", "holder.pid", "forwarder.ready", "metrics-forwarder.ready"):
             (run / stale).unlink(missing_ok=True)
         self.cluster.spawn(
             self.holder_process,
@@ -198,6 +216,26 @@ class RealNode(NodeAgents):
             cwd=REPO_ROOT,
         )
         _wait_file(ready, self.forwarder_process, self._alive(self.forwarder_process), timeout)
+
+    def _start_metrics_forwarder(self, timeout: float) -> None:
+        ready = self.layout.run_dir / "metrics-forwarder.ready"
+        self.cluster.spawn(
+            self.metrics_forwarder_process,
+            [
+                _python(),
+                "-m",
+                "vgpu_testbed.realnode.forwarder",
+                "--netns",
+                f"/proc/{self.pid1}/ns/net",
+                "--into",
+                "--ready-file",
+                str(ready),
+            ],
+            cwd=REPO_ROOT,
+        )
+        alive = self._alive(self.metrics_forwarder_process)
+        _wait_file(ready, self.metrics_forwarder_process, alive, timeout)
+        self.metrics_port = int(ready.read_text())
 
     def _start_containerd(self, timeout: float) -> None:
         runc = shutil.which("runc")
@@ -318,17 +356,85 @@ class RealNode(NodeAgents):
         os.killpg(record.pid, signal.SIGKILL)
         self.cluster.stop_process(self.plugin_process)
 
+    def drain(self, timeout: float = 60.0) -> None:
+        """Take the node's pods off it before it stops, as an operator drains a node: cordon
+        it, delete every pod bound to it (grace 0) and wait until the kubelet unprepared their
+        claims (the plugin's checkpoint holds none). A node stopped with prepared claims keeps
+        them in its checkpoint; the next node started in that directory (the shared test
+        cluster starts node-1 for several modules) would count them until the kubelet's
+        reconcile unprepares them, up to a minute later. `restore_node_status` uncordons."""
+        from dra_driver import kube
+        from kubelet_plugin.checkpoint import CheckpointJournal
+
+        if not self._running(self.kubelet_process):
+            return
+        client = kube.KubeClient.from_kubeconfig(str(self.bed.kubeconfig))
+        journal = CheckpointJournal(str(self.paths.checkpoint.parent))
+        try:
+            client.merge_patch(
+                kube.path("v1", "nodes", self.node_name), {"spec": {"unschedulable": True}}
+            )
+            deadline = time.monotonic() + timeout
+            while True:
+                pods = client.list(
+                    kube.path("v1", "pods"), field_selector=f"spec.nodeName={self.node_name}"
+                )
+                for pod in pods:
+                    meta = pod["metadata"]
+                    with contextlib.suppress(kube.NotFound):  # gone meanwhile: fine
+                        client.request(
+                            "DELETE",
+                            kube.path("v1", "pods", meta["name"], namespace=meta["namespace"]),
+                            query={"gracePeriodSeconds": 0},
+                        )
+                # A killed plugin unprepares nothing: then only the pods can be waited for.
+                plugin_up = self._running(self.plugin_process)
+                if not pods and not (plugin_up and journal.load()):
+                    return
+                if time.monotonic() > deadline:
+                    raise NodeAgentError(
+                        f"{self.node_name}: {len(journal.load())} claims still prepared "
+                        f"{timeout:.0f}s after its pods were deleted (see the kubelet's log)"
+                    )
+                time.sleep(0.2)
+        finally:
+            client.close()
+
     def stop(self) -> None:
-        """Stop the node: kubelet, plugin, containerd, then the holder (which kills the rest)."""
+        """Stop the node: kubelet, plugin, containerd, then the holder (which kills the rest);
+        then give the Node object back its bed status."""
+        kubelet_ran = self._running(self.kubelet_process)
         for name in (
             self.kubelet_process,
             self.plugin_process,
             self.containerd_process,
+            self.metrics_forwarder_process,
             self.forwarder_process,
             self.holder_process,
         ):
             if self._running(name):
                 self.cluster.stop_process(name)
+        if kubelet_ran:
+            self.restore_node_status()
+
+    def restore_node_status(self) -> None:
+        """The Node's status as the bed created it (32 CPUs, 256Gi, Ready from the bed): the
+        kubelet replaced it with this machine's figures and its own conditions, and a cluster
+        that outlives the node (the shared test cluster) must look as the bed made it to the
+        next user, stand-in or real."""
+        from dra_driver import kube
+        from vgpu_testbed.cluster.nodes import NodeSpec, node_manifest
+
+        client = kube.KubeClient.from_kubeconfig(str(self.bed.kubeconfig))
+        try:
+            status_path = kube.path("v1", "nodes", self.node_name, subresource="status")
+            node = client.get(status_path)
+            node["status"] = node_manifest(NodeSpec(self.node_name, self.profile))["status"]
+            client.replace(status_path, node)
+            node_path = kube.path("v1", "nodes", self.node_name)
+            client.merge_patch(node_path, {"spec": {"unschedulable": None}})
+        finally:
+            client.close()
 
 
 def _python() -> str:
@@ -367,6 +473,22 @@ def start_bed_network(cluster: Cluster, timeout: float = START_TIMEOUT) -> None:
     argv.append(str(pki.egress_socket(cluster.root)))
     record = cluster.spawn(BED_NETWORK, argv, cwd=REPO_ROOT)
     _wait_file(ready, BED_NETWORK, lambda: procs.is_alive(record), timeout)
+
+
+def start_nodes(
+    cluster: Cluster, nodes: Iterable[str] | None = None, *, runtime: str, **kwargs: object
+) -> dict[str, NodeAgents]:
+    """Start every node (or those named) of the chosen kind: `real` (`start_real_nodes`) or
+    `standin` (`vgpu_testbed.standin.node_agents.start_node_agents`). Both kinds have the same
+    surface (paths, gpu_env, metrics_url, start_plugin/kill_plugin, enter, drain, stop), so a
+    test that does not drive the DRA gRPC by hand runs unchanged on either."""
+    if runtime == "real":
+        return dict(start_real_nodes(cluster, nodes, **kwargs))
+    if runtime == "standin":
+        from vgpu_testbed.standin.node_agents import start_node_agents
+
+        return start_node_agents(cluster, nodes, **kwargs)
+    raise ValueError(f"unknown node runtime {runtime!r} (real or standin)")
 
 
 def start_real_nodes(

@@ -189,12 +189,21 @@ class NodeAgents:
             str(self.paths.state_dir),
             "--hook-path",
             str(self.hook_path),
-            # Metrics on a free loopback port (the URL is in the log: metrics_url()); a
+            # Metrics on a loopback port (the URL is in the log: metrics_url()); a
             # --metrics-address in plugin_args comes later and wins.
             "--metrics-address",
-            "127.0.0.1:0",
+            self.metrics_address(),
             *self.plugin_args,
         ]
+
+    def metrics_address(self) -> str:
+        """Where the plugin serves /metrics: a free port of the host's loopback."""
+        return "127.0.0.1:0"
+
+    def enter(self, argv: Sequence[str]) -> list[str]:
+        """argv as run on this node: the stand-in's node is the host itself (a real node
+        overrides this to enter its namespaces), so tests run a node-side process alike."""
+        return list(argv)
 
     def metrics_url(self) -> str | None:
         """The /metrics URL the running plugin logged (None before it serves, or when off)."""
@@ -259,6 +268,12 @@ class NodeAgents:
             raise NodeAgentError(f"{self.plugin_process} is not running")
         os.kill(record.pid, signal.SIGKILL)
         self.cluster.stop_process(self.plugin_process)  # reaps it and forgets the record
+
+    def drain(self, timeout: float = 60.0) -> None:
+        """Take the node's pods off it before it stops (a real node must: `RealNode.drain`).
+        Nothing to do here: the stand-in unprepares every recorded claim that no active pod
+        uses at each poll, its first one after a restart included."""
+        del timeout
 
     def stop(self) -> None:
         """Stop the stand-in and the plugin (SIGTERM first); leaves the files for inspection."""

@@ -203,7 +203,12 @@ def test_a_deployment_pod_that_cannot_prepare_is_recreated_and_runs_elsewhere(
     assert claim is not None
     (result,) = claim["status"]["allocation"]["devices"]["results"]
     assert (result["pool"], result["device"]) != (NODE, "gpu-0")  # elsewhere: gpu-0 is full
-    assert get(client, "v1", "pods", namespace, first["metadata"]["name"]) is None
+    # Evicted: gone once its node confirmed the graceful delete (at once on the stand-in).
+    wait_for(
+        "the evicted pod gone",
+        lambda: get(client, "v1", "pods", namespace, first["metadata"]["name"]) is None,
+        60,
+    )
 
 
 def test_a_bare_pod_that_cannot_prepare_gets_an_event(

@@ -21,7 +21,8 @@ Proves:
 - `helm upgrade` keeps the caBundle and certificates the controller wrote (not in the manifest);
 - certificate rotation (CA and serving certificate, lifetimes of seconds) during a stream of
   admissions loses none, and no key reaches the log;
-- end to end with stand-in nodes (simulated GPUs, the kubelet plugin, the kubelet stand-in):
+- end to end on bed nodes (simulated GPUs, the kubelet plugin; real kubelet, containerd and runc
+  where the host allows, else the kubelet stand-in):
   translated pods are allocated (the default path, or the policy path through this controller
   when annotations ask for it), prepared, and their vgpu.conf carries the caps (vgpu-number 1,
   vgpu-cores 10, vgpu-memory 1024 -> one GPU capped at 1 GiB and 10 %; HAMi's GPU type picks the
@@ -73,12 +74,15 @@ from tests.fixtures.chart import (
     values_file,
 )
 from tests.fixtures.chart import token_kubeconfig as make_kubeconfig
+from tests.fixtures.cluster import node_runtime
 from tests.fixtures.workloads import REPO, deviceclass_exists, pod_claim, running_pod
 from vgpu_testbed.cluster import webhook_client
 from vgpu_testbed.cluster.flags import free_ports
 from vgpu_testbed.cluster.webhook import register_webhooks, render_chart, unregister_webhooks
 from vgpu_testbed.polling import wait_for
-from vgpu_testbed.standin.node_agents import NodeAgents, start_node_agents
+from vgpu_testbed.realnode.images import SHELL
+from vgpu_testbed.realnode.node import start_nodes
+from vgpu_testbed.standin.node_agents import NodeAgents
 
 # Longer than the 60 s default: the module fixture renders the chart and starts the controller;
 # the rotation test streams admissions across several rotations.
@@ -105,8 +109,8 @@ def pod(name: str, limits: dict[str, str], annotations: dict[str, str] | None = 
         "metadata": {"name": name},
         "spec": {
             "containers": [
-                {"name": "main", "image": "busybox", "command": ["sleep", "3600"],
-                 "resources": {"limits": limits}}
+                {"name": "main", "image": SHELL, "imagePullPolicy": "Never",
+                 "command": ["sleep", "3600"], "resources": {"limits": limits}}
             ]
         },
     }  # fmt: skip
@@ -887,24 +891,28 @@ def test_a_claim_and_a_device_class_with_a_malformed_config_are_refused(
         client.delete(kube.path(RESOURCE_API, "deviceclasses", name))
 
 
-# ---------------------------------------------------------------- end to end on stand-in nodes
+# ---------------------------------------------------------------- end to end on bed nodes
 
 
 @pytest.fixture(scope="module")
 def nodes(cluster: Any, client: KubeClient, hook: Hook) -> Iterator[dict[str, NodeAgents]]:
-    """node-1 (dgx-h100) and node-2 (a10-pcie) with their kubelet plugin and stand-in, and the
-    repo's DeviceClass; all removed afterwards (as tests/e2e/kubelet_plugin does)."""
+    """node-1 (dgx-h100) and node-2 (a10-pcie) with their kubelet plugin, run for real where
+    the host allows (`node_runtime`), and the repo's DeviceClass; all removed afterwards (as
+    tests/e2e/kubelet_plugin does)."""
     device_class = yaml.safe_load((REPO / "deploy" / "deviceclass.yaml").read_text())
     name = device_class["metadata"]["name"]
     client.delete(kube.path(RESOURCE_API, "deviceclasses", name))  # a leftover of another module
     wait_for("an old DeviceClass to go", lambda: not deviceclass_exists(client, name))
     client.create(kube.path(RESOURCE_API, "deviceclasses"), device_class)
-    started = start_node_agents(cluster, ["node-1", "node-2"])
+    started = start_nodes(cluster, ["node-1", "node-2"], runtime=node_runtime())
     try:
         yield started
     finally:
         for node_agents in started.values():
-            node_agents.stop()
+            try:
+                node_agents.drain()
+            finally:
+                node_agents.stop()
         for obj in client.list(
             kube.path(RESOURCE_API, "resourceslices"), field_selector="spec.driver=vgpu.dra.dev"
         ):

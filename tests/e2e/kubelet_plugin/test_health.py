@@ -1,8 +1,9 @@
 """Device health on the test bed: simulated GPU faults -> device taints -> the real kube-scheduler
 and kube-controller-manager (device taint eviction) act on them; hot-plug updates the pool.
 
-node-2 (a simulated `a10-pcie`, 4 GPUs) gets its agents with a 20 s XID quiet period. GPUs are
-found by UUID (the profile is the ground truth), never by device name.
+node-2 (a simulated `a10-pcie`, 4 GPUs) runs for real (`tests.fixtures.workloads.driver_on_nodes`:
+kubelet, containerd, runc, the kubelet plugin with a 20 s XID quiet period). GPUs are found by
+UUID (the profile is the ground truth), never by device name.
 
 What this proves:
 1. A recoverable XID (94) taints the GPU NoSchedule: new whole-GPU claims land on its three
@@ -213,9 +214,11 @@ time.sleep(120)
 def test_the_plugin_kills_a_container_without_the_hook_over_its_cap_and_records_events(
     client: KubeClient, agents: NodeAgents, namespace: str
 ) -> None:
-    """The plugin's enforcement thread, with the claim prepared through the real path: the
-    container gets the plugin's CDI spec minus the `/etc/ld.so.preload` mount (an image where the
-    hook never loads) and allocates 3 GiB on its 1 GiB claim through libcuda."""
+    """The plugin's enforcement thread, with the claim prepared through the real path: a
+    process on the node gets the plugin's CDI spec minus the `/etc/ld.so.preload` mount (an
+    image where the hook never loads) and allocates 3 GiB on its 1 GiB claim through libcuda.
+    The bed applies those edits itself (`vgpu_testbed.container`): no runtime starts a container
+    without a mount its CDI spec names."""
     import json
     import os
     import subprocess
@@ -233,9 +236,12 @@ def test_the_plugin_kills_a_container_without_the_hook_over_its_cap_and_records_
     spec = json.loads(agents.paths.cdi_spec(uid).read_text())
     edits = spec["containerEdits"]
     edits["mounts"] = [m for m in edits["mounts"] if m["containerPath"] != "/etc/ld.so.preload"]
+    # On the node, where the plugin sees its processes (a real node's own PID namespace).
     tenant = subprocess.Popen(
-        container_command(
-            spec, [d["name"] for d in spec["devices"]], [sys.executable, "-c", TENANT]
+        agents.enter(
+            container_command(
+                spec, [d["name"] for d in spec["devices"]], [sys.executable, "-c", TENANT]
+            )
         ),
         env={**os.environ, **agents.gpu_env},
         stdout=subprocess.PIPE,

@@ -63,7 +63,10 @@ RESYNC = ["--resync-seconds", "1"]  # re-discover GPUs every second (default 60)
 def agents(cluster: Any, client: KubeClient) -> Iterator[dict[str, NodeAgents]]:
     """Agents for node-1 (dgx-h100) and node-2 (a10-pcie) plus the DeviceClass; all removed
     afterwards (slices too), so later modules see the nodes as the test bed made them."""
-    with driver_on_nodes(cluster, client, ["node-1", "node-2"], RESYNC) as started:
+    # The stand-in: this module drives the gRPC by hand and reads the stand-in's pod records.
+    with driver_on_nodes(
+        cluster, client, ["node-1", "node-2"], RESYNC, runtime="standin"
+    ) as started:
         yield started
 
 

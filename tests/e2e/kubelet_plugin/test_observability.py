@@ -1,11 +1,12 @@
 """Observability on the test bed: Events for a claim that cannot be prepared, `vgpu-dra status`
 against the real cluster with live figures from the plugin's /metrics.
 
-node-1 of the session cluster (a simulated `dgx-h100`) gets its agents: the kubelet plugin runs
-with the node's credentials (`system:node:node-1`, so the Node authorizer and NodeRestriction
-apply to every Event it writes) and, as everywhere in the bed, metrics on a loopback port; the
-kubelet stand-in
-prepares the pods the real scheduler binds there.
+node-1 of the session cluster (a simulated `dgx-h100`) runs for real where the host allows
+(`tests.fixtures.workloads.driver_on_nodes`): the kubelet plugin runs with the node's credentials
+(`system:node:node-1`, so the Node authorizer and NodeRestriction apply to every Event it
+writes) and, as everywhere in the bed, metrics on a loopback port (on a real node its own,
+mirrored on the host's at the same port); the real kubelet prepares the pods the real scheduler
+binds there.
 
 What this proves:
 1. A claim whose opaque config is invalid is allocated by the scheduler but fails to prepare;

@@ -1,7 +1,8 @@
 """Version support: a cluster whose API server drops consumable capacity (as 1.34/1.35 do with
 the DRAConsumableCapacity alpha gate off) gets whole-GPU slices, written once, never rewritten.
 
-A private test-bed cluster (one a10-pcie node) runs with `DRAConsumableCapacity=false`; the real
+A private test-bed cluster (one a10-pcie node, run for real where the host allows:
+`vgpu_testbed.realnode.node.start_nodes`) runs with `DRAConsumableCapacity=false`; the real
 kubelet plugin probes the server at start (kubelet_plugin.api_support), publishes its GPUs without
 `allowMultipleAllocations`/`requestPolicy`, and a whole-GPU claim is allocated and prepared.
 Without the probe, the publisher would rewrite the pool on every resync (unit test
@@ -21,14 +22,15 @@ import yaml
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
 from kubelet_plugin.slice_publisher import SlicePublisher
-from tests.fixtures.cluster import admin_client, require_binaries
+from tests.fixtures.cluster import admin_client, node_runtime, require_binaries
 from tests.fixtures.inventories import synthetic_inventory
 from vgpu_testbed.cluster.control_plane import Cluster
 from vgpu_testbed.cluster.flags import FEATURE_GATES
 from vgpu_testbed.polling import wait_for
+from vgpu_testbed.realnode.node import start_nodes
 from vgpu_testbed.standin.node_agents import NodeAgents
 
-# Longer than the 60 s default: the module starts a private cluster with a node's agents.
+# Longer than the 60 s default: the module starts a private cluster with a node.
 pytestmark = pytest.mark.timeout(300)
 
 REPO = Path(__file__).resolve().parents[3]
@@ -57,12 +59,17 @@ def client(gate_off: Cluster) -> Iterator[KubeClient]:
 
 @pytest.fixture(scope="module")
 def agents(gate_off: Cluster) -> Iterator[NodeAgents]:
-    node = NodeAgents(gate_off, "node-1", plugin_args=["--resync-seconds", str(RESYNC_S)])
-    node.start()
+    started = start_nodes(
+        gate_off,
+        ["node-1"],
+        runtime=node_runtime(),
+        plugin_args=["--resync-seconds", str(RESYNC_S)],
+    )
     try:
-        yield node
+        yield started["node-1"]
     finally:
-        node.stop()
+        for node in started.values():
+            node.stop()
 
 
 def slices_of(client: KubeClient) -> list[dict[str, Any]]:
