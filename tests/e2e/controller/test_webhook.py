@@ -448,14 +448,21 @@ def test_the_webhooks_histogram_is_on_the_controllers_metrics_endpoint(hook: Hoo
     hook.client.create(hook.pods(), pod("scraped", {"nvidia.com/gpu": "1"}))
     match = re.search(r"metrics on (http://[\d.]+:\d+/metrics)", hook.controller.text())
     assert match is not None
-    with urllib.request.urlopen(match.group(1), timeout=10) as answer:
-        text = answer.read().decode()
-    counts = re.findall(
-        r'vgpu_dra_webhook_admission_duration_seconds_count\{decision="patched",'
-        r'operation="mutate"\} ([\d.]+)',
-        text,
-    )
-    assert counts and float(counts[0]) >= 1
+    url = match.group(1)
+
+    def scraped_with_the_admission() -> str | None:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            text: str = answer.read().decode()
+        counts = re.findall(
+            r'vgpu_dra_webhook_admission_duration_seconds_count\{decision="patched",'
+            r'operation="mutate"\} ([\d.]+)',
+            text,
+        )
+        return text if counts and float(counts[0]) >= 1 else None
+
+    # The webhook observes an admission after its answer is written (the duration includes the
+    # write), so the pod may exist a moment before the histogram counts it.
+    text = wait_for("the admission in the controller's scrape", scraped_with_the_admission, 20)
     assert "vgpu_dra_controller_" in text  # the controller's own families, same endpoint
 
 
