@@ -35,6 +35,7 @@ from typing import Any
 
 from opentelemetry import trace
 
+from controller.webhook import phases
 from controller.webhook.certs import ContextHolder
 from controller.webhook.metrics import WebhookMetrics
 from dra_driver.tracing import installed_tracer
@@ -117,7 +118,9 @@ class _TLSServer(ThreadingHTTPServer):
         if context is None:  # no certificate yet: nothing we could say
             sock.close()
             raise OSError("no serving certificate loaded yet")
-        return context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), address
+        wrapped = context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        wrapped.accepted_at = _clock()  # type: ignore[attr-defined]  # for --webhook-phase-timing
+        return wrapped, address
 
     def process_request(self, request: Any, client_address: Any) -> None:
         with self._open_lock:
@@ -165,6 +168,7 @@ class WebhookServer:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_connections: int = MAX_CONNECTIONS,
         tracer: trace.Tracer | None = None,
+        phase_timing: bool = False,
     ) -> None:
         # None while tracing is off: no span is created at all (dra_driver.tracing).
         self._tracer = tracer if tracer is not None else installed_tracer(TRACER_NAME)
@@ -172,6 +176,9 @@ class WebhookServer:
         self._timeout_s = timeout_s
         self._metrics = metrics
         self._draining = threading.Event()
+        self._phase_timing = phase_timing
+        self._in_flight = 0
+        self._in_flight_lock = threading.Lock()
         self._httpd = _TLSServer(address, self._handler_class(), holder, timeout_s)
         self._httpd.max_connections = max_connections
         self._thread = threading.Thread(
@@ -206,17 +213,30 @@ class WebhookServer:
             def setup(self) -> None:
                 super().setup()
                 conn = self.connection
+                self._tls_ms: float | None = None
                 if isinstance(conn, ssl.SSLSocket):
                     conn.do_handshake()  # in this thread, bounded by the socket timeout
+                    accepted = getattr(conn, "accepted_at", None)
+                    if server._phase_timing and accepted is not None:
+                        self._tls_ms = round((_clock() - accepted) * 1e3, 3)
 
             def handle_one_request(self) -> None:
                 self.connection.settimeout(IDLE_TIMEOUT_S)  # waiting for the next request
-                super().handle_one_request()
+                try:
+                    super().handle_one_request()
+                finally:
+                    if phases.current() is not None:
+                        server._admission_ended()
 
             def parse_request(self) -> bool:
                 # A request began: its headers and body must arrive within the timeout.
                 self.connection.settimeout(server._timeout_s)
-                return super().parse_request()
+                if server._phase_timing:
+                    phases.begin(phases.Phases(server._admission_began(), self._tls_ms))
+                    self._tls_ms = None  # only the connection's first request waited for it
+                parsed = super().parse_request()
+                phases.mark("headers")
+                return parsed
 
             def handle(self) -> None:
                 try:
@@ -255,6 +275,7 @@ class WebhookServer:
                     )
                     return
                 body = self.rfile.read(length)
+                phases.mark("body")
                 server._admit(self, route, body)
 
             def _refuse(self, status: HTTPStatus, text: str) -> None:
@@ -277,6 +298,16 @@ class WebhookServer:
 
         return Handler
 
+    def _admission_began(self) -> int:
+        with self._in_flight_lock:
+            self._in_flight += 1
+            return self._in_flight
+
+    def _admission_ended(self) -> None:
+        with self._in_flight_lock:
+            self._in_flight -= 1
+        phases.begin(None)
+
     def _admit(
         self, handler: BaseHTTPRequestHandler, route: tuple[str, Review], body: bytes
     ) -> None:
@@ -288,6 +319,7 @@ class WebhookServer:
             handler._refuse(HTTPStatus.BAD_REQUEST, str(exc))  # type: ignore[attr-defined]
             self._metrics.observe(operation, "error", _clock() - started)
             return
+        phases.mark("decode")
         kind = (request.get("kind") or {}).get("kind", "")
         span = (
             self._tracer.start_as_current_span(
@@ -306,13 +338,18 @@ class WebhookServer:
             response, decision = self._review(operation, review, request)
             if current is not None:
                 current.set_attribute("vgpu_dra.admission.decision", decision)
+        phases.mark("review")
         payload = answer(request["uid"], response)
+        phases.mark("encode")
         handler._reply(  # type: ignore[attr-defined]
             HTTPStatus.OK, payload, "application/json", self._draining.is_set()
         )
         elapsed = _clock() - started
+        phases.mark("write")
         self._metrics.observe(operation, decision, elapsed)
-        self._log(operation, kind, request, decision, elapsed)
+        timed = phases.current()
+        timing = timed.fields() if timed is not None else {}
+        self._log(operation, kind, request, decision, elapsed, timing=timing)
 
     @staticmethod
     def _review(operation: str, review: Review, request: JSON) -> tuple[JSON, str]:
@@ -329,7 +366,15 @@ class WebhookServer:
             return response, "error"
 
     @staticmethod
-    def _log(operation: str, kind: str, request: JSON, decision: str, elapsed: float) -> None:
+    def _log(
+        operation: str,
+        kind: str,
+        request: JSON,
+        decision: str,
+        elapsed: float,
+        *,
+        timing: dict[str, float | int],
+    ) -> None:
         name = request.get("name") or (request.get("object") or {}).get("metadata", {}).get(
             "generateName", ""
         )
@@ -350,6 +395,7 @@ class WebhookServer:
                 "decision": decision,
                 "dry_run": bool(request.get("dryRun")),
                 "ms": round(elapsed * 1000, 3),
+                **timing,
             },
         )
 
