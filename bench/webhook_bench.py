@@ -532,6 +532,7 @@ def _phases(admissions: list[tuple[str, float, dict[str, str]]]) -> dict[str, An
     return {
         "n": len(numeric),
         "slow_n": len(slow),
+        "handshakes_n": sum("tls_ms" in n for n in numeric),
         "p50": {k: quantile(k, 0.50) for k in keys},
         "p99": {k: quantile(k, 0.99) for k in keys},
         "mean_slow": {k: mean(slow, k) for k in keys},

@@ -45,6 +45,7 @@ log = logging.getLogger("vgpu-dra.webhook.server")
 JSON = dict[str, Any]
 # Two objects (object and oldObject) of at most ~1.5 MiB each (etcd's request limit), plus slack.
 MAX_BODY = 4 * 1024 * 1024
+READ_BUFFER = 64 * 1024
 DEFAULT_TIMEOUT_S = 10.0
 # A kept-alive connection may idle this long. Longer than the API server's own idle timeout for
 # webhook connections (90 s): the client must be the one to close an idle connection, or it may
@@ -209,6 +210,9 @@ class WebhookServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # keep-alive: the API server reuses connections
+            # A whole AdmissionReview (a pod is a few KiB) in one read: each read of the socket
+            # gives the GIL away, and getting it back is where a burst's admissions wait.
+            rbufsize = READ_BUFFER
 
             def setup(self) -> None:
                 super().setup()
@@ -290,11 +294,17 @@ class WebhookServer:
                     self.send_header("Connection", "close")  # also sets close_connection
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                buffered = getattr(self, "_headers_buffer", None)
+                if buffered is None:  # an HTTP/0.9 request: no headers to send
+                    self.wfile.write(body)
+                    return
+                # Headers and body in one write (one TLS record, one give-away of the GIL).
+                buffered += (b"\r\n", body)
+                self.flush_headers()
 
             def log_message(self, format: str, *args: object) -> None:
-                log.debug("webhook http %s", format % args)
+                if log.isEnabledFor(logging.DEBUG):  # formatted only if it is written
+                    log.debug("webhook http %s", format % args)
 
         return Handler
 
