@@ -5,9 +5,12 @@ controller already serves its probes this way, the API server sends one small JS
 admission over a kept-alive HTTP/1.1 connection, and the work per request is about 0.1 ms of pure
 Python (p50 0.3 ms inside the webhook under 200 concurrent creations, bench/webhook_bench.py).
 aiohttp is not a product dependency (the image drops it with the kubernetes package's asyncio
-client), and the slow tail we measured comes from CPU contention on a loaded machine, which an
-event loop would not remove. Each connection gets its own thread, so a slow client or a slow
-template create never stalls the others.
+client). Each connection gets its own thread, so a slow client or a slow template create never
+stalls the others. The cost, measured (`--webhook-phase-timing`, docs/webhook.md Performance):
+under a burst, ~200 connection threads (most of a burst's admissions come on new connections)
+take turns at the GIL, and a slow admission spends ~80 % of its time waiting for it; a single
+event-loop thread is the change that diagnosis points to. Meanwhile each answer is one write and
+each request one read, since every socket call gives the GIL away.
 
 TLS: every accepted connection is wrapped with the context the `ContextHolder` holds *at that
 moment*, and the handshake happens in the connection's thread (bounded by the timeout), so a
