@@ -20,13 +20,29 @@ Both ways of serving are measured on the same control plane, alternating, PASSES
 `--webhook-process inline` (the controller's own threads, sharing the GIL with its informers,
 which decode every one of these pod creations) and `child` (the default: `vgpu-dra webhook` as
 the controller's child process). Each pass starts its own controller and uses a fresh namespace.
+
+Two CPU placements (`CONFIGS`), alternating with the ways above:
+- `shared`: everything (API server, etcd, the 200 creating threads, the webhook, and whatever
+  else runs on the machine) on both CPUs: the honest worst case of a 2-CPU bed.
+- `own-cpu` (a MODEL of production placement, where the webhook runs on its own node's CPUs and
+  not on the API server's): a cgroup v1 cpuset puts the webhook's process (and its child) on CPU
+  1 and the control plane and this benchmark's threads on CPU 0. Other processes of the machine
+  are not moved: they still share both CPUs. Needs root and the cpuset controller; skipped
+  (with a note) otherwise.
 Target (issue 11): p99 <= 10 ms inside the webhook. Writes bench/results/webhook.json (`figures`:
-the last `child` pass; `by_process`: every pass with its load average), with the headline
-figures of the last twenty passes under `runs`.
+the last `child` pass of `shared`; `by_config`: every pass with its load average), with the
+headline figures of the last twenty passes under `runs`.
+After those passes, one more `child` pass per placement runs the webhook with
+`--webhook-phase-timing` (`diagnosis`: where the admissions' time went, phase by phase, and on
+CPU / in the CPU queue / asleep, controller/webhook/phases.py); the timing costs ~0.05 ms per
+admission, so the headline figures come from the passes without it
+(VGPU_BENCH_WEBHOOK_PHASES=0 skips the diagnosis).
+VGPU_BENCH_WEBHOOK_CONFIGS, _MODES and _PASSES narrow a run (comma lists, a number).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -51,11 +67,15 @@ RESULTS = Path(__file__).parent / "results" / "webhook.json"
 CONCURRENCY = 200
 ROUNDS = 3
 MODES = ("inline", "child")  # --webhook-process: the controller's threads, or its own process
-PASSES = 3  # per way, alternating
+CONFIGS = ("shared", "own-cpu")  # CPU placement, see above
+PASSES = 3  # per way and placement, alternating
+CPUSET_ROOT = Path("/sys/fs/cgroup/cpuset")
+WEBHOOK_CPU, CONTROL_PLANE_CPU = "1", "0"  # own-cpu placement
 TARGETS = {"webhook_p99_ms": 10.0}
 LABEL = "vgpu-dra.bench/webhook"
 HOOK_NAME = "legacy-pods.vgpu.dra.dev"
-_ADMISSION = re.compile(r'msg="admission mutate Pod [^"]*: (\w+) in ([\d.]+) ms"')
+_ADMISSION = re.compile(r'msg="admission mutate Pod [^"]*: (\w+) in ([\d.]+) ms"(.*)')
+_FIELD = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)')
 
 
 def legacy_pod(name: str) -> dict[str, Any]:
@@ -118,24 +138,40 @@ def main() -> None:
     from vgpu_testbed.cluster.flags import free_ports
     from vgpu_testbed.cluster.webhook import register_webhooks
 
+    configs = _env_list("VGPU_BENCH_WEBHOOK_CONFIGS", CONFIGS)
+    modes = _env_list("VGPU_BENCH_WEBHOOK_MODES", MODES)
+    passes = int(os.environ.get("VGPU_BENCH_WEBHOOK_PASSES", PASSES))
+    diagnose = os.environ.get("VGPU_BENCH_WEBHOOK_PHASES", "1") != "0"
+    notes: list[str] = []
+    cpusets: Cpusets | None = None
+    if "own-cpu" in configs:
+        try:
+            cpusets = Cpusets.create()
+        except OSError as exc:
+            notes.append(f"own-cpu skipped: no cpuset ({exc})")
+            configs = [c for c in configs if c != "own-cpu"]
     root = Path(tempfile.mkdtemp(prefix="vgpu-bench-webhook-"))
     cluster = Cluster.start(root / "cluster", ("a10-pcie",), die_with_parent=True)
     client = _client(cluster.kubeconfig)
-    by_process: dict[str, Any] = {}
     try:
         system_ns = "vgpu-dra-system"
         _namespace(client, system_ns, {})
         (port,) = free_ports(1)
         values = {"webhook": {"namespaceSelector": {"matchLabels": {LABEL: "on"}}}}
-        configs = register_webhooks(cluster, port, None, namespace=system_ns, values=values)
-        config_name = configs[0]["metadata"]["name"]
-        # Alternating, so that neither way always runs on the more loaded machine.
-        for n, mode in enumerate(MODES * PASSES):
-            by_process.setdefault(mode, []).append(
-                _measure(client, cluster, root / f"controller-{n}-{mode}.log", mode,
-                         port=port, system_ns=system_ns, config_name=config_name)
-            )  # fmt: skip
+        hooks = register_webhooks(cluster, port, None, namespace=system_ns, values=values)
+
+        def measure(n: int, placement: str, mode: str, timing: bool) -> dict[str, Any]:
+            log_path = root / f"controller-{n}-{placement}-{mode}.log"
+            return _measure(client, cluster, log_path, mode, port=port, system_ns=system_ns,
+                            config_name=hooks[0]["metadata"]["name"], placement=placement,
+                            cpusets=cpusets, timing=timing)  # fmt: skip
+
+        by_config, diagnosis = _passes(
+            measure, configs, modes, passes=passes, diagnose=diagnose, cpusets=cpusets
+        )
     finally:
+        if cpusets is not None:
+            cpusets.remove()
         client.close()
         keep = os.environ.get("VGPU_BENCH_KEEP") is not None
         cluster.stop(keep_logs=keep)
@@ -143,8 +179,57 @@ def main() -> None:
             print("kept", root)
         else:
             shutil.rmtree(root, ignore_errors=True)
-    child = by_process["child"][-1]
-    document: dict[str, Any] = {
+    setup = {
+        "concurrency": CONCURRENCY,
+        "rounds": ROUNDS,
+        "pods": CONCURRENCY * ROUNDS,
+        "passes_per_way": passes,
+        "configs": configs,
+        "modes": modes,
+        "notes": notes,
+    }
+    document = _document(setup, by_config, diagnosis)
+    document["runs"] = _runs(document)
+    write_results(RESULTS, document)
+
+
+def _passes(
+    measure: Callable[[int, str, str, bool], dict[str, Any]],
+    configs: list[str],
+    modes: list[str],
+    *,
+    passes: int,
+    diagnose: bool,
+    cpusets: Cpusets | None,
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Every pass, alternating placements and ways so that none always runs on the more loaded
+    machine; then the phase-timed diagnosis passes."""
+    by_config: dict[str, dict[str, Any]] = {}
+    diagnosis: dict[str, Any] = {}
+    runs = [(c, m, False) for _ in range(passes) for c in configs for m in modes]
+    runs += [(c, "child", True) for c in configs] if diagnose else []
+    for n, (placement, mode, timing) in enumerate(runs):
+        if cpusets is not None and placement == "own-cpu":
+            cpusets.split()  # the control plane (and this process) on its CPU
+        elif cpusets is not None:
+            cpusets.join()
+        figures = measure(n, placement, mode, timing)
+        if timing:
+            diagnosis.setdefault(placement, []).append(figures)
+        else:
+            by_config.setdefault(placement, {}).setdefault(mode, []).append(figures)
+    if cpusets is not None:
+        cpusets.join()
+    return by_config, diagnosis
+
+
+def _document(
+    setup: dict[str, Any], by_config: dict[str, dict[str, Any]], diagnosis: dict[str, Any]
+) -> dict[str, Any]:
+    headline = by_config.get("shared") or next(iter(by_config.values()))
+    child = (headline.get("child") or next(iter(headline.values())))[-1]
+    target = TARGETS["webhook_p99_ms"]
+    return {
         "benchmark": "webhook",
         "when": utc_stamp(),
         "machine": {
@@ -152,22 +237,91 @@ def main() -> None:
             "python": platform.python_version(),
             "load_avg_1m": child["load_avg_1m"],
         },
-        "setup": {
-            "concurrency": CONCURRENCY,
-            "rounds": ROUNDS,
-            "pods": CONCURRENCY * ROUNDS,
-            "passes_per_way": PASSES,
-        },
+        "setup": setup,
         "targets": TARGETS,
-        "met": {"webhook_p99_ms": child["webhook"]["p99_ms"] <= TARGETS["webhook_p99_ms"]},
-        # The default (the webhook in its own process), last pass.
+        "met": {"webhook_p99_ms": child["webhook"]["p99_ms"] <= target},
+        # Per placement and way: the passes whose p99 met the target, of all passes.
+        "met_by_config": {
+            placement: {
+                mode: f"{sum(f['webhook']['p99_ms'] <= target for f in runs)}/{len(runs)}"
+                for mode, runs in by_mode.items()
+            }
+            for placement, by_mode in by_config.items()
+        },
+        # The default (the webhook in its own process) on shared CPUs, last pass.
         "figures": {k: v for k, v in child.items() if k != "load_avg_1m"},
-        # Each pass of each way, in the order they ran: `inline` = the controller's own threads
-        # (--webhook-process inline, the old way), `child` = `vgpu-dra webhook` as its child.
-        "by_process": by_process,
+        # Each pass per placement and way, in the order they ran: `shared` = all on both CPUs,
+        # `own-cpu` = the modelled production placement (a CPU for the webhook); `inline` = the
+        # controller's own threads (the old way), `child` = `vgpu-dra webhook` as its child.
+        "by_config": by_config,
+        # One phase-timed `child` pass per placement (not part of the figures above).
+        "diagnosis": diagnosis,
     }
-    document["runs"] = _runs(document)
-    write_results(RESULTS, document)
+
+
+def _env_list(name: str, default: tuple[str, ...]) -> list[str]:
+    text = os.environ.get(name)
+    return [v.strip() for v in text.split(",") if v.strip()] if text else list(default)
+
+
+class Cpusets:
+    """Two cgroup v1 cpusets for the `own-cpu` placement: `hook` (CPU 1) for the webhook's
+    process, `plane` (CPU 0) for this process and its other descendants (the control plane)."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.hook = base / "hook"
+        self.plane = base / "plane"
+
+    @classmethod
+    def create(cls) -> Cpusets:
+        base = CPUSET_ROOT / f"vgpu-bench-webhook-{os.getpid()}"
+        mems = (CPUSET_ROOT / "cpuset.mems").read_text().strip()
+        sets = cls(base)
+        for path, cpus in ((base, f"{CONTROL_PLANE_CPU},{WEBHOOK_CPU}"),
+                           (sets.hook, WEBHOOK_CPU), (sets.plane, CONTROL_PLANE_CPU)):  # fmt: skip
+            path.mkdir(exist_ok=True)
+            (path / "cpuset.mems").write_text(mems)
+            (path / "cpuset.cpus").write_text(cpus)
+        return sets
+
+    def split(self) -> None:
+        self._move(_descendants(os.getpid()) | {os.getpid()}, self.plane)
+
+    def join(self) -> None:
+        self._move(_descendants(os.getpid()) | {os.getpid()}, CPUSET_ROOT)
+
+    def prefix(self) -> list[str]:
+        """A command prefix that enters the webhook's cpuset before exec (children inherit)."""
+        procs = self.hook / "cgroup.procs"
+        return ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh"]
+
+    def remove(self) -> None:
+        self.join()
+        for path in (self.hook, self.plane, self.base):
+            with contextlib.suppress(OSError):
+                path.rmdir()
+
+    @staticmethod
+    def _move(pids: set[int], cpuset: Path) -> None:
+        for pid in sorted(pids):
+            with contextlib.suppress(OSError):  # exited meanwhile
+                (cpuset / "cgroup.procs").write_text(str(pid))
+
+
+def _descendants(root: int) -> set[int]:
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                stat = (entry / "stat").read_text()
+                parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found: set[int] = set()
+    frontier = {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
 
 
 def _namespace(client: kube.KubeClient, name: str, labels: dict[str, str]) -> None:
@@ -188,6 +342,9 @@ def _measure(
     port: int,
     system_ns: str,
     config_name: str,
+    placement: str,
+    cpusets: Cpusets | None,
+    timing: bool,
 ) -> dict[str, Any]:
     """One controller (webhook served `mode`), a warm-up round and ROUNDS measured rounds in a
     fresh tenant namespace, whose pods are deleted afterwards (so passes start alike)."""
@@ -196,13 +353,14 @@ def _measure(
     controller: subprocess.Popen[bytes] | None = None
     try:
         with log_path.open("w") as out:
+            prefix = cpusets.prefix() if placement == "own-cpu" and cpusets is not None else []
             controller = subprocess.Popen(
-                [sys.executable, "-m", "dra_driver.cli", "controller",
+                [*prefix, sys.executable, "-m", "dra_driver.cli", "controller",
                  "--kubeconfig", str(cluster.kubeconfig), "--health-address", "127.0.0.1:0",
                  "--webhook-port", str(port), "--webhook-bind", "127.0.0.1",
                  "--webhook-cert-ips", "127.0.0.1", "--webhook-namespace", system_ns,
                  "--webhook-config-names", config_name, "--webhook-cert-sync", "1s",
-                 "--webhook-process", mode],
+                 "--webhook-process", mode, "--webhook-phase-timing", str(timing).lower()],
                 stdout=out, stderr=subprocess.STDOUT,
                 env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
             )  # fmt: skip
@@ -237,7 +395,9 @@ def _measure(
     )
     figures["client"]["errors"] = errors
     figures["client"]["warm_up_errors"] = warm_errors
-    print(f"{mode}: webhook p50 {figures['webhook']['p50_ms']} ms p99 "
+    if timing:
+        figures["phases"] = _phases(admissions)
+    print(f"{placement} {mode}: webhook p50 {figures['webhook']['p50_ms']} ms p99 "
           f"{figures['webhook']['p99_ms']} ms, load {load}", flush=True)  # fmt: skip
     return {"load_avg_1m": load, **figures}
 
@@ -261,6 +421,7 @@ def _runs(document: dict[str, Any]) -> list[dict[str, Any]]:
     current = [
         {
             "when": document["when"],
+            "config": placement,
             "process": mode,
             "load_avg_1m": figures["load_avg_1m"],
             "webhook_p50_ms": figures["webhook"]["p50_ms"],
@@ -268,7 +429,8 @@ def _runs(document: dict[str, Any]) -> list[dict[str, Any]]:
             "apiserver_p99_le_ms": figures["apiserver"]["p99_le_ms"],
             "client_errors": figures["client"]["errors"],
         }
-        for mode, passes in document["by_process"].items()
+        for placement, by_mode in document["by_config"].items()
+        for mode, passes in by_mode.items()
         for figures in passes
     ]
     return [*previous, *current][-20:]
@@ -277,7 +439,7 @@ def _runs(document: dict[str, Any]) -> list[dict[str, Any]]:
 def _figures(
     apiserver: tuple[str, str],
     webhook: tuple[str, str],
-    admissions: list[tuple[str, float]],
+    admissions: list[tuple[str, float, dict[str, str]]],
     client_samples: list[float],
 ) -> dict[str, Any]:
     """Percentiles from the scrapes before/after the measured rounds and the samples."""
@@ -289,8 +451,8 @@ def _figures(
     api_count = api_after[-1][1] - dict(api_before).get(float("inf"), 0.0) if api_after else 0
     return {
         "webhook": {
-            **percentiles([ms / 1e3 for _, ms in admissions]),
-            "decisions": sorted({d for d, _ in admissions}),
+            **percentiles([ms / 1e3 for _, ms, _ in admissions]),
+            "decisions": sorted({d for d, _, _ in admissions}),
             "histogram_p50_le_ms": bucket_quantile(own_after, own_before, 0.50),
             "histogram_p99_le_ms": bucket_quantile(own_after, own_before, 0.99),
         },
@@ -336,8 +498,46 @@ def _webhook_metrics(client: kube.KubeClient, namespace: str, port: int) -> str:
         return str(answer.read().decode())
 
 
-def _admissions(text: str) -> list[tuple[str, float]]:
-    return [(m.group(1), float(m.group(2))) for m in _ADMISSION.finditer(text)]
+def _admissions(text: str) -> list[tuple[str, float, dict[str, str]]]:
+    """(decision, ms, the line's other fields) per admission line of the webhook's log."""
+    return [
+        (m.group(1), float(m.group(2)), dict(_FIELD.findall(m.group(3))))
+        for m in _ADMISSION.finditer(text)
+    ]
+
+
+COUNTS = ("in_flight", "threads")
+
+
+def _phases(admissions: list[tuple[str, float, dict[str, str]]]) -> dict[str, Any]:
+    """Where the time went (--webhook-phase-timing fields): per field its p50/p99 over all
+    admissions, and its mean over the admissions slower than 10 ms (the target) vs the rest."""
+    numeric = [
+        {k: float(v) for k, v in fields.items() if k.endswith("_ms") or k in COUNTS}
+        for _, _, fields in admissions
+    ]
+    numeric = [n for n in numeric if "total_ms" in n]
+    slow = [n for n in numeric if n["total_ms"] > TARGETS["webhook_p99_ms"]]
+    fast = [n for n in numeric if n["total_ms"] <= TARGETS["webhook_p99_ms"]]
+    keys = sorted({k for n in numeric for k in n})
+
+    def mean(rows: list[dict[str, float]], key: str) -> float | None:
+        values = [r[key] for r in rows if key in r]
+        return round(sum(values) / len(values), 3) if values else None
+
+    def quantile(key: str, q: float) -> float | None:
+        values = sorted(r[key] for r in numeric if key in r)
+        return values[min(len(values) - 1, int(q * len(values)))] if values else None
+
+    return {
+        "n": len(numeric),
+        "slow_n": len(slow),
+        "handshakes_n": sum("tls_ms" in n for n in numeric),
+        "p50": {k: quantile(k, 0.50) for k in keys},
+        "p99": {k: quantile(k, 0.99) for k in keys},
+        "mean_slow": {k: mean(slow, k) for k in keys},
+        "mean_rest": {k: mean(fast, k) for k in keys},
+    }
 
 
 def _create_round(

@@ -14,6 +14,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from controller.webhook import phases
 from controller.webhook.templates import TemplateEnsurer, TemplateError
 from controller.webhook.translate import Refusal, TranslationSettings, translate_pod
 from controller.webhook.validation import ClusterFacts, validate_object
@@ -54,6 +55,7 @@ class Admission:
         # The legacy fields are gone after the patch, so the validating webhook could no longer
         # name them: check them here (e.g. more memory than any GPU has) with the same checks.
         errors = validate_object(pod, self._facts())
+        phases.mark("translate")
         if errors:
             return denied(422, "; ".join(errors)), "denied"
         if not request.get("dryRun"):
@@ -61,6 +63,7 @@ class Admission:
                 self._ensurer.ensure(namespace, translation.templates)
             except TemplateError as exc:
                 return denied(500, str(exc)), "error"
+            phases.mark("ensure")
         response: JSON = {"allowed": True}
         if translation.patch:
             response["patchType"] = "JSONPatch"

@@ -190,6 +190,7 @@ def serve(
         mutate=admission.mutate,
         validate=admission.validate,
         metrics=metrics,
+        phase_timing=args.webhook_phase_timing,
     )
     threads = [
         certs.keep_synced(source, stop, args.webhook_cert_sync.total_seconds()),

@@ -5,9 +5,12 @@ controller already serves its probes this way, the API server sends one small JS
 admission over a kept-alive HTTP/1.1 connection, and the work per request is about 0.1 ms of pure
 Python (p50 0.3 ms inside the webhook under 200 concurrent creations, bench/webhook_bench.py).
 aiohttp is not a product dependency (the image drops it with the kubernetes package's asyncio
-client), and the slow tail we measured comes from CPU contention on a loaded machine, which an
-event loop would not remove. Each connection gets its own thread, so a slow client or a slow
-template create never stalls the others.
+client). Each connection gets its own thread, so a slow client or a slow template create never
+stalls the others. The cost, measured (`--webhook-phase-timing`, docs/webhook.md Performance):
+under a burst, ~200 connection threads (most of a burst's admissions come on new connections)
+take turns at the GIL, and a slow admission spends ~80 % of its time waiting for it; a single
+event-loop thread is the change that diagnosis points to. Meanwhile each answer is one write and
+each request one read, since every socket call gives the GIL away.
 
 TLS: every accepted connection is wrapped with the context the `ContextHolder` holds *at that
 moment*, and the handshake happens in the connection's thread (bounded by the timeout), so a
@@ -35,6 +38,7 @@ from typing import Any
 
 from opentelemetry import trace
 
+from controller.webhook import phases
 from controller.webhook.certs import ContextHolder
 from controller.webhook.metrics import WebhookMetrics
 from dra_driver.tracing import installed_tracer
@@ -44,6 +48,7 @@ log = logging.getLogger("vgpu-dra.webhook.server")
 JSON = dict[str, Any]
 # Two objects (object and oldObject) of at most ~1.5 MiB each (etcd's request limit), plus slack.
 MAX_BODY = 4 * 1024 * 1024
+READ_BUFFER = 64 * 1024
 DEFAULT_TIMEOUT_S = 10.0
 # A kept-alive connection may idle this long. Longer than the API server's own idle timeout for
 # webhook connections (90 s): the client must be the one to close an idle connection, or it may
@@ -117,7 +122,9 @@ class _TLSServer(ThreadingHTTPServer):
         if context is None:  # no certificate yet: nothing we could say
             sock.close()
             raise OSError("no serving certificate loaded yet")
-        return context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), address
+        wrapped = context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        wrapped.accepted_at = _clock()  # type: ignore[attr-defined]  # for --webhook-phase-timing
+        return wrapped, address
 
     def process_request(self, request: Any, client_address: Any) -> None:
         with self._open_lock:
@@ -165,6 +172,7 @@ class WebhookServer:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_connections: int = MAX_CONNECTIONS,
         tracer: trace.Tracer | None = None,
+        phase_timing: bool = False,
     ) -> None:
         # None while tracing is off: no span is created at all (dra_driver.tracing).
         self._tracer = tracer if tracer is not None else installed_tracer(TRACER_NAME)
@@ -172,6 +180,9 @@ class WebhookServer:
         self._timeout_s = timeout_s
         self._metrics = metrics
         self._draining = threading.Event()
+        self._phase_timing = phase_timing
+        self._in_flight = 0
+        self._in_flight_lock = threading.Lock()
         self._httpd = _TLSServer(address, self._handler_class(), holder, timeout_s)
         self._httpd.max_connections = max_connections
         self._thread = threading.Thread(
@@ -202,21 +213,37 @@ class WebhookServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # keep-alive: the API server reuses connections
+            # A whole AdmissionReview (a pod is a few KiB) in one read: each read of the socket
+            # gives the GIL away, and getting it back is where a burst's admissions wait.
+            rbufsize = READ_BUFFER
 
             def setup(self) -> None:
                 super().setup()
                 conn = self.connection
+                self._tls_ms: float | None = None
                 if isinstance(conn, ssl.SSLSocket):
                     conn.do_handshake()  # in this thread, bounded by the socket timeout
+                    accepted = getattr(conn, "accepted_at", None)
+                    if server._phase_timing and accepted is not None:
+                        self._tls_ms = round((_clock() - accepted) * 1e3, 3)
 
             def handle_one_request(self) -> None:
                 self.connection.settimeout(IDLE_TIMEOUT_S)  # waiting for the next request
-                super().handle_one_request()
+                try:
+                    super().handle_one_request()
+                finally:
+                    if phases.current() is not None:
+                        server._admission_ended()
 
             def parse_request(self) -> bool:
                 # A request began: its headers and body must arrive within the timeout.
                 self.connection.settimeout(server._timeout_s)
-                return super().parse_request()
+                if server._phase_timing:
+                    phases.begin(phases.Phases(server._admission_began(), self._tls_ms))
+                    self._tls_ms = None  # only the connection's first request waited for it
+                parsed = super().parse_request()
+                phases.mark("headers")
+                return parsed
 
             def handle(self) -> None:
                 try:
@@ -255,6 +282,7 @@ class WebhookServer:
                     )
                     return
                 body = self.rfile.read(length)
+                phases.mark("body")
                 server._admit(self, route, body)
 
             def _refuse(self, status: HTTPStatus, text: str) -> None:
@@ -269,13 +297,29 @@ class WebhookServer:
                     self.send_header("Connection", "close")  # also sets close_connection
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                buffered = getattr(self, "_headers_buffer", None)
+                if buffered is None:  # an HTTP/0.9 request: no headers to send
+                    self.wfile.write(body)
+                    return
+                # Headers and body in one write (one TLS record, one give-away of the GIL).
+                buffered += (b"\r\n", body)
+                self.flush_headers()
 
             def log_message(self, format: str, *args: object) -> None:
-                log.debug("webhook http %s", format % args)
+                if log.isEnabledFor(logging.DEBUG):  # formatted only if it is written
+                    log.debug("webhook http %s", format % args)
 
         return Handler
+
+    def _admission_began(self) -> int:
+        with self._in_flight_lock:
+            self._in_flight += 1
+            return self._in_flight
+
+    def _admission_ended(self) -> None:
+        with self._in_flight_lock:
+            self._in_flight -= 1
+        phases.begin(None)
 
     def _admit(
         self, handler: BaseHTTPRequestHandler, route: tuple[str, Review], body: bytes
@@ -288,6 +332,7 @@ class WebhookServer:
             handler._refuse(HTTPStatus.BAD_REQUEST, str(exc))  # type: ignore[attr-defined]
             self._metrics.observe(operation, "error", _clock() - started)
             return
+        phases.mark("decode")
         kind = (request.get("kind") or {}).get("kind", "")
         span = (
             self._tracer.start_as_current_span(
@@ -306,13 +351,18 @@ class WebhookServer:
             response, decision = self._review(operation, review, request)
             if current is not None:
                 current.set_attribute("vgpu_dra.admission.decision", decision)
+        phases.mark("review")
         payload = answer(request["uid"], response)
+        phases.mark("encode")
         handler._reply(  # type: ignore[attr-defined]
             HTTPStatus.OK, payload, "application/json", self._draining.is_set()
         )
         elapsed = _clock() - started
+        phases.mark("write")
         self._metrics.observe(operation, decision, elapsed)
-        self._log(operation, kind, request, decision, elapsed)
+        timed = phases.current()
+        timing = timed.fields() if timed is not None else {}
+        self._log(operation, kind, request, decision, elapsed, timing=timing)
 
     @staticmethod
     def _review(operation: str, review: Review, request: JSON) -> tuple[JSON, str]:
@@ -329,7 +379,15 @@ class WebhookServer:
             return response, "error"
 
     @staticmethod
-    def _log(operation: str, kind: str, request: JSON, decision: str, elapsed: float) -> None:
+    def _log(
+        operation: str,
+        kind: str,
+        request: JSON,
+        decision: str,
+        elapsed: float,
+        *,
+        timing: dict[str, float | int],
+    ) -> None:
         name = request.get("name") or (request.get("object") or {}).get("metadata", {}).get(
             "generateName", ""
         )
@@ -350,6 +408,7 @@ class WebhookServer:
                 "decision": decision,
                 "dry_run": bool(request.get("dryRun")),
                 "ms": round(elapsed * 1000, 3),
+                **timing,
             },
         )
 

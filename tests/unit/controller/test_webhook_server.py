@@ -32,6 +32,7 @@ from controller.webhook import certs
 from controller.webhook.metrics import WebhookMetrics
 from controller.webhook.server import MAX_BODY, MAX_CONNECTIONS, WebhookServer
 from vgpu_testbed.cluster import webhook_client
+from vgpu_testbed.polling import wait_for
 
 JSON = dict[str, Any]
 NAMES = certs.Names.for_service("hook", "ns", ["127.0.0.1"])
@@ -61,6 +62,8 @@ class Served:
         timeout_s: float = 5,
         max_connections: int = MAX_CONNECTIONS,
         tracer: trace.Tracer | None = None,
+        *,
+        phase_timing: bool = False,
     ) -> None:
         self.ca = ca
         self.holder = holder
@@ -75,12 +78,15 @@ class Served:
             timeout_s=timeout_s,
             max_connections=max_connections,
             tracer=tracer,
+            phase_timing=phase_timing,
         )
 
     def _mutate(self, request: JSON) -> tuple[JSON, str]:
         self.seen.append(request)
         if request.get("name") == "boom":
             raise RuntimeError("a bug")
+        if request.get("name") == "sleepy":
+            time.sleep(0.05)  # stands in for a wait off the CPU (the GIL, a network call)
         return {"allowed": True, "warnings": ["translated"]}, "patched"
 
     def _validate(self, request: JSON) -> tuple[JSON, str]:
@@ -100,12 +106,13 @@ def serving(
     timeout_s: float = 5,
     max_connections: int = MAX_CONNECTIONS,
     tracer: trace.Tracer | None = None,
+    phase_timing: bool = False,
 ) -> Iterator[Served]:
     """A started server with a fresh CA and serving certificate; stopped afterwards."""
     ca = certs.new_ca(DAY * 2)
     holder = certs.ContextHolder()
     holder.load(*issue(ca))
-    s = Served(holder, ca[0], timeout_s, max_connections, tracer)
+    s = Served(holder, ca[0], timeout_s, max_connections, tracer, phase_timing=phase_timing)
     s.server.start()
     try:
         yield s
@@ -286,6 +293,51 @@ def test_each_admission_logs_one_structured_line(
     assert (fields["namespace"], fields["object"], fields["decision"]) == ("ns", "p1", "patched")
     assert fields["dry_run"] is False
     assert 0 <= fields["ms"] < 5000
+
+
+PHASES = ("headers", "body", "decode", "review", "encode", "write")
+
+
+def admission_records(caplog: pytest.LogCaptureFixture, count: int) -> list[logging.LogRecord]:
+    """The admission log lines, once `count` are written (each follows its answer)."""
+
+    def found() -> list[logging.LogRecord] | None:
+        records = [r for r in caplog.records if r.getMessage().startswith("admission")]
+        return records if len(records) >= count else None
+
+    return wait_for(f"{count} admission log lines", found, timeout=5, interval=0.01)
+
+
+def test_phase_timing_splits_each_admission_into_phases_and_cpu_queue_and_sleep(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="vgpu-dra.webhook.server")
+    with serving(phase_timing=True) as served:
+        conn = served.connect(client_context(tmp_path, served.ca))
+        for name in ("p1", "sleepy"):
+            status, _ = post(conn, "/mutate-pods", review(operation="CREATE", name=name))
+            assert status == 200
+        conn.close()
+    first, second = [r.__dict__ for r in admission_records(caplog, 2)]
+    for fields in (first, second):
+        assert all(fields[f"phase_{p}_ms"] >= 0 for p in PHASES)
+        split = fields["cpu_ms"] + fields["runq_ms"] + fields["asleep_ms"]
+        assert split == pytest.approx(fields["total_ms"], abs=0.05)
+        assert sum(fields[f"phase_{p}_ms"] for p in PHASES) <= fields["total_ms"] + 0.01
+        assert fields["in_flight"] == 1 and fields["threads"] >= 2
+    assert first["tls_ms"] > 0 and "tls_ms" not in second  # one handshake per connection
+    assert second["phase_review_ms"] >= 50 and second["asleep_ms"] >= 45  # the sleep, off-CPU
+
+
+def test_without_phase_timing_the_line_has_no_phase_fields(
+    served: Served, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="vgpu-dra.webhook.server")
+    conn = served.connect(client_context(tmp_path, served.ca))
+    assert post(conn, "/mutate-pods", review(operation="CREATE", name="p1"))[0] == 200
+    conn.close()
+    (record,) = admission_records(caplog, 1)
+    assert not any(k.startswith("phase_") or k == "cpu_ms" for k in record.__dict__)
 
 
 def test_connections_beyond_the_limit_are_closed_at_once(tmp_path: Path) -> None:
