@@ -378,6 +378,8 @@ cdef bint _enter(Ctx* c, Py_ssize_t i, Py_ssize_t a, Py_ssize_t j) noexcept:
         if value < 0:
             return False
         if c.distinct[s]:
+            if value >= c.n_ids:  # never with the ids the scratch was sized by (memory safety)
+                return False
             if c.seen[s * c.n_ids + value]:
                 return False
         elif c.match[s] >= 0 and c.match[s] != value:
@@ -661,40 +663,62 @@ def search(
             PyBuffer_Release(&views[p])
 
 
-cdef int _run(Ctx* c) except -1:
-    """Allocate the walk's scratch, walk, free: 1 when every request found devices."""
+cdef Py_ssize_t _n_ids(const int64_t* cval, Py_ssize_t count) noexcept:
+    """One more than the largest interned attribute value id (at least 1)."""
+    cdef Py_ssize_t p, n_ids = 1
+    for p in range(count):
+        if cval[p] >= n_ids:
+            n_ids = cval[p] + 1
+    return n_ids
+
+
+cdef Py_ssize_t _scratch_words(Ctx* c) noexcept:
+    """8-byte words of scratch a walk over `c`'s shape needs (each part at least one word)."""
+    return (
+        (c.m * c.k_dims + 1) + (c.m + 1) + 2 * (c.n_slots + 1) + (c.n_slots * c.n_ids + 1)
+        + 3 * (c.n_req * c.m + 1) + (c.n_req * c.m + 1) + (c.m + 1)
+    )
+
+
+cdef void _point_scratch(Ctx* c, int64_t* block) noexcept:
+    c.extra = block
+    c.taken = c.extra + (c.m * c.k_dims + 1)
+    c.match = c.taken + (c.m + 1)
+    c.match_owner = c.match + (c.n_slots + 1)
+    c.seen = c.match_owner + (c.n_slots + 1)
+    c.groups = c.seen + (c.n_slots * c.n_ids + 1)
+    c.gsize = c.groups + (c.n_req * c.m + 1)
+    c.cands = <Py_ssize_t*>(c.gsize + (c.n_req * c.m + 1))
+    c.phase = c.cands + (c.n_req * c.m + 1)
+    c.keys = <double*>(c.phase + (c.n_req * c.m + 1))
+
+
+cdef int _walk(Ctx* c) noexcept:
+    """Reset the scratch the walk reads before writing (per-device extra use and holds,
+    constraint state), walk: 1 when every request found devices."""
     cdef Py_ssize_t p
-    cdef void* block = NULL
-    c.n_ids = 1
-    for p in range(c.n_slots * c.m):
-        if c.cval[p] >= c.n_ids:
-            c.n_ids = c.cval[p] + 1
     c.steps = 0
     c.depth = 0
     c.over_budget = False
+    memset(c.extra, 0, (c.m * c.k_dims + c.m + 1) * 8)  # extra and taken (contiguous)
+    memset(c.seen, 0, c.n_slots * c.n_ids * 8)
+    for p in range(c.n_slots):
+        c.match[p] = -1
+        c.match_owner[p] = -1
+    return 1 if _solve(c, 0) else 0
+
+
+cdef int _run(Ctx* c) except -1:
+    """Allocate the walk's scratch, walk, free: 1 when every request found devices."""
+    cdef void* block = NULL
+    c.n_ids = _n_ids(c.cval, c.n_slots * c.m)
     # One block for all scratch (calloc(0) may return NULL: at least one element each).
-    block = calloc(
-        (c.m * c.k_dims + 1) + (c.m + 1) + 2 * (c.n_slots + 1) + (c.n_slots * c.n_ids + 1)
-        + 3 * (c.n_req * c.m + 1) + (c.n_req * c.m + 1) + (c.m + 1),
-        8,
-    )
+    block = calloc(_scratch_words(c), 8)
     if block == NULL:
         raise MemoryError()
     try:
-        c.extra = <int64_t*>block
-        c.taken = c.extra + (c.m * c.k_dims + 1)
-        c.match = c.taken + (c.m + 1)
-        c.match_owner = c.match + (c.n_slots + 1)
-        c.seen = c.match_owner + (c.n_slots + 1)
-        c.groups = c.seen + (c.n_slots * c.n_ids + 1)
-        c.gsize = c.groups + (c.n_req * c.m + 1)
-        c.cands = <Py_ssize_t*>(c.gsize + (c.n_req * c.m + 1))
-        c.phase = c.cands + (c.n_req * c.m + 1)
-        c.keys = <double*>(c.phase + (c.n_req * c.m + 1))
-        for p in range(c.n_slots):
-            c.match[p] = -1
-            c.match_owner[p] = -1
-        return 1 if _solve(c, 0) else 0
+        _point_scratch(c, <int64_t*>block)
+        return _walk(c)
     finally:
         free(block)
 
@@ -728,6 +752,10 @@ cdef class Encoding:
     cdef int64_t[:, ::1] out_picks
     cdef int64_t[::1] out_npicks
     cdef Py_ssize_t m, k_dims, n_req, n_slots
+    # The walk's inputs, outputs and scratch as pointers, set once: `Engine.search` copies it
+    # and adds the node's layout rows and the policy.
+    cdef Ctx proto
+    cdef int64_t* scratch
 
     def __init__(self, reqs, alts, mask, servable, amount, applies, distinct, cval, int k_dims):
         import numpy
@@ -766,6 +794,43 @@ cdef class Encoding:
         self.out_alt = self.chosen_alt
         self.out_picks = self.picks
         self.out_npicks = self.npicks
+        # The scratch is sized by the attribute ids in cval: numpy inputs are frozen so the
+        # walk keeps seeing what was checked here (the allocator never writes them after
+        # encoding); `_enter` also refuses an id beyond the scratch, whatever happens.
+        for array in self.arrays:
+            if isinstance(array, numpy.ndarray):
+                array.flags.writeable = False
+        self._prepare()
+
+    cdef int _prepare(self) except -1:
+        cdef Ctx* c = &self.proto
+        cdef Py_ssize_t n_alt = self.alts.shape[0]
+        memset(c, 0, sizeof(Ctx))
+        c.m = self.m
+        c.k_dims = self.k_dims
+        c.n_req = self.n_req
+        c.n_slots = self.n_slots
+        # Empty arrays are never read (every loop over them has zero length): NULL for those.
+        c.reqs = &self.reqs[0, 0] if self.n_req else NULL
+        c.alts = &self.alts[0, 0] if n_alt else NULL
+        c.mask = &self.mask[0, 0] if n_alt and self.m else NULL
+        c.servable = &self.servable[0, 0] if n_alt and self.m else NULL
+        c.amount = &self.amount[0, 0, 0] if n_alt and self.m and self.k_dims else NULL
+        c.applies = &self.applies[0, 0] if self.n_req and self.n_slots else NULL
+        c.distinct = &self.distinct[0] if self.n_slots else NULL
+        c.cval = &self.cval[0, 0] if self.n_slots and self.m else NULL
+        c.chosen_alt = &self.out_alt[0] if self.n_req else NULL
+        c.picks = &self.out_picks[0, 0] if self.n_req and self.m else NULL
+        c.npicks = &self.out_npicks[0] if self.n_req else NULL
+        c.n_ids = _n_ids(c.cval, self.n_slots * self.m)
+        self.scratch = <int64_t*>calloc(_scratch_words(c), 8)
+        if self.scratch == NULL:
+            raise MemoryError()
+        _point_scratch(c, self.scratch)
+        return 0
+
+    def __dealloc__(self):
+        free(self.scratch)
 
 
     def picked(self):
@@ -967,31 +1032,15 @@ cdef class Engine:
         end = self.base.node_end[node]
         if enc.m != end - start or enc.k_dims != self.k_dims:
             raise ValueError("search: the encoding is not for this node's devices")
-        memset(&c, 0, sizeof(Ctx))
-        c.m = enc.m
-        c.k_dims = self.k_dims
-        c.n_req = enc.n_req
-        c.n_slots = enc.n_slots
-        # Empty arrays are never read (every loop over them has zero length): NULL for those.
+        c = enc.proto
         c.dev = self.dev + start * 8
         c.cap = self.cap + start * self.k_dims if self.cap != NULL else NULL
         c.used = self.used + start * self.k_dims if self.used != NULL else NULL
-        c.reqs = &enc.reqs[0, 0] if enc.n_req else NULL
-        c.alts = &enc.alts[0, 0] if enc.alts.shape[0] else NULL
-        c.mask = &enc.mask[0, 0] if enc.mask.shape[0] and enc.m else NULL
-        c.servable = &enc.servable[0, 0] if enc.mask.shape[0] and enc.m else NULL
-        c.amount = &enc.amount[0, 0, 0] if enc.mask.shape[0] and enc.m and self.k_dims else NULL
-        c.applies = &enc.applies[0, 0] if enc.n_req and enc.n_slots else NULL
-        c.distinct = &enc.distinct[0] if enc.n_slots else NULL
-        c.cval = &enc.cval[0, 0] if enc.n_slots and enc.m else NULL
-        c.chosen_alt = &enc.out_alt[0] if enc.n_req else NULL
-        c.picks = &enc.out_picks[0, 0] if enc.n_req and enc.m else NULL
-        c.npicks = &enc.out_npicks[0] if enc.n_req else NULL
         c.topo = topo
         c.strict = strict
         c.binpack = binpack
         c.budget = budget
-        return _run(&c)
+        return _walk(&c)
 
 
 cdef Py_ssize_t _best(NodeKeys nk) noexcept:
