@@ -79,9 +79,10 @@ class Unschedulable(Exception):
     """No placement exists; `str()` is a reason a user understands."""
 
 
-@dataclass(frozen=True, slots=True)
-class DeviceResult:
-    """One allocated device of one request, as it will appear in the claim's allocation."""
+class DeviceResult(NamedTuple):
+    """One allocated device of one request, as it will appear in the claim's allocation (a
+    named tuple, not a frozen dataclass: one is made per picked device of every decision, and
+    a frozen dataclass's constructor costs several times a tuple's)."""
 
     request: str
     driver: str
@@ -92,8 +93,9 @@ class DeviceResult:
     admin: bool
     tolerations: tuple[JSON, ...] = ()
     # What `Allocator.commit` records for this result (None: build it from the fields above);
-    # equal for every result on the same device with the same amounts, so it is made once.
-    consumption: Consumption | None = field(default=None, compare=False, repr=False)
+    # equal for every result on the same device with the same amounts, so it is made once
+    # (derived from the fields above: it never makes two otherwise equal results differ).
+    consumption: Consumption | None = None
 
     def to_api(self) -> JSON:
         result: JSON = {
