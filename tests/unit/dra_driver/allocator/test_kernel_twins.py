@@ -4,6 +4,7 @@ every decision is right against a brute-force oracle, on random clusters and ran
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -286,7 +287,45 @@ def test_search_picks_are_identical(data: st.DataObject, m: int, k_dims: int, n_
             if found
             else (found, None)
         )
-    assert out[0] == out[1]
+    # The fast path's call: Engine.search over an Encoding that keeps its scratch between
+    # calls; a first walk cut short by a budget of 1 leaves that scratch dirty, the second
+    # must still answer like a fresh search.
+    engine = allocate._fastkernel.Engine(one_node_layout(*inputs[:3]))
+    enc = allocate._fastkernel.Encoding(*inputs[3:], k_dims)
+    for first in (1, budget):
+        engine.search(0, enc, topo, strict, binpack, first)
+    found = engine.search(0, enc, topo, strict, binpack, budget)
+    out.append((found, [(a, list(rows)) for a, rows in enc.picked()]) if found else (found, None))
+    assert out[0] == out[1] == out[2]
+
+
+def one_node_layout(dev: Any, cap: Any, used: Any) -> Any:
+    """A layout of one node holding these devices, with what `_fastkernel.Engine` reads."""
+    m = len(dev)
+    column = np.zeros(m, dtype=np.int64)
+    node = np.zeros(1, dtype=np.int64)
+    return SimpleNamespace(
+        node_start=node,
+        node_end=np.asarray([m], dtype=np.int64),
+        node_seq=node,
+        node_mem_total=node,
+        node_mem_used=node,
+        node_cores_total=node,
+        node_cores_used=node,
+        mem_total=column,
+        cores_total=column,
+        mem_default=column,
+        cores_default=column,
+        mem_used=column,
+        cores_used=column,
+        busy=column,
+        numa=column,
+        link=column,
+        link_size=column,
+        cap=cap,
+        used_by_dim=used,
+        dev=dev,
+    )
 
 
 def test_cython_search_refuses_malformed_arrays() -> None:
