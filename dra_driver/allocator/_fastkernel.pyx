@@ -860,7 +860,8 @@ cdef class NodeKeys:
     cdef double[::1] key_view
     cdef int64_t[::1] close_view
     cdef signed char[::1] ok
-    cdef double[::1] work  # keys of nodes not yet tried by this decision
+    cdef double[::1] work  # keys of nodes not yet tried by this decision (see `Engine.next`)
+    cdef bint work_current  # work holds this decision's keys (copied on its first `next`)
     cdef int topo, strict, binpack
     cdef int64_t seq
     cdef bint filled
@@ -895,6 +896,7 @@ cdef class NodeKeys:
         self.ok = numpy.zeros(n_nodes, dtype=numpy.int8)
         self.work = numpy.empty(n_nodes, dtype=numpy.float64)
         self.filled = False
+        self.work_current = False
 
     def key(self, Py_ssize_t node):
         return self.key_view[node]
@@ -999,24 +1001,39 @@ cdef class Engine:
         s.topo = nk.topo
         s.strict = nk.strict
         s.binpack = nk.binpack
+        # One pass with raw pointers (the compiler cannot hoist memoryview fields past the
+        # stores): rescan what changed, track the first of the highest keys (np.argmax). Most
+        # nodes cost three loads and two compares; `work` is only filled when a search fails.
+        cdef const int64_t* seqs = self.node_seq
+        cdef const signed char* okp = &node_ok[0] if self.n_nodes else NULL
+        cdef signed char* seen_ok = &nk.ok[0] if self.n_nodes else NULL
+        cdef double* keys = &nk.key_view[0] if self.n_nodes else NULL
+        cdef int64_t* close = &nk.close_view[0] if self.n_nodes else NULL
+        cdef int64_t since = nk.seq
+        cdef bint all_nodes = not nk.filled
         for n in range(self.n_nodes):
-            if not nk.filled or self.node_seq[n] > nk.seq or node_ok[n] != nk.ok[n]:
-                nk.ok[n] = node_ok[n]
-                if node_ok[n]:
-                    _scan_node(&s, n, &nk.key_view[n], &nk.close_view[n])
+            if all_nodes or seqs[n] > since or okp[n] != seen_ok[n]:
+                seen_ok[n] = okp[n]
+                if okp[n]:
+                    _scan_node(&s, n, &keys[n], &close[n])
                 else:
-                    nk.key_view[n] = -1.0
-                    nk.close_view[n] = 0
-            nk.work[n] = nk.key_view[n]
-            if nk.work[n] > top or best < 0:  # the first of the highest, as np.argmax
+                    keys[n] = -1.0
+                    close[n] = 0
+            if keys[n] > top or best < 0:  # the first of the highest, as np.argmax
                 best = n
-                top = nk.work[n]
+                top = keys[n]
         nk.seq = seq
         nk.filled = True
+        nk.work_current = False
         return best if top >= 0 else -1
 
     def next(self, NodeKeys nk, Py_ssize_t failed):
         """The best node after `failed` (whose search found nothing) is set aside; -1: none."""
+        if not 0 <= failed < nk.work.shape[0]:
+            raise ValueError("next: node out of range")
+        if not nk.work_current:  # this decision's first failed search
+            nk.work[:] = nk.key_view
+            nk.work_current = True
         nk.work[failed] = -1.0
         return _best(nk)
 
