@@ -411,7 +411,13 @@ def test_cython_engine_and_encoding_refuse_what_does_not_fit_their_layout() -> N
         return fk.NodeKeys(masks, req, req, req, req + 1, req, 0, 0, 1, len(layout.nodes))
 
     ok = np.ones(len(layout.nodes), dtype=np.int8)
-    assert engine.rank(node_keys(1, n_dev), ok, model.change_seq) == 0  # binpack: first of equals
+    ranked = node_keys(1, n_dev)
+    assert engine.rank(ranked, ok, model.change_seq) == 0  # binpack: first of equals
+    assert engine.next(ranked, 0) == 1  # the other node, once the first is set aside
+    assert engine.next(ranked, 1) == -1
+    for failed in (-1, len(layout.nodes)):
+        with pytest.raises(ValueError):
+            engine.next(ranked, failed)
     with pytest.raises(ValueError):
         engine.rank(node_keys(1, n_dev - 1), ok, model.change_seq)
     with pytest.raises(ValueError):
