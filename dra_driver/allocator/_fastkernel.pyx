@@ -16,7 +16,7 @@ from cpython.buffer cimport (
 )
 from libc.stdint cimport int64_t
 from libc.stdlib cimport calloc, free
-from libc.string cimport memset
+from libc.string cimport memcmp, memset
 
 
 cdef inline int64_t _best_group(
@@ -860,8 +860,16 @@ cdef class NodeKeys:
     cdef double[::1] key_view
     cdef int64_t[::1] close_view
     cdef signed char[::1] ok
-    cdef double[::1] work  # keys of nodes not yet tried by this decision (see `Engine.next`)
-    cdef bint work_current  # work holds this decision's keys (copied on its first `next`)
+    # A tournament tree over the nodes (tree[1] = the first node of the highest key, as
+    # np.argmax; leaves from `size`), so a decision that changed a few nodes finds the best
+    # in O(changed x log nodes) instead of comparing every node's key.
+    cdef Py_ssize_t* tree
+    cdef Py_ssize_t size, n_nodes
+    # Nodes whose search failed in the current decision (Engine.next): they count as -1 until
+    # the next rank puts them back.
+    cdef signed char* aside
+    cdef Py_ssize_t* aside_list
+    cdef Py_ssize_t n_aside
     cdef int topo, strict, binpack
     cdef int64_t seq
     cdef bint filled
@@ -894,9 +902,22 @@ cdef class NodeKeys:
         self.key_view = self.keys
         self.close_view = self.closeness
         self.ok = numpy.zeros(n_nodes, dtype=numpy.int8)
-        self.work = numpy.empty(n_nodes, dtype=numpy.float64)
+        self.n_nodes = n_nodes
+        self.size = 1
+        while self.size < n_nodes:
+            self.size *= 2
+        self.tree = <Py_ssize_t*>calloc(2 * self.size, sizeof(Py_ssize_t))
+        self.aside = <signed char*>calloc(n_nodes + 1, 1)
+        self.aside_list = <Py_ssize_t*>calloc(n_nodes + 1, sizeof(Py_ssize_t))
+        if self.tree == NULL or self.aside == NULL or self.aside_list == NULL:
+            raise MemoryError()
+        self.n_aside = 0
         self.filled = False
-        self.work_current = False
+
+    def __dealloc__(self):
+        free(self.tree)
+        free(self.aside)
+        free(self.aside_list)
 
     def key(self, Py_ssize_t node):
         return self.key_view[node]
@@ -985,8 +1006,6 @@ cdef class Engine:
         fit changed) and return the best node (first of the highest key), -1 when none."""
         cdef Scan s = self.base
         cdef Py_ssize_t n
-        cdef Py_ssize_t best = -1
-        cdef double top = -1.0
         if node_ok.shape[0] != self.n_nodes or nk.key_view.shape[0] != self.n_nodes:
             raise ValueError("rank: node_ok / NodeKeys do not match the layout")
         if nk.masks.shape[1] != s.n_dev:
@@ -1001,41 +1020,51 @@ cdef class Engine:
         s.topo = nk.topo
         s.strict = nk.strict
         s.binpack = nk.binpack
-        # One pass with raw pointers (the compiler cannot hoist memoryview fields past the
-        # stores): rescan what changed, track the first of the highest keys (np.argmax). Most
-        # nodes cost three loads and two compares; `work` is only filled when a search fails.
+        # Put back the nodes the last decision set aside, then rescan what changed (raw
+        # pointers: most nodes cost one load and compare, the node fit check is one memcmp
+        # when it did not change) and fix their paths in the tree.
         cdef const int64_t* seqs = self.node_seq
         cdef const signed char* okp = &node_ok[0] if self.n_nodes else NULL
         cdef signed char* seen_ok = &nk.ok[0] if self.n_nodes else NULL
-        cdef double* keys = &nk.key_view[0] if self.n_nodes else NULL
-        cdef int64_t* close = &nk.close_view[0] if self.n_nodes else NULL
         cdef int64_t since = nk.seq
         cdef bint all_nodes = not nk.filled
-        for n in range(self.n_nodes):
-            if all_nodes or seqs[n] > since or okp[n] != seen_ok[n]:
-                seen_ok[n] = okp[n]
-                if okp[n]:
-                    _scan_node(&s, n, &keys[n], &close[n])
-                else:
-                    keys[n] = -1.0
-                    close[n] = 0
-            if keys[n] > top or best < 0:  # the first of the highest, as np.argmax
-                best = n
-                top = keys[n]
+        cdef bint same_ok = (
+            all_nodes or self.n_nodes == 0 or memcmp(okp, seen_ok, self.n_nodes) == 0
+        )
+        for n in range(nk.n_aside):
+            nk.aside[nk.aside_list[n]] = 0
+            if not all_nodes:
+                _fix(nk, nk.aside_list[n])
+        nk.n_aside = 0
+        if all_nodes:
+            for n in range(self.n_nodes):
+                _refresh(&s, nk, okp, n)
+        elif same_ok:  # the usual case: the loop the compiler makes tightest
+            for n in range(self.n_nodes):
+                if seqs[n] > since:
+                    _refresh(&s, nk, okp, n)
+                    _fix(nk, n)
+        else:
+            for n in range(self.n_nodes):
+                if seqs[n] > since or okp[n] != seen_ok[n]:
+                    _refresh(&s, nk, okp, n)
+                    _fix(nk, n)
+        if all_nodes:
+            _build(nk)
         nk.seq = seq
         nk.filled = True
-        nk.work_current = False
-        return best if top >= 0 else -1
+        return _top(nk)
 
     def next(self, NodeKeys nk, Py_ssize_t failed):
         """The best node after `failed` (whose search found nothing) is set aside; -1: none."""
-        if not 0 <= failed < nk.work.shape[0]:
-            raise ValueError("next: node out of range")
-        if not nk.work_current:  # this decision's first failed search
-            nk.work[:] = nk.key_view
-            nk.work_current = True
-        nk.work[failed] = -1.0
-        return _best(nk)
+        if not 0 <= failed < nk.n_nodes or not nk.filled:
+            raise ValueError("next: node out of range, or the keys were never ranked")
+        if not nk.aside[failed]:
+            nk.aside[failed] = 1
+            nk.aside_list[nk.n_aside] = failed
+            nk.n_aside += 1
+            _fix(nk, failed)
+        return _top(nk)
 
     def search(
         self, Py_ssize_t node, Encoding enc, int topo, int strict, int binpack, int64_t budget
@@ -1060,16 +1089,55 @@ cdef class Engine:
         return _walk(&c)
 
 
-cdef Py_ssize_t _best(NodeKeys nk) noexcept:
-    """First index of the highest work key (np.argmax), -1 when that key is negative."""
-    cdef Py_ssize_t n, best = 0
-    cdef Py_ssize_t count = nk.work.shape[0]
-    if count == 0:
+cdef inline void _refresh(
+    Scan* s, NodeKeys nk, const signed char* node_ok, Py_ssize_t n
+) noexcept:
+    """Node n's key and closeness under its current node fit and rows."""
+    nk.ok[n] = node_ok[n]
+    if node_ok[n]:
+        _scan_node(s, n, &nk.key_view[n], &nk.close_view[n])
+    else:
+        nk.key_view[n] = -1.0
+        nk.close_view[n] = 0
+
+
+cdef inline double _effective(NodeKeys nk, Py_ssize_t n) noexcept:
+    return -1.0 if nk.aside[n] else nk.key_view[n]
+
+
+cdef inline Py_ssize_t _winner(NodeKeys nk, Py_ssize_t left, Py_ssize_t right) noexcept:
+    """Of two subtrees' winners (every node of the left one comes first): the higher key, the
+    left one on ties (so the tree's root is np.argmax's first of the highest)."""
+    if right < 0:
+        return left
+    if left < 0:
+        return right
+    return left if _effective(nk, left) >= _effective(nk, right) else right
+
+
+cdef void _fix(NodeKeys nk, Py_ssize_t n) noexcept:
+    """Node n's key changed: replay its matches up to the root."""
+    cdef Py_ssize_t i = (nk.size + n) >> 1
+    while i >= 1:
+        nk.tree[i] = _winner(nk, nk.tree[2 * i], nk.tree[2 * i + 1])
+        i >>= 1
+
+
+cdef void _build(NodeKeys nk) noexcept:
+    cdef Py_ssize_t i
+    for i in range(nk.size):
+        nk.tree[nk.size + i] = i if i < nk.n_nodes else -1
+    for i in range(nk.size - 1, 0, -1):
+        nk.tree[i] = _winner(nk, nk.tree[2 * i], nk.tree[2 * i + 1])
+
+
+cdef Py_ssize_t _top(NodeKeys nk) noexcept:
+    """The first node of the highest key, -1 when that key is negative (or no nodes)."""
+    cdef Py_ssize_t best
+    if nk.n_nodes == 0:
         return -1
-    for n in range(1, count):
-        if nk.work[n] > nk.work[best]:
-            best = n
-    return best if nk.work[best] >= 0 else -1
+    best = nk.tree[1] if nk.size > 1 else nk.tree[nk.size]
+    return best if best >= 0 and _effective(nk, best) >= 0 else -1
 
 
 cdef Py_ssize_t _length(object column) except -1:

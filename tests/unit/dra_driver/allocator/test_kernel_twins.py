@@ -378,7 +378,8 @@ def test_cython_search_refuses_malformed_arrays() -> None:
 def test_cython_engine_and_encoding_refuse_what_does_not_fit_their_layout() -> None:
     """The fast path's Engine keeps pointers into the layout and reads encodings per node: a
     node out of range, an encoding made for another node's device count, mismatched node-fit
-    or scan inputs are refused with ValueError, never read past an array."""
+    or scan inputs are refused with ValueError, never read past an array. And `next` sets
+    nodes aside for one decision only (the next `rank` counts them again)."""
     fk = allocate._fastkernel
     model = build([("NVIDIA A10", "pairs", 2), ("NVIDIA A10", "pairs", 4)])
     layout = model.layout()
@@ -415,6 +416,9 @@ def test_cython_engine_and_encoding_refuse_what_does_not_fit_their_layout() -> N
     assert engine.rank(ranked, ok, model.change_seq) == 0  # binpack: first of equals
     assert engine.next(ranked, 0) == 1  # the other node, once the first is set aside
     assert engine.next(ranked, 1) == -1
+    # A new decision: the nodes set aside by the last one count again.
+    assert engine.rank(ranked, ok, model.change_seq) == 0
+    assert engine.next(ranked, 0) == 1
     for failed in (-1, len(layout.nodes)):
         with pytest.raises(ValueError):
             engine.next(ranked, failed)
