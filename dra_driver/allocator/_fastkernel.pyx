@@ -16,7 +16,7 @@ from cpython.buffer cimport (
 )
 from libc.stdint cimport int64_t
 from libc.stdlib cimport calloc, free
-from libc.string cimport memcmp, memset
+from libc.string cimport memcmp, memcpy, memset
 
 
 cdef inline int64_t _best_group(
@@ -596,7 +596,7 @@ cdef void* _take(
         (itemsize == 1 and code == b'b') or (itemsize == 8 and (code == b'q' or code == b'l'))
     ):
         raise ValueError(
-            f"search: {name.decode()} must be a C-contiguous {ndim}-d array of "
+            f"{name.decode()} must be a C-contiguous {ndim}-d array of "
             f"int{itemsize * 8}"
         )
     return view.buf if view.len else <void*>views  # any non-NULL pointer for empty arrays
@@ -650,6 +650,9 @@ def search(
         for p in range(c.n_req):
             if not 0 <= c.reqs[p * 2] <= c.reqs[p * 2 + 1] <= n_alt:
                 raise ValueError("search: reqs names alternatives out of range")
+        for p in range(n_alt):
+            if not c.alts[p * 3 + ALT_ALL] and c.alts[p * 3 + ALT_COUNT] < 0:
+                raise ValueError("search: a negative device count")
         for p in range(c.m):
             if not (-1 <= DEV(&c, p, DEV_MEM) < c.k_dims and -1 <= DEV(&c, p, DEV_CORES) < c.k_dims):
                 raise ValueError("search: dev names capacity columns out of range")
@@ -733,115 +736,114 @@ cdef int _run(Ctx* c) except -1:
 
 
 cdef class Encoding:
-    """One request shape's search inputs on one node (see kernel.search), checked once; the
-    outputs of the last `Engine.search` on it are `chosen_alt`, `picks`, `npicks`."""
+    """One request shape's search inputs on one node (see kernel.search), checked once and
+    copied into memory the encoding owns (with the outputs and the walk's scratch), so a later
+    write to the caller's arrays cannot reach the walk; `picked()` reads the outputs of the
+    last `Engine.search` on it."""
 
-    cdef readonly object arrays  # the inputs, kept alive
-    cdef readonly object chosen_alt
-    cdef readonly object picks
-    cdef readonly object npicks
-    cdef const int64_t[:, ::1] reqs
-    cdef const int64_t[:, ::1] alts
-    cdef const signed char[:, ::1] mask
-    cdef const signed char[:, ::1] servable
-    cdef const int64_t[:, :, ::1] amount
-    cdef const signed char[:, ::1] applies
-    cdef const int64_t[::1] distinct
-    cdef const int64_t[:, ::1] cval
-    cdef int64_t[::1] out_alt
-    cdef int64_t[:, ::1] out_picks
-    cdef int64_t[::1] out_npicks
+    cdef readonly object arrays  # the inputs as given
     cdef Py_ssize_t m, k_dims, n_req, n_slots
-    # The walk's inputs, outputs and scratch as pointers, set once: `Engine.search` copies it
-    # and adds the node's layout rows and the policy.
+    # The walk's inputs, outputs and scratch as pointers into `block`, set once:
+    # `Engine.search` copies this and adds the node's layout rows and the policy.
     cdef Ctx proto
-    cdef int64_t* scratch
+    cdef char* block
 
     def __init__(self, reqs, alts, mask, servable, amount, applies, distinct, cval, int k_dims):
-        import numpy
-
-        cdef Py_ssize_t p, n_alt
-        self.arrays = (reqs, alts, mask, servable, amount, applies, distinct, cval)
-        self.reqs = reqs
-        self.alts = alts
-        self.mask = mask
-        self.servable = servable
-        self.amount = amount
-        self.applies = applies
-        self.distinct = distinct
-        self.cval = cval
-        self.n_req = self.reqs.shape[0]
-        n_alt = self.alts.shape[0]
-        self.m = self.mask.shape[1]
-        self.k_dims = k_dims
-        self.n_slots = self.distinct.shape[0]
-        if not (
-            self.reqs.shape[1] == 2 and self.alts.shape[1] == 3
-            and self.mask.shape[0] == n_alt
-            and self.servable.shape[0] == n_alt and self.servable.shape[1] == self.m
-            and self.amount.shape[0] == n_alt and self.amount.shape[1] == self.m
-            and self.amount.shape[2] == k_dims
-            and self.applies.shape[0] == self.n_req and self.applies.shape[1] == self.n_slots
-            and self.cval.shape[0] == self.n_slots and self.cval.shape[1] == self.m
-        ):
-            raise ValueError("Encoding: array shapes do not agree (see kernel.search)")
-        for p in range(self.n_req):
-            if not 0 <= self.reqs[p, 0] <= self.reqs[p, 1] <= n_alt:
-                raise ValueError("Encoding: reqs names alternatives out of range")
-        self.chosen_alt = numpy.zeros(self.n_req, dtype=numpy.int64)
-        self.picks = numpy.zeros((self.n_req, self.m), dtype=numpy.int64)
-        self.npicks = numpy.zeros(self.n_req, dtype=numpy.int64)
-        self.out_alt = self.chosen_alt
-        self.out_picks = self.picks
-        self.out_npicks = self.npicks
-        # The scratch is sized by the attribute ids in cval: numpy inputs are frozen so the
-        # walk keeps seeing what was checked here (the allocator never writes them after
-        # encoding); `_enter` also refuses an id beyond the scratch, whatever happens.
-        for array in self.arrays:
-            if isinstance(array, numpy.ndarray):
-                array.flags.writeable = False
-        self._prepare()
-
-    cdef int _prepare(self) except -1:
+        cdef Py_buffer views[8]
+        cdef int taken = 0
+        cdef Py_ssize_t p, n_alt, size, offset
         cdef Ctx* c = &self.proto
-        cdef Py_ssize_t n_alt = self.alts.shape[0]
+        self.arrays = (reqs, alts, mask, servable, amount, applies, distinct, cval)
         memset(c, 0, sizeof(Ctx))
-        c.m = self.m
-        c.k_dims = self.k_dims
-        c.n_req = self.n_req
-        c.n_slots = self.n_slots
-        # Empty arrays are never read (every loop over them has zero length): NULL for those.
-        c.reqs = &self.reqs[0, 0] if self.n_req else NULL
-        c.alts = &self.alts[0, 0] if n_alt else NULL
-        c.mask = &self.mask[0, 0] if n_alt and self.m else NULL
-        c.servable = &self.servable[0, 0] if n_alt and self.m else NULL
-        c.amount = &self.amount[0, 0, 0] if n_alt and self.m and self.k_dims else NULL
-        c.applies = &self.applies[0, 0] if self.n_req and self.n_slots else NULL
-        c.distinct = &self.distinct[0] if self.n_slots else NULL
-        c.cval = &self.cval[0, 0] if self.n_slots and self.m else NULL
-        c.chosen_alt = &self.out_alt[0] if self.n_req else NULL
-        c.picks = &self.out_picks[0, 0] if self.n_req and self.m else NULL
-        c.npicks = &self.out_npicks[0] if self.n_req else NULL
-        c.n_ids = _n_ids(c.cval, self.n_slots * self.m)
-        self.scratch = <int64_t*>calloc(_scratch_words(c), 8)
-        if self.scratch == NULL:
-            raise MemoryError()
-        _point_scratch(c, self.scratch)
-        return 0
+        try:
+            _take(reqs, views, &taken, 8, 2, False, b"reqs")
+            _take(alts, views, &taken, 8, 2, False, b"alts")
+            _take(mask, views, &taken, 1, 2, False, b"mask")
+            _take(servable, views, &taken, 1, 2, False, b"servable")
+            _take(amount, views, &taken, 8, 3, False, b"amount")
+            _take(applies, views, &taken, 1, 2, False, b"applies")
+            _take(distinct, views, &taken, 8, 1, False, b"distinct")
+            _take(cval, views, &taken, 8, 2, False, b"cval")
+            self.n_req = views[0].shape[0]
+            n_alt = views[1].shape[0]
+            self.m = views[2].shape[1]
+            self.k_dims = k_dims
+            self.n_slots = views[6].shape[0]
+            if not (
+                views[0].shape[1] == 2 and views[1].shape[1] == 3
+                and views[2].shape[0] == n_alt
+                and views[3].shape[0] == n_alt and views[3].shape[1] == self.m
+                and views[4].shape[0] == n_alt and views[4].shape[1] == self.m
+                and views[4].shape[2] == k_dims
+                and views[5].shape[0] == self.n_req and views[5].shape[1] == self.n_slots
+                and views[7].shape[0] == self.n_slots and views[7].shape[1] == self.m
+            ):
+                raise ValueError("Encoding: array shapes do not agree (see kernel.search)")
+            c.m = self.m
+            c.k_dims = self.k_dims
+            c.n_req = self.n_req
+            c.n_slots = self.n_slots
+            c.n_ids = _n_ids(<const int64_t*>views[7].buf, self.n_slots * self.m)
+            # One block: the inputs (8-byte aligned each), the outputs, the scratch.
+            size = 0
+            for p in range(8):
+                size += (views[p].len + 7) // 8 * 8
+            size += (2 * self.n_req + self.n_req * self.m) * 8 + _scratch_words(c) * 8
+            self.block = <char*>calloc(size, 1)
+            if self.block == NULL:
+                raise MemoryError()
+            offset = 0
+            for p in range(8):
+                memcpy(self.block + offset, views[p].buf, views[p].len)
+                offset += (views[p].len + 7) // 8 * 8
+        finally:
+            for p in range(taken):
+                PyBuffer_Release(&views[p])
+        offset = 0
+        c.reqs = <const int64_t*>(self.block + offset)
+        offset += (2 * self.n_req * 8 + 7) // 8 * 8
+        c.alts = <const int64_t*>(self.block + offset)
+        offset += (3 * n_alt * 8 + 7) // 8 * 8
+        c.mask = <const signed char*>(self.block + offset)
+        offset += (n_alt * self.m + 7) // 8 * 8
+        c.servable = <const signed char*>(self.block + offset)
+        offset += (n_alt * self.m + 7) // 8 * 8
+        c.amount = <const int64_t*>(self.block + offset)
+        offset += (n_alt * self.m * self.k_dims * 8 + 7) // 8 * 8
+        c.applies = <const signed char*>(self.block + offset)
+        offset += (self.n_req * self.n_slots + 7) // 8 * 8
+        c.distinct = <const int64_t*>(self.block + offset)
+        offset += (self.n_slots * 8 + 7) // 8 * 8
+        c.cval = <const int64_t*>(self.block + offset)
+        offset += (self.n_slots * self.m * 8 + 7) // 8 * 8
+        c.chosen_alt = <int64_t*>(self.block + offset)
+        offset += self.n_req * 8
+        c.npicks = <int64_t*>(self.block + offset)
+        offset += self.n_req * 8
+        c.picks = <int64_t*>(self.block + offset)
+        offset += self.n_req * self.m * 8
+        _point_scratch(c, <int64_t*>(self.block + offset))
+        # Indices the walk follows must stay inside the arrays.
+        for p in range(self.n_req):
+            if not 0 <= c.reqs[p * 2] <= c.reqs[p * 2 + 1] <= n_alt:
+                raise ValueError("Encoding: reqs names alternatives out of range")
+        for p in range(n_alt):
+            if not c.alts[p * 3 + ALT_ALL] and c.alts[p * 3 + ALT_COUNT] < 0:
+                raise ValueError("Encoding: a negative device count")
 
     def __dealloc__(self):
-        free(self.scratch)
-
+        free(self.block)
 
     def picked(self):
         """The last search's picks: (alternative row, node-local device rows) per request."""
         cdef Py_ssize_t i, p
+        cdef Ctx* c = &self.proto
         out = []
         for i in range(self.n_req):
             out.append(
                 (
-                    self.out_alt[i],
-                    tuple([self.out_picks[i, p] for p in range(self.out_npicks[i])]),
+                    c.chosen_alt[i],
+                    tuple([c.picks[i * self.m + p] for p in range(c.npicks[i])]),
                 )
             )
         return out

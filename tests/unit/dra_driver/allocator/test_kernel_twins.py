@@ -403,6 +403,12 @@ def test_cython_engine_and_encoding_refuse_what_does_not_fit_their_layout() -> N
     for node, enc in ((1, encoding(2)), (2, encoding(2)), (-1, encoding(2))):
         with pytest.raises(ValueError):
             engine.search(node, enc, 0, 0, 0, 100)
+    with pytest.raises(ValueError):  # a negative device count would walk past the candidates
+        fk.Encoding(encoding(2).arrays[0], np.asarray([[0, -1, 0]]), *encoding(2).arrays[2:], k)
+    # The encoding keeps its own copy: writing the caller's arrays afterwards changes nothing.
+    copied = encoding(2)
+    copied.arrays[0][0, 1] = 5  # reqs now names alternatives that do not exist
+    assert engine.search(0, copied, 0, 0, 0, 100) == 1
     with pytest.raises(ValueError):  # amount's capacity columns disagree with k_dims
         fk.Encoding(*encoding(2).arrays[:4], np.zeros((1, 2, k + 1)), *encoding(2).arrays[5:], k)
 
