@@ -13,9 +13,11 @@ the capacity earlier ones consumed. Topology and policy scoring are on in every 
 Figures: placements/s and p50/p99 decision latency per workload, size and path, both wall-clock
 and CPU time of the deciding thread (the machine is shared; CPU time leaves out preemption); the
 same over the claim mix (all four workloads' Cython decisions together); the Cython / reference
-speed-up of whole decisions and of the kernels alone (a full scan and one search on the same
-inputs: after the first decision of a shape both paths scan only the nodes that changed, so
-decisions share most of their time with the Python around the kernels); the model's memory at
+speed-up of whole decisions and of the kernels alone, each called the way its allocator path
+calls it (`kernel_speedup`: a full scan and one search on the same cluster; after the first
+decision of a shape both paths scan only the nodes that changed, so decisions share most of their
+time with the Python around the kernels), with the kernel ratios per size and request kind in the
+verdict; the model's memory at
 the largest size (tracemalloc, after the layout is built) and the
 time to feed it the events; a verdict per target. Targets (issue 9): >= 5,000 placements/s at 1,000
 nodes, p99 <= 5 ms at 5,000 nodes, Cython >= 30x the reference. Also, where valgrind is
