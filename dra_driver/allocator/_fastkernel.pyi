@@ -53,9 +53,6 @@ def search(
 
 class Encoding:
     arrays: tuple[Any, ...]
-    chosen_alt: Any
-    picks: Any
-    npicks: Any
     def __init__(
         self,
         reqs: Any,

@@ -16,7 +16,7 @@ from cpython.buffer cimport (
 )
 from libc.stdint cimport int64_t
 from libc.stdlib cimport calloc, free
-from libc.string cimport memset
+from libc.string cimport memcmp, memcpy, memset
 
 
 cdef inline int64_t _best_group(
@@ -378,6 +378,8 @@ cdef bint _enter(Ctx* c, Py_ssize_t i, Py_ssize_t a, Py_ssize_t j) noexcept:
         if value < 0:
             return False
         if c.distinct[s]:
+            if value >= c.n_ids:  # never with the ids the scratch was sized by (memory safety)
+                return False
             if c.seen[s * c.n_ids + value]:
                 return False
         elif c.match[s] >= 0 and c.match[s] != value:
@@ -594,7 +596,7 @@ cdef void* _take(
         (itemsize == 1 and code == b'b') or (itemsize == 8 and (code == b'q' or code == b'l'))
     ):
         raise ValueError(
-            f"search: {name.decode()} must be a C-contiguous {ndim}-d array of "
+            f"{name.decode()} must be a C-contiguous {ndim}-d array of "
             f"int{itemsize * 8}"
         )
     return view.buf if view.len else <void*>views  # any non-NULL pointer for empty arrays
@@ -648,6 +650,9 @@ def search(
         for p in range(c.n_req):
             if not 0 <= c.reqs[p * 2] <= c.reqs[p * 2 + 1] <= n_alt:
                 raise ValueError("search: reqs names alternatives out of range")
+        for p in range(n_alt):
+            if not c.alts[p * 3 + ALT_ALL] and c.alts[p * 3 + ALT_COUNT] < 0:
+                raise ValueError("search: a negative device count")
         for p in range(c.m):
             if not (-1 <= DEV(&c, p, DEV_MEM) < c.k_dims and -1 <= DEV(&c, p, DEV_CORES) < c.k_dims):
                 raise ValueError("search: dev names capacity columns out of range")
@@ -661,40 +666,62 @@ def search(
             PyBuffer_Release(&views[p])
 
 
-cdef int _run(Ctx* c) except -1:
-    """Allocate the walk's scratch, walk, free: 1 when every request found devices."""
+cdef Py_ssize_t _n_ids(const int64_t* cval, Py_ssize_t count) noexcept:
+    """One more than the largest interned attribute value id (at least 1)."""
+    cdef Py_ssize_t p, n_ids = 1
+    for p in range(count):
+        if cval[p] >= n_ids:
+            n_ids = cval[p] + 1
+    return n_ids
+
+
+cdef Py_ssize_t _scratch_words(Ctx* c) noexcept:
+    """8-byte words of scratch a walk over `c`'s shape needs (each part at least one word)."""
+    return (
+        (c.m * c.k_dims + 1) + (c.m + 1) + 2 * (c.n_slots + 1) + (c.n_slots * c.n_ids + 1)
+        + 3 * (c.n_req * c.m + 1) + (c.n_req * c.m + 1) + (c.m + 1)
+    )
+
+
+cdef void _point_scratch(Ctx* c, int64_t* block) noexcept:
+    c.extra = block
+    c.taken = c.extra + (c.m * c.k_dims + 1)
+    c.match = c.taken + (c.m + 1)
+    c.match_owner = c.match + (c.n_slots + 1)
+    c.seen = c.match_owner + (c.n_slots + 1)
+    c.groups = c.seen + (c.n_slots * c.n_ids + 1)
+    c.gsize = c.groups + (c.n_req * c.m + 1)
+    c.cands = <Py_ssize_t*>(c.gsize + (c.n_req * c.m + 1))
+    c.phase = c.cands + (c.n_req * c.m + 1)
+    c.keys = <double*>(c.phase + (c.n_req * c.m + 1))
+
+
+cdef int _walk(Ctx* c) noexcept:
+    """Reset the scratch the walk reads before writing (per-device extra use and holds,
+    constraint state), walk: 1 when every request found devices."""
     cdef Py_ssize_t p
-    cdef void* block = NULL
-    c.n_ids = 1
-    for p in range(c.n_slots * c.m):
-        if c.cval[p] >= c.n_ids:
-            c.n_ids = c.cval[p] + 1
     c.steps = 0
     c.depth = 0
     c.over_budget = False
+    memset(c.extra, 0, (c.m * c.k_dims + c.m + 1) * 8)  # extra and taken (contiguous)
+    memset(c.seen, 0, c.n_slots * c.n_ids * 8)
+    for p in range(c.n_slots):
+        c.match[p] = -1
+        c.match_owner[p] = -1
+    return 1 if _solve(c, 0) else 0
+
+
+cdef int _run(Ctx* c) except -1:
+    """Allocate the walk's scratch, walk, free: 1 when every request found devices."""
+    cdef void* block = NULL
+    c.n_ids = _n_ids(c.cval, c.n_slots * c.m)
     # One block for all scratch (calloc(0) may return NULL: at least one element each).
-    block = calloc(
-        (c.m * c.k_dims + 1) + (c.m + 1) + 2 * (c.n_slots + 1) + (c.n_slots * c.n_ids + 1)
-        + 3 * (c.n_req * c.m + 1) + (c.n_req * c.m + 1) + (c.m + 1),
-        8,
-    )
+    block = calloc(_scratch_words(c), 8)
     if block == NULL:
         raise MemoryError()
     try:
-        c.extra = <int64_t*>block
-        c.taken = c.extra + (c.m * c.k_dims + 1)
-        c.match = c.taken + (c.m + 1)
-        c.match_owner = c.match + (c.n_slots + 1)
-        c.seen = c.match_owner + (c.n_slots + 1)
-        c.groups = c.seen + (c.n_slots * c.n_ids + 1)
-        c.gsize = c.groups + (c.n_req * c.m + 1)
-        c.cands = <Py_ssize_t*>(c.gsize + (c.n_req * c.m + 1))
-        c.phase = c.cands + (c.n_req * c.m + 1)
-        c.keys = <double*>(c.phase + (c.n_req * c.m + 1))
-        for p in range(c.n_slots):
-            c.match[p] = -1
-            c.match_owner[p] = -1
-        return 1 if _solve(c, 0) else 0
+        _point_scratch(c, <int64_t*>block)
+        return _walk(c)
     finally:
         free(block)
 
@@ -709,74 +736,114 @@ cdef int _run(Ctx* c) except -1:
 
 
 cdef class Encoding:
-    """One request shape's search inputs on one node (see kernel.search), checked once; the
-    outputs of the last `Engine.search` on it are `chosen_alt`, `picks`, `npicks`."""
+    """One request shape's search inputs on one node (see kernel.search), checked once and
+    copied into memory the encoding owns (with the outputs and the walk's scratch), so a later
+    write to the caller's arrays cannot reach the walk; `picked()` reads the outputs of the
+    last `Engine.search` on it."""
 
-    cdef readonly object arrays  # the inputs, kept alive
-    cdef readonly object chosen_alt
-    cdef readonly object picks
-    cdef readonly object npicks
-    cdef const int64_t[:, ::1] reqs
-    cdef const int64_t[:, ::1] alts
-    cdef const signed char[:, ::1] mask
-    cdef const signed char[:, ::1] servable
-    cdef const int64_t[:, :, ::1] amount
-    cdef const signed char[:, ::1] applies
-    cdef const int64_t[::1] distinct
-    cdef const int64_t[:, ::1] cval
-    cdef int64_t[::1] out_alt
-    cdef int64_t[:, ::1] out_picks
-    cdef int64_t[::1] out_npicks
+    cdef readonly object arrays  # the inputs as given
     cdef Py_ssize_t m, k_dims, n_req, n_slots
+    # The walk's inputs, outputs and scratch as pointers into `block`, set once:
+    # `Engine.search` copies this and adds the node's layout rows and the policy.
+    cdef Ctx proto
+    cdef char* block
 
     def __init__(self, reqs, alts, mask, servable, amount, applies, distinct, cval, int k_dims):
-        import numpy
-
-        cdef Py_ssize_t p, n_alt
+        cdef Py_buffer views[8]
+        cdef int taken = 0
+        cdef Py_ssize_t p, n_alt, size, offset
+        cdef Ctx* c = &self.proto
         self.arrays = (reqs, alts, mask, servable, amount, applies, distinct, cval)
-        self.reqs = reqs
-        self.alts = alts
-        self.mask = mask
-        self.servable = servable
-        self.amount = amount
-        self.applies = applies
-        self.distinct = distinct
-        self.cval = cval
-        self.n_req = self.reqs.shape[0]
-        n_alt = self.alts.shape[0]
-        self.m = self.mask.shape[1]
-        self.k_dims = k_dims
-        self.n_slots = self.distinct.shape[0]
-        if not (
-            self.reqs.shape[1] == 2 and self.alts.shape[1] == 3
-            and self.mask.shape[0] == n_alt
-            and self.servable.shape[0] == n_alt and self.servable.shape[1] == self.m
-            and self.amount.shape[0] == n_alt and self.amount.shape[1] == self.m
-            and self.amount.shape[2] == k_dims
-            and self.applies.shape[0] == self.n_req and self.applies.shape[1] == self.n_slots
-            and self.cval.shape[0] == self.n_slots and self.cval.shape[1] == self.m
-        ):
-            raise ValueError("Encoding: array shapes do not agree (see kernel.search)")
+        memset(c, 0, sizeof(Ctx))
+        try:
+            _take(reqs, views, &taken, 8, 2, False, b"reqs")
+            _take(alts, views, &taken, 8, 2, False, b"alts")
+            _take(mask, views, &taken, 1, 2, False, b"mask")
+            _take(servable, views, &taken, 1, 2, False, b"servable")
+            _take(amount, views, &taken, 8, 3, False, b"amount")
+            _take(applies, views, &taken, 1, 2, False, b"applies")
+            _take(distinct, views, &taken, 8, 1, False, b"distinct")
+            _take(cval, views, &taken, 8, 2, False, b"cval")
+            self.n_req = views[0].shape[0]
+            n_alt = views[1].shape[0]
+            self.m = views[2].shape[1]
+            self.k_dims = k_dims
+            self.n_slots = views[6].shape[0]
+            if not (
+                views[0].shape[1] == 2 and views[1].shape[1] == 3
+                and views[2].shape[0] == n_alt
+                and views[3].shape[0] == n_alt and views[3].shape[1] == self.m
+                and views[4].shape[0] == n_alt and views[4].shape[1] == self.m
+                and views[4].shape[2] == k_dims
+                and views[5].shape[0] == self.n_req and views[5].shape[1] == self.n_slots
+                and views[7].shape[0] == self.n_slots and views[7].shape[1] == self.m
+            ):
+                raise ValueError("Encoding: array shapes do not agree (see kernel.search)")
+            c.m = self.m
+            c.k_dims = self.k_dims
+            c.n_req = self.n_req
+            c.n_slots = self.n_slots
+            c.n_ids = _n_ids(<const int64_t*>views[7].buf, self.n_slots * self.m)
+            # One block: the inputs (8-byte aligned each), the outputs, the scratch.
+            size = 0
+            for p in range(8):
+                size += (views[p].len + 7) // 8 * 8
+            size += (2 * self.n_req + self.n_req * self.m) * 8 + _scratch_words(c) * 8
+            self.block = <char*>calloc(size, 1)
+            if self.block == NULL:
+                raise MemoryError()
+            offset = 0
+            for p in range(8):
+                memcpy(self.block + offset, views[p].buf, views[p].len)
+                offset += (views[p].len + 7) // 8 * 8
+        finally:
+            for p in range(taken):
+                PyBuffer_Release(&views[p])
+        offset = 0
+        c.reqs = <const int64_t*>(self.block + offset)
+        offset += (2 * self.n_req * 8 + 7) // 8 * 8
+        c.alts = <const int64_t*>(self.block + offset)
+        offset += (3 * n_alt * 8 + 7) // 8 * 8
+        c.mask = <const signed char*>(self.block + offset)
+        offset += (n_alt * self.m + 7) // 8 * 8
+        c.servable = <const signed char*>(self.block + offset)
+        offset += (n_alt * self.m + 7) // 8 * 8
+        c.amount = <const int64_t*>(self.block + offset)
+        offset += (n_alt * self.m * self.k_dims * 8 + 7) // 8 * 8
+        c.applies = <const signed char*>(self.block + offset)
+        offset += (self.n_req * self.n_slots + 7) // 8 * 8
+        c.distinct = <const int64_t*>(self.block + offset)
+        offset += (self.n_slots * 8 + 7) // 8 * 8
+        c.cval = <const int64_t*>(self.block + offset)
+        offset += (self.n_slots * self.m * 8 + 7) // 8 * 8
+        c.chosen_alt = <int64_t*>(self.block + offset)
+        offset += self.n_req * 8
+        c.npicks = <int64_t*>(self.block + offset)
+        offset += self.n_req * 8
+        c.picks = <int64_t*>(self.block + offset)
+        offset += self.n_req * self.m * 8
+        _point_scratch(c, <int64_t*>(self.block + offset))
+        # Indices the walk follows must stay inside the arrays.
         for p in range(self.n_req):
-            if not 0 <= self.reqs[p, 0] <= self.reqs[p, 1] <= n_alt:
+            if not 0 <= c.reqs[p * 2] <= c.reqs[p * 2 + 1] <= n_alt:
                 raise ValueError("Encoding: reqs names alternatives out of range")
-        self.chosen_alt = numpy.zeros(self.n_req, dtype=numpy.int64)
-        self.picks = numpy.zeros((self.n_req, self.m), dtype=numpy.int64)
-        self.npicks = numpy.zeros(self.n_req, dtype=numpy.int64)
-        self.out_alt = self.chosen_alt
-        self.out_picks = self.picks
-        self.out_npicks = self.npicks
+        for p in range(n_alt):
+            if not c.alts[p * 3 + ALT_ALL] and c.alts[p * 3 + ALT_COUNT] < 0:
+                raise ValueError("Encoding: a negative device count")
 
+    def __dealloc__(self):
+        free(self.block)
 
     def picked(self):
         """The last search's picks: (alternative row, node-local device rows) per request."""
         cdef Py_ssize_t i, p
+        cdef Ctx* c = &self.proto
         out = []
         for i in range(self.n_req):
             out.append(
                 (
-                    self.out_alt[i],
-                    tuple([self.out_picks[i, p] for p in range(self.out_npicks[i])]),
+                    c.chosen_alt[i],
+                    tuple([c.picks[i * self.m + p] for p in range(c.npicks[i])]),
                 )
             )
         return out
@@ -795,7 +862,16 @@ cdef class NodeKeys:
     cdef double[::1] key_view
     cdef int64_t[::1] close_view
     cdef signed char[::1] ok
-    cdef double[::1] work  # keys of nodes not yet tried by this decision
+    # A tournament tree over the nodes (tree[1] = the first node of the highest key, as
+    # np.argmax; leaves from `size`), so a decision that changed a few nodes finds the best
+    # in O(changed x log nodes) instead of comparing every node's key.
+    cdef Py_ssize_t* tree
+    cdef Py_ssize_t size, n_nodes
+    # Nodes whose search failed in the current decision (Engine.next): they count as -1 until
+    # the next rank puts them back.
+    cdef signed char* aside
+    cdef Py_ssize_t* aside_list
+    cdef Py_ssize_t n_aside
     cdef int topo, strict, binpack
     cdef int64_t seq
     cdef bint filled
@@ -828,8 +904,22 @@ cdef class NodeKeys:
         self.key_view = self.keys
         self.close_view = self.closeness
         self.ok = numpy.zeros(n_nodes, dtype=numpy.int8)
-        self.work = numpy.empty(n_nodes, dtype=numpy.float64)
+        self.n_nodes = n_nodes
+        self.size = 1
+        while self.size < n_nodes:
+            self.size *= 2
+        self.tree = <Py_ssize_t*>calloc(2 * self.size, sizeof(Py_ssize_t))
+        self.aside = <signed char*>calloc(n_nodes + 1, 1)
+        self.aside_list = <Py_ssize_t*>calloc(n_nodes + 1, sizeof(Py_ssize_t))
+        if self.tree == NULL or self.aside == NULL or self.aside_list == NULL:
+            raise MemoryError()
+        self.n_aside = 0
         self.filled = False
+
+    def __dealloc__(self):
+        free(self.tree)
+        free(self.aside)
+        free(self.aside_list)
 
     def key(self, Py_ssize_t node):
         return self.key_view[node]
@@ -918,8 +1008,6 @@ cdef class Engine:
         fit changed) and return the best node (first of the highest key), -1 when none."""
         cdef Scan s = self.base
         cdef Py_ssize_t n
-        cdef Py_ssize_t best = -1
-        cdef double top = -1.0
         if node_ok.shape[0] != self.n_nodes or nk.key_view.shape[0] != self.n_nodes:
             raise ValueError("rank: node_ok / NodeKeys do not match the layout")
         if nk.masks.shape[1] != s.n_dev:
@@ -934,26 +1022,51 @@ cdef class Engine:
         s.topo = nk.topo
         s.strict = nk.strict
         s.binpack = nk.binpack
-        for n in range(self.n_nodes):
-            if not nk.filled or self.node_seq[n] > nk.seq or node_ok[n] != nk.ok[n]:
-                nk.ok[n] = node_ok[n]
-                if node_ok[n]:
-                    _scan_node(&s, n, &nk.key_view[n], &nk.close_view[n])
-                else:
-                    nk.key_view[n] = -1.0
-                    nk.close_view[n] = 0
-            nk.work[n] = nk.key_view[n]
-            if nk.work[n] > top or best < 0:  # the first of the highest, as np.argmax
-                best = n
-                top = nk.work[n]
+        # Put back the nodes the last decision set aside, then rescan what changed (raw
+        # pointers: most nodes cost one load and compare, the node fit check is one memcmp
+        # when it did not change) and fix their paths in the tree.
+        cdef const int64_t* seqs = self.node_seq
+        cdef const signed char* okp = &node_ok[0] if self.n_nodes else NULL
+        cdef signed char* seen_ok = &nk.ok[0] if self.n_nodes else NULL
+        cdef int64_t since = nk.seq
+        cdef bint all_nodes = not nk.filled
+        cdef bint same_ok = (
+            all_nodes or self.n_nodes == 0 or memcmp(okp, seen_ok, self.n_nodes) == 0
+        )
+        for n in range(nk.n_aside):
+            nk.aside[nk.aside_list[n]] = 0
+            if not all_nodes:
+                _fix(nk, nk.aside_list[n])
+        nk.n_aside = 0
+        if all_nodes:
+            for n in range(self.n_nodes):
+                _refresh(&s, nk, okp, n)
+        elif same_ok:  # the usual case: the loop the compiler makes tightest
+            for n in range(self.n_nodes):
+                if seqs[n] > since:
+                    _refresh(&s, nk, okp, n)
+                    _fix(nk, n)
+        else:
+            for n in range(self.n_nodes):
+                if seqs[n] > since or okp[n] != seen_ok[n]:
+                    _refresh(&s, nk, okp, n)
+                    _fix(nk, n)
+        if all_nodes:
+            _build(nk)
         nk.seq = seq
         nk.filled = True
-        return best if top >= 0 else -1
+        return _top(nk)
 
     def next(self, NodeKeys nk, Py_ssize_t failed):
         """The best node after `failed` (whose search found nothing) is set aside; -1: none."""
-        nk.work[failed] = -1.0
-        return _best(nk)
+        if not 0 <= failed < nk.n_nodes or not nk.filled:
+            raise ValueError("next: node out of range, or the keys were never ranked")
+        if not nk.aside[failed]:
+            nk.aside[failed] = 1
+            nk.aside_list[nk.n_aside] = failed
+            nk.n_aside += 1
+            _fix(nk, failed)
+        return _top(nk)
 
     def search(
         self, Py_ssize_t node, Encoding enc, int topo, int strict, int binpack, int64_t budget
@@ -967,43 +1080,66 @@ cdef class Engine:
         end = self.base.node_end[node]
         if enc.m != end - start or enc.k_dims != self.k_dims:
             raise ValueError("search: the encoding is not for this node's devices")
-        memset(&c, 0, sizeof(Ctx))
-        c.m = enc.m
-        c.k_dims = self.k_dims
-        c.n_req = enc.n_req
-        c.n_slots = enc.n_slots
-        # Empty arrays are never read (every loop over them has zero length): NULL for those.
+        c = enc.proto
         c.dev = self.dev + start * 8
         c.cap = self.cap + start * self.k_dims if self.cap != NULL else NULL
         c.used = self.used + start * self.k_dims if self.used != NULL else NULL
-        c.reqs = &enc.reqs[0, 0] if enc.n_req else NULL
-        c.alts = &enc.alts[0, 0] if enc.alts.shape[0] else NULL
-        c.mask = &enc.mask[0, 0] if enc.mask.shape[0] and enc.m else NULL
-        c.servable = &enc.servable[0, 0] if enc.mask.shape[0] and enc.m else NULL
-        c.amount = &enc.amount[0, 0, 0] if enc.mask.shape[0] and enc.m and self.k_dims else NULL
-        c.applies = &enc.applies[0, 0] if enc.n_req and enc.n_slots else NULL
-        c.distinct = &enc.distinct[0] if enc.n_slots else NULL
-        c.cval = &enc.cval[0, 0] if enc.n_slots and enc.m else NULL
-        c.chosen_alt = &enc.out_alt[0] if enc.n_req else NULL
-        c.picks = &enc.out_picks[0, 0] if enc.n_req and enc.m else NULL
-        c.npicks = &enc.out_npicks[0] if enc.n_req else NULL
         c.topo = topo
         c.strict = strict
         c.binpack = binpack
         c.budget = budget
-        return _run(&c)
+        return _walk(&c)
 
 
-cdef Py_ssize_t _best(NodeKeys nk) noexcept:
-    """First index of the highest work key (np.argmax), -1 when that key is negative."""
-    cdef Py_ssize_t n, best = 0
-    cdef Py_ssize_t count = nk.work.shape[0]
-    if count == 0:
+cdef inline void _refresh(
+    Scan* s, NodeKeys nk, const signed char* node_ok, Py_ssize_t n
+) noexcept:
+    """Node n's key and closeness under its current node fit and rows."""
+    nk.ok[n] = node_ok[n]
+    if node_ok[n]:
+        _scan_node(s, n, &nk.key_view[n], &nk.close_view[n])
+    else:
+        nk.key_view[n] = -1.0
+        nk.close_view[n] = 0
+
+
+cdef inline double _effective(NodeKeys nk, Py_ssize_t n) noexcept:
+    return -1.0 if nk.aside[n] else nk.key_view[n]
+
+
+cdef inline Py_ssize_t _winner(NodeKeys nk, Py_ssize_t left, Py_ssize_t right) noexcept:
+    """Of two subtrees' winners (every node of the left one comes first): the higher key, the
+    left one on ties (so the tree's root is np.argmax's first of the highest)."""
+    if right < 0:
+        return left
+    if left < 0:
+        return right
+    return left if _effective(nk, left) >= _effective(nk, right) else right
+
+
+cdef void _fix(NodeKeys nk, Py_ssize_t n) noexcept:
+    """Node n's key changed: replay its matches up to the root."""
+    cdef Py_ssize_t i = (nk.size + n) >> 1
+    while i >= 1:
+        nk.tree[i] = _winner(nk, nk.tree[2 * i], nk.tree[2 * i + 1])
+        i >>= 1
+
+
+cdef void _build(NodeKeys nk) noexcept:
+    cdef Py_ssize_t i
+    for i in range(nk.size):
+        nk.tree[nk.size + i] = i if i < nk.n_nodes else -1
+    for i in range(nk.size - 1, 0, -1):
+        nk.tree[i] = _winner(nk, nk.tree[2 * i], nk.tree[2 * i + 1])
+
+
+cdef Py_ssize_t _top(NodeKeys nk) noexcept:
+    """The first node of the highest key, -1 when that key is negative (or no nodes)."""
+    cdef Py_ssize_t best
+    if nk.n_nodes == 0:
         return -1
-    for n in range(1, count):
-        if nk.work[n] > nk.work[best]:
-            best = n
-    return best if nk.work[best] >= 0 else -1
+    best = nk.tree[1] if nk.size > 1 else nk.tree[nk.size]
+    return best if best >= 0 and _effective(nk, best) >= 0 else -1
 
 
 cdef Py_ssize_t _length(object column) except -1:

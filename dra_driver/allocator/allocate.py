@@ -79,9 +79,10 @@ class Unschedulable(Exception):
     """No placement exists; `str()` is a reason a user understands."""
 
 
-@dataclass(frozen=True, slots=True)
-class DeviceResult:
-    """One allocated device of one request, as it will appear in the claim's allocation."""
+class DeviceResult(NamedTuple):
+    """One allocated device of one request, as it will appear in the claim's allocation (a
+    named tuple, not a frozen dataclass: one is made per picked device of every decision, and
+    a frozen dataclass's constructor costs several times a tuple's)."""
 
     request: str
     driver: str
@@ -92,8 +93,9 @@ class DeviceResult:
     admin: bool
     tolerations: tuple[JSON, ...] = ()
     # What `Allocator.commit` records for this result (None: build it from the fields above);
-    # equal for every result on the same device with the same amounts, so it is made once.
-    consumption: Consumption | None = field(default=None, compare=False, repr=False)
+    # equal for every result on the same device with the same amounts, so it is made once
+    # (derived from the fields above: it never makes two otherwise equal results differ).
+    consumption: Consumption | None = None
 
     def to_api(self) -> JSON:
         result: JSON = {
@@ -523,25 +525,8 @@ class Allocator:
             self._engine = _fastkernel.Engine(layout)
             self._engine_epoch = layout.epoch
         engine = self._engine
-        screened, req_group, masks, req_mem, req_pct, req_cores, req_count = screen
-        cache_key = (shape, policy.topology_mode, policy.strict, policy.node, req_group.tobytes())
-        node_keys = self._node_keys.get(cache_key)
-        if node_keys is None:
-            if len(self._node_keys) >= KEYS_CACHE_MAX:
-                self._node_keys.clear()
-            node_keys = _fastkernel.NodeKeys(
-                masks,
-                req_mem,
-                req_pct,
-                req_cores,
-                req_count,
-                req_group,
-                policy.topology_mode,
-                int(policy.strict),
-                policy.node_binpack,
-                len(layout.nodes),
-            )
-            self._node_keys[cache_key] = node_keys
+        screened = screen[0]
+        node_keys = self._fast_keys(layout, screen, shape, policy)
         best = engine.rank(node_keys, node_ok, self.model.change_seq)
         tried = 0
         while best >= 0:
@@ -563,6 +548,32 @@ class Allocator:
                 tried=tried,
             )
         )
+
+    def _fast_keys(
+        self, layout: Layout, screen: _Screen, shape: tuple[Any, ...], policy: Policy
+    ) -> Any:
+        """The `_fastkernel.NodeKeys` of this request shape and policy (made on first use; the
+        engine's `rank` brings its keys up to date)."""
+        _, req_group, masks, req_mem, req_pct, req_cores, req_count = screen
+        cache_key = (shape, policy.topology_mode, policy.strict, policy.node, req_group.tobytes())
+        node_keys = self._node_keys.get(cache_key)
+        if node_keys is None:
+            if len(self._node_keys) >= KEYS_CACHE_MAX:
+                self._node_keys.clear()
+            node_keys = _fastkernel.NodeKeys(
+                masks,
+                req_mem,
+                req_pct,
+                req_cores,
+                req_count,
+                req_group,
+                policy.topology_mode,
+                int(policy.strict),
+                policy.node_binpack,
+                len(layout.nodes),
+            )
+            self._node_keys[cache_key] = node_keys
+        return node_keys
 
     def _keys(
         self,
@@ -689,46 +700,16 @@ class Allocator:
     ) -> tuple[tuple[Claim, tuple[DeviceResult, ...]], ...] | None:
         """Run the search kernel on one node; its picks as results (None: nothing fits within
         the budget)."""
-        start, end = int(layout.node_start[node]), int(layout.node_end[node])
-        m = end - start
-        n_req = len(flat)
+        start = int(layout.node_start[node])
         enc = self._encodings.get((shape, start))
         if enc is None:
             enc = self._encoding(layout, claims=claims, flat=flat, policy=policy, start=start)
             if len(self._encodings) >= FIT_CACHE_MAX:  # many request shapes x nodes: start over
                 self._encodings.clear()
             self._encodings[(shape, start)] = enc
-        if enc.fast is not None:
-            if not self._engine.search(
-                node,
-                enc.fast,
-                policy.topology_mode,
-                int(policy.strict),
-                policy.device_binpack,
-                SEARCH_BUDGET,
-            ):
-                return None
-            picked = enc.fast.picked()
-        else:
-            chosen_alt = np.zeros(n_req, dtype=np.int64)
-            picks = np.zeros((n_req, m), dtype=np.int64)
-            npicks = np.zeros(n_req, dtype=np.int64)
-            found = self.search(
-                layout.dev[start:end],
-                layout.cap[start:end],
-                layout.used_by_dim[start:end],
-                *enc.arrays,
-                policy.topology_mode,
-                int(policy.strict),
-                policy.device_binpack,
-                SEARCH_BUDGET,
-                chosen_alt,
-                picks,
-                npicks,
-            )
-            if not found:
-                return None
-            picked = _picked(chosen_alt, picks, npicks)
+        picked = self._run_search(layout, node, enc, policy)
+        if picked is None:
+            return None
         out: list[list[DeviceResult]] = [[] for _ in claims]
         for (ci, _), (a, rows) in zip(flat, picked, strict=True):
             uid = claims[ci].uid
@@ -751,6 +732,44 @@ class Allocator:
                     )
                 )
         return tuple((claim, tuple(results)) for claim, results in zip(claims, out, strict=True))
+
+    def _run_search(
+        self, layout: Layout, node: int, enc: _Encoding, policy: Policy
+    ) -> list[tuple[int, tuple[int, ...]]] | None:
+        """The search kernel on one node, called as each path calls it: (alternative row,
+        node-local device rows) per flat request, None when nothing fits within the budget.
+        The benchmark times this step (bench/allocator_bench.py)."""
+        if enc.fast is not None:
+            if not self._engine.search(
+                node,
+                enc.fast,
+                policy.topology_mode,
+                int(policy.strict),
+                policy.device_binpack,
+                SEARCH_BUDGET,
+            ):
+                return None
+            picked: list[tuple[int, tuple[int, ...]]] = enc.fast.picked()
+            return picked
+        start, end = int(layout.node_start[node]), int(layout.node_end[node])
+        n_req = len(enc.arrays[0])
+        chosen_alt = np.zeros(n_req, dtype=np.int64)
+        picks = np.zeros((n_req, end - start), dtype=np.int64)
+        npicks = np.zeros(n_req, dtype=np.int64)
+        found = self.search(
+            layout.dev[start:end],
+            layout.cap[start:end],
+            layout.used_by_dim[start:end],
+            *enc.arrays,
+            policy.topology_mode,
+            int(policy.strict),
+            policy.device_binpack,
+            SEARCH_BUDGET,
+            chosen_alt,
+            picks,
+            npicks,
+        )
+        return _picked(chosen_alt, picks, npicks) if found else None
 
     def _pick(self, alt: Alternative, row: int, layout: Layout) -> _Pick:
         """What a result of `alt` on the device at layout `row` holds, but its shareID."""

@@ -4,6 +4,7 @@ every decision is right against a brute-force oracle, on random clusters and ran
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -286,7 +287,45 @@ def test_search_picks_are_identical(data: st.DataObject, m: int, k_dims: int, n_
             if found
             else (found, None)
         )
-    assert out[0] == out[1]
+    # The fast path's call: Engine.search over an Encoding that keeps its scratch between
+    # calls; a first walk cut short by a budget of 1 leaves that scratch dirty, the second
+    # must still answer like a fresh search.
+    engine = allocate._fastkernel.Engine(one_node_layout(*inputs[:3]))
+    enc = allocate._fastkernel.Encoding(*inputs[3:], k_dims)
+    for first in (1, budget):
+        engine.search(0, enc, topo, strict, binpack, first)
+    found = engine.search(0, enc, topo, strict, binpack, budget)
+    out.append((found, [(a, list(rows)) for a, rows in enc.picked()]) if found else (found, None))
+    assert out[0] == out[1] == out[2]
+
+
+def one_node_layout(dev: Any, cap: Any, used: Any) -> Any:
+    """A layout of one node holding these devices, with what `_fastkernel.Engine` reads."""
+    m = len(dev)
+    column = np.zeros(m, dtype=np.int64)
+    node = np.zeros(1, dtype=np.int64)
+    return SimpleNamespace(
+        node_start=node,
+        node_end=np.asarray([m], dtype=np.int64),
+        node_seq=node,
+        node_mem_total=node,
+        node_mem_used=node,
+        node_cores_total=node,
+        node_cores_used=node,
+        mem_total=column,
+        cores_total=column,
+        mem_default=column,
+        cores_default=column,
+        mem_used=column,
+        cores_used=column,
+        busy=column,
+        numa=column,
+        link=column,
+        link_size=column,
+        cap=cap,
+        used_by_dim=used,
+        dev=dev,
+    )
 
 
 def test_cython_search_refuses_malformed_arrays() -> None:
@@ -339,7 +378,8 @@ def test_cython_search_refuses_malformed_arrays() -> None:
 def test_cython_engine_and_encoding_refuse_what_does_not_fit_their_layout() -> None:
     """The fast path's Engine keeps pointers into the layout and reads encodings per node: a
     node out of range, an encoding made for another node's device count, mismatched node-fit
-    or scan inputs are refused with ValueError, never read past an array."""
+    or scan inputs are refused with ValueError, never read past an array. And `next` sets
+    nodes aside for one decision only (the next `rank` counts them again)."""
     fk = allocate._fastkernel
     model = build([("NVIDIA A10", "pairs", 2), ("NVIDIA A10", "pairs", 4)])
     layout = model.layout()
@@ -363,6 +403,12 @@ def test_cython_engine_and_encoding_refuse_what_does_not_fit_their_layout() -> N
     for node, enc in ((1, encoding(2)), (2, encoding(2)), (-1, encoding(2))):
         with pytest.raises(ValueError):
             engine.search(node, enc, 0, 0, 0, 100)
+    with pytest.raises(ValueError):  # a negative device count would walk past the candidates
+        fk.Encoding(encoding(2).arrays[0], np.asarray([[0, -1, 0]]), *encoding(2).arrays[2:], k)
+    # The encoding keeps its own copy: writing the caller's arrays afterwards changes nothing.
+    copied = encoding(2)
+    copied.arrays[0][0, 1] = 5  # reqs now names alternatives that do not exist
+    assert engine.search(0, copied, 0, 0, 0, 100) == 1
     with pytest.raises(ValueError):  # amount's capacity columns disagree with k_dims
         fk.Encoding(*encoding(2).arrays[:4], np.zeros((1, 2, k + 1)), *encoding(2).arrays[5:], k)
 
@@ -372,7 +418,16 @@ def test_cython_engine_and_encoding_refuse_what_does_not_fit_their_layout() -> N
         return fk.NodeKeys(masks, req, req, req, req + 1, req, 0, 0, 1, len(layout.nodes))
 
     ok = np.ones(len(layout.nodes), dtype=np.int8)
-    assert engine.rank(node_keys(1, n_dev), ok, model.change_seq) == 0  # binpack: first of equals
+    ranked = node_keys(1, n_dev)
+    assert engine.rank(ranked, ok, model.change_seq) == 0  # binpack: first of equals
+    assert engine.next(ranked, 0) == 1  # the other node, once the first is set aside
+    assert engine.next(ranked, 1) == -1
+    # A new decision: the nodes set aside by the last one count again.
+    assert engine.rank(ranked, ok, model.change_seq) == 0
+    assert engine.next(ranked, 0) == 1
+    for failed in (-1, len(layout.nodes)):
+        with pytest.raises(ValueError):
+            engine.next(ranked, failed)
     with pytest.raises(ValueError):
         engine.rank(node_keys(1, n_dev - 1), ok, model.change_seq)
     with pytest.raises(ValueError):
