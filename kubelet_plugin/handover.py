@@ -152,10 +152,13 @@ class HandoverServicer:
                 response = getattr(stub, method)(request, timeout=remaining)
             except grpc.RpcError as exc:
                 code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
-                if code != grpc.StatusCode.UNAVAILABLE:
+                # UNAVAILABLE: the holder is gone. CANCELLED while our own caller still waits:
+                # the holder's server stopped with the call in flight (its SIGTERM grace ran
+                # out). Either way the holder is going away.
+                if code not in _HOLDER_LEAVING or not context.is_active():
                     context.abort(code, f"previous plugin instance: {_details(exc)}")
-                # The holder is going away (or already gone): take the call once we own the
-                # state; prepare and unprepare are idempotent, so a half-done one is redone.
+                # Take the call once we own the state; prepare and unprepare are idempotent,
+                # so a half-done one is redone.
                 if not told:
                     log.info(
                         "%s %s: lock holder at %s unavailable; waiting to serve it here",
@@ -175,6 +178,9 @@ class HandoverServicer:
             if preparer is not None:
                 self._local = DraServicer(preparer, self._pb, version=self._version)
         return self._local
+
+
+_HOLDER_LEAVING = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 
 
 def _budget(context: Any) -> float:

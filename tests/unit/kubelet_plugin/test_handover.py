@@ -161,3 +161,38 @@ def test_health_stream_is_the_holders_until_it_ends(short_dir: Path) -> None:
         server.stop()
         holder.stop(0).wait()
         pool.shutdown(wait=True)
+
+
+def test_a_call_the_stopping_holder_cancelled_is_served_again(short_dir: Path) -> None:
+    """A holder stopping with a forwarded call in flight ends it CANCELLED (its SIGTERM grace ran
+    out); the kubelet still waits, so the call is sent again, not failed (seen in a rolling
+    update under load)."""
+    holder_socket = short_dir / "holder.sock"
+    calls: list[int] = []
+
+    def cancel_first(request: bytes, context: grpc.ServicerContext) -> bytes:
+        calls.append(len(calls))
+        if len(calls) == 1:
+            context.abort(grpc.StatusCode.CANCELLED, "server shutting down")
+        return dra_v1_pb2.NodePrepareResourcesResponse().SerializeToString()
+
+    pool = ThreadPoolExecutor(max_workers=1)
+    holder = grpc.server(pool)
+    holder.add_generic_rpc_handlers(
+        [
+            grpc.method_handlers_generic_handler(
+                "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin",
+                {"NodePrepareResources": grpc.unary_unary_rpc_method_handler(cancel_first)},
+            )
+        ]
+    )
+    holder.add_insecure_port(f"unix://{holder_socket}")
+    holder.start()
+    server = waiting_server(short_dir, holder=str(holder_socket))
+    try:
+        response = prepare(server, timeout=10.0)
+        assert isinstance(response, dra_v1_pb2.NodePrepareResourcesResponse)
+        assert calls == [0, 1]
+    finally:
+        server.stop()
+        holder.stop(0).wait()

@@ -178,7 +178,10 @@ def test_the_read_budget_follows_the_callers_deadline(
         if timeout is None:
             assert budget is None  # the client's own timeout (30 s, no read retries) applies
         else:
-            assert budget is not None and 0 < budget < timeout * 0.8
+            # gRPC sends the deadline as a relative timeout that the server counts from its own
+            # receipt of the call, so the server may see up to the transit time more than the
+            # client's 3 s (seen: 3.008 s under load); 80 % of that is the budget.
+            assert budget is not None and 0 < budget <= timeout * 0.8 + 0.05
     finally:
         server.stop(grace_s=0)
         preparer.close()
