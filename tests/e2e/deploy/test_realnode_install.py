@@ -307,6 +307,9 @@ def test_the_charts_probes_pass_in_the_plugin_container(
             command = container[probe]["exec"]["command"]
             code, out = exec_in(api, installed, "kubelet-plugin", command)
             assert code == 0, f"{probe} {command}: exit {code}: {out}"
+        # The exit status is the probe's own: a socket nobody listens on fails it.
+        code, _ = exec_in(api, installed, "kubelet-plugin", [command[0], "/tmp/nobody.sock"])
+        assert code != 0
     finally:
         api.close()
     pod = client.get(kube.path("v1", "pods", installed["metadata"]["name"], namespace=NAMESPACE))
