@@ -21,28 +21,37 @@ What this proves:
 1. The DaemonSet pod runs from the image (init container installs the hook into the chart's
    hookDir, the plugin starts), becomes Ready through the chart's probes, registers with the
    kubelet under its pod-UID socket names, and publishes the node's slices.
-2. A pod with a claim runs; its CDI spec was written by the DaemonSet's plugin (it names the
-   chart's hookDir).
+   The chart's own liveness and readiness probe commands, run inside the running plugin
+   container through the API server (`kubectl exec`), both pass.
+2. Least privilege in practice: the plugin runs with the chart's ServiceAccount token (the
+   kubelet's projected one, bound to the pod), publishes the node's slices in the shareable form
+   the bed's API server serves (consumable capacity) and prepares claims, and its log shows no
+   Forbidden answer. A pod with a claim runs; its CDI spec was written by the DaemonSet's plugin
+   (it names the chart's hookDir).
 3. A rollout (`maxSurge: 1, maxUnavailable: 0`): the DaemonSet controller starts the new pod
    next to the old one, deletes the old one once the new one is Ready, and the new one takes
    over; pods with claims created throughout the rollout all run, and the kubelet reports no
    failed prepare (no FailedPrepareDynamicResources event).
+4. Uninstall (the chart's objects deleted, as `helm uninstall` does; helm itself is in
+   deploy/test_chart.py): the plugin pod is terminated for real, and the CDI specs and claim
+   directories of the prepared claims stay on the node unchanged, their pods keep running.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
 from kubelet_plugin.server import SocketPaths
-from tests.fixtures.chart import JSON, by_kind, collection_path, render
+from tests.fixtures.chart import JSON, by_kind, collection_path, object_path, render
 from tests.fixtures.cluster import require_real_nodes
 from tests.fixtures.image_tree import built_tree
 from vgpu_testbed import polling
@@ -249,6 +258,8 @@ def test_chart_daemonset_runs_the_plugin_and_a_gpu_pod(
     devices = sorted(d["name"] for s in slices for d in s["spec"]["devices"])
     gpus = len(fakegpu.load_profile(node.profile).gpus)
     assert devices == sorted(f"gpu-{i}" for i in range(gpus))
+    # The bed serves consumable capacity: the plugin's start-up probe chose the shareable form.
+    assert all(d.get("allowMultipleAllocations") for s in slices for d in s["spec"]["devices"])
     registry = node.paths.root / "plugins_registry"
     own = SocketPaths.for_instance(
         DRIVER,
@@ -262,6 +273,8 @@ def test_chart_daemonset_runs_the_plugin_and_a_gpu_pod(
     assert hook.is_file()  # the init container installed it
     log = pod_log(node, installed, "kubelet-plugin")
     assert "is running" in log, log[-3000:]
+    # Its ServiceAccount (the projected token the kubelet mounted) allows all it does.
+    assert installed["spec"]["serviceAccountName"] == f"{RELEASE}-vgpu-dra-kubelet-plugin"
 
     namespace = "work"
     client.create(kube.path("v1", "namespaces"), {"metadata": {"name": namespace}})
@@ -275,6 +288,59 @@ def test_chart_daemonset_runs_the_plugin_and_a_gpu_pod(
     (claim,) = client.list(kube.path(RESOURCE_API, "resourceclaims", namespace=namespace))
     spec = node.layout.cdi_dir / f"k8s.{DRIVER}-claim_{claim['metadata']['uid']}.json"
     assert str(hook) in spec.read_text()  # written by the chart's plugin: the chart's hookDir
+    log = pod_log(node, installed, "kubelet-plugin")
+    assert "Forbidden" not in log, log[-3000:]
+
+
+def test_the_charts_probes_pass_in_the_plugin_container(
+    bed: tuple[Cluster, RealNode], client: KubeClient, installed: JSON
+) -> None:
+    """Both probe commands as the chart renders them, run in the container through the API
+    server and the kubelet (the path `kubectl exec` takes; the kubelet's own probe runs them
+    through the same CRI exec): exit status 0. Ready already says the readiness probe passed;
+    the liveness probe starts 10 s after the container and a failure shows only as a restart."""
+    cluster, _ = bed
+    (container,) = installed["spec"]["containers"]
+    api = cluster.api_client()
+    try:
+        for probe in ("livenessProbe", "readinessProbe"):
+            command = container[probe]["exec"]["command"]
+            code, out = exec_in(api, installed, "kubelet-plugin", command)
+            assert code == 0, f"{probe} {command}: exit {code}: {out}"
+        # The exit status is the probe's own: a socket nobody listens on fails it.
+        code, _ = exec_in(api, installed, "kubelet-plugin", [command[0], "/tmp/nobody.sock"])
+        assert code != 0
+    finally:
+        api.close()
+    pod = client.get(kube.path("v1", "pods", installed["metadata"]["name"], namespace=NAMESPACE))
+    statuses = pod["status"]["containerStatuses"]
+    assert [s["restartCount"] for s in statuses] == [0]
+
+
+def exec_in(api: Any, pod: JSON, container: str, command: list[str]) -> tuple[int, str]:
+    """command run in the pod's container through the API server: (exit status, output)."""
+    from kubernetes import client as k8s
+    from kubernetes.stream import stream
+
+    ws = stream(
+        k8s.CoreV1Api(api).connect_get_namespaced_pod_exec,
+        pod["metadata"]["name"],
+        pod["metadata"]["namespace"],
+        container=container,
+        command=command,
+        stderr=True,
+        stdin=False,
+        stdout=True,
+        tty=False,
+        _preload_content=False,
+    )
+    try:
+        ws.run_forever(timeout=60)
+        assert not ws.is_open(), f"{command} still running after 60 s"
+        code = ws.returncode  # before read_all(), which drops the status channel
+        return int(code), str(ws.read_all())
+    finally:
+        ws.close()
 
 
 TEMPLATE: JSON = {
@@ -366,3 +432,51 @@ def test_surge_rollout_loses_no_prepare(
     assert "waiting up to" in new_log, new_log[-3000:]
     assert "took over the node" in new_log, new_log[-3000:]
     print(f"rollout: {rollout_s:.1f} s, {len(names)} pods with claims created meanwhile, all ran")
+
+
+def digest(roots: list[Path]) -> dict[str, str]:
+    return {
+        str(path): hashlib.sha256(path.read_bytes()).hexdigest()
+        for root in roots
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
+    }
+
+
+def test_uninstall_keeps_prepared_claims_on_the_node(
+    bed: tuple[Cluster, RealNode],
+    client: KubeClient,
+    installed: JSON,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Runs last (pytest keeps the module's order): removes the chart. The claims of the
+    earlier tests' pods stay prepared: nothing on the node may go with the plugin pod."""
+    _, node = bed
+    claims = [
+        c
+        for namespace in ("work", "rollout")
+        for c in client.list(kube.path(RESOURCE_API, "resourceclaims", namespace=namespace))
+    ]
+    assert claims, "the earlier tests prepared claims"
+    ours = [node.layout.cdi_dir / f"k8s.{DRIVER}-claim_{c['metadata']['uid']}.json" for c in claims]
+    node_files = [node.layout.cdi_dir, node.paths.state_dir / "claims"]
+    before = digest(node_files)
+    assert {str(p) for p in ours} <= set(before)
+    assert any(p.endswith("vgpu.conf") for p in before)
+    running = [p for p in plugin_pods(client) if ready(p)]
+    assert running
+
+    # What `helm uninstall` does: every object of the release deleted (no hooks, no Jobs: the
+    # render test in deploy/test_chart.py asserts the chart has none).
+    for obj in reversed(chart_objects(tmp_path_factory.mktemp("helm"), node)):
+        client.delete(object_path(obj, NAMESPACE))
+    wait_for("the plugin pods to be gone", lambda: not _pods_left(client))
+    assert digest(node_files) == before
+    for claim in claims:
+        (owner,) = claim["status"]["reservedFor"]
+        namespace = claim["metadata"]["namespace"]
+        assert pod_ready(client, namespace, owner["name"]), owner["name"]
+
+
+def _pods_left(client: KubeClient) -> list[JSON]:
+    return client.list(kube.path("v1", "pods", namespace=NAMESPACE), label_selector=PLUGIN_LABELS)
