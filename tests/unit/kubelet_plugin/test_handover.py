@@ -3,10 +3,11 @@ calls end when there is no holder to forward to, when it stops, and when the hol
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,31 @@ def waiting_server(root: Path, holder: str | None) -> PluginServer:
     )
     server.start()
     return server
+
+
+@contextlib.contextmanager
+def holder_server(
+    socket: Path, on_prepare: Callable[[bytes, grpc.ServicerContext], bytes]
+) -> Iterator[None]:
+    """A stand-in lock holder on `socket` whose NodePrepareResources is `on_prepare` (raw bytes
+    in and out), stopped with its thread pool on exit."""
+    pool = ThreadPoolExecutor(max_workers=1)
+    holder = grpc.server(pool)
+    holder.add_generic_rpc_handlers(
+        [
+            grpc.method_handlers_generic_handler(
+                "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin",
+                {"NodePrepareResources": grpc.unary_unary_rpc_method_handler(on_prepare)},
+            )
+        ]
+    )
+    holder.add_insecure_port(f"unix://{socket}")
+    holder.start()
+    try:
+        yield
+    finally:
+        holder.stop(0).wait()
+        pool.shutdown(wait=True)
 
 
 def prepare(server: PluginServer, timeout: float) -> Any:
@@ -97,28 +123,15 @@ def test_a_holders_error_other_than_unavailable_is_passed_on(short_dir: Path) ->
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, "bad claim")
         return b""
 
-    pool = ThreadPoolExecutor(max_workers=1)
-    holder = grpc.server(pool)
-    holder.add_generic_rpc_handlers(
-        [
-            grpc.method_handlers_generic_handler(
-                "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin",
-                {"NodePrepareResources": grpc.unary_unary_rpc_method_handler(refuse)},
-            )
-        ]
-    )
-    holder.add_insecure_port(f"unix://{holder_socket}")
-    holder.start()
-    server = waiting_server(short_dir, holder=str(holder_socket))
-    try:
-        with pytest.raises(grpc.RpcError) as raised:
-            prepare(server, timeout=10.0)
-        assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "previous plugin instance: bad claim" in str(raised.value.details())
-    finally:
-        server.stop()
-        holder.stop(0).wait()
-        pool.shutdown(wait=True)
+    with holder_server(holder_socket, refuse):
+        server = waiting_server(short_dir, holder=str(holder_socket))
+        try:
+            with pytest.raises(grpc.RpcError) as raised:
+                prepare(server, timeout=10.0)
+            assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "previous plugin instance: bad claim" in str(raised.value.details())
+        finally:
+            server.stop()
 
 
 def test_health_stream_is_the_holders_until_it_ends(short_dir: Path) -> None:
@@ -176,23 +189,11 @@ def test_a_call_the_stopping_holder_cancelled_is_served_again(short_dir: Path) -
             context.abort(grpc.StatusCode.CANCELLED, "server shutting down")
         return dra_v1_pb2.NodePrepareResourcesResponse().SerializeToString()
 
-    pool = ThreadPoolExecutor(max_workers=1)
-    holder = grpc.server(pool)
-    holder.add_generic_rpc_handlers(
-        [
-            grpc.method_handlers_generic_handler(
-                "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin",
-                {"NodePrepareResources": grpc.unary_unary_rpc_method_handler(cancel_first)},
-            )
-        ]
-    )
-    holder.add_insecure_port(f"unix://{holder_socket}")
-    holder.start()
-    server = waiting_server(short_dir, holder=str(holder_socket))
-    try:
-        response = prepare(server, timeout=10.0)
-        assert isinstance(response, dra_v1_pb2.NodePrepareResourcesResponse)
-        assert calls == [0, 1]
-    finally:
-        server.stop()
-        holder.stop(0).wait()
+    with holder_server(holder_socket, cancel_first):
+        server = waiting_server(short_dir, holder=str(holder_socket))
+        try:
+            response = prepare(server, timeout=10.0)
+            assert isinstance(response, dra_v1_pb2.NodePrepareResourcesResponse)
+            assert calls == [0, 1]
+        finally:
+            server.stop()
