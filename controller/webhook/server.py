@@ -334,21 +334,9 @@ class WebhookServer:
             return
         phases.mark("decode")
         kind = (request.get("kind") or {}).get("kind", "")
-        span = (
-            self._tracer.start_as_current_span(
-                f"admission {operation}",
-                attributes={
-                    "vgpu_dra.admission.uid": str(request["uid"]),
-                    "vgpu_dra.admission.kind": kind,
-                    "k8s.namespace.name": str(request.get("namespace") or ""),
-                    "vgpu_dra.admission.dry_run": bool(request.get("dryRun")),
-                },
-            )
-            if self._tracer is not None
-            else contextlib.nullcontext()
-        )
+        span = admission_span(self._tracer, operation, request)
         with span as current:
-            response, decision = self._review(operation, review, request)
+            response, decision = self.review_safely(operation, review, request)
             if current is not None:
                 current.set_attribute("vgpu_dra.admission.decision", decision)
         phases.mark("review")
@@ -362,10 +350,10 @@ class WebhookServer:
         self._metrics.observe(operation, decision, elapsed)
         timed = phases.current()
         timing = timed.fields() if timed is not None else {}
-        self._log(operation, kind, request, decision, elapsed, timing=timing)
+        self.log_admission(operation, kind, request, decision, elapsed, timing=timing)
 
     @staticmethod
-    def _review(operation: str, review: Review, request: JSON) -> tuple[JSON, str]:
+    def review_safely(operation: str, review: Review, request: JSON) -> tuple[JSON, str]:
         try:
             return review(request)
         except Exception:
@@ -379,7 +367,7 @@ class WebhookServer:
             return response, "error"
 
     @staticmethod
-    def _log(
+    def log_admission(
         operation: str,
         kind: str,
         request: JSON,
@@ -411,6 +399,24 @@ class WebhookServer:
                 **timing,
             },
         )
+
+
+def admission_span(
+    tracer: trace.Tracer | None, operation: str, request: JSON
+) -> contextlib.AbstractContextManager[Any]:
+    """The admission's tracing span (a null context while tracing is off); both transports."""
+    if tracer is None:
+        return contextlib.nullcontext()
+    kind = (request.get("kind") or {}).get("kind", "")
+    return tracer.start_as_current_span(
+        f"admission {operation}",
+        attributes={
+            "vgpu_dra.admission.uid": str(request["uid"]),
+            "vgpu_dra.admission.kind": kind,
+            "k8s.namespace.name": str(request.get("namespace") or ""),
+            "vgpu_dra.admission.dry_run": bool(request.get("dryRun")),
+        },
+    )
 
 
 def _clock() -> float:

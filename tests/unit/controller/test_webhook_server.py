@@ -29,6 +29,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from controller.webhook import certs
+from controller.webhook.aio import AsyncWebhookServer
 from controller.webhook.metrics import WebhookMetrics
 from controller.webhook.server import MAX_BODY, MAX_CONNECTIONS, WebhookServer
 from vgpu_testbed.cluster import webhook_client
@@ -46,6 +47,17 @@ def review(uid: str = "u-1", **request: Any) -> bytes:
         "request": {"uid": uid, "kind": {"kind": "Pod"}, "namespace": "ns", **request},
     }
     return json.dumps(body).encode()
+
+
+# The transport under test; every test runs against each (the autouse fixture below).
+TRANSPORT: list[type[WebhookServer] | type[AsyncWebhookServer]] = [WebhookServer]
+
+
+@pytest.fixture(autouse=True, params=["threads", "asyncio"])
+def transport(request: pytest.FixtureRequest) -> Iterator[str]:
+    TRANSPORT[0] = AsyncWebhookServer if request.param == "asyncio" else WebhookServer
+    yield request.param
+    TRANSPORT[0] = WebhookServer
 
 
 def client_context(tmp_path: Path, *cas: bytes) -> ssl.SSLContext:
@@ -69,7 +81,7 @@ class Served:
         self.holder = holder
         self.metrics = WebhookMetrics()
         self.seen: list[JSON] = []
-        self.server = WebhookServer(
+        self.server = TRANSPORT[0](
             ("127.0.0.1", 0),
             holder,
             mutate=self._mutate,
