@@ -463,3 +463,26 @@ def test_while_draining_each_answer_closes_its_connection(served: Served, tmp_pa
     fresh = served.connect(context)  # new connections are still answered while draining
     assert post(fresh, "/mutate-pods", review("new"))[0] == 200
     assert [r["uid"] for r in served.seen] == ["before", "during", "new"]
+
+
+def test_a_client_that_stalls_in_the_handshake_or_the_body_is_dropped(tmp_path: Path) -> None:
+    """A hostile client holding connections open without finishing them (no handshake, or a body
+    shorter than announced) loses them after the request timeout."""
+    import socket
+
+    with serving(timeout_s=0.3) as s:
+        host, port = s.server.address
+        with socket.create_connection((host, port), timeout=10) as raw:  # never says hello
+            started = time.monotonic()
+            assert raw.recv(1) == b""
+            assert time.monotonic() - started < 5
+        conn = s.connect(client_context(tmp_path, s.ca))
+        conn.connect()
+        sock = conn.sock
+        assert sock is not None
+        sock.sendall(b"POST /mutate-pods HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        sock.settimeout(10)
+        started = time.monotonic()
+        assert sock.recv(1) == b""
+        assert time.monotonic() - started < 5
+        conn.close()
