@@ -41,6 +41,7 @@ from opentelemetry import trace
 from controller.webhook import phases
 from controller.webhook.certs import ContextHolder
 from controller.webhook.metrics import WebhookMetrics
+from controller.webhook.templates import WouldBlock
 from dra_driver.tracing import installed_tracer
 
 log = logging.getLogger("vgpu-dra.webhook.server")
@@ -356,6 +357,8 @@ class WebhookServer:
     def review_safely(operation: str, review: Review, request: JSON) -> tuple[JSON, str]:
         try:
             return review(request)
+        except WouldBlock:  # not an error: the event-loop transport retries off the loop
+            raise
         except Exception:
             # A bug of ours must not crash the connection thread; the API server applies the
             # failurePolicy to the error answer.

@@ -28,7 +28,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from controller.webhook import certs
+from controller.webhook import certs, templates
 from controller.webhook.aio import AsyncWebhookServer
 from controller.webhook.metrics import WebhookMetrics
 from controller.webhook.server import MAX_BODY, MAX_CONNECTIONS, WebhookServer
@@ -97,6 +97,8 @@ class Served:
         self.seen.append(request)
         if request.get("name") == "boom":
             raise RuntimeError("a bug")
+        if request.get("name") == "remote" and not templates.may_block():
+            raise templates.WouldBlock("a template to create")
         if request.get("name") == "sleepy":
             time.sleep(0.05)  # stands in for a wait off the CPU (the GIL, a network call)
         return {"allowed": True, "warnings": ["translated"]}, "patched"
@@ -486,3 +488,19 @@ def test_a_client_that_stalls_in_the_handshake_or_the_body_is_dropped(tmp_path: 
         assert sock.recv(1) == b""
         assert time.monotonic() - started < 5
         conn.close()
+
+
+def test_a_review_that_would_wait_for_the_api_is_answered_all_the_same(
+    served: Served, transport: str, tmp_path: Path
+) -> None:
+    """The event loop runs reviews inline but refuses them any wait for the API; such a review
+    is redone off the loop (a thread) and answered as usual. The thread transport may wait."""
+    conn = served.connect(client_context(tmp_path, served.ca))
+    status, body = post(conn, "/mutate-pods", review("u-r", name="remote"))
+    assert status == 200
+    assert json.loads(body)["response"] == {
+        "uid": "u-r", "allowed": True, "warnings": ["translated"]
+    }  # fmt: skip
+    tries = [r for r in served.seen if r.get("name") == "remote"]
+    assert len(tries) == (2 if transport == "asyncio" else 1)
+    assert post(conn, "/mutate-pods", review("u-s"))[0] == 200  # the connection lives on
