@@ -8,9 +8,11 @@ aiohttp is not a product dependency (the image drops it with the kubernetes pack
 client). Each connection gets its own thread, so a slow client or a slow template create never
 stalls the others. The cost, measured (`--webhook-phase-timing`, docs/webhook.md Performance):
 under a burst, ~200 connection threads (most of a burst's admissions come on new connections)
-take turns at the GIL, and a slow admission spends ~80 % of its time waiting for it; a single
-event-loop thread is the change that diagnosis points to. Meanwhile each answer is one write and
-each request one read, since every socket call gives the GIL away.
+take turns at the GIL, and a slow admission spends ~80 % of its time waiting for it; the
+event-loop transport (`controller.webhook.aio`, `--webhook-transport asyncio`) is the answer to
+that diagnosis, opt-in until the API server's own measure agrees (docs/webhook.md). Meanwhile
+each answer here is one write and each request one read, since every socket call gives the GIL
+away.
 
 TLS: every accepted connection is wrapped with the context the `ContextHolder` holds *at that
 moment*, and the handshake happens in the connection's thread (bounded by the timeout), so a
