@@ -37,7 +37,12 @@ After those passes, one more `child` pass per placement runs the webhook with
 CPU / in the CPU queue / asleep, controller/webhook/phases.py); the timing costs ~0.05 ms per
 admission, so the headline figures come from the passes without it
 (VGPU_BENCH_WEBHOOK_PHASES=0 skips the diagnosis).
-VGPU_BENCH_WEBHOOK_CONFIGS, _MODES and _PASSES narrow a run (comma lists, a number).
+Transports (`TRANSPORTS`, --webhook-transport: a thread per connection or one asyncio event
+loop) are a second dimension of the ways: `child` is threads, `child-asyncio` the event loop.
+VGPU_BENCH_WEBHOOK_TIMED=1 phase-times every pass (each pass's figures then carry `phases`, with
+`total_ms` from the request line: a clock that starts later than the API server's cannot pass
+for an improvement when read next to the API server's histogram) instead of a diagnosis pass.
+VGPU_BENCH_WEBHOOK_CONFIGS, _MODES, _TRANSPORTS and _PASSES narrow a run (comma lists, a number).
 """
 
 from __future__ import annotations
@@ -67,6 +72,10 @@ RESULTS = Path(__file__).parent / "results" / "webhook.json"
 CONCURRENCY = 200
 ROUNDS = 3
 MODES = ("inline", "child")  # --webhook-process: the controller's threads, or its own process
+# --webhook-transport: a thread per connection, or one event loop. A way is a mode and a
+# transport; its key is the mode alone for `threads` (as before the transports), else
+# `<mode>-<transport>`.
+TRANSPORTS = ("threads", "asyncio")
 CONFIGS = ("shared", "own-cpu")  # CPU placement, see above
 PASSES = 3  # per way and placement, alternating
 CPUSET_ROOT = Path("/sys/fs/cgroup/cpuset")
@@ -140,6 +149,9 @@ def main() -> None:
 
     configs = _env_list("VGPU_BENCH_WEBHOOK_CONFIGS", CONFIGS)
     modes = _env_list("VGPU_BENCH_WEBHOOK_MODES", MODES)
+    transports = _env_list("VGPU_BENCH_WEBHOOK_TRANSPORTS", TRANSPORTS)
+    ways = [m if t == "threads" else f"{m}-{t}" for m in modes for t in transports]
+    timed = os.environ.get("VGPU_BENCH_WEBHOOK_TIMED") == "1"
     passes = int(os.environ.get("VGPU_BENCH_WEBHOOK_PASSES", PASSES))
     diagnose = os.environ.get("VGPU_BENCH_WEBHOOK_PHASES", "1") != "0"
     notes: list[str] = []
@@ -167,7 +179,7 @@ def main() -> None:
                             cpusets=cpusets, timing=timing)  # fmt: skip
 
         by_config, diagnosis = _passes(
-            measure, configs, modes, passes=passes, diagnose=diagnose, cpusets=cpusets
+            measure, configs, ways, passes=passes, diagnose=diagnose, cpusets=cpusets, timed=timed
         )
     finally:
         if cpusets is not None:
@@ -186,6 +198,8 @@ def main() -> None:
         "passes_per_way": passes,
         "configs": configs,
         "modes": modes,
+        "transports": transports,
+        "phase_timed_passes": timed,
         "notes": notes,
     }
     document = _document(setup, by_config, diagnosis)
@@ -201,20 +215,22 @@ def _passes(
     passes: int,
     diagnose: bool,
     cpusets: Cpusets | None,
+    timed: bool = False,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """Every pass, alternating placements and ways so that none always runs on the more loaded
-    machine; then the phase-timed diagnosis passes."""
+    machine; then the phase-timed diagnosis passes. With `timed`, every pass is phase-timed
+    (its figures carry `phases`) and there is no separate diagnosis."""
     by_config: dict[str, dict[str, Any]] = {}
     diagnosis: dict[str, Any] = {}
-    runs = [(c, m, False) for _ in range(passes) for c in configs for m in modes]
-    runs += [(c, "child", True) for c in configs] if diagnose else []
+    runs = [(c, m, timed) for _ in range(passes) for c in configs for m in modes]
+    runs += [(c, "child", True) for c in configs] if diagnose and not timed else []
     for n, (placement, mode, timing) in enumerate(runs):
         if cpusets is not None and placement == "own-cpu":
             cpusets.split()  # the control plane (and this process) on its CPU
         elif cpusets is not None:
             cpusets.join()
         figures = measure(n, placement, mode, timing)
-        if timing:
+        if timing and not timed:
             diagnosis.setdefault(placement, []).append(figures)
         else:
             by_config.setdefault(placement, {}).setdefault(mode, []).append(figures)
@@ -346,8 +362,10 @@ def _measure(
     cpusets: Cpusets | None,
     timing: bool,
 ) -> dict[str, Any]:
-    """One controller (webhook served `mode`), a warm-up round and ROUNDS measured rounds in a
+    """One controller (webhook served `mode`: the process, and `-<transport>` if not threads),
+    a warm-up round and ROUNDS measured rounds in a
     fresh tenant namespace, whose pods are deleted afterwards (so passes start alike)."""
+    process, _, transport = mode.partition("-")
     tenant = f"bench-{mode}-{uuid.uuid4().hex[:6]}"
     _namespace(client, tenant, {LABEL: "on"})
     controller: subprocess.Popen[bytes] | None = None
@@ -360,7 +378,8 @@ def _measure(
                  "--webhook-port", str(port), "--webhook-bind", "127.0.0.1",
                  "--webhook-cert-ips", "127.0.0.1", "--webhook-namespace", system_ns,
                  "--webhook-config-names", config_name, "--webhook-cert-sync", "1s",
-                 "--webhook-process", mode, "--webhook-phase-timing", str(timing).lower()],
+                 "--webhook-process", process, "--webhook-transport", transport or "threads",
+                 "--webhook-phase-timing", str(timing).lower()],
                 stdout=out, stderr=subprocess.STDOUT,
                 env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
             )  # fmt: skip
@@ -427,6 +446,7 @@ def _runs(document: dict[str, Any]) -> list[dict[str, Any]]:
             "webhook_p50_ms": figures["webhook"]["p50_ms"],
             "webhook_p99_ms": figures["webhook"]["p99_ms"],
             "apiserver_p99_le_ms": figures["apiserver"]["p99_le_ms"],
+            "phase_total_p99_ms": (figures.get("phases") or {}).get("p99", {}).get("total_ms"),
             "client_errors": figures["client"]["errors"],
         }
         for placement, by_mode in document["by_config"].items()

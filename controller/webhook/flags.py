@@ -35,10 +35,14 @@ ENV = {
     "webhook_client_ca": "VGPU_DRA_WEBHOOK_CLIENT_CA",
     "webhook_drain": "VGPU_DRA_WEBHOOK_DRAIN",
     "webhook_phase_timing": "VGPU_DRA_WEBHOOK_PHASE_TIMING",
+    "webhook_transport": "VGPU_DRA_WEBHOOK_TRANSPORT",
 }
 # Where the controller serves admissions: a child process of its own (`vgpu-dra webhook`, the
 # default: admissions do not share the GIL with informers and allocation) or its own threads.
 PROCESS_CHOICES = ("child", "inline")
+# How connections are served: a thread each (controller.webhook.server) or one event loop
+# (controller.webhook.aio); docs/webhook.md, Performance, has the figures of each.
+TRANSPORT_CHOICES = ("threads", "asyncio")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -261,4 +265,11 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> No
         choices=PROCESS_CHOICES,
         help="controller only: serve admissions from a child process `vgpu-dra webhook` (child) "
         f"or from the controller's own threads (inline) (env {ENV['webhook_process']})",
+    )
+    group.add_argument(
+        "--webhook-transport",
+        default=env.get(ENV["webhook_transport"], TRANSPORT_CHOICES[0]),
+        choices=TRANSPORT_CHOICES,
+        help="serve webhook connections from a thread each (threads) or from one asyncio event "
+        f"loop (asyncio) (env {ENV['webhook_transport']})",
     )

@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry
 from controller.probes import parse_address
 from controller.webhook import certs
 from controller.webhook.admission import Admission
+from controller.webhook.aio import AsyncWebhookServer
 from controller.webhook.facts import FactsCache
 from controller.webhook.legacy import MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from controller.webhook.metrics import WebhookMetrics
@@ -47,7 +48,7 @@ class Running:
     # Its own registry, for a controller-wide metrics endpoint to include (it is also served on
     # the webhook's port at /metrics, by whichever process serves admissions).
     metrics: WebhookMetrics
-    server: WebhookServer | None = None  # serving in this process
+    server: WebhookServer | AsyncWebhookServer | None = None  # serving in this process
     child: ChildWebhook | None = None  # serving in a child process
     drain_s: float = 0.0  # see `stop`
     stopped: threading.Event = field(default_factory=threading.Event)
@@ -184,7 +185,8 @@ def serve(
     ensurer = TemplateEnsurer(client, grace_s=grace_s, on_create=metrics.templates_created.inc)
     facts = FactsCache(client, args.driver_name)
     admission = Admission(settings, ensurer, facts.current)
-    server = WebhookServer(
+    transport = AsyncWebhookServer if args.webhook_transport == "asyncio" else WebhookServer
+    server = transport(
         parse_address(f"{args.webhook_bind}:{args.webhook_port}"),
         holder,
         mutate=admission.mutate,

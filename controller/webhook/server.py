@@ -8,9 +8,11 @@ aiohttp is not a product dependency (the image drops it with the kubernetes pack
 client). Each connection gets its own thread, so a slow client or a slow template create never
 stalls the others. The cost, measured (`--webhook-phase-timing`, docs/webhook.md Performance):
 under a burst, ~200 connection threads (most of a burst's admissions come on new connections)
-take turns at the GIL, and a slow admission spends ~80 % of its time waiting for it; a single
-event-loop thread is the change that diagnosis points to. Meanwhile each answer is one write and
-each request one read, since every socket call gives the GIL away.
+take turns at the GIL, and a slow admission spends ~80 % of its time waiting for it; the
+event-loop transport (`controller.webhook.aio`, `--webhook-transport asyncio`) is the answer to
+that diagnosis, opt-in until the API server's own measure agrees (docs/webhook.md). Meanwhile
+each answer here is one write and each request one read, since every socket call gives the GIL
+away.
 
 TLS: every accepted connection is wrapped with the context the `ContextHolder` holds *at that
 moment*, and the handshake happens in the connection's thread (bounded by the timeout), so a
@@ -41,6 +43,7 @@ from opentelemetry import trace
 from controller.webhook import phases
 from controller.webhook.certs import ContextHolder
 from controller.webhook.metrics import WebhookMetrics
+from controller.webhook.templates import WouldBlock
 from dra_driver.tracing import installed_tracer
 
 log = logging.getLogger("vgpu-dra.webhook.server")
@@ -334,21 +337,9 @@ class WebhookServer:
             return
         phases.mark("decode")
         kind = (request.get("kind") or {}).get("kind", "")
-        span = (
-            self._tracer.start_as_current_span(
-                f"admission {operation}",
-                attributes={
-                    "vgpu_dra.admission.uid": str(request["uid"]),
-                    "vgpu_dra.admission.kind": kind,
-                    "k8s.namespace.name": str(request.get("namespace") or ""),
-                    "vgpu_dra.admission.dry_run": bool(request.get("dryRun")),
-                },
-            )
-            if self._tracer is not None
-            else contextlib.nullcontext()
-        )
+        span = admission_span(self._tracer, operation, request)
         with span as current:
-            response, decision = self._review(operation, review, request)
+            response, decision = self.review_safely(operation, review, request)
             if current is not None:
                 current.set_attribute("vgpu_dra.admission.decision", decision)
         phases.mark("review")
@@ -362,12 +353,14 @@ class WebhookServer:
         self._metrics.observe(operation, decision, elapsed)
         timed = phases.current()
         timing = timed.fields() if timed is not None else {}
-        self._log(operation, kind, request, decision, elapsed, timing=timing)
+        self.log_admission(operation, kind, request, decision, elapsed, timing=timing)
 
     @staticmethod
-    def _review(operation: str, review: Review, request: JSON) -> tuple[JSON, str]:
+    def review_safely(operation: str, review: Review, request: JSON) -> tuple[JSON, str]:
         try:
             return review(request)
+        except WouldBlock:  # not an error: the event-loop transport retries off the loop
+            raise
         except Exception:
             # A bug of ours must not crash the connection thread; the API server applies the
             # failurePolicy to the error answer.
@@ -379,7 +372,7 @@ class WebhookServer:
             return response, "error"
 
     @staticmethod
-    def _log(
+    def log_admission(
         operation: str,
         kind: str,
         request: JSON,
@@ -411,6 +404,24 @@ class WebhookServer:
                 **timing,
             },
         )
+
+
+def admission_span(
+    tracer: trace.Tracer | None, operation: str, request: JSON
+) -> contextlib.AbstractContextManager[Any]:
+    """The admission's tracing span (a null context while tracing is off); both transports."""
+    if tracer is None:
+        return contextlib.nullcontext()
+    kind = (request.get("kind") or {}).get("kind", "")
+    return tracer.start_as_current_span(
+        f"admission {operation}",
+        attributes={
+            "vgpu_dra.admission.uid": str(request["uid"]),
+            "vgpu_dra.admission.kind": kind,
+            "k8s.namespace.name": str(request.get("namespace") or ""),
+            "vgpu_dra.admission.dry_run": bool(request.get("dryRun")),
+        },
+    )
 
 
 def _clock() -> float:

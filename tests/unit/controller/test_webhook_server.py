@@ -28,7 +28,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from controller.webhook import certs
+from controller.webhook import certs, templates
+from controller.webhook.aio import AsyncWebhookServer
 from controller.webhook.metrics import WebhookMetrics
 from controller.webhook.server import MAX_BODY, MAX_CONNECTIONS, WebhookServer
 from vgpu_testbed.cluster import webhook_client
@@ -46,6 +47,17 @@ def review(uid: str = "u-1", **request: Any) -> bytes:
         "request": {"uid": uid, "kind": {"kind": "Pod"}, "namespace": "ns", **request},
     }
     return json.dumps(body).encode()
+
+
+# The transport under test; every test runs against each (the autouse fixture below).
+TRANSPORT: list[type[WebhookServer] | type[AsyncWebhookServer]] = [WebhookServer]
+
+
+@pytest.fixture(autouse=True, params=["threads", "asyncio"])
+def transport(request: pytest.FixtureRequest) -> Iterator[str]:
+    TRANSPORT[0] = AsyncWebhookServer if request.param == "asyncio" else WebhookServer
+    yield request.param
+    TRANSPORT[0] = WebhookServer
 
 
 def client_context(tmp_path: Path, *cas: bytes) -> ssl.SSLContext:
@@ -69,7 +81,7 @@ class Served:
         self.holder = holder
         self.metrics = WebhookMetrics()
         self.seen: list[JSON] = []
-        self.server = WebhookServer(
+        self.server = TRANSPORT[0](
             ("127.0.0.1", 0),
             holder,
             mutate=self._mutate,
@@ -85,6 +97,8 @@ class Served:
         self.seen.append(request)
         if request.get("name") == "boom":
             raise RuntimeError("a bug")
+        if request.get("name") == "remote" and not templates.may_block():
+            raise templates.WouldBlock("a template to create")
         if request.get("name") == "sleepy":
             time.sleep(0.05)  # stands in for a wait off the CPU (the GIL, a network call)
         return {"allowed": True, "warnings": ["translated"]}, "patched"
@@ -451,3 +465,42 @@ def test_while_draining_each_answer_closes_its_connection(served: Served, tmp_pa
     fresh = served.connect(context)  # new connections are still answered while draining
     assert post(fresh, "/mutate-pods", review("new"))[0] == 200
     assert [r["uid"] for r in served.seen] == ["before", "during", "new"]
+
+
+def test_a_client_that_stalls_in_the_handshake_or_the_body_is_dropped(tmp_path: Path) -> None:
+    """A hostile client holding connections open without finishing them (no handshake, or a body
+    shorter than announced) loses them after the request timeout."""
+    import socket
+
+    with serving(timeout_s=0.3) as s:
+        host, port = s.server.address
+        with socket.create_connection((host, port), timeout=10) as raw:  # never says hello
+            started = time.monotonic()
+            assert raw.recv(1) == b""
+            assert time.monotonic() - started < 5
+        conn = s.connect(client_context(tmp_path, s.ca))
+        conn.connect()
+        sock = conn.sock
+        assert sock is not None
+        sock.sendall(b"POST /mutate-pods HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        sock.settimeout(10)
+        started = time.monotonic()
+        assert sock.recv(1) == b""
+        assert time.monotonic() - started < 5
+        conn.close()
+
+
+def test_a_review_that_would_wait_for_the_api_is_answered_all_the_same(
+    served: Served, transport: str, tmp_path: Path
+) -> None:
+    """The event loop runs reviews inline but refuses them any wait for the API; such a review
+    is redone off the loop (a thread) and answered as usual. The thread transport may wait."""
+    conn = served.connect(client_context(tmp_path, served.ca))
+    status, body = post(conn, "/mutate-pods", review("u-r", name="remote"))
+    assert status == 200
+    assert json.loads(body)["response"] == {
+        "uid": "u-r", "allowed": True, "warnings": ["translated"]
+    }  # fmt: skip
+    tries = [r for r in served.seen if r.get("name") == "remote"]
+    assert len(tries) == (2 if transport == "asyncio" else 1)
+    assert post(conn, "/mutate-pods", review("u-s"))[0] == 200  # the connection lives on

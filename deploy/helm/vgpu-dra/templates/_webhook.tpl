@@ -68,6 +68,8 @@ controller.webhook.translate.match_conditions() for the same values.
   value: {{ .Values.webhook.templateGrace | quote }}
 - name: VGPU_DRA_WEBHOOK_PROCESS
   value: {{ .Values.webhook.process | quote }}
+- name: VGPU_DRA_WEBHOOK_TRANSPORT
+  value: {{ .Values.webhook.transport | quote }}
 - name: VGPU_DRA_WEBHOOK_DRAIN
   value: {{ .Values.webhook.drain | quote }}
 {{- if .Values.webhook.clientCA.configMap }}
