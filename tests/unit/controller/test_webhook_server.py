@@ -301,7 +301,7 @@ def test_each_admission_logs_one_structured_line(
     status, _ = post(conn, "/mutate-pods", review("uid-7", operation="CREATE", name="p1"))
     assert status == 200
     conn.close()
-    (record,) = [r for r in caplog.records if r.getMessage().startswith("admission")]
+    (record,) = admission_records(caplog, 1)  # written after the answer: wait for it
     fields = record.__dict__
     assert (fields["uid"], fields["operation"], fields["kind"]) == ("uid-7", "mutate", "Pod")
     assert (fields["namespace"], fields["object"], fields["decision"]) == ("ns", "p1", "patched")
