@@ -26,7 +26,7 @@ import ctypes
 import os
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from vgpu_testbed.realnode.relay import splice
 
@@ -40,39 +40,38 @@ def _setns(fd: int) -> None:
         raise OSError(err, f"setns: {os.strerror(err)}")
 
 
-def listen_in(netns: str, port: int) -> socket.socket:
-    """A listening socket on 127.0.0.1:port of the network namespace at `netns`."""
+@contextlib.contextmanager
+def _inside(netns: str) -> Iterator[None]:
+    """This thread in the network namespace at `netns` for the block (sockets made there stay
+    there), back in its own afterwards."""
     own = os.open("/proc/self/ns/net", os.O_RDONLY)
     target = os.open(netns, os.O_RDONLY)
     try:
         _setns(target)
         try:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(("127.0.0.1", port))
-            sock.listen(128)
+            yield
         finally:
             _setns(own)
     finally:
         os.close(own)
         os.close(target)
+
+
+def listen_in(netns: str, port: int) -> socket.socket:
+    """A listening socket on 127.0.0.1:port of the network namespace at `netns`."""
+    with _inside(netns):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen(128)
     sock.setblocking(False)
     return sock
 
 
 def socket_in(netns: str) -> socket.socket:
     """A fresh TCP socket of the network namespace at `netns` (to connect from there)."""
-    own = os.open("/proc/self/ns/net", os.O_RDONLY)
-    target = os.open(netns, os.O_RDONLY)
-    try:
-        _setns(target)
-        try:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        finally:
-            _setns(own)
-    finally:
-        os.close(own)
-        os.close(target)
+    with _inside(netns):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setblocking(False)
     return sock
 
