@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,26 +97,57 @@ def _ca(now: dt.datetime) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]
     return key, cert
 
 
-def _serving(
-    ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, now: dt.datetime
+def _leaf(
+    ca_key: ec.EllipticCurvePrivateKey,
+    ca_cert: x509.Certificate,
+    subject: x509.Name,
+    usage: x509.ObjectIdentifier,
+    *,
+    sans: Sequence[x509.GeneralName],
+    lifetime: dt.timedelta,
 ) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A fresh key and its certificate, signed by the CA for one extended key usage.
+
+    Valid from five minutes ago (the bed's processes read one clock, but a certificate made in
+    the same second as its first use must not be "not yet valid") until `lifetime` from now or
+    the CA's own end, whichever comes first."""
     key = _new_key()
-    sans: list[x509.GeneralName] = [x509.DNSName(n) for n in SERVING_DNS_NAMES]
-    sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in SERVING_IPS]
-    cert = (
+    now = dt.datetime.now(dt.UTC)
+    builder = (
         x509.CertificateBuilder()
-        .subject_name(_name("kube-apiserver"))
+        .subject_name(subject)
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + _VALIDITY)
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .not_valid_after(min(now + lifetime, ca_cert.not_valid_after_utc))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
     )
-    return key, cert
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(list(sans)), critical=False)
+    return key, builder.sign(ca_key, hashes.SHA256())
+
+
+def issue(
+    ca_cert_pem: bytes,
+    ca_key_pem: bytes,
+    subject: x509.Name,
+    usage: x509.ObjectIdentifier,
+    *,
+    sans: Sequence[x509.GeneralName] = (),
+    lifetime: dt.timedelta = _VALIDITY,
+) -> tuple[bytes, bytes]:
+    """A leaf certificate signed by the CA given as PEM: (certificate PEM, key PEM).
+
+    The one place the bed issues certificates below a CA (kubelet serving and client
+    certificates, the API server's webhook client certificate)."""
+    ca_cert = x509.load_pem_x509_certificate(ca_cert_pem)
+    ca_key = serialization.load_pem_private_key(ca_key_pem, password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise TypeError(f"the CA key of {ca_cert.subject.rfc4514_string()} is not an EC key")
+    key, cert = _leaf(ca_key, ca_cert, subject, usage, sans=sans, lifetime=lifetime)
+    return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
 
 
 def generate(pki_dir: Path) -> CertPaths:
@@ -126,7 +158,16 @@ def generate(pki_dir: Path) -> CertPaths:
     paths = CertPaths.under(pki_dir)
     now = dt.datetime.now(dt.UTC)
     ca_key, ca_cert = _ca(now)
-    srv_key, srv_cert = _serving(ca_key, ca_cert, now)
+    sans: list[x509.GeneralName] = [x509.DNSName(n) for n in SERVING_DNS_NAMES]
+    sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in SERVING_IPS]
+    srv_key, srv_cert = _leaf(
+        ca_key,
+        ca_cert,
+        _name("kube-apiserver"),
+        ExtendedKeyUsageOID.SERVER_AUTH,
+        sans=sans,
+        lifetime=_VALIDITY,
+    )
     sa_key = _new_key()
     pem = serialization.Encoding.PEM
     _write(paths.ca_key, _key_pem(ca_key), 0o600)

@@ -19,12 +19,11 @@ from pathlib import Path
 
 import yaml
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from controller.webhook import certs
 from dra_driver.atomicfile import write_atomic
+from vgpu_testbed.cluster import certs as bed_certs
 
 CA_NAME = "webhook-client-ca.crt"
 LIFETIME = dt.timedelta(days=7)
@@ -38,30 +37,10 @@ def issue_client(
     ca_cert_pem: bytes, ca_key_pem: bytes, common_name: str, lifetime: dt.timedelta = LIFETIME
 ) -> tuple[bytes, bytes]:
     """A client certificate (clientAuth) signed by the CA: (cert PEM, key PEM)."""
-    ca_cert = x509.load_pem_x509_certificate(ca_cert_pem)
-    ca_key = serialization.load_pem_private_key(ca_key_pem, password=None)
-    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
-        raise ValueError("the webhook client CA key is not an EC key")
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(min(now + lifetime, ca_cert.not_valid_after_utc))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    return bed_certs.issue(
+        ca_cert_pem, ca_key_pem, subject, ExtendedKeyUsageOID.CLIENT_AUTH, lifetime=lifetime
     )
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-    return cert.public_bytes(serialization.Encoding.PEM), key_pem
 
 
 def apiserver_flags(pki_dir: Path) -> list[str]:

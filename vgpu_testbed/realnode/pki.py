@@ -12,19 +12,15 @@ Keys are 0600, EC P-256 like the rest of the bed's PKI (`vgpu_testbed.cluster.ce
 
 from __future__ import annotations
 
-import datetime as dt
 import ipaddress
 from pathlib import Path
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from dra_driver.atomicfile import write_atomic
+from vgpu_testbed.cluster import certs
 from vgpu_testbed.realnode import egress
-
-_VALIDITY = dt.timedelta(days=365)
 
 
 def _issue(
@@ -36,32 +32,16 @@ def _issue(
     out: tuple[Path, Path],
 ) -> None:
     cert_path, key_path = out
-    ca_cert = x509.load_pem_x509_certificate((pki_dir / "ca.crt").read_bytes())
-    ca_key = serialization.load_pem_private_key((pki_dir / "ca.key").read_bytes(), None)
-    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
-        raise TypeError("the bed CA key is not an EC key")
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.UTC)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + _VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-    )
-    if sans:
-        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-    cert = builder.sign(ca_key, hashes.SHA256())
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    cert, key = certs.issue(
+        (pki_dir / "ca.crt").read_bytes(),
+        (pki_dir / "ca.key").read_bytes(),
+        subject,
+        usage,
+        sans=sans,
     )
     # Keys are created 0600 from the start; no fsync: the bed rebuilds its PKI after a crash.
-    write_atomic(str(key_path), key_pem, mode=0o600, sync=False)
-    write_atomic(str(cert_path), cert.public_bytes(serialization.Encoding.PEM), sync=False)
+    write_atomic(str(key_path), key, mode=0o600, sync=False)
+    write_atomic(str(cert_path), cert, sync=False)
 
 
 def egress_socket(cluster_root: Path) -> Path:
