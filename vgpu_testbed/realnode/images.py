@@ -178,38 +178,20 @@ def build_images(out_dir: Path, driver_libraries: Sequence[Path]) -> list[BuiltI
 def import_images(ctr: Path, address: Path, images: Iterable[BuiltImage]) -> None:
     """Load the archives into the containerd at `address` (namespace k8s.io, as the CRI uses)."""
     images = list(images)
-    for image in images:
+
+    def ctr_run(args: list[str], what: str) -> None:
         result = subprocess.run(
-            [
-                str(ctr),
-                "--address",
-                str(address),
-                "-n",
-                "k8s.io",
-                "images",
-                "import",
-                str(image.archive),
-            ],
+            [str(ctr), "--address", str(address), "-n", "k8s.io", *args],
             capture_output=True,
             text=True,
             check=False,
         )
         if result.returncode != 0:
-            raise ImageBuildError(
-                f"importing {image.name} into {address} failed: {result.stderr.strip()[-1000:]}"
-            )
+            raise ImageBuildError(f"{what} in {address} failed: {result.stderr.strip()[-1000:]}")
+
+    for image in images:
+        ctr_run(["images", "import", str(image.archive)], f"importing {image.name}")
     names = {image.name for image in images}
     for alias, source in ALIASES.items():
-        if source not in names:
-            continue
-        tag = ["images", "tag", "--force", source, alias]
-        tagged = subprocess.run(
-            [str(ctr), "--address", str(address), "-n", "k8s.io", *tag],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if tagged.returncode != 0:
-            raise ImageBuildError(
-                f"tagging {source} as {alias} in {address} failed: {tagged.stderr.strip()[-1000:]}"
-            )
+        if source in names:
+            ctr_run(["images", "tag", "--force", source, alias], f"tagging {source} as {alias}")
