@@ -294,3 +294,106 @@ def test_the_governor_polls_fast_only_while_a_launching_claim_learns(tmp_path: P
     finally:
         gov.close()
         region.close()
+
+
+# ---- the settling sweep (docs/vgpu-hook.md "Settling sweep") ---------------------------------
+#
+# Where the first launch falls in NVML's sample period decides how much of the first fresh
+# sample's period the claim ran in, and so how long the controller waits: the seeded tenant
+# starts at SWEEP_PHASES evenly spaced points of a period, for two jitter sequences, with the
+# governor's ticks at a fixed offset. Each run is 1.6 s of controller time; the whole sweep is
+# about a second.
+SWEEP_PHASES = 8
+SWEEP_JITTER_SEEDS = (0, 2)
+SWEEP_TICK_OFFSET_NS = 34_000_000
+SWEEP_GRID_NS = 10_000_000  # where the period grid starts on the fake clock
+FIXED_TARGET_S = 0.3  # issue 17: a `fixed` claim settles within 300 ms
+# Worst settling the sweep gives today under realistic sampling, per cap, with 20 ms to spare:
+# a controller change that makes the start slower fails here (the bound is not the target).
+SWEEP_REALISTIC_BOUND_S = {10: 0.35, 30: 0.31, 50: 0.54, 70: 0.34}
+
+
+def _run_at_phase(
+    root: Path, cap: int, *, realistic: bool, phase: float, jitter_seed: int
+) -> Tenant:
+    node = SimNode(root)
+    node.clock[0] = 0
+    path = node.claim("c0", cap, pid=500)
+    offset = int(phase * PERIOD_NS) // DT_NS * DT_NS
+    start = SWEEP_GRID_NS + 4 * PERIOD_NS + offset
+    tenant = Tenant(500, cap, rg.Region(str(path)), start, 7.2e-8)
+    plant = Plant([tenant], realistic=realistic, seed=jitter_seed)
+    plant.phase = SWEEP_GRID_NS
+    gov = node.governor(None)
+    gov.source = plant
+    now, end = SWEEP_TICK_OFFSET_NS, start + 1_600_000_000
+    try:
+        while now < end:
+            plant.advance(now)
+            node.clock[0] = now
+            gov.tick()
+            now += int(gov.next_period() * 1e9)
+        plant.advance(end)
+    finally:
+        gov.close()
+        tenant.region.close()
+    return tenant
+
+
+def _sweep(root: Path, cap: int, *, realistic: bool) -> tuple[float, float]:
+    """Worst settling (s) and worst overshoot (points) of a `fixed` claim over the sweep."""
+    worst_settle, worst_peak = 0.0, -math.inf
+    for index in range(SWEEP_PHASES):
+        for jitter_seed in SWEEP_JITTER_SEEDS:
+            run_dir = root / f"{index}-{jitter_seed}"
+            run_dir.mkdir()
+            tenant = _run_at_phase(
+                run_dir,
+                cap,
+                realistic=realistic,
+                phase=index / SWEEP_PHASES,
+                jitter_seed=jitter_seed,
+            )
+            worst_settle = max(worst_settle, settle_s([tenant], [cap], tenant.start_ns))
+            worst_peak = max(worst_peak, peak_over_cap([tenant], [cap], tenant.start_ns))
+    return worst_settle, worst_peak
+
+
+@pytest.mark.parametrize("cap", [10, 30, 50, 70])
+def test_a_fixed_claim_settles_within_300_ms_at_every_phase_under_exact_sampling(
+    tmp_path: Path, cap: int
+) -> None:
+    settle, peak = _sweep(tmp_path, cap, realistic=False)
+    assert settle <= FIXED_TARGET_S
+    assert peak <= BAND
+
+
+@pytest.mark.parametrize("cap", [10, 30, 50, 70])
+def test_the_worst_phase_under_realistic_sampling_stays_within_its_bound(
+    tmp_path: Path, cap: int
+) -> None:
+    """Regression guard for what the sweep gives today, and never over the cap meanwhile."""
+    settle, peak = _sweep(tmp_path, cap, realistic=True)
+    assert settle <= SWEEP_REALISTIC_BOUND_S[cap]
+    assert peak <= BAND
+
+
+@pytest.mark.parametrize(
+    "cap",
+    [
+        pytest.param(cap, marks=pytest.mark.xfail(strict=True, reason=reason)) if reason else cap
+        for cap, reason in (
+            (10, "seed window reads 0.72 % as 1 %: learnt gain 39 % high, util 7.2 until relearnt"),
+            (30, ""),
+            (50, "seed window reads 3.6 % as 4 %: util 45 for a held period, relearnt ~0.5 s"),
+            (70, "the anchor costs a whole sample period when the claim starts just after one"),
+        )
+    ],
+)
+def test_a_fixed_claim_settles_within_300_ms_at_every_phase_under_realistic_sampling(
+    tmp_path: Path, cap: int
+) -> None:
+    """Issue 17's target over the whole sweep. Not met at caps 10, 50 and 70 (strict xfail: a
+    fix turns these into failures to un-mark); docs/vgpu-hook.md "Settling sweep" says why."""
+    settle, _ = _sweep(tmp_path, cap, realistic=True)
+    assert settle <= FIXED_TARGET_S
