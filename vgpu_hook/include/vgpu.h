@@ -123,6 +123,9 @@ struct vgpu_ctl_sample {
     double cost_rate;     /* launch cost units per second over the window */
     double dt;            /* window length, seconds */
     bool throttled;       /* the bucket made someone wait during the window */
+    bool aligned;         /* the window ends within a learning poll of the sample period's
+                             end: the next period, straddling this step's rate change, is
+                             measured as it was and need not be skipped (no hold) */
 };
 struct vgpu_ctl_state {
     double gain;          /* util points per (cost unit / s); 0 = unknown */

@@ -109,7 +109,7 @@ double vgpu_ctl_step(struct vgpu_ctl_state *st, const struct vgpu_ctl_sample *s,
     if (want < 0.5) want = 0.5;
     double rate = want / st->gain;
     if (!isfinite(rate) || rate < 1) rate = 1;
-    st->hold = current_rate > 0 && fabs(rate - current_rate) > current_rate / 3;
+    st->hold = !s->aligned && current_rate > 0 && fabs(rate - current_rate) > current_rate / 3;
     return rate;
 }
 

@@ -23,7 +23,18 @@
 /* While the controller has no gain yet, or skips a sample that straddles a big rate change, it
  * polls NVML this often: a fresh sample comes once per driver period (~1/6 s), and waiting up to
  * 100 ms to notice each one would add that to every step a new claim needs to settle. */
-#define CTL_LEARNING_PERIOD_NS 20000000ULL
+#define CTL_LEARNING_PERIOD_NS 10000000ULL
+/* A window end placed between two polls this close is "aligned" (vgpu_ctl_sample.aligned). */
+#define CTL_ALIGNED_BRACKET_NS 25000000ULL
+/* The driver's sample period assumed for a claim's first sample, whose period began before the
+ * first launch (NVML does not say when a period began; real drivers and the simulator: 1/6 s).
+ * That sample is learnt from only if the claim launched for at least half of it: a shorter
+ * stretch reads a fraction of a percent. Same rule as kubelet_plugin/governor.py. */
+#define CTL_SAMPLE_PERIOD_NS 166667000ULL
+#define CTL_FIRST_COVERAGE_MIN 0.5
+/* Steps after the first learnt one that still poll fast: they correct the first gain (learnt
+ * from a seed window that reads a few integer percent) within one sample period each. */
+#define CTL_SETTLING_STEPS 2
 #define GOVERNOR_STALE_NS 2000000000ULL /* governor considered gone after 2 s of silence */
 
 static double bits_to_double(uint64_t bits) {
@@ -111,7 +122,10 @@ static void maybe_step_controller(struct vgpu_dev *d, struct vgpu_region_device 
     if (gov != 0 && now - gov < GOVERNOR_STALE_NS) return;
     uint64_t last = atomic_load_explicit(&rd->ctl_stamp_ns, memory_order_relaxed);
     uint64_t period = atomic_load_explicit(&rd->ctl_gain_bits, memory_order_relaxed) == 0 ||
-                              atomic_load_explicit(&rd->ctl_hold, memory_order_relaxed) != 0
+                              atomic_load_explicit(&rd->ctl_hold, memory_order_relaxed) != 0 ||
+                              atomic_load_explicit(&rd->ctl_moved, memory_order_relaxed) != 0 ||
+                              atomic_load_explicit(&rd->ctl_steps, memory_order_relaxed) <=
+                                  CTL_SETTLING_STEPS
                           ? CTL_LEARNING_PERIOD_NS
                           : CTL_PERIOD_NS;
     if (last != 0 && now - last < period) return;
@@ -121,6 +135,10 @@ static void maybe_step_controller(struct vgpu_dev *d, struct vgpu_region_device 
     uint64_t throttled = atomic_load(&rd->throttled_ns);
     uint64_t start = atomic_load(&rd->ctl_window_ns);
     bool learning = atomic_load(&rd->ctl_gain_bits) == 0;
+    /* The previous poll (this one's launch cost is the next one's), and whether it found a
+     * fresh sample; a poll that finds none leaves 0 there. */
+    uint64_t poll_cost = atomic_exchange(&rd->ctl_poll_cost, cost);
+    bool poll_fresh = atomic_exchange(&rd->ctl_poll_fresh, 0) != 0;
     if (start == 0 || now - start > 10 * CTL_PERIOD_NS) { /* (re)start of a window */
         atomic_store(&rd->ctl_cost_mark, cost);
         atomic_store(&rd->throttle_mark, throttled);
@@ -131,19 +149,49 @@ static void maybe_step_controller(struct vgpu_dev *d, struct vgpu_region_device 
     double device_util = 0, claim_util = 0;
     enum sample_result got = sample_util(d, now - start, &device_util, &claim_util);
     if (got != SAMPLE_OK) return; /* nothing new yet: the window grows until a sample comes */
-    uint64_t cost_mark = atomic_exchange(&rd->ctl_cost_mark, cost);
+    atomic_store(&rd->ctl_poll_fresh, 1);
+    /* Where the sample's period ended: between the previous poll and this one when that one
+     * found nothing new (a real driver's sample period; midway, where the launch cost is
+     * interpolated exactly, the rate being constant between two polls). Two fresh polls in a
+     * row: NVML answered for our own interval (the simulator's exact mode) or we poll slower
+     * than it publishes; the window then ends now, its end not bracketed. */
+    uint64_t end = now, end_cost = cost, bracket = UINT64_MAX;
+    if (!poll_fresh && last != 0 && last < now && poll_cost <= cost) {
+        end = last + (now - last) / 2;
+        end_cost = poll_cost + (cost - poll_cost) / 2;
+        bracket = now - last;
+    }
+    uint64_t cost_mark = atomic_exchange(&rd->ctl_cost_mark, end_cost);
     uint64_t throttle_mark = atomic_exchange(&rd->throttle_mark, throttled);
-    atomic_store(&rd->ctl_window_ns, now);
-    /* Learning the gain from a sample period that began before the launches did would
-     * underestimate it (and overshoot the cap next): the first sample only anchors. */
-    if (atomic_exchange(&rd->ctl_learning_anchor, 0) != 0 && learning) return;
+    atomic_store(&rd->ctl_window_ns, end);
+    bool first_sample = false;
+    if (atomic_exchange(&rd->ctl_learning_anchor, 0) != 0 && learning) {
+        /* The claim's first sample: its period began before the first launch (the seed), when
+         * nothing had been launched. Measured over the (assumed) whole period it is learnt
+         * from if the claim launched for most of it and it reads at least a point; otherwise
+         * it only anchors the window (learning from a period that began before the launches
+         * as if they filled it would underestimate the gain and overshoot the cap). */
+        uint64_t first = atomic_load(&rd->rate_stamp_ns);
+        if (atomic_load(&rd->rate_source) != VGPU_RATE_SEED || claim_util < 1 ||
+            bracket > CTL_ALIGNED_BRACKET_NS || first == 0 || end <= first ||
+            (double)(end - first) < CTL_FIRST_COVERAGE_MIN * (double)CTL_SAMPLE_PERIOD_NS)
+            return;
+        uint64_t span = end - first > CTL_SAMPLE_PERIOD_NS ? end - first : CTL_SAMPLE_PERIOD_NS;
+        start = end - span;
+        cost_mark = 0;
+        first_sample = true;
+    }
     atomic_store(&rd->util_milli, (uint64_t)(claim_util * 1000.0));
     struct vgpu_ctl_sample s = {
-        .dt = (double)(now - start) / 1e9,
-        .util = claim_util,
+        .dt = (double)(end - start) / 1e9,
+        /* A first sample over part of its period reads a few integer percent: the top of its
+         * rounding interval, so the rounding can only leave the claim under its cap. */
+        .util = first_sample ? claim_util + 0.5 : claim_util,
         .throttled = throttled > throttle_mark,
+        .aligned = bracket <= CTL_ALIGNED_BRACKET_NS,
     };
-    s.cost_rate = (double)(cost - cost_mark) / s.dt;
+    if (!(s.dt > 0)) return;
+    s.cost_rate = (double)(end_cost - cost_mark) / s.dt;
     struct vgpu_ctl_state st = {
         .gain = bits_to_double(atomic_load(&rd->ctl_gain_bits)),
         .integral = bits_to_double(atomic_load(&rd->ctl_integral_bits)),
@@ -157,7 +205,10 @@ static void maybe_step_controller(struct vgpu_dev *d, struct vgpu_region_device 
     s.target = d->conf.policy == VGPU_POLICY_BALANCE && may_borrow
                    ? vgpu_balance_target(d->conf.cores, device_util, claim_util)
                    : (double)d->conf.cores;
-    double rate = vgpu_ctl_step(&st, &s, (double)atomic_load(&rd->rate));
+    double current = (double)atomic_load(&rd->rate);
+    double rate = vgpu_ctl_step(&st, &s, current);
+    atomic_fetch_add(&rd->ctl_steps, 1);
+    atomic_store(&rd->ctl_moved, current > 0 && fabs(rate - current) > current / 3 ? 1 : 0);
     atomic_store(&rd->ctl_gain_bits, double_to_bits(st.gain));
     atomic_store(&rd->ctl_integral_bits, double_to_bits(st.integral));
     atomic_store(&rd->ctl_hold, st.hold ? 1 : 0);
