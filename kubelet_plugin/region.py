@@ -63,7 +63,8 @@ class RegionDevice(ctypes.Structure):
         ("ctl_poll_fresh", ctypes.c_uint64),
         ("ctl_steps", ctypes.c_uint64),
         ("ctl_moved", ctypes.c_uint64),
-        ("reserved1", ctypes.c_uint8 * (512 - 96 - 8 - 4 - 4 - 16 - 4 - 4 - 176)),
+        ("ctl_seen_ns", ctypes.c_uint64),
+        ("reserved1", ctypes.c_uint8 * (512 - 96 - 8 - 4 - 4 - 16 - 4 - 4 - 184)),
     )
 
 

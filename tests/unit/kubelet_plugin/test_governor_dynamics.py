@@ -19,11 +19,15 @@ points of its cap (for `balance` tenants: of the cap when the GPU is full).
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import math
 import random
 import struct
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,6 +36,7 @@ from kubelet_plugin.governor import LEARNING_PERIOD_S, GpuSample
 from tests.fixtures.governor_sim import UUID, SimNode
 
 SEED_GAIN_DEFAULT = 1e-6  # vgpu_hook/include/vgpu.h VGPU_SEED_GAIN_DEFAULT
+REPO = Path(__file__).resolve().parents[3]
 DT_NS = 2_000_000  # plant resolution
 PERIOD_NS = 166_667_000
 JITTER_NS = 20_000_000
@@ -338,14 +343,79 @@ def _run_at_phase(
     return tenant
 
 
-def _sweep(root: Path, cap: int, *, realistic: bool) -> tuple[float, float]:
+SAMPLER = ctypes.CFUNCTYPE(
+    ctypes.c_int,
+    ctypes.c_void_p,
+    ctypes.c_uint64,
+    ctypes.POINTER(ctypes.c_double),
+    ctypes.POINTER(ctypes.c_double),
+)
+SAMPLE_FAILED, SAMPLE_OK, SAMPLE_NOTHING_NEW = 0, 1, 2  # vgpu.h enum vgpu_sample_result
+
+
+@functools.cache
+def _fallback_lib() -> ctypes.CDLL:
+    """The hook's controller and fallback poll, built alone (vgpu_hook/build/libvgpuctl.so)."""
+    subprocess.run(["make", "-s", "-C", str(REPO / "vgpu_hook"), "build/libvgpuctl.so"], check=True)
+    lib = ctypes.CDLL(str(REPO / "vgpu_hook" / "build" / "libvgpuctl.so"))
+    lib.vgpu_ctl_poll.restype = ctypes.c_bool
+    lib.vgpu_ctl_poll.argtypes = (
+        ctypes.c_void_p,
+        ctypes.c_uint32,
+        ctypes.c_uint32,
+        ctypes.c_uint64,
+        SAMPLER,
+        ctypes.c_void_p,
+    )
+    return lib
+
+
+def _run_in_process_at_phase(
+    root: Path, cap: int, *, realistic: bool, phase: float, jitter_seed: int
+) -> Tenant:
+    """The same start as `_run_at_phase` with no governor: the hook's in-process fallback
+    (vgpu_hook/src/bucket.c vgpu_ctl_poll, the code launch.c runs) polls the plant's NVML from
+    its launches, i.e. on every plant step it is due (the tenant launches continuously)."""
+    node = SimNode(root)
+    path = node.claim("c0", cap, pid=500)
+    offset = int(phase * PERIOD_NS) // DT_NS * DT_NS
+    start = SWEEP_GRID_NS + 4 * PERIOD_NS + offset
+    tenant = Tenant(500, cap, rg.Region(str(path)), start, 7.2e-8)
+    plant = Plant([tenant], realistic=realistic, seed=jitter_seed)
+    plant.phase = SWEEP_GRID_NS
+    lib = _fallback_lib()
+
+    def sample(_ctx: object, age_ns: int, device: Any, claim: Any) -> int:
+        answer = plant.sample(UUID, (plant.now - age_ns) // 1000)
+        if not answer.fresh:
+            return SAMPLE_NOTHING_NEW
+        device[0] = answer.device_util
+        claim[0] = answer.process_util.get(tenant.pid, 0.0)
+        return SAMPLE_OK
+
+    sampler = SAMPLER(sample)
+    device = ctypes.addressof(tenant.region.layout.devices[0])
+    try:
+        for now in range(DT_NS, start + 1_600_000_000 + 1, DT_NS):
+            plant.advance(now)
+            if tenant.started(now):
+                lib.vgpu_ctl_poll(device, cap, rg.POLICY_FIXED, now, sampler, None)
+    finally:
+        tenant.region.close()
+    return tenant
+
+
+def _sweep(
+    root: Path, cap: int, *, realistic: bool, in_process: bool = False
+) -> tuple[float, float]:
     """Worst settling (s) and worst overshoot (points) of a `fixed` claim over the sweep."""
+    run = _run_in_process_at_phase if in_process else _run_at_phase
     worst_settle, worst_peak = 0.0, -math.inf
     for index in range(SWEEP_PHASES):
         for jitter_seed in SWEEP_JITTER_SEEDS:
             run_dir = root / f"{index}-{jitter_seed}"
             run_dir.mkdir()
-            tenant = _run_at_phase(
+            tenant = run(
                 run_dir,
                 cap,
                 realistic=realistic,
@@ -357,12 +427,13 @@ def _sweep(root: Path, cap: int, *, realistic: bool) -> tuple[float, float]:
     return worst_settle, worst_peak
 
 
+@pytest.mark.parametrize("in_process", [False, True], ids=["governor", "in-process"])
 @pytest.mark.parametrize("realistic", [False, True], ids=["exact", "realistic"])
 @pytest.mark.parametrize("cap", [10, 30, 50, 70])
 def test_a_fixed_claim_settles_within_300_ms_wherever_it_starts_in_the_sample_period(
-    tmp_path: Path, cap: int, realistic: bool
+    tmp_path: Path, cap: int, realistic: bool, in_process: bool
 ) -> None:
     """Issue 17's target over the whole sweep, and never over the cap meanwhile."""
-    settle, peak = _sweep(tmp_path, cap, realistic=realistic)
+    settle, peak = _sweep(tmp_path, cap, realistic=realistic, in_process=in_process)
     assert settle <= FIXED_TARGET_S
     assert peak <= BAND
