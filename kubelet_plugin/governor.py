@@ -515,6 +515,11 @@ class Governor:
             if usage.rate and now_ns - mark[2] > GOVERNOR_REFRESH_NS:
                 claim.region.write_rate(index, usage.rate, now_ns)
             return
+        first = claim.first_launch.get(cap.uuid)
+        if first is not None and poll[0] < first < now_ns:
+            # The claim's first launch came after the previous tick: launches (and its first
+            # sample period's end) began only then, and the cost grew from it.
+            poll = (first, poll[1], poll[2])
         end_ns, end_cost, bracket = _window_end(poll, now_ns, usage.launch_cost)
         claim.marks[cap.uuid] = (end_cost, usage.throttled_ns, end_ns)
         controller = claim.controllers.setdefault(cap.uuid, Controller())
@@ -523,7 +528,7 @@ class Governor:
         start_cost, start_ns = mark[0], mark[2]
         util = self._claim_util(claim, sample, tenants)
         first_start = (
-            _first_sample_start(claim.first_launch.get(cap.uuid), end_ns, bracket, util)
+            _first_sample_start(first, end_ns, bracket, util)
             if controller.gain <= 0 and previous_rate is None
             else None
         )
