@@ -34,14 +34,16 @@ recorded under "real_gpu" in the same shape.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
-import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -220,7 +222,9 @@ def _startup(node: hook_env.Node, processes: int) -> dict[str, Any]:
     }
 
 
-def main() -> None:
+@contextlib.contextmanager
+def _bench_node() -> Iterator[hook_env.Node]:
+    """The hook and the simulated GPUs built, and a simulated node in a temporary directory."""
     subprocess.run(["make", "-s", "-C", str(REPO / "vgpu_hook")], check=True)
     subprocess.run(["make", "-s", "-C", str(REPO / "hack" / "fakegpu")], check=True)
     root = Path(tempfile.mkdtemp(prefix="hook-bench-"))
@@ -235,7 +239,35 @@ def main() -> None:
             "VGPU_LOG_LEVEL": "error",
             "PYTHONPATH": str(REPO),
         }
-        node = hook_env.Node(root, env)
+        yield hook_env.Node(root, env)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def settling_only() -> None:
+    """The settling part alone, printed as JSON with the load average; hook.json is left alone.
+
+    A quick regression check of the controllers (about a minute): `python -m bench.hook_bench
+    --settling-only`. The figures in hook.json come from a full run (`python -m bench hook`)
+    on an otherwise idle machine.
+    """
+    with _bench_node() as node:
+        load_before = os.getloadavg()
+        settling = {s: _settling(node, s, SETTLE_RUNS) for s in ("exact", "realistic")}
+        print(
+            json.dumps(
+                {
+                    "load_average_at_start": load_before,
+                    "load_average_at_end": os.getloadavg(),
+                    "median_of_runs": {s: v["median_of_runs"] for s, v in settling.items()},
+                },
+                indent=1,
+            )
+        )
+
+
+def main() -> None:
+    with _bench_node() as node:
         result: dict[str, Any] = {
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
             "conditions": {
@@ -277,6 +309,11 @@ def main() -> None:
         write_results(RESULTS, result)
         added = result["overhead_null_driver"]["added_ns"]["cuLaunchKernel_limiter_idle"]
         print(f"launch overhead (limiter idle): {added} ns (target <= 30)")
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-        time.sleep(0)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--settling-only"]:
+        sys.exit(
+            "usage: python -m bench.hook_bench --settling-only  (full run: python -m bench hook)"
+        )
+    settling_only()

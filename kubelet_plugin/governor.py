@@ -37,6 +37,7 @@ from kubelet_plugin.region import (
     POLICY_BALANCE,
     POLICY_FIXED,
     POLICY_NONE,
+    RATE_SEED,
     Region,
     RegionError,
     RegionNotReady,
@@ -49,7 +50,21 @@ DEFAULT_PERIOD_S = 0.1
 # While a claim's controller is still learning (or skipping a sample that straddles a big rate
 # change) the governor polls this often: NVML publishes one sample per driver period (~1/6 s),
 # and a 100 ms poll would add up to 100 ms to each of the steps a new claim needs.
-LEARNING_PERIOD_S = 0.02
+LEARNING_PERIOD_S = 0.01
+# A window end is placed midway between the poll that found no new sample and the one that found
+# it, so it is off the period's end by at most half the polls' spacing. Windows whose ends were
+# both bracketed this tightly are "aligned": a period that straddles a rate change is measured as
+# it was, and the controller need not skip it (Controller.step `aligned`).
+ALIGNED_BRACKET_NS = 25_000_000
+# The driver's sample period assumed for a claim's first sample, whose period began before the
+# first launch (NVML does not say when a period began; real drivers and the simulator use 1/6 s).
+SAMPLE_PERIOD_NS = 166_667_000
+# Learn from the first sample only if the claim launched for at least this share of its period:
+# a shorter stretch reads a fraction of a percent, too coarse to learn from (it only anchors).
+FIRST_SAMPLE_COVERAGE_MIN = 0.5
+# Steps after the first learnt one that still poll fast: they correct the first gain (learnt
+# from a seed window that reads a few integer percent) within one sample period each.
+SETTLING_STEPS = 2
 GOVERNOR_REFRESH_NS = 500_000_000  # rewrite an unchanged budget at least this often
 BALANCE_HEADROOM = 5.0  # vgpu.h VGPU_BALANCE_HEADROOM
 FULL_GPU = 100.0 - BALANCE_HEADROOM / 2  # borrowing yields from here on (VGPU_FULL_GPU)
@@ -135,7 +150,14 @@ class Controller:
     weight: float = 0.0
 
     def step(
-        self, *, target: float, util: float, cost_rate: float, throttled: bool, rate: float
+        self,
+        *,
+        target: float,
+        util: float,
+        cost_rate: float,
+        throttled: bool,
+        rate: float,
+        aligned: bool = False,
     ) -> float:
         if self.hold:
             # NVML's sample period need not line up with our window: right after a big
@@ -175,7 +197,9 @@ class Controller:
         new_rate = want / self.gain
         if not (math.isfinite(new_rate) and new_rate >= 1):
             new_rate = 1.0
-        self.hold = rate > 0 and abs(new_rate - rate) > rate / 3
+        # A window whose ends lie within a learning poll of NVML's period ends measures a
+        # period that straddles a rate change as it was (vgpu.h vgpu_ctl_sample.aligned).
+        self.hold = not aligned and rate > 0 and abs(new_rate - rate) > rate / 3
         return new_rate
 
 
@@ -296,6 +320,45 @@ class _Claim:
     marks: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # cost, throttled, ns
     # Per device, the rate in the region at the last fresh sample, kept until the gain is learnt.
     anchored: dict[str, int] = field(default_factory=dict)
+    # Per device: (ns, launch cost, sample fresh) at the previous tick.
+    polls: dict[str, tuple[int, int, bool]] = field(default_factory=dict)
+    # Per device: the last step moved the rate by over a third (poll fast to measure it).
+    moved: dict[str, bool] = field(default_factory=dict)
+    # Per device: when the hook seeded the rate at the claim's first launch (region stamp).
+    first_launch: dict[str, int] = field(default_factory=dict)
+    steps: dict[str, int] = field(default_factory=dict)  # controller steps taken
+
+
+def _window_end(poll: tuple[int, int, bool], now_ns: int, cost: int) -> tuple[int, int, int]:
+    """Where a fresh sample's window ends: (ns, launch cost there, how far off it may be).
+
+    `poll` is the previous tick's (ns, launch cost, fresh). If that tick found no sample, the
+    sample's period ended between the two ticks: the window ends midway, where the launch cost
+    is interpolated exactly (the rate changes only at a fresh tick, after the cost is read, so
+    it was constant between the two). Two fresh ticks in a row: NVML answered for our own
+    interval (the simulator's exact mode) or we poll slower than it publishes; the window ends
+    now, its end not bracketed.
+    """
+    if poll[2] or poll[0] >= now_ns or poll[1] > cost:
+        return now_ns, cost, GOVERNOR_REFRESH_NS
+    return (poll[0] + now_ns) // 2, (poll[1] + cost) // 2, now_ns - poll[0]
+
+
+def _first_sample_start(first_ns: int | None, end_ns: int, bracket: int, util: float) -> int | None:
+    """Start of the window a claim's first sample is learnt over, or None to only anchor.
+
+    Its period began before the first launch (the hook's seed, region rate_stamp_ns), when
+    nothing had been launched, so it is measured over the whole (assumed) period: if the claim
+    launched for at least FIRST_SAMPLE_COVERAGE_MIN of it, the window's end is known within a
+    learning poll, and it reads at least a point (a fraction of a percent is too coarse).
+    Otherwise learning from it as if the launches had filled it would underestimate the gain
+    and overshoot the cap next.
+    """
+    if first_ns is None or util < 1 or bracket > ALIGNED_BRACKET_NS:
+        return None
+    if end_ns - first_ns < FIRST_SAMPLE_COVERAGE_MIN * SAMPLE_PERIOD_NS:
+        return None
+    return end_ns - max(SAMPLE_PERIOD_NS, end_ns - first_ns)
 
 
 class Governor:
@@ -430,6 +493,11 @@ class Governor:
         if index is None:
             return
         usage = claim.region.device(index)
+        raw = claim.region.layout.devices[index]
+        if raw.rate_source == RATE_SEED and cap.uuid not in claim.first_launch:
+            claim.first_launch[cap.uuid] = raw.rate_stamp_ns  # before our first write replaces it
+        poll = claim.polls.get(cap.uuid, (now_ns, usage.launch_cost, True))
+        claim.polls[cap.uuid] = (now_ns, usage.launch_cost, sample.fresh)
         mark = claim.marks.get(cap.uuid)
         if mark is None or now_ns <= mark[2]:
             claim.marks[cap.uuid] = (usage.launch_cost, usage.throttled_ns, now_ns)
@@ -447,10 +515,26 @@ class Governor:
             if usage.rate and now_ns - mark[2] > GOVERNOR_REFRESH_NS:
                 claim.region.write_rate(index, usage.rate, now_ns)
             return
-        claim.marks[cap.uuid] = (usage.launch_cost, usage.throttled_ns, now_ns)
+        first = claim.first_launch.get(cap.uuid)
+        if first is not None and poll[0] < first < now_ns:
+            # The claim's first launch came after the previous tick: launches (and its first
+            # sample period's end) began only then, and the cost grew from it.
+            poll = (first, poll[1], poll[2])
+        end_ns, end_cost, bracket = _window_end(poll, now_ns, usage.launch_cost)
+        claim.marks[cap.uuid] = (end_cost, usage.throttled_ns, end_ns)
         controller = claim.controllers.setdefault(cap.uuid, Controller())
         previous_rate = claim.anchored.get(cap.uuid)
         claim.anchored[cap.uuid] = usage.rate
+        start_cost, start_ns = mark[0], mark[2]
+        util = self._claim_util(claim, sample, tenants)
+        first_start = (
+            _first_sample_start(first, end_ns, bracket, util)
+            if controller.gain <= 0 and previous_rate is None
+            else None
+        )
+        if first_start is not None:
+            previous_rate = usage.rate
+            start_cost, start_ns = 0, first_start  # nothing was launched before the seed
         if controller.gain <= 0 and (
             previous_rate is None or abs(usage.rate - previous_rate) > previous_rate / 3
         ):
@@ -461,8 +545,10 @@ class Governor:
             if usage.rate:
                 claim.region.write_rate(index, usage.rate, now_ns)
             return
-        dt = (now_ns - mark[2]) / 1e9
-        util = self._claim_util(claim, sample, tenants)
+        dt = (end_ns - start_ns) / 1e9
+        # A first sample over part of its period reads a few integer percent: take the top of
+        # its rounding interval, so the rounding can only leave the claim under its cap.
+        learnt_from = util + 0.5 if first_start is not None else util
         # For balance, compare with everyone's utilisation over the same window as ours.
         device_util = min(100.0, sum(sample.process_util.values())) or sample.device_util
         target = (
@@ -470,13 +556,16 @@ class Governor:
             if cap.policy == POLICY_BALANCE and not others_starving and may_borrow(controller)
             else float(cap.cores)
         )
+        claim.steps[cap.uuid] = claim.steps.get(cap.uuid, 0) + 1
         rate = controller.step(
             target=target,
-            util=util,
-            cost_rate=(usage.launch_cost - mark[0]) / dt,
+            util=learnt_from,
+            cost_rate=(end_cost - start_cost) / dt,
             throttled=usage.throttled_ns > mark[1],
             rate=float(usage.rate),
+            aligned=bracket <= ALIGNED_BRACKET_NS,
         )
+        claim.moved[cap.uuid] = abs(rate - usage.rate) > usage.rate / 3
         if rate >= 1:
             claim.region.write_rate(index, int(rate), now_ns)
         claim.region.write_util(index, util)  # what metrics report as the claim's utilisation
@@ -504,7 +593,13 @@ class Governor:
     @staticmethod
     def _learning(claim: _Claim, cap: CappedDevice) -> bool:
         controller = claim.controllers.get(cap.uuid)
-        if controller is not None and controller.gain > 0 and not controller.hold:
+        if (
+            controller is not None
+            and controller.gain > 0
+            and not controller.hold
+            and claim.steps.get(cap.uuid, 0) > SETTLING_STEPS
+            and not claim.moved.get(cap.uuid, False)
+        ):
             return False
         index = claim.region.device_index(cap.uuid)
         mark = claim.marks.get(cap.uuid)

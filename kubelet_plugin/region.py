@@ -59,7 +59,12 @@ class RegionDevice(ctypes.Structure):
         ("ctl_learning_anchor", ctypes.c_uint64),
         ("ctl_hold", ctypes.c_uint64),
         ("ctl_weight_bits", ctypes.c_uint64),
-        ("reserved1", ctypes.c_uint8 * (512 - 96 - 8 - 4 - 4 - 16 - 4 - 4 - 144)),
+        ("ctl_poll_cost", ctypes.c_uint64),
+        ("ctl_poll_fresh", ctypes.c_uint64),
+        ("ctl_steps", ctypes.c_uint64),
+        ("ctl_moved", ctypes.c_uint64),
+        ("ctl_seen_ns", ctypes.c_uint64),
+        ("reserved1", ctypes.c_uint8 * (512 - 96 - 8 - 4 - 4 - 16 - 4 - 4 - 184)),
     )
 
 

@@ -89,7 +89,15 @@ struct vgpu_region_device {
     _Atomic uint64_t ctl_learning_anchor;
     _Atomic uint64_t ctl_hold;           /* struct vgpu_ctl_state.hold of the fallback */
     _Atomic uint64_t ctl_weight_bits;    /* double: struct vgpu_ctl_state.weight of the fallback */
-    uint8_t reserved1[512 - 96 - 8 - 4 - 4 - 8 * 2 - 4 - 4 - 8 * 18];
+    /* The fallback's previous NVML poll: launch_cost then, and whether it found a fresh sample
+     * (a sample period that ends between a poll without one and the next poll is placed
+     * midway, where the launch cost is interpolated). */
+    _Atomic uint64_t ctl_poll_cost;
+    _Atomic uint64_t ctl_poll_fresh;
+    _Atomic uint64_t ctl_steps;          /* controller steps taken (the first ones poll fast) */
+    _Atomic uint64_t ctl_moved;          /* the last step moved the rate by over a third */
+    _Atomic uint64_t ctl_seen_ns;        /* poll that took the last fresh sample (NVML lastSeen) */
+    uint8_t reserved1[512 - 96 - 8 - 4 - 4 - 8 * 2 - 4 - 4 - 8 * 23];
 };
 
 /* One per live process. 264 bytes. */

@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "cuda_abi.h"
 #include "nvml_abi.h"
@@ -123,6 +124,9 @@ struct vgpu_ctl_sample {
     double cost_rate;     /* launch cost units per second over the window */
     double dt;            /* window length, seconds */
     bool throttled;       /* the bucket made someone wait during the window */
+    bool aligned;         /* the window ends within a learning poll of the sample period's
+                             end: the next period, straddling this step's rate change, is
+                             measured as it was and need not be skipped (no hold) */
 };
 struct vgpu_ctl_state {
     double gain;          /* util points per (cost unit / s); 0 = unknown */
@@ -146,6 +150,26 @@ double vgpu_ctl_step(struct vgpu_ctl_state *st, const struct vgpu_ctl_sample *s,
 #define VGPU_FULL_GPU (100.0 - VGPU_BALANCE_HEADROOM / 2) /* borrowing yields from here on */
 #define VGPU_BORROW_STEP 10.0 /* points a borrower may grow per step */
 double vgpu_balance_target(uint32_t cores, double device_util, double own_util);
+/* The in-process fallback controller (used while no governor writes the region): */
+enum vgpu_sample_result { VGPU_SAMPLE_FAILED, VGPU_SAMPLE_OK, VGPU_SAMPLE_NOTHING_NEW };
+/* Utilisation (points) of the GPU and of the claim from NVML samples newer than `age_ns` ago. */
+typedef enum vgpu_sample_result (*vgpu_sampler)(void *ctx, uint64_t age_ns, double *device_util,
+                                                double *claim_util);
+/* One poll at `now` (CLOCK_MONOTONIC ns): if no other process of the claim polled within the
+ * poll period, sample through `sample` and, on a fresh sample, step the controller and write
+ * the device's rate. True if it stepped. The caller checks that the governor is silent. */
+bool vgpu_ctl_poll(struct vgpu_region_device *rd, uint32_t cores, uint32_t policy, uint64_t now,
+                   vgpu_sampler sample, void *ctx);
+static inline double vgpu_bits_to_double(uint64_t bits) {
+    double d;
+    memcpy(&d, &bits, sizeof d);
+    return d;
+}
+static inline uint64_t vgpu_double_to_bits(double d) {
+    uint64_t bits;
+    memcpy(&bits, &d, sizeof bits);
+    return bits;
+}
 
 /* ---- loader.c: real entry points --------------------------------------------------------- */
 struct vgpu_real_cuda {

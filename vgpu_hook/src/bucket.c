@@ -6,9 +6,11 @@
  * credit covers it (no clock read); only a launch that finds the bucket short reads the clock,
  * adds the credit earned since the last refill (capped at a 20 ms burst) and waits out its debt.
  *
- * Pure functions over region fields and plain numbers (no clocks, no NVML), so that
- * tests/test_bucket.c can prove convergence against a simulated plant without a GPU. The same
- * controller is implemented by kubelet_plugin/governor.py for the node-side path.
+ * Pure functions over region fields and plain numbers (no clocks, no NVML: the in-process
+ * fallback's poll, vgpu_ctl_poll, is handed the time and a sampler), so that tests/test_bucket.c
+ * and tests/unit/kubelet_plugin/test_governor_dynamics.py can prove convergence against a
+ * simulated plant without a GPU. The same controller and windowing rules are implemented by
+ * kubelet_plugin/governor.py for the node-side path.
  *
  * Controller: utilisation is modelled as util = gain * cost_rate (cost units launched per
  * second). Each step re-estimates gain from the last window (an EMA weighted by how precise
@@ -109,7 +111,7 @@ double vgpu_ctl_step(struct vgpu_ctl_state *st, const struct vgpu_ctl_sample *s,
     if (want < 0.5) want = 0.5;
     double rate = want / st->gain;
     if (!isfinite(rate) || rate < 1) rate = 1;
-    st->hold = current_rate > 0 && fabs(rate - current_rate) > current_rate / 3;
+    st->hold = !s->aligned && current_rate > 0 && fabs(rate - current_rate) > current_rate / 3;
     return rate;
 }
 
@@ -131,4 +133,130 @@ double vgpu_balance_target(uint32_t cores, double device_util, double own_util) 
     double target = 100.0 - others - VGPU_BALANCE_HEADROOM;
     if (target > own_util + VGPU_BORROW_STEP) target = own_util + VGPU_BORROW_STEP;
     return target > (double)cores ? target : (double)cores;
+}
+
+/* ---- the in-process fallback controller ---------------------------------------------------- */
+
+#define CTL_PERIOD_NS 100000000ULL     /* controller step every 100 ms once settled */
+/* While the controller has no gain yet, or skips a sample that straddles a big rate change, it
+ * polls NVML this often: a fresh sample comes once per driver period (~1/6 s), and waiting up to
+ * 100 ms to notice each one would add that to every step a new claim needs to settle. */
+#define CTL_LEARNING_PERIOD_NS 10000000ULL
+/* A window end placed between two polls this close is "aligned" (vgpu_ctl_sample.aligned). */
+#define CTL_ALIGNED_BRACKET_NS 25000000ULL
+/* The driver's sample period assumed for a claim's first sample, whose period began before the
+ * first launch (NVML does not say when a period began; real drivers and the simulator: 1/6 s).
+ * That sample is learnt from only if the claim launched for at least half of it: a shorter
+ * stretch reads a fraction of a percent. Same rule as kubelet_plugin/governor.py. */
+#define CTL_SAMPLE_PERIOD_NS 166667000ULL
+#define CTL_FIRST_COVERAGE_MIN 0.5
+/* Steps after the first learnt one that still poll fast: they correct the first gain (learnt
+ * from a seed window that reads a few integer percent) within one sample period each. */
+#define CTL_SETTLING_STEPS 2
+
+bool vgpu_ctl_poll(struct vgpu_region_device *rd, uint32_t cores, uint32_t policy, uint64_t now,
+                   vgpu_sampler sample, void *ctx) {
+    uint64_t last = atomic_load_explicit(&rd->ctl_stamp_ns, memory_order_relaxed);
+    uint64_t period = atomic_load_explicit(&rd->ctl_gain_bits, memory_order_relaxed) == 0 ||
+                              atomic_load_explicit(&rd->ctl_hold, memory_order_relaxed) != 0 ||
+                              atomic_load_explicit(&rd->ctl_moved, memory_order_relaxed) != 0 ||
+                              atomic_load_explicit(&rd->ctl_steps, memory_order_relaxed) <=
+                                  CTL_SETTLING_STEPS
+                          ? CTL_LEARNING_PERIOD_NS
+                          : CTL_PERIOD_NS;
+    if (last != 0 && now - last < period) return false;
+    if (!atomic_compare_exchange_strong(&rd->ctl_stamp_ns, &last, now)) return false;
+    /* Elected for this period. The window runs from the end of the last consumed sample. */
+    uint64_t cost = atomic_load(&rd->launch_cost);
+    uint64_t throttled = atomic_load(&rd->throttled_ns);
+    uint64_t start = atomic_load(&rd->ctl_window_ns);
+    bool learning = atomic_load(&rd->ctl_gain_bits) == 0;
+    /* The previous poll (this one's launch cost is the next one's), and whether it found a
+     * fresh sample; a poll that finds none leaves 0 there. */
+    uint64_t poll_cost = atomic_exchange(&rd->ctl_poll_cost, cost);
+    bool poll_fresh = atomic_exchange(&rd->ctl_poll_fresh, 0) != 0;
+    if (start == 0 || now - start > 10 * CTL_PERIOD_NS) { /* (re)start of a window */
+        atomic_store(&rd->ctl_cost_mark, cost);
+        atomic_store(&rd->throttle_mark, throttled);
+        atomic_store(&rd->ctl_window_ns, now);
+        atomic_store(&rd->ctl_seen_ns, now);
+        atomic_store(&rd->ctl_learning_anchor, learning ? 1 : 0);
+        return false;
+    }
+    double device_util = 0, claim_util = 0;
+    uint64_t seen = atomic_load(&rd->ctl_seen_ns);
+    enum vgpu_sample_result got =
+        sample(ctx, now - (seen != 0 && seen < now ? seen : start), &device_util, &claim_util);
+    if (got != VGPU_SAMPLE_OK) return false; /* nothing new: the window grows until one comes */
+    atomic_store(&rd->ctl_poll_fresh, 1);
+    atomic_store(&rd->ctl_seen_ns, now);
+    /* Where the sample's period ended: between the previous poll and this one when that one
+     * found nothing new (a real driver's sample period; midway, where the launch cost is
+     * interpolated exactly, the rate being constant between two polls). Two fresh polls in a
+     * row: NVML answered for our own interval (the simulator's exact mode) or we poll slower
+     * than it publishes; the window then ends now, its end not bracketed. */
+    uint64_t end = now, end_cost = cost, bracket = UINT64_MAX;
+    if (!poll_fresh && last != 0 && last < now && poll_cost <= cost) {
+        end = last + (now - last) / 2;
+        end_cost = poll_cost + (cost - poll_cost) / 2;
+        bracket = now - last;
+    }
+    uint64_t cost_mark = atomic_exchange(&rd->ctl_cost_mark, end_cost);
+    uint64_t throttle_mark = atomic_exchange(&rd->throttle_mark, throttled);
+    atomic_store(&rd->ctl_window_ns, end);
+    bool first_sample = false;
+    if (atomic_exchange(&rd->ctl_learning_anchor, 0) != 0 && learning) {
+        /* The claim's first sample: its period began before the first launch (the seed), when
+         * nothing had been launched. Measured over the (assumed) whole period it is learnt
+         * from if the claim launched for most of it and it reads at least a point; otherwise
+         * it only anchors the window (learning from a period that began before the launches
+         * as if they filled it would underestimate the gain and overshoot the cap). */
+        uint64_t first = atomic_load(&rd->rate_stamp_ns);
+        if (atomic_load(&rd->rate_source) != VGPU_RATE_SEED || claim_util < 1 ||
+            bracket > CTL_ALIGNED_BRACKET_NS || first == 0 || end <= first ||
+            (double)(end - first) < CTL_FIRST_COVERAGE_MIN * (double)CTL_SAMPLE_PERIOD_NS)
+            return false;
+        uint64_t span = end - first > CTL_SAMPLE_PERIOD_NS ? end - first : CTL_SAMPLE_PERIOD_NS;
+        start = end - span;
+        cost_mark = 0;
+        first_sample = true;
+    }
+    if (end <= start) return false;
+    atomic_store(&rd->util_milli, (uint64_t)(claim_util * 1000.0));
+    struct vgpu_ctl_sample s = {
+        .dt = (double)(end - start) / 1e9,
+        /* A first sample over part of its period reads a few integer percent: the top of its
+         * rounding interval, so the rounding can only leave the claim under its cap. */
+        .util = first_sample ? claim_util + 0.5 : claim_util,
+        .throttled = throttled > throttle_mark,
+        .aligned = bracket <= CTL_ALIGNED_BRACKET_NS,
+    };
+    s.cost_rate = (double)(end_cost - cost_mark) / s.dt;
+    struct vgpu_ctl_state st = {
+        .gain = vgpu_bits_to_double(atomic_load(&rd->ctl_gain_bits)),
+        .integral = vgpu_bits_to_double(atomic_load(&rd->ctl_integral_bits)),
+        .hold = atomic_load(&rd->ctl_hold) != 0,
+        .weight = vgpu_bits_to_double(atomic_load(&rd->ctl_weight_bits)),
+    };
+    /* `balance` borrows only once the gain is learnt and not being re-learnt: claims starting
+     * together first reach their caps instead of all jumping at the idle GPU, overfilling it
+     * and sorting the split out over many sample periods (governor.py may_borrow). */
+    bool may_borrow = st.gain > 0 && !st.hold;
+    s.target = policy == VGPU_POLICY_BALANCE && may_borrow
+                   ? vgpu_balance_target(cores, device_util, claim_util)
+                   : (double)cores;
+    double current = (double)atomic_load(&rd->rate);
+    double rate = vgpu_ctl_step(&st, &s, current);
+    atomic_fetch_add(&rd->ctl_steps, 1);
+    atomic_store(&rd->ctl_moved, current > 0 && fabs(rate - current) > current / 3 ? 1 : 0);
+    atomic_store(&rd->ctl_gain_bits, vgpu_double_to_bits(st.gain));
+    atomic_store(&rd->ctl_integral_bits, vgpu_double_to_bits(st.integral));
+    atomic_store(&rd->ctl_hold, st.hold ? 1 : 0);
+    atomic_store(&rd->ctl_weight_bits, vgpu_double_to_bits(st.weight));
+    if (rate >= 1 && isfinite(rate)) {
+        atomic_store(&rd->rate, (uint64_t)rate);
+        atomic_store(&rd->rate_stamp_ns, now);
+        atomic_store(&rd->rate_source, VGPU_RATE_HOOK);
+    }
+    return true;
 }

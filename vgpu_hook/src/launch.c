@@ -9,8 +9,9 @@
  *
  * The refill rate normally comes from the node governor (kubelet_plugin/governor.py), which
  * samples NVML once per GPU. When the governor has not written for GOVERNOR_STALE_NS, the
- * in-process controller below takes over: one process of the claim at a time (elected by CAS
- * on ctl_stamp_ns) samples NVML and runs the same controller as the governor (bucket.c).
+ * in-process controller takes over: one process of the claim at a time (elected by CAS on
+ * ctl_stamp_ns, bucket.c vgpu_ctl_poll) samples NVML through sample_util below and runs the
+ * same controller as the governor.
  */
 
 #include <math.h>
@@ -19,65 +20,48 @@
 
 #include "vgpu.h"
 
-#define CTL_PERIOD_NS 100000000ULL     /* controller step every 100 ms once settled */
-/* While the controller has no gain yet, or skips a sample that straddles a big rate change, it
- * polls NVML this often: a fresh sample comes once per driver period (~1/6 s), and waiting up to
- * 100 ms to notice each one would add that to every step a new claim needs to settle. */
-#define CTL_LEARNING_PERIOD_NS 20000000ULL
 #define GOVERNOR_STALE_NS 2000000000ULL /* governor considered gone after 2 s of silence */
 
-static double bits_to_double(uint64_t bits) {
-    double d;
-    memcpy(&d, &bits, sizeof d);
-    return d;
-}
-static uint64_t double_to_bits(double d) {
-    uint64_t bits;
-    memcpy(&bits, &d, sizeof bits);
-    return bits;
-}
-
-enum sample_result { SAMPLE_FAILED, SAMPLE_OK, SAMPLE_NOTHING_NEW };
-
-/* Utilisation of the whole GPU and of this claim's processes, in points, over the window
- * since `window_ns` ago. SAMPLE_NOTHING_NEW: NVML has no per-process sample newer than the
- * window's start (real drivers publish one per sample period, ~1/6 s; the simulator's
- * realistic mode too), so the window is merged into the next one. */
-static enum sample_result sample_util(struct vgpu_dev *d, uint64_t window_ns,
-                                      double *device_util, double *claim_util) {
+/* The fallback controller's sampler (vgpu_sampler, bucket.c): utilisation of the whole GPU and
+ * of this claim's processes, in points, from NVML samples newer than `age_ns` ago.
+ * VGPU_SAMPLE_NOTHING_NEW: NVML has none (real drivers publish one per sample period, ~1/6 s;
+ * the simulator's realistic mode too), so the window is merged into the next one. */
+static enum vgpu_sample_result sample_util(void *ctx, uint64_t age_ns, double *device_util,
+                                           double *claim_util) {
+    struct vgpu_dev *d = ctx;
     static _Atomic int nvml_state; /* 0 untried, 1 ok, -1 failed */
-    if (!vgpu_nvml_load()) return SAMPLE_FAILED;
+    if (!vgpu_nvml_load()) return VGPU_SAMPLE_FAILED;
     int st = atomic_load(&nvml_state);
     if (st == 0) {
         st = (vgpu_nvml.nvmlInit_v2_ && vgpu_nvml.nvmlInit_v2_() == NVML_SUCCESS) ? 1 : -1;
         atomic_store(&nvml_state, st);
     }
-    if (st < 0) return SAMPLE_FAILED;
+    if (st < 0) return VGPU_SAMPLE_FAILED;
     nvmlDevice_t h = __atomic_load_n(&d->nvml, __ATOMIC_RELAXED);
     if (h == NULL) {
         if (vgpu_nvml.nvmlDeviceGetHandleByUUID_ == NULL ||
             vgpu_nvml.nvmlDeviceGetHandleByUUID_(d->conf.uuid, &h) != NVML_SUCCESS)
-            return SAMPLE_FAILED;
+            return VGPU_SAMPLE_FAILED;
         __atomic_store_n(&d->nvml, h, __ATOMIC_RELAXED);
     }
     nvmlUtilization_t u;
     if (vgpu_nvml.nvmlDeviceGetUtilizationRates_ == NULL ||
         vgpu_nvml.nvmlDeviceGetUtilizationRates_(h, &u) != NVML_SUCCESS)
-        return SAMPLE_FAILED;
+        return VGPU_SAMPLE_FAILED;
     *device_util = u.gpu;
     *claim_util = u.gpu; /* conservative default: all of it is ours */
-    if (vgpu_nvml.nvmlDeviceGetProcessUtilization_ == NULL) return SAMPLE_OK;
+    if (vgpu_nvml.nvmlDeviceGetProcessUtilization_ == NULL) return VGPU_SAMPLE_OK;
     nvmlProcessUtilizationSample_t samples[64];
     unsigned int count = 64;
-    /* Per-process samples since the window's start (NVML stamps are wall-clock us). */
+    /* Per-process samples newer than the last one consumed (NVML stamps are wall-clock us). */
     struct timespec wall;
     clock_gettime(CLOCK_REALTIME, &wall);
     unsigned long long now_us =
         (unsigned long long)wall.tv_sec * 1000000ULL + (unsigned long long)wall.tv_nsec / 1000;
-    unsigned long long since = now_us - window_ns / 1000;
+    unsigned long long since = now_us - age_ns / 1000;
     nvmlReturn_t rc = vgpu_nvml.nvmlDeviceGetProcessUtilization_(h, samples, &count, since);
-    if (rc == NVML_ERROR_NOT_FOUND) return SAMPLE_NOTHING_NEW;
-    if (rc != NVML_SUCCESS) return SAMPLE_OK;
+    if (rc == NVML_ERROR_NOT_FOUND) return VGPU_SAMPLE_NOTHING_NEW;
+    if (rc != NVML_SUCCESS) return VGPU_SAMPLE_OK;
     struct vgpu_region *r = d->region->map;
     double ours = 0, all = 0;
     bool matched = false;
@@ -102,73 +86,17 @@ static enum sample_result sample_util(struct vgpu_dev *d, uint64_t window_ns,
         /* Same window as ours: the balance policy compares the two. */
         *device_util = all < 100 ? all : 100;
     }
-    return SAMPLE_OK;
+    return VGPU_SAMPLE_OK;
 }
 
 static void maybe_step_controller(struct vgpu_dev *d, struct vgpu_region_device *rd,
                                   uint64_t now) {
     uint64_t gov = atomic_load_explicit(&rd->governor_stamp_ns, memory_order_relaxed);
     if (gov != 0 && now - gov < GOVERNOR_STALE_NS) return;
-    uint64_t last = atomic_load_explicit(&rd->ctl_stamp_ns, memory_order_relaxed);
-    uint64_t period = atomic_load_explicit(&rd->ctl_gain_bits, memory_order_relaxed) == 0 ||
-                              atomic_load_explicit(&rd->ctl_hold, memory_order_relaxed) != 0
-                          ? CTL_LEARNING_PERIOD_NS
-                          : CTL_PERIOD_NS;
-    if (last != 0 && now - last < period) return;
-    if (!atomic_compare_exchange_strong(&rd->ctl_stamp_ns, &last, now)) return;
-    /* Elected for this period. The window runs from the last consumed sample. */
-    uint64_t cost = atomic_load(&rd->launch_cost);
-    uint64_t throttled = atomic_load(&rd->throttled_ns);
-    uint64_t start = atomic_load(&rd->ctl_window_ns);
-    bool learning = atomic_load(&rd->ctl_gain_bits) == 0;
-    if (start == 0 || now - start > 10 * CTL_PERIOD_NS) { /* (re)start of a window */
-        atomic_store(&rd->ctl_cost_mark, cost);
-        atomic_store(&rd->throttle_mark, throttled);
-        atomic_store(&rd->ctl_window_ns, now);
-        atomic_store(&rd->ctl_learning_anchor, learning ? 1 : 0);
-        return;
-    }
-    double device_util = 0, claim_util = 0;
-    enum sample_result got = sample_util(d, now - start, &device_util, &claim_util);
-    if (got != SAMPLE_OK) return; /* nothing new yet: the window grows until a sample comes */
-    uint64_t cost_mark = atomic_exchange(&rd->ctl_cost_mark, cost);
-    uint64_t throttle_mark = atomic_exchange(&rd->throttle_mark, throttled);
-    atomic_store(&rd->ctl_window_ns, now);
-    /* Learning the gain from a sample period that began before the launches did would
-     * underestimate it (and overshoot the cap next): the first sample only anchors. */
-    if (atomic_exchange(&rd->ctl_learning_anchor, 0) != 0 && learning) return;
-    atomic_store(&rd->util_milli, (uint64_t)(claim_util * 1000.0));
-    struct vgpu_ctl_sample s = {
-        .dt = (double)(now - start) / 1e9,
-        .util = claim_util,
-        .throttled = throttled > throttle_mark,
-    };
-    s.cost_rate = (double)(cost - cost_mark) / s.dt;
-    struct vgpu_ctl_state st = {
-        .gain = bits_to_double(atomic_load(&rd->ctl_gain_bits)),
-        .integral = bits_to_double(atomic_load(&rd->ctl_integral_bits)),
-        .hold = atomic_load(&rd->ctl_hold) != 0,
-        .weight = bits_to_double(atomic_load(&rd->ctl_weight_bits)),
-    };
-    /* `balance` borrows only once the gain is learnt and not being re-learnt: claims starting
-     * together first reach their caps instead of all jumping at the idle GPU, overfilling it
-     * and sorting the split out over many sample periods (governor.py may_borrow). */
-    bool may_borrow = st.gain > 0 && !st.hold;
-    s.target = d->conf.policy == VGPU_POLICY_BALANCE && may_borrow
-                   ? vgpu_balance_target(d->conf.cores, device_util, claim_util)
-                   : (double)d->conf.cores;
-    double rate = vgpu_ctl_step(&st, &s, (double)atomic_load(&rd->rate));
-    atomic_store(&rd->ctl_gain_bits, double_to_bits(st.gain));
-    atomic_store(&rd->ctl_integral_bits, double_to_bits(st.integral));
-    atomic_store(&rd->ctl_hold, st.hold ? 1 : 0);
-    atomic_store(&rd->ctl_weight_bits, double_to_bits(st.weight));
-    if (rate >= 1 && isfinite(rate)) {
-        atomic_store(&rd->rate, (uint64_t)rate);
-        atomic_store(&rd->rate_stamp_ns, now);
-        atomic_store(&rd->rate_source, VGPU_RATE_HOOK);
-    }
-    LOG_DEBUG("ctl %s: util %.1f target %.1f cost/s %.0f gain %.3g rate %.0f", d->conf.uuid,
-              claim_util, s.target, s.cost_rate, st.gain, rate);
+    if (vgpu_ctl_poll(rd, d->conf.cores, d->conf.policy, now, sample_util, d))
+        LOG_DEBUG("ctl %s: util %.1f rate %llu", d->conf.uuid,
+                  (double)atomic_load(&rd->util_milli) / 1000.0,
+                  (unsigned long long)atomic_load(&rd->rate));
 }
 
 /* A claim whose region has no rate yet (no governor or controller has measured it) is paced
@@ -177,7 +105,7 @@ static void maybe_step_controller(struct vgpu_dev *d, struct vgpu_region_device 
 static void seed_rate(struct vgpu_dev *d, struct vgpu_region_device *rd, uint64_t now) {
     /* The governor's seed (a gain learnt on this GPU) may only make the start stricter: a
      * new claim's kernels may be heavier per thread than its neighbours'. */
-    double gain = bits_to_double(atomic_load(&rd->seed_gain_bits));
+    double gain = vgpu_bits_to_double(atomic_load(&rd->seed_gain_bits));
     if (!(gain > VGPU_SEED_GAIN_DEFAULT) || !isfinite(gain)) gain = VGPU_SEED_GAIN_DEFAULT;
     double rate = (double)d->conf.cores / gain;
     if (!(rate >= 1) || !isfinite(rate) || rate > 1e18) return;

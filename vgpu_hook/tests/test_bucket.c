@@ -13,7 +13,12 @@
  *  8. a launch the credit covers needs no clock (charge alone says "go"), the refill is lazy and
  *     still admits exactly rate * time, and idle time never banks more than one burst;
  *  9. the step that first learns the gain does not integrate (a claim seeded under its cap
- *     does not overshoot at the next step), and the sample after a big rate change is skipped.
+ *     does not overshoot at the next step), and the sample after a big rate change is skipped
+ *     unless its window was aligned with NVML's sample period;
+ * 10. the in-process fallback's poll (vgpu_ctl_poll, a scripted NVML): a first sample that
+ *     covered most of its period is learnt from, one that covered little only anchors; a
+ *     window ends midway between the polls that bracket the period's end, its cost
+ *     interpolated; polls stay fast while learning and for the first steps after.
  */
 #include <math.h>
 #include <string.h>
@@ -220,6 +225,95 @@ static void test_precise_window_replaces_seed_gain(void) {
     CHECK(fabs(moved - (1.0 - VGPU_GAIN_MEMORY)) < 0.05);
 }
 
+static void test_aligned_window_is_not_held(void) {
+    /* The same big move as above, but the window ended within a learning poll of the period's
+     * end: the next period, straddling the change, is measured as it was, so it is used. */
+    struct vgpu_ctl_state st = {0};
+    struct vgpu_ctl_sample s = {.target = 30, .util = 2, .cost_rate = 3e7, .dt = 0.17,
+                                .throttled = true, .aligned = true};
+    double rate = vgpu_ctl_step(&st, &s, 3e7);
+    CHECK(!st.hold);
+    s.cost_rate = rate;
+    s.util = 33;
+    CHECK(vgpu_ctl_step(&st, &s, rate) < rate); /* acted on: over target, the rate drops */
+}
+
+/* A scripted NVML for vgpu_ctl_poll: "nothing new" until `fresh_from`, then `util` points. */
+struct script {
+    uint64_t fresh_from;
+    double util;
+    uint64_t now;
+    int calls;
+};
+
+static enum vgpu_sample_result scripted(void *ctx, uint64_t age_ns, double *device_util,
+                                        double *claim_util) {
+    struct script *sc = ctx;
+    sc->calls++;
+    CHECK(age_ns > 0);
+    if (sc->now < sc->fresh_from) return VGPU_SAMPLE_NOTHING_NEW;
+    sc->fresh_from = sc->now + 166667000ULL; /* the next period end */
+    *device_util = *claim_util = sc->util;
+    return VGPU_SAMPLE_OK;
+}
+
+#define MS 1000000ULL
+
+/* A claim seeded at `seed_rate` at t0, launching exactly at that rate, polled every 10 ms
+ * until the first fresh sample at `fresh_at`; returns the rate then. */
+static uint64_t first_sample_after(uint64_t fresh_at, double util, struct vgpu_region_device *d) {
+    const uint64_t t0 = 1000 * MS, seed_rate = 30000000;
+    memset(d, 0, sizeof *d);
+    d->rate = seed_rate;
+    d->rate_stamp_ns = t0;
+    d->rate_source = VGPU_RATE_SEED;
+    struct script sc = {.fresh_from = fresh_at, .util = util};
+    for (uint64_t t = t0; t <= fresh_at + 9 * MS; t += 10 * MS) {
+        d->launch_cost = (t - t0) * seed_rate / 1000000000ULL;
+        sc.now = t;
+        if (vgpu_ctl_poll(d, 30, VGPU_POLICY_FIXED, t, scripted, &sc)) break;
+    }
+    CHECK(sc.calls > 0);
+    return d->rate;
+}
+
+static void test_poll_learns_from_a_well_covered_first_sample(void) {
+    struct vgpu_region_device d;
+    /* The period ended 150 ms after the first launch (90 % of 1/6 s): learnt from at once,
+     * its 2 points taken as 2.5 (the top of the rounding interval), over the whole period. */
+    uint64_t rate = first_sample_after(1000 * MS + 155 * MS, 2, &d);
+    CHECK(d.rate_source == VGPU_RATE_HOOK);
+    double gain = vgpu_bits_to_double(d.ctl_gain_bits);
+    double cost_rate = (double)d.ctl_cost_mark / (166667000.0 / 1e9);
+    CHECK(fabs(gain - 2.5 / cost_rate) / gain < 1e-9);
+    CHECK(fabs((double)rate - 30 / gain) <= 1);
+    /* The window ended midway between the last poll without a sample and this one, the cost
+     * interpolated there; an aligned window sets no hold, and polls stay fast. */
+    CHECK_EQ_U64(d.ctl_window_ns, 1000 * MS + 155 * MS);
+    CHECK_EQ_U64(d.ctl_cost_mark, 155 * MS * 30000000ULL / 1000000000ULL);
+    CHECK(d.ctl_hold == 0 && d.ctl_moved == 1 && d.ctl_steps == 1);
+    CHECK(!vgpu_ctl_poll(&d, 30, VGPU_POLICY_FIXED, 1000 * MS + 165 * MS + 9 * MS, scripted,
+                         &(struct script){.fresh_from = UINT64_MAX}));
+    CHECK_EQ_U64(d.ctl_stamp_ns, 1000 * MS + 174 * MS); /* polled again 14 ms later... */
+    /* ...but not 9 ms after that: the period is 10 ms (not 100) while the rate just moved. */
+    CHECK(!vgpu_ctl_poll(&d, 30, VGPU_POLICY_FIXED, 1000 * MS + 183 * MS, scripted,
+                         &(struct script){.fresh_from = UINT64_MAX}));
+    CHECK_EQ_U64(d.ctl_stamp_ns, 1000 * MS + 174 * MS);
+}
+
+static void test_poll_anchors_on_a_barely_covered_first_sample(void) {
+    struct vgpu_region_device d;
+    /* The period ended 45 ms after the first launch (27 % of it): the sample only anchors. */
+    uint64_t rate = first_sample_after(1000 * MS + 45 * MS, 1, &d);
+    CHECK_EQ_U64(rate, 30000000);
+    CHECK(d.rate_source == VGPU_RATE_SEED && d.ctl_gain_bits == 0 && d.ctl_steps == 0);
+    CHECK_EQ_U64(d.ctl_window_ns, 1000 * MS + 45 * MS);
+    /* Reading nothing (under a point) anchors too, however long the claim ran. */
+    rate = first_sample_after(1000 * MS + 155 * MS, 0, &d);
+    CHECK_EQ_U64(rate, 30000000);
+    CHECK(d.ctl_gain_bits == 0);
+}
+
 int main(void) {
     test_cost();
     test_unknown_rate();
@@ -232,5 +326,8 @@ int main(void) {
     test_lazy_refill();
     test_learning_step_does_not_integrate();
     test_precise_window_replaces_seed_gain();
+    test_aligned_window_is_not_held();
+    test_poll_learns_from_a_well_covered_first_sample();
+    test_poll_anchors_on_a_barely_covered_first_sample();
     CHECK_DONE();
 }

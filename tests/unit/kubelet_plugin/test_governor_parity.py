@@ -43,6 +43,7 @@ class CtlSample(ctypes.Structure):
         ("cost_rate", ctypes.c_double),
         ("dt", ctypes.c_double),
         ("throttled", ctypes.c_bool),
+        ("aligned", ctypes.c_bool),
     )
 
 
@@ -76,14 +77,26 @@ class _Pair:
         self.py = Controller(gain=gain, integral=integral, weight=weight)
 
     def step(
-        self, *, target: float, util: float, cost_rate: float, throttled: bool, rate: float
+        self,
+        *,
+        target: float,
+        util: float,
+        cost_rate: float,
+        throttled: bool,
+        rate: float,
+        aligned: bool = False,
     ) -> float:
-        sample = CtlSample(target, util, cost_rate, 0.1, throttled)
+        sample = CtlSample(target, util, cost_rate, 0.1, throttled, aligned)
         c_rate = self.lib.vgpu_ctl_step(ctypes.byref(self.c), ctypes.byref(sample), rate)
         py_rate = self.py.step(
-            target=target, util=util, cost_rate=cost_rate, throttled=throttled, rate=rate
+            target=target,
+            util=util,
+            cost_rate=cost_rate,
+            throttled=throttled,
+            rate=rate,
+            aligned=aligned,
         )
-        context = (target, util, cost_rate, throttled, rate, self.c.gain, self.py.gain)
+        context = (target, util, cost_rate, throttled, aligned, rate, self.c.gain, self.py.gain)
         assert _same(c_rate, py_rate), context
         assert _same(self.c.gain, self.py.gain), context
         assert _same(self.c.integral, self.py.integral), context
@@ -104,7 +117,12 @@ def test_random_samples_give_the_same_rates(c_lib: ctypes.CDLL, seed: int) -> No
         cost_rate = rnd.choice([0.0, rnd.uniform(1, 1e9), rnd.uniform(1e6, 1e8)])
         target = rnd.choice([10.0, 30.0, 50.0, 70.0, rnd.uniform(5, 95)])
         rate = pair.step(
-            target=target, util=util, cost_rate=cost_rate, throttled=rnd.random() < 0.6, rate=rate
+            target=target,
+            util=util,
+            cost_rate=cost_rate,
+            throttled=rnd.random() < 0.6,
+            rate=rate,
+            aligned=rnd.random() < 0.5,
         )
 
 
@@ -126,6 +144,7 @@ def test_closed_loop_runs_stay_identical(c_lib: ctypes.CDLL, cap: int) -> None:
             cost_rate=admitted,
             throttled=0 < rate < demand,
             rate=rate,
+            aligned=step < 20,  # a new claim's first steps poll fast (their windows aligned)
         )
     assert abs(true_gain * rate - cap) < 3  # and the pair actually controls the plant
 

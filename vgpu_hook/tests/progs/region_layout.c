@@ -24,8 +24,9 @@ int main(void) {
     DEV(rate_source); DEV(governor_stamp_ns); DEV(credit); DEV(refill_stamp_ns); DEV(launches);
     DEV(launch_cost); DEV(throttled_ns); DEV(oversub_allocs); DEV(ctl_stamp_ns);
     DEV(ctl_cost_mark); DEV(ctl_gain_bits); DEV(ctl_integral_bits); DEV(util_milli); DEV(throttle_mark); DEV(seed_gain_bits); DEV(ctl_window_ns); DEV(ctl_learning_anchor);
-    DEV(ctl_hold);
-    printf("    \"ctl_weight_bits\": %zu\n  },\n", offsetof(struct vgpu_region_device, ctl_weight_bits));
+    DEV(ctl_hold); DEV(ctl_weight_bits); DEV(ctl_poll_cost); DEV(ctl_poll_fresh); DEV(ctl_steps);
+    DEV(ctl_moved);
+    printf("    \"ctl_seen_ns\": %zu\n  },\n", offsetof(struct vgpu_region_device, ctl_seen_ns));
     printf("  \"slot\": {\n    \"pid\": %zu,\n    \"generation\": %zu,\n    \"used\": %zu,\n"
            "    \"managed\": %zu\n  }\n}\n",
            offsetof(struct vgpu_region_slot, pid), offsetof(struct vgpu_region_slot, generation),
