@@ -30,8 +30,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from controller.webhook import certs, templates
 from controller.webhook.aio import AsyncWebhookServer
+from controller.webhook.endpoint import MAX_BODY, MAX_CONNECTIONS
 from controller.webhook.metrics import WebhookMetrics
-from controller.webhook.server import MAX_BODY, MAX_CONNECTIONS, WebhookServer
+from controller.webhook.server import WebhookServer
 from vgpu_testbed.cluster import webhook_client
 from vgpu_testbed.polling import wait_for
 
