@@ -43,6 +43,9 @@ VGPU_BENCH_WEBHOOK_TIMED=1 phase-times every pass (each pass's figures then carr
 `total_ms` from the request line: a clock that starts later than the API server's cannot pass
 for an improvement when read next to the API server's histogram) instead of a diagnosis pass.
 VGPU_BENCH_WEBHOOK_CONFIGS, _MODES, _TRANSPORTS and _PASSES narrow a run (comma lists, a number).
+VGPU_BENCH_WEBHOOK_BASELINE=<a source tree> (e.g. `git archive` of an earlier commit) adds to
+each of our ways a twin, `<way>@baseline`, whose controller runs that tree's code, alternating
+with the others: an A/B of a change on the same control plane.
 
 The floor (`go-noop`, a third transport, one way): hack/noop-webhook, a Go webhook that answers
 every admission "allowed" with no patch (standard library, built on first use into the cache
@@ -91,6 +94,7 @@ MODES = ("inline", "child")  # --webhook-process: the controller's threads, or i
 # transport; its key is the mode alone for `threads` (as before the transports), else
 # `<mode>-<transport>`.
 TRANSPORTS = ("threads", "asyncio", "go-noop")
+BASELINE_SUFFIX = "@baseline"  # VGPU_BENCH_WEBHOOK_BASELINE: a way served by another tree
 FLOOR = "go-noop"  # the floor's way (and transport): one way, whatever the modes
 CONFIGS = ("shared", "own-cpu")  # CPU placement, see above
 PASSES = 3  # per way and placement, alternating
@@ -187,6 +191,9 @@ def main() -> None:
     modes = _env_list("VGPU_BENCH_WEBHOOK_MODES", MODES)
     transports = _env_list("VGPU_BENCH_WEBHOOK_TRANSPORTS", TRANSPORTS)
     ways = [m if t == "threads" else f"{m}-{t}" for m in modes for t in transports if t != FLOOR]
+    baseline = os.environ.get("VGPU_BENCH_WEBHOOK_BASELINE")
+    if baseline:  # an A/B of a change: each of our ways also served from the baseline tree
+        ways = [w for way in ways for w in (way, f"{way}{BASELINE_SUFFIX}")]
     ways += [FLOOR] if FLOOR in transports else []
     timed = os.environ.get("VGPU_BENCH_WEBHOOK_TIMED") == "1"
     passes = int(os.environ.get("VGPU_BENCH_WEBHOOK_PASSES", PASSES))
@@ -242,6 +249,7 @@ def main() -> None:
         "configs": configs,
         "modes": modes,
         "transports": transports,
+        "baseline_tree": baseline or None,
         "phase_timed_passes": timed,
         "notes": notes,
     }
@@ -319,14 +327,24 @@ def _document(
     }
 
 
+def _share_within_500ms(figures: dict[str, Any]) -> float | None:
+    shares = figures["apiserver"].get("share_within_ms")
+    if not shares:
+        return None
+    return float(shares.get("500", 1.0))  # absent: a smaller bucket already held them all
+
+
 def _floor_ratios(by_config: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Per placement and way: its median p99 over its passes divided by the floor's, by the API
     server's histogram (bucket upper bounds: a ratio of 1 means the same bucket) and by the
-    clients; the medians themselves alongside."""
+    clients; and the median share of admissions the API server saw end within 500 ms, divided
+    by the floor's (below 1: fewer than with the floor). The medians themselves alongside."""
     measures: dict[str, Callable[[dict[str, Any]], float | None]] = {
         "apiserver_p99_le_ms": lambda f: f["apiserver"]["p99_le_ms"],
         "client_p99_ms": lambda f: f["client"]["p99_ms"],
         "webhook_p99_ms": lambda f: f["webhook"]["p99_ms"],
+        # Exact (a count, not a bucket bound): more is better, so its ratio is inverted.
+        "apiserver_share_within_500ms": _share_within_500ms,
     }
     ratios: dict[str, Any] = {}
     for placement, by_way in by_config.items():
@@ -439,8 +457,11 @@ def _measure(
     """One controller (webhook served `mode`: the process, and `-<transport>` if not threads),
     a warm-up round and ROUNDS measured rounds in a
     fresh tenant namespace, whose pods are deleted afterwards (so passes start alike)."""
-    process, _, transport = mode.partition("-")
-    tenant = f"bench-{mode}-{uuid.uuid4().hex[:6]}"
+    way, suffix, _ = mode.partition(BASELINE_SUFFIX)
+    process, _, transport = way.partition("-")
+    # The baseline's code: `python -m` imports from the working directory first.
+    cwd = os.environ["VGPU_BENCH_WEBHOOK_BASELINE"] if suffix else None
+    tenant = f"bench-{way}{'-base' if suffix else ''}-{uuid.uuid4().hex[:6]}"
     _namespace(client, tenant, {LABEL: "on"})
     controller: subprocess.Popen[bytes] | None = None
     try:
@@ -455,7 +476,7 @@ def _measure(
                  "--webhook-process", process, "--webhook-transport", transport or "threads",
                  "--webhook-phase-timing", str(timing).lower()],
                 stdout=out, stderr=subprocess.STDOUT,
-                env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
+                env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"}, cwd=cwd,
             )  # fmt: skip
         _wait("the webhook serving", lambda: "webhook on https://" in log_path.read_text())
         _wait("the caBundle published", lambda: _published(
