@@ -268,12 +268,16 @@ def _passes(
     cpusets: Cpusets | None,
     timed: bool = False,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-    """Every pass, alternating placements and ways so that none always runs on the more loaded
-    machine; then the phase-timed diagnosis passes. With `timed`, every pass is phase-timed
-    (its figures carry `phases`) and there is no separate diagnosis."""
+    """Every pass, alternating placements and ways (rotating their order) so that none always
+    runs on the more loaded machine or right after the same other one; then the phase-timed
+    diagnosis passes. With `timed`, every pass is phase-timed (its figures carry `phases`) and
+    there is no separate diagnosis."""
     by_config: dict[str, dict[str, Any]] = {}
     diagnosis: dict[str, Any] = {}
-    runs = [(c, m, timed) for _ in range(passes) for c in configs for m in modes]
+    # Each pass starts the round one way later: the first way of a round follows the previous
+    # round's last (e.g. the floor, whose CA swap gives the API server's webhook client a new
+    # connection pool), and no way may always be the one that pays for it.
+    runs = [(c, m, timed) for p in range(passes) for c in configs for m in _rotated(modes, p)]
     runs += [(c, "child", True) for c in configs] if diagnose and not timed else []
     for n, (placement, mode, timing) in enumerate(runs):
         if cpusets is not None and placement == "own-cpu":
@@ -288,6 +292,11 @@ def _passes(
     if cpusets is not None:
         cpusets.join()
     return by_config, diagnosis
+
+
+def _rotated(items: list[str], by: int) -> list[str]:
+    shift = by % len(items) if items else 0
+    return items[shift:] + items[:shift]
 
 
 def _document(
