@@ -1,4 +1,6 @@
-"""The webhook's HTTPS endpoint: AdmissionReview v1 in, AdmissionReview v1 out.
+"""The webhook's threaded transport (`--webhook-transport threads`, the default): AdmissionReview
+v1 in, AdmissionReview v1 out, a thread per connection. What both transports share (state,
+limits, an admission's review, span, histogram and log line) is `endpoint.AdmissionServer`.
 
 Why the standard library (`http.server` + `ssl` in threads) and not a web framework: the
 controller already serves its probes this way, the API server sends one small JSON POST per
@@ -10,7 +12,8 @@ stalls the others. The cost, measured (`--webhook-phase-timing`, docs/webhook.md
 under a burst, ~200 connection threads (most of a burst's admissions come on new connections)
 take turns at the GIL, and a slow admission spends ~80 % of its time waiting for it; the
 event-loop transport (`controller.webhook.aio`, `--webhook-transport asyncio`) is the answer to
-that diagnosis, opt-in until the API server's own measure agrees (docs/webhook.md). Meanwhile
+that diagnosis, opt-in until the API server's own measure says it is better (docs/webhook.md,
+where a no-op Go webhook shows what that measure can resolve on the bench machine). Meanwhile
 each answer here is one write and each request one read, since every socket call gives the GIL
 away.
 
