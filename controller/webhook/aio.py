@@ -357,6 +357,8 @@ class _TLSStream:
         if not self._reading and not self._closed:
             self._reading = True
             self._loop.add_reader(self._fd, self._readable)
+            if self._tls.pending():  # decrypted already: the socket will not signal it
+                self._loop.call_soon(self._readable)
 
     def _readable(self) -> None:
         try:
