@@ -43,6 +43,7 @@ VGPU_BENCH_WEBHOOK_TIMED=1 phase-times every pass (each pass's figures then carr
 `total_ms` from the request line: a clock that starts later than the API server's cannot pass
 for an improvement when read next to the API server's histogram) instead of a diagnosis pass.
 VGPU_BENCH_WEBHOOK_CONFIGS, _MODES, _TRANSPORTS and _PASSES narrow a run (comma lists, a number).
+VGPU_BENCH_WEBHOOK_CONCURRENCY (default 200) sets the pod creations per round.
 VGPU_BENCH_WEBHOOK_BASELINE=<a source tree> (e.g. `git archive` of an earlier commit) adds to
 each of our ways a twin, `<way>@baseline`, whose controller runs that tree's code, alternating
 with the others: an A/B of a change on the same control plane.
@@ -87,7 +88,7 @@ from bench.common import percentiles, utc_stamp, write_results
 from dra_driver import kube
 
 RESULTS = Path(__file__).parent / "results" / "webhook.json"
-CONCURRENCY = 200
+CONCURRENCY = int(os.environ.get("VGPU_BENCH_WEBHOOK_CONCURRENCY", "200"))  # pod creations at once
 ROUNDS = 3
 MODES = ("inline", "child")  # --webhook-process: the controller's threads, or its own process
 # --webhook-transport: a thread per connection, or one event loop. A way is a mode and a
