@@ -35,8 +35,8 @@ the loop serves the others. (Running every mutation in the executor was measured
 
 Phase timing: the phases are stamped on the admission's own record (not the thread-local one,
 which every connection on the loop shares), and the CPU/queue split is the serving loop thread's:
-time a mutation spends in the executor counts as asleep. `tls_ms` runs from the accept to the
-connection's arrival on the serving loop.
+time a mutation spends in the executor counts as asleep. `tls_ms` runs from the accept (on the
+handshake loop, which accepts promptly) to the handshake done.
 """
 
 from __future__ import annotations
