@@ -43,6 +43,23 @@ VGPU_BENCH_WEBHOOK_TIMED=1 phase-times every pass (each pass's figures then carr
 `total_ms` from the request line: a clock that starts later than the API server's cannot pass
 for an improvement when read next to the API server's histogram) instead of a diagnosis pass.
 VGPU_BENCH_WEBHOOK_CONFIGS, _MODES, _TRANSPORTS and _PASSES narrow a run (comma lists, a number).
+VGPU_BENCH_WEBHOOK_CONCURRENCY (default 200) sets the pod creations per round.
+VGPU_BENCH_WEBHOOK_BASELINE=<a source tree> (e.g. `git archive` of an earlier commit) adds to
+each of our ways a twin, `<way>@baseline`, whose controller runs that tree's code, alternating
+with the others: an A/B of a change on the same control plane.
+
+The floor (`go-noop`, a third transport, one way): hack/noop-webhook, a Go webhook that answers
+every admission "allowed" with no patch (standard library, built on first use into the cache
+like the other Go tools), serving HTTP/1.1 only on the same port with a certificate of the
+bench's own (published into both configurations for its pass), measured exactly as the others:
+the API server's histogram for the same webhook name and the clients' p99. What the API server
+reports for it is what this machine costs a webhook that costs nothing; `floor_ratios` divides
+each way's median p99 (over its passes) by the floor's. `protocol` in each pass: for the floor,
+the ALPN protocols the API server offered at each handshake and the HTTP version of each
+admission it sent (the bed registers the webhook by a loopback URL, for which the API server
+offers h2: serving h2 would not be representative of a webhook behind a Service, which the API
+server speaks HTTP/1.1 to); for ours, what the webhook selects when a client offers h2 (none:
+HTTP/1.1).
 """
 
 from __future__ import annotations
@@ -54,6 +71,8 @@ import platform
 import re
 import shutil
 import signal
+import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -69,13 +88,15 @@ from bench.common import percentiles, utc_stamp, write_results
 from dra_driver import kube
 
 RESULTS = Path(__file__).parent / "results" / "webhook.json"
-CONCURRENCY = 200
+CONCURRENCY = int(os.environ.get("VGPU_BENCH_WEBHOOK_CONCURRENCY", "200"))  # pod creations at once
 ROUNDS = 3
 MODES = ("inline", "child")  # --webhook-process: the controller's threads, or its own process
 # --webhook-transport: a thread per connection, or one event loop. A way is a mode and a
 # transport; its key is the mode alone for `threads` (as before the transports), else
 # `<mode>-<transport>`.
-TRANSPORTS = ("threads", "asyncio")
+TRANSPORTS = ("threads", "asyncio", "go-noop")
+BASELINE_SUFFIX = "@baseline"  # VGPU_BENCH_WEBHOOK_BASELINE: a way served by another tree
+FLOOR = "go-noop"  # the floor's way (and transport): one way, whatever the modes
 CONFIGS = ("shared", "own-cpu")  # CPU placement, see above
 PASSES = 3  # per way and placement, alternating
 CPUSET_ROOT = Path("/sys/fs/cgroup/cpuset")
@@ -83,6 +104,8 @@ WEBHOOK_CPU, CONTROL_PLANE_CPU = "1", "0"  # own-cpu placement
 TARGETS = {"webhook_p99_ms": 10.0}
 LABEL = "vgpu-dra.bench/webhook"
 HOOK_NAME = "legacy-pods.vgpu.dra.dev"
+MUTATE_PATH = "/mutate-pods"
+SECRET = "vgpu-dra-webhook-tls"  # the controller's certificates (self-managed mode)
 _ADMISSION = re.compile(r'msg="admission mutate Pod [^"]*: (\w+) in ([\d.]+) ms"(.*)')
 _FIELD = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)')
 
@@ -142,6 +165,24 @@ def bucket_quantile(after: list[tuple[float, float]], before: list[tuple[float, 
     return None
 
 
+def bucket_shares(
+    after: list[tuple[float, float]], before: list[tuple[float, float]]
+) -> dict[str, float]:
+    """Share of the observations between the two scrapes at or below each bucket's upper bound
+    (ms; exact, unlike a quantile read off coarse buckets), up to the first bucket holding all."""
+    start = dict(before)
+    counts = [(le, n - start.get(le, 0.0)) for le, n in after]
+    if not counts or counts[-1][1] <= 0:
+        return {}
+    total = counts[-1][1]
+    shares: dict[str, float] = {}
+    for le, n in counts:
+        shares["inf" if le == float("inf") else f"{le * 1e3:g}"] = round(n / total, 4)
+        if n >= total:
+            break
+    return shares
+
+
 def main() -> None:
     from vgpu_testbed.cluster.control_plane import Cluster
     from vgpu_testbed.cluster.flags import free_ports
@@ -150,7 +191,11 @@ def main() -> None:
     configs = _env_list("VGPU_BENCH_WEBHOOK_CONFIGS", CONFIGS)
     modes = _env_list("VGPU_BENCH_WEBHOOK_MODES", MODES)
     transports = _env_list("VGPU_BENCH_WEBHOOK_TRANSPORTS", TRANSPORTS)
-    ways = [m if t == "threads" else f"{m}-{t}" for m in modes for t in transports]
+    ways = [m if t == "threads" else f"{m}-{t}" for m in modes for t in transports if t != FLOOR]
+    baseline = os.environ.get("VGPU_BENCH_WEBHOOK_BASELINE")
+    if baseline:  # an A/B of a change: each of our ways also served from the baseline tree
+        ways = [w for way in ways for w in (way, f"{way}{BASELINE_SUFFIX}")]
+    ways += [FLOOR] if FLOOR in transports else []
     timed = os.environ.get("VGPU_BENCH_WEBHOOK_TIMED") == "1"
     passes = int(os.environ.get("VGPU_BENCH_WEBHOOK_PASSES", PASSES))
     diagnose = os.environ.get("VGPU_BENCH_WEBHOOK_PHASES", "1") != "0"
@@ -174,6 +219,12 @@ def main() -> None:
 
         def measure(n: int, placement: str, mode: str, timing: bool) -> dict[str, Any]:
             log_path = root / f"controller-{n}-{placement}-{mode}.log"
+            if mode == FLOOR:
+                return _measure_floor(client, cluster, root / f"floor-{n}", port=port,
+                                      config_name=hooks[0]["metadata"]["name"],
+                                      publish=lambda ca: register_webhooks(
+                                          cluster, port, ca, namespace=system_ns, values=values),
+                                      placement=placement, cpusets=cpusets)  # fmt: skip
             return _measure(client, cluster, log_path, mode, port=port, system_ns=system_ns,
                             config_name=hooks[0]["metadata"]["name"], placement=placement,
                             cpusets=cpusets, timing=timing)  # fmt: skip
@@ -199,6 +250,7 @@ def main() -> None:
         "configs": configs,
         "modes": modes,
         "transports": transports,
+        "baseline_tree": baseline or None,
         "phase_timed_passes": timed,
         "notes": notes,
     }
@@ -217,12 +269,16 @@ def _passes(
     cpusets: Cpusets | None,
     timed: bool = False,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-    """Every pass, alternating placements and ways so that none always runs on the more loaded
-    machine; then the phase-timed diagnosis passes. With `timed`, every pass is phase-timed
-    (its figures carry `phases`) and there is no separate diagnosis."""
+    """Every pass, alternating placements and ways (rotating their order) so that none always
+    runs on the more loaded machine or right after the same other one; then the phase-timed
+    diagnosis passes. With `timed`, every pass is phase-timed (its figures carry `phases`) and
+    there is no separate diagnosis."""
     by_config: dict[str, dict[str, Any]] = {}
     diagnosis: dict[str, Any] = {}
-    runs = [(c, m, timed) for _ in range(passes) for c in configs for m in modes]
+    # Each pass starts the round one way later: the first way of a round follows the previous
+    # round's last (e.g. the floor, whose CA swap gives the API server's webhook client a new
+    # connection pool), and no way may always be the one that pays for it.
+    runs = [(c, m, timed) for p in range(passes) for c in configs for m in _rotated(modes, p)]
     runs += [(c, "child", True) for c in configs] if diagnose and not timed else []
     for n, (placement, mode, timing) in enumerate(runs):
         if cpusets is not None and placement == "own-cpu":
@@ -237,6 +293,11 @@ def _passes(
     if cpusets is not None:
         cpusets.join()
     return by_config, diagnosis
+
+
+def _rotated(items: list[str], by: int) -> list[str]:
+    shift = by % len(items) if items else 0
+    return items[shift:] + items[:shift]
 
 
 def _document(
@@ -272,7 +333,48 @@ def _document(
         "by_config": by_config,
         # One phase-timed `child` pass per placement (not part of the figures above).
         "diagnosis": diagnosis,
+        "floor_ratios": _floor_ratios(by_config),
     }
+
+
+def _share_within_500ms(figures: dict[str, Any]) -> float | None:
+    shares = figures["apiserver"].get("share_within_ms")
+    if not shares:
+        return None
+    return float(shares.get("500", 1.0))  # absent: a smaller bucket already held them all
+
+
+def _floor_ratios(by_config: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Per placement and way: its median p99 over its passes divided by the floor's, by the API
+    server's histogram (bucket upper bounds: a ratio of 1 means the same bucket) and by the
+    clients; and the median share of admissions the API server saw end within 500 ms, divided
+    by the floor's (below 1: fewer than with the floor). The medians themselves alongside."""
+    measures: dict[str, Callable[[dict[str, Any]], float | None]] = {
+        "apiserver_p99_le_ms": lambda f: f["apiserver"]["p99_le_ms"],
+        "client_p99_ms": lambda f: f["client"]["p99_ms"],
+        "webhook_p99_ms": lambda f: f["webhook"]["p99_ms"],
+        # Exact (a count, not a bucket bound): more is better, so its ratio is inverted.
+        "apiserver_share_within_500ms": _share_within_500ms,
+    }
+    ratios: dict[str, Any] = {}
+    for placement, by_way in by_config.items():
+        floor = by_way.get(FLOOR)
+        if not floor:
+            continue
+        for way, runs in by_way.items():
+            entry: dict[str, Any] = {}
+            for name, value in measures.items():
+                ours = [v for v in map(value, runs) if v is not None]
+                base = [v for v in map(value, floor) if v is not None]
+                if ours and base:
+                    mine, theirs = statistics.median(ours), statistics.median(base)
+                    entry[name] = {
+                        "median": mine,
+                        "floor_median": theirs,
+                        "ratio": round(mine / theirs, 2) if theirs else None,
+                    }
+            ratios.setdefault(placement, {})[way] = entry
+    return ratios
 
 
 def _env_list(name: str, default: tuple[str, ...]) -> list[str]:
@@ -365,8 +467,11 @@ def _measure(
     """One controller (webhook served `mode`: the process, and `-<transport>` if not threads),
     a warm-up round and ROUNDS measured rounds in a
     fresh tenant namespace, whose pods are deleted afterwards (so passes start alike)."""
-    process, _, transport = mode.partition("-")
-    tenant = f"bench-{mode}-{uuid.uuid4().hex[:6]}"
+    way, suffix, _ = mode.partition(BASELINE_SUFFIX)
+    process, _, transport = way.partition("-")
+    # The baseline's code: `python -m` imports from the working directory first.
+    cwd = os.environ["VGPU_BENCH_WEBHOOK_BASELINE"] if suffix else None
+    tenant = f"bench-{way}{'-base' if suffix else ''}-{uuid.uuid4().hex[:6]}"
     _namespace(client, tenant, {LABEL: "on"})
     controller: subprocess.Popen[bytes] | None = None
     try:
@@ -381,11 +486,14 @@ def _measure(
                  "--webhook-process", process, "--webhook-transport", transport or "threads",
                  "--webhook-phase-timing", str(timing).lower()],
                 stdout=out, stderr=subprocess.STDOUT,
-                env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
+                env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"}, cwd=cwd,
             )  # fmt: skip
         _wait("the webhook serving", lambda: "webhook on https://" in log_path.read_text())
-        _wait("the caBundle published", lambda: _published(client, config_name))
+        _wait("the caBundle published", lambda: _published(
+            client, config_name, _secret_bundle(client, system_ns)))  # fmt: skip
         time.sleep(1.0)  # let the API server's webhook informer see the caBundle
+        protocol = {"selected_for_h2_offer": _alpn_selected(
+            port, _secret_bundle(client, system_ns) or b"")}  # fmt: skip
         # Connections, the template (a new shape: one create for 200 admissions), caches.
         _, warm_errors = _create_round(client, tenant, "warm", CONCURRENCY)
         warm_lines = len(_admissions(log_path.read_text()))
@@ -414,6 +522,7 @@ def _measure(
     )
     figures["client"]["errors"] = errors
     figures["client"]["warm_up_errors"] = warm_errors
+    figures["protocol"] = protocol
     if timing:
         figures["phases"] = _phases(admissions)
     print(f"{placement} {mode}: webhook p50 {figures['webhook']['p50_ms']} ms p99 "
@@ -421,12 +530,150 @@ def _measure(
     return {"load_avg_1m": load, **figures}
 
 
-def _published(client: kube.KubeClient, name: str) -> bool:
-    """The mutating configuration carries a caBundle (the webhook published its CA)."""
-    config = client.get(
-        kube.path("admissionregistration.k8s.io/v1", "mutatingwebhookconfigurations", name)
+def _published(client: kube.KubeClient, name: str, bundle: bytes | None) -> bool:
+    """Both configurations trust `bundle` (the serving webhook's CA; a previous pass may have
+    left another one there)."""
+    import base64
+
+    if not bundle:
+        return False
+    for plural in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
+        config = client.get(kube.path("admissionregistration.k8s.io/v1", plural, name))
+        for hook in config.get("webhooks") or []:
+            published = hook.get("clientConfig", {}).get("caBundle") or ""
+            if base64.b64decode(published) != bundle:
+                return False
+    return True
+
+
+def _secret_bundle(client: kube.KubeClient, namespace: str) -> bytes | None:
+    """The CA bundle the controller keeps in its Secret (None before it wrote one)."""
+    import base64
+
+    try:
+        secret = client.get(kube.path("v1", "secrets", SECRET, namespace=namespace))
+    except kube.NotFound:
+        return None
+    text = (secret.get("data") or {}).get("ca-bundle.crt")
+    return base64.b64decode(text) if text else None
+
+
+def _alpn_selected(port: int, bundle: bytes) -> str:
+    """What the webhook selects when a client offers h2 and HTTP/1.1 (as the API server does
+    for a loopback URL): an ALPN name, or "none (HTTP/1.1)"."""
+    import ssl
+
+    context = ssl.create_default_context(cadata=bundle.decode())
+    context.set_alpn_protocols(["h2", "http/1.1"])
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+    ):
+        return tls.selected_alpn_protocol() or "none (HTTP/1.1)"
+
+
+def _measure_floor(
+    client: kube.KubeClient,
+    cluster: Any,
+    workdir: Path,
+    *,
+    port: int,
+    config_name: str,
+    publish: Callable[[bytes], Any],
+    placement: str,
+    cpusets: Cpusets | None,
+) -> dict[str, Any]:
+    """The floor: hack/noop-webhook on the webhook's port, with a certificate of its own
+    published into both configurations, measured like `_measure` (a warm-up round, ROUNDS
+    measured rounds in a fresh tenant namespace)."""
+    import datetime as dt
+
+    from controller.webhook import certs
+
+    binary = _noop_webhook()
+    workdir.mkdir(parents=True)
+    day = dt.timedelta(days=1)
+    ca_pem, ca_key = certs.new_ca(day)
+    cert_pem, key_pem = certs.new_serving(
+        ca_pem, ca_key, certs.Names(("noop",), ("127.0.0.1",)), day
     )
-    return all(h.get("clientConfig", {}).get("caBundle") for h in config.get("webhooks") or [])
+    (workdir / "tls.crt").write_bytes(cert_pem)
+    (workdir / "tls.key").write_bytes(key_pem)
+    log_path = workdir / "noop-webhook.log"
+    tenant = f"bench-{FLOOR}-{uuid.uuid4().hex[:6]}"
+    _namespace(client, tenant, {LABEL: "on"})
+    publish(ca_pem)
+    server: subprocess.Popen[bytes] | None = None
+    try:
+        with log_path.open("w") as out:
+            prefix = cpusets.prefix() if placement == "own-cpu" and cpusets is not None else []
+            server = subprocess.Popen(
+                [*prefix, binary, "-listen", f"127.0.0.1:{port}",
+                 "-cert", str(workdir / "tls.crt"), "-key", str(workdir / "tls.key")],
+                stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        _wait("the floor serving", lambda: "noop-webhook on https://" in log_path.read_text())
+        _wait("its CA published", lambda: _published(client, config_name, ca_pem))
+        time.sleep(1.0)  # let the API server's webhook informer see the caBundle
+        _, warm_errors = _create_round(client, tenant, "warm", CONCURRENCY)
+        metrics_before = _apiserver_metrics(client, cluster.server)
+        stats_before = _floor_stats(port, ca_pem)
+        client_samples: list[float] = []
+        errors = 0
+        for n in range(ROUNDS):
+            samples, failed = _create_round(client, tenant, f"r{n}", CONCURRENCY)
+            client_samples += samples
+            errors += failed
+        metrics_after = _apiserver_metrics(client, cluster.server)
+        stats_after = _floor_stats(port, ca_pem)
+        load = round(os.getloadavg()[0], 2)
+    finally:
+        if server is not None:
+            server.send_signal(signal.SIGTERM)
+            server.wait(timeout=30)
+    client.request(
+        "DELETE", kube.path("v1", "pods", namespace=tenant), body={"gracePeriodSeconds": 0}
+    )
+    # The mutating admissions (the validating webhook is called too, as with ours).
+    durations = stats_after["durations_ms"].get(MUTATE_PATH, [])[
+        len(stats_before["durations_ms"].get(MUTATE_PATH, [])) :
+    ]
+    admissions: list[tuple[str, float, dict[str, str]]] = [("allowed", ms, {}) for ms in durations]
+    figures = _figures((metrics_before, metrics_after), ("", ""), admissions, client_samples)
+    figures["client"]["errors"] = errors
+    figures["client"]["warm_up_errors"] = warm_errors
+    figures["protocol"] = {
+        "alpn_offered": _delta(stats_after["alpn_offered"], stats_before["alpn_offered"]),
+        "http_versions": _delta(stats_after["protocols"], stats_before["protocols"]),
+        "new_connections": stats_after["connections"] - stats_before["connections"],
+    }
+    print(f"{placement} {FLOOR}: API server p99 <= {figures['apiserver']['p99_le_ms']} ms, "
+          f"client p99 {figures['client']['p99_ms']} ms, load {load}", flush=True)  # fmt: skip
+    return {"load_avg_1m": load, **figures}
+
+
+def _noop_webhook() -> str:
+    """The floor's binary (built on first use; hack/noop-webhook/build.sh caches it)."""
+    script = Path(__file__).resolve().parent.parent / "hack" / "noop-webhook" / "build.sh"
+    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"hack/noop-webhook/build.sh failed:\n{done.stderr[-3000:]}")
+    return done.stdout.strip().splitlines()[-1]
+
+
+def _floor_stats(port: int, ca_pem: bytes) -> dict[str, Any]:
+    """The floor's GET /stats (its counts since it started)."""
+    import ssl
+    import urllib.request
+
+    context = ssl.create_default_context(cadata=ca_pem.decode())
+    with urllib.request.urlopen(f"https://127.0.0.1:{port}/stats", context=context) as answer:
+        stats: dict[str, Any] = json.loads(answer.read())
+    return stats
+
+
+def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
 
 
 def _runs(document: dict[str, Any]) -> list[dict[str, Any]]:
@@ -480,6 +727,7 @@ def _figures(
             "p50_le_ms": bucket_quantile(api_after, api_before, 0.50),
             "p99_le_ms": bucket_quantile(api_after, api_before, 0.99),
             "count": api_count,
+            "share_within_ms": bucket_shares(api_after, api_before),
         },
         "client": percentiles(client_samples),
     }
@@ -510,7 +758,7 @@ def _webhook_metrics(client: kube.KubeClient, namespace: str, port: int) -> str:
     import ssl
     import urllib.request
 
-    secret = client.get(kube.path("v1", "secrets", "vgpu-dra-webhook-tls", namespace=namespace))
+    secret = client.get(kube.path("v1", "secrets", SECRET, namespace=namespace))
     context = ssl.create_default_context(
         cadata=base64.b64decode(secret["data"]["ca-bundle.crt"]).decode()
     )

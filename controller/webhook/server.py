@@ -1,4 +1,6 @@
-"""The webhook's HTTPS endpoint: AdmissionReview v1 in, AdmissionReview v1 out.
+"""The webhook's threaded transport (`--webhook-transport threads`, the default): AdmissionReview
+v1 in, AdmissionReview v1 out, a thread per connection. What both transports share (state,
+limits, an admission's review, span, histogram and log line) is `endpoint.AdmissionServer`.
 
 Why the standard library (`http.server` + `ssl` in threads) and not a web framework: the
 controller already serves its probes this way, the API server sends one small JSON POST per
@@ -10,7 +12,8 @@ stalls the others. The cost, measured (`--webhook-phase-timing`, docs/webhook.md
 under a burst, ~200 connection threads (most of a burst's admissions come on new connections)
 take turns at the GIL, and a slow admission spends ~80 % of its time waiting for it; the
 event-loop transport (`controller.webhook.aio`, `--webhook-transport asyncio`) is the answer to
-that diagnosis, opt-in until the API server's own measure agrees (docs/webhook.md). Meanwhile
+that diagnosis, opt-in until the API server's own measure says it is better (docs/webhook.md,
+where a no-op Go webhook shows what that measure can resolve on the bench machine). Meanwhile
 each answer here is one write and each request one read, since every socket call gives the GIL
 away.
 
@@ -28,76 +31,27 @@ connection idle for `IDLE_TIMEOUT_S` is closed. Paths:
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import ssl
 import threading
 import time
-from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from opentelemetry import trace
-
 from controller.webhook import phases
-from controller.webhook.certs import ContextHolder
-from controller.webhook.metrics import WebhookMetrics
-from controller.webhook.templates import WouldBlock
-from dra_driver.tracing import installed_tracer
+from controller.webhook.endpoint import (
+    IDLE_TIMEOUT_S,
+    MAX_BODY,
+    READ_BUFFER,
+    AdmissionServer,
+    BadReview,
+    Review,
+    answer,
+    parse_review,
+)
 
 log = logging.getLogger("vgpu-dra.webhook.server")
-
-JSON = dict[str, Any]
-# Two objects (object and oldObject) of at most ~1.5 MiB each (etcd's request limit), plus slack.
-MAX_BODY = 4 * 1024 * 1024
-READ_BUFFER = 64 * 1024
-DEFAULT_TIMEOUT_S = 10.0
-# A kept-alive connection may idle this long. Longer than the API server's own idle timeout for
-# webhook connections (90 s): the client must be the one to close an idle connection, or it may
-# send a request on a connection we are closing ("server closed idle connection": a failed
-# admission, since POSTs are not retried).
-IDLE_TIMEOUT_S = 120.0
-# Open connections (one thread each) beyond which new ones are closed at once: the port is
-# reachable from the pod network, and a flood of idle connections must not exhaust threads.
-MAX_CONNECTIONS = 1024
-TRACER_NAME = "vgpu-dra.webhook"
-MUTATE_PATH = "/mutate-pods"
-VALIDATE_PATH = "/validate"
-
-# review request -> (response fields without uid, short decision for logs/metrics)
-Review = Callable[[JSON], tuple[JSON, str]]
-
-
-class BadReview(ValueError):
-    """The body is not an AdmissionReview v1 request; answered 400."""
-
-
-def parse_review(body: bytes) -> JSON:
-    """The `request` of an AdmissionReview v1, checked for the fields we rely on."""
-    try:
-        review = json.loads(body)
-    except (ValueError, RecursionError) as exc:
-        raise BadReview(f"body is not JSON: {exc}") from None
-    if not isinstance(review, dict) or review.get("kind") != "AdmissionReview":
-        raise BadReview("body is not an AdmissionReview")
-    if review.get("apiVersion") != "admission.k8s.io/v1":
-        raise BadReview(f"AdmissionReview apiVersion {review.get('apiVersion')!r}: only v1")
-    request = review.get("request")
-    if not isinstance(request, dict) or not isinstance(request.get("uid"), str):
-        raise BadReview("AdmissionReview without request.uid")
-    return request
-
-
-def answer(uid: str, response: JSON) -> bytes:
-    return json.dumps(
-        {
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "response": {"uid": uid, **response},
-        },
-        separators=(",", ":"),
-    ).encode()
 
 
 class _TLSServer(ThreadingHTTPServer):
@@ -108,20 +62,15 @@ class _TLSServer(ThreadingHTTPServer):
         self,
         address: tuple[str, int],
         handler: type[BaseHTTPRequestHandler],
-        holder: ContextHolder,
-        timeout_s: float,
+        owner: WebhookServer,
     ) -> None:
-        self.holder = holder
-        self.timeout_s = timeout_s
-        self.max_connections = MAX_CONNECTIONS
-        self._open = 0
-        self._open_lock = threading.Lock()
+        self.owner = owner
         super().__init__(address, handler)
 
     def get_request(self) -> tuple[Any, Any]:
         sock, address = self.socket.accept()
-        sock.settimeout(self.timeout_s)
-        context = self.holder.current()
+        sock.settimeout(self.owner._timeout_s)
+        context = self.owner._holder.current()
         if context is None:  # no certificate yet: nothing we could say
             sock.close()
             raise OSError("no serving certificate loaded yet")
@@ -130,64 +79,31 @@ class _TLSServer(ThreadingHTTPServer):
         return wrapped, address
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        with self._open_lock:
-            full = self._open >= self.max_connections
-            if not full:
-                self._open += 1
-        if full:
-            log.warning(
-                "webhook: %d connections open, refusing one from %s",
-                self.max_connections,
-                client_address,
-            )
+        if not self.owner._connection_opened(client_address):
             self.shutdown_request(request)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:  # no thread started: it will not count itself out
-            with self._open_lock:
-                self._open -= 1
+            self.owner._connection_closed()
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            with self._open_lock:
-                self._open -= 1
+            self.owner._connection_closed()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # Failed handshakes and dropped connections: a client's problem, not a traceback on stderr.
         log.debug("webhook connection from %s failed", client_address, exc_info=True)
 
 
-class WebhookServer:
-    """Serves the admission endpoints on `address` from daemon threads."""
+class WebhookServer(AdmissionServer):
+    """Serves the admission endpoints on `address` from daemon threads, one per connection."""
 
-    def __init__(
-        self,
-        address: tuple[str, int],
-        holder: ContextHolder,
-        *,
-        mutate: Review,
-        validate: Review,
-        metrics: WebhookMetrics,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-        max_connections: int = MAX_CONNECTIONS,
-        tracer: trace.Tracer | None = None,
-        phase_timing: bool = False,
-    ) -> None:
-        # None while tracing is off: no span is created at all (dra_driver.tracing).
-        self._tracer = tracer if tracer is not None else installed_tracer(TRACER_NAME)
-        self._routes = {MUTATE_PATH: ("mutate", mutate), VALIDATE_PATH: ("validate", validate)}
-        self._timeout_s = timeout_s
-        self._metrics = metrics
-        self._draining = threading.Event()
-        self._phase_timing = phase_timing
-        self._in_flight = 0
-        self._in_flight_lock = threading.Lock()
-        self._httpd = _TLSServer(address, self._handler_class(), holder, timeout_s)
-        self._httpd.max_connections = max_connections
+    def _listen(self, address: tuple[str, int]) -> None:
+        self._httpd = _TLSServer(address, self._handler_class(), self)
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, name="webhook", daemon=True
         )
@@ -199,12 +115,6 @@ class WebhookServer:
 
     def start(self) -> None:
         self._thread.start()
-
-    def drain(self) -> None:
-        """Keep serving, but close each connection after its next answer: on the way out, the
-        API server's kept-alive connections move to another replica one request at a time
-        instead of failing when the process exits."""
-        self._draining.set()
 
     def stop(self) -> None:
         self._httpd.shutdown()
@@ -314,14 +224,8 @@ class WebhookServer:
 
         return Handler
 
-    def _admission_began(self) -> int:
-        with self._in_flight_lock:
-            self._in_flight += 1
-            return self._in_flight
-
     def _admission_ended(self) -> None:
-        with self._in_flight_lock:
-            self._in_flight -= 1
+        super()._admission_ended()
         phases.begin(None)
 
     def _admit(
@@ -336,12 +240,7 @@ class WebhookServer:
             self._metrics.observe(operation, "error", _clock() - started)
             return
         phases.mark("decode")
-        kind = (request.get("kind") or {}).get("kind", "")
-        span = admission_span(self._tracer, operation, request)
-        with span as current:
-            response, decision = self.review_safely(operation, review, request)
-            if current is not None:
-                current.set_attribute("vgpu_dra.admission.decision", decision)
+        response, decision = self._judge(operation, review, request)
         phases.mark("review")
         payload = answer(request["uid"], response)
         phases.mark("encode")
@@ -350,78 +249,7 @@ class WebhookServer:
         )
         elapsed = _clock() - started
         phases.mark("write")
-        self._metrics.observe(operation, decision, elapsed)
-        timed = phases.current()
-        timing = timed.fields() if timed is not None else {}
-        self.log_admission(operation, kind, request, decision, elapsed, timing=timing)
-
-    @staticmethod
-    def review_safely(operation: str, review: Review, request: JSON) -> tuple[JSON, str]:
-        try:
-            return review(request)
-        except WouldBlock:  # not an error: the event-loop transport retries off the loop
-            raise
-        except Exception:
-            # A bug of ours must not crash the connection thread; the API server applies the
-            # failurePolicy to the error answer.
-            log.exception("webhook %s failed for uid %s", operation, request["uid"])
-            response = {
-                "allowed": False,
-                "status": {"code": 500, "message": "vgpu-dra webhook internal error (see its log)"},
-            }
-            return response, "error"
-
-    @staticmethod
-    def log_admission(
-        operation: str,
-        kind: str,
-        request: JSON,
-        decision: str,
-        elapsed: float,
-        *,
-        timing: dict[str, float | int],
-    ) -> None:
-        name = request.get("name") or (request.get("object") or {}).get("metadata", {}).get(
-            "generateName", ""
-        )
-        log.info(
-            "admission %s %s %s/%s: %s in %.2f ms",
-            operation,
-            kind,
-            request.get("namespace") or "",
-            name,
-            decision,
-            elapsed * 1000,
-            extra={
-                "uid": request["uid"],
-                "operation": operation,
-                "kind": kind,
-                "namespace": request.get("namespace") or "",
-                "object": name,
-                "decision": decision,
-                "dry_run": bool(request.get("dryRun")),
-                "ms": round(elapsed * 1000, 3),
-                **timing,
-            },
-        )
-
-
-def admission_span(
-    tracer: trace.Tracer | None, operation: str, request: JSON
-) -> contextlib.AbstractContextManager[Any]:
-    """The admission's tracing span (a null context while tracing is off); both transports."""
-    if tracer is None:
-        return contextlib.nullcontext()
-    kind = (request.get("kind") or {}).get("kind", "")
-    return tracer.start_as_current_span(
-        f"admission {operation}",
-        attributes={
-            "vgpu_dra.admission.uid": str(request["uid"]),
-            "vgpu_dra.admission.kind": kind,
-            "k8s.namespace.name": str(request.get("namespace") or ""),
-            "vgpu_dra.admission.dry_run": bool(request.get("dryRun")),
-        },
-    )
+        self._answered(operation, request, decision, elapsed, phases.current())
 
 
 def _clock() -> float:

@@ -779,16 +779,19 @@ def _webhook_argv(controller_argv: list[str], port: int) -> list[str]:
     return argv
 
 
+@pytest.mark.parametrize("transport", ["threads", "asyncio"])
 def test_a_webhook_requiring_the_api_servers_client_certificate(
-    hook: Hook, cluster: Any, tmp_path: Path
+    hook: Hook, cluster: Any, tmp_path: Path, transport: str
 ) -> None:
-    """`vgpu-dra webhook` on its own with --webhook-client-ca: the bed's API server presents a
-    certificate signed by that CA (vgpu_testbed.cluster.webhook_client), so admissions pass;
-    a client without it is refused during the handshake, before any request is read."""
+    """`vgpu-dra webhook` on its own with --webhook-client-ca, on each transport: the bed's API
+    server presents a certificate signed by that CA (vgpu_testbed.cluster.webhook_client), so
+    admissions pass; a client without it is refused during the handshake, before any request
+    is read."""
     (port,) = free_ports(1)
     ca = webhook_client.client_ca(cluster.layout.pki)
     alone = Controller([*_webhook_argv(hook.controller.argv, port), "--webhook-client-ca",
-                        str(ca)], tmp_path / "webhook.log")  # fmt: skip
+                        str(ca), "--webhook-transport", transport],
+                       tmp_path / "webhook.log")  # fmt: skip
     try:
         alone.start()
         wait_for("the webhook serving", lambda: _serving_lines(alone, port) == 1)
@@ -1095,25 +1098,27 @@ def _digest(data: str | None) -> str:
     return hashlib.sha256((data or "").encode()).hexdigest()[:12]
 
 
-def test_rotation_during_a_stream_of_admissions_loses_none(hook: Hook) -> None:
+@pytest.mark.parametrize("transport", ["threads", "asyncio"])
+def test_rotation_during_a_stream_of_admissions_loses_none(hook: Hook, transport: str) -> None:
     """Lifetimes of seconds: a new CA is staged, published, promoted and a serving certificate
-    signed by it every ~10 s; dry-run admissions (each a real webhook call) never fail.
-    Runs a controller of its own, stopped at the end (the tests after it want no webhook)."""
+    signed by it every ~10 s; dry-run admissions (each a real webhook call) never fail, on each
+    transport. Runs a controller of its own, stopped at the end (the tests after it want no
+    webhook)."""
     secret_path = kube.path("v1", "secrets", hook.secret, namespace=hook.system_ns)
     hook.controller.stop()
     try:
-        _stream_through_rotations(hook, secret_path)
+        _stream_through_rotations(hook, secret_path, transport)
     finally:
         hook.controller.stop()
 
 
-def _stream_through_rotations(hook: Hook, secret_path: str) -> None:
+def _stream_through_rotations(hook: Hook, secret_path: str, transport: str) -> None:
     secret = hook.client.get(secret_path)
     secret["data"] = {}  # start over with short-lived certificates
     hook.client.replace(secret_path, secret)
     hook.controller.start(
         "--webhook-cert-lifetime", "12s", "--webhook-ca-lifetime", "16s",
-        "--webhook-ca-propagation", "2s",
+        "--webhook-ca-propagation", "2s", "--webhook-transport", transport,
     )  # fmt: skip
     wait_for("new certificates published", hook.published, timeout=60)
     stop = threading.Event()

@@ -1,19 +1,23 @@
-"""The webhook's HTTPS transport (controller.webhook.server) with real TLS on loopback.
+"""The webhook's HTTPS transports (controller.webhook.server, .aio) with real TLS on loopback.
 
 Proves: an AdmissionReview v1 gets an AdmissionReview v1 answer carrying the request's uid and the
 review function's response, over a certificate signed by our CA for 127.0.0.1; non-reviews are
 400, missing or oversized bodies 411/413 without the body being read; a review function that
 raises gives allowed:false (code 500) and the connection survives; the histogram counts each
 admission by operation and decision and is served on /metrics; a reloaded certificate is used
-by new connections while a kept-alive connection opened before keeps working.
+by new connections while a kept-alive connection opened before keeps working; a failed
+handshake frees its place under the connection cap; a body far above the event loop's read
+buffer arrives whole. Every test runs against both transports (threads, asyncio).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import http.client
 import json
 import logging
+import socket
 import ssl
 import time
 from collections.abc import Iterator
@@ -30,8 +34,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from controller.webhook import certs, templates
 from controller.webhook.aio import AsyncWebhookServer
+from controller.webhook.endpoint import MAX_BODY, MAX_CONNECTIONS
 from controller.webhook.metrics import WebhookMetrics
-from controller.webhook.server import MAX_BODY, MAX_CONNECTIONS, WebhookServer
+from controller.webhook.server import WebhookServer
 from vgpu_testbed.cluster import webhook_client
 from vgpu_testbed.polling import wait_for
 
@@ -381,6 +386,43 @@ def test_connections_beyond_the_limit_are_closed_at_once(tmp_path: Path) -> None
         finally:
             for conn in conns:
                 conn.close()
+
+
+def test_a_failed_handshake_frees_its_place_under_the_limit(tmp_path: Path) -> None:
+    with serving(max_connections=1) as s:
+        for _ in range(3):  # each would hold the only place if it were not counted out
+            with socket.create_connection(s.server.address, timeout=5) as raw:
+                raw.sendall(b"GET / HTTP/1.1\r\n\r\n")  # not a TLS ClientHello
+                with contextlib.suppress(OSError):
+                    while raw.recv(1024):  # until the server closes it
+                        pass
+        context = client_context(tmp_path, s.ca)
+        wait_for("an admission after failed handshakes", lambda: _admitted(s, context), 10)
+
+
+def _admitted(s: Served, context: ssl.SSLContext) -> bool:
+    conn = s.connect(context)
+    try:
+        return post(conn, "/mutate-pods", review())[0] == 200
+    except (ssl.SSLError, ConnectionError, OSError):
+        return False
+    finally:
+        conn.close()
+
+
+def test_a_large_review_and_the_next_on_its_connection_arrive_whole(
+    served: Served, tmp_path: Path
+) -> None:
+    # ~1 MiB: far beyond what the event loop's reader buffers before pausing the socket.
+    padding = "x" * (1024 * 1024)
+    conn = served.connect(client_context(tmp_path, served.ca))
+    status, body = post(conn, "/mutate-pods", review("big", object={"padding": padding}))
+    assert status == 200
+    assert json.loads(body)["response"]["uid"] == "big"
+    assert served.seen[-1]["object"]["padding"] == padding
+    status, body = post(conn, "/mutate-pods", review("next"))
+    assert (status, json.loads(body)["response"]["uid"]) == (200, "next")
+    conn.close()
 
 
 def test_each_admission_is_one_span_with_its_decision(tmp_path: Path) -> None:

@@ -1,0 +1,3 @@
+module vgpu-dra.local/noop-webhook
+
+go 1.26.0
