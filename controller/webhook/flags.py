@@ -42,7 +42,7 @@ ENV = {
 PROCESS_CHOICES = ("child", "inline")
 # How connections are served: a thread each (controller.webhook.server) or one event loop
 # (controller.webhook.aio); docs/webhook.md, Performance, has the figures of each.
-TRANSPORT_CHOICES = ("threads", "asyncio")
+TRANSPORT_CHOICES = ("asyncio", "threads")  # the first is the default (docs/webhook.md)
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -270,6 +270,7 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> No
         "--webhook-transport",
         default=env.get(ENV["webhook_transport"], TRANSPORT_CHOICES[0]),
         choices=TRANSPORT_CHOICES,
-        help="serve webhook connections from a thread each (threads) or from one asyncio event "
-        f"loop (asyncio) (env {ENV['webhook_transport']})",
+        help="serve webhook connections from asyncio event loops (asyncio: one for accepts and TLS "
+        "handshakes, one for established connections) or from a thread each (threads) "
+        f"(env {ENV['webhook_transport']})",
     )
