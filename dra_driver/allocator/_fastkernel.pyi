@@ -66,10 +66,14 @@ class Encoding:
         k_dims: int,
     ) -> None: ...
     def picked(self) -> list[tuple[int, tuple[int, ...]]]: ...
+    def set_owners(self, owners: list[int]) -> None: ...
+    def set_template(self, a: int, j: int, pick: tuple[Any, ...]) -> None: ...
+    def results(self, claims: tuple[Any, ...], result_type: type) -> Any: ...
 
 class NodeKeys:
     keys: Any
     closeness: Any
+    filled: bool
     def __init__(
         self,
         masks: Any,
@@ -85,8 +89,35 @@ class NodeKeys:
     ) -> None: ...
     def key(self, node: int) -> float: ...
 
+class Plan:
+    node_keys: NodeKeys
+    encodings: list[Any]
+    node_names: list[str]
+    def __init__(
+        self,
+        node_keys: NodeKeys,
+        encodings: list[Any],
+        node_names: list[str],
+        topo: int,
+        strict: int,
+        binpack: int,
+        budget: int,
+        placement_type: type,
+        result_type: type,
+    ) -> None: ...
+
+DECIDE_PLACED: int
+DECIDE_ENCODING: int
+DECIDE_TEMPLATES: int
+DECIDE_NONE: int
+
 class Engine:
+    status: int
+    node: int
+    tried: int
     def __init__(self, layout: Any) -> None: ...
+    def decide(self, plan: Plan, node_ok: Any, seq: int, claims: tuple[Any, ...]) -> Any: ...
+    def resume(self, plan: Plan, claims: tuple[Any, ...]) -> Any: ...
     def rank(self, nk: NodeKeys, node_ok: Any, seq: int) -> int: ...
     def next(self, nk: NodeKeys, failed: int) -> int: ...
     def search(
@@ -106,3 +137,10 @@ class LayoutWriter:
         columns: list[int],
         values: list[int],
     ) -> None: ...
+
+def share_id(uid: str, request: str, path: str, index: int) -> str: ...
+
+class Accountant:
+    def __init__(self, model: Any, name_of: Any) -> None: ...
+    def commit(self, results: tuple[Any, ...]) -> bool: ...
+    def set_claim(self, uid: str, consumption: list[Any]) -> None: ...

@@ -18,6 +18,30 @@ from libc.stdint cimport int64_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcmp, memcpy, memset
 
+cdef extern from "Python.h":
+    const char* PyUnicode_AsUTF8AndSize(object, Py_ssize_t*) except NULL
+    object PyUnicode_DecodeASCII(const char*, Py_ssize_t, const char*)
+
+from cpython.object cimport PyObject, PyTypeObject
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_New, PyTuple_SET_ITEM
+
+cdef extern from "openssl/sha.h":
+    ctypedef struct SHA256_CTX:
+        pass
+    int SHA256_Init(SHA256_CTX*) nogil
+    int SHA256_Update(SHA256_CTX*, const void*, size_t) nogil
+    int SHA256_Final(unsigned char*, SHA256_CTX*) nogil
+
+cdef extern from *:
+    """
+    static PyObject* vgpu_alloc_tuple(PyTypeObject* type, Py_ssize_t n) {
+        return type->tp_alloc(type, n);
+    }
+    """
+    object vgpu_alloc_tuple(PyTypeObject* type, Py_ssize_t n)
+
+
 
 cdef inline int64_t _best_group(
     Py_ssize_t* fit,
@@ -742,7 +766,12 @@ cdef class Encoding:
     last `Engine.search` on it."""
 
     cdef readonly object arrays  # the inputs as given
-    cdef Py_ssize_t m, k_dims, n_req, n_slots
+    cdef Py_ssize_t m, k_dims, n_req, n_slots, n_alt
+    # Per (alternative row, node-local device): what a result of it holds but its shareID
+    # (allocate._Pick), filled by the allocator as devices are first picked; per flat request:
+    # the index of its claim (see `results`).
+    cdef list templates
+    cdef Py_ssize_t* owners
     # The walk's inputs, outputs and scratch as pointers into `block`, set once:
     # `Engine.search` copies this and adds the node's layout rows and the policy.
     cdef Ctx proto
@@ -769,6 +798,7 @@ cdef class Encoding:
             self.m = views[2].shape[1]
             self.k_dims = k_dims
             self.n_slots = views[6].shape[0]
+            self.n_alt = n_alt
             if not (
                 views[0].shape[1] == 2 and views[1].shape[1] == 3
                 and views[2].shape[0] == n_alt
@@ -833,6 +863,94 @@ cdef class Encoding:
 
     def __dealloc__(self):
         free(self.block)
+        free(self.owners)
+
+    def set_owners(self, owners):
+        """The claim index of each flat request, in order (from `_shape`, so fixed per encoding)."""
+        cdef Py_ssize_t i
+        if len(owners) != self.n_req:
+            raise ValueError("set_owners: one claim index per flat request")
+        self.owners = <Py_ssize_t*>calloc(self.n_req + 1, sizeof(Py_ssize_t))
+        if self.owners == NULL:
+            raise MemoryError()
+        for i in range(self.n_req):
+            self.owners[i] = owners[i]
+            if self.owners[i] < 0:
+                raise ValueError("set_owners: negative claim index")
+        self.templates = [None] * (self.n_alt * self.m)
+
+    def set_template(self, Py_ssize_t a, Py_ssize_t j, pick):
+        """What a result of alternative row `a` on node-local device `j` holds (an `_Pick`)."""
+        if not (0 <= a < self.n_alt and 0 <= j < self.m) or self.templates is None:
+            raise ValueError("set_template: out of range, or set_owners not called")
+        if not isinstance(pick, tuple) or PyTuple_GET_SIZE(pick) != 10:
+            raise ValueError("set_template: an allocate._Pick has 10 fields")
+        self.templates[a * self.m + j] = pick
+
+    def results(self, tuple claims, type result_type not None):
+        """See `_results`."""
+        return self._results(claims, result_type)
+
+    cdef object _results(self, tuple claims, type result_type):
+        """The last successful search's picks as `Placement.results`: per claim (in order) the
+        claim and its `result_type` (allocate.DeviceResult) tuple, shareIDs made here; None
+        when a picked device has no template yet (set them, then call again)."""
+        cdef Py_ssize_t i, p, j, a, ci, n_claims = len(claims), count, k
+        cdef Ctx* c = &self.proto
+        cdef object pick, share, result, uid
+        cdef list per_claim
+        cdef tuple out
+        cdef Py_ssize_t* fill
+        if self.owners == NULL:
+            raise ValueError("results: set_owners not called")
+        if not issubclass(result_type, tuple):
+            raise ValueError("results: result_type must be a tuple type (allocate.DeviceResult)")
+        for i in range(self.n_req):
+            if self.owners[i] >= n_claims:
+                raise ValueError("results: a claim index beyond the claims given")
+            a = c.chosen_alt[i]
+            for p in range(c.npicks[i]):
+                if self.templates[a * self.m + c.picks[i * self.m + p]] is None:
+                    return None
+        # Exactly sized tuples: how many results each claim gets, then fill them in order.
+        fill = <Py_ssize_t*>calloc(2 * n_claims + 1, sizeof(Py_ssize_t))
+        if fill == NULL:
+            raise MemoryError()
+        try:
+            for i in range(self.n_req):
+                fill[self.owners[i]] += c.npicks[i]
+            per_claim = [PyTuple_New_(fill[ci]) for ci in range(n_claims)]
+            for i in range(self.n_req):
+                ci = self.owners[i]
+                uid = (<object>claims[ci]).uid
+                a = c.chosen_alt[i]
+                count = c.npicks[i]
+                for p in range(count):
+                    j = c.picks[i * self.m + p]
+                    pick = self.templates[a * self.m + j]
+                    if <object>PyTuple_GET_ITEM(pick, 6):  # shared: gets a shareID
+                        share = _share_id_c(
+                            uid, <object>PyTuple_GET_ITEM(pick, 0),
+                            <object>PyTuple_GET_ITEM(pick, 4), p,
+                        )
+                    else:
+                        share = None
+                    result = vgpu_alloc_tuple(<PyTypeObject*>result_type, 9)
+                    for k in range(4):  # request, driver, pool, device
+                        _put(result, k, <object>PyTuple_GET_ITEM(pick, k))
+                    _put(result, 4, <object>PyTuple_GET_ITEM(pick, 5))  # consumed
+                    _put(result, 5, share)
+                    _put(result, 6, <object>PyTuple_GET_ITEM(pick, 7))  # admin
+                    _put(result, 7, <object>PyTuple_GET_ITEM(pick, 8))  # tolerations
+                    _put(result, 8, <object>PyTuple_GET_ITEM(pick, 9))  # consumption
+                    _put(per_claim[ci], fill[n_claims + ci], result)
+                    fill[n_claims + ci] += 1
+        finally:
+            free(fill)
+        out = PyTuple_New_(n_claims)
+        for ci in range(n_claims):
+            _put(out, ci, (claims[ci], per_claim[ci]))
+        return out
 
     def picked(self):
         """The last search's picks: (alternative row, node-local device rows) per request."""
@@ -874,7 +992,7 @@ cdef class NodeKeys:
     cdef Py_ssize_t n_aside
     cdef int topo, strict, binpack
     cdef int64_t seq
-    cdef bint filled
+    cdef readonly bint filled
 
     def __init__(
         self, masks, req_mem, req_pct, req_cores, req_count, req_group,
@@ -925,6 +1043,50 @@ cdef class NodeKeys:
         return self.key_view[node]
 
 
+cdef class Plan:
+    """What `Engine.decide` needs of one request shape and policy besides the layout: the
+    node keys, the encodings per node (None until built), the search policy and the types the
+    placement is made of."""
+
+    cdef readonly NodeKeys node_keys
+    cdef readonly list encodings
+    cdef readonly list node_names
+    cdef int topo, strict, binpack
+    cdef int64_t budget
+    cdef type placement_type, result_type
+
+    def __init__(
+        self, NodeKeys node_keys not None, list encodings not None, list node_names not None,
+        int topo, int strict, int binpack, int64_t budget, type placement_type not None,
+        type result_type not None,
+    ):
+        if not (issubclass(placement_type, tuple) and issubclass(result_type, tuple)):
+            raise ValueError("Plan: placement_type and result_type must be tuple types")
+        if len(encodings) != node_keys.n_nodes or len(node_names) != node_keys.n_nodes:
+            raise ValueError("Plan: one encoding slot and one node name per node")
+        self.node_keys = node_keys
+        self.encodings = encodings
+        self.node_names = node_names
+        self.topo = topo
+        self.strict = strict
+        self.binpack = binpack
+        self.budget = budget
+        self.placement_type = placement_type
+        self.result_type = result_type
+
+
+# What `Engine.decide` returned for (its `status`).
+cdef enum:
+    _PLACED = 0
+    _ENCODING = 1
+    _TEMPLATES = 2
+    _NONE = 3
+DECIDE_PLACED = 0
+DECIDE_ENCODING = 1
+DECIDE_TEMPLATES = 2
+DECIDE_NONE = 3
+
+
 cdef class Engine:
     """The fast path's scan and search over one layout's arrays (which the model updates in
     place; a new layout needs a new Engine)."""
@@ -936,6 +1098,8 @@ cdef class Engine:
     cdef const int64_t* dev
     cdef const int64_t* cap
     cdef const int64_t* used
+    cdef readonly int status  # of the last `decide`: DECIDE_*
+    cdef readonly Py_ssize_t node, tried
 
     def __init__(self, layout):
         self.arrays = (
@@ -1006,12 +1170,16 @@ cdef class Engine:
     def rank(self, NodeKeys nk, const signed char[::1] node_ok, int64_t seq):
         """Bring `nk` up to date (scan the nodes changed since its last refresh or whose node
         fit changed) and return the best node (first of the highest key), -1 when none."""
-        cdef Scan s = self.base
-        cdef Py_ssize_t n
         if node_ok.shape[0] != self.n_nodes or nk.key_view.shape[0] != self.n_nodes:
             raise ValueError("rank: node_ok / NodeKeys do not match the layout")
-        if nk.masks.shape[1] != s.n_dev:
+        if nk.masks.shape[1] != self.base.n_dev:
             raise ValueError("rank: masks do not match the layout")
+        return self._rank(nk, &node_ok[0] if self.n_nodes else NULL, seq)
+
+    cdef Py_ssize_t _rank(self, NodeKeys nk, const signed char* okp, int64_t seq) noexcept:
+        """`rank` after its checks."""
+        cdef Scan s = self.base
+        cdef Py_ssize_t n
         s.n_req = nk.req_mem.shape[0]
         s.masks = &nk.masks[0, 0] if s.n_req and s.n_dev else NULL
         s.req_mem = _i64(nk.req_mem)
@@ -1026,7 +1194,6 @@ cdef class Engine:
         # pointers: most nodes cost one load and compare, the node fit check is one memcmp
         # when it did not change) and fix their paths in the tree.
         cdef const int64_t* seqs = self.node_seq
-        cdef const signed char* okp = &node_ok[0] if self.n_nodes else NULL
         cdef signed char* seen_ok = &nk.ok[0] if self.n_nodes else NULL
         cdef int64_t since = nk.seq
         cdef bint all_nodes = not nk.filled
@@ -1061,6 +1228,9 @@ cdef class Engine:
         """The best node after `failed` (whose search found nothing) is set aside; -1: none."""
         if not 0 <= failed < nk.n_nodes or not nk.filled:
             raise ValueError("next: node out of range, or the keys were never ranked")
+        return self._next(nk, failed)
+
+    cdef Py_ssize_t _next(self, NodeKeys nk, Py_ssize_t failed) noexcept:
         if not nk.aside[failed]:
             nk.aside[failed] = 1
             nk.aside_list[nk.n_aside] = failed
@@ -1068,10 +1238,76 @@ cdef class Engine:
             _fix(nk, failed)
         return _top(nk)
 
+    def decide(self, Plan plan not None, node_ok, int64_t seq, tuple claims not None):
+        """One whole decision's C part for `plan`'s request shape and policy: `rank`, then the
+        search on the best node, the next one while a search fails, and the results of the
+        first that works, as a `plan.placement_type` (allocate.Placement: node name, key,
+        results). None when the allocator must act first (`status`, `node`):
+        DECIDE_ENCODING: `plan.encodings[node]` is None (not built): build it, then call
+        `resume`; DECIDE_TEMPLATES: the search on `node` worked but a device it picked has no
+        result template yet: set them, then call `Encoding.results`; DECIDE_NONE: no node
+        works (`tried` searches failed)."""
+        cdef Py_buffer view
+        cdef Py_ssize_t best
+        if plan.node_keys.key_view.shape[0] != self.n_nodes or len(plan.encodings) != self.n_nodes:
+            raise ValueError("decide: the plan is not for this layout")
+        if plan.node_keys.masks.shape[1] != self.base.n_dev:
+            raise ValueError("decide: masks do not match the layout")
+        PyObject_GetBuffer(node_ok, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+        try:
+            if view.ndim != 1 or view.itemsize != 1 or view.shape[0] != self.n_nodes:
+                raise ValueError("decide: node_ok must be one int8 per node")
+            self.tried = 0
+            best = self._rank(plan.node_keys, <const signed char*>view.buf, seq)
+        finally:
+            PyBuffer_Release(&view)
+        return self._decide(plan, best, claims)
+
+    def resume(self, Plan plan not None, tuple claims not None):
+        """`decide` after DECIDE_ENCODING, from the best node still in the running."""
+        if plan.node_keys.key_view.shape[0] != self.n_nodes or len(plan.encodings) != self.n_nodes:
+            raise ValueError("resume: the plan is not for this layout")
+        if not plan.node_keys.filled:
+            raise ValueError("resume: the keys were never ranked")
+        return self._decide(plan, _top(plan.node_keys), claims)
+
+    cdef object _decide(self, Plan plan, Py_ssize_t best, tuple claims):
+        cdef object enc_obj, results, placement
+        cdef Encoding enc
+        cdef NodeKeys nk = plan.node_keys
+        while best >= 0:
+            enc_obj = plan.encodings[best]
+            if enc_obj is None:
+                self.status = _ENCODING
+                self.node = best
+                return None
+            enc = enc_obj  # checked: a wrong object raises TypeError
+            self.tried += 1
+            if self._search(best, enc, plan.topo, plan.strict, plan.binpack, plan.budget):
+                results = enc._results(claims, plan.result_type)
+                self.node = best
+                if results is None:
+                    self.status = _TEMPLATES
+                    return None
+                placement = vgpu_alloc_tuple(<PyTypeObject*>plan.placement_type, 3)
+                _put(placement, 0, plan.node_names[best])
+                _put(placement, 1, nk.key_view[best])
+                _put(placement, 2, results)
+                self.status = _PLACED
+                return placement
+            best = self._next(nk, best)
+        self.status = _NONE
+        return None
+
     def search(
         self, Py_ssize_t node, Encoding enc, int topo, int strict, int binpack, int64_t budget
     ):
         """kernel.search on `node`'s devices with `enc`; outputs in enc.chosen_alt/picks/npicks."""
+        return self._search(node, enc, topo, strict, binpack, budget)
+
+    cdef int _search(
+        self, Py_ssize_t node, Encoding enc, int topo, int strict, int binpack, int64_t budget
+    ) except -1:
         cdef Ctx c
         cdef Py_ssize_t start, end
         if not 0 <= node < self.n_nodes:
@@ -1183,6 +1419,21 @@ cdef class LayoutWriter:
             if not 0 <= self.dev_node[row] < n_nodes:
                 raise ValueError("LayoutWriter: dev_node out of range")
 
+    cdef void _write(
+        self, Py_ssize_t row, int64_t seq, int64_t mem, int64_t cores, int64_t held,
+        int64_t allocated,
+    ) noexcept:
+        """`account` without the capacity columns; `row` already checked by the caller."""
+        cdef Py_ssize_t node = self.dev_node[row]
+        self.node_seq[node] = seq
+        self.node_mem_used[node] += mem - self.mem_used[row]
+        self.node_cores_used[node] += cores - self.cores_used[row]
+        self.mem_used[row] = mem
+        self.cores_used[row] = cores
+        self.busy[row] = held
+        self.dev[row, DEV_ALLOCATED] = allocated
+        self.dev[row, DEV_HELD] = held
+
     def account(
         self, Py_ssize_t row, int64_t seq, int64_t mem, int64_t cores, int64_t held,
         int64_t allocated, list columns, list values,
@@ -1207,3 +1458,197 @@ cdef class LayoutWriter:
             self.used_by_dim[row, <Py_ssize_t>columns[i]] = <int64_t>values[i]
         self.dev[row, DEV_ALLOCATED] = allocated
         self.dev[row, DEV_HELD] = held
+
+
+# ---------------------------------------------------------------- results and commit in C
+#
+# What the fast path used to do in Python after the search (see docs/scheduling.md, "Fast path
+# and reference"): the results with their shareIDs, and `commit`'s accounting. The pure-Python
+# twins are `allocate._share_id`, `Allocator._search_node` and `ClusterModel.assume`; the tests
+# compare both.
+
+cdef const char* _HEX = b"0123456789abcdef"
+
+
+cdef object _share_id_c(object uid, object request, object path, Py_ssize_t index):
+    """allocate._share_id in C: SHA-256 of "uid/request/path/index", its first 16 bytes as a
+    version-4 UUID (same text as the Python twin)."""
+    cdef SHA256_CTX ctx
+    cdef unsigned char digest[32]
+    cdef char hexed[32]
+    cdef char out[36]
+    cdef char number[24]
+    cdef Py_ssize_t n, k, q
+    cdef const char* text
+    SHA256_Init(&ctx)
+    text = PyUnicode_AsUTF8AndSize(uid, &n)
+    SHA256_Update(&ctx, text, n)
+    SHA256_Update(&ctx, b"/", 1)
+    text = PyUnicode_AsUTF8AndSize(request, &n)
+    SHA256_Update(&ctx, text, n)
+    SHA256_Update(&ctx, b"/", 1)
+    text = PyUnicode_AsUTF8AndSize(path, &n)
+    SHA256_Update(&ctx, text, n)
+    SHA256_Update(&ctx, b"/", 1)
+    k = 24
+    q = index
+    while True:
+        k -= 1
+        number[k] = <char>(48 + q % 10)
+        q //= 10
+        if q == 0:
+            break
+    SHA256_Update(&ctx, number + k, 24 - k)
+    SHA256_Final(digest, &ctx)
+    for k in range(16):
+        hexed[2 * k] = _HEX[digest[k] >> 4]
+        hexed[2 * k + 1] = _HEX[digest[k] & 15]
+    # h[:8]-h[8:12]-4h[13:16]-{89ab}[h[16]&3]h[17:20]-h[20:32]
+    memcpy(out, hexed, 8)
+    out[8] = b'-'
+    memcpy(out + 9, hexed + 8, 4)
+    out[13] = b'-'
+    out[14] = b'4'
+    memcpy(out + 15, hexed + 13, 3)
+    out[18] = b'-'
+    out[19] = b"89ab"[(digest[8] >> 4) & 3]
+    memcpy(out + 20, hexed + 17, 3)
+    out[23] = b'-'
+    memcpy(out + 24, hexed + 20, 12)
+    return PyUnicode_DecodeASCII(out, 36, NULL)
+
+
+def share_id(str uid, str request, str path, Py_ssize_t index):
+    """The Cython twin of allocate._share_id (tests compare them)."""
+    if index < 0:
+        raise ValueError("share_id: negative position")
+    return _share_id_c(uid, request, path, index)
+
+
+cdef inline void _put(object t, Py_ssize_t i, object value):
+    Py_INCREF(value)
+    PyTuple_SET_ITEM(t, i, value)
+
+
+cdef inline tuple PyTuple_New_(Py_ssize_t n):
+    return PyTuple_New(n)
+
+
+cdef class Accountant:
+    """`ClusterModel.assume` (with `_set_claim` / `_account`) in C, for the fast path's commit:
+    the same dictionaries and layout writes in the same order (the tests compare both). Holds
+    the model's consumption dictionaries, which the model never replaces."""
+
+    cdef object model
+    cdef dict claims, used, allocations, exclusive, devices
+    cdef dict names  # driver -> (memory capacity name, cores capacity name)
+    cdef object name_of  # driver -> that pair (model._capacity_names)
+
+    def __init__(self, model, name_of):
+        self.model = model
+        self.claims = model._claims
+        self.used = model.used
+        self.allocations = model.allocations
+        self.exclusive = model.exclusive
+        self.devices = model.devices
+        self.names = {}
+        self.name_of = name_of
+
+    def commit(self, tuple results not None):
+        """Record `Placement.results` ((claim, DeviceResults) pairs) as `Allocator.commit`
+        does; False (nothing changed) when a result lacks its `consumption`."""
+        cdef object pair, result, group
+        cdef list entries
+        cdef Py_ssize_t p, q
+        for p in range(PyTuple_GET_SIZE(results)):
+            pair = <object>PyTuple_GET_ITEM(results, p)
+            if not (isinstance(pair, tuple) and PyTuple_GET_SIZE(pair) == 2):
+                raise ValueError("commit: results are (claim, results) pairs")
+            group = <object>PyTuple_GET_ITEM(pair, 1)
+            if not isinstance(group, tuple):
+                raise ValueError("commit: results are (claim, results) pairs")
+            for q in range(PyTuple_GET_SIZE(group)):
+                result = <object>PyTuple_GET_ITEM(group, q)
+                if not (isinstance(result, tuple) and PyTuple_GET_SIZE(result) == 9):
+                    raise ValueError("commit: a result is not an allocate.DeviceResult")
+                if not <object>PyTuple_GET_ITEM(result, 6) and PyTuple_GET_ITEM(result, 8) == <PyObject*>None:
+                    return False
+        for p in range(PyTuple_GET_SIZE(results)):
+            pair = <object>PyTuple_GET_ITEM(results, p)
+            group = <object>PyTuple_GET_ITEM(pair, 1)
+            entries = []
+            for q in range(PyTuple_GET_SIZE(group)):
+                result = <object>PyTuple_GET_ITEM(group, q)
+                if not <object>PyTuple_GET_ITEM(result, 6):  # admin access consumes nothing
+                    entries.append(<object>PyTuple_GET_ITEM(result, 8))
+            self._set_claim((<object>PyTuple_GET_ITEM(pair, 0)).uid, entries)
+        return True
+
+    def set_claim(self, str uid not None, list consumption not None):
+        """ClusterModel._set_claim."""
+        self._set_claim(uid, consumption)
+
+    cdef _set_claim(self, object uid, list consumption):
+        cdef object entry
+        cdef object old = self.claims.pop(uid, None)
+        if old:
+            for entry in old:
+                self._account(entry, -1)
+        if consumption:
+            self.claims[uid] = consumption
+            for entry in consumption:
+                self._account(entry, 1)
+
+    cdef _account(self, object entry, int sign):
+        cdef object key = entry.device
+        cdef tuple amounts = entry.amounts
+        cdef object name, amount, count, names, layout, row_obj, device, column, writer
+        cdef dict used, dims
+        cdef Py_ssize_t row, col
+        cdef int64_t seq, mem, cores, held, allocated
+        cdef LayoutWriter w
+        used = self.used.get(key)
+        if used is None:
+            used = {}
+            self.used[key] = used
+        for name, amount in amounts:
+            used[name] = used.get(name, 0) + sign * amount
+        count = self.allocations.get(key, 0) + sign
+        self.allocations[key] = count
+        if entry.exclusive:
+            self.exclusive[key] = self.exclusive.get(key, 0) + sign
+        layout = self.model._layout
+        if layout is None:
+            return
+        row_obj = layout.index.get(key)
+        if row_obj is None:
+            return
+        names = self.names.get(key[0])
+        if names is None:
+            names = self.name_of(key[0])
+            self.names[key[0]] = names
+        seq = self.model.change_seq + 1
+        self.model.change_seq = seq
+        mem = used.get(names[0], 0)
+        cores = used.get(names[1], 0)
+        device = self.devices.get(key)
+        held = self.exclusive.get(key, 0) > 0 or (
+            device is not None and not device.allow_multiple and count > 0
+        )
+        allocated = count > 0
+        writer = layout.writer
+        if writer is None:
+            raise ValueError("Accountant: the layout has no LayoutWriter")
+        w = <LayoutWriter>writer
+        row = row_obj
+        if not 0 <= row < w.dev_node.shape[0]:
+            raise ValueError("Accountant: device row out of range")
+        w._write(row, seq, mem, cores, held, allocated)
+        dims = layout.dims
+        for name, amount in amounts:
+            column = dims.get(name)
+            if column is not None:
+                col = column
+                if not 0 <= col < w.used_by_dim.shape[1]:
+                    raise ValueError("Accountant: capacity column out of range")
+                w.used_by_dim[row, col] = used[name]

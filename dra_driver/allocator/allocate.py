@@ -50,6 +50,7 @@ from dra_driver.allocator.model import (
     Consumption,
     Device,
     Layout,
+    capacity_names,
     consumption,
     requested_amounts,
 )
@@ -118,8 +119,9 @@ class DeviceResult(NamedTuple):
         return result
 
 
-@dataclass(frozen=True, slots=True)
-class Placement:
+class Placement(NamedTuple):
+    """Where a pod's claims go (a named tuple: the fast path makes it in C, `Engine.decide`)."""
+
     node: str
     key: float  # the node's policy key (docs/scheduling.md)
     results: tuple[tuple[Claim, tuple[DeviceResult, ...]], ...]
@@ -245,6 +247,7 @@ class Allocator:
         self.fast = use_fast
         self._engine: Any = None  # _fastkernel.Engine over the current layout (fast path)
         self._engine_epoch = -1
+        self._accountant: Any = _fastkernel.Accountant(model, capacity_names) if use_fast else None
         self.scan: Callable[..., None] = FAST_KERNEL if use_fast else py_kernel.scan  # type: ignore[assignment]
         self.search: Callable[..., int] = FAST_SEARCH if use_fast else py_kernel.search  # type: ignore[assignment]
         self._masks: dict[tuple[Any, ...], npt.NDArray[np.int8]] = {}
@@ -262,6 +265,10 @@ class Allocator:
         # (shape, policy) -> (model.change_seq, node_ok, keys, closeness) of the last scan, or
         # on the fast path the `_fastkernel.NodeKeys` holding the same
         self._node_keys: dict[tuple[Any, ...], Any] = {}
+        self._fast_built = 0  # encodings held by the fast path's per-node lists (bounded)
+        # (policy.key, claim shapes) -> (`_fastkernel.Plan`, encodings per node): see _plan;
+        # dropped whenever the screens or node keys are
+        self._plans: dict[tuple[Any, ...], tuple[Any, list[_Encoding | None]]] = {}
 
     # ------------------------------------------------------------ selection
 
@@ -307,6 +314,7 @@ class Allocator:
             self._encodings.clear()
             self._screens.clear()
             self._node_keys.clear()
+            self._plans.clear()
             # Forget CEL results of devices that are gone (the cache is keyed by device).
             devices = self.model.devices
             self._cel = {k: v for k, v in self._cel.items() if k[1] in devices}
@@ -332,6 +340,7 @@ class Allocator:
         self._fits.clear()
         self._encodings.clear()
         self._screens.clear()
+        self._plans.clear()
 
     def _mask(self, layout: Layout, alt: Alternative, policy: Policy) -> npt.NDArray[np.int8]:
         self._current(layout)
@@ -391,9 +400,14 @@ class Allocator:
         self, layout: Layout, pod: Mapping[str, Any], cpu: int, mem: int
     ) -> tuple[npt.NDArray[np.int8], dict[str, int]]:
         spec = pod.get("spec") or {}
-        constraints = [spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations")]
         # Most pods set none of the three: skip serialising them.
-        shape = json.dumps(constraints, sort_keys=True) if any(constraints) else ""
+        if spec.get("nodeSelector") or spec.get("affinity") or spec.get("tolerations"):
+            shape = json.dumps(
+                [spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations")],
+                sort_keys=True,
+            )
+        else:
+            shape = ""
         cached = self._static.get(shape)
         if cached is None or cached[0] != layout.epoch:
             reasons: dict[str, int] = {}
@@ -406,8 +420,9 @@ class Allocator:
                 values.append(why is None)
             cached = (layout.epoch, np.asarray(values, dtype=np.int8), reasons)
             self._static[shape] = cached
-        ok, reasons = cached[1], dict(cached[2])
+        ok, reasons = cached[1], cached[2]  # read-only: copied before any change
         if cpu or mem:
+            reasons = dict(reasons)
             short_cpu = (ok > 0) & (layout.cpu_free < cpu)
             short_mem = (ok > 0) & ~short_cpu & (layout.mem_free < mem)
             for why, short in (("insufficient cpu", short_cpu), ("insufficient memory", short_mem)):
@@ -434,7 +449,11 @@ class Allocator:
         epoch = self.model.layout_epoch
         outcome = "unschedulable"
         try:
-            placement = self._place(pod, claims, policy, pod_resources)
+            placement = (
+                self._place_planned(pod, claims, policy, pod_resources)
+                if self.fast
+                else self._place(pod, claims, policy, pod_resources)
+            )
             outcome = placement.node
             return placement
         finally:
@@ -445,6 +464,40 @@ class Allocator:
                     (time.perf_counter() - started) * 1e3,
                     self.model.layout_epoch != epoch,
                 )
+
+    def _place_planned(
+        self,
+        pod: Mapping[str, Any],
+        claims: Sequence[Claim],
+        policy: Policy,
+        pod_resources: tuple[int, int],
+    ) -> Placement:
+        """The fast path's decision when nothing but consumption changed since this shape and
+        policy were last decided (the usual case): node fit, one cache lookup and one Cython
+        call (`Engine.decide`). Anything else takes `_place`, which builds what is missing."""
+        layout = self.model._layout  # the cached layout (None: stale, `_place` rebuilds it)
+        if (
+            layout is None
+            or layout.epoch != self._engine_epoch
+            or layout.epoch != self._mask_epoch
+            or layout.patch_seq != self._patch_seq
+        ):
+            return self._place(pod, claims, policy, pod_resources)
+        if len(claims) == 1:
+            key: tuple[Any, ...] = (policy.key, claims[0].shape)
+        else:
+            key = (policy.key, *[claim.shape for claim in claims])
+        hit = self._plans.get(key)
+        if hit is None:
+            return self._place(pod, claims, policy, pod_resources)
+        node_ok, _ = self._node_ok(layout, pod, *pod_resources)
+        claims = tuple(claims)
+        placement: Placement | None = self._engine.decide(
+            hit[0], node_ok, self.model.change_seq, claims
+        )
+        if placement is not None:
+            return placement
+        return self._place(pod, claims, policy, pod_resources)
 
     def _place(
         self,
@@ -468,6 +521,7 @@ class Allocator:
             if len(self._screens) >= FIT_CACHE_MAX:
                 self._screens.clear()
             self._node_keys.clear()
+            self._plans.clear()
             self._screens[shape] = screen
         screened = screen[0]
         if self.fast:
@@ -518,36 +572,94 @@ class Allocator:
         flat: list[tuple[int, Request]],
         policy: Policy,
     ) -> Placement:
-        """`_place` after the screen, in the Cython engine: the same incremental node keys as
-        `_keys` (kept in a `_fastkernel.NodeKeys` per shape and policy), the same order of
-        nodes tried, the same search; so the same answers as the reference path."""
+        """`_place` after the screen, in one Cython call (`Engine.decide`): the same incremental
+        node keys as `_keys` (kept in a `_fastkernel.NodeKeys` per shape and policy), the same
+        order of nodes tried, the same search, the results with their shareIDs and the
+        `Placement` itself; so the same answers as the reference path. Python acts only when
+        the engine asks: a node's first encoding, a device's first result template. The
+        decision's `_fastkernel.Plan` is kept, so the next decision of this shape and policy
+        goes straight to the engine (`_place_planned`)."""
         if self._engine_epoch != layout.epoch:
             self._engine = _fastkernel.Engine(layout)
             self._engine_epoch = layout.epoch
         engine = self._engine
-        screened = screen[0]
-        node_keys = self._fast_keys(layout, screen, shape, policy)
-        best = engine.rank(node_keys, node_ok, self.model.change_seq)
-        tried = 0
-        while best >= 0:
-            tried += 1
-            found = self._search_node(
-                layout, best, claims=claims, flat=flat, policy=policy, shape=shape
+        plan, built = self._plan(layout, screen, shape, claims, policy)
+        claims = tuple(claims)
+        placement: Placement | None = engine.decide(plan, node_ok, self.model.change_seq, claims)
+        while placement is None:
+            status, node = engine.status, engine.node
+            if status == _fastkernel.DECIDE_ENCODING:
+                built[node] = self._node_encoding(
+                    layout, node, claims=claims, flat=flat, policy=policy, shape=shape
+                )
+                plan.encodings[node] = built[node].fast
+                self._fast_built += 1
+                placement = engine.resume(plan, claims)
+                continue
+            if status == _fastkernel.DECIDE_TEMPLATES:
+                return self._templated(layout, node, built[node], claims, plan.node_keys.key(node))
+            raise Unschedulable(
+                self._reason(
+                    layout=layout,
+                    node_ok=node_ok,
+                    reasons=reasons,
+                    screened=screen[0],
+                    closeness=plan.node_keys.closeness,
+                    policy=policy,
+                    tried=engine.tried,
+                )
             )
-            if found is not None:
-                return Placement(layout.nodes[best], node_keys.key(best), found)
-            best = engine.next(node_keys, best)
-        raise Unschedulable(
-            self._reason(
-                layout=layout,
-                node_ok=node_ok,
-                reasons=reasons,
-                screened=screened,
-                closeness=node_keys.closeness,
-                policy=policy,
-                tried=tried,
-            )
+        return placement
+
+    def _templated(
+        self, layout: Layout, node: int, enc: _Encoding, claims: tuple[Claim, ...], key: float
+    ) -> Placement:
+        """The placement on `node` after its search worked, once the result templates of the
+        devices it picked for the first time are made (`_pick`)."""
+        fast = enc.fast
+        start = int(layout.node_start[node])
+        for a, rows in fast.picked():
+            for row in rows:
+                fast.set_template(a, row, self._pick(enc.alternatives[a], start + row, layout))
+        return Placement(layout.nodes[node], key, fast.results(claims, DeviceResult))
+
+    def _plan(
+        self,
+        layout: Layout,
+        screen: _Screen,
+        shape: tuple[Any, ...],
+        claims: Sequence[Claim],
+        policy: Policy,
+    ) -> tuple[Any, list[_Encoding | None]]:
+        """The `_fastkernel.Plan` of this request shape and policy (made on first use, kept
+        until the layout or the screens change), with the encodings per node as the allocator
+        built them (the plan holds their `_fastkernel.Encoding`)."""
+        if len(claims) == 1:
+            key: tuple[Any, ...] = (policy.key, claims[0].shape)
+        else:
+            key = (policy.key, *[claim.shape for claim in claims])
+        hit = self._plans.get(key)
+        if hit is not None and self._fast_built <= FIT_CACHE_MAX:
+            return hit
+        if len(self._plans) >= KEYS_CACHE_MAX or self._fast_built > FIT_CACHE_MAX:
+            self._plans.clear()  # many shapes x nodes: start over
+            self._node_keys.clear()
+            self._fast_built = 0
+        n_nodes = len(layout.nodes)
+        plan = _fastkernel.Plan(
+            self._fast_keys(layout, screen, shape, policy),
+            [None] * n_nodes,
+            layout.nodes,
+            policy.topology_mode,
+            int(policy.strict),
+            policy.device_binpack,
+            SEARCH_BUDGET,
+            Placement,
+            DeviceResult,
         )
+        built: list[_Encoding | None] = [None] * n_nodes
+        self._plans[key] = (plan, built)
+        return plan, built
 
     def _fast_keys(
         self, layout: Layout, screen: _Screen, shape: tuple[Any, ...], policy: Policy
@@ -560,6 +672,7 @@ class Allocator:
         if node_keys is None:
             if len(self._node_keys) >= KEYS_CACHE_MAX:
                 self._node_keys.clear()
+                self._plans.clear()
             node_keys = _fastkernel.NodeKeys(
                 masks,
                 req_mem,
@@ -672,7 +785,10 @@ class Allocator:
         return (screened, req_group, masks, req_mem, req_pct, req_cores, req_count)
 
     def commit(self, placement: Placement) -> None:
-        """Count the placement's consumption in the model until the claims' updates arrive."""
+        """Count the placement's consumption in the model until the claims' updates arrive
+        (fast path: the same accounting in C, `_fastkernel.Accountant`)."""
+        if self._accountant is not None and self._accountant.commit(placement.results):
+            return
         for claim, results in placement.results:
             self.model.assume(
                 claim.uid,
@@ -701,12 +817,9 @@ class Allocator:
         """Run the search kernel on one node; its picks as results (None: nothing fits within
         the budget)."""
         start = int(layout.node_start[node])
-        enc = self._encodings.get((shape, start))
-        if enc is None:
-            enc = self._encoding(layout, claims=claims, flat=flat, policy=policy, start=start)
-            if len(self._encodings) >= FIT_CACHE_MAX:  # many request shapes x nodes: start over
-                self._encodings.clear()
-            self._encodings[(shape, start)] = enc
+        enc = self._node_encoding(
+            layout, node, claims=claims, flat=flat, policy=policy, shape=shape
+        )
         picked = self._run_search(layout, node, enc, policy)
         if picked is None:
             return None
@@ -732,6 +845,26 @@ class Allocator:
                     )
                 )
         return tuple((claim, tuple(results)) for claim, results in zip(claims, out, strict=True))
+
+    def _node_encoding(
+        self,
+        layout: Layout,
+        node: int,
+        *,
+        claims: Sequence[Claim],
+        flat: list[tuple[int, Request]],
+        policy: Policy,
+        shape: tuple[Any, ...],
+    ) -> _Encoding:
+        """The search kernel's inputs for this request shape on `node` (cached)."""
+        start = int(layout.node_start[node])
+        enc = self._encodings.get((shape, start))
+        if enc is None:
+            enc = self._encoding(layout, claims=claims, flat=flat, policy=policy, start=start)
+            if len(self._encodings) >= FIT_CACHE_MAX:  # many request shapes x nodes: start over
+                self._encodings.clear()
+            self._encodings[(shape, start)] = enc
+        return enc
 
     def _run_search(
         self, layout: Layout, node: int, enc: _Encoding, policy: Policy
@@ -837,7 +970,10 @@ class Allocator:
                 if value is not None:
                     cval[s, j] = ids.setdefault(value, len(ids))
         arrays = (reqs, alts, mask, servable, amount, applies, distinct, cval)
-        fast = _fastkernel.Encoding(*arrays, len(layout.dims)) if self.fast else None
+        fast = None
+        if self.fast:
+            fast = _fastkernel.Encoding(*arrays, len(layout.dims))
+            fast.set_owners([ci for ci, _ in flat])
         return _Encoding(tuple(alt_list), arrays, fast)
 
     def _amounts_of(self, alt: Alternative, device: Device) -> tuple[tuple[str, int], ...] | None:

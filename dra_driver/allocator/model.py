@@ -328,6 +328,11 @@ def _write_usage(  # noqa: PLR0917 - LayoutWriter.account's arguments, one to on
     layout.dev[row, kernel.DEV_HELD] = held
 
 
+def capacity_names(driver: str) -> tuple[str, str]:
+    """The qualified names of a driver's memory and cores capacities (the layout's columns)."""
+    return _memory_name(driver), _cores_name(driver)
+
+
 @functools.lru_cache(maxsize=64)
 def _memory_name(driver: str) -> str:
     return f"{driver}/{names.CAPACITY_MEMORY}"
