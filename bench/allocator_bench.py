@@ -187,7 +187,11 @@ def _kernel_steps(
     screen = alloc._screen(layout, todo, flat, policy)
     node_ok, _ = alloc._node_ok(layout, pod, 0, 0)
     node = layout.node_index[placement.node]
-    encoding = alloc._encodings[shape, int(layout.node_start[node])]
+    if alloc.fast:  # the node's encoding as the engine cut it from the decision's plan
+        plan = next(iter(alloc._plans.values()))
+        fast_encoding = plan.encodings[node]
+    else:
+        encoding = alloc._encodings[shape, int(layout.node_start[node])]
 
     def scan() -> int:
         alloc._node_keys.clear()
@@ -197,6 +201,16 @@ def _kernel_steps(
         return int(np.argmax(alloc._keys(layout, node_ok, screen, shape, policy)[0]))
 
     def search() -> Any:
+        if alloc.fast:
+            found = alloc._engine.search(
+                node,
+                fast_encoding,
+                policy.topology_mode,
+                int(policy.strict),
+                policy.device_binpack,
+                allocate.SEARCH_BUDGET,
+            )
+            return fast_encoding.picked() if found else None
         return alloc._run_search(layout, node, encoding, policy)
 
     if scan() != node or search() is None:  # must be the steps the decision took

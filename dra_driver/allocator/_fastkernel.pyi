@@ -66,9 +66,6 @@ class Encoding:
         k_dims: int,
     ) -> None: ...
     def picked(self) -> list[tuple[int, tuple[int, ...]]]: ...
-    def set_owners(self, owners: list[int]) -> None: ...
-    def set_template(self, a: int, j: int, pick: tuple[Any, ...]) -> None: ...
-    def results(self, claims: tuple[Any, ...], result_type: type) -> Any: ...
 
 class NodeKeys:
     keys: Any
@@ -91,12 +88,10 @@ class NodeKeys:
 
 class Plan:
     node_keys: NodeKeys
-    encodings: list[Any]
-    node_names: list[str]
+    encodings: list[Encoding | None]
     def __init__(
         self,
         node_keys: NodeKeys,
-        encodings: list[Any],
         node_names: list[str],
         topo: int,
         strict: int,
@@ -104,20 +99,31 @@ class Plan:
         budget: int,
         placement_type: type,
         result_type: type,
+        consumption_type: type,
+    ) -> None: ...
+    def set_inputs(
+        self,
+        reqs: Any,
+        alts: Any,
+        applies: Any,
+        distinct: Any,
+        owners: Any,
+        mask_all: Any,
+        servable_all: Any,
+        amount_all: Any,
+        cval_all: Any,
+        multi: Any,
+        alt_names: tuple[str, ...],
+        alt_admin: tuple[bool, ...],
+        alt_tolerations: tuple[Any, ...],
+        consumed: list[Any],
+        keys: list[Any],
     ) -> None: ...
 
-DECIDE_PLACED: int
-DECIDE_ENCODING: int
-DECIDE_TEMPLATES: int
-DECIDE_NONE: int
-
 class Engine:
-    status: int
-    node: int
     tried: int
     def __init__(self, layout: Any) -> None: ...
     def decide(self, plan: Plan, node_ok: Any, seq: int, claims: tuple[Any, ...]) -> Any: ...
-    def resume(self, plan: Plan, claims: tuple[Any, ...]) -> Any: ...
     def rank(self, nk: NodeKeys, node_ok: Any, seq: int) -> int: ...
     def next(self, nk: NodeKeys, failed: int) -> int: ...
     def search(

@@ -767,11 +767,7 @@ cdef class Encoding:
 
     cdef readonly object arrays  # the inputs as given
     cdef Py_ssize_t m, k_dims, n_req, n_slots, n_alt
-    # Per (alternative row, node-local device): what a result of it holds but its shareID
-    # (allocate._Pick), filled by the allocator as devices are first picked; per flat request:
-    # the index of its claim (see `results`).
-    cdef list templates
-    cdef Py_ssize_t* owners
+    cdef Py_ssize_t start  # the node's first layout row (encodings built by `Plan`)
     # The walk's inputs, outputs and scratch as pointers into `block`, set once:
     # `Engine.search` copies this and adds the node's layout rows and the policy.
     cdef Ctx proto
@@ -863,94 +859,6 @@ cdef class Encoding:
 
     def __dealloc__(self):
         free(self.block)
-        free(self.owners)
-
-    def set_owners(self, owners):
-        """The claim index of each flat request, in order (from `_shape`, so fixed per encoding)."""
-        cdef Py_ssize_t i
-        if len(owners) != self.n_req:
-            raise ValueError("set_owners: one claim index per flat request")
-        self.owners = <Py_ssize_t*>calloc(self.n_req + 1, sizeof(Py_ssize_t))
-        if self.owners == NULL:
-            raise MemoryError()
-        for i in range(self.n_req):
-            self.owners[i] = owners[i]
-            if self.owners[i] < 0:
-                raise ValueError("set_owners: negative claim index")
-        self.templates = [None] * (self.n_alt * self.m)
-
-    def set_template(self, Py_ssize_t a, Py_ssize_t j, pick):
-        """What a result of alternative row `a` on node-local device `j` holds (an `_Pick`)."""
-        if not (0 <= a < self.n_alt and 0 <= j < self.m) or self.templates is None:
-            raise ValueError("set_template: out of range, or set_owners not called")
-        if not isinstance(pick, tuple) or PyTuple_GET_SIZE(pick) != 10:
-            raise ValueError("set_template: an allocate._Pick has 10 fields")
-        self.templates[a * self.m + j] = pick
-
-    def results(self, tuple claims, type result_type not None):
-        """See `_results`."""
-        return self._results(claims, result_type)
-
-    cdef object _results(self, tuple claims, type result_type):
-        """The last successful search's picks as `Placement.results`: per claim (in order) the
-        claim and its `result_type` (allocate.DeviceResult) tuple, shareIDs made here; None
-        when a picked device has no template yet (set them, then call again)."""
-        cdef Py_ssize_t i, p, j, a, ci, n_claims = len(claims), count, k
-        cdef Ctx* c = &self.proto
-        cdef object pick, share, result, uid
-        cdef list per_claim
-        cdef tuple out
-        cdef Py_ssize_t* fill
-        if self.owners == NULL:
-            raise ValueError("results: set_owners not called")
-        if not issubclass(result_type, tuple):
-            raise ValueError("results: result_type must be a tuple type (allocate.DeviceResult)")
-        for i in range(self.n_req):
-            if self.owners[i] >= n_claims:
-                raise ValueError("results: a claim index beyond the claims given")
-            a = c.chosen_alt[i]
-            for p in range(c.npicks[i]):
-                if self.templates[a * self.m + c.picks[i * self.m + p]] is None:
-                    return None
-        # Exactly sized tuples: how many results each claim gets, then fill them in order.
-        fill = <Py_ssize_t*>calloc(2 * n_claims + 1, sizeof(Py_ssize_t))
-        if fill == NULL:
-            raise MemoryError()
-        try:
-            for i in range(self.n_req):
-                fill[self.owners[i]] += c.npicks[i]
-            per_claim = [PyTuple_New_(fill[ci]) for ci in range(n_claims)]
-            for i in range(self.n_req):
-                ci = self.owners[i]
-                uid = (<object>claims[ci]).uid
-                a = c.chosen_alt[i]
-                count = c.npicks[i]
-                for p in range(count):
-                    j = c.picks[i * self.m + p]
-                    pick = self.templates[a * self.m + j]
-                    if <object>PyTuple_GET_ITEM(pick, 6):  # shared: gets a shareID
-                        share = _share_id_c(
-                            uid, <object>PyTuple_GET_ITEM(pick, 0),
-                            <object>PyTuple_GET_ITEM(pick, 4), p,
-                        )
-                    else:
-                        share = None
-                    result = vgpu_alloc_tuple(<PyTypeObject*>result_type, 9)
-                    for k in range(4):  # request, driver, pool, device
-                        _put(result, k, <object>PyTuple_GET_ITEM(pick, k))
-                    _put(result, 4, <object>PyTuple_GET_ITEM(pick, 5))  # consumed
-                    _put(result, 5, share)
-                    _put(result, 6, <object>PyTuple_GET_ITEM(pick, 7))  # admin
-                    _put(result, 7, <object>PyTuple_GET_ITEM(pick, 8))  # tolerations
-                    _put(result, 8, <object>PyTuple_GET_ITEM(pick, 9))  # consumption
-                    _put(per_claim[ci], fill[n_claims + ci], result)
-                    fill[n_claims + ci] += 1
-        finally:
-            free(fill)
-        out = PyTuple_New_(n_claims)
-        for ci in range(n_claims):
-            _put(out, ci, (claims[ci], per_claim[ci]))
-        return out
 
     def picked(self):
         """The last search's picks: (alternative row, node-local device rows) per request."""
@@ -1044,28 +952,42 @@ cdef class NodeKeys:
 
 
 cdef class Plan:
-    """What `Engine.decide` needs of one request shape and policy besides the layout: the
-    node keys, the encodings per node (None until built), the search policy and the types the
-    placement is made of."""
+    """What `Engine.decide` needs of one request shape and policy besides the layout: the node
+    keys; the shape's search inputs as layout-wide columns, from which the engine cuts each
+    node's `Encoding` when a decision first reaches the node (no Python per node); what the
+    results are made of; and the search policy. Encodings are kept per node (None until
+    built)."""
 
     cdef readonly NodeKeys node_keys
     cdef readonly list encodings
-    cdef readonly list node_names
+    cdef list node_names
     cdef int topo, strict, binpack
     cdef int64_t budget
-    cdef type placement_type, result_type
+    cdef type placement_type, result_type, consumption_type
+    cdef object columns  # every array the views below read, kept alive
+    cdef const int64_t[:, ::1] reqs, alts, cval_all
+    cdef const signed char[:, ::1] applies, mask_all, servable_all
+    cdef const int64_t[::1] distinct, multi, owners
+    cdef const int64_t[:, :, ::1] amount_all
+    cdef Py_ssize_t n_req, n_alt, n_slots, n_dev, k_dims
+    cdef tuple alt_names, alt_admin, alt_tolerations
+    cdef list consumed  # per alternative: per device, its consumedCapacity tuple
+    cdef list keys  # per device: (driver, pool, device)
 
     def __init__(
-        self, NodeKeys node_keys not None, list encodings not None, list node_names not None,
-        int topo, int strict, int binpack, int64_t budget, type placement_type not None,
-        type result_type not None,
+        self, NodeKeys node_keys not None, list node_names not None, int topo, int strict,
+        int binpack, int64_t budget, type placement_type not None, type result_type not None,
+        type consumption_type not None,
     ):
-        if not (issubclass(placement_type, tuple) and issubclass(result_type, tuple)):
-            raise ValueError("Plan: placement_type and result_type must be tuple types")
-        if len(encodings) != node_keys.n_nodes or len(node_names) != node_keys.n_nodes:
-            raise ValueError("Plan: one encoding slot and one node name per node")
+        if not (
+            issubclass(placement_type, tuple) and issubclass(result_type, tuple)
+            and issubclass(consumption_type, tuple)
+        ):
+            raise ValueError("Plan: placement, result and consumption types must be tuples")
+        if len(node_names) != node_keys.n_nodes:
+            raise ValueError("Plan: one node name per node")
         self.node_keys = node_keys
-        self.encodings = encodings
+        self.encodings = [None] * node_keys.n_nodes
         self.node_names = node_names
         self.topo = topo
         self.strict = strict
@@ -1073,18 +995,220 @@ cdef class Plan:
         self.budget = budget
         self.placement_type = placement_type
         self.result_type = result_type
+        self.consumption_type = consumption_type
+
+    def set_inputs(
+        self, reqs, alts, applies, distinct, owners, mask_all, servable_all, amount_all,
+        cval_all, multi, tuple alt_names not None, tuple alt_admin not None,
+        tuple alt_tolerations not None, list consumed not None, list keys not None,
+    ):
+        """The shape's inputs (see kernel.search) with the device axis over the whole layout:
+        reqs[n_req, 2], alts[n_alt, 3], applies[n_req, S], distinct[S], owners[n_req] (claim
+        index of each flat request); mask_all / servable_all[n_alt, n_dev],
+        amount_all[n_alt, n_dev, K], cval_all[S, n_dev] (attribute value ids, -1 absent; any
+        ids, each node's encoding renumbers them), multi[n_dev]; per alternative its result
+        name, adminAccess and tolerations, and per device what it consumes; per device its
+        key."""
+        cdef Py_ssize_t i, a
+        self.columns = (
+            reqs, alts, applies, distinct, owners, mask_all, servable_all, amount_all, cval_all,
+            multi,
+        )
+        self.reqs = reqs
+        self.alts = alts
+        self.applies = applies
+        self.distinct = distinct
+        self.owners = owners
+        self.mask_all = mask_all
+        self.servable_all = servable_all
+        self.amount_all = amount_all
+        self.cval_all = cval_all
+        self.multi = multi
+        self.n_req = self.reqs.shape[0]
+        self.n_alt = self.alts.shape[0]
+        self.n_slots = self.distinct.shape[0]
+        self.n_dev = self.multi.shape[0]
+        self.k_dims = self.amount_all.shape[2]
+        if not (
+            self.reqs.shape[1] == 2 and self.alts.shape[1] == 3
+            and self.applies.shape[0] == self.n_req and self.applies.shape[1] == self.n_slots
+            and self.owners.shape[0] == self.n_req
+            and self.mask_all.shape[0] == self.n_alt and self.mask_all.shape[1] == self.n_dev
+            and self.servable_all.shape[0] == self.n_alt
+            and self.servable_all.shape[1] == self.n_dev
+            and self.amount_all.shape[0] == self.n_alt
+            and self.amount_all.shape[1] == self.n_dev
+            and self.cval_all.shape[0] == self.n_slots and self.cval_all.shape[1] == self.n_dev
+            and len(alt_names) == self.n_alt and len(alt_admin) == self.n_alt
+            and len(alt_tolerations) == self.n_alt and len(consumed) == self.n_alt
+            and len(keys) == self.n_dev
+        ):
+            raise ValueError("Plan.set_inputs: shapes do not agree (see kernel.search)")
+        for i in range(self.n_req):
+            if not 0 <= self.reqs[i, 0] <= self.reqs[i, 1] <= self.n_alt or self.owners[i] < 0:
+                raise ValueError("Plan.set_inputs: reqs or owners out of range")
+        for a in range(self.n_alt):
+            if not self.alts[a, ALT_ALL] and self.alts[a, ALT_COUNT] < 0:
+                raise ValueError("Plan.set_inputs: a negative device count")
+            if len(consumed[a]) != self.n_dev:
+                raise ValueError("Plan.set_inputs: one consumed entry per device")
+        for i in range(self.n_dev):
+            if not (isinstance(keys[i], tuple) and len(keys[i]) == 3):
+                raise ValueError("Plan.set_inputs: device keys are (driver, pool, device)")
+        self.alt_names = alt_names
+        self.alt_admin = alt_admin
+        self.alt_tolerations = alt_tolerations
+        self.consumed = consumed
+        self.keys = keys
 
 
-# What `Engine.decide` returned for (its `status`).
-cdef enum:
-    _PLACED = 0
-    _ENCODING = 1
-    _TEMPLATES = 2
-    _NONE = 3
-DECIDE_PLACED = 0
-DECIDE_ENCODING = 1
-DECIDE_TEMPLATES = 2
-DECIDE_NONE = 3
+cdef Encoding _cut_encoding(Plan plan, Py_ssize_t start, Py_ssize_t end):
+    """The node's `Encoding` (devices start..end) cut from the plan's columns: the same
+    inputs `allocate._encoding` builds, with the node's attribute value ids renumbered from
+    0 in order of first appearance (the search only compares them)."""
+    cdef Encoding enc = Encoding.__new__(Encoding)
+    cdef Ctx* c = &enc.proto
+    cdef Py_ssize_t m = end - start, n_req = plan.n_req, n_alt = plan.n_alt
+    cdef Py_ssize_t n_slots = plan.n_slots, k = plan.k_dims, a, j, s, q, size, offset, n_ids = 1
+    cdef int64_t value
+    cdef int64_t* cval
+    if not 0 <= start <= end <= plan.n_dev:
+        raise ValueError("the node's rows are outside the plan's columns")
+    memset(c, 0, sizeof(Ctx))
+    enc.m = m
+    enc.k_dims = k
+    enc.n_req = n_req
+    enc.n_slots = n_slots
+    enc.n_alt = n_alt
+    enc.start = start
+    enc.arrays = ()
+    c.m = m
+    c.k_dims = k
+    c.n_req = n_req
+    c.n_slots = n_slots
+    c.n_ids = m + 1  # at most m distinct values per slot on the node
+    size = (
+        (2 * n_req * 8 + 7) // 8 * 8 + (3 * n_alt * 8 + 7) // 8 * 8
+        + 2 * ((n_alt * m + 7) // 8 * 8) + (n_alt * m * k * 8 + 7) // 8 * 8
+        + (n_req * n_slots + 7) // 8 * 8 + (n_slots * 8 + 7) // 8 * 8
+        + (n_slots * m * 8 + 7) // 8 * 8
+        + (2 * n_req + n_req * m) * 8 + _scratch_words(c) * 8
+    )
+    enc.block = <char*>calloc(size, 1)
+    if enc.block == NULL:
+        raise MemoryError()
+    offset = 0
+    c.reqs = <const int64_t*>(enc.block + offset)
+    if n_req:
+        memcpy(enc.block + offset, &plan.reqs[0, 0], 2 * n_req * 8)
+    offset += (2 * n_req * 8 + 7) // 8 * 8
+    c.alts = <const int64_t*>(enc.block + offset)
+    if n_alt:
+        memcpy(enc.block + offset, &plan.alts[0, 0], 3 * n_alt * 8)
+    offset += (3 * n_alt * 8 + 7) // 8 * 8
+    c.mask = <const signed char*>(enc.block + offset)
+    for a in range(n_alt):
+        if m:
+            memcpy(enc.block + offset + a * m, &plan.mask_all[a, start], m)
+    offset += (n_alt * m + 7) // 8 * 8
+    c.servable = <const signed char*>(enc.block + offset)
+    for a in range(n_alt):
+        if m:
+            memcpy(enc.block + offset + a * m, &plan.servable_all[a, start], m)
+    offset += (n_alt * m + 7) // 8 * 8
+    c.amount = <const int64_t*>(enc.block + offset)
+    for a in range(n_alt):
+        if m and k:
+            memcpy(enc.block + offset + a * m * k * 8, &plan.amount_all[a, start, 0], m * k * 8)
+    offset += (n_alt * m * k * 8 + 7) // 8 * 8
+    c.applies = <const signed char*>(enc.block + offset)
+    if n_req and n_slots:
+        memcpy(enc.block + offset, &plan.applies[0, 0], n_req * n_slots)
+    offset += (n_req * n_slots + 7) // 8 * 8
+    c.distinct = <const int64_t*>(enc.block + offset)
+    if n_slots:
+        memcpy(enc.block + offset, &plan.distinct[0], n_slots * 8)
+    offset += (n_slots * 8 + 7) // 8 * 8
+    cval = <int64_t*>(enc.block + offset)
+    c.cval = cval
+    for s in range(n_slots):  # renumber: the first value seen on the node is 0, ...
+        for j in range(m):
+            value = plan.cval_all[s, start + j]
+            cval[s * m + j] = -1
+            if value < 0:
+                continue
+            for q in range(j):
+                if plan.cval_all[s, start + q] == value:
+                    cval[s * m + j] = cval[s * m + q]
+                    break
+            if cval[s * m + j] < 0:
+                cval[s * m + j] = n_ids - 1
+                n_ids += 1
+    offset += (n_slots * m * 8 + 7) // 8 * 8
+    c.chosen_alt = <int64_t*>(enc.block + offset)
+    offset += n_req * 8
+    c.npicks = <int64_t*>(enc.block + offset)
+    offset += n_req * 8
+    c.picks = <int64_t*>(enc.block + offset)
+    offset += n_req * m * 8
+    _point_scratch(c, <int64_t*>(enc.block + offset))
+    return enc
+
+
+cdef object _plan_results(Plan plan, Encoding enc, tuple claims):
+    """The last successful search's picks on `enc` as `Placement.results`: per claim (in
+    order) the claim and its DeviceResults, the same fields `Allocator._search_node` gives
+    (shareIDs made here)."""
+    cdef Py_ssize_t i, p, a, ci, row, q, n_claims = len(claims), count
+    cdef Ctx* c = &enc.proto
+    cdef object share, result, uid, key, consumed, consumption, name
+    cdef bint shared
+    cdef list per_claim
+    cdef tuple out
+    cdef Py_ssize_t* fill
+    for i in range(plan.n_req):
+        if plan.owners[i] >= n_claims:
+            raise ValueError("results: a claim index beyond the claims given")
+    fill = <Py_ssize_t*>calloc(2 * n_claims + 1, sizeof(Py_ssize_t))
+    if fill == NULL:
+        raise MemoryError()
+    try:
+        for i in range(plan.n_req):
+            fill[plan.owners[i]] += c.npicks[i]
+        per_claim = [PyTuple_New_(fill[ci]) for ci in range(n_claims)]
+        for i in range(plan.n_req):
+            ci = plan.owners[i]
+            uid = (<object>claims[ci]).uid
+            a = c.chosen_alt[i]
+            name = <object>PyTuple_GET_ITEM(plan.alt_names, a)
+            count = c.npicks[i]
+            for p in range(count):
+                row = enc.start + c.picks[i * enc.m + p]
+                key = plan.keys[row]
+                consumed = (<list>plan.consumed[a])[row]
+                shared = plan.multi[row] != 0 and not plan.alts[a, ALT_ADMIN]
+                share = _share_id_key(uid, name, key, p) if shared else None
+                consumption = vgpu_alloc_tuple(<PyTypeObject*>plan.consumption_type, 3)
+                _put(consumption, 0, key)
+                _put(consumption, 1, consumed)
+                _put(consumption, 2, not shared)
+                result = vgpu_alloc_tuple(<PyTypeObject*>plan.result_type, 9)
+                for q in range(3):  # driver, pool, device
+                    _put(result, q + 1, <object>PyTuple_GET_ITEM(key, q))
+                _put(result, 0, name)
+                _put(result, 4, consumed)
+                _put(result, 5, share)
+                _put(result, 6, <object>PyTuple_GET_ITEM(plan.alt_admin, a))
+                _put(result, 7, <object>PyTuple_GET_ITEM(plan.alt_tolerations, a))
+                _put(result, 8, consumption)
+                _put(per_claim[ci], fill[n_claims + ci], result)
+                fill[n_claims + ci] += 1
+    finally:
+        free(fill)
+    out = PyTuple_New_(n_claims)
+    for ci in range(n_claims):
+        _put(out, ci, (claims[ci], per_claim[ci]))
+    return out
 
 
 cdef class Engine:
@@ -1098,8 +1222,7 @@ cdef class Engine:
     cdef const int64_t* dev
     cdef const int64_t* cap
     cdef const int64_t* used
-    cdef readonly int status  # of the last `decide`: DECIDE_*
-    cdef readonly Py_ssize_t node, tried
+    cdef readonly Py_ssize_t tried  # searches the last `decide` made
 
     def __init__(self, layout):
         self.arrays = (
@@ -1240,13 +1363,10 @@ cdef class Engine:
 
     def decide(self, Plan plan not None, node_ok, int64_t seq, tuple claims not None):
         """One whole decision's C part for `plan`'s request shape and policy: `rank`, then the
-        search on the best node, the next one while a search fails, and the results of the
-        first that works, as a `plan.placement_type` (allocate.Placement: node name, key,
-        results). None when the allocator must act first (`status`, `node`):
-        DECIDE_ENCODING: `plan.encodings[node]` is None (not built): build it, then call
-        `resume`; DECIDE_TEMPLATES: the search on `node` worked but a device it picked has no
-        result template yet: set them, then call `Encoding.results`; DECIDE_NONE: no node
-        works (`tried` searches failed)."""
+        search on the best node (its encoding cut from the plan's columns the first time),
+        the next one while a search fails, and the results of the first that works, as a
+        `plan.placement_type` (allocate.Placement: node name, key, results). None when no
+        node works (`tried` searches failed)."""
         cdef Py_buffer view
         cdef Py_ssize_t best
         if plan.node_keys.key_view.shape[0] != self.n_nodes or len(plan.encodings) != self.n_nodes:
@@ -1263,40 +1383,29 @@ cdef class Engine:
             PyBuffer_Release(&view)
         return self._decide(plan, best, claims)
 
-    def resume(self, Plan plan not None, tuple claims not None):
-        """`decide` after DECIDE_ENCODING, from the best node still in the running."""
-        if plan.node_keys.key_view.shape[0] != self.n_nodes or len(plan.encodings) != self.n_nodes:
-            raise ValueError("resume: the plan is not for this layout")
-        if not plan.node_keys.filled:
-            raise ValueError("resume: the keys were never ranked")
-        return self._decide(plan, _top(plan.node_keys), claims)
-
     cdef object _decide(self, Plan plan, Py_ssize_t best, tuple claims):
         cdef object enc_obj, results, placement
         cdef Encoding enc
         cdef NodeKeys nk = plan.node_keys
+        if plan.n_dev != self.base.n_dev or plan.k_dims != self.k_dims:
+            raise ValueError("decide: the plan's columns are not this layout's")
         while best >= 0:
             enc_obj = plan.encodings[best]
             if enc_obj is None:
-                self.status = _ENCODING
-                self.node = best
-                return None
+                enc_obj = _cut_encoding(
+                    plan, self.base.node_start[best], self.base.node_end[best]
+                )
+                plan.encodings[best] = enc_obj
             enc = enc_obj  # checked: a wrong object raises TypeError
             self.tried += 1
             if self._search(best, enc, plan.topo, plan.strict, plan.binpack, plan.budget):
-                results = enc._results(claims, plan.result_type)
-                self.node = best
-                if results is None:
-                    self.status = _TEMPLATES
-                    return None
+                results = _plan_results(plan, enc, claims)
                 placement = vgpu_alloc_tuple(<PyTypeObject*>plan.placement_type, 3)
                 _put(placement, 0, plan.node_names[best])
                 _put(placement, 1, nk.key_view[best])
                 _put(placement, 2, results)
-                self.status = _PLACED
                 return placement
             best = self._next(nk, best)
-        self.status = _NONE
         return None
 
     def search(
@@ -1474,22 +1583,23 @@ cdef object _share_id_c(object uid, object request, object path, Py_ssize_t inde
     """allocate._share_id in C: SHA-256 of "uid/request/path/index", its first 16 bytes as a
     version-4 UUID (same text as the Python twin)."""
     cdef SHA256_CTX ctx
+    cdef Py_ssize_t n
+    cdef const char* text
+    SHA256_Init(&ctx)
+    for part in (uid, request, path):
+        text = PyUnicode_AsUTF8AndSize(part, &n)
+        SHA256_Update(&ctx, text, n)
+        SHA256_Update(&ctx, b"/", 1)
+    return _share_id_finish(&ctx, index)
+
+
+cdef object _share_id_finish(SHA256_CTX* ctx, Py_ssize_t index):
+    """Hash the position's digits, then format the digest as `_share_id_c` says."""
     cdef unsigned char digest[32]
     cdef char hexed[32]
     cdef char out[36]
     cdef char number[24]
-    cdef Py_ssize_t n, k, q
-    cdef const char* text
-    SHA256_Init(&ctx)
-    text = PyUnicode_AsUTF8AndSize(uid, &n)
-    SHA256_Update(&ctx, text, n)
-    SHA256_Update(&ctx, b"/", 1)
-    text = PyUnicode_AsUTF8AndSize(request, &n)
-    SHA256_Update(&ctx, text, n)
-    SHA256_Update(&ctx, b"/", 1)
-    text = PyUnicode_AsUTF8AndSize(path, &n)
-    SHA256_Update(&ctx, text, n)
-    SHA256_Update(&ctx, b"/", 1)
+    cdef Py_ssize_t k, q
     k = 24
     q = index
     while True:
@@ -1498,8 +1608,8 @@ cdef object _share_id_c(object uid, object request, object path, Py_ssize_t inde
         q //= 10
         if q == 0:
             break
-    SHA256_Update(&ctx, number + k, 24 - k)
-    SHA256_Final(digest, &ctx)
+    SHA256_Update(ctx, number + k, 24 - k)
+    SHA256_Final(digest, ctx)
     for k in range(16):
         hexed[2 * k] = _HEX[digest[k] >> 4]
         hexed[2 * k + 1] = _HEX[digest[k] & 15]
@@ -1516,6 +1626,20 @@ cdef object _share_id_c(object uid, object request, object path, Py_ssize_t inde
     out[23] = b'-'
     memcpy(out + 24, hexed + 20, 12)
     return PyUnicode_DecodeASCII(out, 36, NULL)
+
+
+cdef object _share_id_key(object uid, object request, tuple key, Py_ssize_t index):
+    """`_share_id_c` with the device path given as its key (driver, pool, device)."""
+    cdef SHA256_CTX ctx
+    cdef Py_ssize_t n
+    cdef const char* text
+    SHA256_Init(&ctx)
+    for part in (uid, request, <object>PyTuple_GET_ITEM(key, 0), <object>PyTuple_GET_ITEM(key, 1),
+                 <object>PyTuple_GET_ITEM(key, 2)):
+        text = PyUnicode_AsUTF8AndSize(part, &n)
+        SHA256_Update(&ctx, text, n)
+        SHA256_Update(&ctx, b"/", 1)
+    return _share_id_finish(&ctx, index)
 
 
 def share_id(str uid, str request, str path, Py_ssize_t index):

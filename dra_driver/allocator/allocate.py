@@ -49,6 +49,7 @@ from dra_driver.allocator.model import (
     ClusterModel,
     Consumption,
     Device,
+    DeviceKey,
     Layout,
     capacity_names,
     consumption,
@@ -56,7 +57,7 @@ from dra_driver.allocator.model import (
 )
 from dra_driver.allocator.nodefit import blocking_taint, static_misfit
 from dra_driver.allocator.quantity import format_quantity
-from dra_driver.allocator.request import Alternative, Claim, Policy, Request
+from dra_driver.allocator.request import Alternative, Claim, Constraint, Policy, Request
 
 try:
     from dra_driver.allocator import _fastkernel
@@ -204,7 +205,6 @@ class _Encoding:
 
     alternatives: tuple[Alternative, ...]  # in kernel order (alts rows)
     arrays: tuple[npt.NDArray[Any], ...]  # reqs, alts, mask, servable, amount, applies, ...
-    fast: Any = None  # the same arrays as a checked `_fastkernel.Encoding` (fast path)
     # (alternative row, node-local device row) -> what a result holds, filled as devices are
     # picked (decisions of one shape pick the same few devices again and again)
     picks: dict[tuple[int, int], _Pick] = field(default_factory=dict)
@@ -236,6 +236,39 @@ def _picked(
     ]
 
 
+def _shape_arrays(
+    claims: Sequence[Claim], flat: list[tuple[int, Request]]
+) -> tuple[
+    list[Alternative],
+    npt.NDArray[np.int64],
+    npt.NDArray[np.int64],
+    npt.NDArray[np.int8],
+    npt.NDArray[np.int64],
+    list[tuple[int, Constraint]],
+]:
+    """The search inputs that depend on the requests only (see kernel.search): the
+    alternatives in kernel order, reqs, alts, applies, distinct, and the constraint slots."""
+    n_req = len(flat)
+    alt_list: list[Alternative] = []
+    reqs = np.empty((n_req, 2), dtype=np.int64)
+    for i, (_, request) in enumerate(flat):
+        reqs[i, 0] = len(alt_list)
+        alt_list.extend(request.alternatives)
+        reqs[i, 1] = len(alt_list)
+    alts = np.asarray(
+        [(int(alt.all_devices), alt.count, int(alt.admin)) for alt in alt_list],
+        dtype=np.int64,
+    ).reshape(len(alt_list), py_kernel.ALT_FIELDS)
+    slots = [(ci, c) for ci, claim in enumerate(claims) for c in claim.constraints]
+    applies = np.zeros((n_req, len(slots)), dtype=np.int8)
+    for i, (ci, request) in enumerate(flat):
+        for s, (owner, constraint) in enumerate(slots):
+            if owner == ci and (not constraint.requests or request.name in constraint.requests):
+                applies[i, s] = 1
+    distinct = np.asarray([int(c.distinct) for _, c in slots], dtype=np.int64).reshape(len(slots))
+    return alt_list, reqs, alts, applies, distinct, slots
+
+
 class Allocator:
     """Decisions over one `ClusterModel`; `fast=False` forces the pure-Python reference scan."""
 
@@ -265,10 +298,14 @@ class Allocator:
         # (shape, policy) -> (model.change_seq, node_ok, keys, closeness) of the last scan, or
         # on the fast path the `_fastkernel.NodeKeys` holding the same
         self._node_keys: dict[tuple[Any, ...], Any] = {}
-        self._fast_built = 0  # encodings held by the fast path's per-node lists (bounded)
-        # (policy.key, claim shapes) -> (`_fastkernel.Plan`, encodings per node): see _plan;
-        # dropped whenever the screens or node keys are
-        self._plans: dict[tuple[Any, ...], tuple[Any, list[_Encoding | None]]] = {}
+        # (policy.key, claim shapes) -> `_fastkernel.Plan` (see _plan); dropped whenever the
+        # screens or node keys are. The layout-wide inputs plans are made of (dropped with
+        # the layout, or when devices are republished in place):
+        self._plans: dict[tuple[Any, ...], Any] = {}
+        self._classes: tuple[npt.NDArray[np.int64], list[Device]] | None = None
+        self._column_cache: dict[tuple[Any, ...], Any] = {}
+        self._attribute_cache: dict[str, npt.NDArray[np.int64]] = {}
+        self._keys_of: list[DeviceKey] | None = None
 
     # ------------------------------------------------------------ selection
 
@@ -314,7 +351,7 @@ class Allocator:
             self._encodings.clear()
             self._screens.clear()
             self._node_keys.clear()
-            self._plans.clear()
+            self._drop_layout_inputs()
             # Forget CEL results of devices that are gone (the cache is keyed by device).
             devices = self.model.devices
             self._cel = {k: v for k, v in self._cel.items() if k[1] in devices}
@@ -340,7 +377,15 @@ class Allocator:
         self._fits.clear()
         self._encodings.clear()
         self._screens.clear()
+        self._drop_layout_inputs()
+
+    def _drop_layout_inputs(self) -> None:
+        """Forget the plans and the layout-wide inputs they are made of."""
         self._plans.clear()
+        self._classes = None
+        self._column_cache.clear()
+        self._attribute_cache.clear()
+        self._keys_of = None
 
     def _mask(self, layout: Layout, alt: Alternative, policy: Policy) -> npt.NDArray[np.int8]:
         self._current(layout)
@@ -446,14 +491,35 @@ class Allocator:
         Each decision's duration is logged at debug level (the controller's scale benchmark
         reads it): "decision <node|unschedulable> in <ms> ms (layout rebuilt: <bool>)"."""
         started = time.perf_counter()
-        epoch = self.model.layout_epoch
+        model = self.model
+        epoch = model.layout_epoch
         outcome = "unschedulable"
         try:
-            placement = (
-                self._place_planned(pod, claims, policy, pod_resources)
-                if self.fast
-                else self._place(pod, claims, policy, pod_resources)
-            )
+            placement: Placement | None = None
+            # The fast path's usual case, kept to a few Python operations: nothing but
+            # consumption changed since this request shape and policy were last decided, so
+            # node fit is cached and one Cython call decides (`Engine.decide` with the kept
+            # `_fastkernel.Plan`). Anything else (and a refusal, for its reason) takes `_place`.
+            layout = model._layout  # the cached layout (None: stale, `_place` rebuilds it)
+            if (
+                self.fast
+                and layout is not None
+                and layout.epoch == self._engine_epoch == self._mask_epoch
+                and layout.patch_seq == self._patch_seq
+            ):
+                if len(claims) == 1:
+                    plan = self._plans.get((policy.key, claims[0].shape))
+                else:
+                    plan = self._plans.get((policy.key, *[claim.shape for claim in claims]))
+                if plan is not None:
+                    placement = self._engine.decide(
+                        plan,
+                        self._node_ok(layout, pod, *pod_resources)[0],
+                        model.change_seq,
+                        tuple(claims),
+                    )
+            if placement is None:
+                placement = self._place(pod, claims, policy, pod_resources)
             outcome = placement.node
             return placement
         finally:
@@ -462,42 +528,8 @@ class Allocator:
                     "decision %s in %.3f ms (layout rebuilt: %s)",
                     outcome,
                     (time.perf_counter() - started) * 1e3,
-                    self.model.layout_epoch != epoch,
+                    model.layout_epoch != epoch,
                 )
-
-    def _place_planned(
-        self,
-        pod: Mapping[str, Any],
-        claims: Sequence[Claim],
-        policy: Policy,
-        pod_resources: tuple[int, int],
-    ) -> Placement:
-        """The fast path's decision when nothing but consumption changed since this shape and
-        policy were last decided (the usual case): node fit, one cache lookup and one Cython
-        call (`Engine.decide`). Anything else takes `_place`, which builds what is missing."""
-        layout = self.model._layout  # the cached layout (None: stale, `_place` rebuilds it)
-        if (
-            layout is None
-            or layout.epoch != self._engine_epoch
-            or layout.epoch != self._mask_epoch
-            or layout.patch_seq != self._patch_seq
-        ):
-            return self._place(pod, claims, policy, pod_resources)
-        if len(claims) == 1:
-            key: tuple[Any, ...] = (policy.key, claims[0].shape)
-        else:
-            key = (policy.key, *[claim.shape for claim in claims])
-        hit = self._plans.get(key)
-        if hit is None:
-            return self._place(pod, claims, policy, pod_resources)
-        node_ok, _ = self._node_ok(layout, pod, *pod_resources)
-        claims = tuple(claims)
-        placement: Placement | None = self._engine.decide(
-            hit[0], node_ok, self.model.change_seq, claims
-        )
-        if placement is not None:
-            return placement
-        return self._place(pod, claims, policy, pod_resources)
 
     def _place(
         self,
@@ -574,81 +606,59 @@ class Allocator:
     ) -> Placement:
         """`_place` after the screen, in one Cython call (`Engine.decide`): the same incremental
         node keys as `_keys` (kept in a `_fastkernel.NodeKeys` per shape and policy), the same
-        order of nodes tried, the same search, the results with their shareIDs and the
-        `Placement` itself; so the same answers as the reference path. Python acts only when
-        the engine asks: a node's first encoding, a device's first result template. The
-        decision's `_fastkernel.Plan` is kept, so the next decision of this shape and policy
-        goes straight to the engine (`_place_planned`)."""
+        order of nodes tried, the same search on the same inputs (each node's encoding cut in
+        C from the plan's layout-wide columns when a decision first reaches it), the results
+        with their shareIDs and the `Placement` itself; so the same answers as the reference
+        path. The decision's `_fastkernel.Plan` is kept, so the next decision of this shape
+        and policy goes straight to the engine (`place`)."""
         if self._engine_epoch != layout.epoch:
             self._engine = _fastkernel.Engine(layout)
             self._engine_epoch = layout.epoch
         engine = self._engine
-        plan, built = self._plan(layout, screen, shape, claims, policy)
-        claims = tuple(claims)
-        placement: Placement | None = engine.decide(plan, node_ok, self.model.change_seq, claims)
-        while placement is None:
-            status, node = engine.status, engine.node
-            if status == _fastkernel.DECIDE_ENCODING:
-                built[node] = self._node_encoding(
-                    layout, node, claims=claims, flat=flat, policy=policy, shape=shape
-                )
-                plan.encodings[node] = built[node].fast
-                self._fast_built += 1
-                placement = engine.resume(plan, claims)
-                continue
-            if status == _fastkernel.DECIDE_TEMPLATES:
-                return self._templated(layout, node, built[node], claims, plan.node_keys.key(node))
-            raise Unschedulable(
-                self._reason(
-                    layout=layout,
-                    node_ok=node_ok,
-                    reasons=reasons,
-                    screened=screen[0],
-                    closeness=plan.node_keys.closeness,
-                    policy=policy,
-                    tried=engine.tried,
-                )
+        plan = self._plan(
+            layout, screen=screen, shape=shape, claims=claims, flat=flat, policy=policy
+        )
+        placement: Placement | None = engine.decide(
+            plan, node_ok, self.model.change_seq, tuple(claims)
+        )
+        if placement is not None:
+            return placement
+        raise Unschedulable(
+            self._reason(
+                layout=layout,
+                node_ok=node_ok,
+                reasons=reasons,
+                screened=screen[0],
+                closeness=plan.node_keys.closeness,
+                policy=policy,
+                tried=engine.tried,
             )
-        return placement
-
-    def _templated(
-        self, layout: Layout, node: int, enc: _Encoding, claims: tuple[Claim, ...], key: float
-    ) -> Placement:
-        """The placement on `node` after its search worked, once the result templates of the
-        devices it picked for the first time are made (`_pick`)."""
-        fast = enc.fast
-        start = int(layout.node_start[node])
-        for a, rows in fast.picked():
-            for row in rows:
-                fast.set_template(a, row, self._pick(enc.alternatives[a], start + row, layout))
-        return Placement(layout.nodes[node], key, fast.results(claims, DeviceResult))
+        )
 
     def _plan(
         self,
         layout: Layout,
+        *,
         screen: _Screen,
         shape: tuple[Any, ...],
         claims: Sequence[Claim],
+        flat: list[tuple[int, Request]],
         policy: Policy,
-    ) -> tuple[Any, list[_Encoding | None]]:
+    ) -> Any:
         """The `_fastkernel.Plan` of this request shape and policy (made on first use, kept
-        until the layout or the screens change), with the encodings per node as the allocator
-        built them (the plan holds their `_fastkernel.Encoding`)."""
+        until the layout or the screens change): its node keys, and the search inputs of
+        `_encoding` with the device axis over the whole layout (`_columns`)."""
         if len(claims) == 1:
             key: tuple[Any, ...] = (policy.key, claims[0].shape)
         else:
             key = (policy.key, *[claim.shape for claim in claims])
-        hit = self._plans.get(key)
-        if hit is not None and self._fast_built <= FIT_CACHE_MAX:
-            return hit
-        if len(self._plans) >= KEYS_CACHE_MAX or self._fast_built > FIT_CACHE_MAX:
-            self._plans.clear()  # many shapes x nodes: start over
-            self._node_keys.clear()
-            self._fast_built = 0
-        n_nodes = len(layout.nodes)
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
+        if len(self._plans) >= KEYS_CACHE_MAX:
+            self._plans.clear()
         plan = _fastkernel.Plan(
             self._fast_keys(layout, screen, shape, policy),
-            [None] * n_nodes,
             layout.nodes,
             policy.topology_mode,
             int(policy.strict),
@@ -656,10 +666,107 @@ class Allocator:
             SEARCH_BUDGET,
             Placement,
             DeviceResult,
+            Consumption,
         )
-        built: list[_Encoding | None] = [None] * n_nodes
-        self._plans[key] = (plan, built)
-        return plan, built
+        alt_list, reqs, alts, applies, distinct, slots = _shape_arrays(claims, flat)
+        n_dev = len(layout.devices)
+        columns = [self._columns(layout, alt) for alt in alt_list]
+        plan.set_inputs(
+            reqs,
+            alts,
+            applies,
+            distinct,
+            np.asarray([ci for ci, _ in flat], dtype=np.int64),
+            np.stack([self._mask(layout, alt, policy) for alt in alt_list]),
+            np.stack([servable for servable, _, _ in columns]),
+            np.stack([amount for _, amount, _ in columns]),
+            np.stack([self._attribute_ids(layout, c.attribute) for _, c in slots])
+            if slots
+            else np.zeros((0, n_dev), dtype=np.int64),
+            layout.multi,
+            tuple(alt.name for alt in alt_list),
+            tuple(alt.admin for alt in alt_list),
+            tuple(alt.tolerations for alt in alt_list),
+            [consumed for _, _, consumed in columns],
+            self._device_keys(layout),
+        )
+        self._plans[key] = plan
+        return plan
+
+    def _device_classes(self, layout: Layout) -> tuple[npt.NDArray[np.int64], list[Device]]:
+        """Per device the index of its class, and one device per class: devices of one class
+        (driver, capacity table, allowMultipleAllocations) fit and consume alike."""
+        if self._classes is None:
+            index: dict[tuple[str, int, bool], int] = {}
+            representatives: list[Device] = []
+            rows = []
+            for device in layout.devices:
+                klass = (device.key[0], id(device.capacity), device.allow_multiple)
+                i = index.get(klass)
+                if i is None:
+                    i = index[klass] = len(representatives)
+                    representatives.append(device)
+                rows.append(i)
+            self._classes = (np.asarray(rows, dtype=np.int64).reshape(len(rows)), representatives)
+        return self._classes
+
+    def _columns(
+        self, layout: Layout, alt: Alternative
+    ) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.int64], list[tuple[tuple[str, int], ...]]]:
+        """`_static_fit` and `_consumed` of one alternative for every device of the layout
+        (servable, amount per capacity column, consumedCapacity), computed once per device
+        class and cached until the layout changes."""
+        cache_key = (alt.capacity_key, alt.admin)
+        hit = self._column_cache.get(cache_key)
+        if hit is not None:
+            return hit  # type: ignore[no-any-return]
+        classes, representatives = self._device_classes(layout)
+        servable = np.zeros(len(representatives), dtype=np.int8)
+        amount = np.zeros((len(representatives), len(layout.dims)), dtype=np.int64)
+        consumed: list[tuple[tuple[str, int], ...]] = []
+        for c, device in enumerate(representatives):
+            if alt.admin:
+                servable[c] = (
+                    requested_amounts(alt.capacity, device, alt.memory_percent) is not None
+                )
+            elif not device.allow_multiple:
+                requested = requested_amounts(alt.capacity, device, alt.memory_percent)
+                servable[c] = requested is not None and all(
+                    device.capacity[n].value >= v for n, v in requested.items()
+                )
+            else:
+                amounts = self._amounts_of(alt, device)
+                if amounts is not None:
+                    servable[c] = 1
+                    for name, value in amounts:
+                        amount[c, layout.dims[name]] = value
+            consumed.append(self._consumed(alt, device))
+        hit = (
+            np.ascontiguousarray(servable[classes]),
+            np.ascontiguousarray(amount[classes]),
+            [consumed[c] for c in classes.tolist()],
+        )
+        self._column_cache[cache_key] = hit
+        return hit
+
+    def _attribute_ids(self, layout: Layout, attribute: str) -> npt.NDArray[np.int64]:
+        """Per device an id of its value of `attribute` (equal values, equal ids; -1 absent),
+        cached until the layout changes."""
+        hit = self._attribute_cache.get(attribute)
+        if hit is None:
+            ids: dict[Any, int] = {}
+            values = [device.attribute(attribute) for device in layout.devices]
+            hit = np.asarray(
+                [-1 if v is None else ids.setdefault(v, len(ids)) for v in values],
+                dtype=np.int64,
+            ).reshape(len(values))
+            self._attribute_cache[attribute] = hit
+        return hit
+
+    def _device_keys(self, layout: Layout) -> list[DeviceKey]:
+        if self._keys_of is None:
+            self._keys_of = [device.key for device in layout.devices]
+        return self._keys_of
 
     def _fast_keys(
         self, layout: Layout, screen: _Screen, shape: tuple[Any, ...], policy: Policy
@@ -872,18 +979,6 @@ class Allocator:
         """The search kernel on one node, called as each path calls it: (alternative row,
         node-local device rows) per flat request, None when nothing fits within the budget.
         The benchmark times this step (bench/allocator_bench.py)."""
-        if enc.fast is not None:
-            if not self._engine.search(
-                node,
-                enc.fast,
-                policy.topology_mode,
-                int(policy.strict),
-                policy.device_binpack,
-                SEARCH_BUDGET,
-            ):
-                return None
-            picked: list[tuple[int, tuple[int, ...]]] = enc.fast.picked()
-            return picked
         start, end = int(layout.node_start[node]), int(layout.node_end[node])
         n_req = len(enc.arrays[0])
         chosen_alt = np.zeros(n_req, dtype=np.int64)
@@ -937,31 +1032,14 @@ class Allocator:
         caller until the layout changes)."""
         end = int(layout.node_end[layout.dev_node[start]])
         m = end - start
-        n_req = len(flat)
-        alt_list: list[Alternative] = []
-        reqs = np.empty((n_req, 2), dtype=np.int64)
-        for i, (_, request) in enumerate(flat):
-            reqs[i, 0] = len(alt_list)
-            alt_list.extend(request.alternatives)
-            reqs[i, 1] = len(alt_list)
+        alt_list, reqs, alts, applies, distinct, slots = _shape_arrays(claims, flat)
         n_alt = len(alt_list)
-        alts = np.asarray(
-            [(int(alt.all_devices), alt.count, int(alt.admin)) for alt in alt_list],
-            dtype=np.int64,
-        ).reshape(n_alt, py_kernel.ALT_FIELDS)
         mask = np.empty((n_alt, m), dtype=np.int8)
         servable = np.empty((n_alt, m), dtype=np.int8)
         amount = np.empty((n_alt, m, len(layout.dims)), dtype=np.int64)
         for a, alt in enumerate(alt_list):
             mask[a] = self._mask(layout, alt, policy)[start:end]
             servable[a], amount[a] = self._static_fit(layout, alt, start, end)
-        slots = [(ci, c) for ci, claim in enumerate(claims) for c in claim.constraints]
-        applies = np.zeros((n_req, len(slots)), dtype=np.int8)
-        for i, (ci, request) in enumerate(flat):
-            for s, (owner, constraint) in enumerate(slots):
-                if owner == ci and (not constraint.requests or request.name in constraint.requests):
-                    applies[i, s] = 1
-        distinct = np.asarray([int(c.distinct) for _, c in slots], dtype=np.int64)
         cval = np.full((len(slots), m), -1, dtype=np.int64)
         for s, (_, constraint) in enumerate(slots):
             ids: dict[Any, int] = {}  # equal attribute values get equal ids
@@ -970,11 +1048,7 @@ class Allocator:
                 if value is not None:
                     cval[s, j] = ids.setdefault(value, len(ids))
         arrays = (reqs, alts, mask, servable, amount, applies, distinct, cval)
-        fast = None
-        if self.fast:
-            fast = _fastkernel.Encoding(*arrays, len(layout.dims))
-            fast.set_owners([ci for ci, _ in flat])
-        return _Encoding(tuple(alt_list), arrays, fast)
+        return _Encoding(tuple(alt_list), arrays)
 
     def _amounts_of(self, alt: Alternative, device: Device) -> tuple[tuple[str, int], ...] | None:
         """What `alt` consumes of a multi-allocatable device under its request policies

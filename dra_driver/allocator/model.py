@@ -25,7 +25,7 @@ import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -256,9 +256,9 @@ class NodeInfo:
     generation: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Consumption:
-    """What one allocation result takes of one device (capacity qualified name -> amount)."""
+class Consumption(NamedTuple):
+    """What one allocation result takes of one device (capacity qualified name -> amount); a
+    named tuple, so the allocator's fast path can make one in C for every picked device."""
 
     device: DeviceKey
     amounts: tuple[tuple[str, int], ...]
