@@ -973,6 +973,7 @@ cdef class Plan:
     cdef tuple alt_names, alt_admin, alt_tolerations
     cdef list consumed  # per alternative: per device, its consumedCapacity tuple
     cdef list keys  # per device: (driver, pool, device)
+    cdef list consumptions  # per (alternative, device): its model.Consumption, once made
 
     def __init__(
         self, NodeKeys node_keys not None, list node_names not None, int topo, int strict,
@@ -1060,6 +1061,7 @@ cdef class Plan:
         self.alt_tolerations = alt_tolerations
         self.consumed = consumed
         self.keys = keys
+        self.consumptions = [None] * (self.n_alt * self.n_dev)
 
 
 cdef Encoding _cut_encoding(Plan plan, Py_ssize_t start, Py_ssize_t end):
@@ -1188,10 +1190,15 @@ cdef object _plan_results(Plan plan, Encoding enc, tuple claims):
                 consumed = (<list>plan.consumed[a])[row]
                 shared = plan.multi[row] != 0 and not plan.alts[a, ALT_ADMIN]
                 share = _share_id_key(uid, name, key, p) if shared else None
-                consumption = vgpu_alloc_tuple(<PyTypeObject*>plan.consumption_type, 3)
-                _put(consumption, 0, key)
-                _put(consumption, 1, consumed)
-                _put(consumption, 2, not shared)
+                # The same (device, amounts, exclusive) every time this alternative takes
+                # this device: made once, kept in the plan
+                consumption = plan.consumptions[a * plan.n_dev + row]
+                if consumption is None:
+                    consumption = vgpu_alloc_tuple(<PyTypeObject*>plan.consumption_type, 3)
+                    _put(consumption, 0, key)
+                    _put(consumption, 1, consumed)
+                    _put(consumption, 2, not shared)
+                    plan.consumptions[a * plan.n_dev + row] = consumption
                 result = vgpu_alloc_tuple(<PyTypeObject*>plan.result_type, 9)
                 for q in range(3):  # driver, pool, device
                     _put(result, q + 1, <object>PyTuple_GET_ITEM(key, q))
@@ -1666,7 +1673,9 @@ cdef class Accountant:
     cdef object model
     cdef dict claims, used, allocations, exclusive, devices
     cdef dict names  # driver -> (memory capacity name, cores capacity name)
-    cdef object name_of  # driver -> that pair (model._capacity_names)
+    cdef object name_of  # driver -> that pair (model.capacity_names)
+    cdef object layout, writer  # the model's layout as last seen, and its fields
+    cdef dict index, dims
 
     def __init__(self, model, name_of):
         self.model = model
@@ -1724,27 +1733,42 @@ cdef class Accountant:
                 self._account(entry, 1)
 
     cdef _account(self, object entry, int sign):
-        cdef object key = entry.device
-        cdef tuple amounts = entry.amounts
-        cdef object name, amount, count, names, layout, row_obj, device, column, writer
+        """ClusterModel._account (the same dictionaries, the same layout writes)."""
+        cdef object key, amounts, name, amount, count, names, layout, row_obj, column, excl
         cdef dict used, dims
-        cdef Py_ssize_t row, col
+        cdef list news
+        cdef Py_ssize_t row, col, q
         cdef int64_t seq, mem, cores, held, allocated
         cdef LayoutWriter w
+        if not (isinstance(entry, tuple) and PyTuple_GET_SIZE(entry) == 3):
+            raise ValueError("Accountant: a consumption is (device, amounts, exclusive)")
+        key = <object>PyTuple_GET_ITEM(entry, 0)
+        amounts = <object>PyTuple_GET_ITEM(entry, 1)
         used = self.used.get(key)
         if used is None:
             used = {}
             self.used[key] = used
-        for name, amount in amounts:
-            used[name] = used.get(name, 0) + sign * amount
+        news = []  # the new totals, in the order of amounts
+        for q in range(len(amounts)):
+            name, amount = amounts[q]
+            amount = used.get(name, 0) + sign * amount
+            used[name] = amount
+            news.append(amount)
         count = self.allocations.get(key, 0) + sign
         self.allocations[key] = count
-        if entry.exclusive:
-            self.exclusive[key] = self.exclusive.get(key, 0) + sign
+        excl = self.exclusive.get(key, 0)
+        if <object>PyTuple_GET_ITEM(entry, 2):
+            excl = excl + sign
+            self.exclusive[key] = excl
         layout = self.model._layout
         if layout is None:
             return
-        row_obj = layout.index.get(key)
+        if layout is not self.layout:  # the layout's fields, fetched once per layout
+            self.layout = layout
+            self.index = layout.index
+            self.dims = layout.dims
+            self.writer = layout.writer
+        row_obj = self.index.get(key)
         if row_obj is None:
             return
         names = self.names.get(key[0])
@@ -1755,24 +1779,22 @@ cdef class Accountant:
         self.model.change_seq = seq
         mem = used.get(names[0], 0)
         cores = used.get(names[1], 0)
-        device = self.devices.get(key)
-        held = self.exclusive.get(key, 0) > 0 or (
-            device is not None and not device.allow_multiple and count > 0
-        )
-        allocated = count > 0
-        writer = layout.writer
-        if writer is None:
+        if self.writer is None:
             raise ValueError("Accountant: the layout has no LayoutWriter")
-        w = <LayoutWriter>writer
+        w = <LayoutWriter?>self.writer
         row = row_obj
         if not 0 <= row < w.dev_node.shape[0]:
             raise ValueError("Accountant: device row out of range")
+        # ClusterModel.is_held: exclusively held, or a device without allowMultipleAllocations
+        # (the layout's row says which, as the model's device does) allocated at all
+        held = excl > 0 or (not w.dev[row, DEV_MULTI] and count > 0)
+        allocated = count > 0
         w._write(row, seq, mem, cores, held, allocated)
-        dims = layout.dims
-        for name, amount in amounts:
-            column = dims.get(name)
+        dims = self.dims
+        for q in range(len(amounts)):
+            column = dims.get(amounts[q][0])
             if column is not None:
                 col = column
                 if not 0 <= col < w.used_by_dim.shape[1]:
                     raise ValueError("Accountant: capacity column out of range")
-                w.used_by_dim[row, col] = used[name]
+                w.used_by_dim[row, col] = news[q]

@@ -512,12 +512,22 @@ class Allocator:
                 else:
                     plan = self._plans.get((policy.key, *[claim.shape for claim in claims]))
                 if plan is not None:
-                    placement = self._engine.decide(
-                        plan,
-                        self._node_ok(layout, pod, *pod_resources)[0],
-                        model.change_seq,
-                        tuple(claims),
-                    )
+                    spec = pod.get("spec") or {}
+                    static = self._static.get("")  # node fit of pods that constrain nothing
+                    if (
+                        static is not None
+                        and static[0] == layout.epoch
+                        and not (pod_resources[0] or pod_resources[1])
+                        and not (
+                            spec.get("nodeSelector")
+                            or spec.get("affinity")
+                            or spec.get("tolerations")
+                        )
+                    ):
+                        node_ok = static[1]
+                    else:
+                        node_ok = self._node_ok(layout, pod, *pod_resources)[0]
+                    placement = self._engine.decide(plan, node_ok, model.change_seq, tuple(claims))
             if placement is None:
                 placement = self._place(pod, claims, policy, pod_resources)
             outcome = placement.node
