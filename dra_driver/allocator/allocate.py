@@ -269,6 +269,9 @@ def _shape_arrays(
     return alt_list, reqs, alts, applies, distinct, slots
 
 
+_NOTHING = object()  # no layout (Allocator._planned)
+
+
 class Allocator:
     """Decisions over one `ClusterModel`; `fast=False` forces the pure-Python reference scan."""
 
@@ -306,6 +309,10 @@ class Allocator:
         self._column_cache: dict[tuple[Any, ...], Any] = {}
         self._attribute_cache: dict[str, npt.NDArray[np.int64]] = {}
         self._keys_of: list[DeviceKey] | None = None
+        # The layout the kept plans are for (`place` decides with them while it is current),
+        # and the node fit of pods without selector, affinity, tolerations or resources on it
+        self._planned: Any = _NOTHING
+        self._plain_ok: npt.NDArray[np.int8] | None = None
 
     # ------------------------------------------------------------ selection
 
@@ -382,6 +389,8 @@ class Allocator:
     def _drop_layout_inputs(self) -> None:
         """Forget the plans and the layout-wide inputs they are made of."""
         self._plans.clear()
+        self._planned = _NOTHING
+        self._plain_ok = None
         self._classes = None
         self._column_cache.clear()
         self._attribute_cache.clear()
@@ -466,6 +475,8 @@ class Allocator:
             cached = (layout.epoch, np.asarray(values, dtype=np.int8), reasons)
             self._static[shape] = cached
         ok, reasons = cached[1], cached[2]  # read-only: copied before any change
+        if not shape:
+            self._plain_ok = ok
         if cpu or mem:
             reasons = dict(reasons)
             short_cpu = (ok > 0) & (layout.cpu_free < cpu)
@@ -501,30 +512,26 @@ class Allocator:
             # node fit is cached and one Cython call decides (`Engine.decide` with the kept
             # `_fastkernel.Plan`). Anything else (and a refusal, for its reason) takes `_place`.
             layout = model._layout  # the cached layout (None: stale, `_place` rebuilds it)
-            if (
-                self.fast
-                and layout is not None
-                and layout.epoch == self._engine_epoch == self._mask_epoch
-                and layout.patch_seq == self._patch_seq
-            ):
+            if layout is self._planned and layout.patch_seq == self._patch_seq:
                 if len(claims) == 1:
                     plan = self._plans.get((policy.key, claims[0].shape))
                 else:
                     plan = self._plans.get((policy.key, *[claim.shape for claim in claims]))
                 if plan is not None:
-                    spec = pod.get("spec") or {}
-                    static = self._static.get("")  # node fit of pods that constrain nothing
+                    spec = pod.get("spec")
                     if (
-                        static is not None
-                        and static[0] == layout.epoch
+                        self._plain_ok is not None
                         and not (pod_resources[0] or pod_resources[1])
                         and not (
-                            spec.get("nodeSelector")
-                            or spec.get("affinity")
-                            or spec.get("tolerations")
+                            spec
+                            and (
+                                spec.get("nodeSelector")
+                                or spec.get("affinity")
+                                or spec.get("tolerations")
+                            )
                         )
                     ):
-                        node_ok = static[1]
+                        node_ok = self._plain_ok  # node fit of pods that constrain nothing
                     else:
                         node_ok = self._node_ok(layout, pod, *pod_resources)[0]
                     placement = self._engine.decide(plan, node_ok, model.change_seq, tuple(claims))
@@ -625,6 +632,7 @@ class Allocator:
             self._engine = _fastkernel.Engine(layout)
             self._engine_epoch = layout.epoch
         engine = self._engine
+        self._planned = layout  # `_current(layout)` ran (`_place`): plans made now are for it
         plan = self._plan(
             layout, screen=screen, shape=shape, claims=claims, flat=flat, policy=policy
         )
