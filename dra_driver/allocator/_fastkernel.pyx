@@ -1736,40 +1736,51 @@ cdef class Accountant:
         """ClusterModel._account (the same dictionaries, the same layout writes)."""
         cdef object key, amounts, name, amount, count, names, layout, row_obj, column, excl
         cdef dict used, dims
-        cdef list news
-        cdef Py_ssize_t row, col, q
+        cdef Py_ssize_t row = -1, col, q
         cdef int64_t seq, mem, cores, held, allocated
-        cdef LayoutWriter w
+        cdef LayoutWriter w = None
         if not (isinstance(entry, tuple) and PyTuple_GET_SIZE(entry) == 3):
             raise ValueError("Accountant: a consumption is (device, amounts, exclusive)")
         key = <object>PyTuple_GET_ITEM(entry, 0)
         amounts = <object>PyTuple_GET_ITEM(entry, 1)
+        layout = self.model._layout
+        if layout is not None:
+            if layout is not self.layout:  # the layout's fields, fetched once per layout
+                if layout.writer is None:
+                    raise ValueError("Accountant: the layout has no LayoutWriter")
+                self.layout = layout
+                self.index = layout.index
+                self.dims = layout.dims
+                self.writer = <LayoutWriter?>layout.writer
+            row_obj = self.index.get(key)
+            if row_obj is not None:
+                w = <LayoutWriter>self.writer
+                row = row_obj
+                if not 0 <= row < w.dev_node.shape[0]:
+                    raise ValueError("Accountant: device row out of range")
         used = self.used.get(key)
         if used is None:
             used = {}
             self.used[key] = used
-        news = []  # the new totals, in the order of amounts
+        dims = self.dims
         for q in range(len(amounts)):
             name, amount = amounts[q]
             amount = used.get(name, 0) + sign * amount
             used[name] = amount
-            news.append(amount)
+            if row >= 0:
+                column = dims.get(name)
+                if column is not None:
+                    col = column
+                    if not 0 <= col < w.used_by_dim.shape[1]:
+                        raise ValueError("Accountant: capacity column out of range")
+                    w.used_by_dim[row, col] = amount
         count = self.allocations.get(key, 0) + sign
         self.allocations[key] = count
         excl = self.exclusive.get(key, 0)
         if <object>PyTuple_GET_ITEM(entry, 2):
             excl = excl + sign
             self.exclusive[key] = excl
-        layout = self.model._layout
-        if layout is None:
-            return
-        if layout is not self.layout:  # the layout's fields, fetched once per layout
-            self.layout = layout
-            self.index = layout.index
-            self.dims = layout.dims
-            self.writer = layout.writer
-        row_obj = self.index.get(key)
-        if row_obj is None:
+        if row < 0:
             return
         names = self.names.get(key[0])
         if names is None:
@@ -1779,22 +1790,8 @@ cdef class Accountant:
         self.model.change_seq = seq
         mem = used.get(names[0], 0)
         cores = used.get(names[1], 0)
-        if self.writer is None:
-            raise ValueError("Accountant: the layout has no LayoutWriter")
-        w = <LayoutWriter?>self.writer
-        row = row_obj
-        if not 0 <= row < w.dev_node.shape[0]:
-            raise ValueError("Accountant: device row out of range")
         # ClusterModel.is_held: exclusively held, or a device without allowMultipleAllocations
         # (the layout's row says which, as the model's device does) allocated at all
         held = excl > 0 or (not w.dev[row, DEV_MULTI] and count > 0)
         allocated = count > 0
         w._write(row, seq, mem, cores, held, allocated)
-        dims = self.dims
-        for q in range(len(amounts)):
-            column = dims.get(amounts[q][0])
-            if column is not None:
-                col = column
-                if not 0 <= col < w.used_by_dim.shape[1]:
-                    raise ValueError("Accountant: capacity column out of range")
-                w.used_by_dim[row, col] = news[q]
