@@ -1163,8 +1163,9 @@ cdef object _plan_results(Plan plan, Encoding enc, tuple claims):
     (shareIDs made here)."""
     cdef Py_ssize_t i, p, a, ci, row, q, n_claims = len(claims), count
     cdef Ctx* c = &enc.proto
-    cdef object share, result, uid, key, consumed, consumption, name
-    cdef bint shared
+    cdef object share, result, uid, key, consumed, consumption, name, driver = None, pool = None
+    cdef bint shared, prefixed
+    cdef SHA256_CTX prefix, ctx
     cdef list per_claim
     cdef tuple out
     cdef Py_ssize_t* fill
@@ -1184,12 +1185,27 @@ cdef object _plan_results(Plan plan, Encoding enc, tuple claims):
             a = c.chosen_alt[i]
             name = <object>PyTuple_GET_ITEM(plan.alt_names, a)
             count = c.npicks[i]
+            prefixed = False
             for p in range(count):
                 row = enc.start + c.picks[i * enc.m + p]
                 key = plan.keys[row]
                 consumed = (<list>plan.consumed[a])[row]
                 shared = plan.multi[row] != 0 and not plan.alts[a, ALT_ADMIN]
-                share = _share_id_key(uid, name, key, p) if shared else None
+                if shared:
+                    # The hash of "uid/request/driver/pool/" once per request and pool: the
+                    # devices of a request usually share their node's pool.
+                    if not (
+                        prefixed and driver == <object>PyTuple_GET_ITEM(key, 0)
+                        and pool == <object>PyTuple_GET_ITEM(key, 1)
+                    ):
+                        driver = <object>PyTuple_GET_ITEM(key, 0)
+                        pool = <object>PyTuple_GET_ITEM(key, 1)
+                        _share_prefix(&prefix, uid, name, driver, pool)
+                        prefixed = True
+                    memcpy(&ctx, &prefix, sizeof(SHA256_CTX))
+                    share = _share_id_from(&ctx, <object>PyTuple_GET_ITEM(key, 2), p)
+                else:
+                    share = None
                 # The same (device, amounts, exclusive) every time this alternative takes
                 # this device: made once, kept in the plan
                 consumption = plan.consumptions[a * plan.n_dev + row]
@@ -1635,18 +1651,26 @@ cdef object _share_id_finish(SHA256_CTX* ctx, Py_ssize_t index):
     return PyUnicode_DecodeASCII(out, 36, NULL)
 
 
-cdef object _share_id_key(object uid, object request, tuple key, Py_ssize_t index):
-    """`_share_id_c` with the device path given as its key (driver, pool, device)."""
-    cdef SHA256_CTX ctx
+cdef void _share_prefix(
+    SHA256_CTX* ctx, object uid, object request, object driver, object pool
+) except *:
+    """Start a shareID hash: "uid/request/driver/pool/" (see `_share_id_c`)."""
     cdef Py_ssize_t n
     cdef const char* text
-    SHA256_Init(&ctx)
-    for part in (uid, request, <object>PyTuple_GET_ITEM(key, 0), <object>PyTuple_GET_ITEM(key, 1),
-                 <object>PyTuple_GET_ITEM(key, 2)):
+    SHA256_Init(ctx)
+    for part in (uid, request, driver, pool):
         text = PyUnicode_AsUTF8AndSize(part, &n)
-        SHA256_Update(&ctx, text, n)
-        SHA256_Update(&ctx, b"/", 1)
-    return _share_id_finish(&ctx, index)
+        SHA256_Update(ctx, text, n)
+        SHA256_Update(ctx, b"/", 1)
+
+
+cdef object _share_id_from(SHA256_CTX* ctx, object device, Py_ssize_t index):
+    """Finish a shareID hash started by `_share_prefix`: "device/index", formatted."""
+    cdef Py_ssize_t n
+    cdef const char* text = PyUnicode_AsUTF8AndSize(device, &n)
+    SHA256_Update(ctx, text, n)
+    SHA256_Update(ctx, b"/", 1)
+    return _share_id_finish(ctx, index)
 
 
 def share_id(str uid, str request, str path, Py_ssize_t index):
@@ -1735,6 +1759,7 @@ cdef class Accountant:
     cdef _account(self, object entry, int sign):
         """ClusterModel._account (the same dictionaries, the same layout writes)."""
         cdef object key, amounts, name, amount, count, names, layout, row_obj, column, excl
+        cdef object mem_obj, cores_obj
         cdef dict used, dims
         cdef Py_ssize_t row = -1, col, q
         cdef int64_t seq, mem, cores, held, allocated
@@ -1763,10 +1788,21 @@ cdef class Accountant:
             used = {}
             self.used[key] = used
         dims = self.dims
+        names = self.names.get(key[0])
+        if names is None:
+            names = self.name_of(key[0])
+            if not (isinstance(names, tuple) and PyTuple_GET_SIZE(names) == 2):
+                raise ValueError("Accountant: name_of gives (memory name, cores name)")
+            self.names[key[0]] = names
+        mem_obj = cores_obj = None  # the new memory / cores totals, when amounts name them
         for q in range(len(amounts)):
             name, amount = amounts[q]
             amount = used.get(name, 0) + sign * amount
             used[name] = amount
+            if name == <object>PyTuple_GET_ITEM(names, 0):
+                mem_obj = amount
+            elif name == <object>PyTuple_GET_ITEM(names, 1):
+                cores_obj = amount
             if row >= 0:
                 column = dims.get(name)
                 if column is not None:
@@ -1782,14 +1818,10 @@ cdef class Accountant:
             self.exclusive[key] = excl
         if row < 0:
             return
-        names = self.names.get(key[0])
-        if names is None:
-            names = self.name_of(key[0])
-            self.names[key[0]] = names
         seq = self.model.change_seq + 1
         self.model.change_seq = seq
-        mem = used.get(names[0], 0)
-        cores = used.get(names[1], 0)
+        mem = used.get(names[0], 0) if mem_obj is None else mem_obj
+        cores = used.get(names[1], 0) if cores_obj is None else cores_obj
         # ClusterModel.is_held: exclusively held, or a device without allowMultipleAllocations
         # (the layout's row says which, as the model's device does) allocated at all
         held = excl > 0 or (not w.dev[row, DEV_MULTI] and count > 0)
