@@ -161,9 +161,9 @@ def kernel_speedup(nodes: int, obj: dict[str, Any], policy: Policy) -> dict[str,
       `NodeKeys` ranked by the `Engine`, on the reference path `_keys` (arrays handed to
       `kernel.scan`) and `np.argmax`; the shape's cached keys are dropped before each run, so
       both scan every node (later decisions rescan only the nodes that changed, on both paths).
-    - `search`: the exact search on the chosen node, `Allocator._run_search` (fast:
-      `Engine.search` over a cached `Encoding`, picks read back; reference: `kernel.search` on
-      the node's rows and fresh output arrays).
+    - `search`: the exact search on the chosen node (fast: `Engine.search` over the node's
+      `Encoding` as the decision's plan cut it, picks read back; reference:
+      `Allocator._run_search`, `kernel.search` on the node's rows and fresh output arrays).
 
     CPU time per call, best of several runs (the machine is shared) of a batch of calls (a
     sub-microsecond search is below what one reading of the CPU clock resolves)."""
