@@ -1,6 +1,8 @@
 # cython: boundscheck=False, wraparound=False, cdivision=False, initializedcheck=False
 """Cython twin of `dra_driver.allocator.kernel.scan` and `.search` (read that module for the
-semantics).
+semantics), and the fast path's whole decision (`Engine.decide` over a `Plan`: rank, search, the
+results and the `Placement`) and commit (`Accountant`), twins of `Allocator._search_node`,
+`allocate._share_id` and `ClusterModel.assume` (docs/scheduling.md, "Fast path and reference").
 
 Typed memoryviews over the model's flat arrays, no Python objects in the loops: one pass over each
 node's devices per request. Same operations in the same order as the reference, so the floating

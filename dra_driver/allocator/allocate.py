@@ -18,13 +18,16 @@ One decision, in three steps, all over the incrementally maintained `ClusterMode
 Both kernels have pure-Python references that give identical answers
 (tests/unit/dra_driver/allocator/test_kernel_twins.py); `fast=False` runs the references.
 
-The fast path (`fast=True`, the default when built) crosses into C with whole steps instead of
-array arguments: one `_fastkernel.Engine` per layout holds pointers to its columns, a
-`NodeKeys` per request shape and policy holds the scan inputs and every node's key (the engine
-rescans the nodes changed since, and picks the best, in one pass), an `Encoding` per shape and
-node holds the search inputs and output buffers. The reference path does the same steps with
-numpy and the pure-Python kernels (`_keys`, `kernel.scan`, `kernel.search`). Everything else
-(node fit, selection, encodings, results, commit) is shared.
+The fast path (`fast=True`, the default when built) crosses into C once per decision and once
+per commit: one `_fastkernel.Engine` per layout holds pointers to its columns; a `Plan` per request
+shape and policy holds a `NodeKeys` (the scan inputs and every node's key; the engine rescans the
+nodes changed since, and picks the best, in one pass) and the search inputs as layout-wide
+columns, from which `Engine.decide` cuts each node's `Encoding` in C the first time a decision
+reaches it, searches, and makes the results (shareIDs hashed in C) and the `Placement` itself;
+`_fastkernel.Accountant` commits it into the model. The reference path does the same steps in
+Python with numpy and the pure-Python kernels (`_keys`, `_encoding`, `kernel.scan`,
+`kernel.search`, `_search_node`, `ClusterModel.assume`). Node fit, selection and the screen are
+shared.
 
 Refusals explain themselves with the closest node ("no node has 2 GPUs in one NVLink domain with
 20Gi and 30 cores free each; closest: node-3 (1 GPU)").
