@@ -204,7 +204,8 @@ def _shape(claims: Sequence[Claim], policy: Policy) -> tuple[Any, ...]:
 
 @dataclass(frozen=True, slots=True)
 class _Encoding:
-    """The search kernel's static inputs for one request shape on one node (see `_encoding`)."""
+    """The search kernel's static inputs for one request shape on one node (see `_encoding`;
+    the reference path's, the fast path cuts its `_fastkernel.Encoding` from a `Plan`)."""
 
     alternatives: tuple[Alternative, ...]  # in kernel order (alts rows)
     arrays: tuple[npt.NDArray[Any], ...]  # reqs, alts, mask, servable, amount, applies, ...
@@ -942,8 +943,8 @@ class Allocator:
         policy: Policy,
         shape: tuple[Any, ...],
     ) -> tuple[tuple[Claim, tuple[DeviceResult, ...]], ...] | None:
-        """Run the search kernel on one node; its picks as results (None: nothing fits within
-        the budget)."""
+        """The reference path: run the search kernel on one node; its picks as results (None:
+        nothing fits within the budget). `Engine.decide` is the fast path's twin."""
         start = int(layout.node_start[node])
         enc = self._node_encoding(
             layout, node, claims=claims, flat=flat, policy=policy, shape=shape
@@ -997,9 +998,9 @@ class Allocator:
     def _run_search(
         self, layout: Layout, node: int, enc: _Encoding, policy: Policy
     ) -> list[tuple[int, tuple[int, ...]]] | None:
-        """The search kernel on one node, called as each path calls it: (alternative row,
-        node-local device rows) per flat request, None when nothing fits within the budget.
-        The benchmark times this step (bench/allocator_bench.py)."""
+        """The reference path's search kernel on one node: (alternative row, node-local device
+        rows) per flat request, None when nothing fits within the budget. The benchmark times
+        this step against `Engine.search` (bench/allocator_bench.py)."""
         start, end = int(layout.node_start[node]), int(layout.node_end[node])
         n_req = len(enc.arrays[0])
         chosen_alt = np.zeros(n_req, dtype=np.int64)
