@@ -991,7 +991,7 @@ cdef class Plan:
             raise ValueError("Plan: one node name per node")
         self.node_keys = node_keys
         self.encodings = [None] * node_keys.n_nodes
-        self.node_names = node_names
+        self.node_names = list(node_names)  # copies the plan owns: read without bounds checks
         self.topo = topo
         self.strict = strict
         self.binpack = binpack
@@ -1061,8 +1061,9 @@ cdef class Plan:
         self.alt_names = alt_names
         self.alt_admin = alt_admin
         self.alt_tolerations = alt_tolerations
-        self.consumed = consumed
-        self.keys = keys
+        # Copies the plan owns (read without bounds checks; nobody else can change their length)
+        self.consumed = [list(per_device) for per_device in consumed]
+        self.keys = list(keys)
         self.consumptions = [None] * (self.n_alt * self.n_dev)
 
 
@@ -1415,6 +1416,8 @@ cdef class Engine:
         if plan.n_dev != self.base.n_dev or plan.k_dims != self.k_dims:
             raise ValueError("decide: the plan's columns are not this layout's")
         while best >= 0:
+            if best >= len(plan.encodings):  # a list Python can reach: its length re-checked
+                raise ValueError("decide: the plan's encodings do not cover the layout")
             enc_obj = plan.encodings[best]
             if enc_obj is None:
                 enc_obj = _cut_encoding(
