@@ -6,7 +6,7 @@
 # ---- build: the wheel with its Cython extension, libvgpu.so, the runtime tree under /out -----
 FROM python:3.11-slim AS build
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends gcc libc6-dev make \
+    && apt-get install -y --no-install-recommends gcc libc6-dev libssl-dev make \
     && rm -rf /var/lib/apt/lists/*
 RUN python -m pip install --no-cache-dir "setuptools>=68" wheel "cython>=3.0"
 WORKDIR /src

@@ -9,6 +9,10 @@ extensions = [
         "dra_driver.allocator._fastkernel",
         ["dra_driver/allocator/_fastkernel.pyx"],
         extra_compile_args=["-O2"],
+        # shareIDs: SHA-256 from the libcrypto Python's own hashlib links (the low-level calls,
+        # deprecated in OpenSSL 3 but without the EVP layer's per-call setup)
+        define_macros=[("OPENSSL_SUPPRESS_DEPRECATED", None)],
+        libraries=["crypto"],
     ),
 ]
 

@@ -70,6 +70,7 @@ class Encoding:
 class NodeKeys:
     keys: Any
     closeness: Any
+    filled: bool
     def __init__(
         self,
         masks: Any,
@@ -85,8 +86,44 @@ class NodeKeys:
     ) -> None: ...
     def key(self, node: int) -> float: ...
 
+class Plan:
+    node_keys: NodeKeys
+    encodings: list[Encoding | None]
+    def __init__(
+        self,
+        node_keys: NodeKeys,
+        node_names: list[str],
+        topo: int,
+        strict: int,
+        binpack: int,
+        budget: int,
+        placement_type: type,
+        result_type: type,
+        consumption_type: type,
+    ) -> None: ...
+    def set_inputs(
+        self,
+        reqs: Any,
+        alts: Any,
+        applies: Any,
+        distinct: Any,
+        owners: Any,
+        mask_all: Any,
+        servable_all: Any,
+        amount_all: Any,
+        cval_all: Any,
+        multi: Any,
+        alt_names: tuple[str, ...],
+        alt_admin: tuple[bool, ...],
+        alt_tolerations: tuple[Any, ...],
+        consumed: list[Any],
+        keys: list[Any],
+    ) -> None: ...
+
 class Engine:
+    tried: int
     def __init__(self, layout: Any) -> None: ...
+    def decide(self, plan: Plan, node_ok: Any, seq: int, claims: tuple[Any, ...]) -> Any: ...
     def rank(self, nk: NodeKeys, node_ok: Any, seq: int) -> int: ...
     def next(self, nk: NodeKeys, failed: int) -> int: ...
     def search(
@@ -106,3 +143,10 @@ class LayoutWriter:
         columns: list[int],
         values: list[int],
     ) -> None: ...
+
+def share_id(uid: str, request: str, path: str, index: int) -> str: ...
+
+class Accountant:
+    def __init__(self, model: Any, name_of: Any) -> None: ...
+    def commit(self, results: tuple[Any, ...]) -> bool: ...
+    def set_claim(self, uid: str, consumption: list[Any]) -> None: ...

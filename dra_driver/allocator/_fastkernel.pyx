@@ -1,6 +1,8 @@
 # cython: boundscheck=False, wraparound=False, cdivision=False, initializedcheck=False
 """Cython twin of `dra_driver.allocator.kernel.scan` and `.search` (read that module for the
-semantics).
+semantics), and the fast path's whole decision (`Engine.decide` over a `Plan`: rank, search, the
+results and the `Placement`) and commit (`Accountant`), twins of `Allocator._search_node`,
+`allocate._share_id` and `ClusterModel.assume` (docs/scheduling.md, "Fast path and reference").
 
 Typed memoryviews over the model's flat arrays, no Python objects in the loops: one pass over each
 node's devices per request. Same operations in the same order as the reference, so the floating
@@ -17,6 +19,30 @@ from cpython.buffer cimport (
 from libc.stdint cimport int64_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcmp, memcpy, memset
+
+cdef extern from "Python.h":
+    const char* PyUnicode_AsUTF8AndSize(object, Py_ssize_t*) except NULL
+    object PyUnicode_DecodeASCII(const char*, Py_ssize_t, const char*)
+
+from cpython.object cimport PyObject, PyTypeObject
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_New, PyTuple_SET_ITEM
+
+cdef extern from "openssl/sha.h":
+    ctypedef struct SHA256_CTX:
+        pass
+    int SHA256_Init(SHA256_CTX*) nogil
+    int SHA256_Update(SHA256_CTX*, const void*, size_t) nogil
+    int SHA256_Final(unsigned char*, SHA256_CTX*) nogil
+
+cdef extern from *:
+    """
+    static PyObject* vgpu_alloc_tuple(PyTypeObject* type, Py_ssize_t n) {
+        return type->tp_alloc(type, n);
+    }
+    """
+    object vgpu_alloc_tuple(PyTypeObject* type, Py_ssize_t n)
+
 
 
 cdef inline int64_t _best_group(
@@ -742,7 +768,8 @@ cdef class Encoding:
     last `Engine.search` on it."""
 
     cdef readonly object arrays  # the inputs as given
-    cdef Py_ssize_t m, k_dims, n_req, n_slots
+    cdef Py_ssize_t m, k_dims, n_req, n_slots, n_alt
+    cdef Py_ssize_t start  # the node's first layout row (encodings built by `Plan`)
     # The walk's inputs, outputs and scratch as pointers into `block`, set once:
     # `Engine.search` copies this and adds the node's layout rows and the policy.
     cdef Ctx proto
@@ -769,6 +796,7 @@ cdef class Encoding:
             self.m = views[2].shape[1]
             self.k_dims = k_dims
             self.n_slots = views[6].shape[0]
+            self.n_alt = n_alt
             if not (
                 views[0].shape[1] == 2 and views[1].shape[1] == 3
                 and views[2].shape[0] == n_alt
@@ -874,7 +902,7 @@ cdef class NodeKeys:
     cdef Py_ssize_t n_aside
     cdef int topo, strict, binpack
     cdef int64_t seq
-    cdef bint filled
+    cdef readonly bint filled
 
     def __init__(
         self, masks, req_mem, req_pct, req_cores, req_count, req_group,
@@ -925,6 +953,290 @@ cdef class NodeKeys:
         return self.key_view[node]
 
 
+cdef class Plan:
+    """What `Engine.decide` needs of one request shape and policy besides the layout: the node
+    keys; the shape's search inputs as layout-wide columns, from which the engine cuts each
+    node's `Encoding` when a decision first reaches the node (no Python per node); what the
+    results are made of; and the search policy. Encodings are kept per node (None until
+    built)."""
+
+    cdef readonly NodeKeys node_keys
+    cdef readonly list encodings
+    cdef list node_names
+    cdef int topo, strict, binpack
+    cdef int64_t budget
+    cdef type placement_type, result_type, consumption_type
+    cdef object columns  # every array the views below read, kept alive
+    cdef const int64_t[:, ::1] reqs, alts, cval_all
+    cdef const signed char[:, ::1] applies, mask_all, servable_all
+    cdef const int64_t[::1] distinct, multi, owners
+    cdef const int64_t[:, :, ::1] amount_all
+    cdef Py_ssize_t n_req, n_alt, n_slots, n_dev, k_dims
+    cdef tuple alt_names, alt_admin, alt_tolerations
+    cdef list consumed  # per alternative: per device, its consumedCapacity tuple
+    cdef list keys  # per device: (driver, pool, device)
+    cdef list consumptions  # per (alternative, device): its model.Consumption, once made
+
+    def __init__(
+        self, NodeKeys node_keys not None, list node_names not None, int topo, int strict,
+        int binpack, int64_t budget, type placement_type not None, type result_type not None,
+        type consumption_type not None,
+    ):
+        if not (
+            issubclass(placement_type, tuple) and issubclass(result_type, tuple)
+            and issubclass(consumption_type, tuple)
+        ):
+            raise ValueError("Plan: placement, result and consumption types must be tuples")
+        if len(node_names) != node_keys.n_nodes:
+            raise ValueError("Plan: one node name per node")
+        self.node_keys = node_keys
+        self.encodings = [None] * node_keys.n_nodes
+        self.node_names = list(node_names)  # copies the plan owns: read without bounds checks
+        self.topo = topo
+        self.strict = strict
+        self.binpack = binpack
+        self.budget = budget
+        self.placement_type = placement_type
+        self.result_type = result_type
+        self.consumption_type = consumption_type
+
+    def set_inputs(
+        self, reqs, alts, applies, distinct, owners, mask_all, servable_all, amount_all,
+        cval_all, multi, tuple alt_names not None, tuple alt_admin not None,
+        tuple alt_tolerations not None, list consumed not None, list keys not None,
+    ):
+        """The shape's inputs (see kernel.search) with the device axis over the whole layout:
+        reqs[n_req, 2], alts[n_alt, 3], applies[n_req, S], distinct[S], owners[n_req] (claim
+        index of each flat request); mask_all / servable_all[n_alt, n_dev],
+        amount_all[n_alt, n_dev, K], cval_all[S, n_dev] (attribute value ids, -1 absent; any
+        ids, each node's encoding renumbers them), multi[n_dev]; per alternative its result
+        name, adminAccess and tolerations, and per device what it consumes; per device its
+        key."""
+        cdef Py_ssize_t i, a
+        self.columns = (
+            reqs, alts, applies, distinct, owners, mask_all, servable_all, amount_all, cval_all,
+            multi,
+        )
+        self.reqs = reqs
+        self.alts = alts
+        self.applies = applies
+        self.distinct = distinct
+        self.owners = owners
+        self.mask_all = mask_all
+        self.servable_all = servable_all
+        self.amount_all = amount_all
+        self.cval_all = cval_all
+        self.multi = multi
+        self.n_req = self.reqs.shape[0]
+        self.n_alt = self.alts.shape[0]
+        self.n_slots = self.distinct.shape[0]
+        self.n_dev = self.multi.shape[0]
+        self.k_dims = self.amount_all.shape[2]
+        if not (
+            self.reqs.shape[1] == 2 and self.alts.shape[1] == 3
+            and self.applies.shape[0] == self.n_req and self.applies.shape[1] == self.n_slots
+            and self.owners.shape[0] == self.n_req
+            and self.mask_all.shape[0] == self.n_alt and self.mask_all.shape[1] == self.n_dev
+            and self.servable_all.shape[0] == self.n_alt
+            and self.servable_all.shape[1] == self.n_dev
+            and self.amount_all.shape[0] == self.n_alt
+            and self.amount_all.shape[1] == self.n_dev
+            and self.cval_all.shape[0] == self.n_slots and self.cval_all.shape[1] == self.n_dev
+            and len(alt_names) == self.n_alt and len(alt_admin) == self.n_alt
+            and len(alt_tolerations) == self.n_alt and len(consumed) == self.n_alt
+            and len(keys) == self.n_dev
+        ):
+            raise ValueError("Plan.set_inputs: shapes do not agree (see kernel.search)")
+        for i in range(self.n_req):
+            if not 0 <= self.reqs[i, 0] <= self.reqs[i, 1] <= self.n_alt or self.owners[i] < 0:
+                raise ValueError("Plan.set_inputs: reqs or owners out of range")
+        for a in range(self.n_alt):
+            if not self.alts[a, ALT_ALL] and self.alts[a, ALT_COUNT] < 0:
+                raise ValueError("Plan.set_inputs: a negative device count")
+            if len(consumed[a]) != self.n_dev:
+                raise ValueError("Plan.set_inputs: one consumed entry per device")
+        for i in range(self.n_dev):
+            if not (isinstance(keys[i], tuple) and len(keys[i]) == 3):
+                raise ValueError("Plan.set_inputs: device keys are (driver, pool, device)")
+        self.alt_names = alt_names
+        self.alt_admin = alt_admin
+        self.alt_tolerations = alt_tolerations
+        # Copies the plan owns (read without bounds checks; nobody else can change their length)
+        self.consumed = [list(per_device) for per_device in consumed]
+        self.keys = list(keys)
+        self.consumptions = [None] * (self.n_alt * self.n_dev)
+
+
+cdef Encoding _cut_encoding(Plan plan, Py_ssize_t start, Py_ssize_t end):
+    """The node's `Encoding` (devices start..end) cut from the plan's columns: the same
+    inputs `allocate._encoding` builds, with the node's attribute value ids renumbered from
+    0 in order of first appearance (the search only compares them)."""
+    cdef Encoding enc = Encoding.__new__(Encoding)
+    cdef Ctx* c = &enc.proto
+    cdef Py_ssize_t m = end - start, n_req = plan.n_req, n_alt = plan.n_alt
+    cdef Py_ssize_t n_slots = plan.n_slots, k = plan.k_dims, a, j, s, q, size, offset, n_ids = 1
+    cdef int64_t value
+    cdef int64_t* cval
+    if not 0 <= start <= end <= plan.n_dev:
+        raise ValueError("the node's rows are outside the plan's columns")
+    memset(c, 0, sizeof(Ctx))
+    enc.m = m
+    enc.k_dims = k
+    enc.n_req = n_req
+    enc.n_slots = n_slots
+    enc.n_alt = n_alt
+    enc.start = start
+    enc.arrays = ()
+    c.m = m
+    c.k_dims = k
+    c.n_req = n_req
+    c.n_slots = n_slots
+    c.n_ids = m + 1  # at most m distinct values per slot on the node
+    size = (
+        (2 * n_req * 8 + 7) // 8 * 8 + (3 * n_alt * 8 + 7) // 8 * 8
+        + 2 * ((n_alt * m + 7) // 8 * 8) + (n_alt * m * k * 8 + 7) // 8 * 8
+        + (n_req * n_slots + 7) // 8 * 8 + (n_slots * 8 + 7) // 8 * 8
+        + (n_slots * m * 8 + 7) // 8 * 8
+        + (2 * n_req + n_req * m) * 8 + _scratch_words(c) * 8
+    )
+    enc.block = <char*>calloc(size, 1)
+    if enc.block == NULL:
+        raise MemoryError()
+    offset = 0
+    c.reqs = <const int64_t*>(enc.block + offset)
+    if n_req:
+        memcpy(enc.block + offset, &plan.reqs[0, 0], 2 * n_req * 8)
+    offset += (2 * n_req * 8 + 7) // 8 * 8
+    c.alts = <const int64_t*>(enc.block + offset)
+    if n_alt:
+        memcpy(enc.block + offset, &plan.alts[0, 0], 3 * n_alt * 8)
+    offset += (3 * n_alt * 8 + 7) // 8 * 8
+    c.mask = <const signed char*>(enc.block + offset)
+    for a in range(n_alt):
+        if m:
+            memcpy(enc.block + offset + a * m, &plan.mask_all[a, start], m)
+    offset += (n_alt * m + 7) // 8 * 8
+    c.servable = <const signed char*>(enc.block + offset)
+    for a in range(n_alt):
+        if m:
+            memcpy(enc.block + offset + a * m, &plan.servable_all[a, start], m)
+    offset += (n_alt * m + 7) // 8 * 8
+    c.amount = <const int64_t*>(enc.block + offset)
+    for a in range(n_alt):
+        if m and k:
+            memcpy(enc.block + offset + a * m * k * 8, &plan.amount_all[a, start, 0], m * k * 8)
+    offset += (n_alt * m * k * 8 + 7) // 8 * 8
+    c.applies = <const signed char*>(enc.block + offset)
+    if n_req and n_slots:
+        memcpy(enc.block + offset, &plan.applies[0, 0], n_req * n_slots)
+    offset += (n_req * n_slots + 7) // 8 * 8
+    c.distinct = <const int64_t*>(enc.block + offset)
+    if n_slots:
+        memcpy(enc.block + offset, &plan.distinct[0], n_slots * 8)
+    offset += (n_slots * 8 + 7) // 8 * 8
+    cval = <int64_t*>(enc.block + offset)
+    c.cval = cval
+    for s in range(n_slots):  # renumber: the first value seen on the node is 0, ...
+        for j in range(m):
+            value = plan.cval_all[s, start + j]
+            cval[s * m + j] = -1
+            if value < 0:
+                continue
+            for q in range(j):
+                if plan.cval_all[s, start + q] == value:
+                    cval[s * m + j] = cval[s * m + q]
+                    break
+            if cval[s * m + j] < 0:
+                cval[s * m + j] = n_ids - 1
+                n_ids += 1
+    offset += (n_slots * m * 8 + 7) // 8 * 8
+    c.chosen_alt = <int64_t*>(enc.block + offset)
+    offset += n_req * 8
+    c.npicks = <int64_t*>(enc.block + offset)
+    offset += n_req * 8
+    c.picks = <int64_t*>(enc.block + offset)
+    offset += n_req * m * 8
+    _point_scratch(c, <int64_t*>(enc.block + offset))
+    return enc
+
+
+cdef object _plan_results(Plan plan, Encoding enc, tuple claims):
+    """The last successful search's picks on `enc` as `Placement.results`: per claim (in
+    order) the claim and its DeviceResults, the same fields `Allocator._search_node` gives
+    (shareIDs made here)."""
+    cdef Py_ssize_t i, p, a, ci, row, q, n_claims = len(claims), count
+    cdef Ctx* c = &enc.proto
+    cdef object share, result, uid, key, consumed, consumption, name, driver = None, pool = None
+    cdef bint shared, prefixed
+    cdef SHA256_CTX prefix, ctx
+    cdef list per_claim
+    cdef tuple out
+    cdef Py_ssize_t* fill
+    for i in range(plan.n_req):
+        if plan.owners[i] >= n_claims:
+            raise ValueError("results: a claim index beyond the claims given")
+    fill = <Py_ssize_t*>calloc(2 * n_claims + 1, sizeof(Py_ssize_t))
+    if fill == NULL:
+        raise MemoryError()
+    try:
+        for i in range(plan.n_req):
+            fill[plan.owners[i]] += c.npicks[i]
+        per_claim = [PyTuple_New_(fill[ci]) for ci in range(n_claims)]
+        for i in range(plan.n_req):
+            ci = plan.owners[i]
+            uid = (<object>claims[ci]).uid
+            a = c.chosen_alt[i]
+            name = <object>PyTuple_GET_ITEM(plan.alt_names, a)
+            count = c.npicks[i]
+            prefixed = False
+            for p in range(count):
+                row = enc.start + c.picks[i * enc.m + p]
+                key = plan.keys[row]
+                consumed = (<list>plan.consumed[a])[row]
+                shared = plan.multi[row] != 0 and not plan.alts[a, ALT_ADMIN]
+                if shared:
+                    # The hash of "uid/request/driver/pool/" once per request and pool: the
+                    # devices of a request usually share their node's pool.
+                    if not (
+                        prefixed and driver == <object>PyTuple_GET_ITEM(key, 0)
+                        and pool == <object>PyTuple_GET_ITEM(key, 1)
+                    ):
+                        driver = <object>PyTuple_GET_ITEM(key, 0)
+                        pool = <object>PyTuple_GET_ITEM(key, 1)
+                        _share_prefix(&prefix, uid, name, driver, pool)
+                        prefixed = True
+                    memcpy(&ctx, &prefix, sizeof(SHA256_CTX))
+                    share = _share_id_from(&ctx, <object>PyTuple_GET_ITEM(key, 2), p)
+                else:
+                    share = None
+                # The same (device, amounts, exclusive) every time this alternative takes
+                # this device: made once, kept in the plan
+                consumption = plan.consumptions[a * plan.n_dev + row]
+                if consumption is None:
+                    consumption = vgpu_alloc_tuple(<PyTypeObject*>plan.consumption_type, 3)
+                    _put(consumption, 0, key)
+                    _put(consumption, 1, consumed)
+                    _put(consumption, 2, not shared)
+                    plan.consumptions[a * plan.n_dev + row] = consumption
+                result = vgpu_alloc_tuple(<PyTypeObject*>plan.result_type, 9)
+                for q in range(3):  # driver, pool, device
+                    _put(result, q + 1, <object>PyTuple_GET_ITEM(key, q))
+                _put(result, 0, name)
+                _put(result, 4, consumed)
+                _put(result, 5, share)
+                _put(result, 6, <object>PyTuple_GET_ITEM(plan.alt_admin, a))
+                _put(result, 7, <object>PyTuple_GET_ITEM(plan.alt_tolerations, a))
+                _put(result, 8, consumption)
+                _put(per_claim[ci], fill[n_claims + ci], result)
+                fill[n_claims + ci] += 1
+    finally:
+        free(fill)
+    out = PyTuple_New_(n_claims)
+    for ci in range(n_claims):
+        _put(out, ci, (claims[ci], per_claim[ci]))
+    return out
+
+
 cdef class Engine:
     """The fast path's scan and search over one layout's arrays (which the model updates in
     place; a new layout needs a new Engine)."""
@@ -936,6 +1248,7 @@ cdef class Engine:
     cdef const int64_t* dev
     cdef const int64_t* cap
     cdef const int64_t* used
+    cdef readonly Py_ssize_t tried  # searches the last `decide` made
 
     def __init__(self, layout):
         self.arrays = (
@@ -1006,12 +1319,16 @@ cdef class Engine:
     def rank(self, NodeKeys nk, const signed char[::1] node_ok, int64_t seq):
         """Bring `nk` up to date (scan the nodes changed since its last refresh or whose node
         fit changed) and return the best node (first of the highest key), -1 when none."""
-        cdef Scan s = self.base
-        cdef Py_ssize_t n
         if node_ok.shape[0] != self.n_nodes or nk.key_view.shape[0] != self.n_nodes:
             raise ValueError("rank: node_ok / NodeKeys do not match the layout")
-        if nk.masks.shape[1] != s.n_dev:
+        if nk.masks.shape[1] != self.base.n_dev:
             raise ValueError("rank: masks do not match the layout")
+        return self._rank(nk, &node_ok[0] if self.n_nodes else NULL, seq)
+
+    cdef Py_ssize_t _rank(self, NodeKeys nk, const signed char* okp, int64_t seq) noexcept:
+        """`rank` after its checks."""
+        cdef Scan s = self.base
+        cdef Py_ssize_t n
         s.n_req = nk.req_mem.shape[0]
         s.masks = &nk.masks[0, 0] if s.n_req and s.n_dev else NULL
         s.req_mem = _i64(nk.req_mem)
@@ -1026,7 +1343,6 @@ cdef class Engine:
         # pointers: most nodes cost one load and compare, the node fit check is one memcmp
         # when it did not change) and fix their paths in the tree.
         cdef const int64_t* seqs = self.node_seq
-        cdef const signed char* okp = &node_ok[0] if self.n_nodes else NULL
         cdef signed char* seen_ok = &nk.ok[0] if self.n_nodes else NULL
         cdef int64_t since = nk.seq
         cdef bint all_nodes = not nk.filled
@@ -1061,6 +1377,9 @@ cdef class Engine:
         """The best node after `failed` (whose search found nothing) is set aside; -1: none."""
         if not 0 <= failed < nk.n_nodes or not nk.filled:
             raise ValueError("next: node out of range, or the keys were never ranked")
+        return self._next(nk, failed)
+
+    cdef Py_ssize_t _next(self, NodeKeys nk, Py_ssize_t failed) noexcept:
         if not nk.aside[failed]:
             nk.aside[failed] = 1
             nk.aside_list[nk.n_aside] = failed
@@ -1068,10 +1387,64 @@ cdef class Engine:
             _fix(nk, failed)
         return _top(nk)
 
+    def decide(self, Plan plan not None, node_ok, int64_t seq, tuple claims not None):
+        """One whole decision's C part for `plan`'s request shape and policy: `rank`, then the
+        search on the best node (its encoding cut from the plan's columns the first time),
+        the next one while a search fails, and the results of the first that works, as a
+        `plan.placement_type` (allocate.Placement: node name, key, results). None when no
+        node works (`tried` searches failed)."""
+        cdef Py_buffer view
+        cdef Py_ssize_t best
+        if plan.node_keys.key_view.shape[0] != self.n_nodes or len(plan.encodings) != self.n_nodes:
+            raise ValueError("decide: the plan is not for this layout")
+        if plan.node_keys.masks.shape[1] != self.base.n_dev:
+            raise ValueError("decide: masks do not match the layout")
+        PyObject_GetBuffer(node_ok, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+        try:
+            if view.ndim != 1 or view.itemsize != 1 or view.shape[0] != self.n_nodes:
+                raise ValueError("decide: node_ok must be one int8 per node")
+            self.tried = 0
+            best = self._rank(plan.node_keys, <const signed char*>view.buf, seq)
+        finally:
+            PyBuffer_Release(&view)
+        return self._decide(plan, best, claims)
+
+    cdef object _decide(self, Plan plan, Py_ssize_t best, tuple claims):
+        cdef object enc_obj, results, placement
+        cdef Encoding enc
+        cdef NodeKeys nk = plan.node_keys
+        if plan.n_dev != self.base.n_dev or plan.k_dims != self.k_dims:
+            raise ValueError("decide: the plan's columns are not this layout's")
+        while best >= 0:
+            if best >= len(plan.encodings):  # a list Python can reach: its length re-checked
+                raise ValueError("decide: the plan's encodings do not cover the layout")
+            enc_obj = plan.encodings[best]
+            if enc_obj is None:
+                enc_obj = _cut_encoding(
+                    plan, self.base.node_start[best], self.base.node_end[best]
+                )
+                plan.encodings[best] = enc_obj
+            enc = enc_obj  # checked: a wrong object raises TypeError
+            self.tried += 1
+            if self._search(best, enc, plan.topo, plan.strict, plan.binpack, plan.budget):
+                results = _plan_results(plan, enc, claims)
+                placement = vgpu_alloc_tuple(<PyTypeObject*>plan.placement_type, 3)
+                _put(placement, 0, plan.node_names[best])
+                _put(placement, 1, nk.key_view[best])
+                _put(placement, 2, results)
+                return placement
+            best = self._next(nk, best)
+        return None
+
     def search(
         self, Py_ssize_t node, Encoding enc, int topo, int strict, int binpack, int64_t budget
     ):
         """kernel.search on `node`'s devices with `enc`; outputs in enc.chosen_alt/picks/npicks."""
+        return self._search(node, enc, topo, strict, binpack, budget)
+
+    cdef int _search(
+        self, Py_ssize_t node, Encoding enc, int topo, int strict, int binpack, int64_t budget
+    ) except -1:
         cdef Ctx c
         cdef Py_ssize_t start, end
         if not 0 <= node < self.n_nodes:
@@ -1183,6 +1556,21 @@ cdef class LayoutWriter:
             if not 0 <= self.dev_node[row] < n_nodes:
                 raise ValueError("LayoutWriter: dev_node out of range")
 
+    cdef void _write(
+        self, Py_ssize_t row, int64_t seq, int64_t mem, int64_t cores, int64_t held,
+        int64_t allocated,
+    ) noexcept:
+        """`account` without the capacity columns; `row` already checked by the caller."""
+        cdef Py_ssize_t node = self.dev_node[row]
+        self.node_seq[node] = seq
+        self.node_mem_used[node] += mem - self.mem_used[row]
+        self.node_cores_used[node] += cores - self.cores_used[row]
+        self.mem_used[row] = mem
+        self.cores_used[row] = cores
+        self.busy[row] = held
+        self.dev[row, DEV_ALLOCATED] = allocated
+        self.dev[row, DEV_HELD] = held
+
     def account(
         self, Py_ssize_t row, int64_t seq, int64_t mem, int64_t cores, int64_t held,
         int64_t allocated, list columns, list values,
@@ -1207,3 +1595,240 @@ cdef class LayoutWriter:
             self.used_by_dim[row, <Py_ssize_t>columns[i]] = <int64_t>values[i]
         self.dev[row, DEV_ALLOCATED] = allocated
         self.dev[row, DEV_HELD] = held
+
+
+# ---------------------------------------------------------------- results and commit in C
+#
+# What the fast path used to do in Python after the search (see docs/scheduling.md, "Fast path
+# and reference"): the results with their shareIDs, and `commit`'s accounting. The pure-Python
+# twins are `allocate._share_id`, `Allocator._search_node` and `ClusterModel.assume`; the tests
+# compare both.
+
+cdef const char* _HEX = b"0123456789abcdef"
+
+
+cdef object _share_id_c(object uid, object request, object path, Py_ssize_t index):
+    """allocate._share_id in C: SHA-256 of "uid/request/path/index", its first 16 bytes as a
+    version-4 UUID (same text as the Python twin)."""
+    cdef SHA256_CTX ctx
+    cdef Py_ssize_t n
+    cdef const char* text
+    SHA256_Init(&ctx)
+    for part in (uid, request, path):
+        text = PyUnicode_AsUTF8AndSize(part, &n)
+        SHA256_Update(&ctx, text, n)
+        SHA256_Update(&ctx, b"/", 1)
+    return _share_id_finish(&ctx, index)
+
+
+cdef object _share_id_finish(SHA256_CTX* ctx, Py_ssize_t index):
+    """Hash the position's digits, then format the digest as `_share_id_c` says."""
+    cdef unsigned char digest[32]
+    cdef char hexed[32]
+    cdef char out[36]
+    cdef char number[24]
+    cdef Py_ssize_t k, q
+    k = 24
+    q = index
+    while True:
+        k -= 1
+        number[k] = <char>(48 + q % 10)
+        q //= 10
+        if q == 0:
+            break
+    SHA256_Update(ctx, number + k, 24 - k)
+    SHA256_Final(digest, ctx)
+    for k in range(16):
+        hexed[2 * k] = _HEX[digest[k] >> 4]
+        hexed[2 * k + 1] = _HEX[digest[k] & 15]
+    # h[:8]-h[8:12]-4h[13:16]-{89ab}[h[16]&3]h[17:20]-h[20:32]
+    memcpy(out, hexed, 8)
+    out[8] = b'-'
+    memcpy(out + 9, hexed + 8, 4)
+    out[13] = b'-'
+    out[14] = b'4'
+    memcpy(out + 15, hexed + 13, 3)
+    out[18] = b'-'
+    out[19] = b"89ab"[(digest[8] >> 4) & 3]
+    memcpy(out + 20, hexed + 17, 3)
+    out[23] = b'-'
+    memcpy(out + 24, hexed + 20, 12)
+    return PyUnicode_DecodeASCII(out, 36, NULL)
+
+
+cdef void _share_prefix(
+    SHA256_CTX* ctx, object uid, object request, object driver, object pool
+) except *:
+    """Start a shareID hash: "uid/request/driver/pool/" (see `_share_id_c`)."""
+    cdef Py_ssize_t n
+    cdef const char* text
+    SHA256_Init(ctx)
+    for part in (uid, request, driver, pool):
+        text = PyUnicode_AsUTF8AndSize(part, &n)
+        SHA256_Update(ctx, text, n)
+        SHA256_Update(ctx, b"/", 1)
+
+
+cdef object _share_id_from(SHA256_CTX* ctx, object device, Py_ssize_t index):
+    """Finish a shareID hash started by `_share_prefix`: "device/index", formatted."""
+    cdef Py_ssize_t n
+    cdef const char* text = PyUnicode_AsUTF8AndSize(device, &n)
+    SHA256_Update(ctx, text, n)
+    SHA256_Update(ctx, b"/", 1)
+    return _share_id_finish(ctx, index)
+
+
+def share_id(str uid, str request, str path, Py_ssize_t index):
+    """The Cython twin of allocate._share_id (tests compare them)."""
+    if index < 0:
+        raise ValueError("share_id: negative position")
+    return _share_id_c(uid, request, path, index)
+
+
+cdef inline void _put(object t, Py_ssize_t i, object value):
+    Py_INCREF(value)
+    PyTuple_SET_ITEM(t, i, value)
+
+
+cdef inline tuple PyTuple_New_(Py_ssize_t n):
+    return PyTuple_New(n)
+
+
+cdef class Accountant:
+    """`ClusterModel.assume` (with `_set_claim` / `_account`) in C, for the fast path's commit:
+    the same dictionaries and layout writes in the same order (the tests compare both). Holds
+    the model's consumption dictionaries, which the model never replaces."""
+
+    cdef object model
+    cdef dict claims, used, allocations, exclusive, devices
+    cdef dict names  # driver -> (memory capacity name, cores capacity name)
+    cdef object name_of  # driver -> that pair (model.capacity_names)
+    cdef object layout, writer  # the model's layout as last seen, and its fields
+    cdef dict index, dims
+
+    def __init__(self, model, name_of):
+        self.model = model
+        self.claims = model._claims
+        self.used = model.used
+        self.allocations = model.allocations
+        self.exclusive = model.exclusive
+        self.devices = model.devices
+        self.names = {}
+        self.name_of = name_of
+
+    def commit(self, tuple results not None):
+        """Record `Placement.results` ((claim, DeviceResults) pairs) as `Allocator.commit`
+        does; False (nothing changed) when a result lacks its `consumption`."""
+        cdef object pair, result, group
+        cdef list entries
+        cdef Py_ssize_t p, q
+        for p in range(PyTuple_GET_SIZE(results)):
+            pair = <object>PyTuple_GET_ITEM(results, p)
+            if not (isinstance(pair, tuple) and PyTuple_GET_SIZE(pair) == 2):
+                raise ValueError("commit: results are (claim, results) pairs")
+            group = <object>PyTuple_GET_ITEM(pair, 1)
+            if not isinstance(group, tuple):
+                raise ValueError("commit: results are (claim, results) pairs")
+            for q in range(PyTuple_GET_SIZE(group)):
+                result = <object>PyTuple_GET_ITEM(group, q)
+                if not (isinstance(result, tuple) and PyTuple_GET_SIZE(result) == 9):
+                    raise ValueError("commit: a result is not an allocate.DeviceResult")
+                if not <object>PyTuple_GET_ITEM(result, 6) and PyTuple_GET_ITEM(result, 8) == <PyObject*>None:
+                    return False
+        for p in range(PyTuple_GET_SIZE(results)):
+            pair = <object>PyTuple_GET_ITEM(results, p)
+            group = <object>PyTuple_GET_ITEM(pair, 1)
+            entries = []
+            for q in range(PyTuple_GET_SIZE(group)):
+                result = <object>PyTuple_GET_ITEM(group, q)
+                if not <object>PyTuple_GET_ITEM(result, 6):  # admin access consumes nothing
+                    entries.append(<object>PyTuple_GET_ITEM(result, 8))
+            self._set_claim((<object>PyTuple_GET_ITEM(pair, 0)).uid, entries)
+        return True
+
+    def set_claim(self, str uid not None, list consumption not None):
+        """ClusterModel._set_claim."""
+        self._set_claim(uid, consumption)
+
+    cdef _set_claim(self, object uid, list consumption):
+        cdef object entry
+        cdef object old = self.claims.pop(uid, None)
+        if old:
+            for entry in old:
+                self._account(entry, -1)
+        if consumption:
+            self.claims[uid] = consumption
+            for entry in consumption:
+                self._account(entry, 1)
+
+    cdef _account(self, object entry, int sign):
+        """ClusterModel._account (the same dictionaries, the same layout writes)."""
+        cdef object key, amounts, name, amount, count, names, layout, row_obj, column, excl
+        cdef object mem_obj, cores_obj
+        cdef dict used, dims
+        cdef Py_ssize_t row = -1, col, q
+        cdef int64_t seq, mem, cores, held, allocated
+        cdef LayoutWriter w = None
+        if not (isinstance(entry, tuple) and PyTuple_GET_SIZE(entry) == 3):
+            raise ValueError("Accountant: a consumption is (device, amounts, exclusive)")
+        key = <object>PyTuple_GET_ITEM(entry, 0)
+        amounts = <object>PyTuple_GET_ITEM(entry, 1)
+        layout = self.model._layout
+        if layout is not None:
+            if layout is not self.layout:  # the layout's fields, fetched once per layout
+                if layout.writer is None:
+                    raise ValueError("Accountant: the layout has no LayoutWriter")
+                self.layout = layout
+                self.index = layout.index
+                self.dims = layout.dims
+                self.writer = <LayoutWriter?>layout.writer
+            row_obj = self.index.get(key)
+            if row_obj is not None:
+                w = <LayoutWriter>self.writer
+                row = row_obj
+                if not 0 <= row < w.dev_node.shape[0]:
+                    raise ValueError("Accountant: device row out of range")
+        used = self.used.get(key)
+        if used is None:
+            used = {}
+            self.used[key] = used
+        dims = self.dims
+        names = self.names.get(key[0])
+        if names is None:
+            names = self.name_of(key[0])
+            if not (isinstance(names, tuple) and PyTuple_GET_SIZE(names) == 2):
+                raise ValueError("Accountant: name_of gives (memory name, cores name)")
+            self.names[key[0]] = names
+        mem_obj = cores_obj = None  # the new memory / cores totals, when amounts name them
+        for q in range(len(amounts)):
+            name, amount = amounts[q]
+            amount = used.get(name, 0) + sign * amount
+            used[name] = amount
+            if name == <object>PyTuple_GET_ITEM(names, 0):
+                mem_obj = amount
+            elif name == <object>PyTuple_GET_ITEM(names, 1):
+                cores_obj = amount
+            if row >= 0:
+                column = dims.get(name)
+                if column is not None:
+                    col = column
+                    if not 0 <= col < w.used_by_dim.shape[1]:
+                        raise ValueError("Accountant: capacity column out of range")
+                    w.used_by_dim[row, col] = amount
+        count = self.allocations.get(key, 0) + sign
+        self.allocations[key] = count
+        excl = self.exclusive.get(key, 0)
+        if <object>PyTuple_GET_ITEM(entry, 2):
+            excl = excl + sign
+            self.exclusive[key] = excl
+        if row < 0:
+            return
+        seq = self.model.change_seq + 1
+        self.model.change_seq = seq
+        mem = used.get(names[0], 0) if mem_obj is None else mem_obj
+        cores = used.get(names[1], 0) if cores_obj is None else cores_obj
+        # ClusterModel.is_held: exclusively held, or a device without allowMultipleAllocations
+        # (the layout's row says which, as the model's device does) allocated at all
+        held = excl > 0 or (not w.dev[row, DEV_MULTI] and count > 0)
+        allocated = count > 0
+        w._write(row, seq, mem, cores, held, allocated)

@@ -18,13 +18,16 @@ One decision, in three steps, all over the incrementally maintained `ClusterMode
 Both kernels have pure-Python references that give identical answers
 (tests/unit/dra_driver/allocator/test_kernel_twins.py); `fast=False` runs the references.
 
-The fast path (`fast=True`, the default when built) crosses into C with whole steps instead of
-array arguments: one `_fastkernel.Engine` per layout holds pointers to its columns, a
-`NodeKeys` per request shape and policy holds the scan inputs and every node's key (the engine
-rescans the nodes changed since, and picks the best, in one pass), an `Encoding` per shape and
-node holds the search inputs and output buffers. The reference path does the same steps with
-numpy and the pure-Python kernels (`_keys`, `kernel.scan`, `kernel.search`). Everything else
-(node fit, selection, encodings, results, commit) is shared.
+The fast path (`fast=True`, the default when built) crosses into C once per decision and once
+per commit: one `_fastkernel.Engine` per layout holds pointers to its columns; a `Plan` per request
+shape and policy holds a `NodeKeys` (the scan inputs and every node's key; the engine rescans the
+nodes changed since, and picks the best, in one pass) and the search inputs as layout-wide
+columns, from which `Engine.decide` cuts each node's `Encoding` in C the first time a decision
+reaches it, searches, and makes the results (shareIDs hashed in C) and the `Placement` itself;
+`_fastkernel.Accountant` commits it into the model. The reference path does the same steps in
+Python with numpy and the pure-Python kernels (`_keys`, `_encoding`, `kernel.scan`,
+`kernel.search`, `_search_node`, `ClusterModel.assume`). Node fit, selection and the screen are
+shared.
 
 Refusals explain themselves with the closest node ("no node has 2 GPUs in one NVLink domain with
 20Gi and 30 cores free each; closest: node-3 (1 GPU)").
@@ -49,13 +52,15 @@ from dra_driver.allocator.model import (
     ClusterModel,
     Consumption,
     Device,
+    DeviceKey,
     Layout,
+    capacity_names,
     consumption,
     requested_amounts,
 )
 from dra_driver.allocator.nodefit import blocking_taint, static_misfit
 from dra_driver.allocator.quantity import format_quantity
-from dra_driver.allocator.request import Alternative, Claim, Policy, Request
+from dra_driver.allocator.request import Alternative, Claim, Constraint, Policy, Request
 
 try:
     from dra_driver.allocator import _fastkernel
@@ -118,8 +123,9 @@ class DeviceResult(NamedTuple):
         return result
 
 
-@dataclass(frozen=True, slots=True)
-class Placement:
+class Placement(NamedTuple):
+    """Where a pod's claims go (a named tuple: the fast path makes it in C, `Engine.decide`)."""
+
     node: str
     key: float  # the node's policy key (docs/scheduling.md)
     results: tuple[tuple[Claim, tuple[DeviceResult, ...]], ...]
@@ -198,11 +204,11 @@ def _shape(claims: Sequence[Claim], policy: Policy) -> tuple[Any, ...]:
 
 @dataclass(frozen=True, slots=True)
 class _Encoding:
-    """The search kernel's static inputs for one request shape on one node (see `_encoding`)."""
+    """The search kernel's static inputs for one request shape on one node (see `_encoding`;
+    the reference path's, the fast path cuts its `_fastkernel.Encoding` from a `Plan`)."""
 
     alternatives: tuple[Alternative, ...]  # in kernel order (alts rows)
     arrays: tuple[npt.NDArray[Any], ...]  # reqs, alts, mask, servable, amount, applies, ...
-    fast: Any = None  # the same arrays as a checked `_fastkernel.Encoding` (fast path)
     # (alternative row, node-local device row) -> what a result holds, filled as devices are
     # picked (decisions of one shape pick the same few devices again and again)
     picks: dict[tuple[int, int], _Pick] = field(default_factory=dict)
@@ -234,6 +240,42 @@ def _picked(
     ]
 
 
+def _shape_arrays(
+    claims: Sequence[Claim], flat: list[tuple[int, Request]]
+) -> tuple[
+    list[Alternative],
+    npt.NDArray[np.int64],
+    npt.NDArray[np.int64],
+    npt.NDArray[np.int8],
+    npt.NDArray[np.int64],
+    list[tuple[int, Constraint]],
+]:
+    """The search inputs that depend on the requests only (see kernel.search): the
+    alternatives in kernel order, reqs, alts, applies, distinct, and the constraint slots."""
+    n_req = len(flat)
+    alt_list: list[Alternative] = []
+    reqs = np.empty((n_req, 2), dtype=np.int64)
+    for i, (_, request) in enumerate(flat):
+        reqs[i, 0] = len(alt_list)
+        alt_list.extend(request.alternatives)
+        reqs[i, 1] = len(alt_list)
+    alts = np.asarray(
+        [(int(alt.all_devices), alt.count, int(alt.admin)) for alt in alt_list],
+        dtype=np.int64,
+    ).reshape(len(alt_list), py_kernel.ALT_FIELDS)
+    slots = [(ci, c) for ci, claim in enumerate(claims) for c in claim.constraints]
+    applies = np.zeros((n_req, len(slots)), dtype=np.int8)
+    for i, (ci, request) in enumerate(flat):
+        for s, (owner, constraint) in enumerate(slots):
+            if owner == ci and (not constraint.requests or request.name in constraint.requests):
+                applies[i, s] = 1
+    distinct = np.asarray([int(c.distinct) for _, c in slots], dtype=np.int64).reshape(len(slots))
+    return alt_list, reqs, alts, applies, distinct, slots
+
+
+_NOTHING = object()  # no layout (Allocator._planned)
+
+
 class Allocator:
     """Decisions over one `ClusterModel`; `fast=False` forces the pure-Python reference scan."""
 
@@ -245,6 +287,7 @@ class Allocator:
         self.fast = use_fast
         self._engine: Any = None  # _fastkernel.Engine over the current layout (fast path)
         self._engine_epoch = -1
+        self._accountant: Any = _fastkernel.Accountant(model, capacity_names) if use_fast else None
         self.scan: Callable[..., None] = FAST_KERNEL if use_fast else py_kernel.scan  # type: ignore[assignment]
         self.search: Callable[..., int] = FAST_SEARCH if use_fast else py_kernel.search  # type: ignore[assignment]
         self._masks: dict[tuple[Any, ...], npt.NDArray[np.int8]] = {}
@@ -262,6 +305,18 @@ class Allocator:
         # (shape, policy) -> (model.change_seq, node_ok, keys, closeness) of the last scan, or
         # on the fast path the `_fastkernel.NodeKeys` holding the same
         self._node_keys: dict[tuple[Any, ...], Any] = {}
+        # (policy.key, claim shapes) -> `_fastkernel.Plan` (see _plan); dropped whenever the
+        # screens or node keys are. The layout-wide inputs plans are made of (dropped with
+        # the layout, or when devices are republished in place):
+        self._plans: dict[tuple[Any, ...], Any] = {}
+        self._classes: tuple[npt.NDArray[np.int64], list[Device]] | None = None
+        self._column_cache: dict[tuple[Any, ...], Any] = {}
+        self._attribute_cache: dict[str, npt.NDArray[np.int64]] = {}
+        self._keys_of: list[DeviceKey] | None = None
+        # The layout the kept plans are for (`place` decides with them while it is current),
+        # and the node fit of pods without selector, affinity, tolerations or resources on it
+        self._planned: Any = _NOTHING
+        self._plain_ok: npt.NDArray[np.int8] | None = None
 
     # ------------------------------------------------------------ selection
 
@@ -307,6 +362,7 @@ class Allocator:
             self._encodings.clear()
             self._screens.clear()
             self._node_keys.clear()
+            self._drop_layout_inputs()
             # Forget CEL results of devices that are gone (the cache is keyed by device).
             devices = self.model.devices
             self._cel = {k: v for k, v in self._cel.items() if k[1] in devices}
@@ -332,6 +388,17 @@ class Allocator:
         self._fits.clear()
         self._encodings.clear()
         self._screens.clear()
+        self._drop_layout_inputs()
+
+    def _drop_layout_inputs(self) -> None:
+        """Forget the plans and the layout-wide inputs they are made of."""
+        self._plans.clear()
+        self._planned = _NOTHING
+        self._plain_ok = None
+        self._classes = None
+        self._column_cache.clear()
+        self._attribute_cache.clear()
+        self._keys_of = None
 
     def _mask(self, layout: Layout, alt: Alternative, policy: Policy) -> npt.NDArray[np.int8]:
         self._current(layout)
@@ -391,9 +458,14 @@ class Allocator:
         self, layout: Layout, pod: Mapping[str, Any], cpu: int, mem: int
     ) -> tuple[npt.NDArray[np.int8], dict[str, int]]:
         spec = pod.get("spec") or {}
-        constraints = [spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations")]
         # Most pods set none of the three: skip serialising them.
-        shape = json.dumps(constraints, sort_keys=True) if any(constraints) else ""
+        if spec.get("nodeSelector") or spec.get("affinity") or spec.get("tolerations"):
+            shape = json.dumps(
+                [spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations")],
+                sort_keys=True,
+            )
+        else:
+            shape = ""
         cached = self._static.get(shape)
         if cached is None or cached[0] != layout.epoch:
             reasons: dict[str, int] = {}
@@ -406,8 +478,11 @@ class Allocator:
                 values.append(why is None)
             cached = (layout.epoch, np.asarray(values, dtype=np.int8), reasons)
             self._static[shape] = cached
-        ok, reasons = cached[1], dict(cached[2])
+        ok, reasons = cached[1], cached[2]  # read-only: copied before any change
+        if not shape:
+            self._plain_ok = ok
         if cpu or mem:
+            reasons = dict(reasons)
             short_cpu = (ok > 0) & (layout.cpu_free < cpu)
             short_mem = (ok > 0) & ~short_cpu & (layout.mem_free < mem)
             for why, short in (("insufficient cpu", short_cpu), ("insufficient memory", short_mem)):
@@ -431,10 +506,41 @@ class Allocator:
         Each decision's duration is logged at debug level (the controller's scale benchmark
         reads it): "decision <node|unschedulable> in <ms> ms (layout rebuilt: <bool>)"."""
         started = time.perf_counter()
-        epoch = self.model.layout_epoch
+        model = self.model
+        epoch = model.layout_epoch
         outcome = "unschedulable"
         try:
-            placement = self._place(pod, claims, policy, pod_resources)
+            placement: Placement | None = None
+            # The fast path's usual case, kept to a few Python operations: nothing but
+            # consumption changed since this request shape and policy were last decided, so
+            # node fit is cached and one Cython call decides (`Engine.decide` with the kept
+            # `_fastkernel.Plan`). Anything else (and a refusal, for its reason) takes `_place`.
+            layout = model._layout  # the cached layout (None: stale, `_place` rebuilds it)
+            if layout is self._planned and layout.patch_seq == self._patch_seq:
+                if len(claims) == 1:
+                    plan = self._plans.get((policy.key, claims[0].shape))
+                else:
+                    plan = self._plans.get((policy.key, *[claim.shape for claim in claims]))
+                if plan is not None:
+                    spec = pod.get("spec")
+                    if (
+                        self._plain_ok is not None
+                        and not (pod_resources[0] or pod_resources[1])
+                        and not (
+                            spec
+                            and (
+                                spec.get("nodeSelector")
+                                or spec.get("affinity")
+                                or spec.get("tolerations")
+                            )
+                        )
+                    ):
+                        node_ok = self._plain_ok  # node fit of pods that constrain nothing
+                    else:
+                        node_ok = self._node_ok(layout, pod, *pod_resources)[0]
+                    placement = self._engine.decide(plan, node_ok, model.change_seq, tuple(claims))
+            if placement is None:
+                placement = self._place(pod, claims, policy, pod_resources)
             outcome = placement.node
             return placement
         finally:
@@ -443,7 +549,7 @@ class Allocator:
                     "decision %s in %.3f ms (layout rebuilt: %s)",
                     outcome,
                     (time.perf_counter() - started) * 1e3,
-                    self.model.layout_epoch != epoch,
+                    model.layout_epoch != epoch,
                 )
 
     def _place(
@@ -468,6 +574,7 @@ class Allocator:
             if len(self._screens) >= FIT_CACHE_MAX:
                 self._screens.clear()
             self._node_keys.clear()
+            self._plans.clear()
             self._screens[shape] = screen
         screened = screen[0]
         if self.fast:
@@ -518,36 +625,170 @@ class Allocator:
         flat: list[tuple[int, Request]],
         policy: Policy,
     ) -> Placement:
-        """`_place` after the screen, in the Cython engine: the same incremental node keys as
-        `_keys` (kept in a `_fastkernel.NodeKeys` per shape and policy), the same order of
-        nodes tried, the same search; so the same answers as the reference path."""
+        """`_place` after the screen, in one Cython call (`Engine.decide`): the same incremental
+        node keys as `_keys` (kept in a `_fastkernel.NodeKeys` per shape and policy), the same
+        order of nodes tried, the same search on the same inputs (each node's encoding cut in
+        C from the plan's layout-wide columns when a decision first reaches it), the results
+        with their shareIDs and the `Placement` itself; so the same answers as the reference
+        path. The decision's `_fastkernel.Plan` is kept, so the next decision of this shape
+        and policy goes straight to the engine (`place`)."""
         if self._engine_epoch != layout.epoch:
             self._engine = _fastkernel.Engine(layout)
             self._engine_epoch = layout.epoch
         engine = self._engine
-        screened = screen[0]
-        node_keys = self._fast_keys(layout, screen, shape, policy)
-        best = engine.rank(node_keys, node_ok, self.model.change_seq)
-        tried = 0
-        while best >= 0:
-            tried += 1
-            found = self._search_node(
-                layout, best, claims=claims, flat=flat, policy=policy, shape=shape
-            )
-            if found is not None:
-                return Placement(layout.nodes[best], node_keys.key(best), found)
-            best = engine.next(node_keys, best)
+        self._planned = layout  # `_current(layout)` ran (`_place`): plans made now are for it
+        plan = self._plan(
+            layout, screen=screen, shape=shape, claims=claims, flat=flat, policy=policy
+        )
+        placement: Placement | None = engine.decide(
+            plan, node_ok, self.model.change_seq, tuple(claims)
+        )
+        if placement is not None:
+            return placement
         raise Unschedulable(
             self._reason(
                 layout=layout,
                 node_ok=node_ok,
                 reasons=reasons,
-                screened=screened,
-                closeness=node_keys.closeness,
+                screened=screen[0],
+                closeness=plan.node_keys.closeness,
                 policy=policy,
-                tried=tried,
+                tried=engine.tried,
             )
         )
+
+    def _plan(
+        self,
+        layout: Layout,
+        *,
+        screen: _Screen,
+        shape: tuple[Any, ...],
+        claims: Sequence[Claim],
+        flat: list[tuple[int, Request]],
+        policy: Policy,
+    ) -> Any:
+        """The `_fastkernel.Plan` of this request shape and policy (made on first use, kept
+        until the layout or the screens change): its node keys, and the search inputs of
+        `_encoding` with the device axis over the whole layout (`_columns`)."""
+        if len(claims) == 1:
+            key: tuple[Any, ...] = (policy.key, claims[0].shape)
+        else:
+            key = (policy.key, *[claim.shape for claim in claims])
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
+        if len(self._plans) >= KEYS_CACHE_MAX:
+            self._plans.clear()
+        plan = _fastkernel.Plan(
+            self._fast_keys(layout, screen, shape, policy),
+            layout.nodes,
+            policy.topology_mode,
+            int(policy.strict),
+            policy.device_binpack,
+            SEARCH_BUDGET,
+            Placement,
+            DeviceResult,
+            Consumption,
+        )
+        alt_list, reqs, alts, applies, distinct, slots = _shape_arrays(claims, flat)
+        n_dev = len(layout.devices)
+        columns = [self._columns(layout, alt) for alt in alt_list]
+        plan.set_inputs(
+            reqs,
+            alts,
+            applies,
+            distinct,
+            np.asarray([ci for ci, _ in flat], dtype=np.int64),
+            np.stack([self._mask(layout, alt, policy) for alt in alt_list]),
+            np.stack([servable for servable, _, _ in columns]),
+            np.stack([amount for _, amount, _ in columns]),
+            np.stack([self._attribute_ids(layout, c.attribute) for _, c in slots])
+            if slots
+            else np.zeros((0, n_dev), dtype=np.int64),
+            layout.multi,
+            tuple(alt.name for alt in alt_list),
+            tuple(alt.admin for alt in alt_list),
+            tuple(alt.tolerations for alt in alt_list),
+            [consumed for _, _, consumed in columns],
+            self._device_keys(layout),
+        )
+        self._plans[key] = plan
+        return plan
+
+    def _device_classes(self, layout: Layout) -> tuple[npt.NDArray[np.int64], list[Device]]:
+        """Per device the index of its class, and one device per class: devices of one class
+        (driver, capacity table, allowMultipleAllocations) fit and consume alike."""
+        if self._classes is None:
+            index: dict[tuple[str, int, bool], int] = {}
+            representatives: list[Device] = []
+            rows = []
+            for device in layout.devices:
+                klass = (device.key[0], id(device.capacity), device.allow_multiple)
+                i = index.get(klass)
+                if i is None:
+                    i = index[klass] = len(representatives)
+                    representatives.append(device)
+                rows.append(i)
+            self._classes = (np.asarray(rows, dtype=np.int64).reshape(len(rows)), representatives)
+        return self._classes
+
+    def _columns(
+        self, layout: Layout, alt: Alternative
+    ) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.int64], list[tuple[tuple[str, int], ...]]]:
+        """`_static_fit` and `_consumed` of one alternative for every device of the layout
+        (servable, amount per capacity column, consumedCapacity), computed once per device
+        class and cached until the layout changes."""
+        cache_key = (alt.capacity_key, alt.admin)
+        hit = self._column_cache.get(cache_key)
+        if hit is not None:
+            return hit  # type: ignore[no-any-return]
+        classes, representatives = self._device_classes(layout)
+        servable = np.zeros(len(representatives), dtype=np.int8)
+        amount = np.zeros((len(representatives), len(layout.dims)), dtype=np.int64)
+        consumed: list[tuple[tuple[str, int], ...]] = []
+        for c, device in enumerate(representatives):
+            if alt.admin:
+                servable[c] = (
+                    requested_amounts(alt.capacity, device, alt.memory_percent) is not None
+                )
+            elif not device.allow_multiple:
+                requested = requested_amounts(alt.capacity, device, alt.memory_percent)
+                servable[c] = requested is not None and all(
+                    device.capacity[n].value >= v for n, v in requested.items()
+                )
+            else:
+                amounts = self._amounts_of(alt, device)
+                if amounts is not None:
+                    servable[c] = 1
+                    for name, value in amounts:
+                        amount[c, layout.dims[name]] = value
+            consumed.append(self._consumed(alt, device))
+        hit = (
+            np.ascontiguousarray(servable[classes]),
+            np.ascontiguousarray(amount[classes]),
+            [consumed[c] for c in classes.tolist()],
+        )
+        self._column_cache[cache_key] = hit
+        return hit
+
+    def _attribute_ids(self, layout: Layout, attribute: str) -> npt.NDArray[np.int64]:
+        """Per device an id of its value of `attribute` (equal values, equal ids; -1 absent),
+        cached until the layout changes."""
+        hit = self._attribute_cache.get(attribute)
+        if hit is None:
+            ids: dict[Any, int] = {}
+            values = [device.attribute(attribute) for device in layout.devices]
+            hit = np.asarray(
+                [-1 if v is None else ids.setdefault(v, len(ids)) for v in values],
+                dtype=np.int64,
+            ).reshape(len(values))
+            self._attribute_cache[attribute] = hit
+        return hit
+
+    def _device_keys(self, layout: Layout) -> list[DeviceKey]:
+        if self._keys_of is None:
+            self._keys_of = [device.key for device in layout.devices]
+        return self._keys_of
 
     def _fast_keys(
         self, layout: Layout, screen: _Screen, shape: tuple[Any, ...], policy: Policy
@@ -560,6 +801,7 @@ class Allocator:
         if node_keys is None:
             if len(self._node_keys) >= KEYS_CACHE_MAX:
                 self._node_keys.clear()
+                self._plans.clear()
             node_keys = _fastkernel.NodeKeys(
                 masks,
                 req_mem,
@@ -672,7 +914,10 @@ class Allocator:
         return (screened, req_group, masks, req_mem, req_pct, req_cores, req_count)
 
     def commit(self, placement: Placement) -> None:
-        """Count the placement's consumption in the model until the claims' updates arrive."""
+        """Count the placement's consumption in the model until the claims' updates arrive
+        (fast path: the same accounting in C, `_fastkernel.Accountant`)."""
+        if self._accountant is not None and self._accountant.commit(placement.results):
+            return
         for claim, results in placement.results:
             self.model.assume(
                 claim.uid,
@@ -698,15 +943,12 @@ class Allocator:
         policy: Policy,
         shape: tuple[Any, ...],
     ) -> tuple[tuple[Claim, tuple[DeviceResult, ...]], ...] | None:
-        """Run the search kernel on one node; its picks as results (None: nothing fits within
-        the budget)."""
+        """The reference path: run the search kernel on one node; its picks as results (None:
+        nothing fits within the budget). `Engine.decide` is the fast path's twin."""
         start = int(layout.node_start[node])
-        enc = self._encodings.get((shape, start))
-        if enc is None:
-            enc = self._encoding(layout, claims=claims, flat=flat, policy=policy, start=start)
-            if len(self._encodings) >= FIT_CACHE_MAX:  # many request shapes x nodes: start over
-                self._encodings.clear()
-            self._encodings[(shape, start)] = enc
+        enc = self._node_encoding(
+            layout, node, claims=claims, flat=flat, policy=policy, shape=shape
+        )
         picked = self._run_search(layout, node, enc, policy)
         if picked is None:
             return None
@@ -733,24 +975,32 @@ class Allocator:
                 )
         return tuple((claim, tuple(results)) for claim, results in zip(claims, out, strict=True))
 
+    def _node_encoding(
+        self,
+        layout: Layout,
+        node: int,
+        *,
+        claims: Sequence[Claim],
+        flat: list[tuple[int, Request]],
+        policy: Policy,
+        shape: tuple[Any, ...],
+    ) -> _Encoding:
+        """The search kernel's inputs for this request shape on `node` (cached)."""
+        start = int(layout.node_start[node])
+        enc = self._encodings.get((shape, start))
+        if enc is None:
+            enc = self._encoding(layout, claims=claims, flat=flat, policy=policy, start=start)
+            if len(self._encodings) >= FIT_CACHE_MAX:  # many request shapes x nodes: start over
+                self._encodings.clear()
+            self._encodings[(shape, start)] = enc
+        return enc
+
     def _run_search(
         self, layout: Layout, node: int, enc: _Encoding, policy: Policy
     ) -> list[tuple[int, tuple[int, ...]]] | None:
-        """The search kernel on one node, called as each path calls it: (alternative row,
-        node-local device rows) per flat request, None when nothing fits within the budget.
-        The benchmark times this step (bench/allocator_bench.py)."""
-        if enc.fast is not None:
-            if not self._engine.search(
-                node,
-                enc.fast,
-                policy.topology_mode,
-                int(policy.strict),
-                policy.device_binpack,
-                SEARCH_BUDGET,
-            ):
-                return None
-            picked: list[tuple[int, tuple[int, ...]]] = enc.fast.picked()
-            return picked
+        """The reference path's search kernel on one node: (alternative row, node-local device
+        rows) per flat request, None when nothing fits within the budget. The benchmark times
+        this step against `Engine.search` (bench/allocator_bench.py)."""
         start, end = int(layout.node_start[node]), int(layout.node_end[node])
         n_req = len(enc.arrays[0])
         chosen_alt = np.zeros(n_req, dtype=np.int64)
@@ -804,31 +1054,14 @@ class Allocator:
         caller until the layout changes)."""
         end = int(layout.node_end[layout.dev_node[start]])
         m = end - start
-        n_req = len(flat)
-        alt_list: list[Alternative] = []
-        reqs = np.empty((n_req, 2), dtype=np.int64)
-        for i, (_, request) in enumerate(flat):
-            reqs[i, 0] = len(alt_list)
-            alt_list.extend(request.alternatives)
-            reqs[i, 1] = len(alt_list)
+        alt_list, reqs, alts, applies, distinct, slots = _shape_arrays(claims, flat)
         n_alt = len(alt_list)
-        alts = np.asarray(
-            [(int(alt.all_devices), alt.count, int(alt.admin)) for alt in alt_list],
-            dtype=np.int64,
-        ).reshape(n_alt, py_kernel.ALT_FIELDS)
         mask = np.empty((n_alt, m), dtype=np.int8)
         servable = np.empty((n_alt, m), dtype=np.int8)
         amount = np.empty((n_alt, m, len(layout.dims)), dtype=np.int64)
         for a, alt in enumerate(alt_list):
             mask[a] = self._mask(layout, alt, policy)[start:end]
             servable[a], amount[a] = self._static_fit(layout, alt, start, end)
-        slots = [(ci, c) for ci, claim in enumerate(claims) for c in claim.constraints]
-        applies = np.zeros((n_req, len(slots)), dtype=np.int8)
-        for i, (ci, request) in enumerate(flat):
-            for s, (owner, constraint) in enumerate(slots):
-                if owner == ci and (not constraint.requests or request.name in constraint.requests):
-                    applies[i, s] = 1
-        distinct = np.asarray([int(c.distinct) for _, c in slots], dtype=np.int64)
         cval = np.full((len(slots), m), -1, dtype=np.int64)
         for s, (_, constraint) in enumerate(slots):
             ids: dict[Any, int] = {}  # equal attribute values get equal ids
@@ -837,8 +1070,7 @@ class Allocator:
                 if value is not None:
                     cval[s, j] = ids.setdefault(value, len(ids))
         arrays = (reqs, alts, mask, servable, amount, applies, distinct, cval)
-        fast = _fastkernel.Encoding(*arrays, len(layout.dims)) if self.fast else None
-        return _Encoding(tuple(alt_list), arrays, fast)
+        return _Encoding(tuple(alt_list), arrays)
 
     def _amounts_of(self, alt: Alternative, device: Device) -> tuple[tuple[str, int], ...] | None:
         """What `alt` consumes of a multi-allocatable device under its request policies

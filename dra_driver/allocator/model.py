@@ -25,7 +25,7 @@ import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -256,9 +256,9 @@ class NodeInfo:
     generation: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Consumption:
-    """What one allocation result takes of one device (capacity qualified name -> amount)."""
+class Consumption(NamedTuple):
+    """What one allocation result takes of one device (capacity qualified name -> amount); a
+    named tuple, so the allocator's fast path can make one in C for every picked device."""
 
     device: DeviceKey
     amounts: tuple[tuple[str, int], ...]
@@ -326,6 +326,11 @@ def _write_usage(  # noqa: PLR0917 - LayoutWriter.account's arguments, one to on
     layout.busy[row] = held
     layout.dev[row, kernel.DEV_ALLOCATED] = allocated
     layout.dev[row, kernel.DEV_HELD] = held
+
+
+def capacity_names(driver: str) -> tuple[str, str]:
+    """The qualified names of a driver's memory and cores capacities (the layout's columns)."""
+    return _memory_name(driver), _cores_name(driver)
 
 
 @functools.lru_cache(maxsize=64)

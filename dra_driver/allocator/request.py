@@ -122,6 +122,10 @@ class Policy:
     strict: bool = field(init=False, repr=False, compare=False)
     node_binpack: int = field(init=False, repr=False, compare=False)
     device_binpack: int = field(init=False, repr=False, compare=False)
+    # Every field above in one string: with the claims' shapes, the key of the allocator's
+    # per-decision caches (a string's hash is computed once; the dataclass's __hash__ is a
+    # Python call per lookup).
+    key: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         derived = (
@@ -129,6 +133,20 @@ class Policy:
             ("strict", self.topology.endswith("-strict")),
             ("node_binpack", int(self.node == "binpack")),
             ("device_binpack", int(self.device == "binpack")),
+            (
+                "key",
+                repr(
+                    (
+                        self.node,
+                        self.device,
+                        self.topology,
+                        self.include_types,
+                        self.exclude_types,
+                        self.include_uuids,
+                        self.exclude_uuids,
+                    )
+                ),
+            ),
         )
         for name, value in derived:
             object.__setattr__(self, name, value)

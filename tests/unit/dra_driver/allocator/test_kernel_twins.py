@@ -13,6 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dra_driver.allocator import allocate, kernel
+
+try:
+    from dra_driver.allocator import _fastkernel
+except ImportError:  # the module's tests are skipped then
+    _fastkernel = None  # type: ignore[assignment]
 from dra_driver.allocator.allocate import Allocator, Placement, Unschedulable
 from dra_driver.allocator.model import ClusterModel
 from dra_driver.allocator.quantity import parse_quantity
@@ -153,6 +158,45 @@ def test_fast_and_reference_agree_and_are_right(
         a, b = outcome(fast, claim, policy), outcome(slow, claim, policy)
         assert a == b
         assert isinstance(a, Placement) == feasible, a
+        # The fast path commits in C (`_fastkernel.Accountant`): the model ends up the same.
+        assert_same_consumption(fast.model, slow.model)
+
+
+def assert_same_consumption(one: ClusterModel, other: ClusterModel) -> None:
+    """The models' consumption dictionaries and the layout columns derived from them agree."""
+    assert one._claims == other._claims
+    assert one.used == other.used
+    assert one.allocations == other.allocations
+    assert one.exclusive == other.exclusive
+    assert one.change_seq == other.change_seq
+    first, second = one.layout(), other.layout()
+    for column in (
+        "mem_used",
+        "cores_used",
+        "busy",
+        "used_by_dim",
+        "dev",
+        "node_mem_used",
+        "node_cores_used",
+        "node_seq",
+    ):
+        assert np.array_equal(getattr(first, column), getattr(second, column)), column
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    uid=st.text(min_size=1, max_size=60),
+    request=st.text(min_size=1, max_size=80),
+    path=st.text(min_size=1, max_size=120),
+    index=st.integers(0, 10**12),
+)
+def test_share_ids_are_identical(uid: str, request: str, path: str, index: int) -> None:
+    assume_utf8 = all(not 0xD800 <= ord(ch) <= 0xDFFF for ch in uid + request + path)
+    if not assume_utf8:  # lone surrogates cannot be encoded by either twin
+        return
+    assert _fastkernel.share_id(uid, request, path, index) == allocate._share_id(
+        uid, request, path, index
+    )
 
 
 @settings(max_examples=200, deadline=None)
@@ -441,3 +485,88 @@ def test_cython_engine_and_encoding_refuse_what_does_not_fit_their_layout() -> N
             1,
             len(layout.nodes),
         )
+
+
+def test_cython_plan_and_decide_refuse_what_does_not_fit_their_layout() -> None:
+    """A `Plan` checks its layout-wide columns once (shapes, request and claim indices, device
+    counts) and `Engine.decide` refuses a plan, node fit or claims that do not fit its layout
+    with ValueError / TypeError instead of reading past an array; a valid plan decides."""
+    fk = allocate._fastkernel
+    model = build([("NVIDIA A10", "pairs", 2), ("NVIDIA A10", "pairs", 4)])
+    layout = model.layout()
+    engine = fk.Engine(layout)
+    n_dev, k, n_nodes = len(layout.devices), len(layout.dims), len(layout.nodes)
+    req = np.zeros(1, dtype=np.int64)
+    node_keys = fk.NodeKeys(
+        np.ones((1, n_dev), dtype=np.int8), req, req, req, req + 1, req, 0, 0, 1, n_nodes
+    )
+    keys = [device.key for device in layout.devices]
+    inputs: dict[str, Any] = {
+        "reqs": np.asarray([[0, 1]], dtype=np.int64),
+        "alts": np.asarray([[0, 1, 0]], dtype=np.int64),
+        "applies": np.zeros((1, 0), dtype=np.int8),
+        "distinct": np.zeros(0, dtype=np.int64),
+        "owners": np.zeros(1, dtype=np.int64),
+        "mask_all": np.ones((1, n_dev), dtype=np.int8),
+        "servable_all": np.ones((1, n_dev), dtype=np.int8),
+        "amount_all": np.zeros((1, n_dev, k), dtype=np.int64),
+        "cval_all": np.zeros((0, n_dev), dtype=np.int64),
+        "multi": layout.multi,
+        "alt_names": ("gpu",),
+        "alt_admin": (False,),
+        "alt_tolerations": ((),),
+        "consumed": [[()] * n_dev],
+        "keys": keys,
+    }
+
+    def plan(**changes: Any) -> Any:
+        made = fk.Plan(
+            node_keys,
+            layout.nodes,
+            0,
+            0,
+            0,
+            100,
+            Placement,
+            allocate.DeviceResult,
+            allocate.Consumption,
+        )
+        made.set_inputs(*{**inputs, **changes}.values())
+        return made
+
+    claim = SimpleNamespace(uid="u-1")
+    ok = np.ones(n_nodes, dtype=np.int8)
+    placement = engine.decide(plan(), ok, model.change_seq, (claim,))
+    assert isinstance(placement, Placement)
+    assert placement.node == layout.nodes[0]
+    assert [r.device for _, results in placement.results for r in results] == [keys[0][2]]
+    bad = (
+        {"reqs": np.asarray([[0, 2]], dtype=np.int64)},  # names an alternative that is not
+        {"alts": np.asarray([[0, -1, 0]], dtype=np.int64)},  # a negative device count
+        {"owners": np.asarray([-1], dtype=np.int64)},
+        {"mask_all": np.ones((1, n_dev - 1), dtype=np.int8)},
+        {"consumed": [[()] * (n_dev - 1)]},
+        {"keys": keys[:-1]},
+        {"alt_names": ()},
+    )
+    for changes in bad:
+        with pytest.raises(ValueError):
+            plan(**changes)
+    with pytest.raises(ValueError):  # node fit for another number of nodes
+        engine.decide(plan(), ok[:1], model.change_seq, (claim,))
+    with pytest.raises(ValueError):  # capacity columns this layout does not have
+        engine.decide(plan(amount_all=np.zeros((1, n_dev, k + 1), dtype=np.int64)), ok, 0, (claim,))
+    with pytest.raises(ValueError):  # a claim index beyond the claims given
+        engine.decide(plan(owners=np.asarray([1], dtype=np.int64)), ok, 0, (claim,))
+    with pytest.raises(ValueError):  # a plan whose columns were never set
+        engine.decide(
+            fk.Plan(node_keys, layout.nodes, 0, 0, 0, 100, Placement, tuple, tuple),
+            ok,
+            model.change_seq,
+            (claim,),
+        )
+    with pytest.raises(ValueError):  # result types must be tuples (made in C)
+        fk.Plan(node_keys, layout.nodes, 0, 0, 0, 100, Placement, dict, tuple)
+    other = fk.Engine(build([("NVIDIA A10", "pairs", 2)]).layout())
+    with pytest.raises(ValueError):  # a plan for another layout
+        other.decide(plan(), np.ones(1, dtype=np.int8), 0, (claim,))
