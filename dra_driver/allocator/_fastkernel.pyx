@@ -9,6 +9,7 @@ node's devices per request. Same operations in the same order as the reference, 
 point keys are identical and the search makes the same picks (the property tests compare both).
 """
 
+cimport cython
 from cpython.buffer cimport (
     PyBUF_C_CONTIGUOUS,
     PyBUF_FORMAT,
@@ -1695,6 +1696,10 @@ cdef inline tuple PyTuple_New_(Py_ssize_t n):
     return PyTuple_New(n)
 
 
+# Not tracked by the cyclic GC: a slot refers only to strings, ints, tuples of them and a
+# dictionary of them, so it can be in no cycle; tracked, each new device's slot would bring the
+# next collection closer (one in the middle of a decision costs more than the decision).
+@cython.no_gc
 cdef class _Slot:
     """What the Accountant keeps of one device while the model's layout stays the same, so a
     commit looks the device up once instead of in four dictionaries: its layout row (-1: not
