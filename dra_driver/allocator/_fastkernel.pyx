@@ -9,6 +9,7 @@ node's devices per request. Same operations in the same order as the reference, 
 point keys are identical and the search makes the same picks (the property tests compare both).
 """
 
+cimport cython
 from cpython.buffer cimport (
     PyBUF_C_CONTIGUOUS,
     PyBUF_FORMAT,
@@ -24,6 +25,7 @@ cdef extern from "Python.h":
     const char* PyUnicode_AsUTF8AndSize(object, Py_ssize_t*) except NULL
     object PyUnicode_DecodeASCII(const char*, Py_ssize_t, const char*)
 
+from cpython.dict cimport PyDict_GetItemWithError
 from cpython.object cimport PyObject, PyTypeObject
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_New, PyTuple_SET_ITEM
@@ -1694,10 +1696,33 @@ cdef inline tuple PyTuple_New_(Py_ssize_t n):
     return PyTuple_New(n)
 
 
+# Not tracked by the cyclic GC: a slot refers only to strings, ints, tuples of them and a
+# dictionary of them, so it can be in no cycle; tracked, each new device's slot would bring the
+# next collection closer (one in the middle of a decision costs more than the decision).
+@cython.no_gc
+cdef class _Slot:
+    """What the Accountant keeps of one device while the model's layout stays the same, so a
+    commit looks the device up once instead of in four dictionaries: its layout row (-1: not
+    laid out), its dictionary in `model.used`, its memory / cores capacity names, and for the
+    last amounts tuple it accounted (the plan hands over the same tuple whenever an alternative
+    takes this device) each amount's capacity column and which amounts are memory and cores."""
+
+    cdef Py_ssize_t row
+    cdef dict used
+    cdef object mem_name, cores_name
+    cdef object amounts  # the tuple `cols`, `mem_at` and `cores_at` describe (kept alive)
+    cdef Py_ssize_t n, mem_at, cores_at
+    cdef Py_ssize_t* cols
+
+    def __dealloc__(self):
+        free(self.cols)
+
+
 cdef class Accountant:
     """`ClusterModel.assume` (with `_set_claim` / `_account`) in C, for the fast path's commit:
     the same dictionaries and layout writes in the same order (the tests compare both). Holds
-    the model's consumption dictionaries, which the model never replaces."""
+    the model's consumption dictionaries, which the model never replaces, and the dictionary
+    per device in `model.used`, which the model never replaces either."""
 
     cdef object model
     cdef dict claims, used, allocations, exclusive, devices
@@ -1705,6 +1730,8 @@ cdef class Accountant:
     cdef object name_of  # driver -> that pair (model.capacity_names)
     cdef object layout, writer  # the model's layout as last seen, and its fields
     cdef dict index, dims
+    cdef dict slots  # device key -> _Slot, for `layout`
+    cdef object seq  # model.change_seq during one commit, written back at its end
 
     def __init__(self, model, name_of):
         self.model = model
@@ -1715,6 +1742,7 @@ cdef class Accountant:
         self.devices = model.devices
         self.names = {}
         self.name_of = name_of
+        self.slots = {}
 
     def commit(self, tuple results not None):
         """Record `Placement.results` ((claim, DeviceResults) pairs) as `Allocator.commit`
@@ -1735,20 +1763,49 @@ cdef class Accountant:
                     raise ValueError("commit: a result is not an allocate.DeviceResult")
                 if not <object>PyTuple_GET_ITEM(result, 6) and PyTuple_GET_ITEM(result, 8) == <PyObject*>None:
                     return False
-        for p in range(PyTuple_GET_SIZE(results)):
-            pair = <object>PyTuple_GET_ITEM(results, p)
-            group = <object>PyTuple_GET_ITEM(pair, 1)
-            entries = []
-            for q in range(PyTuple_GET_SIZE(group)):
-                result = <object>PyTuple_GET_ITEM(group, q)
-                if not <object>PyTuple_GET_ITEM(result, 6):  # admin access consumes nothing
-                    entries.append(<object>PyTuple_GET_ITEM(result, 8))
-            self._set_claim((<object>PyTuple_GET_ITEM(pair, 0)).uid, entries)
+        self._begin()
+        try:
+            for p in range(PyTuple_GET_SIZE(results)):
+                pair = <object>PyTuple_GET_ITEM(results, p)
+                group = <object>PyTuple_GET_ITEM(pair, 1)
+                entries = []
+                for q in range(PyTuple_GET_SIZE(group)):
+                    result = <object>PyTuple_GET_ITEM(group, q)
+                    if not <object>PyTuple_GET_ITEM(result, 6):  # admin access consumes nothing
+                        entries.append(<object>PyTuple_GET_ITEM(result, 8))
+                self._set_claim((<object>PyTuple_GET_ITEM(pair, 0)).uid, entries)
+        finally:
+            self._end()
         return True
 
     def set_claim(self, str uid not None, list consumption not None):
         """ClusterModel._set_claim."""
-        self._set_claim(uid, consumption)
+        self._begin()
+        try:
+            self._set_claim(uid, consumption)
+        finally:
+            self._end()
+
+    cdef _begin(self):
+        """Before a commit: the model's layout (its fields and the slots when it changed) and
+        change_seq, read once for the whole commit (nothing else runs until `_end`)."""
+        cdef object layout = self.model._layout
+        if layout is not self.layout:
+            if layout is not None and layout.writer is None:
+                raise ValueError("Accountant: the layout has no LayoutWriter")
+            self.slots = {}
+            self.layout = layout
+            self.index = layout.index if layout is not None else None
+            self.dims = layout.dims if layout is not None else None
+            self.writer = layout.writer if layout is not None else None
+            if layout is not None and not isinstance(self.writer, LayoutWriter):
+                raise ValueError("Accountant: the layout's writer is not a LayoutWriter")
+        self.seq = self.model.change_seq
+
+    cdef _end(self):
+        """After a commit (even a failed one): change_seq as the stamps written made it."""
+        if self.seq is not self.model.change_seq:
+            self.model.change_seq = self.seq
 
     cdef _set_claim(self, object uid, list consumption):
         cdef object entry
@@ -1761,60 +1818,118 @@ cdef class Accountant:
             for entry in consumption:
                 self._account(entry, 1)
 
-    cdef _account(self, object entry, int sign):
-        """ClusterModel._account (the same dictionaries, the same layout writes)."""
-        cdef object key, amounts, name, amount, count, names, layout, row_obj, column, excl
-        cdef object mem_obj, cores_obj
-        cdef dict used, dims
-        cdef Py_ssize_t row = -1, col, q
-        cdef int64_t seq, mem, cores, held, allocated
-        cdef LayoutWriter w = None
-        if not (isinstance(entry, tuple) and PyTuple_GET_SIZE(entry) == 3):
-            raise ValueError("Accountant: a consumption is (device, amounts, exclusive)")
-        key = <object>PyTuple_GET_ITEM(entry, 0)
-        amounts = <object>PyTuple_GET_ITEM(entry, 1)
-        layout = self.model._layout
-        if layout is not None:
-            if layout is not self.layout:  # the layout's fields, fetched once per layout
-                if layout.writer is None:
-                    raise ValueError("Accountant: the layout has no LayoutWriter")
-                self.layout = layout
-                self.index = layout.index
-                self.dims = layout.dims
-                self.writer = <LayoutWriter?>layout.writer
+    cdef _Slot _slot(self, object key):
+        """The device's slot for the current layout, made on its first commit."""
+        cdef _Slot slot = _Slot.__new__(_Slot)
+        cdef object row_obj, names
+        cdef dict used
+        cdef LayoutWriter w
+        slot.row = -1
+        if self.layout is not None:
             row_obj = self.index.get(key)
             if row_obj is not None:
                 w = <LayoutWriter>self.writer
-                row = row_obj
-                if not 0 <= row < w.dev_node.shape[0]:
+                slot.row = row_obj
+                if not 0 <= slot.row < w.dev_node.shape[0]:
                     raise ValueError("Accountant: device row out of range")
         used = self.used.get(key)
         if used is None:
             used = {}
             self.used[key] = used
-        dims = self.dims
-        names = self.names.get(key[0])
+        slot.used = used
+        if not (isinstance(key, tuple) and PyTuple_GET_SIZE(key) == 3):
+            raise ValueError("Accountant: a device key is (driver, pool, device)")
+        names = self.names.get(<object>PyTuple_GET_ITEM(key, 0))
         if names is None:
-            names = self.name_of(key[0])
+            names = self.name_of(<object>PyTuple_GET_ITEM(key, 0))
             if not (isinstance(names, tuple) and PyTuple_GET_SIZE(names) == 2):
                 raise ValueError("Accountant: name_of gives (memory name, cores name)")
-            self.names[key[0]] = names
-        mem_obj = cores_obj = None  # the new memory / cores totals, when amounts name them
-        for q in range(len(amounts)):
-            name, amount = amounts[q]
-            amount = used.get(name, 0) + sign * amount
-            used[name] = amount
-            if name == <object>PyTuple_GET_ITEM(names, 0):
-                mem_obj = amount
-            elif name == <object>PyTuple_GET_ITEM(names, 1):
-                cores_obj = amount
-            if row >= 0:
-                column = dims.get(name)
+            self.names[<object>PyTuple_GET_ITEM(key, 0)] = names
+        slot.mem_name = <object>PyTuple_GET_ITEM(names, 0)
+        slot.cores_name = <object>PyTuple_GET_ITEM(names, 1)
+        self.slots[key] = slot
+        return slot
+
+    cdef _columns(self, _Slot slot, object amounts):
+        """Describe `amounts` (a tuple of (capacity name, amount) pairs) in `slot`."""
+        cdef Py_ssize_t q, n, col
+        cdef object item, name, column
+        cdef Py_ssize_t* cols
+        cdef LayoutWriter w
+        if not isinstance(amounts, tuple):
+            raise ValueError("Accountant: a consumption's amounts are a tuple of pairs")
+        n = PyTuple_GET_SIZE(amounts)
+        cols = <Py_ssize_t*>calloc(n + 1, sizeof(Py_ssize_t))
+        if cols == NULL:
+            raise MemoryError()
+        free(slot.cols)
+        slot.cols = cols
+        slot.amounts = None
+        slot.n = n
+        slot.mem_at = slot.cores_at = -1
+        for q in range(n):
+            item = <object>PyTuple_GET_ITEM(amounts, q)
+            if not (isinstance(item, tuple) and PyTuple_GET_SIZE(item) == 2):
+                raise ValueError("Accountant: a consumption's amounts are (name, amount) pairs")
+            name = <object>PyTuple_GET_ITEM(item, 0)
+            # The last amount of a name is the total the model's memory / cores columns take
+            if name == slot.mem_name:
+                slot.mem_at = q
+            elif name == slot.cores_name:
+                slot.cores_at = q
+            cols[q] = -1
+            if slot.row >= 0:
+                column = self.dims.get(name)
                 if column is not None:
                     col = column
+                    w = <LayoutWriter>self.writer
                     if not 0 <= col < w.used_by_dim.shape[1]:
                         raise ValueError("Accountant: capacity column out of range")
-                    w.used_by_dim[row, col] = amount
+                    cols[q] = col
+        slot.amounts = amounts
+
+    cdef _account(self, object entry, int sign):
+        """ClusterModel._account (the same dictionaries, the same layout writes)."""
+        cdef object key, amounts, item, name, amount, count, excl, total
+        cdef object mem_obj = None, cores_obj = None  # new memory / cores totals, when named
+        cdef PyObject* found
+        cdef dict used
+        cdef _Slot slot
+        cdef Py_ssize_t row, q
+        cdef int64_t seq, mem, cores, held, allocated
+        cdef LayoutWriter w
+        if not (isinstance(entry, tuple) and PyTuple_GET_SIZE(entry) == 3):
+            raise ValueError("Accountant: a consumption is (device, amounts, exclusive)")
+        key = <object>PyTuple_GET_ITEM(entry, 0)
+        amounts = <object>PyTuple_GET_ITEM(entry, 1)
+        found = PyDict_GetItemWithError(self.slots, key)
+        if found == NULL:
+            slot = self._slot(key)
+        else:
+            slot = <_Slot>found
+        if slot.amounts is not amounts:
+            self._columns(slot, amounts)
+        used = slot.used
+        row = slot.row
+        for q in range(slot.n):
+            item = <object>PyTuple_GET_ITEM(amounts, q)
+            name = <object>PyTuple_GET_ITEM(item, 0)
+            amount = <object>PyTuple_GET_ITEM(item, 1)
+            found = PyDict_GetItemWithError(used, name)
+            if found == NULL:
+                total = 0 + amount if sign > 0 else 0 - amount
+            elif sign > 0:
+                total = <object>found + amount
+            else:
+                total = <object>found - amount
+            used[name] = total
+            if q == slot.mem_at:
+                mem_obj = total
+            elif q == slot.cores_at:
+                cores_obj = total
+            if row >= 0 and slot.cols[q] >= 0:
+                w = <LayoutWriter>self.writer
+                w.used_by_dim[row, slot.cols[q]] = total
         count = self.allocations.get(key, 0) + sign
         self.allocations[key] = count
         excl = self.exclusive.get(key, 0)
@@ -1823,10 +1938,11 @@ cdef class Accountant:
             self.exclusive[key] = excl
         if row < 0:
             return
-        seq = self.model.change_seq + 1
-        self.model.change_seq = seq
-        mem = used.get(names[0], 0) if mem_obj is None else mem_obj
-        cores = used.get(names[1], 0) if cores_obj is None else cores_obj
+        w = <LayoutWriter>self.writer
+        self.seq = self.seq + 1
+        seq = self.seq
+        mem = used.get(slot.mem_name, 0) if mem_obj is None else mem_obj
+        cores = used.get(slot.cores_name, 0) if cores_obj is None else cores_obj
         # ClusterModel.is_held: exclusively held, or a device without allowMultipleAllocations
         # (the layout's row says which, as the model's device does) allocated at all
         held = excl > 0 or (not w.dev[row, DEV_MULTI] and count > 0)

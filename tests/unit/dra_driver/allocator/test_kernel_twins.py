@@ -183,6 +183,42 @@ def assert_same_consumption(one: ClusterModel, other: ClusterModel) -> None:
         assert np.array_equal(getattr(first, column), getattr(second, column)), column
 
 
+def test_the_accountant_stays_the_models_twin_across_recommits_and_layout_changes() -> None:
+    """The fast commit keeps per-device slots for the layout it last saw: re-committing a claim
+    (release, then add), a commit while no layout is built, a rebuilt layout and a release all
+    leave the model as `ClusterModel.assume` does."""
+    nodes = [(PRODUCTS[0], "two-islands", 8), (PRODUCTS[1], "pairs", 4)]
+    fast, slow = Allocator(build(nodes), fast=True), Allocator(build(nodes), fast=False)
+    policy = Policy(node="binpack", device="spread", topology="link")
+
+    def place(i: int, count: int) -> tuple[Placement, Placement]:
+        claim = claim_of(i, (count, "10Gi", "30", None, CONSTRAINTS[1], "", "", "", None))
+        a, b = outcome(fast, claim, policy), outcome(slow, claim, policy)
+        assert isinstance(a, Placement) and a == b
+        assert_same_consumption(fast.model, slow.model)
+        return a, b
+
+    first, first_slow = place(0, 2)
+    fast.commit(first)  # the same claim again: its old entries are released first
+    slow.commit(first_slow)
+    assert_same_consumption(fast.model, slow.model)
+    node = next(
+        obj for kind, obj in node_events(0, PRODUCTS[0], "two-islands", 8) if kind == "Node"
+    )
+    for alloc in (fast, slow):
+        alloc.model.apply("Node", node)  # the layout goes stale: no layout until the next read
+        assert alloc.model._layout is None
+    fast.commit(first)  # committed while no layout is built (no rows to write)
+    slow.commit(first_slow)
+    assert_same_consumption(fast.model, slow.model)  # rebuilds both layouts
+    place(1, 4)  # on the rebuilt layout: the slots of the old one are not used
+    place(2, 1)
+    assert fast._accountant is not None
+    fast._accountant.set_claim(first.results[0][0].uid, [])  # released
+    slow.model.assume(first.results[0][0].uid, [])
+    assert_same_consumption(fast.model, slow.model)
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     uid=st.text(min_size=1, max_size=60),
