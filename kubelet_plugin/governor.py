@@ -592,6 +592,13 @@ class Governor:
 
     @staticmethod
     def _learning(claim: _Claim, cap: CappedDevice) -> bool:
+        # Fast polls only find a period's end sooner: after a fresh sample the next period is
+        # at least ~140 ms away with a real driver, and a source that answers for our own
+        # interval (the simulator's exact mode) is fresh every tick, where 10 ms ticks would
+        # only make 10 ms windows and ten times the steps (balance borrows BORROW_STEP a step).
+        poll = claim.polls.get(cap.uuid)
+        if poll is not None and poll[2]:
+            return False
         controller = claim.controllers.get(cap.uuid)
         if (
             controller is not None

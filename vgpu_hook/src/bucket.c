@@ -157,13 +157,20 @@ double vgpu_balance_target(uint32_t cores, double device_util, double own_util) 
 bool vgpu_ctl_poll(struct vgpu_region_device *rd, uint32_t cores, uint32_t policy, uint64_t now,
                    vgpu_sampler sample, void *ctx) {
     uint64_t last = atomic_load_explicit(&rd->ctl_stamp_ns, memory_order_relaxed);
-    uint64_t period = atomic_load_explicit(&rd->ctl_gain_bits, memory_order_relaxed) == 0 ||
-                              atomic_load_explicit(&rd->ctl_hold, memory_order_relaxed) != 0 ||
-                              atomic_load_explicit(&rd->ctl_moved, memory_order_relaxed) != 0 ||
-                              atomic_load_explicit(&rd->ctl_steps, memory_order_relaxed) <=
-                                  CTL_SETTLING_STEPS
-                          ? CTL_LEARNING_PERIOD_NS
-                          : CTL_PERIOD_NS;
+    /* Fast polls only find a period's end sooner: after a poll that found a fresh sample the
+     * next period is at least ~140 ms away with a real driver, and a sampler that answers for
+     * the caller's own interval (the simulator's exact mode) is fresh at every poll, where
+     * 10 ms polls would only make 10 ms windows and ten times the steps (balance borrows
+     * VGPU_BORROW_STEP per step). */
+    bool unsettled = atomic_load_explicit(&rd->ctl_gain_bits, memory_order_relaxed) == 0 ||
+                     atomic_load_explicit(&rd->ctl_hold, memory_order_relaxed) != 0 ||
+                     atomic_load_explicit(&rd->ctl_moved, memory_order_relaxed) != 0 ||
+                     atomic_load_explicit(&rd->ctl_steps, memory_order_relaxed) <=
+                         CTL_SETTLING_STEPS;
+    uint64_t period =
+        unsettled && atomic_load_explicit(&rd->ctl_poll_fresh, memory_order_relaxed) == 0
+            ? CTL_LEARNING_PERIOD_NS
+            : CTL_PERIOD_NS;
     if (last != 0 && now - last < period) return false;
     if (!atomic_compare_exchange_strong(&rd->ctl_stamp_ns, &last, now)) return false;
     /* Elected for this period. The window runs from the end of the last consumed sample. */
