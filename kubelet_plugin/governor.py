@@ -49,7 +49,8 @@ log = logging.getLogger(__name__)
 DEFAULT_PERIOD_S = 0.1
 # While a claim's controller is still learning (or skipping a sample that straddles a big rate
 # change) the governor polls this often: NVML publishes one sample per driver period (~1/6 s),
-# and a 100 ms poll would add up to 100 ms to each of the steps a new claim needs.
+# and a 100 ms poll would add up to 100 ms to each of the steps a new claim needs. Only after a
+# tick that found no fresh sample (Governor._learning).
 LEARNING_PERIOD_S = 0.01
 # A window end is placed midway between the poll that found no new sample and the one that found
 # it, so it is off the period's end by at most half the polls' spacing. Windows whose ends were

@@ -138,8 +138,8 @@ double vgpu_balance_target(uint32_t cores, double device_util, double own_util) 
 /* ---- the in-process fallback controller ---------------------------------------------------- */
 
 #define CTL_PERIOD_NS 100000000ULL     /* controller step every 100 ms once settled */
-/* While the controller has no gain yet, or skips a sample that straddles a big rate change, it
- * polls NVML this often: a fresh sample comes once per driver period (~1/6 s), and waiting up to
+/* While the controller has no gain yet, or skips a sample that straddles a big rate change, and
+ * the last poll found no fresh sample, it polls NVML this often: a fresh sample comes once per driver period (~1/6 s), and waiting up to
  * 100 ms to notice each one would add that to every step a new claim needs to settle. */
 #define CTL_LEARNING_PERIOD_NS 10000000ULL
 /* A window end placed between two polls this close is "aligned" (vgpu_ctl_sample.aligned). */

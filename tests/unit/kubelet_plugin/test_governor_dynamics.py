@@ -64,16 +64,9 @@ class Tenant:
 class Plant:
     """GPU + hooks + NVML for the governor (`UtilSource`)."""
 
-    def __init__(
-        self, tenants: list[Tenant], *, realistic: bool, seed: int, queued: bool = False
-    ) -> None:
+    def __init__(self, tenants: list[Tenant], *, realistic: bool, seed: int) -> None:
         self.tenants = tenants
         self.realistic = realistic
-        # Launches are asynchronous (hack/fakegpu cuda_launch.c): what the bucket lets through is
-        # launched (and counted) at once and queued; the GPU runs the queues time-sliced, at most
-        # 100 % together, so utilisation lags launches while the tenants want more than the GPU.
-        self.queued = queued
-        self.backlog: dict[int, float] = {t.pid: 0.0 for t in tenants}  # util x ns still queued
         self.now = 0
         rnd = random.Random(seed)
         self.phase = rnd.randrange(PERIOD_NS)
@@ -102,56 +95,28 @@ class Plant:
                     dev.rate_source = rg.RATE_SEED
                     dev.rate_stamp_ns = self.now
                 wanted[t.pid] = min(float(dev.rate), t.demand)
-            if self.queued:
-                self._run_queues(wanted)
-            else:
-                self._run_scaled(wanted)
-            self._close_period()
-
-    def _run_scaled(self, wanted: dict[int, float]) -> None:
-        """Launches beyond what the GPU can run together are not made (synchronous work)."""
-        total = sum(t.true_gain * wanted[t.pid] for t in self.tenants if t.pid in wanted)
-        scale = min(1.0, 100.0 / total) if total else 1.0
-        for t in self.tenants:
-            util = 0.0
-            if t.pid in wanted:
-                admitted = wanted[t.pid] * scale
-                util = t.true_gain * admitted
-                dev = t.region.layout.devices[0]
-                dev.launch_cost += int(admitted * DT_NS / 1e9)
-                if dev.rate < t.demand:
-                    dev.throttled_ns += DT_NS // 2
-            t.busy.append((self.now, util))
-            self.period_busy[t.pid] += util * DT_NS
-
-    def _run_queues(self, wanted: dict[int, float]) -> None:
-        """Asynchronous launches: all are made and queued; the GPU runs the queues."""
-        for t in self.tenants:
-            if t.pid in wanted:
-                dev = t.region.layout.devices[0]
-                dev.launch_cost += int(wanted[t.pid] * DT_NS / 1e9)
-                self.backlog[t.pid] += t.true_gain * wanted[t.pid] * DT_NS
-                if dev.rate < t.demand:
-                    dev.throttled_ns += DT_NS // 2
-        queued = sum(self.backlog.values())
-        share = min(1.0, 100.0 * DT_NS / queued) if queued else 0.0
-        for t in self.tenants:
-            served = self.backlog[t.pid] * share
-            self.backlog[t.pid] -= served
-            util = served / DT_NS
-            t.busy.append((self.now, util))
-            self.period_busy[t.pid] += util * DT_NS
-
-    def _close_period(self) -> None:
-        if self.now >= self._period_end(self.period_index):
-            span = self.now - self.period_start
+            total = sum(t.true_gain * wanted[t.pid] for t in self.tenants if t.pid in wanted)
+            scale = min(1.0, 100.0 / total) if total else 1.0
             for t in self.tenants:
-                pct = round(self.period_busy[t.pid] / span) if span else 0
-                if t.started(self.now) or pct:
-                    self.periods[t.pid].append((self.now, pct))
-                self.period_busy[t.pid] = 0.0
-            self.period_start = self.now
-            self.period_index += 1
+                util = 0.0
+                if t.pid in wanted:
+                    admitted = wanted[t.pid] * scale
+                    util = t.true_gain * admitted
+                    dev = t.region.layout.devices[0]
+                    dev.launch_cost += int(admitted * DT_NS / 1e9)
+                    if dev.rate < t.demand:
+                        dev.throttled_ns += DT_NS // 2
+                t.busy.append((self.now, util))
+                self.period_busy[t.pid] += util * DT_NS
+            if self.now >= self._period_end(self.period_index):
+                span = self.now - self.period_start
+                for t in self.tenants:
+                    pct = round(self.period_busy[t.pid] / span) if span else 0
+                    if t.started(self.now) or pct:
+                        self.periods[t.pid].append((self.now, pct))
+                    self.period_busy[t.pid] = 0.0
+                self.period_start = self.now
+                self.period_index += 1
 
     def sample(self, uuid: str, since_us: int) -> GpuSample:
         assert uuid == UUID
