@@ -288,26 +288,41 @@ static void test_poll_learns_from_a_well_covered_first_sample(void) {
     CHECK(fabs(gain - 2.5 / cost_rate) / gain < 1e-9);
     CHECK(fabs((double)rate - 30 / gain) <= 1);
     /* The window ended midway between the last poll without a sample and this one, the cost
-     * interpolated there; an aligned window sets no hold. */
+     * interpolated there; an aligned window sets no hold, and polls stay fast. */
     CHECK_EQ_U64(d.ctl_window_ns, 1000 * MS + 155 * MS);
     CHECK_EQ_U64(d.ctl_cost_mark, 155 * MS * 30000000ULL / 1000000000ULL);
     CHECK(d.ctl_hold == 0 && d.ctl_moved == 1 && d.ctl_steps == 1);
-    /* That poll found a fresh sample, so the next period end is ~1/6 s away: no poll 14 ms
-     * later (a sampler fresh at every poll would only make 10 ms windows)... */
-    struct script none = {.fresh_from = UINT64_MAX};
-    CHECK(!vgpu_ctl_poll(&d, 30, VGPU_POLICY_FIXED, 1000 * MS + 174 * MS, scripted, &none));
-    CHECK_EQ_U64(d.ctl_stamp_ns, 1000 * MS + 160 * MS);
-    CHECK(none.calls == 0);
-    /* ...but one 100 ms later, which finds nothing new... */
-    CHECK(!vgpu_ctl_poll(&d, 30, VGPU_POLICY_FIXED, 1000 * MS + 260 * MS, scripted, &none));
-    CHECK_EQ_U64(d.ctl_stamp_ns, 1000 * MS + 260 * MS);
-    CHECK(none.calls == 1);
-    /* ...and from then every 10 ms (not 9) while the rate just moved, to bracket the end. */
-    CHECK(!vgpu_ctl_poll(&d, 30, VGPU_POLICY_FIXED, 1000 * MS + 269 * MS, scripted, &none));
-    CHECK_EQ_U64(d.ctl_stamp_ns, 1000 * MS + 260 * MS);
-    CHECK(!vgpu_ctl_poll(&d, 30, VGPU_POLICY_FIXED, 1000 * MS + 270 * MS, scripted, &none));
+    CHECK(!vgpu_ctl_poll(&d, 30, VGPU_POLICY_FIXED, 1000 * MS + 165 * MS + 9 * MS, scripted,
+                         &(struct script){.fresh_from = UINT64_MAX}));
+    CHECK_EQ_U64(d.ctl_stamp_ns, 1000 * MS + 174 * MS); /* polled again 14 ms later... */
+    /* ...but not 9 ms after that: the period is 10 ms (not 100) while the rate just moved. */
+    CHECK(!vgpu_ctl_poll(&d, 30, VGPU_POLICY_FIXED, 1000 * MS + 183 * MS, scripted,
+                         &(struct script){.fresh_from = UINT64_MAX}));
+    CHECK_EQ_U64(d.ctl_stamp_ns, 1000 * MS + 174 * MS);
+}
+
+static void test_poll_waits_the_full_period_after_two_fresh_polls(void) {
+    /* A sampler fresh at every poll (answering for the caller's own interval, as the
+     * simulator's exact mode does): fast polls would only make 10 ms windows. */
+    struct vgpu_region_device d;
+    (void)first_sample_after(1000 * MS + 155 * MS, 2, &d); /* learnt at 160 ms, moved */
+    struct script always = {.fresh_from = 0, .util = 30};
+    always.now = 1000 * MS + 170 * MS;
+    CHECK(vgpu_ctl_poll(&d, 30, VGPU_POLICY_FIXED, always.now, scripted, &always));
+    CHECK_EQ_U64(d.ctl_poll_fresh, 2);
+    /* Two fresh polls in a row: not 10 ms later, but 100 ms later. */
+    always.fresh_from = 0;
+    always.now = 1000 * MS + 180 * MS;
+    CHECK(!vgpu_ctl_poll(&d, 30, VGPU_POLICY_FIXED, always.now, scripted, &always));
+    CHECK_EQ_U64(d.ctl_stamp_ns, 1000 * MS + 170 * MS);
+    always.fresh_from = 0;
+    always.now = 1000 * MS + 270 * MS;
+    CHECK(vgpu_ctl_poll(&d, 30, VGPU_POLICY_FIXED, always.now, scripted, &always));
     CHECK_EQ_U64(d.ctl_stamp_ns, 1000 * MS + 270 * MS);
-    CHECK(none.calls == 2);
+    /* A poll that finds nothing new resets the streak: the next one is fast again. */
+    struct script none = {.fresh_from = UINT64_MAX};
+    CHECK(!vgpu_ctl_poll(&d, 30, VGPU_POLICY_FIXED, 1000 * MS + 370 * MS, scripted, &none));
+    CHECK_EQ_U64(d.ctl_poll_fresh, 0);
 }
 
 static void test_poll_anchors_on_a_barely_covered_first_sample(void) {
@@ -337,6 +352,7 @@ int main(void) {
     test_precise_window_replaces_seed_gain();
     test_aligned_window_is_not_held();
     test_poll_learns_from_a_well_covered_first_sample();
+    test_poll_waits_the_full_period_after_two_fresh_polls();
     test_poll_anchors_on_a_barely_covered_first_sample();
     CHECK_DONE();
 }
