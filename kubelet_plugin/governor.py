@@ -49,8 +49,7 @@ log = logging.getLogger(__name__)
 DEFAULT_PERIOD_S = 0.1
 # While a claim's controller is still learning (or skipping a sample that straddles a big rate
 # change) the governor polls this often: NVML publishes one sample per driver period (~1/6 s),
-# and a 100 ms poll would add up to 100 ms to each of the steps a new claim needs. Not after two
-# fresh ticks in a row (Governor._learning).
+# and a 100 ms poll would add up to 100 ms to each of the steps a new claim needs.
 LEARNING_PERIOD_S = 0.01
 # A window end is placed midway between the poll that found no new sample and the one that found
 # it, so it is off the period's end by at most half the polls' spacing. Windows whose ends were
@@ -328,8 +327,6 @@ class _Claim:
     # Per device: when the hook seeded the rate at the claim's first launch (region stamp).
     first_launch: dict[str, int] = field(default_factory=dict)
     steps: dict[str, int] = field(default_factory=dict)  # controller steps taken
-    # Per device: ticks in a row, up to the last, that found a fresh sample (counted up to 2).
-    fresh_streak: dict[str, int] = field(default_factory=dict)
 
 
 def _window_end(poll: tuple[int, int, bool], now_ns: int, cost: int) -> tuple[int, int, int]:
@@ -345,15 +342,6 @@ def _window_end(poll: tuple[int, int, bool], now_ns: int, cost: int) -> tuple[in
     if poll[2] or poll[0] >= now_ns or poll[1] > cost:
         return now_ns, cost, GOVERNOR_REFRESH_NS
     return (poll[0] + now_ns) // 2, (poll[1] + cost) // 2, now_ns - poll[0]
-
-
-def _note_poll(claim: _Claim, uuid: str, poll: tuple[int, int, bool]) -> tuple[int, int, bool]:
-    """Record this tick's (ns, launch cost, fresh) for a device; return the previous tick's (or
-    this one's, marked fresh, on first sight)."""
-    previous = claim.polls.get(uuid, (poll[0], poll[1], True))
-    claim.polls[uuid] = poll
-    claim.fresh_streak[uuid] = min(2, claim.fresh_streak.get(uuid, 0) + 1) if poll[2] else 0
-    return previous
 
 
 def _first_sample_start(first_ns: int | None, end_ns: int, bracket: int, util: float) -> int | None:
@@ -508,7 +496,8 @@ class Governor:
         raw = claim.region.layout.devices[index]
         if raw.rate_source == RATE_SEED and cap.uuid not in claim.first_launch:
             claim.first_launch[cap.uuid] = raw.rate_stamp_ns  # before our first write replaces it
-        poll = _note_poll(claim, cap.uuid, (now_ns, usage.launch_cost, sample.fresh))
+        poll = claim.polls.get(cap.uuid, (now_ns, usage.launch_cost, True))
+        claim.polls[cap.uuid] = (now_ns, usage.launch_cost, sample.fresh)
         mark = claim.marks.get(cap.uuid)
         if mark is None or now_ns <= mark[2]:
             claim.marks[cap.uuid] = (usage.launch_cost, usage.throttled_ns, now_ns)
@@ -603,13 +592,6 @@ class Governor:
 
     @staticmethod
     def _learning(claim: _Claim, cap: CappedDevice) -> bool:
-        # Fast polls only find a period's end sooner. A source that answers for our own interval
-        # (the simulator's exact mode) is fresh at every tick, where 10 ms ticks would only make
-        # 10 ms windows and ten times the steps (balance borrows BORROW_STEP a step): after two
-        # fresh ticks in a row (a real driver's 1/6 s period never gives that while ticks are
-        # fast) the next tick waits the full period (vgpu_ctl_poll does the same).
-        if claim.fresh_streak.get(cap.uuid, 0) >= 2:
-            return False
         controller = claim.controllers.get(cap.uuid)
         if (
             controller is not None

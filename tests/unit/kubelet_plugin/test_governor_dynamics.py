@@ -306,46 +306,6 @@ def test_the_governor_polls_fast_only_while_a_launching_claim_learns(tmp_path: P
         region.close()
 
 
-@pytest.mark.parametrize("realistic", [False, True], ids=["exact", "realistic"])
-def test_the_governor_polls_fast_only_until_two_ticks_in_a_row_were_fresh(
-    tmp_path: Path, realistic: bool
-) -> None:
-    """Fast polls only find a sample period's end sooner. A source that answers for the
-    governor's own interval (exact) is fresh at every tick: 10 ms ticks would only give 10 ms
-    windows and ten steps where one was due, so after two fresh ticks in a row a learning claim
-    is polled at the normal period; under realistic sampling (never two fresh ticks in a row
-    while they are fast) the ticks between period ends stay fast."""
-    node = SimNode(tmp_path)
-    node.clock[0] = 0
-    path = node.claim("c0", 30, pid=500)
-    tenant = Tenant(500, 30, rg.Region(str(path)), 200_000_000, 7.2e-8)
-    plant = Plant([tenant], realistic=realistic, seed=0)
-    gov = node.governor(None)
-    gov.source = plant
-    periods: list[tuple[int, float]] = []  # (fresh streak, next period) while launching
-    now = 0
-    try:
-        while now < 1_000_000_000:
-            plant.advance(now)
-            node.clock[0] = now
-            gov.tick()
-            plant.advance(now + TICK_NS)
-            period = gov.next_period()
-            claim = gov.claims.get("c0")
-            if now > tenant.start_ns and claim is not None:
-                periods.append((claim.fresh_streak.get(UUID, 0), period))
-            now += int(period * 1e9)
-    finally:
-        gov.close()
-        tenant.region.close()
-    assert all(period == 0.1 for streak, period in periods if streak >= 2)
-    if realistic:
-        assert all(streak < 2 for streak, _ in periods)
-        assert any(period == LEARNING_PERIOD_S for _, period in periods)
-    else:  # fresh at every tick since before the first launch: never a fast tick
-        assert periods and all(period == 0.1 for _, period in periods)
-
-
 # ---- the settling sweep (docs/vgpu-hook.md "Settling sweep") ---------------------------------
 #
 # Where the first launch falls in NVML's sample period decides how much of the first fresh
