@@ -89,9 +89,10 @@ struct vgpu_region_device {
     _Atomic uint64_t ctl_learning_anchor;
     _Atomic uint64_t ctl_hold;           /* struct vgpu_ctl_state.hold of the fallback */
     _Atomic uint64_t ctl_weight_bits;    /* double: struct vgpu_ctl_state.weight of the fallback */
-    /* The fallback's previous NVML poll: launch_cost then, and whether it found a fresh sample
-     * (a sample period that ends between a poll without one and the next poll is placed
-     * midway, where the launch cost is interpolated). */
+    /* The fallback's previous NVML poll: launch_cost then, and how many polls in a row up to it
+     * found a fresh sample, 0-2 (a sample period that ends between a poll without one and the
+     * next poll is placed midway, where the launch cost is interpolated; two in a row: the
+     * sampler answers for our own interval and fast polls gain nothing). */
     _Atomic uint64_t ctl_poll_cost;
     _Atomic uint64_t ctl_poll_fresh;
     _Atomic uint64_t ctl_steps;          /* controller steps taken (the first ones poll fast) */

@@ -138,8 +138,9 @@ double vgpu_balance_target(uint32_t cores, double device_util, double own_util) 
 /* ---- the in-process fallback controller ---------------------------------------------------- */
 
 #define CTL_PERIOD_NS 100000000ULL     /* controller step every 100 ms once settled */
-/* While the controller has no gain yet, or skips a sample that straddles a big rate change, it
- * polls NVML this often: a fresh sample comes once per driver period (~1/6 s), and waiting up to
+/* While the controller has no gain yet, or skips a sample that straddles a big rate change (and
+ * the last two polls did not both find a fresh sample), it polls NVML this often: a fresh
+ * sample comes once per driver period (~1/6 s), and waiting up to
  * 100 ms to notice each one would add that to every step a new claim needs to settle. */
 #define CTL_LEARNING_PERIOD_NS 10000000ULL
 /* A window end placed between two polls this close is "aligned" (vgpu_ctl_sample.aligned). */
@@ -157,13 +158,20 @@ double vgpu_balance_target(uint32_t cores, double device_util, double own_util) 
 bool vgpu_ctl_poll(struct vgpu_region_device *rd, uint32_t cores, uint32_t policy, uint64_t now,
                    vgpu_sampler sample, void *ctx) {
     uint64_t last = atomic_load_explicit(&rd->ctl_stamp_ns, memory_order_relaxed);
-    uint64_t period = atomic_load_explicit(&rd->ctl_gain_bits, memory_order_relaxed) == 0 ||
-                              atomic_load_explicit(&rd->ctl_hold, memory_order_relaxed) != 0 ||
-                              atomic_load_explicit(&rd->ctl_moved, memory_order_relaxed) != 0 ||
-                              atomic_load_explicit(&rd->ctl_steps, memory_order_relaxed) <=
-                                  CTL_SETTLING_STEPS
-                          ? CTL_LEARNING_PERIOD_NS
-                          : CTL_PERIOD_NS;
+    /* Fast polls only find a period's end sooner. A sampler that answers for the caller's own
+     * interval (the simulator's exact mode) is fresh at every poll, where 10 ms polls would
+     * only make 10 ms windows and ten times the steps (balance borrows VGPU_BORROW_STEP per
+     * step): after two fresh polls in a row (a real driver's 1/6 s period never gives that
+     * while polls are fast) the next poll waits the full period. */
+    bool unsettled = atomic_load_explicit(&rd->ctl_gain_bits, memory_order_relaxed) == 0 ||
+                     atomic_load_explicit(&rd->ctl_hold, memory_order_relaxed) != 0 ||
+                     atomic_load_explicit(&rd->ctl_moved, memory_order_relaxed) != 0 ||
+                     atomic_load_explicit(&rd->ctl_steps, memory_order_relaxed) <=
+                         CTL_SETTLING_STEPS;
+    uint64_t period =
+        unsettled && atomic_load_explicit(&rd->ctl_poll_fresh, memory_order_relaxed) < 2
+            ? CTL_LEARNING_PERIOD_NS
+            : CTL_PERIOD_NS;
     if (last != 0 && now - last < period) return false;
     if (!atomic_compare_exchange_strong(&rd->ctl_stamp_ns, &last, now)) return false;
     /* Elected for this period. The window runs from the end of the last consumed sample. */
@@ -171,10 +179,11 @@ bool vgpu_ctl_poll(struct vgpu_region_device *rd, uint32_t cores, uint32_t polic
     uint64_t throttled = atomic_load(&rd->throttled_ns);
     uint64_t start = atomic_load(&rd->ctl_window_ns);
     bool learning = atomic_load(&rd->ctl_gain_bits) == 0;
-    /* The previous poll (this one's launch cost is the next one's), and whether it found a
-     * fresh sample; a poll that finds none leaves 0 there. */
+    /* The previous poll (this one's launch cost is the next one's), and how many polls in a
+     * row up to it found a fresh sample (at most 2); a poll that finds none leaves 0 there. */
     uint64_t poll_cost = atomic_exchange(&rd->ctl_poll_cost, cost);
-    bool poll_fresh = atomic_exchange(&rd->ctl_poll_fresh, 0) != 0;
+    uint64_t fresh_streak = atomic_exchange(&rd->ctl_poll_fresh, 0);
+    bool poll_fresh = fresh_streak != 0;
     if (start == 0 || now - start > 10 * CTL_PERIOD_NS) { /* (re)start of a window */
         atomic_store(&rd->ctl_cost_mark, cost);
         atomic_store(&rd->throttle_mark, throttled);
@@ -188,7 +197,7 @@ bool vgpu_ctl_poll(struct vgpu_region_device *rd, uint32_t cores, uint32_t polic
     enum vgpu_sample_result got =
         sample(ctx, now - (seen != 0 && seen < now ? seen : start), &device_util, &claim_util);
     if (got != VGPU_SAMPLE_OK) return false; /* nothing new: the window grows until one comes */
-    atomic_store(&rd->ctl_poll_fresh, 1);
+    atomic_store(&rd->ctl_poll_fresh, fresh_streak < 2 ? fresh_streak + 1 : 2);
     atomic_store(&rd->ctl_seen_ns, now);
     /* Where the sample's period ended: between the previous poll and this one when that one
      * found nothing new (a real driver's sample period; midway, where the launch cost is

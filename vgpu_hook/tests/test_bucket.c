@@ -301,6 +301,30 @@ static void test_poll_learns_from_a_well_covered_first_sample(void) {
     CHECK_EQ_U64(d.ctl_stamp_ns, 1000 * MS + 174 * MS);
 }
 
+static void test_poll_waits_the_full_period_after_two_fresh_polls(void) {
+    /* A sampler fresh at every poll (answering for the caller's own interval, as the
+     * simulator's exact mode does): fast polls would only make 10 ms windows. */
+    struct vgpu_region_device d;
+    (void)first_sample_after(1000 * MS + 155 * MS, 2, &d); /* learnt at 160 ms, moved */
+    struct script always = {.fresh_from = 0, .util = 30};
+    always.now = 1000 * MS + 170 * MS;
+    CHECK(vgpu_ctl_poll(&d, 30, VGPU_POLICY_FIXED, always.now, scripted, &always));
+    CHECK_EQ_U64(d.ctl_poll_fresh, 2);
+    /* Two fresh polls in a row: not 10 ms later, but 100 ms later. */
+    always.fresh_from = 0;
+    always.now = 1000 * MS + 180 * MS;
+    CHECK(!vgpu_ctl_poll(&d, 30, VGPU_POLICY_FIXED, always.now, scripted, &always));
+    CHECK_EQ_U64(d.ctl_stamp_ns, 1000 * MS + 170 * MS);
+    always.fresh_from = 0;
+    always.now = 1000 * MS + 270 * MS;
+    CHECK(vgpu_ctl_poll(&d, 30, VGPU_POLICY_FIXED, always.now, scripted, &always));
+    CHECK_EQ_U64(d.ctl_stamp_ns, 1000 * MS + 270 * MS);
+    /* A poll that finds nothing new resets the streak: the next one is fast again. */
+    struct script none = {.fresh_from = UINT64_MAX};
+    CHECK(!vgpu_ctl_poll(&d, 30, VGPU_POLICY_FIXED, 1000 * MS + 370 * MS, scripted, &none));
+    CHECK_EQ_U64(d.ctl_poll_fresh, 0);
+}
+
 static void test_poll_anchors_on_a_barely_covered_first_sample(void) {
     struct vgpu_region_device d;
     /* The period ended 45 ms after the first launch (27 % of it): the sample only anchors. */
@@ -328,6 +352,7 @@ int main(void) {
     test_precise_window_replaces_seed_gain();
     test_aligned_window_is_not_held();
     test_poll_learns_from_a_well_covered_first_sample();
+    test_poll_waits_the_full_period_after_two_fresh_polls();
     test_poll_anchors_on_a_barely_covered_first_sample();
     CHECK_DONE();
 }
