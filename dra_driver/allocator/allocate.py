@@ -747,21 +747,7 @@ class Allocator:
         amount = np.zeros((len(representatives), len(layout.dims)), dtype=np.int64)
         consumed: list[tuple[tuple[str, int], ...]] = []
         for c, device in enumerate(representatives):
-            if alt.admin:
-                servable[c] = (
-                    requested_amounts(alt.capacity, device, alt.memory_percent) is not None
-                )
-            elif not device.allow_multiple:
-                requested = requested_amounts(alt.capacity, device, alt.memory_percent)
-                servable[c] = requested is not None and all(
-                    device.capacity[n].value >= v for n, v in requested.items()
-                )
-            else:
-                amounts = self._amounts_of(alt, device)
-                if amounts is not None:
-                    servable[c] = 1
-                    for name, value in amounts:
-                        amount[c, layout.dims[name]] = value
+            servable[c] = self._device_fit(alt, device, layout, amount[c])
             consumed.append(self._consumed(alt, device))
         hit = (
             np.ascontiguousarray(servable[classes]),
@@ -1087,6 +1073,25 @@ class Allocator:
             self._amounts[cache_key] = hit
         return hit[1]
 
+    def _device_fit(
+        self, alt: Alternative, device: Device, layout: Layout, amount: npt.NDArray[np.int64]
+    ) -> bool:
+        """Can `alt` be served by `device` as published? For a multi-allocatable device, also
+        writes what it consumes into `amount` (one row of capacity columns, `layout.dims`)."""
+        if alt.admin:
+            return requested_amounts(alt.capacity, device, alt.memory_percent) is not None
+        if not device.allow_multiple:
+            requested = requested_amounts(alt.capacity, device, alt.memory_percent)
+            return requested is not None and all(
+                device.capacity[n].value >= v for n, v in requested.items()
+            )
+        amounts = self._amounts_of(alt, device)
+        if amounts is None:
+            return False
+        for name, value in amounts:
+            amount[layout.dims[name]] = value
+        return True
+
     def _consumed(self, alt: Alternative, device: Device) -> tuple[tuple[str, int], ...]:
         """The consumedCapacity of one picked device (none for admin access or a whole device)."""
         if alt.admin or not device.allow_multiple:
@@ -1106,22 +1111,7 @@ class Allocator:
         servable = np.zeros(m, dtype=np.int8)
         amount = np.zeros((m, len(layout.dims)), dtype=np.int64)
         for j in range(m):
-            device = layout.devices[start + j]
-            if alt.admin:
-                servable[j] = (
-                    requested_amounts(alt.capacity, device, alt.memory_percent) is not None
-                )
-            elif not device.allow_multiple:
-                requested = requested_amounts(alt.capacity, device, alt.memory_percent)
-                servable[j] = requested is not None and all(
-                    device.capacity[n].value >= v for n, v in requested.items()
-                )
-            else:
-                amounts = self._amounts_of(alt, device)
-                if amounts is not None:
-                    servable[j] = 1
-                    for name, value in amounts:
-                        amount[j, layout.dims[name]] = value
+            servable[j] = self._device_fit(alt, layout.devices[start + j], layout, amount[j])
         if len(self._fits) >= FIT_CACHE_MAX:  # many request shapes x nodes: start over
             self._fits.clear()
             self._encodings.clear()
