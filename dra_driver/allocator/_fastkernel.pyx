@@ -1580,23 +1580,15 @@ cdef class LayoutWriter:
         """Device `row` now has `mem` / `cores` used (its node's sums follow), the held /
         allocated flags, and values[i] used in capacity column columns[i]; its node is stamped
         `seq` (model.change_seq)."""
-        cdef Py_ssize_t i, node
+        cdef Py_ssize_t i
         if not 0 <= row < self.dev_node.shape[0] or len(columns) != len(values):
             raise ValueError("account: row out of range or columns/values disagree")
         for i in range(len(columns)):
             if not 0 <= <Py_ssize_t>columns[i] < self.used_by_dim.shape[1]:
                 raise ValueError("account: capacity column out of range")
-        node = self.dev_node[row]
-        self.node_seq[node] = seq
-        self.node_mem_used[node] += mem - self.mem_used[row]
-        self.node_cores_used[node] += cores - self.cores_used[row]
-        self.mem_used[row] = mem
-        self.cores_used[row] = cores
-        self.busy[row] = held
+        self._write(row, seq, mem, cores, held, allocated)
         for i in range(len(columns)):
             self.used_by_dim[row, <Py_ssize_t>columns[i]] = <int64_t>values[i]
-        self.dev[row, DEV_ALLOCATED] = allocated
-        self.dev[row, DEV_HELD] = held
 
 
 # ---------------------------------------------------------------- results and commit in C
