@@ -499,12 +499,7 @@ def _measure(
         warm_lines = len(_admissions(log_path.read_text()))
         metrics_before = _apiserver_metrics(client, cluster.server)
         hook_before = _webhook_metrics(client, system_ns, port)
-        client_samples: list[float] = []
-        errors = 0
-        for n in range(ROUNDS):
-            samples, failed = _create_round(client, tenant, f"r{n}", CONCURRENCY)
-            client_samples += samples
-            errors += failed
+        client_samples, errors = _measured_rounds(client, tenant)
         metrics_after = _apiserver_metrics(client, cluster.server)
         hook_after = _webhook_metrics(client, system_ns, port)
         load = round(os.getloadavg()[0], 2)
@@ -618,12 +613,7 @@ def _measure_floor(
         _, warm_errors = _create_round(client, tenant, "warm", CONCURRENCY)
         metrics_before = _apiserver_metrics(client, cluster.server)
         stats_before = _floor_stats(port, ca_pem)
-        client_samples: list[float] = []
-        errors = 0
-        for n in range(ROUNDS):
-            samples, failed = _create_round(client, tenant, f"r{n}", CONCURRENCY)
-            client_samples += samples
-            errors += failed
+        client_samples, errors = _measured_rounds(client, tenant)
         metrics_after = _apiserver_metrics(client, cluster.server)
         stats_after = _floor_stats(port, ca_pem)
         load = round(os.getloadavg()[0], 2)
@@ -806,6 +796,17 @@ def _phases(admissions: list[tuple[str, float, dict[str, str]]]) -> dict[str, An
         "mean_slow": {k: mean(slow, k) for k in keys},
         "mean_rest": {k: mean(fast, k) for k in keys},
     }
+
+
+def _measured_rounds(client: kube.KubeClient, namespace: str) -> tuple[list[float], int]:
+    """The measured rounds of a pass (after its warm-up): every client latency, failures."""
+    client_samples: list[float] = []
+    errors = 0
+    for n in range(ROUNDS):
+        samples, failed = _create_round(client, namespace, f"r{n}", CONCURRENCY)
+        client_samples += samples
+        errors += failed
+    return client_samples, errors
 
 
 def _create_round(
