@@ -17,7 +17,7 @@ from cpython.buffer cimport (
     PyBuffer_Release,
     PyObject_GetBuffer,
 )
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint32_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcmp, memcpy, memset
 
@@ -1168,9 +1168,9 @@ cdef object _plan_results(Plan plan, Encoding enc, tuple claims):
     (shareIDs made here)."""
     cdef Py_ssize_t i, p, a, ci, row, q, n_claims = len(claims), count
     cdef Ctx* c = &enc.proto
-    cdef object share, result, uid, key, consumed, consumption, name, driver = None, pool = None
-    cdef bint shared, prefixed
-    cdef SHA256_CTX prefix, ctx
+    cdef object share, result, uid, key, consumed, consumption, name
+    cdef bint shared, hashed
+    cdef unsigned char base[16]
     cdef list per_claim
     cdef tuple out
     cdef Py_ssize_t* fill
@@ -1190,25 +1190,19 @@ cdef object _plan_results(Plan plan, Encoding enc, tuple claims):
             a = c.chosen_alt[i]
             name = <object>PyTuple_GET_ITEM(plan.alt_names, a)
             count = c.npicks[i]
-            prefixed = False
+            hashed = False
+            if count > (<Py_ssize_t>1 << 32):
+                raise ValueError("results: more picks than shareID positions")
             for p in range(count):
                 row = enc.start + c.picks[i * enc.m + p]
                 key = plan.keys[row]
                 consumed = (<list>plan.consumed[a])[row]
                 shared = plan.multi[row] != 0 and not plan.alts[a, ALT_ADMIN]
                 if shared:
-                    # The hash of "uid/request/driver/pool/" once per request and pool: the
-                    # devices of a request usually share their node's pool.
-                    if not (
-                        prefixed and driver == <object>PyTuple_GET_ITEM(key, 0)
-                        and pool == <object>PyTuple_GET_ITEM(key, 1)
-                    ):
-                        driver = <object>PyTuple_GET_ITEM(key, 0)
-                        pool = <object>PyTuple_GET_ITEM(key, 1)
-                        _share_prefix(&prefix, uid, name, driver, pool)
-                        prefixed = True
-                    memcpy(&ctx, &prefix, sizeof(SHA256_CTX))
-                    share = _share_id_from(&ctx, <object>PyTuple_GET_ITEM(key, 2), p)
+                    if not hashed:  # one hash per request, on its first shared device
+                        _share_base_c(base, uid, name)
+                        hashed = True
+                    share = _share_id_at(base, <uint32_t>p)
                 else:
                     share = None
                 # The same (device, amounts, exclusive) every time this alternative takes
@@ -1601,40 +1595,37 @@ cdef class LayoutWriter:
 cdef const char* _HEX = b"0123456789abcdef"
 
 
-cdef object _share_id_c(object uid, object request, object path, Py_ssize_t index):
-    """allocate._share_id in C: SHA-256 of "uid/request/path/index", its first 16 bytes as a
-    version-4 UUID (same text as the Python twin)."""
+cdef void _share_base_c(unsigned char* base, object uid, object request) except *:
+    """allocate._share_base in C: the first 16 bytes of SHA-256("uid/request")."""
     cdef SHA256_CTX ctx
+    cdef unsigned char digest[32]
     cdef Py_ssize_t n
     cdef const char* text
     SHA256_Init(&ctx)
-    for part in (uid, request, path):
-        text = PyUnicode_AsUTF8AndSize(part, &n)
-        SHA256_Update(&ctx, text, n)
-        SHA256_Update(&ctx, b"/", 1)
-    return _share_id_finish(&ctx, index)
+    text = PyUnicode_AsUTF8AndSize(uid, &n)
+    SHA256_Update(&ctx, text, n)
+    SHA256_Update(&ctx, b"/", 1)
+    text = PyUnicode_AsUTF8AndSize(request, &n)
+    SHA256_Update(&ctx, text, n)
+    SHA256_Final(digest, &ctx)
+    memcpy(base, digest, 16)
 
 
-cdef object _share_id_finish(SHA256_CTX* ctx, Py_ssize_t index):
-    """Hash the position's digits, then format the digest as `_share_id_c` says."""
-    cdef unsigned char digest[32]
+cdef object _share_id_at(const unsigned char* base, uint32_t position):
+    """allocate._share_id in C: `base` with `position` XORed into bytes 12..15 (big-endian),
+    formatted as a version-4 UUID (same text as the Python twin)."""
+    cdef unsigned char b[16]
     cdef char hexed[32]
     cdef char out[36]
-    cdef char number[24]
-    cdef Py_ssize_t k, q
-    k = 24
-    q = index
-    while True:
-        k -= 1
-        number[k] = <char>(48 + q % 10)
-        q //= 10
-        if q == 0:
-            break
-    SHA256_Update(ctx, number + k, 24 - k)
-    SHA256_Final(digest, ctx)
+    cdef Py_ssize_t k
+    memcpy(b, base, 16)
+    b[12] ^= <unsigned char>(position >> 24)
+    b[13] ^= <unsigned char>(position >> 16)
+    b[14] ^= <unsigned char>(position >> 8)
+    b[15] ^= <unsigned char>position
     for k in range(16):
-        hexed[2 * k] = _HEX[digest[k] >> 4]
-        hexed[2 * k + 1] = _HEX[digest[k] & 15]
+        hexed[2 * k] = _HEX[b[k] >> 4]
+        hexed[2 * k + 1] = _HEX[b[k] & 15]
     # h[:8]-h[8:12]-4h[13:16]-{89ab}[h[16]&3]h[17:20]-h[20:32]
     memcpy(out, hexed, 8)
     out[8] = b'-'
@@ -1643,40 +1634,21 @@ cdef object _share_id_finish(SHA256_CTX* ctx, Py_ssize_t index):
     out[14] = b'4'
     memcpy(out + 15, hexed + 13, 3)
     out[18] = b'-'
-    out[19] = b"89ab"[(digest[8] >> 4) & 3]
+    out[19] = b"89ab"[(b[8] >> 4) & 3]
     memcpy(out + 20, hexed + 17, 3)
     out[23] = b'-'
     memcpy(out + 24, hexed + 20, 12)
     return PyUnicode_DecodeASCII(out, 36, NULL)
 
 
-cdef void _share_prefix(
-    SHA256_CTX* ctx, object uid, object request, object driver, object pool
-) except *:
-    """Start a shareID hash: "uid/request/driver/pool/" (see `_share_id_c`)."""
-    cdef Py_ssize_t n
-    cdef const char* text
-    SHA256_Init(ctx)
-    for part in (uid, request, driver, pool):
-        text = PyUnicode_AsUTF8AndSize(part, &n)
-        SHA256_Update(ctx, text, n)
-        SHA256_Update(ctx, b"/", 1)
-
-
-cdef object _share_id_from(SHA256_CTX* ctx, object device, Py_ssize_t index):
-    """Finish a shareID hash started by `_share_prefix`: "device/index", formatted."""
-    cdef Py_ssize_t n
-    cdef const char* text = PyUnicode_AsUTF8AndSize(device, &n)
-    SHA256_Update(ctx, text, n)
-    SHA256_Update(ctx, b"/", 1)
-    return _share_id_finish(ctx, index)
-
-
-def share_id(str uid, str request, str path, Py_ssize_t index):
-    """The Cython twin of allocate._share_id (tests compare them)."""
-    if index < 0:
-        raise ValueError("share_id: negative position")
-    return _share_id_c(uid, request, path, index)
+def share_id(str uid, str request, Py_ssize_t position):
+    """The Cython twin of allocate._share_id(allocate._share_base(uid, request), position)
+    (tests compare them)."""
+    cdef unsigned char base[16]
+    if not 0 <= position < (<Py_ssize_t>1 << 32):
+        raise ValueError(f"shareID position {position} out of range")
+    _share_base_c(base, uid, request)
+    return _share_id_at(base, <uint32_t>position)
 
 
 cdef inline void _put(object t, Py_ssize_t i, object value):

@@ -4,6 +4,7 @@ every decision is right against a brute-force oracle, on random clusters and ran
 from __future__ import annotations
 
 import itertools
+import uuid
 from types import SimpleNamespace
 from typing import Any
 
@@ -223,16 +224,33 @@ def test_the_accountant_stays_the_models_twin_across_recommits_and_layout_change
 @given(
     uid=st.text(min_size=1, max_size=60),
     request=st.text(min_size=1, max_size=80),
-    path=st.text(min_size=1, max_size=120),
-    index=st.integers(0, 10**12),
+    positions=st.lists(
+        st.one_of(st.integers(0, 16), st.integers(0, (1 << 32) - 1)), min_size=1, max_size=6
+    ),
 )
-def test_share_ids_are_identical(uid: str, request: str, path: str, index: int) -> None:
-    assume_utf8 = all(not 0xD800 <= ord(ch) <= 0xDFFF for ch in uid + request + path)
+def test_share_ids_are_identical(uid: str, request: str, positions: list[int]) -> None:
+    """Both twins give the same text at every position, and positions of one request differ
+    (one hash per request, the position mixed into its last bytes)."""
+    assume_utf8 = all(not 0xD800 <= ord(ch) <= 0xDFFF for ch in uid + request)
     if not assume_utf8:  # lone surrogates cannot be encoded by either twin
         return
-    assert _fastkernel.share_id(uid, request, path, index) == allocate._share_id(
-        uid, request, path, index
-    )
+    base = allocate._share_base(uid, request)
+    ids = {}
+    for position in positions:
+        text = allocate._share_id(base, position)
+        assert _fastkernel.share_id(uid, request, position) == text
+        parsed = uuid.UUID(text)
+        assert parsed.version == 4 and parsed.variant == uuid.RFC_4122 and str(parsed) == text
+        ids[position] = text
+    assert len(set(ids.values())) == len(ids)
+
+
+def test_share_id_positions_outside_32_bits_are_refused() -> None:
+    for position in (-1, 1 << 32):
+        with pytest.raises(ValueError, match="position"):
+            _fastkernel.share_id("uid", "gpu", position)
+        with pytest.raises(ValueError, match="position"):
+            allocate._share_id(allocate._share_base("uid", "gpu"), position)
 
 
 @settings(max_examples=200, deadline=None)
