@@ -23,11 +23,13 @@ from libc.string cimport memcmp, memcpy, memset
 
 cdef extern from "Python.h":
     const char* PyUnicode_AsUTF8AndSize(object, Py_ssize_t*) except NULL
-    object PyUnicode_DecodeASCII(const char*, Py_ssize_t, const char*)
+    object PyUnicode_New(Py_ssize_t, Py_UCS4)
+    void* PyUnicode_DATA(object)
 
 from cpython.dict cimport PyDict_GetItemWithError
-from cpython.object cimport PyObject, PyTypeObject
-from cpython.ref cimport Py_INCREF
+from cpython.long cimport PyLong_FromVoidPtr
+from cpython.object cimport PyObject, PyObject_Hash, PyTypeObject
+from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_New, PyTuple_SET_ITEM
 
 cdef extern from "openssl/sha.h":
@@ -44,6 +46,40 @@ cdef extern from *:
     }
     """
     object vgpu_alloc_tuple(PyTypeObject* type, Py_ssize_t n)
+
+cdef extern from *:
+    """
+    /* Dictionary reads and writes with the key's hash already known (the Accountant keeps each
+       device key's hash: a tuple does not cache its own). CPython 3.11 and 3.12 export these;
+       elsewhere the plain calls serve, only slower. */
+    static PyObject* vgpu_dict_get(PyObject* d, PyObject* key, Py_hash_t hash) {
+    #if PY_VERSION_HEX < 0x030D0000
+        return _PyDict_GetItem_KnownHash(d, key, hash);
+    #else
+        (void)hash;
+        return PyDict_GetItemWithError(d, key);
+    #endif
+    }
+    static int vgpu_dict_set(PyObject* d, PyObject* key, PyObject* value, Py_hash_t hash) {
+    #if PY_VERSION_HEX < 0x030D0000
+        return _PyDict_SetItem_KnownHash(d, key, value, hash);
+    #else
+        (void)hash;
+        return PyDict_SetItem(d, key, value);
+    #endif
+    }
+    """
+    PyObject* vgpu_dict_get(object d, object key, Py_hash_t hash)
+    int vgpu_dict_set(object d, object key, object value, Py_hash_t hash) except -1
+
+
+cdef inline PyObject* _dict_get(dict d, object key, Py_hash_t hash) except? NULL:
+    """A borrowed reference to d[key] (hash: key's), NULL when absent."""
+    return vgpu_dict_get(d, key, hash)
+
+
+cdef inline int _dict_set(dict d, object key, object value, Py_hash_t hash) except -1:
+    return vgpu_dict_set(d, key, value, hash)
 
 
 
@@ -1616,7 +1652,8 @@ cdef object _share_id_at(const unsigned char* base, uint32_t position):
     formatted as a version-4 UUID (same text as the Python twin)."""
     cdef unsigned char b[16]
     cdef char hexed[32]
-    cdef char out[36]
+    cdef object text = PyUnicode_New(36, 127)  # ASCII, written in place before anyone sees it
+    cdef char* out = <char*>PyUnicode_DATA(text)
     cdef Py_ssize_t k
     memcpy(b, base, 16)
     b[12] ^= <unsigned char>(position >> 24)
@@ -1638,7 +1675,7 @@ cdef object _share_id_at(const unsigned char* base, uint32_t position):
     memcpy(out + 20, hexed + 17, 3)
     out[23] = b'-'
     memcpy(out + 24, hexed + 20, 12)
-    return PyUnicode_DecodeASCII(out, 36, NULL)
+    return text
 
 
 def share_id(str uid, str request, Py_ssize_t position):
@@ -1660,21 +1697,20 @@ cdef inline tuple PyTuple_New_(Py_ssize_t n):
     return PyTuple_New(n)
 
 
-# Not tracked by the cyclic GC: a slot refers only to strings, ints, tuples of them and a
-# dictionary of them, so it can be in no cycle; tracked, each new device's slot would bring the
-# next collection closer (one in the middle of a decision costs more than the decision).
+# Not tracked by the cyclic GC: a slot or a columns record refers only to strings, ints, tuples
+# of them and a dictionary of them, so it can be in no cycle; tracked, each new device's slot
+# would bring the next collection closer (one in the middle of a decision costs more than the
+# decision).
 @cython.no_gc
-cdef class _Slot:
-    """What the Accountant keeps of one device while the model's layout stays the same, so a
-    commit looks the device up once instead of in four dictionaries: its layout row (-1: not
-    laid out), its dictionary in `model.used`, its memory / cores capacity names, and for the
-    last amounts tuple it accounted (the plan hands over the same tuple whenever an alternative
-    takes this device) each amount's capacity column and which amounts are memory and cores."""
+cdef class _Columns:
+    """How the Accountant writes one amounts tuple ((capacity name, amount) pairs) under one
+    layout: each amount's capacity column (-1: none), and which amounts are the memory / cores
+    totals for one driver's names. Every device of one capacity table is handed the same amounts
+    tuple by the plan, so one record serves them all (kept per layout, keyed by the tuple's
+    identity, which the record keeps alive)."""
 
-    cdef Py_ssize_t row
-    cdef dict used
-    cdef object mem_name, cores_name
-    cdef object amounts  # the tuple `cols`, `mem_at` and `cores_at` describe (kept alive)
+    cdef object amounts
+    cdef object mem_name  # the driver's memory capacity name it was made for (identity)
     cdef Py_ssize_t n, mem_at, cores_at
     cdef Py_ssize_t* cols
 
@@ -1682,11 +1718,45 @@ cdef class _Slot:
         free(self.cols)
 
 
+@cython.no_gc
+cdef class _Slot:
+    """What the Accountant keeps of one device while the model's layout stays the same, so a
+    commit finds the device without hashing its key and looks it up in no dictionary but its
+    own: its key and the key's hash (the model's `allocations` / `exclusive` are read and
+    written with it), its layout row (-1: not laid out), its dictionary in `model.used`, its
+    memory / cores capacity names, and the columns record of the last amounts it accounted."""
+
+    cdef object key
+    cdef Py_hash_t hash
+    cdef Py_ssize_t row
+    cdef dict used
+    cdef object mem_name, cores_name
+    cdef _Columns columns
+
+
+cdef inline Py_ssize_t _probe(PyObject** keys, Py_ssize_t size, PyObject* key) noexcept:
+    """Where `key` (by address) is in an open-addressing table of `size` (a power of two,
+    never more than half full), or the empty place it would go."""
+    cdef size_t i = ((<size_t>key >> 4) * <size_t>11400714819323198485ULL) >> 32
+    cdef size_t mask = <size_t>size - 1
+    i &= mask
+    while keys[i] != NULL and keys[i] != key:
+        i = (i + 1) & mask
+    return <Py_ssize_t>i
+
+
 cdef class Accountant:
     """`ClusterModel.assume` (with `_set_claim` / `_account`) in C, for the fast path's commit:
     the same dictionaries and layout writes in the same order (the tests compare both). Holds
     the model's consumption dictionaries, which the model never replaces, and the dictionary
-    per device in `model.used`, which the model never replaces either."""
+    per device in `model.used`, which the model never replaces either.
+
+    Finding a device's slot without hashing its key: the plan hands out the layout's own key
+    objects, so a table keyed by the key object's address (holding a reference to it, so the
+    address stays its own) finds the slot of every key seen before under this layout; other
+    key objects (equal keys made elsewhere, for instance by `ClusterModel._apply_claim`) fall
+    back to `slots`, by value. The key's hash is kept in its slot for the model's
+    dictionaries."""
 
     cdef object model
     cdef dict claims, used, allocations, exclusive, devices
@@ -1694,8 +1764,13 @@ cdef class Accountant:
     cdef object name_of  # driver -> that pair (model.capacity_names)
     cdef object layout, writer  # the model's layout as last seen, and its fields
     cdef dict index, dims
+    cdef list laid_out  # the layout's devices
     cdef dict slots  # device key -> _Slot, for `layout`
+    cdef dict column_records  # id(amounts) -> _Columns, for `layout`
     cdef object seq  # model.change_seq during one commit, written back at its end
+    cdef PyObject** table_keys  # the address table (owned references), see the docstring
+    cdef PyObject** table_slots
+    cdef Py_ssize_t table_size, table_count
 
     def __init__(self, model, name_of):
         self.model = model
@@ -1707,6 +1782,43 @@ cdef class Accountant:
         self.names = {}
         self.name_of = name_of
         self.slots = {}
+        self.column_records = {}
+
+    def __dealloc__(self):
+        self._clear_table()
+
+    cdef void _clear_table(self) noexcept:
+        cdef Py_ssize_t i
+        if self.table_keys != NULL:
+            for i in range(self.table_size):
+                if self.table_keys[i] != NULL:
+                    Py_XDECREF(self.table_keys[i])
+                    Py_XDECREF(self.table_slots[i])
+        free(self.table_keys)
+        free(self.table_slots)
+        self.table_keys = NULL
+        self.table_slots = NULL
+        self.table_size = self.table_count = 0
+
+    cdef _grow_table(self):
+        """Twice the address table's room (64 places at first), its entries moved over."""
+        cdef Py_ssize_t size = 2 * self.table_size if self.table_size else 64, i, j
+        cdef PyObject** keys = <PyObject**>calloc(size, sizeof(PyObject*))
+        cdef PyObject** slots = <PyObject**>calloc(size, sizeof(PyObject*))
+        if keys == NULL or slots == NULL:
+            free(keys)
+            free(slots)
+            raise MemoryError()
+        for i in range(self.table_size):
+            if self.table_keys[i] != NULL:
+                j = _probe(keys, size, self.table_keys[i])
+                keys[j] = self.table_keys[i]
+                slots[j] = self.table_slots[i]
+        free(self.table_keys)
+        free(self.table_slots)
+        self.table_keys = keys
+        self.table_slots = slots
+        self.table_size = size
 
     def commit(self, tuple results not None):
         """Record `Placement.results` ((claim, DeviceResults) pairs) as `Allocator.commit`
@@ -1754,16 +1866,20 @@ cdef class Accountant:
         """Before a commit: the model's layout (its fields and the slots when it changed) and
         change_seq, read once for the whole commit (nothing else runs until `_end`)."""
         cdef object layout = self.model._layout
-        if layout is not self.layout:
+        if layout is not self.layout or self.table_keys == NULL:  # (NULL: never committed)
             if layout is not None and layout.writer is None:
                 raise ValueError("Accountant: the layout has no LayoutWriter")
             self.slots = {}
+            self.column_records = {}
             self.layout = layout
             self.index = layout.index if layout is not None else None
             self.dims = layout.dims if layout is not None else None
+            self.laid_out = layout.devices if layout is not None else None
             self.writer = layout.writer if layout is not None else None
             if layout is not None and not isinstance(self.writer, LayoutWriter):
                 raise ValueError("Accountant: the layout's writer is not a LayoutWriter")
+            self._clear_table()
+            self._grow_table()
         self.seq = self.model.change_seq
 
     cdef _end(self):
@@ -1782,27 +1898,70 @@ cdef class Accountant:
             for entry in consumption:
                 self._account(entry, 1)
 
-    cdef _Slot _slot(self, object key):
-        """The device's slot for the current layout, made on its first commit."""
-        cdef _Slot slot = _Slot.__new__(_Slot)
-        cdef object row_obj, names
-        cdef dict used
-        cdef LayoutWriter w
-        slot.row = -1
-        if self.layout is not None:
-            row_obj = self.index.get(key)
-            if row_obj is not None:
-                w = <LayoutWriter>self.writer
-                slot.row = row_obj
-                if not 0 <= slot.row < w.dev_node.shape[0]:
-                    raise ValueError("Accountant: device row out of range")
-        used = self.used.get(key)
-        if used is None:
-            used = {}
-            self.used[key] = used
-        slot.used = used
+    cdef _Slot _find(self, object key):
+        """The device's slot: by the key object's address, else by value, else made. Only the
+        slot's own key object (the layout's, when the device is laid out) enters the address
+        table, so it holds one entry per slot however many equal keys come by."""
+        cdef Py_ssize_t i = _probe(self.table_keys, self.table_size, <PyObject*>key)
+        cdef PyObject* found
+        cdef Py_hash_t hash
+        cdef _Slot slot
+        if self.table_keys[i] != NULL:
+            return <_Slot>self.table_slots[i]
         if not (isinstance(key, tuple) and PyTuple_GET_SIZE(key) == 3):
             raise ValueError("Accountant: a device key is (driver, pool, device)")
+        hash = PyObject_Hash(key)
+        found = _dict_get(self.slots, key, hash)
+        if found == NULL:
+            slot = self._slot(key, hash)
+        else:
+            slot = <_Slot>found
+        return slot
+
+    cdef _remember(self, _Slot slot):
+        """Put the slot's own key object in the address table."""
+        cdef Py_ssize_t i
+        if 2 * (self.table_count + 1) > self.table_size:
+            self._grow_table()
+        i = _probe(self.table_keys, self.table_size, <PyObject*>slot.key)
+        if self.table_keys[i] != NULL:
+            return
+        Py_INCREF(slot.key)
+        Py_INCREF(slot)
+        self.table_keys[i] = <PyObject*>slot.key
+        self.table_slots[i] = <PyObject*>slot
+        self.table_count += 1
+
+    cdef _Slot _slot(self, object key, Py_hash_t hash):
+        """The device's slot for the current layout, made on its first commit (`hash`: the
+        key's)."""
+        cdef _Slot slot = _Slot.__new__(_Slot)
+        cdef object row_obj, names
+        cdef PyObject* found
+        cdef dict used
+        cdef LayoutWriter w
+        slot.key = key
+        slot.hash = hash
+        slot.row = -1
+        if self.layout is not None:
+            found = _dict_get(self.index, key, slot.hash)
+            if found != NULL:
+                row_obj = <object>found
+                w = <LayoutWriter>self.writer
+                slot.row = row_obj
+                if not 0 <= slot.row < w.dev_node.shape[0] or slot.row >= len(self.laid_out):
+                    raise ValueError("Accountant: device row out of range")
+                # The layout's own key object: the one the plan hands out
+                slot.key = (<list>self.laid_out)[slot.row].key
+                if slot.key != key:
+                    raise ValueError("Accountant: the layout's index and devices disagree")
+        found = _dict_get(self.used, key, slot.hash)
+        if found == NULL:
+            used = {}
+            _dict_set(self.used, key, used, slot.hash)
+        else:
+            used = <dict?>found
+        slot.used = used
         names = self.names.get(<object>PyTuple_GET_ITEM(key, 0))
         if names is None:
             names = self.name_of(<object>PyTuple_GET_ITEM(key, 0))
@@ -1811,26 +1970,31 @@ cdef class Accountant:
             self.names[<object>PyTuple_GET_ITEM(key, 0)] = names
         slot.mem_name = <object>PyTuple_GET_ITEM(names, 0)
         slot.cores_name = <object>PyTuple_GET_ITEM(names, 1)
-        self.slots[key] = slot
+        _dict_set(self.slots, key, slot, slot.hash)
+        self._remember(slot)
         return slot
 
-    cdef _columns(self, _Slot slot, object amounts):
-        """Describe `amounts` (a tuple of (capacity name, amount) pairs) in `slot`."""
+    cdef _Columns _columns(self, _Slot slot, object amounts):
+        """The columns record of `amounts` (a tuple of (capacity name, amount) pairs) for the
+        slot's driver under the current layout, made the first time."""
         cdef Py_ssize_t q, n, col
-        cdef object item, name, column
-        cdef Py_ssize_t* cols
+        cdef object item, name, column, ident = PyLong_FromVoidPtr(<void*>amounts)
+        cdef _Columns record
+        cdef PyObject* found = PyDict_GetItemWithError(self.column_records, ident)
         cdef LayoutWriter w
+        if found != NULL:
+            record = <_Columns>found
+            if record.amounts is amounts and record.mem_name is slot.mem_name:
+                return record
         if not isinstance(amounts, tuple):
             raise ValueError("Accountant: a consumption's amounts are a tuple of pairs")
         n = PyTuple_GET_SIZE(amounts)
-        cols = <Py_ssize_t*>calloc(n + 1, sizeof(Py_ssize_t))
-        if cols == NULL:
+        record = _Columns.__new__(_Columns)
+        record.cols = <Py_ssize_t*>calloc(n + 1, sizeof(Py_ssize_t))
+        if record.cols == NULL:
             raise MemoryError()
-        free(slot.cols)
-        slot.cols = cols
-        slot.amounts = None
-        slot.n = n
-        slot.mem_at = slot.cores_at = -1
+        record.n = n
+        record.mem_at = record.cores_at = -1
         for q in range(n):
             item = <object>PyTuple_GET_ITEM(amounts, q)
             if not (isinstance(item, tuple) and PyTuple_GET_SIZE(item) == 2):
@@ -1838,19 +2002,22 @@ cdef class Accountant:
             name = <object>PyTuple_GET_ITEM(item, 0)
             # The last amount of a name is the total the model's memory / cores columns take
             if name == slot.mem_name:
-                slot.mem_at = q
+                record.mem_at = q
             elif name == slot.cores_name:
-                slot.cores_at = q
-            cols[q] = -1
-            if slot.row >= 0:
+                record.cores_at = q
+            record.cols[q] = -1
+            if self.dims is not None:
                 column = self.dims.get(name)
                 if column is not None:
                     col = column
                     w = <LayoutWriter>self.writer
                     if not 0 <= col < w.used_by_dim.shape[1]:
                         raise ValueError("Accountant: capacity column out of range")
-                    cols[q] = col
-        slot.amounts = amounts
+                    record.cols[q] = col
+        record.amounts = amounts
+        record.mem_name = slot.mem_name
+        self.column_records[ident] = record
+        return record
 
     cdef _account(self, object entry, int sign):
         """ClusterModel._account (the same dictionaries, the same layout writes)."""
@@ -1859,6 +2026,7 @@ cdef class Accountant:
         cdef PyObject* found
         cdef dict used
         cdef _Slot slot
+        cdef _Columns record
         cdef Py_ssize_t row, q
         cdef int64_t seq, mem, cores, held, allocated
         cdef LayoutWriter w
@@ -1866,16 +2034,14 @@ cdef class Accountant:
             raise ValueError("Accountant: a consumption is (device, amounts, exclusive)")
         key = <object>PyTuple_GET_ITEM(entry, 0)
         amounts = <object>PyTuple_GET_ITEM(entry, 1)
-        found = PyDict_GetItemWithError(self.slots, key)
-        if found == NULL:
-            slot = self._slot(key)
-        else:
-            slot = <_Slot>found
-        if slot.amounts is not amounts:
-            self._columns(slot, amounts)
+        slot = self._find(key)
+        record = slot.columns
+        if record is None or record.amounts is not amounts:
+            record = self._columns(slot, amounts)
+            slot.columns = record
         used = slot.used
         row = slot.row
-        for q in range(slot.n):
+        for q in range(record.n):
             item = <object>PyTuple_GET_ITEM(amounts, q)
             name = <object>PyTuple_GET_ITEM(item, 0)
             amount = <object>PyTuple_GET_ITEM(item, 1)
@@ -1887,19 +2053,22 @@ cdef class Accountant:
             else:
                 total = <object>found - amount
             used[name] = total
-            if q == slot.mem_at:
+            if q == record.mem_at:
                 mem_obj = total
-            elif q == slot.cores_at:
+            elif q == record.cores_at:
                 cores_obj = total
-            if row >= 0 and slot.cols[q] >= 0:
+            if row >= 0 and record.cols[q] >= 0:
                 w = <LayoutWriter>self.writer
-                w.used_by_dim[row, slot.cols[q]] = total
-        count = self.allocations.get(key, 0) + sign
-        self.allocations[key] = count
-        excl = self.exclusive.get(key, 0)
+                w.used_by_dim[row, record.cols[q]] = total
+        key = slot.key
+        found = _dict_get(self.allocations, key, slot.hash)
+        count = (0 if found == NULL else <object>found) + sign
+        _dict_set(self.allocations, key, count, slot.hash)
+        found = _dict_get(self.exclusive, key, slot.hash)
+        excl = 0 if found == NULL else <object>found
         if <object>PyTuple_GET_ITEM(entry, 2):
             excl = excl + sign
-            self.exclusive[key] = excl
+            _dict_set(self.exclusive, key, excl, slot.hash)
         if row < 0:
             return
         w = <LayoutWriter>self.writer

@@ -220,6 +220,31 @@ def test_the_accountant_stays_the_models_twin_across_recommits_and_layout_change
     assert_same_consumption(fast.model, slow.model)
 
 
+def test_the_accountant_releases_consumption_the_api_reported() -> None:
+    """A claim whose allocation arrived as an API object (its device keys are new tuples,
+    equal to the layout's but other objects) is released and re-committed by the fast path
+    as by the model; so is a placement committed twice with the API's copy in between."""
+    nodes = [(PRODUCTS[0], "two-islands", 8), (PRODUCTS[1], "pairs", 4)]
+    fast, slow = Allocator(build(nodes), fast=True), Allocator(build(nodes), fast=False)
+    policy = Policy(node="binpack", device="spread", topology="link")
+    claim = claim_of(0, (2, "10Gi", "30", None, CONSTRAINTS[1], "", "", "", None))
+    placement = outcome(fast, claim, policy)
+    assert isinstance(placement, Placement) and outcome(slow, claim, policy) == placement
+    allocation = placement.allocation(claim.uid)
+    api = {"metadata": {"uid": claim.uid}, "status": {"allocation": allocation}}
+    for _ in range(2):
+        for alloc in (fast, slow):
+            alloc.model.apply("ResourceClaim", api)  # the claim's update event
+        assert_same_consumption(fast.model, slow.model)
+        fast.commit(placement)  # releases the API's entries, then records its own
+        slow.commit(placement)
+        assert_same_consumption(fast.model, slow.model)
+    for alloc in (fast, slow):
+        alloc.model.delete("ResourceClaim", api)
+    assert_same_consumption(fast.model, slow.model)
+    assert not any(any(used.values()) for used in fast.model.used.values())
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     uid=st.text(min_size=1, max_size=60),
