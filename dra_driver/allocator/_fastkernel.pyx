@@ -10,6 +10,8 @@ point keys are identical and the search makes the same picks (the property tests
 """
 
 cimport cython
+
+from collections.abc import Mapping, MutableMapping
 from cpython.buffer cimport (
     PyBUF_C_CONTIGUOUS,
     PyBUF_FORMAT,
@@ -17,8 +19,8 @@ from cpython.buffer cimport (
     PyBuffer_Release,
     PyObject_GetBuffer,
 )
-from libc.stdint cimport int64_t, uint32_t
-from libc.stdlib cimport calloc, free
+from libc.stdint cimport INT64_MIN, int64_t, uint32_t
+from libc.stdlib cimport calloc, free, realloc
 from libc.string cimport memcmp, memcpy, memset
 
 cdef extern from "Python.h":
@@ -1697,6 +1699,136 @@ cdef inline tuple PyTuple_New_(Py_ssize_t n):
     return PyTuple_New(n)
 
 
+cdef extern from *:
+    """
+    static int vgpu_add_i64(int64_t a, int64_t b, int64_t* out) {
+        return __builtin_add_overflow(a, b, out);
+    }
+    """
+    int vgpu_add_i64(int64_t a, int64_t b, int64_t* out) noexcept
+
+
+# Not tracked by the cyclic GC: it refers only to capacity name strings (see _Slot below).
+@cython.no_gc
+@cython.final
+cdef class DeviceUsage:
+    """One device's consumption in `ClusterModel.used`: capacity name -> amount consumed (a
+    mutable mapping, as the dictionary it replaces), plus `allocations` (results on the device)
+    and `exclusive` (of those, the ones that hold it whole). Amounts are kept as int64 in C,
+    names in the order first consumed (a name stays, at 0, once released), so the fast path's
+    commit adds to a device without a dictionary operation; equal to any mapping with the same
+    items. The model's pure-Python stand-in (extension not built) is `model._PyDeviceUsage`."""
+
+    cdef public Py_ssize_t allocations
+    cdef public Py_ssize_t exclusive
+    cdef list names
+    cdef int64_t* totals
+    cdef Py_ssize_t n, room
+
+    def __cinit__(self):
+        self.names = []
+
+    def __dealloc__(self):
+        free(self.totals)
+
+    cdef Py_ssize_t _find(self, object name) except -2:
+        """The name's position, -1 when absent (the model hands out one object per name, so
+        the identity check nearly always decides)."""
+        cdef Py_ssize_t i
+        for i in range(self.n):
+            if <PyObject*>(<list>self.names)[i] is <PyObject*>name:
+                return i
+        for i in range(self.n):
+            if (<list>self.names)[i] == name:
+                return i
+        return -1
+
+    cdef Py_ssize_t _place(self, object name) except -1:
+        """The name's position, appended (at 0) when absent."""
+        cdef Py_ssize_t i = self._find(name)
+        cdef int64_t* grown
+        if i >= 0:
+            return i
+        if not isinstance(name, str):
+            raise TypeError("DeviceUsage: capacity names are strings")
+        if self.n == self.room:
+            grown = <int64_t*>realloc(self.totals, (2 * self.room + 2) * sizeof(int64_t))
+            if grown == NULL:
+                raise MemoryError()
+            self.totals = grown
+            self.room = 2 * self.room + 2
+        self.names.append(name)
+        self.totals[self.n] = 0
+        self.n += 1
+        return self.n - 1
+
+    cdef int64_t _add(self, Py_ssize_t i, int64_t amount, int sign) except? -1:
+        """Add sign x amount at position i; the new total."""
+        cdef int64_t total
+        if sign < 0:
+            if amount == INT64_MIN:
+                raise OverflowError("DeviceUsage: amount out of range")
+            amount = -amount
+        if vgpu_add_i64(self.totals[i], amount, &total):
+            raise OverflowError("DeviceUsage: consumption out of range")
+        self.totals[i] = total
+        return total
+
+    def __getitem__(self, name):
+        cdef Py_ssize_t i = self._find(name)
+        if i < 0:
+            raise KeyError(name)
+        return self.totals[i]
+
+    def __setitem__(self, name, int64_t value):
+        self.totals[self._place(name)] = value
+
+    def __delitem__(self, name):
+        raise TypeError("DeviceUsage: a consumed capacity is never removed, only set to 0")
+
+    def __contains__(self, name):
+        return self._find(name) >= 0
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        return iter(list(self.names))
+
+    def get(self, name, default=None):
+        cdef Py_ssize_t i = self._find(name)
+        return default if i < 0 else self.totals[i]
+
+    def keys(self):
+        return list(self.names)
+
+    def values(self):
+        return [self.totals[i] for i in range(self.n)]
+
+    def items(self):
+        return [(self.names[i], self.totals[i]) for i in range(self.n)]
+
+    def __eq__(self, other):
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        return dict(self.items()) == dict(other.items())
+
+    def __ne__(self, other):
+        result = self.__eq__(other)
+        return result if result is NotImplemented else not result
+
+    __hash__ = None
+
+    def __repr__(self):
+        return (
+            f"DeviceUsage({dict(self.items())!r}, allocations={self.allocations}, "
+            f"exclusive={self.exclusive})"
+        )
+
+
+MutableMapping.register(DeviceUsage)
+
+
 # Not tracked by the cyclic GC: a slot or a columns record refers only to strings, ints, tuples
 # of them and a dictionary of them, so it can be in no cycle; tracked, each new device's slot
 # would bring the next collection closer (one in the middle of a decision costs more than the
@@ -1721,15 +1853,15 @@ cdef class _Columns:
 @cython.no_gc
 cdef class _Slot:
     """What the Accountant keeps of one device while the model's layout stays the same, so a
-    commit finds the device without hashing its key and looks it up in no dictionary but its
-    own: its key and the key's hash (the model's `allocations` / `exclusive` are read and
-    written with it), its layout row (-1: not laid out), its dictionary in `model.used`, its
-    memory / cores capacity names, and the columns record of the last amounts it accounted."""
+    commit finds the device without hashing its key and looks it up in no dictionary: its key
+    and the key's hash, its layout row (-1: not laid out), its `DeviceUsage` in `model.used`,
+    its memory / cores capacity names, and the columns record of the last amounts it
+    accounted."""
 
     cdef object key
     cdef Py_hash_t hash
     cdef Py_ssize_t row
-    cdef dict used
+    cdef DeviceUsage usage
     cdef object mem_name, cores_name
     cdef _Columns columns
 
@@ -1747,19 +1879,18 @@ cdef inline Py_ssize_t _probe(PyObject** keys, Py_ssize_t size, PyObject* key) n
 
 cdef class Accountant:
     """`ClusterModel.assume` (with `_set_claim` / `_account`) in C, for the fast path's commit:
-    the same dictionaries and layout writes in the same order (the tests compare both). Holds
-    the model's consumption dictionaries, which the model never replaces, and the dictionary
-    per device in `model.used`, which the model never replaces either.
+    the same consumption records and layout writes in the same order (the tests compare both).
+    Holds the model's consumption dictionaries, which the model never replaces, and the
+    `DeviceUsage` per device in `model.used`, which the model never replaces either.
 
     Finding a device's slot without hashing its key: the plan hands out the layout's own key
     objects, so a table keyed by the key object's address (holding a reference to it, so the
     address stays its own) finds the slot of every key seen before under this layout; other
     key objects (equal keys made elsewhere, for instance by `ClusterModel._apply_claim`) fall
-    back to `slots`, by value. The key's hash is kept in its slot for the model's
-    dictionaries."""
+    back to `slots`, by value."""
 
     cdef object model
-    cdef dict claims, used, allocations, exclusive, devices
+    cdef dict claims, used, devices
     cdef dict names  # driver -> (memory capacity name, cores capacity name)
     cdef object name_of  # driver -> that pair (model.capacity_names)
     cdef object layout, writer  # the model's layout as last seen, and its fields
@@ -1776,8 +1907,6 @@ cdef class Accountant:
         self.model = model
         self.claims = model._claims
         self.used = model.used
-        self.allocations = model.allocations
-        self.exclusive = model.exclusive
         self.devices = model.devices
         self.names = {}
         self.name_of = name_of
@@ -1938,7 +2067,7 @@ cdef class Accountant:
         cdef _Slot slot = _Slot.__new__(_Slot)
         cdef object row_obj, names
         cdef PyObject* found
-        cdef dict used
+        cdef DeviceUsage usage
         cdef LayoutWriter w
         slot.key = key
         slot.hash = hash
@@ -1957,11 +2086,11 @@ cdef class Accountant:
                     raise ValueError("Accountant: the layout's index and devices disagree")
         found = _dict_get(self.used, key, slot.hash)
         if found == NULL:
-            used = {}
-            _dict_set(self.used, key, used, slot.hash)
+            usage = DeviceUsage.__new__(DeviceUsage)
+            _dict_set(self.used, key, usage, slot.hash)
         else:
-            used = <dict?>found
-        slot.used = used
+            usage = <DeviceUsage?>found
+        slot.usage = usage
         names = self.names.get(<object>PyTuple_GET_ITEM(key, 0))
         if names is None:
             names = self.name_of(<object>PyTuple_GET_ITEM(key, 0))
@@ -2020,15 +2149,14 @@ cdef class Accountant:
         return record
 
     cdef _account(self, object entry, int sign):
-        """ClusterModel._account (the same dictionaries, the same layout writes)."""
-        cdef object key, amounts, item, name, amount, count, excl, total
-        cdef object mem_obj = None, cores_obj = None  # new memory / cores totals, when named
-        cdef PyObject* found
-        cdef dict used
+        """ClusterModel._account (the same records, the same layout writes)."""
+        cdef object key, amounts, item
+        cdef DeviceUsage usage
         cdef _Slot slot
         cdef _Columns record
-        cdef Py_ssize_t row, q
-        cdef int64_t seq, mem, cores, held, allocated
+        cdef Py_ssize_t row, q, at
+        cdef int64_t seq, total, mem = 0, cores = 0, held, allocated
+        cdef bint mem_named = False, cores_named = False
         cdef LayoutWriter w
         if not (isinstance(entry, tuple) and PyTuple_GET_SIZE(entry) == 3):
             raise ValueError("Accountant: a consumption is (device, amounts, exclusive)")
@@ -2039,45 +2167,37 @@ cdef class Accountant:
         if record is None or record.amounts is not amounts:
             record = self._columns(slot, amounts)
             slot.columns = record
-        used = slot.used
+        usage = slot.usage
         row = slot.row
         for q in range(record.n):
             item = <object>PyTuple_GET_ITEM(amounts, q)
-            name = <object>PyTuple_GET_ITEM(item, 0)
-            amount = <object>PyTuple_GET_ITEM(item, 1)
-            found = PyDict_GetItemWithError(used, name)
-            if found == NULL:
-                total = 0 + amount if sign > 0 else 0 - amount
-            elif sign > 0:
-                total = <object>found + amount
-            else:
-                total = <object>found - amount
-            used[name] = total
+            at = usage._place(<object>PyTuple_GET_ITEM(item, 0))
+            total = usage._add(at, <object>PyTuple_GET_ITEM(item, 1), sign)
             if q == record.mem_at:
-                mem_obj = total
+                mem = total
+                mem_named = True
             elif q == record.cores_at:
-                cores_obj = total
+                cores = total
+                cores_named = True
             if row >= 0 and record.cols[q] >= 0:
                 w = <LayoutWriter>self.writer
                 w.used_by_dim[row, record.cols[q]] = total
-        key = slot.key
-        found = _dict_get(self.allocations, key, slot.hash)
-        count = (0 if found == NULL else <object>found) + sign
-        _dict_set(self.allocations, key, count, slot.hash)
-        found = _dict_get(self.exclusive, key, slot.hash)
-        excl = 0 if found == NULL else <object>found
+        usage.allocations += sign
         if <object>PyTuple_GET_ITEM(entry, 2):
-            excl = excl + sign
-            _dict_set(self.exclusive, key, excl, slot.hash)
+            usage.exclusive += sign
         if row < 0:
             return
         w = <LayoutWriter>self.writer
         self.seq = self.seq + 1
         seq = self.seq
-        mem = used.get(slot.mem_name, 0) if mem_obj is None else mem_obj
-        cores = used.get(slot.cores_name, 0) if cores_obj is None else cores_obj
+        if not mem_named:
+            at = usage._find(slot.mem_name)
+            mem = usage.totals[at] if at >= 0 else 0
+        if not cores_named:
+            at = usage._find(slot.cores_name)
+            cores = usage.totals[at] if at >= 0 else 0
         # ClusterModel.is_held: exclusively held, or a device without allowMultipleAllocations
         # (the layout's row says which, as the model's device does) allocated at all
-        held = excl > 0 or (not w.dev[row, DEV_MULTI] and count > 0)
-        allocated = count > 0
+        held = usage.exclusive > 0 or (not w.dev[row, DEV_MULTI] and usage.allocations > 0)
+        allocated = usage.allocations > 0
         w._write(row, seq, mem, cores, held, allocated)

@@ -47,6 +47,9 @@ KINDS = ("ResourceSlice", "Node", "Pod", "ResourceClaim")
 # of times: parse each text once.
 parse_quantity = functools.lru_cache(maxsize=4096)(_parse_quantity)
 DeviceKey = tuple[str, str, str]  # (driver, pool, device)
+# Largest consumed amount a claim may report: sums of a few stay inside int64, the type of the
+# model's consumption records and layout columns
+AMOUNT_LIMIT = 1 << 62
 
 
 class ModelError(ValueError):
@@ -312,6 +315,26 @@ class Layout:
             self.writer = _fastkernel.LayoutWriter(self)
 
 
+class _PyDeviceUsage(dict[str, int]):
+    """`_fastkernel.DeviceUsage` when the extension is not built: one device's consumption
+    (capacity name -> amount) with its `allocations` and `exclusive` counts."""
+
+    __slots__ = ("allocations", "exclusive")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.allocations = 0  # results on the device
+        self.exclusive = 0  # of those, the ones that hold it whole
+
+
+# What `ClusterModel.used` holds per device: the C record (the fast commit adds to it without
+# a dictionary operation) or its stand-in; both are mutable mappings with the two counts.
+DeviceUsage: type[_PyDeviceUsage] = (
+    _PyDeviceUsage if _fastkernel is None else _fastkernel.DeviceUsage  # type: ignore[assignment]
+)
+_NO_USAGE = _PyDeviceUsage()  # what an unconsumed device reads as (never written)
+
+
 def _write_usage(  # noqa: PLR0917 - LayoutWriter.account's arguments, one to one
     layout: Layout, row: int, seq: int, mem: int, cores: int, held: int, allocated: int
 ) -> None:
@@ -396,9 +419,8 @@ class ClusterModel:
         self.node_cpu_used: dict[str, int] = {}
         self.node_mem_used: dict[str, int] = {}
         self._claims: dict[str, list[Consumption]] = {}
-        self.used: dict[DeviceKey, dict[str, int]] = {}
-        self.allocations: dict[DeviceKey, int] = {}
-        self.exclusive: dict[DeviceKey, int] = {}
+        # Per device ever consumed: capacity name -> amount, and the allocation counts
+        self.used: dict[DeviceKey, _PyDeviceUsage] = {}
         self._generation = itertools.count(1)
         self._layout: Layout | None = None
         self.node_epoch = 0  # bumped on any node change (node-fit caches key on it)
@@ -665,6 +687,12 @@ class ClusterModel:
             amounts = tuple(
                 sorted((_qualify(k, driver), parse_quantity(str(v))) for k, v in consumed.items())
             )
+            for name, amount in amounts:
+                if not 0 <= amount < AMOUNT_LIMIT:  # checked before anything changes
+                    raise ModelError(
+                        f"ResourceClaim {uid}: consumedCapacity {name}={amount} is outside "
+                        f"0..2^62 (the model counts consumption in int64)"
+                    )
             device = self.devices.get(key)
             exclusive = device is None or not device.allow_multiple
             consumption.append(Consumption(key, amounts, exclusive and "shareID" not in result))
@@ -683,12 +711,14 @@ class ClusterModel:
                 self._account(entry, +1)
 
     def _account(self, entry: Consumption, sign: int) -> None:
-        used = self.used.setdefault(entry.device, {})
+        used = self.used.get(entry.device)
+        if used is None:
+            used = self.used[entry.device] = DeviceUsage()
         for name, amount in entry.amounts:
             used[name] = used.get(name, 0) + sign * amount
-        self.allocations[entry.device] = self.allocations.get(entry.device, 0) + sign
+        used.allocations += sign
         if entry.exclusive:
-            self.exclusive[entry.device] = self.exclusive.get(entry.device, 0) + sign
+            used.exclusive += sign
         layout = self._layout
         if layout is not None:
             row = layout.index.get(entry.device)
@@ -698,7 +728,7 @@ class ClusterModel:
                 mem = used.get(_memory_name(driver), 0)
                 cores = used.get(_cores_name(driver), 0)
                 held = int(self.is_held(entry.device))
-                allocated = int(self.allocations[entry.device] > 0)
+                allocated = int(used.allocations > 0)
                 columns, values = [], []
                 for name, _ in entry.amounts:
                     column = layout.dims.get(name)
@@ -748,7 +778,7 @@ class ClusterModel:
             driver = d.key[0]
             mem = d.capacity.get(f"{driver}/{names.CAPACITY_MEMORY}")
             cores = d.capacity.get(f"{driver}/{names.CAPACITY_CORES}")
-            used = self.used.get(d.key, {})
+            used = self.used.get(d.key, _NO_USAGE)
             mem_total.append(mem.value if mem else 0)
             cores_total.append(cores.value if cores else 0)
             mem_default.append(default_consumption(mem))
@@ -767,13 +797,13 @@ class ClusterModel:
         for i, d in enumerate(devices):
             for name, capacity in d.capacity.items():
                 cap[i, dims[name]] = capacity.value
-            for name, amount in self.used.get(d.key, {}).items():
+            for name, amount in self.used.get(d.key, _NO_USAGE).items():
                 if name in dims:
                     used_by_dim[i, dims[name]] = amount
             driver = d.key[0]
             dev[i] = (
                 int(d.allow_multiple),
-                int(self.allocations.get(d.key, 0) > 0),
+                int(self.allocation_count(d.key) > 0),
                 busy[i],
                 d.numa,
                 d.link,
@@ -822,12 +852,21 @@ class ClusterModel:
             epoch=self.layout_epoch,
         )
 
-    def device_used(self, key: DeviceKey) -> dict[str, int]:
-        return self.used.get(key, {})
+    def device_used(self, key: DeviceKey) -> Mapping[str, int]:
+        """Capacity name -> amount the device's allocations consume (empty: none)."""
+        return self.used.get(key, _NO_USAGE)
+
+    def allocation_count(self, key: DeviceKey) -> int:
+        """How many allocation results the device has (admin access not counted)."""
+        used = self.used.get(key)
+        return 0 if used is None else used.allocations
 
     def is_held(self, key: DeviceKey) -> bool:
         """True when the device can take no further allocation at all."""
-        device = self.devices.get(key)
-        if self.exclusive.get(key, 0) > 0:
+        used = self.used.get(key)
+        if used is None:
+            return False
+        if used.exclusive > 0:
             return True
-        return device is not None and not device.allow_multiple and self.allocations.get(key, 0) > 0
+        device = self.devices.get(key)
+        return device is not None and not device.allow_multiple and used.allocations > 0
