@@ -20,7 +20,7 @@ from cpython.buffer cimport (
     PyObject_GetBuffer,
 )
 from libc.stdint cimport INT64_MIN, int64_t, uint32_t
-from libc.stdlib cimport calloc, free, realloc
+from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcmp, memcpy, memset
 
 cdef extern from "Python.h":
@@ -1722,14 +1722,18 @@ cdef class DeviceUsage:
     cdef public Py_ssize_t allocations
     cdef public Py_ssize_t exclusive
     cdef list names
-    cdef int64_t* totals
+    cdef int64_t* totals  # `inline` while it has room, else malloc'ed
+    cdef int64_t inline[4]
     cdef Py_ssize_t n, room
 
     def __cinit__(self):
         self.names = []
+        self.totals = self.inline
+        self.room = 4
 
     def __dealloc__(self):
-        free(self.totals)
+        if self.totals != self.inline:
+            free(self.totals)
 
     cdef Py_ssize_t _find(self, object name) except -2:
         """The name's position, -1 when absent (the model hands out one object per name, so
@@ -1752,11 +1756,14 @@ cdef class DeviceUsage:
         if not isinstance(name, str):
             raise TypeError("DeviceUsage: capacity names are strings")
         if self.n == self.room:
-            grown = <int64_t*>realloc(self.totals, (2 * self.room + 2) * sizeof(int64_t))
+            grown = <int64_t*>malloc(2 * self.room * sizeof(int64_t))
             if grown == NULL:
                 raise MemoryError()
+            memcpy(grown, self.totals, self.n * sizeof(int64_t))
+            if self.totals != self.inline:
+                free(self.totals)
             self.totals = grown
-            self.room = 2 * self.room + 2
+            self.room = 2 * self.room
         self.names.append(name)
         self.totals[self.n] = 0
         self.n += 1
@@ -1892,11 +1899,12 @@ cdef class Accountant:
     cdef object model
     cdef dict claims, used, devices
     cdef dict names  # driver -> (memory capacity name, cores capacity name)
+    cdef object last_driver, last_names  # the last entry of `names` read
     cdef object name_of  # driver -> that pair (model.capacity_names)
     cdef object layout, writer  # the model's layout as last seen, and its fields
     cdef dict index, dims
     cdef list laid_out  # the layout's devices
-    cdef dict slots  # device key -> _Slot, for `layout`
+    cdef dict slots  # device key -> _Slot of devices not laid out, for `layout`
     cdef dict column_records  # id(amounts) -> _Columns, for `layout`
     cdef object seq  # model.change_seq during one commit, written back at its end
     cdef PyObject** table_keys  # the address table (owned references), see the docstring
@@ -2028,23 +2036,41 @@ cdef class Accountant:
                 self._account(entry, 1)
 
     cdef _Slot _find(self, object key):
-        """The device's slot: by the key object's address, else by value, else made. Only the
-        slot's own key object (the layout's, when the device is laid out) enters the address
-        table, so it holds one entry per slot however many equal keys come by."""
+        """The device's slot: by the key object's address; else, for a laid-out device, by the
+        address of the layout's own key object (found through the layout's index); else by
+        value in `slots`; else made. Only layout key objects enter the address table, so it
+        holds one entry per laid-out device however many equal keys come by."""
         cdef Py_ssize_t i = _probe(self.table_keys, self.table_size, <PyObject*>key)
+        cdef Py_ssize_t row = -1
         cdef PyObject* found
         cdef Py_hash_t hash
+        cdef object own
         cdef _Slot slot
+        cdef LayoutWriter w
         if self.table_keys[i] != NULL:
             return <_Slot>self.table_slots[i]
         if not (isinstance(key, tuple) and PyTuple_GET_SIZE(key) == 3):
             raise ValueError("Accountant: a device key is (driver, pool, device)")
         hash = PyObject_Hash(key)
+        if self.layout is not None:
+            found = _dict_get(self.index, key, hash)
+            if found != NULL:
+                row = <object>found
+                w = <LayoutWriter>self.writer
+                if not 0 <= row < w.dev_node.shape[0] or row >= len(self.laid_out):
+                    raise ValueError("Accountant: device row out of range")
+                own = (<list>self.laid_out)[row].key  # equal to `key`: the index says so
+                i = _probe(self.table_keys, self.table_size, <PyObject*>own)
+                if self.table_keys[i] != NULL:
+                    return <_Slot>self.table_slots[i]
+                slot = self._slot(own, hash, row)
+                self._remember(slot)
+                return slot
         found = _dict_get(self.slots, key, hash)
-        if found == NULL:
-            slot = self._slot(key, hash)
-        else:
-            slot = <_Slot>found
+        if found != NULL:
+            return <_Slot>found
+        slot = self._slot(key, hash, -1)
+        _dict_set(self.slots, key, slot, hash)
         return slot
 
     cdef _remember(self, _Slot slot):
@@ -2061,46 +2087,35 @@ cdef class Accountant:
         self.table_slots[i] = <PyObject*>slot
         self.table_count += 1
 
-    cdef _Slot _slot(self, object key, Py_hash_t hash):
-        """The device's slot for the current layout, made on its first commit (`hash`: the
-        key's)."""
+    cdef _Slot _slot(self, object key, Py_hash_t hash, Py_ssize_t row):
+        """A new slot for the device `key` (its hash; its layout row, -1: not laid out)."""
         cdef _Slot slot = _Slot.__new__(_Slot)
-        cdef object row_obj, names
+        cdef object names, driver = <object>PyTuple_GET_ITEM(key, 0)
         cdef PyObject* found
         cdef DeviceUsage usage
-        cdef LayoutWriter w
         slot.key = key
         slot.hash = hash
-        slot.row = -1
-        if self.layout is not None:
-            found = _dict_get(self.index, key, slot.hash)
-            if found != NULL:
-                row_obj = <object>found
-                w = <LayoutWriter>self.writer
-                slot.row = row_obj
-                if not 0 <= slot.row < w.dev_node.shape[0] or slot.row >= len(self.laid_out):
-                    raise ValueError("Accountant: device row out of range")
-                # The layout's own key object: the one the plan hands out
-                slot.key = (<list>self.laid_out)[slot.row].key
-                if slot.key != key:
-                    raise ValueError("Accountant: the layout's index and devices disagree")
-        found = _dict_get(self.used, key, slot.hash)
+        slot.row = row
+        found = _dict_get(self.used, key, hash)
         if found == NULL:
             usage = DeviceUsage.__new__(DeviceUsage)
-            _dict_set(self.used, key, usage, slot.hash)
+            _dict_set(self.used, key, usage, hash)
         else:
             usage = <DeviceUsage?>found
         slot.usage = usage
-        names = self.names.get(<object>PyTuple_GET_ITEM(key, 0))
-        if names is None:
-            names = self.name_of(<object>PyTuple_GET_ITEM(key, 0))
-            if not (isinstance(names, tuple) and PyTuple_GET_SIZE(names) == 2):
-                raise ValueError("Accountant: name_of gives (memory name, cores name)")
-            self.names[<object>PyTuple_GET_ITEM(key, 0)] = names
+        if driver is self.last_driver:  # the usual case: one driver
+            names = self.last_names
+        else:
+            names = self.names.get(driver)
+            if names is None:
+                names = self.name_of(driver)
+                if not (isinstance(names, tuple) and PyTuple_GET_SIZE(names) == 2):
+                    raise ValueError("Accountant: name_of gives (memory name, cores name)")
+                self.names[driver] = names
+            self.last_driver = driver
+            self.last_names = names
         slot.mem_name = <object>PyTuple_GET_ITEM(names, 0)
         slot.cores_name = <object>PyTuple_GET_ITEM(names, 1)
-        _dict_set(self.slots, key, slot, slot.hash)
-        self._remember(slot)
         return slot
 
     cdef _Columns _columns(self, _Slot slot, object amounts):

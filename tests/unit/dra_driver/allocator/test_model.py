@@ -208,10 +208,17 @@ def test_a_device_usage_reads_as_the_mapping_it_replaces(kind: str) -> None:
     assert sorted(usage.values()) == [30, 6 * GIB] and usage.get("other") is None
     with pytest.raises(KeyError):
         usage["other"]
+    many = {f"{DRIVER}/c{i}": i for i in range(9)}  # beyond the C record's inline room
+    for name, amount in many.items():
+        usage[name] = amount
+    assert dict(usage.items()) == {MEM: 6 * GIB, f"{DRIVER}/cores": 30, **many}
+    for name in many:
+        usage[name] = 0
     assert (usage.allocations, usage.exclusive) == (0, 0)
     usage.allocations += 2
     usage.exclusive += 1
     assert (usage.allocations, usage.exclusive) == (2, 1)
+    assert usage == {MEM: 6 * GIB, f"{DRIVER}/cores": 30, **dict.fromkeys(many, 0)}
     if kind == "c":
         with pytest.raises(OverflowError):
             usage[MEM] = 1 << 63  # amounts are int64, as the layout's columns
