@@ -942,6 +942,10 @@ cdef class NodeKeys:
     cdef Py_ssize_t n_aside
     cdef int topo, strict, binpack
     cdef int64_t seq
+    # How far `rank` has read the layout's change log, and per node the rank pass that last
+    # refreshed it (a node stamped several times since is refreshed once)
+    cdef int64_t log_pos, pass_no
+    cdef int64_t* mark
     cdef readonly bint filled
 
     def __init__(
@@ -979,7 +983,8 @@ cdef class NodeKeys:
         self.tree = <Py_ssize_t*>calloc(2 * self.size, sizeof(Py_ssize_t))
         self.aside = <signed char*>calloc(n_nodes + 1, 1)
         self.aside_list = <Py_ssize_t*>calloc(n_nodes + 1, sizeof(Py_ssize_t))
-        if self.tree == NULL or self.aside == NULL or self.aside_list == NULL:
+        self.mark = <int64_t*>calloc(n_nodes + 1, sizeof(int64_t))
+        if self.tree == NULL or self.aside == NULL or self.aside_list == NULL or self.mark == NULL:
             raise MemoryError()
         self.n_aside = 0
         self.filled = False
@@ -988,6 +993,7 @@ cdef class NodeKeys:
         free(self.tree)
         free(self.aside)
         free(self.aside_list)
+        free(self.mark)
 
     def key(self, Py_ssize_t node):
         return self.key_view[node]
@@ -1279,6 +1285,9 @@ cdef class Engine:
     cdef Scan base
     cdef Py_ssize_t n_nodes, k_dims
     cdef const int64_t* node_seq
+    cdef const int64_t* node_log  # the layout's change log (see Layout.node_log)
+    cdef const int64_t* node_log_count
+    cdef Py_ssize_t log_size
     cdef const int64_t* dev
     cdef const int64_t* cap
     cdef const int64_t* used
@@ -1290,9 +1299,12 @@ cdef class Engine:
             layout.node_mem_used, layout.node_cores_total, layout.node_cores_used,
             layout.mem_total, layout.cores_total, layout.mem_default, layout.cores_default,
             layout.mem_used, layout.cores_used, layout.busy, layout.numa, layout.link,
-            layout.link_size, layout.cap, layout.used_by_dim, layout.dev,
+            layout.link_size, layout.cap, layout.used_by_dim, layout.dev, layout.node_log,
+            layout.node_log_count,
         )
         cdef const int64_t[::1] node_start = layout.node_start
+        cdef const int64_t[::1] node_log = layout.node_log
+        cdef const int64_t[::1] node_log_count = layout.node_log_count
         cdef const int64_t[::1] node_end = layout.node_end
         cdef const int64_t[::1] node_seq = layout.node_seq
         cdef const int64_t[::1] mem_total = layout.mem_total
@@ -1346,6 +1358,11 @@ cdef class Engine:
         self.base.link_size = _i64(layout.link_size)
         self.base.n_dev = n_dev
         self.node_seq = _i64(node_seq)
+        if node_log.shape[0] < 1 or node_log_count.shape[0] != 1:
+            raise ValueError("Engine: the layout's change log is malformed")
+        self.node_log = &node_log[0]
+        self.node_log_count = &node_log_count[0]
+        self.log_size = node_log.shape[0]
         self.dev = &dev[0, 0] if n_dev else NULL
         self.cap = &cap[0, 0] if n_dev and self.k_dims else NULL
         self.used = &used[0, 0] if n_dev and self.k_dims else NULL
@@ -1380,6 +1397,7 @@ cdef class Engine:
         cdef signed char* seen_ok = &nk.ok[0] if self.n_nodes else NULL
         cdef int64_t since = nk.seq
         cdef bint all_nodes = not nk.filled
+        cdef int64_t count = self.node_log_count[0], k
         cdef bint same_ok = (
             all_nodes or self.n_nodes == 0 or memcmp(okp, seen_ok, self.n_nodes) == 0
         )
@@ -1391,7 +1409,18 @@ cdef class Engine:
         if all_nodes:
             for n in range(self.n_nodes):
                 _refresh(&s, nk, okp, n)
-        elif same_ok:  # the usual case: the loop the compiler makes tightest
+        elif same_ok and 0 <= nk.log_pos <= count and count - nk.log_pos <= self.log_size:
+            # The usual case: the nodes stamped since the last rank, from the change log (a
+            # node stamped several times is refreshed once; an entry Python wrote out of
+            # range is skipped, a stamp the log lost is not possible: it holds them all)
+            nk.pass_no += 1
+            for k in range(nk.log_pos, count):
+                n = self.node_log[k % self.log_size]
+                if 0 <= n < self.n_nodes and nk.mark[n] != nk.pass_no and seqs[n] > since:
+                    nk.mark[n] = nk.pass_no
+                    _refresh(&s, nk, okp, n)
+                    _fix(nk, n)
+        elif same_ok:  # more stamps than the log holds: compare every node's
             for n in range(self.n_nodes):
                 if seqs[n] > since:
                     _refresh(&s, nk, okp, n)
@@ -1403,6 +1432,7 @@ cdef class Engine:
                     _fix(nk, n)
         if all_nodes:
             _build(nk)
+        nk.log_pos = count
         nk.seq = seq
         nk.filled = True
         return _top(nk)
@@ -1562,13 +1592,19 @@ cdef class LayoutWriter:
     cdef object arrays
     cdef const int64_t[::1] dev_node
     cdef int64_t[::1] node_seq, node_mem_used, node_cores_used, mem_used, cores_used, busy
+    cdef int64_t[::1] node_log, node_log_count
     cdef int64_t[:, ::1] used_by_dim, dev
 
     def __init__(self, layout):
         self.arrays = (
             layout.dev_node, layout.node_seq, layout.node_mem_used, layout.node_cores_used,
             layout.mem_used, layout.cores_used, layout.busy, layout.used_by_dim, layout.dev,
+            layout.node_log, layout.node_log_count,
         )
+        self.node_log = layout.node_log
+        self.node_log_count = layout.node_log_count
+        if self.node_log.shape[0] < 1 or self.node_log_count.shape[0] != 1:
+            raise ValueError("LayoutWriter: the layout's change log is malformed")
         self.dev_node = layout.dev_node
         self.node_seq = layout.node_seq
         self.node_mem_used = layout.node_mem_used
@@ -1596,7 +1632,12 @@ cdef class LayoutWriter:
     ) noexcept:
         """`account` without the capacity columns; `row` already checked by the caller."""
         cdef Py_ssize_t node = self.dev_node[row]
+        cdef int64_t count = self.node_log_count[0]
         self.node_seq[node] = seq
+        if count < 0:  # a count Python wrote wrong: start the log over (rank then scans all)
+            count = 0
+        self.node_log[count % self.node_log.shape[0]] = node
+        self.node_log_count[0] = count + 1
         self.node_mem_used[node] += mem - self.mem_used[row]
         self.node_cores_used[node] += cores - self.cores_used[row]
         self.mem_used[row] = mem

@@ -47,6 +47,7 @@ KINDS = ("ResourceSlice", "Node", "Pod", "ResourceClaim")
 # of times: parse each text once.
 parse_quantity = functools.lru_cache(maxsize=4096)(_parse_quantity)
 DeviceKey = tuple[str, str, str]  # (driver, pool, device)
+NODE_LOG = 4096  # entries of a layout's change log (Layout.node_log)
 # Largest consumed amount a claim may report: sums of a few stay inside int64, the type of the
 # model's consumption records and layout columns
 AMOUNT_LIMIT = 1 << 62
@@ -303,6 +304,15 @@ class Layout:
     used_by_dim: npt.NDArray[np.int64]  # [devices, dims], kept current like mem_used
     dev: npt.NDArray[np.int64]  # [devices, kernel.DEV_FIELDS]
     index: dict[DeviceKey, int] = field(default_factory=dict)
+    # Every node_seq stamp also appends its node here (a ring of NODE_LOG entries;
+    # node_log_count[0]: entries ever appended), so the fast path's rank visits the nodes
+    # stamped since it last ran instead of comparing every node's stamp (`stamp`)
+    node_log: npt.NDArray[np.int64] = field(
+        default_factory=lambda: np.zeros(NODE_LOG, dtype=np.int64)
+    )
+    node_log_count: npt.NDArray[np.int64] = field(
+        default_factory=lambda: np.zeros(1, dtype=np.int64)
+    )
     node_index: dict[str, int] = field(default_factory=dict)
     epoch: int = 0
     patch_seq: int = 0  # change_seq of the last in-place republication (row_seq)
@@ -335,13 +345,22 @@ DeviceUsage: type[_PyDeviceUsage] = (
 _NO_USAGE = _PyDeviceUsage()  # what an unconsumed device reads as (never written)
 
 
+def stamp(layout: Layout, node: int, seq: int) -> None:
+    """Node `node` changed at model change number `seq`: its node_seq, and the change log
+    (what `_fastkernel.LayoutWriter` does in C for consumption)."""
+    layout.node_seq[node] = seq
+    count = int(layout.node_log_count[0])
+    layout.node_log[count % len(layout.node_log)] = node
+    layout.node_log_count[0] = count + 1
+
+
 def _write_usage(  # noqa: PLR0917 - LayoutWriter.account's arguments, one to one
     layout: Layout, row: int, seq: int, mem: int, cores: int, held: int, allocated: int
 ) -> None:
     """What `_fastkernel.LayoutWriter.account` does, with numpy item writes (extension not
     built)."""
     node = int(layout.dev_node[row])
-    layout.node_seq[node] = seq
+    stamp(layout, node, seq)
     layout.node_mem_used[node] += mem - int(layout.mem_used[row])
     layout.node_cores_used[node] += cores - int(layout.cores_used[row])
     layout.mem_used[row] = mem
@@ -565,7 +584,7 @@ class ClusterModel:
                 layout.dev[row, kernel.DEV_LINK_SIZE] = size
             layout.node_mem_total[node] = int(layout.mem_total[s:e].sum())
             layout.node_cores_total[node] = int(layout.cores_total[s:e].sum())
-            layout.node_seq[node] = self.change_seq
+            stamp(layout, node, self.change_seq)
         layout.patch_seq = self.change_seq
         return True
 
@@ -668,7 +687,7 @@ class ClusterModel:
         if layout is not None and node in layout.node_index:
             i = layout.node_index[node]
             self.change_seq += 1
-            layout.node_seq[i] = self.change_seq
+            stamp(layout, i, self.change_seq)
             info = self.nodes[node]
             layout.cpu_free[i] = info.cpu_milli - self.node_cpu_used.get(node, 0)
             layout.mem_free[i] = info.memory - self.node_mem_used.get(node, 0)

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dra_driver.allocator import allocate, kernel
+from dra_driver.allocator import model as model_module
 
 try:
     from dra_driver.allocator import _fastkernel
@@ -160,6 +161,43 @@ def test_fast_and_reference_agree_and_are_right(
         assert a == b
         assert isinstance(a, Placement) == feasible, a
         # The fast path commits in C (`_fastkernel.Accountant`): the model ends up the same.
+        assert_same_consumption(fast.model, slow.model)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    nodes=nodes_st,
+    claims=st.lists(claim_st, min_size=2, max_size=10),
+    log_size=st.sampled_from([1, 2, 3, 4096]),
+    bound=st.lists(st.integers(0, 5), max_size=4),
+)
+def test_rank_reads_the_change_log_as_a_full_comparison_would(
+    nodes: list[tuple[str, str, int]],
+    claims: list[tuple[Any, ...]],
+    log_size: int,
+    bound: list[int],
+) -> None:
+    """The fast rank refreshes the nodes stamped since it last ran from the layout's change
+    log, and compares every node's stamp when more stamps came than the log holds (tiny logs
+    here): decisions stay the reference's, with bound pods changing nodes in between."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(model_module, "NODE_LOG", log_size)
+        fast, slow = Allocator(build(nodes), fast=True), Allocator(build(nodes), fast=False)
+        assert len(fast.model.layout().node_log) == log_size
+    for i, raw in enumerate(claims):
+        policy = Policy(node=raw[5], device=raw[6], topology=raw[7])
+        claim = claim_of(i, raw)
+        assert outcome(fast, claim, policy) == outcome(slow, claim, policy)
+        if i < len(bound) and bound[i] < len(nodes):  # a pod bound between decisions
+            pod = {
+                "metadata": {"uid": f"pod-{i}"},
+                "spec": {
+                    "nodeName": f"node-{bound[i]:05d}",
+                    "containers": [{"resources": {"requests": {"cpu": "1"}}}],
+                },
+            }
+            for alloc in (fast, slow):
+                alloc.model.apply("Pod", pod)
         assert_same_consumption(fast.model, slow.model)
 
 
@@ -451,6 +489,8 @@ def one_node_layout(dev: Any, cap: Any, used: Any) -> Any:
         cap=cap,
         used_by_dim=used,
         dev=dev,
+        node_log=np.zeros(4, dtype=np.int64),
+        node_log_count=np.zeros(1, dtype=np.int64),
     )
 
 
