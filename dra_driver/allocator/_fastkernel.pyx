@@ -1947,6 +1947,7 @@ cdef class Accountant:
     cdef list laid_out  # the layout's devices
     cdef dict slots  # device key -> _Slot of devices not laid out, for `layout`
     cdef dict column_records  # id(amounts) -> _Columns, for `layout`
+    cdef _Columns last_record  # the one `_columns` last gave, for `layout`
     cdef object seq  # model.change_seq during one commit, written back at its end
     cdef PyObject** table_keys  # the address table (owned references), see the docstring
     cdef PyObject** table_slots
@@ -2049,6 +2050,7 @@ cdef class Accountant:
                 raise ValueError("Accountant: the layout has no LayoutWriter")
             self.slots = {}
             self.column_records = {}
+            self.last_record = None
             self.layout = layout
             self.index = layout.index if layout is not None else None
             self.dims = layout.dims if layout is not None else None
@@ -2163,13 +2165,19 @@ cdef class Accountant:
         """The columns record of `amounts` (a tuple of (capacity name, amount) pairs) for the
         slot's driver under the current layout, made the first time."""
         cdef Py_ssize_t q, n, col
-        cdef object item, name, column, ident = PyLong_FromVoidPtr(<void*>amounts)
+        cdef object item, name, column, ident
         cdef _Columns record
-        cdef PyObject* found = PyDict_GetItemWithError(self.column_records, ident)
+        cdef PyObject* found
         cdef LayoutWriter w
+        record = self.last_record  # the usual case: the record the last new slot took
+        if record is not None and record.amounts is amounts and record.mem_name is slot.mem_name:
+            return record
+        ident = PyLong_FromVoidPtr(<void*>amounts)
+        found = PyDict_GetItemWithError(self.column_records, ident)
         if found != NULL:
             record = <_Columns>found
             if record.amounts is amounts and record.mem_name is slot.mem_name:
+                self.last_record = record
                 return record
         if not isinstance(amounts, tuple):
             raise ValueError("Accountant: a consumption's amounts are a tuple of pairs")
@@ -2202,6 +2210,7 @@ cdef class Accountant:
         record.amounts = amounts
         record.mem_name = slot.mem_name
         self.column_records[ident] = record
+        self.last_record = record
         return record
 
     cdef _account(self, object entry, int sign):
