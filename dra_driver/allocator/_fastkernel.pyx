@@ -1951,7 +1951,8 @@ cdef class Accountant:
     cdef object seq  # model.change_seq during one commit, written back at its end
     cdef PyObject** table_keys  # the address table (owned references), see the docstring
     cdef PyObject** table_slots
-    cdef Py_ssize_t table_size, table_count
+    cdef Py_ssize_t table_size
+    cdef readonly Py_ssize_t table_count  # entries (read by the tests: one per laid-out device)
 
     def __init__(self, model, name_of):
         self.model = model

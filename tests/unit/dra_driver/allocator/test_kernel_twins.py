@@ -280,6 +280,10 @@ def test_the_accountant_releases_consumption_the_api_reported() -> None:
         fast.commit(placement)  # releases the API's entries, then records its own
         slow.commit(placement)
         assert_same_consumption(fast.model, slow.model)
+    # The address table holds the layout's own key objects only: one entry per device the
+    # claim took, however many equal keys the API's copies brought
+    assert fast._accountant is not None
+    assert fast._accountant.table_count == len(placement.results[0][1])
     for alloc in (fast, slow):
         alloc.model.delete("ResourceClaim", api)
     assert_same_consumption(fast.model, slow.model)
