@@ -10,6 +10,8 @@ point keys are identical and the search makes the same picks (the property tests
 """
 
 cimport cython
+
+from collections.abc import Mapping, MutableMapping
 from cpython.buffer cimport (
     PyBUF_C_CONTIGUOUS,
     PyBUF_FORMAT,
@@ -17,17 +19,19 @@ from cpython.buffer cimport (
     PyBuffer_Release,
     PyObject_GetBuffer,
 )
-from libc.stdint cimport int64_t
-from libc.stdlib cimport calloc, free
+from libc.stdint cimport INT64_MIN, int64_t, uint32_t
+from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcmp, memcpy, memset
 
 cdef extern from "Python.h":
     const char* PyUnicode_AsUTF8AndSize(object, Py_ssize_t*) except NULL
-    object PyUnicode_DecodeASCII(const char*, Py_ssize_t, const char*)
+    object PyUnicode_New(Py_ssize_t, Py_UCS4)
+    void* PyUnicode_DATA(object)
 
 from cpython.dict cimport PyDict_GetItemWithError
-from cpython.object cimport PyObject, PyTypeObject
-from cpython.ref cimport Py_INCREF
+from cpython.long cimport PyLong_FromVoidPtr
+from cpython.object cimport PyObject, PyObject_Hash, PyTypeObject
+from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_New, PyTuple_SET_ITEM
 
 cdef extern from "openssl/sha.h":
@@ -44,6 +48,40 @@ cdef extern from *:
     }
     """
     object vgpu_alloc_tuple(PyTypeObject* type, Py_ssize_t n)
+
+cdef extern from *:
+    """
+    /* Dictionary reads and writes with the key's hash already known (the Accountant keeps each
+       device key's hash: a tuple does not cache its own). CPython 3.11 and 3.12 export these;
+       elsewhere the plain calls serve, only slower. */
+    static PyObject* vgpu_dict_get(PyObject* d, PyObject* key, Py_hash_t hash) {
+    #if PY_VERSION_HEX < 0x030D0000
+        return _PyDict_GetItem_KnownHash(d, key, hash);
+    #else
+        (void)hash;
+        return PyDict_GetItemWithError(d, key);
+    #endif
+    }
+    static int vgpu_dict_set(PyObject* d, PyObject* key, PyObject* value, Py_hash_t hash) {
+    #if PY_VERSION_HEX < 0x030D0000
+        return _PyDict_SetItem_KnownHash(d, key, value, hash);
+    #else
+        (void)hash;
+        return PyDict_SetItem(d, key, value);
+    #endif
+    }
+    """
+    PyObject* vgpu_dict_get(object d, object key, Py_hash_t hash)
+    int vgpu_dict_set(object d, object key, object value, Py_hash_t hash) except -1
+
+
+cdef inline PyObject* _dict_get(dict d, object key, Py_hash_t hash) except? NULL:
+    """A borrowed reference to d[key] (hash: key's), NULL when absent."""
+    return vgpu_dict_get(d, key, hash)
+
+
+cdef inline int _dict_set(dict d, object key, object value, Py_hash_t hash) except -1:
+    return vgpu_dict_set(d, key, value, hash)
 
 
 
@@ -904,6 +942,10 @@ cdef class NodeKeys:
     cdef Py_ssize_t n_aside
     cdef int topo, strict, binpack
     cdef int64_t seq
+    # How far `rank` has read the layout's change log, and per node the rank pass that last
+    # refreshed it (a node stamped several times since is refreshed once)
+    cdef int64_t log_pos, pass_no
+    cdef int64_t* mark
     cdef readonly bint filled
 
     def __init__(
@@ -941,7 +983,8 @@ cdef class NodeKeys:
         self.tree = <Py_ssize_t*>calloc(2 * self.size, sizeof(Py_ssize_t))
         self.aside = <signed char*>calloc(n_nodes + 1, 1)
         self.aside_list = <Py_ssize_t*>calloc(n_nodes + 1, sizeof(Py_ssize_t))
-        if self.tree == NULL or self.aside == NULL or self.aside_list == NULL:
+        self.mark = <int64_t*>calloc(n_nodes + 1, sizeof(int64_t))
+        if self.tree == NULL or self.aside == NULL or self.aside_list == NULL or self.mark == NULL:
             raise MemoryError()
         self.n_aside = 0
         self.filled = False
@@ -950,6 +993,7 @@ cdef class NodeKeys:
         free(self.tree)
         free(self.aside)
         free(self.aside_list)
+        free(self.mark)
 
     def key(self, Py_ssize_t node):
         return self.key_view[node]
@@ -1168,9 +1212,9 @@ cdef object _plan_results(Plan plan, Encoding enc, tuple claims):
     (shareIDs made here)."""
     cdef Py_ssize_t i, p, a, ci, row, q, n_claims = len(claims), count
     cdef Ctx* c = &enc.proto
-    cdef object share, result, uid, key, consumed, consumption, name, driver = None, pool = None
-    cdef bint shared, prefixed
-    cdef SHA256_CTX prefix, ctx
+    cdef object share, result, uid, key, consumed, consumption, name
+    cdef bint shared, hashed
+    cdef unsigned char base[16]
     cdef list per_claim
     cdef tuple out
     cdef Py_ssize_t* fill
@@ -1190,25 +1234,19 @@ cdef object _plan_results(Plan plan, Encoding enc, tuple claims):
             a = c.chosen_alt[i]
             name = <object>PyTuple_GET_ITEM(plan.alt_names, a)
             count = c.npicks[i]
-            prefixed = False
+            hashed = False
+            if count > (<Py_ssize_t>1 << 32):
+                raise ValueError("results: more picks than shareID positions")
             for p in range(count):
                 row = enc.start + c.picks[i * enc.m + p]
                 key = plan.keys[row]
                 consumed = (<list>plan.consumed[a])[row]
                 shared = plan.multi[row] != 0 and not plan.alts[a, ALT_ADMIN]
                 if shared:
-                    # The hash of "uid/request/driver/pool/" once per request and pool: the
-                    # devices of a request usually share their node's pool.
-                    if not (
-                        prefixed and driver == <object>PyTuple_GET_ITEM(key, 0)
-                        and pool == <object>PyTuple_GET_ITEM(key, 1)
-                    ):
-                        driver = <object>PyTuple_GET_ITEM(key, 0)
-                        pool = <object>PyTuple_GET_ITEM(key, 1)
-                        _share_prefix(&prefix, uid, name, driver, pool)
-                        prefixed = True
-                    memcpy(&ctx, &prefix, sizeof(SHA256_CTX))
-                    share = _share_id_from(&ctx, <object>PyTuple_GET_ITEM(key, 2), p)
+                    if not hashed:  # one hash per request, on its first shared device
+                        _share_base_c(base, uid, name)
+                        hashed = True
+                    share = _share_id_at(base, <uint32_t>p)
                 else:
                     share = None
                 # The same (device, amounts, exclusive) every time this alternative takes
@@ -1247,6 +1285,9 @@ cdef class Engine:
     cdef Scan base
     cdef Py_ssize_t n_nodes, k_dims
     cdef const int64_t* node_seq
+    cdef const int64_t* node_log  # the layout's change log (see Layout.node_log)
+    cdef const int64_t* node_log_count
+    cdef Py_ssize_t log_size
     cdef const int64_t* dev
     cdef const int64_t* cap
     cdef const int64_t* used
@@ -1258,9 +1299,12 @@ cdef class Engine:
             layout.node_mem_used, layout.node_cores_total, layout.node_cores_used,
             layout.mem_total, layout.cores_total, layout.mem_default, layout.cores_default,
             layout.mem_used, layout.cores_used, layout.busy, layout.numa, layout.link,
-            layout.link_size, layout.cap, layout.used_by_dim, layout.dev,
+            layout.link_size, layout.cap, layout.used_by_dim, layout.dev, layout.node_log,
+            layout.node_log_count,
         )
         cdef const int64_t[::1] node_start = layout.node_start
+        cdef const int64_t[::1] node_log = layout.node_log
+        cdef const int64_t[::1] node_log_count = layout.node_log_count
         cdef const int64_t[::1] node_end = layout.node_end
         cdef const int64_t[::1] node_seq = layout.node_seq
         cdef const int64_t[::1] mem_total = layout.mem_total
@@ -1314,6 +1358,11 @@ cdef class Engine:
         self.base.link_size = _i64(layout.link_size)
         self.base.n_dev = n_dev
         self.node_seq = _i64(node_seq)
+        if node_log.shape[0] < 1 or node_log_count.shape[0] != 1:
+            raise ValueError("Engine: the layout's change log is malformed")
+        self.node_log = &node_log[0]
+        self.node_log_count = &node_log_count[0]
+        self.log_size = node_log.shape[0]
         self.dev = &dev[0, 0] if n_dev else NULL
         self.cap = &cap[0, 0] if n_dev and self.k_dims else NULL
         self.used = &used[0, 0] if n_dev and self.k_dims else NULL
@@ -1348,6 +1397,7 @@ cdef class Engine:
         cdef signed char* seen_ok = &nk.ok[0] if self.n_nodes else NULL
         cdef int64_t since = nk.seq
         cdef bint all_nodes = not nk.filled
+        cdef int64_t count = self.node_log_count[0], k
         cdef bint same_ok = (
             all_nodes or self.n_nodes == 0 or memcmp(okp, seen_ok, self.n_nodes) == 0
         )
@@ -1359,7 +1409,18 @@ cdef class Engine:
         if all_nodes:
             for n in range(self.n_nodes):
                 _refresh(&s, nk, okp, n)
-        elif same_ok:  # the usual case: the loop the compiler makes tightest
+        elif same_ok and 0 <= nk.log_pos <= count and count - nk.log_pos <= self.log_size:
+            # The usual case: the nodes stamped since the last rank, from the change log (a
+            # node stamped several times is refreshed once; an entry Python wrote out of
+            # range is skipped, a stamp the log lost is not possible: it holds them all)
+            nk.pass_no += 1
+            for k in range(nk.log_pos, count):
+                n = self.node_log[k % self.log_size]
+                if 0 <= n < self.n_nodes and nk.mark[n] != nk.pass_no and seqs[n] > since:
+                    nk.mark[n] = nk.pass_no
+                    _refresh(&s, nk, okp, n)
+                    _fix(nk, n)
+        elif same_ok:  # more stamps than the log holds: compare every node's
             for n in range(self.n_nodes):
                 if seqs[n] > since:
                     _refresh(&s, nk, okp, n)
@@ -1371,6 +1432,7 @@ cdef class Engine:
                     _fix(nk, n)
         if all_nodes:
             _build(nk)
+        nk.log_pos = count
         nk.seq = seq
         nk.filled = True
         return _top(nk)
@@ -1530,13 +1592,19 @@ cdef class LayoutWriter:
     cdef object arrays
     cdef const int64_t[::1] dev_node
     cdef int64_t[::1] node_seq, node_mem_used, node_cores_used, mem_used, cores_used, busy
+    cdef int64_t[::1] node_log, node_log_count
     cdef int64_t[:, ::1] used_by_dim, dev
 
     def __init__(self, layout):
         self.arrays = (
             layout.dev_node, layout.node_seq, layout.node_mem_used, layout.node_cores_used,
             layout.mem_used, layout.cores_used, layout.busy, layout.used_by_dim, layout.dev,
+            layout.node_log, layout.node_log_count,
         )
+        self.node_log = layout.node_log
+        self.node_log_count = layout.node_log_count
+        if self.node_log.shape[0] < 1 or self.node_log_count.shape[0] != 1:
+            raise ValueError("LayoutWriter: the layout's change log is malformed")
         self.dev_node = layout.dev_node
         self.node_seq = layout.node_seq
         self.node_mem_used = layout.node_mem_used
@@ -1564,7 +1632,12 @@ cdef class LayoutWriter:
     ) noexcept:
         """`account` without the capacity columns; `row` already checked by the caller."""
         cdef Py_ssize_t node = self.dev_node[row]
+        cdef int64_t count = self.node_log_count[0]
         self.node_seq[node] = seq
+        if count < 0:  # a count Python wrote wrong: start the log over (rank then scans all)
+            count = 0
+        self.node_log[count % self.node_log.shape[0]] = node
+        self.node_log_count[0] = count + 1
         self.node_mem_used[node] += mem - self.mem_used[row]
         self.node_cores_used[node] += cores - self.cores_used[row]
         self.mem_used[row] = mem
@@ -1601,40 +1674,38 @@ cdef class LayoutWriter:
 cdef const char* _HEX = b"0123456789abcdef"
 
 
-cdef object _share_id_c(object uid, object request, object path, Py_ssize_t index):
-    """allocate._share_id in C: SHA-256 of "uid/request/path/index", its first 16 bytes as a
-    version-4 UUID (same text as the Python twin)."""
+cdef void _share_base_c(unsigned char* base, object uid, object request) except *:
+    """allocate._share_base in C: the first 16 bytes of SHA-256("uid/request")."""
     cdef SHA256_CTX ctx
+    cdef unsigned char digest[32]
     cdef Py_ssize_t n
     cdef const char* text
     SHA256_Init(&ctx)
-    for part in (uid, request, path):
-        text = PyUnicode_AsUTF8AndSize(part, &n)
-        SHA256_Update(&ctx, text, n)
-        SHA256_Update(&ctx, b"/", 1)
-    return _share_id_finish(&ctx, index)
+    text = PyUnicode_AsUTF8AndSize(uid, &n)
+    SHA256_Update(&ctx, text, n)
+    SHA256_Update(&ctx, b"/", 1)
+    text = PyUnicode_AsUTF8AndSize(request, &n)
+    SHA256_Update(&ctx, text, n)
+    SHA256_Final(digest, &ctx)
+    memcpy(base, digest, 16)
 
 
-cdef object _share_id_finish(SHA256_CTX* ctx, Py_ssize_t index):
-    """Hash the position's digits, then format the digest as `_share_id_c` says."""
-    cdef unsigned char digest[32]
+cdef object _share_id_at(const unsigned char* base, uint32_t position):
+    """allocate._share_id in C: `base` with `position` XORed into bytes 12..15 (big-endian),
+    formatted as a version-4 UUID (same text as the Python twin)."""
+    cdef unsigned char b[16]
     cdef char hexed[32]
-    cdef char out[36]
-    cdef char number[24]
-    cdef Py_ssize_t k, q
-    k = 24
-    q = index
-    while True:
-        k -= 1
-        number[k] = <char>(48 + q % 10)
-        q //= 10
-        if q == 0:
-            break
-    SHA256_Update(ctx, number + k, 24 - k)
-    SHA256_Final(digest, ctx)
+    cdef object text = PyUnicode_New(36, 127)  # ASCII, written in place before anyone sees it
+    cdef char* out = <char*>PyUnicode_DATA(text)
+    cdef Py_ssize_t k
+    memcpy(b, base, 16)
+    b[12] ^= <unsigned char>(position >> 24)
+    b[13] ^= <unsigned char>(position >> 16)
+    b[14] ^= <unsigned char>(position >> 8)
+    b[15] ^= <unsigned char>position
     for k in range(16):
-        hexed[2 * k] = _HEX[digest[k] >> 4]
-        hexed[2 * k + 1] = _HEX[digest[k] & 15]
+        hexed[2 * k] = _HEX[b[k] >> 4]
+        hexed[2 * k + 1] = _HEX[b[k] & 15]
     # h[:8]-h[8:12]-4h[13:16]-{89ab}[h[16]&3]h[17:20]-h[20:32]
     memcpy(out, hexed, 8)
     out[8] = b'-'
@@ -1643,40 +1714,21 @@ cdef object _share_id_finish(SHA256_CTX* ctx, Py_ssize_t index):
     out[14] = b'4'
     memcpy(out + 15, hexed + 13, 3)
     out[18] = b'-'
-    out[19] = b"89ab"[(digest[8] >> 4) & 3]
+    out[19] = b"89ab"[(b[8] >> 4) & 3]
     memcpy(out + 20, hexed + 17, 3)
     out[23] = b'-'
     memcpy(out + 24, hexed + 20, 12)
-    return PyUnicode_DecodeASCII(out, 36, NULL)
+    return text
 
 
-cdef void _share_prefix(
-    SHA256_CTX* ctx, object uid, object request, object driver, object pool
-) except *:
-    """Start a shareID hash: "uid/request/driver/pool/" (see `_share_id_c`)."""
-    cdef Py_ssize_t n
-    cdef const char* text
-    SHA256_Init(ctx)
-    for part in (uid, request, driver, pool):
-        text = PyUnicode_AsUTF8AndSize(part, &n)
-        SHA256_Update(ctx, text, n)
-        SHA256_Update(ctx, b"/", 1)
-
-
-cdef object _share_id_from(SHA256_CTX* ctx, object device, Py_ssize_t index):
-    """Finish a shareID hash started by `_share_prefix`: "device/index", formatted."""
-    cdef Py_ssize_t n
-    cdef const char* text = PyUnicode_AsUTF8AndSize(device, &n)
-    SHA256_Update(ctx, text, n)
-    SHA256_Update(ctx, b"/", 1)
-    return _share_id_finish(ctx, index)
-
-
-def share_id(str uid, str request, str path, Py_ssize_t index):
-    """The Cython twin of allocate._share_id (tests compare them)."""
-    if index < 0:
-        raise ValueError("share_id: negative position")
-    return _share_id_c(uid, request, path, index)
+def share_id(str uid, str request, Py_ssize_t position):
+    """The Cython twin of allocate._share_id(allocate._share_base(uid, request), position)
+    (tests compare them)."""
+    cdef unsigned char base[16]
+    if not 0 <= position < (<Py_ssize_t>1 << 32):
+        raise ValueError(f"shareID position {position} out of range")
+    _share_base_c(base, uid, request)
+    return _share_id_at(base, <uint32_t>position)
 
 
 cdef inline void _put(object t, Py_ssize_t i, object value):
@@ -1688,21 +1740,157 @@ cdef inline tuple PyTuple_New_(Py_ssize_t n):
     return PyTuple_New(n)
 
 
-# Not tracked by the cyclic GC: a slot refers only to strings, ints, tuples of them and a
-# dictionary of them, so it can be in no cycle; tracked, each new device's slot would bring the
-# next collection closer (one in the middle of a decision costs more than the decision).
-@cython.no_gc
-cdef class _Slot:
-    """What the Accountant keeps of one device while the model's layout stays the same, so a
-    commit looks the device up once instead of in four dictionaries: its layout row (-1: not
-    laid out), its dictionary in `model.used`, its memory / cores capacity names, and for the
-    last amounts tuple it accounted (the plan hands over the same tuple whenever an alternative
-    takes this device) each amount's capacity column and which amounts are memory and cores."""
+cdef extern from *:
+    """
+    static int vgpu_add_i64(int64_t a, int64_t b, int64_t* out) {
+        return __builtin_add_overflow(a, b, out);
+    }
+    """
+    int vgpu_add_i64(int64_t a, int64_t b, int64_t* out) noexcept
 
-    cdef Py_ssize_t row
-    cdef dict used
-    cdef object mem_name, cores_name
-    cdef object amounts  # the tuple `cols`, `mem_at` and `cores_at` describe (kept alive)
+
+# Not tracked by the cyclic GC: it refers only to capacity name strings (see _Slot below).
+@cython.no_gc
+@cython.final
+cdef class DeviceUsage:
+    """One device's consumption in `ClusterModel.used`: capacity name -> amount consumed (a
+    mutable mapping, as the dictionary it replaces), plus `allocations` (results on the device)
+    and `exclusive` (of those, the ones that hold it whole). Amounts are kept as int64 in C,
+    names in the order first consumed (a name stays, at 0, once released), so the fast path's
+    commit adds to a device without a dictionary operation; equal to any mapping with the same
+    items. The model's pure-Python stand-in (extension not built) is `model._PyDeviceUsage`."""
+
+    cdef public Py_ssize_t allocations
+    cdef public Py_ssize_t exclusive
+    cdef list names
+    cdef int64_t* totals  # `inline` while it has room, else malloc'ed
+    cdef int64_t inline[4]
+    cdef Py_ssize_t n, room
+
+    def __cinit__(self):
+        self.names = []
+        self.totals = self.inline
+        self.room = 4
+
+    def __dealloc__(self):
+        if self.totals != self.inline:
+            free(self.totals)
+
+    cdef Py_ssize_t _find(self, object name) except -2:
+        """The name's position, -1 when absent (the model hands out one object per name, so
+        the identity check nearly always decides)."""
+        cdef Py_ssize_t i
+        for i in range(self.n):
+            if <PyObject*>(<list>self.names)[i] is <PyObject*>name:
+                return i
+        for i in range(self.n):
+            if (<list>self.names)[i] == name:
+                return i
+        return -1
+
+    cdef Py_ssize_t _place(self, object name) except -1:
+        """The name's position, appended (at 0) when absent."""
+        cdef Py_ssize_t i = self._find(name)
+        cdef int64_t* grown
+        if i >= 0:
+            return i
+        if not isinstance(name, str):
+            raise TypeError("DeviceUsage: capacity names are strings")
+        if self.n == self.room:
+            grown = <int64_t*>malloc(2 * self.room * sizeof(int64_t))
+            if grown == NULL:
+                raise MemoryError()
+            memcpy(grown, self.totals, self.n * sizeof(int64_t))
+            if self.totals != self.inline:
+                free(self.totals)
+            self.totals = grown
+            self.room = 2 * self.room
+        self.names.append(name)
+        self.totals[self.n] = 0
+        self.n += 1
+        return self.n - 1
+
+    cdef int64_t _add(self, Py_ssize_t i, int64_t amount, int sign) except? -1:
+        """Add sign x amount at position i; the new total."""
+        cdef int64_t total
+        if sign < 0:
+            if amount == INT64_MIN:
+                raise OverflowError("DeviceUsage: amount out of range")
+            amount = -amount
+        if vgpu_add_i64(self.totals[i], amount, &total):
+            raise OverflowError("DeviceUsage: consumption out of range")
+        self.totals[i] = total
+        return total
+
+    def __getitem__(self, name):
+        cdef Py_ssize_t i = self._find(name)
+        if i < 0:
+            raise KeyError(name)
+        return self.totals[i]
+
+    def __setitem__(self, name, int64_t value):
+        self.totals[self._place(name)] = value
+
+    def __delitem__(self, name):
+        raise TypeError("DeviceUsage: a consumed capacity is never removed, only set to 0")
+
+    def __contains__(self, name):
+        return self._find(name) >= 0
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        return iter(list(self.names))
+
+    def get(self, name, default=None):
+        cdef Py_ssize_t i = self._find(name)
+        return default if i < 0 else self.totals[i]
+
+    def keys(self):
+        return list(self.names)
+
+    def values(self):
+        return [self.totals[i] for i in range(self.n)]
+
+    def items(self):
+        return [(self.names[i], self.totals[i]) for i in range(self.n)]
+
+    def __eq__(self, other):
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        return dict(self.items()) == dict(other.items())
+
+    def __ne__(self, other):
+        result = self.__eq__(other)
+        return result if result is NotImplemented else not result
+
+    __hash__ = None
+
+    def __repr__(self):
+        return (
+            f"DeviceUsage({dict(self.items())!r}, allocations={self.allocations}, "
+            f"exclusive={self.exclusive})"
+        )
+
+
+MutableMapping.register(DeviceUsage)
+
+
+# Not tracked by the cyclic GC: a slot or a columns record refers only to strings, ints, tuples
+# of them and a dictionary of them, so it can be in no cycle; tracked, each new device's slot
+# would bring the next collection closer (one in the middle of a decision costs more than the
+# decision).
+@cython.no_gc
+cdef class _Columns:
+    """How the Accountant writes one amounts tuple ((capacity name, amount) pairs) under one
+    layout: each amount's capacity column (-1: none), and which amounts are the memory / cores
+    totals for one driver's names. Every device of one capacity table is handed the same amounts
+    tuple by the plan, so one record serves them all (kept per layout, keyed by the tuple's
+    identity, which the record keeps alive)."""
+
+    cdef object amounts
+    cdef object mem_name  # the driver's memory capacity name it was made for (identity)
     cdef Py_ssize_t n, mem_at, cores_at
     cdef Py_ssize_t* cols
 
@@ -1710,31 +1898,107 @@ cdef class _Slot:
         free(self.cols)
 
 
+@cython.no_gc
+cdef class _Slot:
+    """What the Accountant keeps of one device while the model's layout stays the same, so a
+    commit finds the device without hashing its key and looks it up in no dictionary: its key
+    and the key's hash, its layout row (-1: not laid out), its `DeviceUsage` in `model.used`,
+    its memory / cores capacity names, and the columns record of the last amounts it
+    accounted."""
+
+    cdef object key
+    cdef Py_hash_t hash
+    cdef Py_ssize_t row
+    cdef DeviceUsage usage
+    cdef object mem_name, cores_name
+    cdef _Columns columns
+
+
+cdef inline Py_ssize_t _probe(PyObject** keys, Py_ssize_t size, PyObject* key) noexcept:
+    """Where `key` (by address) is in an open-addressing table of `size` (a power of two,
+    never more than half full), or the empty place it would go."""
+    cdef size_t i = ((<size_t>key >> 4) * <size_t>11400714819323198485ULL) >> 32
+    cdef size_t mask = <size_t>size - 1
+    i &= mask
+    while keys[i] != NULL and keys[i] != key:
+        i = (i + 1) & mask
+    return <Py_ssize_t>i
+
+
 cdef class Accountant:
     """`ClusterModel.assume` (with `_set_claim` / `_account`) in C, for the fast path's commit:
-    the same dictionaries and layout writes in the same order (the tests compare both). Holds
-    the model's consumption dictionaries, which the model never replaces, and the dictionary
-    per device in `model.used`, which the model never replaces either."""
+    the same consumption records and layout writes in the same order (the tests compare both).
+    Holds the model's consumption dictionaries, which the model never replaces, and the
+    `DeviceUsage` per device in `model.used`, which the model never replaces either.
+
+    Finding a device's slot without hashing its key: the plan hands out the layout's own key
+    objects, so a table keyed by the key object's address (holding a reference to it, so the
+    address stays its own) finds the slot of every key seen before under this layout; other
+    key objects (equal keys made elsewhere, for instance by `ClusterModel._apply_claim`) fall
+    back to `slots`, by value."""
 
     cdef object model
-    cdef dict claims, used, allocations, exclusive, devices
+    cdef dict claims, used, devices
     cdef dict names  # driver -> (memory capacity name, cores capacity name)
+    cdef object last_driver, last_names  # the last entry of `names` read
     cdef object name_of  # driver -> that pair (model.capacity_names)
     cdef object layout, writer  # the model's layout as last seen, and its fields
     cdef dict index, dims
-    cdef dict slots  # device key -> _Slot, for `layout`
+    cdef list laid_out  # the layout's devices
+    cdef dict slots  # device key -> _Slot of devices not laid out, for `layout`
+    cdef dict column_records  # id(amounts) -> _Columns, for `layout`
+    cdef _Columns last_record  # the one `_columns` last gave, for `layout`
     cdef object seq  # model.change_seq during one commit, written back at its end
+    cdef PyObject** table_keys  # the address table (owned references), see the docstring
+    cdef PyObject** table_slots
+    cdef Py_ssize_t table_size
+    cdef readonly Py_ssize_t table_count  # entries (read by the tests: one per laid-out device)
 
     def __init__(self, model, name_of):
         self.model = model
         self.claims = model._claims
         self.used = model.used
-        self.allocations = model.allocations
-        self.exclusive = model.exclusive
         self.devices = model.devices
         self.names = {}
         self.name_of = name_of
         self.slots = {}
+        self.column_records = {}
+
+    def __dealloc__(self):
+        self._clear_table()
+
+    cdef void _clear_table(self) noexcept:
+        cdef Py_ssize_t i
+        if self.table_keys != NULL:
+            for i in range(self.table_size):
+                if self.table_keys[i] != NULL:
+                    Py_XDECREF(self.table_keys[i])
+                    Py_XDECREF(self.table_slots[i])
+        free(self.table_keys)
+        free(self.table_slots)
+        self.table_keys = NULL
+        self.table_slots = NULL
+        self.table_size = self.table_count = 0
+
+    cdef _grow_table(self):
+        """Twice the address table's room (64 places at first), its entries moved over."""
+        cdef Py_ssize_t size = 2 * self.table_size if self.table_size else 64, i, j
+        cdef PyObject** keys = <PyObject**>calloc(size, sizeof(PyObject*))
+        cdef PyObject** slots = <PyObject**>calloc(size, sizeof(PyObject*))
+        if keys == NULL or slots == NULL:
+            free(keys)
+            free(slots)
+            raise MemoryError()
+        for i in range(self.table_size):
+            if self.table_keys[i] != NULL:
+                j = _probe(keys, size, self.table_keys[i])
+                keys[j] = self.table_keys[i]
+                slots[j] = self.table_slots[i]
+        free(self.table_keys)
+        free(self.table_slots)
+        self.table_keys = keys
+        self.table_slots = slots
+        self.table_size = size
 
     def commit(self, tuple results not None):
         """Record `Placement.results` ((claim, DeviceResults) pairs) as `Allocator.commit`
@@ -1782,16 +2046,21 @@ cdef class Accountant:
         """Before a commit: the model's layout (its fields and the slots when it changed) and
         change_seq, read once for the whole commit (nothing else runs until `_end`)."""
         cdef object layout = self.model._layout
-        if layout is not self.layout:
+        if layout is not self.layout or self.table_keys == NULL:  # (NULL: never committed)
             if layout is not None and layout.writer is None:
                 raise ValueError("Accountant: the layout has no LayoutWriter")
             self.slots = {}
+            self.column_records = {}
+            self.last_record = None
             self.layout = layout
             self.index = layout.index if layout is not None else None
             self.dims = layout.dims if layout is not None else None
+            self.laid_out = layout.devices if layout is not None else None
             self.writer = layout.writer if layout is not None else None
             if layout is not None and not isinstance(self.writer, LayoutWriter):
                 raise ValueError("Accountant: the layout's writer is not a LayoutWriter")
+            self._clear_table()
+            self._grow_table()
         self.seq = self.model.change_seq
 
     cdef _end(self):
@@ -1810,55 +2079,116 @@ cdef class Accountant:
             for entry in consumption:
                 self._account(entry, 1)
 
-    cdef _Slot _slot(self, object key):
-        """The device's slot for the current layout, made on its first commit."""
-        cdef _Slot slot = _Slot.__new__(_Slot)
-        cdef object row_obj, names
-        cdef dict used
+    cdef _Slot _find(self, object key):
+        """The device's slot: by the key object's address; else, for a laid-out device, by the
+        address of the layout's own key object (found through the layout's index); else by
+        value in `slots`; else made. Only layout key objects enter the address table, so it
+        holds one entry per laid-out device however many equal keys come by."""
+        cdef Py_ssize_t i = _probe(self.table_keys, self.table_size, <PyObject*>key)
+        cdef Py_ssize_t row = -1
+        cdef PyObject* found
+        cdef Py_hash_t hash
+        cdef object own
+        cdef _Slot slot
         cdef LayoutWriter w
-        slot.row = -1
-        if self.layout is not None:
-            row_obj = self.index.get(key)
-            if row_obj is not None:
-                w = <LayoutWriter>self.writer
-                slot.row = row_obj
-                if not 0 <= slot.row < w.dev_node.shape[0]:
-                    raise ValueError("Accountant: device row out of range")
-        used = self.used.get(key)
-        if used is None:
-            used = {}
-            self.used[key] = used
-        slot.used = used
+        if self.table_keys[i] != NULL:
+            return <_Slot>self.table_slots[i]
         if not (isinstance(key, tuple) and PyTuple_GET_SIZE(key) == 3):
             raise ValueError("Accountant: a device key is (driver, pool, device)")
-        names = self.names.get(<object>PyTuple_GET_ITEM(key, 0))
-        if names is None:
-            names = self.name_of(<object>PyTuple_GET_ITEM(key, 0))
-            if not (isinstance(names, tuple) and PyTuple_GET_SIZE(names) == 2):
-                raise ValueError("Accountant: name_of gives (memory name, cores name)")
-            self.names[<object>PyTuple_GET_ITEM(key, 0)] = names
-        slot.mem_name = <object>PyTuple_GET_ITEM(names, 0)
-        slot.cores_name = <object>PyTuple_GET_ITEM(names, 1)
-        self.slots[key] = slot
+        hash = PyObject_Hash(key)
+        if self.layout is not None:
+            found = _dict_get(self.index, key, hash)
+            if found != NULL:
+                row = <object>found
+                w = <LayoutWriter>self.writer
+                if not 0 <= row < w.dev_node.shape[0] or row >= len(self.laid_out):
+                    raise ValueError("Accountant: device row out of range")
+                own = (<list>self.laid_out)[row].key  # equal to `key`: the index says so
+                i = _probe(self.table_keys, self.table_size, <PyObject*>own)
+                if self.table_keys[i] != NULL:
+                    return <_Slot>self.table_slots[i]
+                slot = self._slot(own, hash, row)
+                self._remember(slot)
+                return slot
+        found = _dict_get(self.slots, key, hash)
+        if found != NULL:
+            return <_Slot>found
+        slot = self._slot(key, hash, -1)
+        _dict_set(self.slots, key, slot, hash)
         return slot
 
-    cdef _columns(self, _Slot slot, object amounts):
-        """Describe `amounts` (a tuple of (capacity name, amount) pairs) in `slot`."""
+    cdef _remember(self, _Slot slot):
+        """Put the slot's own key object in the address table."""
+        cdef Py_ssize_t i
+        if 2 * (self.table_count + 1) > self.table_size:
+            self._grow_table()
+        i = _probe(self.table_keys, self.table_size, <PyObject*>slot.key)
+        if self.table_keys[i] != NULL:
+            return
+        Py_INCREF(slot.key)
+        Py_INCREF(slot)
+        self.table_keys[i] = <PyObject*>slot.key
+        self.table_slots[i] = <PyObject*>slot
+        self.table_count += 1
+
+    cdef _Slot _slot(self, object key, Py_hash_t hash, Py_ssize_t row):
+        """A new slot for the device `key` (its hash; its layout row, -1: not laid out)."""
+        cdef _Slot slot = _Slot.__new__(_Slot)
+        cdef object names, driver = <object>PyTuple_GET_ITEM(key, 0)
+        cdef PyObject* found
+        cdef DeviceUsage usage
+        slot.key = key
+        slot.hash = hash
+        slot.row = row
+        found = _dict_get(self.used, key, hash)
+        if found == NULL:
+            usage = DeviceUsage.__new__(DeviceUsage)
+            _dict_set(self.used, key, usage, hash)
+        else:
+            usage = <DeviceUsage?>found
+        slot.usage = usage
+        if driver is self.last_driver:  # the usual case: one driver
+            names = self.last_names
+        else:
+            names = self.names.get(driver)
+            if names is None:
+                names = self.name_of(driver)
+                if not (isinstance(names, tuple) and PyTuple_GET_SIZE(names) == 2):
+                    raise ValueError("Accountant: name_of gives (memory name, cores name)")
+                self.names[driver] = names
+            self.last_driver = driver
+            self.last_names = names
+        slot.mem_name = <object>PyTuple_GET_ITEM(names, 0)
+        slot.cores_name = <object>PyTuple_GET_ITEM(names, 1)
+        return slot
+
+    cdef _Columns _columns(self, _Slot slot, object amounts):
+        """The columns record of `amounts` (a tuple of (capacity name, amount) pairs) for the
+        slot's driver under the current layout, made the first time."""
         cdef Py_ssize_t q, n, col
-        cdef object item, name, column
-        cdef Py_ssize_t* cols
+        cdef object item, name, column, ident
+        cdef _Columns record
+        cdef PyObject* found
         cdef LayoutWriter w
+        record = self.last_record  # the usual case: the record the last new slot took
+        if record is not None and record.amounts is amounts and record.mem_name is slot.mem_name:
+            return record
+        ident = PyLong_FromVoidPtr(<void*>amounts)
+        found = PyDict_GetItemWithError(self.column_records, ident)
+        if found != NULL:
+            record = <_Columns>found
+            if record.amounts is amounts and record.mem_name is slot.mem_name:
+                self.last_record = record
+                return record
         if not isinstance(amounts, tuple):
             raise ValueError("Accountant: a consumption's amounts are a tuple of pairs")
         n = PyTuple_GET_SIZE(amounts)
-        cols = <Py_ssize_t*>calloc(n + 1, sizeof(Py_ssize_t))
-        if cols == NULL:
+        record = _Columns.__new__(_Columns)
+        record.cols = <Py_ssize_t*>calloc(n + 1, sizeof(Py_ssize_t))
+        if record.cols == NULL:
             raise MemoryError()
-        free(slot.cols)
-        slot.cols = cols
-        slot.amounts = None
-        slot.n = n
-        slot.mem_at = slot.cores_at = -1
+        record.n = n
+        record.mem_at = record.cores_at = -1
         for q in range(n):
             item = <object>PyTuple_GET_ITEM(amounts, q)
             if not (isinstance(item, tuple) and PyTuple_GET_SIZE(item) == 2):
@@ -1866,77 +2196,74 @@ cdef class Accountant:
             name = <object>PyTuple_GET_ITEM(item, 0)
             # The last amount of a name is the total the model's memory / cores columns take
             if name == slot.mem_name:
-                slot.mem_at = q
+                record.mem_at = q
             elif name == slot.cores_name:
-                slot.cores_at = q
-            cols[q] = -1
-            if slot.row >= 0:
+                record.cores_at = q
+            record.cols[q] = -1
+            if self.dims is not None:
                 column = self.dims.get(name)
                 if column is not None:
                     col = column
                     w = <LayoutWriter>self.writer
                     if not 0 <= col < w.used_by_dim.shape[1]:
                         raise ValueError("Accountant: capacity column out of range")
-                    cols[q] = col
-        slot.amounts = amounts
+                    record.cols[q] = col
+        record.amounts = amounts
+        record.mem_name = slot.mem_name
+        self.column_records[ident] = record
+        self.last_record = record
+        return record
 
     cdef _account(self, object entry, int sign):
-        """ClusterModel._account (the same dictionaries, the same layout writes)."""
-        cdef object key, amounts, item, name, amount, count, excl, total
-        cdef object mem_obj = None, cores_obj = None  # new memory / cores totals, when named
-        cdef PyObject* found
-        cdef dict used
+        """ClusterModel._account (the same records, the same layout writes)."""
+        cdef object key, amounts, item
+        cdef DeviceUsage usage
         cdef _Slot slot
-        cdef Py_ssize_t row, q
-        cdef int64_t seq, mem, cores, held, allocated
+        cdef _Columns record
+        cdef Py_ssize_t row, q, at
+        cdef int64_t seq, total, mem = 0, cores = 0, held, allocated
+        cdef bint mem_named = False, cores_named = False
         cdef LayoutWriter w
         if not (isinstance(entry, tuple) and PyTuple_GET_SIZE(entry) == 3):
             raise ValueError("Accountant: a consumption is (device, amounts, exclusive)")
         key = <object>PyTuple_GET_ITEM(entry, 0)
         amounts = <object>PyTuple_GET_ITEM(entry, 1)
-        found = PyDict_GetItemWithError(self.slots, key)
-        if found == NULL:
-            slot = self._slot(key)
-        else:
-            slot = <_Slot>found
-        if slot.amounts is not amounts:
-            self._columns(slot, amounts)
-        used = slot.used
+        slot = self._find(key)
+        record = slot.columns
+        if record is None or record.amounts is not amounts:
+            record = self._columns(slot, amounts)
+            slot.columns = record
+        usage = slot.usage
         row = slot.row
-        for q in range(slot.n):
+        for q in range(record.n):
             item = <object>PyTuple_GET_ITEM(amounts, q)
-            name = <object>PyTuple_GET_ITEM(item, 0)
-            amount = <object>PyTuple_GET_ITEM(item, 1)
-            found = PyDict_GetItemWithError(used, name)
-            if found == NULL:
-                total = 0 + amount if sign > 0 else 0 - amount
-            elif sign > 0:
-                total = <object>found + amount
-            else:
-                total = <object>found - amount
-            used[name] = total
-            if q == slot.mem_at:
-                mem_obj = total
-            elif q == slot.cores_at:
-                cores_obj = total
-            if row >= 0 and slot.cols[q] >= 0:
+            at = usage._place(<object>PyTuple_GET_ITEM(item, 0))
+            total = usage._add(at, <object>PyTuple_GET_ITEM(item, 1), sign)
+            if q == record.mem_at:
+                mem = total
+                mem_named = True
+            elif q == record.cores_at:
+                cores = total
+                cores_named = True
+            if row >= 0 and record.cols[q] >= 0:
                 w = <LayoutWriter>self.writer
-                w.used_by_dim[row, slot.cols[q]] = total
-        count = self.allocations.get(key, 0) + sign
-        self.allocations[key] = count
-        excl = self.exclusive.get(key, 0)
+                w.used_by_dim[row, record.cols[q]] = total
+        usage.allocations += sign
         if <object>PyTuple_GET_ITEM(entry, 2):
-            excl = excl + sign
-            self.exclusive[key] = excl
+            usage.exclusive += sign
         if row < 0:
             return
         w = <LayoutWriter>self.writer
         self.seq = self.seq + 1
         seq = self.seq
-        mem = used.get(slot.mem_name, 0) if mem_obj is None else mem_obj
-        cores = used.get(slot.cores_name, 0) if cores_obj is None else cores_obj
+        if not mem_named:
+            at = usage._find(slot.mem_name)
+            mem = usage.totals[at] if at >= 0 else 0
+        if not cores_named:
+            at = usage._find(slot.cores_name)
+            cores = usage.totals[at] if at >= 0 else 0
         # ClusterModel.is_held: exclusively held, or a device without allowMultipleAllocations
         # (the layout's row says which, as the model's device does) allocated at all
-        held = excl > 0 or (not w.dev[row, DEV_MULTI] and count > 0)
-        allocated = count > 0
+        held = usage.exclusive > 0 or (not w.dev[row, DEV_MULTI] and usage.allocations > 0)
+        allocated = usage.allocations > 0
         w._write(row, seq, mem, cores, held, allocated)

@@ -160,13 +160,22 @@ class Placement(NamedTuple):
         raise KeyError(claim_uid)
 
 
-def _share_id(claim_uid: str, request: str, device_path: str, index: int) -> str:
-    """Deterministic per (claim, request, device "driver/pool/name", position): both paths
-    produce the same IDs."""
-    h = hashlib.sha256(f"{claim_uid}/{request}/{device_path}/{index}".encode()).hexdigest()
-    # The first 16 bytes as a version-4 UUID (RFC 9562 version and variant bits), formatted
-    # like uuid.UUID(bytes=..., version=4) would, without building the object: the version
-    # nibble becomes 4, the variant's two high bits 10.
+def _share_base(claim_uid: str, request: str) -> int:
+    """The first 16 bytes of SHA-256("claim uid/request"), as a 128-bit integer: what every
+    shareID of one request is derived from (one hash per request, not per device)."""
+    return int.from_bytes(hashlib.sha256(f"{claim_uid}/{request}".encode()).digest()[:16])
+
+
+def _share_id(base: int, position: int) -> str:
+    """The shareID of the request's device at `position` (its place among the request's
+    results): `base` (see `_share_base`) with the position XORed into bytes 12..15 (its low
+    32 bits), formatted as a version-4 UUID (RFC 9562 version and variant bits), like
+    uuid.UUID(bytes=..., version=4) would, without building the object: the version nibble
+    becomes 4, the variant's two high bits 10. Bytes 12..15 hold neither, so positions of one
+    request always give different IDs (docs/scheduling.md, "shareIDs")."""
+    if not 0 <= position < 1 << 32:
+        raise ValueError(f"shareID position {position} out of range")
+    h = f"{base ^ position:032x}"
     return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:32]}"
 
 
@@ -222,7 +231,6 @@ class _Pick(NamedTuple):
     driver: str
     pool: str
     device: str
-    path: str  # "driver/pool/device", what shareIDs hash
     consumed: tuple[tuple[str, int], ...]
     shared: bool  # gets a shareID
     admin: bool
@@ -505,7 +513,10 @@ class Allocator:
 
         Each decision's duration is logged at debug level (the controller's scale benchmark
         reads it): "decision <node|unschedulable> in <ms> ms (layout rebuilt: <bool>)"."""
-        started = time.perf_counter()
+        # The clock is read only when the duration will be logged (a decision takes a few
+        # microseconds: reading it twice was a noticeable share)
+        debug = log.isEnabledFor(logging.DEBUG)
+        started = time.perf_counter() if debug else 0.0
         model = self.model
         epoch = model.layout_epoch
         outcome = "unschedulable"
@@ -544,7 +555,7 @@ class Allocator:
             outcome = placement.node
             return placement
         finally:
-            if log.isEnabledFor(logging.DEBUG):
+            if debug:
                 log.debug(
                     "decision %s in %.3f ms (layout rebuilt: %s)",
                     outcome,
@@ -940,12 +951,16 @@ class Allocator:
             return None
         out: list[list[DeviceResult]] = [[] for _ in claims]
         for (ci, _), (a, rows) in zip(flat, picked, strict=True):
-            uid = claims[ci].uid
+            base: int | None = None  # hashed on the request's first shared device
             for position, row in enumerate(rows):
                 pick = enc.picks.get((a, row))
                 if pick is None:
                     pick = enc.picks[a, row] = self._pick(enc.alternatives[a], start + row, layout)
-                share = _share_id(uid, pick.request, pick.path, position) if pick.shared else None
+                share = None
+                if pick.shared:
+                    if base is None:
+                        base = _share_base(claims[ci].uid, pick.request)
+                    share = _share_id(base, position)
                 out[ci].append(
                     DeviceResult(
                         pick.request,
@@ -1017,7 +1032,6 @@ class Allocator:
             device.key[0],
             device.key[1],
             device.key[2],
-            "/".join(device.key),
             consumed,
             shared,
             alt.admin,

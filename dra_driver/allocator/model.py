@@ -47,6 +47,10 @@ KINDS = ("ResourceSlice", "Node", "Pod", "ResourceClaim")
 # of times: parse each text once.
 parse_quantity = functools.lru_cache(maxsize=4096)(_parse_quantity)
 DeviceKey = tuple[str, str, str]  # (driver, pool, device)
+NODE_LOG = 4096  # entries of a layout's change log (Layout.node_log)
+# Largest consumed amount a claim may report: sums of a few stay inside int64, the type of the
+# model's consumption records and layout columns
+AMOUNT_LIMIT = 1 << 62
 
 
 class ModelError(ValueError):
@@ -300,6 +304,15 @@ class Layout:
     used_by_dim: npt.NDArray[np.int64]  # [devices, dims], kept current like mem_used
     dev: npt.NDArray[np.int64]  # [devices, kernel.DEV_FIELDS]
     index: dict[DeviceKey, int] = field(default_factory=dict)
+    # Every node_seq stamp also appends its node here (a ring of NODE_LOG entries;
+    # node_log_count[0]: entries ever appended), so the fast path's rank visits the nodes
+    # stamped since it last ran instead of comparing every node's stamp (`stamp`)
+    node_log: npt.NDArray[np.int64] = field(
+        default_factory=lambda: np.zeros(NODE_LOG, dtype=np.int64)
+    )
+    node_log_count: npt.NDArray[np.int64] = field(
+        default_factory=lambda: np.zeros(1, dtype=np.int64)
+    )
     node_index: dict[str, int] = field(default_factory=dict)
     epoch: int = 0
     patch_seq: int = 0  # change_seq of the last in-place republication (row_seq)
@@ -312,13 +325,42 @@ class Layout:
             self.writer = _fastkernel.LayoutWriter(self)
 
 
+class _PyDeviceUsage(dict[str, int]):
+    """`_fastkernel.DeviceUsage` when the extension is not built: one device's consumption
+    (capacity name -> amount) with its `allocations` and `exclusive` counts."""
+
+    __slots__ = ("allocations", "exclusive")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.allocations = 0  # results on the device
+        self.exclusive = 0  # of those, the ones that hold it whole
+
+
+# What `ClusterModel.used` holds per device: the C record (the fast commit adds to it without
+# a dictionary operation) or its stand-in; both are mutable mappings with the two counts.
+DeviceUsage: type[_PyDeviceUsage] = (
+    _PyDeviceUsage if _fastkernel is None else _fastkernel.DeviceUsage  # type: ignore[assignment]
+)
+_NO_USAGE = _PyDeviceUsage()  # what an unconsumed device reads as (never written)
+
+
+def stamp(layout: Layout, node: int, seq: int) -> None:
+    """Node `node` changed at model change number `seq`: its node_seq, and the change log
+    (what `_fastkernel.LayoutWriter` does in C for consumption)."""
+    layout.node_seq[node] = seq
+    count = int(layout.node_log_count[0])
+    layout.node_log[count % len(layout.node_log)] = node
+    layout.node_log_count[0] = count + 1
+
+
 def _write_usage(  # noqa: PLR0917 - LayoutWriter.account's arguments, one to one
     layout: Layout, row: int, seq: int, mem: int, cores: int, held: int, allocated: int
 ) -> None:
     """What `_fastkernel.LayoutWriter.account` does, with numpy item writes (extension not
     built)."""
     node = int(layout.dev_node[row])
-    layout.node_seq[node] = seq
+    stamp(layout, node, seq)
     layout.node_mem_used[node] += mem - int(layout.mem_used[row])
     layout.node_cores_used[node] += cores - int(layout.cores_used[row])
     layout.mem_used[row] = mem
@@ -396,9 +438,8 @@ class ClusterModel:
         self.node_cpu_used: dict[str, int] = {}
         self.node_mem_used: dict[str, int] = {}
         self._claims: dict[str, list[Consumption]] = {}
-        self.used: dict[DeviceKey, dict[str, int]] = {}
-        self.allocations: dict[DeviceKey, int] = {}
-        self.exclusive: dict[DeviceKey, int] = {}
+        # Per device ever consumed: capacity name -> amount, and the allocation counts
+        self.used: dict[DeviceKey, _PyDeviceUsage] = {}
         self._generation = itertools.count(1)
         self._layout: Layout | None = None
         self.node_epoch = 0  # bumped on any node change (node-fit caches key on it)
@@ -543,7 +584,7 @@ class ClusterModel:
                 layout.dev[row, kernel.DEV_LINK_SIZE] = size
             layout.node_mem_total[node] = int(layout.mem_total[s:e].sum())
             layout.node_cores_total[node] = int(layout.cores_total[s:e].sum())
-            layout.node_seq[node] = self.change_seq
+            stamp(layout, node, self.change_seq)
         layout.patch_seq = self.change_seq
         return True
 
@@ -646,7 +687,7 @@ class ClusterModel:
         if layout is not None and node in layout.node_index:
             i = layout.node_index[node]
             self.change_seq += 1
-            layout.node_seq[i] = self.change_seq
+            stamp(layout, i, self.change_seq)
             info = self.nodes[node]
             layout.cpu_free[i] = info.cpu_milli - self.node_cpu_used.get(node, 0)
             layout.mem_free[i] = info.memory - self.node_mem_used.get(node, 0)
@@ -665,6 +706,12 @@ class ClusterModel:
             amounts = tuple(
                 sorted((_qualify(k, driver), parse_quantity(str(v))) for k, v in consumed.items())
             )
+            for name, amount in amounts:
+                if not 0 <= amount < AMOUNT_LIMIT:  # checked before anything changes
+                    raise ModelError(
+                        f"ResourceClaim {uid}: consumedCapacity {name}={amount} is outside "
+                        f"0..2^62 (the model counts consumption in int64)"
+                    )
             device = self.devices.get(key)
             exclusive = device is None or not device.allow_multiple
             consumption.append(Consumption(key, amounts, exclusive and "shareID" not in result))
@@ -683,12 +730,14 @@ class ClusterModel:
                 self._account(entry, +1)
 
     def _account(self, entry: Consumption, sign: int) -> None:
-        used = self.used.setdefault(entry.device, {})
+        used = self.used.get(entry.device)
+        if used is None:
+            used = self.used[entry.device] = DeviceUsage()
         for name, amount in entry.amounts:
             used[name] = used.get(name, 0) + sign * amount
-        self.allocations[entry.device] = self.allocations.get(entry.device, 0) + sign
+        used.allocations += sign
         if entry.exclusive:
-            self.exclusive[entry.device] = self.exclusive.get(entry.device, 0) + sign
+            used.exclusive += sign
         layout = self._layout
         if layout is not None:
             row = layout.index.get(entry.device)
@@ -698,7 +747,7 @@ class ClusterModel:
                 mem = used.get(_memory_name(driver), 0)
                 cores = used.get(_cores_name(driver), 0)
                 held = int(self.is_held(entry.device))
-                allocated = int(self.allocations[entry.device] > 0)
+                allocated = int(used.allocations > 0)
                 columns, values = [], []
                 for name, _ in entry.amounts:
                     column = layout.dims.get(name)
@@ -748,7 +797,7 @@ class ClusterModel:
             driver = d.key[0]
             mem = d.capacity.get(f"{driver}/{names.CAPACITY_MEMORY}")
             cores = d.capacity.get(f"{driver}/{names.CAPACITY_CORES}")
-            used = self.used.get(d.key, {})
+            used = self.used.get(d.key, _NO_USAGE)
             mem_total.append(mem.value if mem else 0)
             cores_total.append(cores.value if cores else 0)
             mem_default.append(default_consumption(mem))
@@ -767,13 +816,13 @@ class ClusterModel:
         for i, d in enumerate(devices):
             for name, capacity in d.capacity.items():
                 cap[i, dims[name]] = capacity.value
-            for name, amount in self.used.get(d.key, {}).items():
+            for name, amount in self.used.get(d.key, _NO_USAGE).items():
                 if name in dims:
                     used_by_dim[i, dims[name]] = amount
             driver = d.key[0]
             dev[i] = (
                 int(d.allow_multiple),
-                int(self.allocations.get(d.key, 0) > 0),
+                int(self.allocation_count(d.key) > 0),
                 busy[i],
                 d.numa,
                 d.link,
@@ -822,12 +871,21 @@ class ClusterModel:
             epoch=self.layout_epoch,
         )
 
-    def device_used(self, key: DeviceKey) -> dict[str, int]:
-        return self.used.get(key, {})
+    def device_used(self, key: DeviceKey) -> Mapping[str, int]:
+        """Capacity name -> amount the device's allocations consume (empty: none)."""
+        return self.used.get(key, _NO_USAGE)
+
+    def allocation_count(self, key: DeviceKey) -> int:
+        """How many allocation results the device has (admin access not counted)."""
+        used = self.used.get(key)
+        return 0 if used is None else used.allocations
 
     def is_held(self, key: DeviceKey) -> bool:
         """True when the device can take no further allocation at all."""
-        device = self.devices.get(key)
-        if self.exclusive.get(key, 0) > 0:
+        used = self.used.get(key)
+        if used is None:
+            return False
+        if used.exclusive > 0:
             return True
-        return device is not None and not device.allow_multiple and self.allocations.get(key, 0) > 0
+        device = self.devices.get(key)
+        return device is not None and not device.allow_multiple and used.allocations > 0

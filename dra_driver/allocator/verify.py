@@ -68,7 +68,7 @@ def check_allocation(model: ClusterModel, claim: Claim, allocation: Mapping[str,
         if result.get("adminAccess"):
             continue
         if not device.allow_multiple:
-            if model.allocations.get(key, 0) > 0 or key in added:
+            if model.allocation_count(key) > 0 or key in added:
                 problems.append(f"{where}: device is not shareable and already allocated")
             added.setdefault(key, {})
             continue

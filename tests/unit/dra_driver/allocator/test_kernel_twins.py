@@ -4,6 +4,7 @@ every decision is right against a brute-force oracle, on random clusters and ran
 from __future__ import annotations
 
 import itertools
+import uuid
 from types import SimpleNamespace
 from typing import Any
 
@@ -13,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dra_driver.allocator import allocate, kernel
+from dra_driver.allocator import model as model_module
 
 try:
     from dra_driver.allocator import _fastkernel
@@ -162,12 +164,52 @@ def test_fast_and_reference_agree_and_are_right(
         assert_same_consumption(fast.model, slow.model)
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    nodes=nodes_st,
+    claims=st.lists(claim_st, min_size=2, max_size=10),
+    log_size=st.sampled_from([1, 2, 3, 4096]),
+    bound=st.lists(st.integers(0, 5), max_size=4),
+)
+def test_rank_reads_the_change_log_as_a_full_comparison_would(
+    nodes: list[tuple[str, str, int]],
+    claims: list[tuple[Any, ...]],
+    log_size: int,
+    bound: list[int],
+) -> None:
+    """The fast rank refreshes the nodes stamped since it last ran from the layout's change
+    log, and compares every node's stamp when more stamps came than the log holds (tiny logs
+    here): decisions stay the reference's, with bound pods changing nodes in between."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(model_module, "NODE_LOG", log_size)
+        fast, slow = Allocator(build(nodes), fast=True), Allocator(build(nodes), fast=False)
+        assert len(fast.model.layout().node_log) == log_size
+    for i, raw in enumerate(claims):
+        policy = Policy(node=raw[5], device=raw[6], topology=raw[7])
+        claim = claim_of(i, raw)
+        assert outcome(fast, claim, policy) == outcome(slow, claim, policy)
+        if i < len(bound) and bound[i] < len(nodes):  # a pod bound between decisions
+            pod = {
+                "metadata": {"uid": f"pod-{i}"},
+                "spec": {
+                    "nodeName": f"node-{bound[i]:05d}",
+                    "containers": [{"resources": {"requests": {"cpu": "1"}}}],
+                },
+            }
+            for alloc in (fast, slow):
+                alloc.model.apply("Pod", pod)
+        assert_same_consumption(fast.model, slow.model)
+
+
+def counts(model: ClusterModel) -> dict[tuple[str, str, str], tuple[int, int]]:
+    return {key: (used.allocations, used.exclusive) for key, used in model.used.items()}
+
+
 def assert_same_consumption(one: ClusterModel, other: ClusterModel) -> None:
     """The models' consumption dictionaries and the layout columns derived from them agree."""
     assert one._claims == other._claims
     assert one.used == other.used
-    assert one.allocations == other.allocations
-    assert one.exclusive == other.exclusive
+    assert counts(one) == counts(other)
     assert one.change_seq == other.change_seq
     first, second = one.layout(), other.layout()
     for column in (
@@ -219,20 +261,66 @@ def test_the_accountant_stays_the_models_twin_across_recommits_and_layout_change
     assert_same_consumption(fast.model, slow.model)
 
 
+def test_the_accountant_releases_consumption_the_api_reported() -> None:
+    """A claim whose allocation arrived as an API object (its device keys are new tuples,
+    equal to the layout's but other objects) is released and re-committed by the fast path
+    as by the model; so is a placement committed twice with the API's copy in between."""
+    nodes = [(PRODUCTS[0], "two-islands", 8), (PRODUCTS[1], "pairs", 4)]
+    fast, slow = Allocator(build(nodes), fast=True), Allocator(build(nodes), fast=False)
+    policy = Policy(node="binpack", device="spread", topology="link")
+    claim = claim_of(0, (2, "10Gi", "30", None, CONSTRAINTS[1], "", "", "", None))
+    placement = outcome(fast, claim, policy)
+    assert isinstance(placement, Placement) and outcome(slow, claim, policy) == placement
+    allocation = placement.allocation(claim.uid)
+    api = {"metadata": {"uid": claim.uid}, "status": {"allocation": allocation}}
+    for _ in range(2):
+        for alloc in (fast, slow):
+            alloc.model.apply("ResourceClaim", api)  # the claim's update event
+        assert_same_consumption(fast.model, slow.model)
+        fast.commit(placement)  # releases the API's entries, then records its own
+        slow.commit(placement)
+        assert_same_consumption(fast.model, slow.model)
+    # The address table holds the layout's own key objects only: one entry per device the
+    # claim took, however many equal keys the API's copies brought
+    assert fast._accountant is not None
+    assert fast._accountant.table_count == len(placement.results[0][1])
+    for alloc in (fast, slow):
+        alloc.model.delete("ResourceClaim", api)
+    assert_same_consumption(fast.model, slow.model)
+    assert not any(any(used.values()) for used in fast.model.used.values())
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     uid=st.text(min_size=1, max_size=60),
     request=st.text(min_size=1, max_size=80),
-    path=st.text(min_size=1, max_size=120),
-    index=st.integers(0, 10**12),
+    positions=st.lists(
+        st.one_of(st.integers(0, 16), st.integers(0, (1 << 32) - 1)), min_size=1, max_size=6
+    ),
 )
-def test_share_ids_are_identical(uid: str, request: str, path: str, index: int) -> None:
-    assume_utf8 = all(not 0xD800 <= ord(ch) <= 0xDFFF for ch in uid + request + path)
+def test_share_ids_are_identical(uid: str, request: str, positions: list[int]) -> None:
+    """Both twins give the same text at every position, and positions of one request differ
+    (one hash per request, the position mixed into its last bytes)."""
+    assume_utf8 = all(not 0xD800 <= ord(ch) <= 0xDFFF for ch in uid + request)
     if not assume_utf8:  # lone surrogates cannot be encoded by either twin
         return
-    assert _fastkernel.share_id(uid, request, path, index) == allocate._share_id(
-        uid, request, path, index
-    )
+    base = allocate._share_base(uid, request)
+    ids = {}
+    for position in positions:
+        text = allocate._share_id(base, position)
+        assert _fastkernel.share_id(uid, request, position) == text
+        parsed = uuid.UUID(text)
+        assert parsed.version == 4 and parsed.variant == uuid.RFC_4122 and str(parsed) == text
+        ids[position] = text
+    assert len(set(ids.values())) == len(ids)
+
+
+def test_share_id_positions_outside_32_bits_are_refused() -> None:
+    for position in (-1, 1 << 32):
+        with pytest.raises(ValueError, match="position"):
+            _fastkernel.share_id("uid", "gpu", position)
+        with pytest.raises(ValueError, match="position"):
+            allocate._share_id(allocate._share_base("uid", "gpu"), position)
 
 
 @settings(max_examples=200, deadline=None)
@@ -405,6 +493,8 @@ def one_node_layout(dev: Any, cap: Any, used: Any) -> Any:
         cap=cap,
         used_by_dim=used,
         dev=dev,
+        node_log=np.zeros(4, dtype=np.int64),
+        node_log_count=np.zeros(1, dtype=np.int64),
     )
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from dra_driver.allocator.cel import device_view
-from dra_driver.allocator.model import ClusterModel, ModelError, _fastkernel
+from dra_driver.allocator.model import ClusterModel, ModelError, _fastkernel, _PyDeviceUsage
 from tests.fixtures.allocator_cluster import DRIVER, GIB, node_events
 
 MEM = f"{DRIVER}/memory"
@@ -78,7 +78,9 @@ def test_claims_consume_on_update_and_release_on_delete() -> None:
     assert layout.mem_used[row] == 1 * GIB and layout.cores_used[row] == 10
     unallocated = {"metadata": {"uid": "b"}, "status": {}}
     model.apply("ResourceClaim", unallocated)  # deallocation releases too
-    assert layout.mem_used[row] == 0 and model.allocations[(DRIVER, "node-00000", "gpu-1")] == 0
+    assert (
+        layout.mem_used[row] == 0 and model.allocation_count((DRIVER, "node-00000", "gpu-1")) == 0
+    )
 
 
 def test_consumption_lands_in_the_layout_the_same_with_and_without_the_cython_writer() -> None:
@@ -186,3 +188,63 @@ def test_compact_devices_keep_what_was_published() -> None:
         model.devices[(DRIVER, "node-00001", "gpu-0")],
     )
     assert a.capacity is b.capacity and a.attribute_index is b.attribute_index  # shared
+
+
+@pytest.mark.parametrize("kind", ["c", "python"])
+def test_a_device_usage_reads_as_the_mapping_it_replaces(kind: str) -> None:
+    """`ClusterModel.used` holds one `DeviceUsage` per device (the C record, or its stand-in
+    when the extension is not built): both read like a dictionary of amounts, compare equal
+    to one, and carry the allocation counts."""
+    if kind == "c" and _fastkernel is None:
+        pytest.skip("the extension is not built")
+    usage = _fastkernel.DeviceUsage() if kind == "c" else _PyDeviceUsage()
+    assert not usage and len(usage) == 0 and usage == {} and usage.get(MEM, 0) == 0
+    usage[MEM] = 10 * GIB
+    usage[f"{DRIVER}/cores"] = 30
+    usage[MEM] = usage[MEM] - 4 * GIB
+    assert usage == {MEM: 6 * GIB, f"{DRIVER}/cores": 30} and usage != {MEM: 6 * GIB}
+    assert list(usage) == [MEM, f"{DRIVER}/cores"] and MEM in usage and "other" not in usage
+    assert dict(usage.items()) == {MEM: 6 * GIB, f"{DRIVER}/cores": 30}
+    assert sorted(usage.values()) == [30, 6 * GIB] and usage.get("other") is None
+    with pytest.raises(KeyError):
+        usage["other"]
+    many = {f"{DRIVER}/c{i}": i for i in range(9)}  # beyond the C record's inline room
+    for name, amount in many.items():
+        usage[name] = amount
+    assert dict(usage.items()) == {MEM: 6 * GIB, f"{DRIVER}/cores": 30, **many}
+    for name in many:
+        usage[name] = 0
+    assert (usage.allocations, usage.exclusive) == (0, 0)
+    usage.allocations += 2
+    usage.exclusive += 1
+    assert (usage.allocations, usage.exclusive) == (2, 1)
+    assert usage == {MEM: 6 * GIB, f"{DRIVER}/cores": 30, **dict.fromkeys(many, 0)}
+    if kind == "c":
+        with pytest.raises(OverflowError):
+            usage[MEM] = 1 << 63  # amounts are int64, as the layout's columns
+        with pytest.raises(TypeError):
+            usage[1] = 0  # type: ignore[index]
+
+
+def test_a_consumed_amount_beyond_the_limit_fails_that_claim_and_changes_nothing() -> None:
+    """Consumption is counted in int64: a claim reporting an amount of 2^62 or more (or a
+    negative one) is refused with a ModelError naming it, before anything changes."""
+    model = ClusterModel()
+    for kind, obj in node_events(0, "NVIDIA A10", "pairs", 2):
+        model.apply(kind, obj)
+    key = (DRIVER, "node-00000", "gpu-0")
+    result = {"request": "gpu", "driver": DRIVER, "pool": "node-00000", "device": "gpu-0"}
+
+    def claim(uid: str, amount: str) -> dict[str, Any]:
+        consumed = {**result, "shareID": uid, "consumedCapacity": {"memory": amount}}
+        return {
+            "metadata": {"uid": uid},
+            "status": {"allocation": {"devices": {"results": [consumed]}}},
+        }
+
+    model.apply("ResourceClaim", claim("a", str((1 << 62) - 1)))
+    for uid, amount in (("b", str(1 << 62)), ("c", "-1"), ("a", str((1 << 63) - 1))):
+        with pytest.raises(ModelError, match=f"ResourceClaim {uid}: consumedCapacity"):
+            model.apply("ResourceClaim", claim(uid, amount))
+    assert model.device_used(key)[MEM] == (1 << 62) - 1
+    assert model.allocation_count(key) == 1 and set(model._claims) == {"a"}
