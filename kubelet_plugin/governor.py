@@ -37,6 +37,7 @@ from kubelet_plugin.region import (
     POLICY_BALANCE,
     POLICY_FIXED,
     POLICY_NONE,
+    RATE_HOOK,
     RATE_SEED,
     Region,
     RegionError,
@@ -499,15 +500,8 @@ class Governor:
         poll = claim.polls.get(cap.uuid, (now_ns, usage.launch_cost, True))
         claim.polls[cap.uuid] = (now_ns, usage.launch_cost, sample.fresh)
         mark = claim.marks.get(cap.uuid)
-        if mark is None or now_ns <= mark[2]:
-            claim.marks[cap.uuid] = (usage.launch_cost, usage.throttled_ns, now_ns)
-            # First sight: offer the gain learnt on this GPU for pacing first launches, and
-            # claim the device so the hook stops its own sampling meanwhile.
-            seed = self._gpu_gain.get(cap.uuid.lower())
-            if seed:
-                claim.region.write_seed_gain(index, seed)
-            if usage.rate:
-                claim.region.write_rate(index, usage.rate, now_ns)
+        if mark is None or now_ns <= mark[2] or raw.rate_source == RATE_HOOK:
+            self._take_over(claim, cap, index, now_ns, hook_rate=raw.rate_source == RATE_HOOK)
             return
         if not sample.fresh:
             # No NVML sample since the last tick: keep the budget fresh in the region (the
@@ -572,13 +566,49 @@ class Governor:
         if controller.gain > 0:
             self._gpu_gain[cap.uuid.lower()] = controller.gain
         log.debug(
-            "governor: claim %s %s util %.1f target %.1f rate %.0f",
+            "governor: t %.4f claim %s util %.1f target %.1f window %.4f s bracket %.4f s "
+            "cost/s %.0f gain %.3g integral %.2f hold %s rate %.0f -> %.0f",
+            now_ns / 1e9,
             claim.uid,
-            cap.uuid,
             util,
             target,
+            dt,
+            bracket / 1e9,
+            (end_cost - start_cost) / dt,
+            controller.gain,
+            controller.integral,
+            controller.hold,
+            usage.rate,
             rate,
         )
+
+    def _take_over(
+        self, claim: _Claim, cap: CappedDevice, index: int, now_ns: int, *, hook_rate: bool
+    ) -> None:
+        """Measure the device from now on, and claim it so the hook stops its own controller.
+
+        At first sight, offer the gain learnt on this GPU for pacing the claim's first
+        launches. When the hook's own controller set the rate (`hook_rate`: it steps from a
+        claim's first launch until the governor writes the region, and again after 2 s without
+        a governor write), the rate changed between our ticks, which breaks both halves of a
+        window: a bracketed window end interpolates the launch cost as if the rate stood still
+        between the two ticks (with the hook's rate going from the seed to ~10x it, the cost
+        was halved where most of it came late, and the gain learnt 4x high: a claim under its
+        cap for half a second, then over it while the integral unwound; issue 17), and the next
+        sample's period may mix the hook's rates. So the window starts now and the next sample
+        is skipped (hold), as after a big change of our own.
+        """
+        usage = claim.region.device(index)
+        claim.marks[cap.uuid] = (usage.launch_cost, usage.throttled_ns, now_ns)
+        seed = self._gpu_gain.get(cap.uuid.lower())
+        if seed:
+            claim.region.write_seed_gain(index, seed)
+        if hook_rate:
+            claim.anchored[cap.uuid] = usage.rate
+            claim.controllers.setdefault(cap.uuid, Controller()).hold = True
+            claim.moved[cap.uuid] = True
+        if usage.rate:
+            claim.region.write_rate(index, usage.rate, now_ns)
 
     def next_period(self, period: float = DEFAULT_PERIOD_S) -> float:
         """Seconds until the next tick: short while a claim that is launching has no learnt gain

@@ -45,6 +45,7 @@ WINDOW_NS = 300_000_000
 # What one governor pass takes (a few NVML calls and region reads): launches go on meanwhile, so
 # the next period is chosen seeing the launch cost moved since the pass read it.
 TICK_NS = DT_NS
+GOVERNOR_STALE_NS = 2_000_000_000  # vgpu_hook/src/launch.c: the hook's fallback steps after this
 
 
 @dataclass
@@ -64,9 +65,21 @@ class Tenant:
 class Plant:
     """GPU + hooks + NVML for the governor (`UtilSource`)."""
 
-    def __init__(self, tenants: list[Tenant], *, realistic: bool, seed: int) -> None:
+    def __init__(
+        self,
+        tenants: list[Tenant],
+        *,
+        realistic: bool,
+        seed: int,
+        fallback_policy: int | None = None,
+    ) -> None:
         self.tenants = tenants
         self.realistic = realistic
+        # The hooks' in-process fallback (vgpu_ctl_poll), run from each tenant's launches while
+        # no governor has written its region for 2 s (launch.c maybe_step_controller), as on a
+        # node between a claim's first launch and the governor's first tick that sees it.
+        self.fallback_policy = fallback_policy
+        self._samplers = [_fallback_sampler(self, t) for t in tenants]
         self.now = 0
         rnd = random.Random(seed)
         self.phase = rnd.randrange(PERIOD_NS)
@@ -108,6 +121,8 @@ class Plant:
                         dev.throttled_ns += DT_NS // 2
                 t.busy.append((self.now, util))
                 self.period_busy[t.pid] += util * DT_NS
+            if self.fallback_policy is not None:
+                self._step_fallbacks()
             if self.now >= self._period_end(self.period_index):
                 span = self.now - self.period_start
                 for t in self.tenants:
@@ -117,6 +132,17 @@ class Plant:
                     self.period_busy[t.pid] = 0.0
                 self.period_start = self.now
                 self.period_index += 1
+
+    def _step_fallbacks(self) -> None:
+        lib = _fallback_lib()
+        for tenant, sampler in zip(self.tenants, self._samplers, strict=True):
+            dev = tenant.region.layout.devices[0]
+            stale = (
+                dev.governor_stamp_ns == 0 or self.now - dev.governor_stamp_ns >= GOVERNOR_STALE_NS
+            )
+            if tenant.started(self.now) and stale:
+                device = ctypes.addressof(dev)
+                lib.vgpu_ctl_poll(device, tenant.cap, self.fallback_policy, self.now, sampler, None)
 
     def sample(self, uuid: str, since_us: int) -> GpuSample:
         assert uuid == UUID
@@ -136,7 +162,24 @@ class Plant:
             window = [u for when, u in t.busy if when > since]
             if window and any(u > 0 for u in window):
                 per_pid[t.pid] = float(round(sum(window) / len(window)))
+        if not per_pid:  # the simulator: no process ran since lastSeen = NVML_ERROR_NOT_FOUND
+            return GpuSample(0.0, {}, fresh=False)
         return GpuSample(float(min(100.0, sum(per_pid.values()))), per_pid)
+
+
+def _fallback_sampler(plant: Plant, tenant: Tenant) -> Any:
+    """The plant's NVML as the hook's sampler sees it (launch.c sample_util)."""
+
+    def sample(_ctx: object, age_ns: int, device: Any, claim: Any) -> int:
+        answer = plant.sample(UUID, (plant.now - age_ns) // 1000)
+        if not answer.fresh:
+            return SAMPLE_NOTHING_NEW
+        # launch.c sample_util: the whole GPU as the sum over the same window as ours
+        device[0] = min(100.0, sum(answer.process_util.values()))
+        claim[0] = answer.process_util.get(tenant.pid, 0.0)
+        return SAMPLE_OK
+
+    return SAMPLER(sample)
 
 
 def _bits_to_double(bits: int) -> float:
@@ -203,7 +246,8 @@ def run(
         path = node.claim(f"c{i}", cap, pid=500 + i, policy=policy)
         begins = start + delays[i] * 1_000_000
         tenants.append(Tenant(500 + i, cap, rg.Region(str(path)), begins, true_gain))
-    plant = Plant(tenants, realistic=realistic, seed=seed)
+    code = rg.POLICY_BALANCE if policy == "balance" else rg.POLICY_FIXED
+    plant = Plant(tenants, realistic=realistic, seed=seed, fallback_policy=code)
     gov = node.governor(None)
     gov.source = plant  # the plant is the NVML the governor samples
     tick_phase = rnd.randrange(100_000_000) // DT_NS * DT_NS
@@ -329,7 +373,7 @@ def _run_at_phase(
     offset = int(phase * PERIOD_NS) // DT_NS * DT_NS
     start = SWEEP_GRID_NS + 4 * PERIOD_NS + offset
     tenant = Tenant(500, cap, rg.Region(str(path)), start, 7.2e-8)
-    plant = Plant([tenant], realistic=realistic, seed=jitter_seed)
+    plant = Plant([tenant], realistic=realistic, seed=jitter_seed, fallback_policy=rg.POLICY_FIXED)
     plant.phase = SWEEP_GRID_NS
     gov = node.governor(None)
     gov.source = plant
