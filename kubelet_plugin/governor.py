@@ -136,6 +136,7 @@ def caps_of_prepared(prepared: Callable[[], Mapping[str, ClaimPlan]]) -> ClaimCa
 
 GAIN_MEMORY = 0.6  # share of the gain estimate's weight kept per step (steady state: EMA 0.4)
 GAIN_MIN_STEP = 1.0 - GAIN_MEMORY
+UTIL_RESOLVED = 1.5  # readings under it only lower a learnt gain (vgpu.h VGPU_UTIL_RESOLVED)
 INTEGRAL_ERROR_MAX = 5.0  # points of error one step may integrate (vgpu.h VGPU_INTEGRAL_ERROR_MAX)
 
 
@@ -173,6 +174,11 @@ class Controller:
             seen = util if util > 0.5 else 0.25
             observed = seen / cost_rate
             learning = self.gain <= 0
+            if not learning and util < UTIL_RESOLVED:
+                # 0 or 1 % spans a factor of three or more of true utilisation: it may lower a
+                # learnt gain (to its rounding interval's top), never raise it (an idle window
+                # read 0 over a tiny cost rate taught a gain hundreds of times too high).
+                observed = min(self.gain, (util + 0.5) / cost_rate)
             # A window at 30 % says far more than the seed window at 2 % the gain was first
             # learnt from: weigh each by its squared utilisation, and never move by less than
             # the plain EMA step, so a gain learnt too high still unwinds at the EMA's pace.

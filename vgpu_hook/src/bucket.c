@@ -80,6 +80,16 @@ double vgpu_ctl_step(struct vgpu_ctl_state *st, const struct vgpu_ctl_sample *s,
         double seen = s->util > 0.5 ? s->util : 0.25;
         double observed = seen / s->cost_rate;
         learning = st->gain <= 0;
+        /* A reading under VGPU_UTIL_RESOLVED (0 or 1 %) spans a factor of three or more of
+         * true utilisation: it may lower a learnt gain, to the top of its rounding interval
+         * (launches starved to nothing: the correction above), never raise it. A window in
+         * which the claim hardly launched (an idle moment, a window cut short) reads 0 over a
+         * tiny cost rate, and a quarter point over it taught a gain hundreds of times too high:
+         * a claim starved for seconds while the EMA unwound it. */
+        if (!learning && s->util < VGPU_UTIL_RESOLVED) {
+            double top = (s->util + 0.5) / s->cost_rate;
+            observed = top < st->gain ? top : st->gain;
+        }
         /* NVML reports integer percent, so a window's relative error is about 1/util: a
          * window at 30 % says far more than the seed window at 2 % the gain was first learnt
          * from. Weigh each by its squared utilisation, and never move by less than the plain

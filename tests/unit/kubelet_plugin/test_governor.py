@@ -161,6 +161,23 @@ def test_controller_recovers_from_a_gain_learnt_too_high() -> None:
     assert sum(errors) / len(errors) <= 1.0
 
 
+@pytest.mark.parametrize("reading", [0.0, 1.0])
+def test_a_reading_below_resolution_never_raises_a_learnt_gain(reading: float) -> None:
+    """A window in which the claim hardly launched (0.015 % predicted) reads 0 or 1 %, which fit
+    a gain from 0 to 100x the learnt one: the gain stays, the budget too (issue 17: a quarter
+    point over the tiny cost rate moved the gain 17x up, the claim ran at 1/10 of its cap)."""
+    ctl = Controller(gain=1.5e-7, weight=900.0)
+    rate = ctl.step(target=30, util=reading, cost_rate=1e5, throttled=False, rate=2e8)
+    assert ctl.gain == 1.5e-7
+    assert rate >= 2e8 * 0.99
+
+
+def test_a_reading_below_resolution_still_lowers_a_gain_learnt_too_high() -> None:
+    ctl = Controller(gain=1.5e-7, weight=900.0)
+    ctl.step(target=30, util=0.0, cost_rate=2e8, throttled=True, rate=2e8)  # 30 % predicted
+    assert ctl.gain < 1.5e-7 * 0.61
+
+
 def test_balance_target() -> None:
     assert balance_target(30, 90, 90) == 95  # alone: borrow the idle GPU...
     assert balance_target(30, 32, 30) == 40  # ...growing 10 points per step

@@ -113,7 +113,7 @@ def test_random_samples_give_the_same_rates(c_lib: ctypes.CDLL, seed: int) -> No
     )
     rate = rnd.choice([0.0, 1.0, 5e7])
     for _ in range(400):
-        util = rnd.choice([0.0, 0.3, 0.5, 0.51, rnd.uniform(0, 100), 100.0])
+        util = rnd.choice([0.0, 0.3, 0.5, 0.51, 1.0, 1.49, 1.5, rnd.uniform(0, 100), 100.0])
         cost_rate = rnd.choice([0.0, rnd.uniform(1, 1e9), rnd.uniform(1e6, 1e8)])
         target = rnd.choice([10.0, 30.0, 50.0, 70.0, rnd.uniform(5, 95)])
         rate = pair.step(
