@@ -194,7 +194,11 @@ class Controller:
         # No integration while the gain estimate is being replaced (the first step learns it
         # from the provisional seed window; a much better window re-learns it): that error
         # comes from the old gain, not from a bias of the model the integral is there for.
-        if not replaced and (throttled or error < 0):
+        # Nor of a claim far under its target unless that unwinds the integral: a gain learnt
+        # too high is re-learnt at the EMA's pace, and the integral wound up meanwhile took
+        # the claim over its cap once the gain was right (47 % for a cap of 30).
+        far_under = error > INTEGRAL_ERROR_MAX and self.integral >= 0
+        if not replaced and not far_under and (throttled or error < 0):
             # Only small errors are model bias; a large one comes from a target that just
             # moved (balance) and would wind the integral up against the new target.
             bounded = min(INTEGRAL_ERROR_MAX, max(-INTEGRAL_ERROR_MAX, error))

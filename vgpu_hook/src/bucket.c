@@ -106,7 +106,11 @@ double vgpu_ctl_step(struct vgpu_ctl_state *st, const struct vgpu_ctl_sample *s,
     /* Integrate only while limited or over target (anti-windup), and not while the gain
      * estimate is being replaced (learnt from the seed window, or re-learnt from a much
      * better one): that error comes from the old gain, not from a bias of the model. */
-    if (!replaced && (s->throttled || error < 0)) {
+    /* Nor of a claim far under its target unless that unwinds the integral: a gain learnt
+     * too high is re-learnt at the EMA's pace, and the integral wound up meanwhile took the
+     * claim over its cap once the gain was right (47 % for a cap of 30). */
+    bool far_under = error > VGPU_INTEGRAL_ERROR_MAX && st->integral >= 0;
+    if (!replaced && !far_under && (s->throttled || error < 0)) {
         /* Only small errors are model bias; a large one comes from a target that just moved
          * (balance) and would wind the integral up against the new target. */
         double bounded = error;

@@ -265,6 +265,15 @@ static void test_reading_below_resolution_never_raises_the_gain(void) {
     }
     CHECK(steps <= 20);
     CHECK(st.gain < 2 * gain);
+    /* ... without winding the integral up meanwhile: the claim does not overshoot after. */
+    double peak = 0;
+    for (int i = 0; i < 20; i++) {
+        struct vgpu_ctl_sample s = {.target = 30, .util = round(gain * rate), .dt = 0.1,
+                                    .cost_rate = rate, .throttled = true};
+        rate = vgpu_ctl_step(&st, &s, rate);
+        if (gain * rate > peak) peak = gain * rate;
+    }
+    CHECK(peak < 33);
 }
 
 /* A scripted NVML for vgpu_ctl_poll: "nothing new" until `fresh_from`, then `util` points. */

@@ -178,6 +178,21 @@ def test_a_reading_below_resolution_still_lowers_a_gain_learnt_too_high() -> Non
     assert ctl.gain < 1.5e-7 * 0.61
 
 
+def test_a_gain_learnt_far_too_high_unwinds_without_overshoot() -> None:
+    """Starved by a gain learnt 100x too high (reads 0-1 %), the claim is back at its cap within
+    twenty steps, and the integral did not wind up meanwhile (it used to reach +20 points and
+    take the claim to 47 % for a cap of 30 once the gain was right)."""
+    gain = 1.5e-7
+    ctl = Controller(gain=100 * gain, weight=900.0)
+    rate, seen = 30 / ctl.gain, []
+    for _ in range(40):
+        util = round(gain * rate)
+        rate = ctl.step(target=30, util=util, cost_rate=rate, throttled=True, rate=rate)
+        seen.append(gain * rate)
+    assert abs(seen[19] - 30) <= 3
+    assert max(seen) < 33
+
+
 def test_balance_target() -> None:
     assert balance_target(30, 90, 90) == 95  # alone: borrow the idle GPU...
     assert balance_target(30, 32, 30) == 40  # ...growing 10 points per step
