@@ -66,6 +66,9 @@ FIRST_SAMPLE_COVERAGE_MIN = 0.5
 # Steps after the first learnt one that still poll fast: they correct the first gain (learnt
 # from a seed window that reads a few integer percent) within one sample period each.
 SETTLING_STEPS = 2
+# Ticks at most this far apart are fast ones (LEARNING_PERIOD_S plus a late wake-up).
+FAST_TICK_NS = 20_000_000
+FRESH_STREAK_MAX = 2  # fast ticks in a row with a fresh sample after which ticks are slow
 GOVERNOR_REFRESH_NS = 500_000_000  # rewrite an unchanged budget at least this often
 BALANCE_HEADROOM = 5.0  # vgpu.h VGPU_BALANCE_HEADROOM
 FULL_GPU = 100.0 - BALANCE_HEADROOM / 2  # borrowing yields from here on (VGPU_FULL_GPU)
@@ -137,6 +140,7 @@ def caps_of_prepared(prepared: Callable[[], Mapping[str, ClaimPlan]]) -> ClaimCa
 GAIN_MEMORY = 0.6  # share of the gain estimate's weight kept per step (steady state: EMA 0.4)
 GAIN_MIN_STEP = 1.0 - GAIN_MEMORY
 UTIL_RESOLVED = 1.5  # readings under it only lower a learnt gain (vgpu.h VGPU_UTIL_RESOLVED)
+BUDGET_SPENT = 0.5  # ... and lower it only if the window's cost rate is this much of the rate
 INTEGRAL_ERROR_MAX = 5.0  # points of error one step may integrate (vgpu.h VGPU_INTEGRAL_ERROR_MAX)
 
 
@@ -178,7 +182,11 @@ class Controller:
                 # 0 or 1 % spans a factor of three or more of true utilisation: it may lower a
                 # learnt gain (to its rounding interval's top), never raise it (an idle window
                 # read 0 over a tiny cost rate taught a gain hundreds of times too high).
-                observed = min(self.gain, (util + 0.5) / cost_rate)
+                # And only lower it over a window in which the claim spent most of its budget
+                # (a starved claim does; one back from an idle moment has its first launches
+                # measured against a period that ended before them: 13 points over the cap).
+                spent = cost_rate >= BUDGET_SPENT * rate
+                observed = min(self.gain, (util + 0.5) / cost_rate) if spent else self.gain
             # A window at 30 % says far more than the seed window at 2 % the gain was first
             # learnt from: weigh each by its squared utilisation, and never move by less than
             # the plain EMA step, so a gain learnt too high still unwinds at the EMA's pace.
@@ -338,6 +346,8 @@ class _Claim:
     # Per device: when the hook seeded the rate at the claim's first launch (region stamp).
     first_launch: dict[str, int] = field(default_factory=dict)
     steps: dict[str, int] = field(default_factory=dict)  # controller steps taken
+    # Per device: fast ticks in a row that found a fresh sample (0-2; FRESH_STREAK_MAX).
+    fast_fresh: dict[str, int] = field(default_factory=dict)
 
 
 def _window_end(poll: tuple[int, int, bool], now_ns: int, cost: int) -> tuple[int, int, int]:
@@ -392,7 +402,9 @@ class Governor:
         self.clock_ns = clock_ns
         self.wall_us = wall_us
         self.claims: dict[str, _Claim] = {}
-        self._last_sample_us = wall_us()
+        # Per GPU: when the last tick that found a fresh sample asked for it (wall clock, us).
+        self._last_sample_us: dict[str, int] = {}
+        self._started_us = wall_us()
         self._sweep = 0
         # Last gain learnt per GPU (lower-case UUID): a new claim's first launches are paced
         # with it (region seed_gain_bits) until its own controller has measured.
@@ -442,16 +454,26 @@ class Governor:
     def tick(self) -> None:
         self.refresh()
         now_ns = self.clock_ns()
-        since_us = self._last_sample_us
-        self._last_sample_us = self.wall_us()
+        asked_us = self.wall_us()
         by_gpu: dict[str, list[tuple[_Claim, CappedDevice]]] = {}
         for claim in self.claims.values():
             for cap in claim.caps:
                 by_gpu.setdefault(cap.uuid.lower(), []).append((claim, cap))
-        for tenants in by_gpu.values():
-            sample = self.source.sample(tenants[0][1].uuid, since_us)
+        for gpu, tenants in by_gpu.items():
+            # Samples since the last tick that found one, not since the last tick: a tick that
+            # finds none leaves the windows alone (they grow until a sample comes), and an
+            # answer for the caller's own interval (the simulator's exact mode, fresh whenever
+            # a process ran) must then cover them whole. Asked since the last tick, a claim
+            # back from a pause was measured over the last tick's interval against the launch
+            # cost of the whole pause: a gain several times too high, the claim under its cap
+            # for half a second.
+            sample = self.source.sample(
+                tenants[0][1].uuid, self._last_sample_us.get(gpu, self._started_us)
+            )
             if sample is None:
                 continue
+            if sample.fresh:
+                self._last_sample_us[gpu] = asked_us
             starving = self._starving(tenants, sample)
             for claim, cap in tenants:
                 others_starving = bool(starving - {claim.uid})
@@ -509,6 +531,11 @@ class Governor:
             claim.first_launch[cap.uuid] = raw.rate_stamp_ns  # before our first write replaces it
         poll = claim.polls.get(cap.uuid, (now_ns, usage.launch_cost, True))
         claim.polls[cap.uuid] = (now_ns, usage.launch_cost, sample.fresh)
+        fast = now_ns - poll[0] <= FAST_TICK_NS
+        streak = claim.fast_fresh.get(cap.uuid, 0)
+        claim.fast_fresh[cap.uuid] = (
+            min(FRESH_STREAK_MAX, streak + 1 if fast else 1) if sample.fresh else 0
+        )
         mark = claim.marks.get(cap.uuid)
         if mark is None or now_ns <= mark[2] or raw.rate_source == RATE_HOOK:
             self._take_over(claim, cap, index, now_ns, hook_rate=raw.rate_source == RATE_HOOK)
@@ -520,9 +547,9 @@ class Governor:
                 claim.region.write_rate(index, usage.rate, now_ns)
             return
         first = claim.first_launch.get(cap.uuid)
-        if first is not None and poll[0] < first < now_ns:
-            # The claim's first launch came after the previous tick: launches (and its first
-            # sample period's end) began only then, and the cost grew from it.
+        if first is not None and poll[0] < first <= now_ns:
+            # The claim's first launch came after the previous tick (or at this one): launches
+            # (and its first sample period's end) began only then, and the cost grew from it.
             poll = (first, poll[1], poll[2])
         end_ns, end_cost, bracket = _window_end(poll, now_ns, usage.launch_cost)
         claim.marks[cap.uuid] = (end_cost, usage.throttled_ns, end_ns)
@@ -632,6 +659,15 @@ class Governor:
 
     @staticmethod
     def _learning(claim: _Claim, cap: CappedDevice) -> bool:
+        if claim.fast_fresh.get(cap.uuid, 0) >= FRESH_STREAK_MAX:
+            # Fast ticks only find a period's end sooner. A sampler fresh at two fast ticks in
+            # a row answers for the caller's own interval (the simulator's exact mode; a real
+            # driver publishes every ~1/6 s): 10 ms ticks would only make 10 ms windows, whose
+            # readings on a full, time-sliced GPU are off by several points (a balance pair
+            # learnt 5 % off and went 4 points over its cap). Only fast ticks count: slow
+            # ticks often find a sample each under real sampling, and must not keep the
+            # governor slow after a big move (hook3's streak rule, reverted, counted them).
+            return False
         controller = claim.controllers.get(cap.uuid)
         if (
             controller is not None

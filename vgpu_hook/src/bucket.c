@@ -87,8 +87,13 @@ double vgpu_ctl_step(struct vgpu_ctl_state *st, const struct vgpu_ctl_sample *s,
          * tiny cost rate, and a quarter point over it taught a gain hundreds of times too high:
          * a claim starved for seconds while the EMA unwound it. */
         if (!learning && s->util < VGPU_UTIL_RESOLVED) {
+            /* And it lowers the gain only when the claim spent most of its budget over the
+             * window: a starved claim does, while one that resumed launching after an idle
+             * moment has its first launches measured against a sample period that ended
+             * before them (a reading of 0 lowered the gain 30 %: 13 points over the cap). */
             double top = (s->util + 0.5) / s->cost_rate;
-            observed = top < st->gain ? top : st->gain;
+            bool spent = s->cost_rate >= VGPU_BUDGET_SPENT * current_rate;
+            observed = top < st->gain && spent ? top : st->gain;
         }
         /* NVML reports integer percent, so a window's relative error is about 1/util: a
          * window at 30 % says far more than the seed window at 2 % the gain was first learnt

@@ -251,6 +251,12 @@ static void test_reading_below_resolution_never_raises_the_gain(void) {
         CHECK(st.gain <= gain);
         CHECK(rate >= 2e8 * 0.99);
     }
+    /* Nor lowered by a window in which the claim spent under half its budget: back from an
+     * idle moment, its launches are measured against a sample period that ended before them. */
+    struct vgpu_ctl_state back = {.gain = gain, .weight = 900};
+    struct vgpu_ctl_sample resumed = {.target = 30, .util = 0, .cost_rate = 5e7, .dt = 0.1};
+    vgpu_ctl_step(&back, &resumed, 2e8);
+    CHECK(back.gain == gain);
     /* A claim starved by a gain learnt 100x too high still unwinds: 0 % over what its rate
      * admits lowers the gain to at most the top of the reading's rounding interval, 0.4 of
      * the way per step (each big move skips the next sample: about twenty steps). */

@@ -178,6 +178,14 @@ def test_a_reading_below_resolution_still_lowers_a_gain_learnt_too_high() -> Non
     assert ctl.gain < 1.5e-7 * 0.61
 
 
+def test_a_reading_below_resolution_lowers_the_gain_only_if_the_budget_was_spent() -> None:
+    """Back from an idle moment (a quarter of its budget launched in the window), a claim's
+    launches are measured against a sample period that ended before them: 0 % says nothing."""
+    ctl = Controller(gain=1.5e-7, weight=900.0)
+    ctl.step(target=30, util=0.0, cost_rate=5e7, throttled=True, rate=2e8)
+    assert ctl.gain == 1.5e-7
+
+
 def test_a_gain_learnt_far_too_high_unwinds_without_overshoot() -> None:
     """Starved by a gain learnt 100x too high (reads 0-1 %), the claim is back at its cap within
     twenty steps, and the integral did not wind up meanwhile (it used to reach +20 points and

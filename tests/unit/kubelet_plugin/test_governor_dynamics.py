@@ -57,9 +57,15 @@ class Tenant:
     true_gain: float
     demand: float = 5e9
     busy: list[tuple[int, float]] = field(default_factory=list)  # (t_ns, util) per plant step
+    # (from_ns, to_ns): the tenant launches nothing (an idle moment of a bursty workload, or
+    # its process descheduled); its hook polls only from launches, so not then either.
+    pauses: list[tuple[int, int]] = field(default_factory=list)
 
     def started(self, now: int) -> bool:
         return now >= self.start_ns
+
+    def launching(self, now: int) -> bool:
+        return self.started(now) and not any(a <= now < b for a, b in self.pauses)
 
 
 class Plant:
@@ -98,7 +104,7 @@ class Plant:
             self.now += DT_NS
             wanted: dict[int, float] = {}
             for t in self.tenants:
-                if not t.started(self.now):
+                if not t.launching(self.now):
                     continue
                 dev = t.region.layout.devices[0]
                 if dev.rate == 0:  # the hook's seed at the first launch
@@ -140,7 +146,7 @@ class Plant:
             stale = (
                 dev.governor_stamp_ns == 0 or self.now - dev.governor_stamp_ns >= GOVERNOR_STALE_NS
             )
-            if tenant.started(self.now) and stale:
+            if tenant.launching(self.now) and stale:
                 device = ctypes.addressof(dev)
                 lib.vgpu_ctl_poll(device, tenant.cap, self.fallback_policy, self.now, sampler, None)
 
@@ -235,7 +241,9 @@ def run(
     seconds: float = 4.0,
     true_gain: float = 7.2e-8,
     delays_ms: list[int] | None = None,
+    pause_ms: tuple[int, int] | None = None,
 ) -> tuple[list[Tenant], int]:
+    """`pause_ms`: the first tenant launches nothing over that stretch (ms after its start)."""
     node = SimNode(tmp_path)
     node.clock[0] = 0
     tenants = []
@@ -246,6 +254,8 @@ def run(
         path = node.claim(f"c{i}", cap, pid=500 + i, policy=policy)
         begins = start + delays[i] * 1_000_000
         tenants.append(Tenant(500 + i, cap, rg.Region(str(path)), begins, true_gain))
+    if pause_ms is not None:
+        tenants[0].pauses.append((start + pause_ms[0] * 1_000_000, start + pause_ms[1] * 1_000_000))
     code = rg.POLICY_BALANCE if policy == "balance" else rg.POLICY_FIXED
     plant = Plant(tenants, realistic=realistic, seed=seed, fallback_policy=code)
     gov = node.governor(None)
@@ -420,7 +430,13 @@ def _fallback_lib() -> ctypes.CDLL:
 
 
 def _run_in_process_at_phase(
-    root: Path, cap: int, *, realistic: bool, phase: float, jitter_seed: int
+    root: Path,
+    cap: int,
+    *,
+    realistic: bool,
+    phase: float,
+    jitter_seed: int,
+    pause_ms: tuple[int, int] | None = None,
 ) -> Tenant:
     """The same start as `_run_at_phase` with no governor: the hook's in-process fallback
     (vgpu_hook/src/bucket.c vgpu_ctl_poll, the code launch.c runs) polls the plant's NVML from
@@ -430,6 +446,8 @@ def _run_in_process_at_phase(
     offset = int(phase * PERIOD_NS) // DT_NS * DT_NS
     start = SWEEP_GRID_NS + 4 * PERIOD_NS + offset
     tenant = Tenant(500, cap, rg.Region(str(path)), start, 7.2e-8)
+    if pause_ms is not None:
+        tenant.pauses.append((start + pause_ms[0] * 1_000_000, start + pause_ms[1] * 1_000_000))
     plant = Plant([tenant], realistic=realistic, seed=jitter_seed)
     plant.phase = SWEEP_GRID_NS
     lib = _fallback_lib()
@@ -444,10 +462,11 @@ def _run_in_process_at_phase(
 
     sampler = SAMPLER(sample)
     device = ctypes.addressof(tenant.region.layout.devices[0])
+    end = start + (pause_ms[1] * 1_000_000 + 1_600_000_000 if pause_ms else 1_600_000_000)
     try:
-        for now in range(DT_NS, start + 1_600_000_000 + 1, DT_NS):
+        for now in range(DT_NS, end + 1, DT_NS):
             plant.advance(now)
-            if tenant.started(now):
+            if tenant.launching(now):
                 lib.vgpu_ctl_poll(device, cap, rg.POLICY_FIXED, now, sampler, None)
     finally:
         tenant.region.close()
@@ -524,7 +543,7 @@ def _run_in_process_pair(
         for now in range(DT_NS, start + int(seconds * 1e9) + 1, DT_NS):
             plant.advance(now)
             for tenant, sampler, device in zip(tenants, samplers, devices, strict=True):
-                if tenant.started(now):
+                if tenant.launching(now):
                     lib.vgpu_ctl_poll(device, tenant.cap, rg.POLICY_BALANCE, now, sampler, None)
     finally:
         for t in tenants:
@@ -557,3 +576,59 @@ def test_balance_tenants_starting_a_moment_apart_never_overshoot(
         )
     assert peak_over_cap(tenants, [30, 70], start) <= BAND
     assert settle_s(tenants, [30, 70], start + delay_ms * 1_000_000) <= 1.0
+
+
+# ---- a claim that pauses (bursty work, or its process descheduled) -------------------------
+
+
+@pytest.mark.parametrize("in_process", [False, True], ids=["governor", "in-process"])
+@pytest.mark.parametrize("pause_ms", [150, 300])
+@pytest.mark.parametrize("seed", range(3))
+def test_a_claim_back_from_a_pause_is_at_its_cap_at_once_under_exact_sampling(
+    tmp_path: Path, in_process: bool, pause_ms: int, seed: int
+) -> None:
+    """Settled, then idle for a moment: back at its cap within 0.3 s of resuming and not over
+    it. The governor used to measure the resumed claim's first launches over the last tick's
+    NVML interval against the launch cost of the whole pause (a gain up to 4x too high: under
+    its cap for 0.5-0.6 s). Realistic sampling: docs/vgpu-hook.md "Limits" (not yet met)."""
+    pause = (1000, 1000 + pause_ms)
+    if in_process:
+        tenant = _run_in_process_at_phase(
+            tmp_path, 30, realistic=False, phase=seed / 3, jitter_seed=seed, pause_ms=pause
+        )
+        tenants, start = [tenant], tenant.start_ns
+    else:
+        tenants, start = run(tmp_path, [30], realistic=False, seed=seed, pause_ms=pause)
+    resumed = start + pause[1] * 1_000_000
+    assert settle_s(tenants, [30], resumed) <= FIXED_TARGET_S
+    assert peak_over_cap(tenants, [30], resumed) <= BAND
+
+
+@pytest.mark.parametrize("realistic", [False, True], ids=["exact", "realistic"])
+def test_the_governor_stops_fast_ticks_after_two_fresh_fast_ones(
+    tmp_path: Path, realistic: bool
+) -> None:
+    """A sampler fresh at two 10 ms ticks in a row answers for the caller's interval (exact
+    sampling): ticks go back to 100 ms, so windows are not 10 ms of a time-sliced GPU. A real
+    driver's 1/6 s period never gives that, and there a new claim keeps its fast ticks."""
+    node = SimNode(tmp_path)
+    node.clock[0] = 0
+    path = node.claim("c0", 30, pid=500)
+    tenant = Tenant(500, 30, rg.Region(str(path)), 300_000_000, 7.2e-8)
+    plant = Plant([tenant], realistic=realistic, seed=0, fallback_policy=rg.POLICY_FIXED)
+    gov = node.governor(None)
+    gov.source = plant
+    fast, now = 0, 0
+    try:
+        while now < 1_000_000_000:
+            plant.advance(now)
+            node.clock[0] = now
+            gov.tick()
+            plant.advance(now + TICK_NS)
+            period = gov.next_period()
+            fast += period == LEARNING_PERIOD_S
+            now += int(period * 1e9)
+    finally:
+        gov.close()
+        tenant.region.close()
+    assert fast >= 10 if realistic else 1 <= fast <= 3
