@@ -402,9 +402,7 @@ class Governor:
         self.clock_ns = clock_ns
         self.wall_us = wall_us
         self.claims: dict[str, _Claim] = {}
-        # Per GPU: when the last tick that found a fresh sample asked for it (wall clock, us).
-        self._last_sample_us: dict[str, int] = {}
-        self._started_us = wall_us()
+        self._last_sample_us = wall_us()
         self._sweep = 0
         # Last gain learnt per GPU (lower-case UUID): a new claim's first launches are paced
         # with it (region seed_gain_bits) until its own controller has measured.
@@ -454,26 +452,16 @@ class Governor:
     def tick(self) -> None:
         self.refresh()
         now_ns = self.clock_ns()
-        asked_us = self.wall_us()
+        since_us = self._last_sample_us
+        self._last_sample_us = self.wall_us()
         by_gpu: dict[str, list[tuple[_Claim, CappedDevice]]] = {}
         for claim in self.claims.values():
             for cap in claim.caps:
                 by_gpu.setdefault(cap.uuid.lower(), []).append((claim, cap))
-        for gpu, tenants in by_gpu.items():
-            # Samples since the last tick that found one, not since the last tick: a tick that
-            # finds none leaves the windows alone (they grow until a sample comes), and an
-            # answer for the caller's own interval (the simulator's exact mode, fresh whenever
-            # a process ran) must then cover them whole. Asked since the last tick, a claim
-            # back from a pause was measured over the last tick's interval against the launch
-            # cost of the whole pause: a gain several times too high, the claim under its cap
-            # for half a second.
-            sample = self.source.sample(
-                tenants[0][1].uuid, self._last_sample_us.get(gpu, self._started_us)
-            )
+        for tenants in by_gpu.values():
+            sample = self.source.sample(tenants[0][1].uuid, since_us)
             if sample is None:
                 continue
-            if sample.fresh:
-                self._last_sample_us[gpu] = asked_us
             starving = self._starving(tenants, sample)
             for claim, cap in tenants:
                 others_starving = bool(starving - {claim.uid})
