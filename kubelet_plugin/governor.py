@@ -139,6 +139,7 @@ def caps_of_prepared(prepared: Callable[[], Mapping[str, ClaimPlan]]) -> ClaimCa
 
 GAIN_MEMORY = 0.6  # share of the gain estimate's weight kept per step (steady state: EMA 0.4)
 GAIN_MIN_STEP = 1.0 - GAIN_MEMORY
+GAIN_WINDOW_MIN_S = 0.05  # shortest window a learnt gain is re-learnt from (vgpu.h)
 UTIL_RESOLVED = 1.5  # readings under it only lower a learnt gain (vgpu.h VGPU_UTIL_RESOLVED)
 BUDGET_SPENT = 0.5  # ... and lower it only if the window's cost rate is this much of the rate
 INTEGRAL_ERROR_MAX = 5.0  # points of error one step may integrate (vgpu.h VGPU_INTEGRAL_ERROR_MAX)
@@ -164,6 +165,7 @@ class Controller:
         throttled: bool,
         rate: float,
         aligned: bool = False,
+        dt: float = 0.1,
     ) -> float:
         if self.hold:
             # NVML's sample period need not line up with our window: right after a big
@@ -172,7 +174,11 @@ class Controller:
             return rate
         learning = False
         replaced = False
-        if cost_rate > 0:
+        # A learnt gain is re-learnt only from windows of at least GAIN_WINDOW_MIN_S: a shorter
+        # one cannot hold a real driver's sample period, so its sample was answered twice (it
+        # ended while the previous tick's call ran; the gain came out 1.8x low, 23-70 points
+        # over the cap), or it is a few ms of a time-sliced GPU under exact sampling.
+        if cost_rate > 0 and (self.gain <= 0 or dt >= GAIN_WINDOW_MIN_S):
             # Below NVML's resolution counts as a quarter point: a gain learnt too high (work
             # starved to nothing) is corrected instead of freezing the budget.
             seen = util if util > 0.5 else 0.25
@@ -592,6 +598,7 @@ class Governor:
             throttled=usage.throttled_ns > mark[1],
             rate=float(usage.rate),
             aligned=bracket <= ALIGNED_BRACKET_NS,
+            dt=dt,
         )
         claim.moved[cap.uuid] = abs(rate - usage.rate) > usage.rate / 3
         if rate >= 1:

@@ -142,6 +142,8 @@ struct vgpu_ctl_state {
 /* Readings (integer percent) from here up resolve the claim's utilisation within a third;
  * lower ones may only lower a learnt gain (vgpu_ctl_step). */
 #define VGPU_UTIL_RESOLVED 1.5
+/* Shortest window a learnt gain is re-learnt from (vgpu_ctl_step), seconds. */
+#define VGPU_GAIN_WINDOW_MIN_S 0.05
 /* ... and lower it only over a window in which the claim launched at least this share of its
  * budget (rate): a starved claim does, one back from an idle moment does not. */
 #define VGPU_BUDGET_SPENT 0.5

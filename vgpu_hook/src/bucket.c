@@ -73,7 +73,14 @@ double vgpu_ctl_step(struct vgpu_ctl_state *st, const struct vgpu_ctl_sample *s,
         return current_rate;
     }
     bool learning = false, replaced = false;
-    if (s->cost_rate > 0) {
+    /* Once a gain is learnt, it is re-learnt only from windows of at least
+     * VGPU_GAIN_WINDOW_MIN_S: a shorter one cannot hold a real driver's sample period (~1/6 s),
+     * so a fresh sample over it is one answered twice (it ended while the previous poll's
+     * call ran) and sets the rate the previous step just changed against the old period's
+     * utilisation (a gain 1.8x low: 23-70 points over the cap), or, under a sampler answering
+     * for the caller's own interval, a few ms of a time-sliced GPU, several points off. The
+     * target and the integral still act on it. */
+    if (s->cost_rate > 0 && (st->gain <= 0 || s->dt >= VGPU_GAIN_WINDOW_MIN_S)) {
         /* Utilisation under half a point is below NVML's resolution: count it as a quarter
          * point, so a gain learnt too high (launches starved to nothing) is corrected instead
          * of freezing the budget, while zero-cost work still gets a generous budget. */

@@ -282,6 +282,19 @@ static void test_reading_below_resolution_never_raises_the_gain(void) {
     CHECK(peak < 33);
 }
 
+static void test_short_window_does_not_relearn_the_gain(void) {
+    /* Learnt; a 10 ms window carrying an old period's 5 % at the new rate (a sample answered
+     * twice) leaves the gain alone, a 0.1 s one moves it. */
+    struct vgpu_ctl_state st = {.gain = 1.66e-7, .weight = 30};
+    struct vgpu_ctl_sample s = {.target = 30, .util = 5, .cost_rate = 1.3e8, .dt = 0.01,
+                                .throttled = true};
+    vgpu_ctl_step(&st, &s, 1.8e8);
+    CHECK(st.gain == 1.66e-7);
+    s.dt = 0.1;
+    vgpu_ctl_step(&st, &s, 1.8e8);
+    CHECK(st.gain < 1.66e-7);
+}
+
 /* A scripted NVML for vgpu_ctl_poll: "nothing new" until `fresh_from`, then `util` points. */
 struct script {
     uint64_t fresh_from;
@@ -396,6 +409,7 @@ int main(void) {
     test_precise_window_replaces_seed_gain();
     test_aligned_window_is_not_held();
     test_reading_below_resolution_never_raises_the_gain();
+    test_short_window_does_not_relearn_the_gain();
     test_poll_learns_from_a_well_covered_first_sample();
     test_poll_waits_the_full_period_after_two_fresh_polls();
     test_poll_anchors_on_a_barely_covered_first_sample();

@@ -201,6 +201,16 @@ def test_a_gain_learnt_far_too_high_unwinds_without_overshoot() -> None:
     assert max(seen) < 33
 
 
+def test_a_learnt_gain_is_not_re_learnt_from_a_window_shorter_than_a_sample_period() -> None:
+    """A 10 ms window after a big move carrying the old period's 5 % (a sample answered twice)
+    leaves the gain alone; a 0.1 s window moves it."""
+    ctl = Controller(gain=1.66e-7, weight=30.0)
+    ctl.step(target=30, util=5.0, cost_rate=1.3e8, throttled=True, rate=1.8e8, dt=0.01)
+    assert ctl.gain == 1.66e-7
+    ctl.step(target=30, util=5.0, cost_rate=1.3e8, throttled=True, rate=1.8e8, dt=0.1)
+    assert ctl.gain < 1.66e-7
+
+
 def test_balance_target() -> None:
     assert balance_target(30, 90, 90) == 95  # alone: borrow the idle GPU...
     assert balance_target(30, 32, 30) == 40  # ...growing 10 points per step
