@@ -37,6 +37,7 @@ from kubelet_plugin.region import (
     POLICY_BALANCE,
     POLICY_FIXED,
     POLICY_NONE,
+    RATE_HOOK,
     RATE_SEED,
     Region,
     RegionError,
@@ -65,6 +66,9 @@ FIRST_SAMPLE_COVERAGE_MIN = 0.5
 # Steps after the first learnt one that still poll fast: they correct the first gain (learnt
 # from a seed window that reads a few integer percent) within one sample period each.
 SETTLING_STEPS = 2
+# Ticks at most this far apart are fast ones (LEARNING_PERIOD_S plus a late wake-up).
+FAST_TICK_NS = 20_000_000
+FRESH_STREAK_MAX = 2  # fast ticks in a row with a fresh sample after which ticks are slow
 GOVERNOR_REFRESH_NS = 500_000_000  # rewrite an unchanged budget at least this often
 BALANCE_HEADROOM = 5.0  # vgpu.h VGPU_BALANCE_HEADROOM
 FULL_GPU = 100.0 - BALANCE_HEADROOM / 2  # borrowing yields from here on (VGPU_FULL_GPU)
@@ -135,6 +139,9 @@ def caps_of_prepared(prepared: Callable[[], Mapping[str, ClaimPlan]]) -> ClaimCa
 
 GAIN_MEMORY = 0.6  # share of the gain estimate's weight kept per step (steady state: EMA 0.4)
 GAIN_MIN_STEP = 1.0 - GAIN_MEMORY
+GAIN_WINDOW_MIN_S = 0.05  # shortest window a learnt gain is re-learnt from (vgpu.h)
+UTIL_RESOLVED = 1.5  # readings under it only lower a learnt gain (vgpu.h VGPU_UTIL_RESOLVED)
+BUDGET_SPENT = 0.5  # ... and lower it only if the window's cost rate is this much of the rate
 INTEGRAL_ERROR_MAX = 5.0  # points of error one step may integrate (vgpu.h VGPU_INTEGRAL_ERROR_MAX)
 
 
@@ -158,6 +165,7 @@ class Controller:
         throttled: bool,
         rate: float,
         aligned: bool = False,
+        dt: float = 0.1,
     ) -> float:
         if self.hold:
             # NVML's sample period need not line up with our window: right after a big
@@ -166,12 +174,25 @@ class Controller:
             return rate
         learning = False
         replaced = False
-        if cost_rate > 0:
+        # A learnt gain is re-learnt only from windows of at least GAIN_WINDOW_MIN_S: a shorter
+        # one cannot hold a real driver's sample period, so its sample was answered twice (it
+        # ended while the previous tick's call ran; the gain came out 1.8x low, 23-70 points
+        # over the cap), or it is a few ms of a time-sliced GPU under exact sampling.
+        if cost_rate > 0 and (self.gain <= 0 or dt >= GAIN_WINDOW_MIN_S):
             # Below NVML's resolution counts as a quarter point: a gain learnt too high (work
             # starved to nothing) is corrected instead of freezing the budget.
             seen = util if util > 0.5 else 0.25
             observed = seen / cost_rate
             learning = self.gain <= 0
+            if not learning and util < UTIL_RESOLVED:
+                # 0 or 1 % spans a factor of three or more of true utilisation: it may lower a
+                # learnt gain (to its rounding interval's top), never raise it (an idle window
+                # read 0 over a tiny cost rate taught a gain hundreds of times too high).
+                # And only lower it over a window in which the claim spent most of its budget
+                # (a starved claim does; one back from an idle moment has its first launches
+                # measured against a period that ended before them: 13 points over the cap).
+                spent = cost_rate >= BUDGET_SPENT * rate
+                observed = min(self.gain, (util + 0.5) / cost_rate) if spent else self.gain
             # A window at 30 % says far more than the seed window at 2 % the gain was first
             # learnt from: weigh each by its squared utilisation, and never move by less than
             # the plain EMA step, so a gain learnt too high still unwinds at the EMA's pace.
@@ -187,7 +208,11 @@ class Controller:
         # No integration while the gain estimate is being replaced (the first step learns it
         # from the provisional seed window; a much better window re-learns it): that error
         # comes from the old gain, not from a bias of the model the integral is there for.
-        if not replaced and (throttled or error < 0):
+        # Nor of a claim far under its target unless that unwinds the integral: a gain learnt
+        # too high is re-learnt at the EMA's pace, and the integral wound up meanwhile took
+        # the claim over its cap once the gain was right (47 % for a cap of 30).
+        far_under = error > INTEGRAL_ERROR_MAX and self.integral >= 0
+        if not replaced and not far_under and (throttled or error < 0):
             # Only small errors are model bias; a large one comes from a target that just
             # moved (balance) and would wind the integral up against the new target.
             bounded = min(INTEGRAL_ERROR_MAX, max(-INTEGRAL_ERROR_MAX, error))
@@ -327,6 +352,8 @@ class _Claim:
     # Per device: when the hook seeded the rate at the claim's first launch (region stamp).
     first_launch: dict[str, int] = field(default_factory=dict)
     steps: dict[str, int] = field(default_factory=dict)  # controller steps taken
+    # Per device: fast ticks in a row that found a fresh sample (0-2; FRESH_STREAK_MAX).
+    fast_fresh: dict[str, int] = field(default_factory=dict)
 
 
 def _window_end(poll: tuple[int, int, bool], now_ns: int, cost: int) -> tuple[int, int, int]:
@@ -381,8 +408,11 @@ class Governor:
         self.clock_ns = clock_ns
         self.wall_us = wall_us
         self.claims: dict[str, _Claim] = {}
-        self._last_sample_us = wall_us()
         self._sweep = 0
+        # Per GPU (lower-case UUID): the wall clock (us) right after its last NVML sample; a GPU
+        # sampled for the first time is asked since the previous tick began.
+        self._last_sample_us: dict[str, int] = {}
+        self._last_tick_us = wall_us()
         # Last gain learnt per GPU (lower-case UUID): a new claim's first launches are paced
         # with it (region seed_gain_bits) until its own controller has measured.
         self._gpu_gain: dict[str, float] = {}
@@ -431,14 +461,20 @@ class Governor:
     def tick(self) -> None:
         self.refresh()
         now_ns = self.clock_ns()
-        since_us = self._last_sample_us
-        self._last_sample_us = self.wall_us()
+        first_since_us, self._last_tick_us = self._last_tick_us, self.wall_us()
         by_gpu: dict[str, list[tuple[_Claim, CappedDevice]]] = {}
         for claim in self.claims.values():
             for cap in claim.caps:
                 by_gpu.setdefault(cap.uuid.lower(), []).append((claim, cap))
-        for tenants in by_gpu.values():
+        for gpu, tenants in by_gpu.items():
+            since_us = self._last_sample_us.get(gpu, first_since_us)
             sample = self.source.sample(tenants[0][1].uuid, since_us)
+            # The next tick asks for samples newer than the end of this call, not its start: a
+            # sample period that ended between the two was answered now and, asked since the
+            # start, again at the next tick, whose 10 ms window then carried the rate this tick
+            # set against the old period's utilisation (gain learnt 1.8x low, 23-37 points
+            # over the cap in about 1 of 25 realistic runs: hook3's unexplained overshoots).
+            self._last_sample_us[gpu] = self.wall_us()
             if sample is None:
                 continue
             starving = self._starving(tenants, sample)
@@ -498,16 +534,14 @@ class Governor:
             claim.first_launch[cap.uuid] = raw.rate_stamp_ns  # before our first write replaces it
         poll = claim.polls.get(cap.uuid, (now_ns, usage.launch_cost, True))
         claim.polls[cap.uuid] = (now_ns, usage.launch_cost, sample.fresh)
+        fast = now_ns - poll[0] <= FAST_TICK_NS
+        streak = claim.fast_fresh.get(cap.uuid, 0)
+        claim.fast_fresh[cap.uuid] = (
+            min(FRESH_STREAK_MAX, streak + 1 if fast else 1) if sample.fresh else 0
+        )
         mark = claim.marks.get(cap.uuid)
-        if mark is None or now_ns <= mark[2]:
-            claim.marks[cap.uuid] = (usage.launch_cost, usage.throttled_ns, now_ns)
-            # First sight: offer the gain learnt on this GPU for pacing first launches, and
-            # claim the device so the hook stops its own sampling meanwhile.
-            seed = self._gpu_gain.get(cap.uuid.lower())
-            if seed:
-                claim.region.write_seed_gain(index, seed)
-            if usage.rate:
-                claim.region.write_rate(index, usage.rate, now_ns)
+        if mark is None or now_ns <= mark[2] or raw.rate_source == RATE_HOOK:
+            self._take_over(claim, cap, index, now_ns, hook_rate=raw.rate_source == RATE_HOOK)
             return
         if not sample.fresh:
             # No NVML sample since the last tick: keep the budget fresh in the region (the
@@ -516,9 +550,9 @@ class Governor:
                 claim.region.write_rate(index, usage.rate, now_ns)
             return
         first = claim.first_launch.get(cap.uuid)
-        if first is not None and poll[0] < first < now_ns:
-            # The claim's first launch came after the previous tick: launches (and its first
-            # sample period's end) began only then, and the cost grew from it.
+        if first is not None and poll[0] < first <= now_ns:
+            # The claim's first launch came after the previous tick (or at this one): launches
+            # (and its first sample period's end) began only then, and the cost grew from it.
             poll = (first, poll[1], poll[2])
         end_ns, end_cost, bracket = _window_end(poll, now_ns, usage.launch_cost)
         claim.marks[cap.uuid] = (end_cost, usage.throttled_ns, end_ns)
@@ -564,6 +598,7 @@ class Governor:
             throttled=usage.throttled_ns > mark[1],
             rate=float(usage.rate),
             aligned=bracket <= ALIGNED_BRACKET_NS,
+            dt=dt,
         )
         claim.moved[cap.uuid] = abs(rate - usage.rate) > usage.rate / 3
         if rate >= 1:
@@ -572,13 +607,49 @@ class Governor:
         if controller.gain > 0:
             self._gpu_gain[cap.uuid.lower()] = controller.gain
         log.debug(
-            "governor: claim %s %s util %.1f target %.1f rate %.0f",
+            "governor: t %.4f claim %s util %.1f target %.1f window %.4f s bracket %.4f s "
+            "cost/s %.0f gain %.3g integral %.2f hold %s rate %.0f -> %.0f",
+            now_ns / 1e9,
             claim.uid,
-            cap.uuid,
             util,
             target,
+            dt,
+            bracket / 1e9,
+            (end_cost - start_cost) / dt,
+            controller.gain,
+            controller.integral,
+            controller.hold,
+            usage.rate,
             rate,
         )
+
+    def _take_over(
+        self, claim: _Claim, cap: CappedDevice, index: int, now_ns: int, *, hook_rate: bool
+    ) -> None:
+        """Measure the device from now on, and claim it so the hook stops its own controller.
+
+        At first sight, offer the gain learnt on this GPU for pacing the claim's first
+        launches. When the hook's own controller set the rate (`hook_rate`: it steps from a
+        claim's first launch until the governor writes the region, and again after 2 s without
+        a governor write), the rate changed between our ticks, which breaks both halves of a
+        window: a bracketed window end interpolates the launch cost as if the rate stood still
+        between the two ticks (with the hook's rate going from the seed to ~10x it, the cost
+        was halved where most of it came late, and the gain learnt 4x high: a claim under its
+        cap for half a second, then over it while the integral unwound; issue 17), and the next
+        sample's period may mix the hook's rates. So the window starts now and the next sample
+        is skipped (hold), as after a big change of our own.
+        """
+        usage = claim.region.device(index)
+        claim.marks[cap.uuid] = (usage.launch_cost, usage.throttled_ns, now_ns)
+        seed = self._gpu_gain.get(cap.uuid.lower())
+        if seed:
+            claim.region.write_seed_gain(index, seed)
+        if hook_rate:
+            claim.anchored[cap.uuid] = usage.rate
+            claim.controllers.setdefault(cap.uuid, Controller()).hold = True
+            claim.moved[cap.uuid] = True
+        if usage.rate:
+            claim.region.write_rate(index, usage.rate, now_ns)
 
     def next_period(self, period: float = DEFAULT_PERIOD_S) -> float:
         """Seconds until the next tick: short while a claim that is launching has no learnt gain
@@ -592,6 +663,15 @@ class Governor:
 
     @staticmethod
     def _learning(claim: _Claim, cap: CappedDevice) -> bool:
+        if claim.fast_fresh.get(cap.uuid, 0) >= FRESH_STREAK_MAX:
+            # Fast ticks only find a period's end sooner. A sampler fresh at two fast ticks in
+            # a row answers for the caller's own interval (the simulator's exact mode; a real
+            # driver publishes every ~1/6 s): 10 ms ticks would only make 10 ms windows, whose
+            # readings on a full, time-sliced GPU are off by several points (a balance pair
+            # learnt 5 % off and went 4 points over its cap). Only fast ticks count: slow
+            # ticks often find a sample each under real sampling, and must not keep the
+            # governor slow after a big move (hook3's streak rule, reverted, counted them).
+            return False
         controller = claim.controllers.get(cap.uuid)
         if (
             controller is not None

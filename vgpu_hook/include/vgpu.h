@@ -139,6 +139,14 @@ struct vgpu_ctl_state {
 /* Share of the gain estimate's weight kept per step; in steady state the estimate is an EMA
  * that moves 1 - VGPU_GAIN_MEMORY (0.4) of the way to each new observation. */
 #define VGPU_GAIN_MEMORY 0.6
+/* Readings (integer percent) from here up resolve the claim's utilisation within a third;
+ * lower ones may only lower a learnt gain (vgpu_ctl_step). */
+#define VGPU_UTIL_RESOLVED 1.5
+/* Shortest window a learnt gain is re-learnt from (vgpu_ctl_step), seconds. */
+#define VGPU_GAIN_WINDOW_MIN_S 0.05
+/* ... and lower it only over a window in which the claim launched at least this share of its
+ * budget (rate): a starved claim does, one back from an idle moment does not. */
+#define VGPU_BUDGET_SPENT 0.5
 /* Points of error one step may add to the integral: larger errors come from a moved target or
  * a gain being re-learnt, not from the model's bias the integral is there to remove. */
 #define VGPU_INTEGRAL_ERROR_MAX 5.0

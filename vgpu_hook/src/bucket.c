@@ -73,13 +73,35 @@ double vgpu_ctl_step(struct vgpu_ctl_state *st, const struct vgpu_ctl_sample *s,
         return current_rate;
     }
     bool learning = false, replaced = false;
-    if (s->cost_rate > 0) {
+    /* Once a gain is learnt, it is re-learnt only from windows of at least
+     * VGPU_GAIN_WINDOW_MIN_S: a shorter one cannot hold a real driver's sample period (~1/6 s),
+     * so a fresh sample over it is one answered twice (it ended while the previous poll's
+     * call ran) and sets the rate the previous step just changed against the old period's
+     * utilisation (a gain 1.8x low: 23-70 points over the cap), or, under a sampler answering
+     * for the caller's own interval, a few ms of a time-sliced GPU, several points off. The
+     * target and the integral still act on it. */
+    if (s->cost_rate > 0 && (st->gain <= 0 || s->dt >= VGPU_GAIN_WINDOW_MIN_S)) {
         /* Utilisation under half a point is below NVML's resolution: count it as a quarter
          * point, so a gain learnt too high (launches starved to nothing) is corrected instead
          * of freezing the budget, while zero-cost work still gets a generous budget. */
         double seen = s->util > 0.5 ? s->util : 0.25;
         double observed = seen / s->cost_rate;
         learning = st->gain <= 0;
+        /* A reading under VGPU_UTIL_RESOLVED (0 or 1 %) spans a factor of three or more of
+         * true utilisation: it may lower a learnt gain, to the top of its rounding interval
+         * (launches starved to nothing: the correction above), never raise it. A window in
+         * which the claim hardly launched (an idle moment, a window cut short) reads 0 over a
+         * tiny cost rate, and a quarter point over it taught a gain hundreds of times too high:
+         * a claim starved for seconds while the EMA unwound it. */
+        if (!learning && s->util < VGPU_UTIL_RESOLVED) {
+            /* And it lowers the gain only when the claim spent most of its budget over the
+             * window: a starved claim does, while one that resumed launching after an idle
+             * moment has its first launches measured against a sample period that ended
+             * before them (a reading of 0 lowered the gain 30 %: 13 points over the cap). */
+            double top = (s->util + 0.5) / s->cost_rate;
+            bool spent = s->cost_rate >= VGPU_BUDGET_SPENT * current_rate;
+            observed = top < st->gain && spent ? top : st->gain;
+        }
         /* NVML reports integer percent, so a window's relative error is about 1/util: a
          * window at 30 % says far more than the seed window at 2 % the gain was first learnt
          * from. Weigh each by its squared utilisation, and never move by less than the plain
@@ -96,7 +118,11 @@ double vgpu_ctl_step(struct vgpu_ctl_state *st, const struct vgpu_ctl_sample *s,
     /* Integrate only while limited or over target (anti-windup), and not while the gain
      * estimate is being replaced (learnt from the seed window, or re-learnt from a much
      * better one): that error comes from the old gain, not from a bias of the model. */
-    if (!replaced && (s->throttled || error < 0)) {
+    /* Nor of a claim far under its target unless that unwinds the integral: a gain learnt
+     * too high is re-learnt at the EMA's pace, and the integral wound up meanwhile took the
+     * claim over its cap once the gain was right (47 % for a cap of 30). */
+    bool far_under = error > VGPU_INTEGRAL_ERROR_MAX && st->integral >= 0;
+    if (!replaced && !far_under && (s->throttled || error < 0)) {
         /* Only small errors are model bias; a large one comes from a target that just moved
          * (balance) and would wind the integral up against the new target. */
         double bounded = error;

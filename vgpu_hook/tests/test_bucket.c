@@ -238,6 +238,63 @@ static void test_aligned_window_is_not_held(void) {
     CHECK(vgpu_ctl_step(&st, &s, rate) < rate); /* acted on: over target, the rate drops */
 }
 
+static void test_reading_below_resolution_never_raises_the_gain(void) {
+    /* Learnt at 1.5e-7 (cap 30 at 2e8 units/s). A window in which the claim hardly launched
+     * (1e5 units/s: 0.015 % predicted) reads 0 or 1 %: both fit a gain from 0 to 100x the one
+     * learnt, so the gain stays (it used to jump 0.4 of the way to 0.25 / 1e5 = 17x, and the
+     * claim ran at 1/10 of its cap until the EMA unwound it). */
+    const double gain = 1.5e-7;
+    for (int reading = 0; reading <= 1; reading++) {
+        struct vgpu_ctl_state st = {.gain = gain, .weight = 900};
+        struct vgpu_ctl_sample s = {.target = 30, .util = reading, .cost_rate = 1e5, .dt = 0.1};
+        double rate = vgpu_ctl_step(&st, &s, 2e8);
+        CHECK(st.gain <= gain);
+        CHECK(rate >= 2e8 * 0.99);
+    }
+    /* Nor lowered by a window in which the claim spent under half its budget: back from an
+     * idle moment, its launches are measured against a sample period that ended before them. */
+    struct vgpu_ctl_state back = {.gain = gain, .weight = 900};
+    struct vgpu_ctl_sample resumed = {.target = 30, .util = 0, .cost_rate = 5e7, .dt = 0.1};
+    vgpu_ctl_step(&back, &resumed, 2e8);
+    CHECK(back.gain == gain);
+    /* A claim starved by a gain learnt 100x too high still unwinds: 0 % over what its rate
+     * admits lowers the gain to at most the top of the reading's rounding interval, 0.4 of
+     * the way per step (each big move skips the next sample: about twenty steps). */
+    struct vgpu_ctl_state st = {.gain = 100 * gain, .weight = 900};
+    double rate = 30 / st.gain;
+    int steps = 0;
+    while (gain * rate < 27 && steps < 100) {
+        struct vgpu_ctl_sample s = {.target = 30, .util = round(gain * rate), .dt = 0.1,
+                                    .cost_rate = rate, .throttled = true};
+        rate = vgpu_ctl_step(&st, &s, rate);
+        steps++;
+    }
+    CHECK(steps <= 20);
+    CHECK(st.gain < 2 * gain);
+    /* ... without winding the integral up meanwhile: the claim does not overshoot after. */
+    double peak = 0;
+    for (int i = 0; i < 20; i++) {
+        struct vgpu_ctl_sample s = {.target = 30, .util = round(gain * rate), .dt = 0.1,
+                                    .cost_rate = rate, .throttled = true};
+        rate = vgpu_ctl_step(&st, &s, rate);
+        if (gain * rate > peak) peak = gain * rate;
+    }
+    CHECK(peak < 33);
+}
+
+static void test_short_window_does_not_relearn_the_gain(void) {
+    /* Learnt; a 10 ms window carrying an old period's 5 % at the new rate (a sample answered
+     * twice) leaves the gain alone, a 0.1 s one moves it. */
+    struct vgpu_ctl_state st = {.gain = 1.66e-7, .weight = 30};
+    struct vgpu_ctl_sample s = {.target = 30, .util = 5, .cost_rate = 1.3e8, .dt = 0.01,
+                                .throttled = true};
+    vgpu_ctl_step(&st, &s, 1.8e8);
+    CHECK(st.gain == 1.66e-7);
+    s.dt = 0.1;
+    vgpu_ctl_step(&st, &s, 1.8e8);
+    CHECK(st.gain < 1.66e-7);
+}
+
 /* A scripted NVML for vgpu_ctl_poll: "nothing new" until `fresh_from`, then `util` points. */
 struct script {
     uint64_t fresh_from;
@@ -351,6 +408,8 @@ int main(void) {
     test_learning_step_does_not_integrate();
     test_precise_window_replaces_seed_gain();
     test_aligned_window_is_not_held();
+    test_reading_below_resolution_never_raises_the_gain();
+    test_short_window_does_not_relearn_the_gain();
     test_poll_learns_from_a_well_covered_first_sample();
     test_poll_waits_the_full_period_after_two_fresh_polls();
     test_poll_anchors_on_a_barely_covered_first_sample();

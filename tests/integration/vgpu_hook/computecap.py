@@ -18,16 +18,20 @@ until every tenant's 0.3 s mean stays within 3 points of its cap.
 from __future__ import annotations
 
 import json
+import logging
+import os
 import signal
+import struct
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from kubelet_plugin.region import POLICY_BALANCE, POLICY_FIXED
-from tests.integration.vgpu_hook.conftest import PROBE, UUIDS, Node
+from kubelet_plugin.region import POLICY_BALANCE, POLICY_FIXED, Region, RegionError
+from tests.integration.vgpu_hook.conftest import PROBE, UUIDS, Claim, Node
 from vgpu_testbed.container import container_command
 
 SETTLE_S = 2.0
@@ -61,6 +65,106 @@ def _sampler_main(uuid: str, seconds: float, interval: float) -> None:
         print(json.dumps({"t": time.monotonic(), "device": device, "pids": pids}), flush=True)
 
 
+class RegionTracer(threading.Thread):
+    """`run_tenants(trace=...)`: reads each claim's region every 3 ms (rate, cost, the
+    controller's state) from construction until `finish()`, i.e. what either controller did,
+    step by step, seen from outside (the release hook logs nothing), and has the governor log
+    its steps (`env` gains VGPU_GOVERNOR_TRACE). Does nothing when `trace` is None."""
+
+    FIELDS = (
+        "rate",
+        "rate_source",
+        "launch_cost",
+        "throttled_ns",
+        "util_milli",
+        "ctl_steps",
+        "ctl_hold",
+        "ctl_poll_fresh",
+        "ctl_moved",
+        "governor_stamp_ns",
+    )
+
+    def __init__(
+        self,
+        trace: dict[str, Any] | None,
+        governor_log: Path,
+        env: dict[str, str],
+        claims: Sequence[Claim],
+    ) -> None:
+        super().__init__(daemon=True)
+        self.trace = trace
+        self.governor_log = governor_log
+        self.paths = [c.dir / "region" for c in claims]
+        self.stop = threading.Event()
+        self.rows: list[dict[str, Any]] = []
+        if trace is not None:
+            env["VGPU_GOVERNOR_TRACE"] = str(governor_log)
+            self.start()
+
+    def run(self) -> None:
+        regions: dict[int, Region] = {}
+        try:
+            while not self.stop.wait(0.003):
+                now = time.monotonic()
+                for i, path in enumerate(self.paths):
+                    if i not in regions:
+                        try:
+                            regions[i] = Region(str(path))
+                        except RegionError:
+                            continue
+                    d = regions[i].layout.devices[0]
+                    row: dict[str, Any] = {"t": now, "claim": i}
+                    row.update({f: getattr(d, f) for f in self.FIELDS})
+                    row["gain"] = struct.unpack("<d", struct.pack("<Q", d.ctl_gain_bits))[0]
+                    row["integral"] = struct.unpack("<d", struct.pack("<Q", d.ctl_integral_bits))[0]
+                    self.rows.append(row)
+        finally:
+            for region in regions.values():
+                region.close()
+
+    def finish(self) -> None:
+        self.stop.set()
+        if self.is_alive():
+            self.join()
+
+    def report(self, truth: list[dict[str, Any]], pids: list[int]) -> None:
+        if self.trace is None:
+            return
+        log = self.governor_log
+        self.trace.update(
+            truth=truth,
+            pids=pids,
+            regions=self.rows,
+            governor=log.read_text().splitlines() if log.exists() else [],
+        )
+
+
+def _start_governor(
+    node: Node, claims: Sequence[Claim], caps: Sequence[int], policy: str, env: dict[str, str]
+) -> subprocess.Popen[str]:
+    """The node governor in its own process, given the claims' caps as prepared plans would."""
+    caps_json = json.dumps(
+        {
+            c.uid: [[UUIDS[0], cap, _POLICY_CODES[policy]]]
+            for c, cap in zip(claims, caps, strict=True)
+        }
+    )
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.integration.vgpu_hook.computecap",
+            "governor",
+            str(node.state_dir),
+            caps_json,
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def _governor_main(state_dir: str, caps_json: str) -> None:
     """Runs the node governor in a child process until SIGTERM, over the claims in `caps_json`
     ({uid: [[uuid, cores, policy]]}), which stand in for the plugin's prepared plans."""
@@ -70,6 +174,9 @@ def _governor_main(state_dir: str, caps_json: str) -> None:
         uid: [CappedDevice(u, int(cores), int(policy)) for u, cores, policy in devices]
         for uid, devices in json.loads(caps_json).items()
     }
+    trace = os.environ.get("VGPU_GOVERNOR_TRACE")
+    if trace:  # settle_trace.py: every controller step, with time stamps
+        logging.basicConfig(filename=trace, level=logging.DEBUG, format="%(created).4f %(message)s")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     Governor(state_dir, NvmlUtilSource(), lambda: caps).run(stop)
@@ -125,11 +232,15 @@ def run_tenants(
     sampling: str = "exact",
     interval: float = 0.1,
     settling: dict[str, float] | None = None,
+    trace: dict[str, Any] | None = None,
 ) -> list[dict[str, float]]:
     """Run one tenant per cap on GPU 0 at once; per tenant: mean util and MAE from its cap.
 
     `settling`, when given, receives {"seconds": time to settle, "peak": highest 0.3 s mean of
     any tenant above its cap in the first second} measured from the first busy sample.
+    `trace`, when given (a debugging aid: tests/integration/vgpu_hook/settle_trace.py), receives
+    the truth rows, each tenant's pid and its region's controller fields every few ms, and the
+    governor's step log.
     """
     tag = f"{'gov' if governor else 'hook'}-{'-'.join(map(str, caps))}-{time.monotonic_ns()}"
     claims = [
@@ -142,28 +253,8 @@ def run_tenants(
     env = dict(node.env, PROBE_KERNEL=KERNEL)
     controlled_env = dict(env, **sampling_env(sampling))
     truth_env = dict(env, **sampling_env("exact"))
-    gov: subprocess.Popen[str] | None = None
-    if governor:
-        caps_json = json.dumps(
-            {
-                c.uid: [[UUIDS[0], cap, _POLICY_CODES[policy]]]
-                for c, cap in zip(claims, caps, strict=True)
-            }
-        )
-        gov = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.integration.vgpu_hook.computecap",
-                "governor",
-                str(node.state_dir),
-                caps_json,
-            ],
-            env=controlled_env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+    tracer = RegionTracer(trace, node.root / f"{tag}-governor.log", controlled_env, claims)
+    gov = _start_governor(node, claims, caps, policy, controlled_env) if governor else None
     # Tenants outlive the sampler, so every sample is taken while all of them run.
     run_step = f"run:{int(seconds) + 2}:{BLOCKS}:{1 if sync_every_launch else 0}"
     # The sampler needs about 0.3 s to start: tenants wait so their first launches are seen.
@@ -200,6 +291,7 @@ def run_tenants(
         sampled_out, sampled_err = sampler.communicate(timeout=seconds + 60)
         outputs = [t.communicate(timeout=seconds + 60) for t in tenants]
     finally:
+        tracer.finish()
         if gov is not None:
             gov.terminate()
             gov.wait(timeout=30)
@@ -209,6 +301,7 @@ def run_tenants(
     if sampler.returncode != 0:
         raise RuntimeError(f"sampler failed: {sampled_err}")
     rows = [json.loads(line) for line in sampled_out.splitlines() if line.startswith("{")]
+    tracer.report(rows, [t.pid for t in tenants])
 
     def series_of(tenant: subprocess.Popen[str], rows: list[dict[str, Any]]) -> list[float]:
         if len(caps) == 1:

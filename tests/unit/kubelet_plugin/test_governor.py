@@ -161,6 +161,56 @@ def test_controller_recovers_from_a_gain_learnt_too_high() -> None:
     assert sum(errors) / len(errors) <= 1.0
 
 
+@pytest.mark.parametrize("reading", [0.0, 1.0])
+def test_a_reading_below_resolution_never_raises_a_learnt_gain(reading: float) -> None:
+    """A window in which the claim hardly launched (0.015 % predicted) reads 0 or 1 %, which fit
+    a gain from 0 to 100x the learnt one: the gain stays, the budget too (issue 17: a quarter
+    point over the tiny cost rate moved the gain 17x up, the claim ran at 1/10 of its cap)."""
+    ctl = Controller(gain=1.5e-7, weight=900.0)
+    rate = ctl.step(target=30, util=reading, cost_rate=1e5, throttled=False, rate=2e8)
+    assert ctl.gain == 1.5e-7
+    assert rate >= 2e8 * 0.99
+
+
+def test_a_reading_below_resolution_still_lowers_a_gain_learnt_too_high() -> None:
+    ctl = Controller(gain=1.5e-7, weight=900.0)
+    ctl.step(target=30, util=0.0, cost_rate=2e8, throttled=True, rate=2e8)  # 30 % predicted
+    assert ctl.gain < 1.5e-7 * 0.61
+
+
+def test_a_reading_below_resolution_lowers_the_gain_only_if_the_budget_was_spent() -> None:
+    """Back from an idle moment (a quarter of its budget launched in the window), a claim's
+    launches are measured against a sample period that ended before them: 0 % says nothing."""
+    ctl = Controller(gain=1.5e-7, weight=900.0)
+    ctl.step(target=30, util=0.0, cost_rate=5e7, throttled=True, rate=2e8)
+    assert ctl.gain == 1.5e-7
+
+
+def test_a_gain_learnt_far_too_high_unwinds_without_overshoot() -> None:
+    """Starved by a gain learnt 100x too high (reads 0-1 %), the claim is back at its cap within
+    twenty steps, and the integral did not wind up meanwhile (it used to reach +20 points and
+    take the claim to 47 % for a cap of 30 once the gain was right)."""
+    gain = 1.5e-7
+    ctl = Controller(gain=100 * gain, weight=900.0)
+    rate, seen = 30 / ctl.gain, []
+    for _ in range(40):
+        util = round(gain * rate)
+        rate = ctl.step(target=30, util=util, cost_rate=rate, throttled=True, rate=rate)
+        seen.append(gain * rate)
+    assert abs(seen[19] - 30) <= 3
+    assert max(seen) < 33
+
+
+def test_a_learnt_gain_is_not_re_learnt_from_a_window_shorter_than_a_sample_period() -> None:
+    """A 10 ms window after a big move carrying the old period's 5 % (a sample answered twice)
+    leaves the gain alone; a 0.1 s window moves it."""
+    ctl = Controller(gain=1.66e-7, weight=30.0)
+    ctl.step(target=30, util=5.0, cost_rate=1.3e8, throttled=True, rate=1.8e8, dt=0.01)
+    assert ctl.gain == 1.66e-7
+    ctl.step(target=30, util=5.0, cost_rate=1.3e8, throttled=True, rate=1.8e8, dt=0.1)
+    assert ctl.gain < 1.66e-7
+
+
 def test_balance_target() -> None:
     assert balance_target(30, 90, 90) == 95  # alone: borrow the idle GPU...
     assert balance_target(30, 32, 30) == 40  # ...growing 10 points per step

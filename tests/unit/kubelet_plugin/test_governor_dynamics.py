@@ -45,6 +45,7 @@ WINDOW_NS = 300_000_000
 # What one governor pass takes (a few NVML calls and region reads): launches go on meanwhile, so
 # the next period is chosen seeing the launch cost moved since the pass read it.
 TICK_NS = DT_NS
+GOVERNOR_STALE_NS = 2_000_000_000  # vgpu_hook/src/launch.c: the hook's fallback steps after this
 
 
 @dataclass
@@ -56,17 +57,35 @@ class Tenant:
     true_gain: float
     demand: float = 5e9
     busy: list[tuple[int, float]] = field(default_factory=list)  # (t_ns, util) per plant step
+    # (from_ns, to_ns): the tenant launches nothing (an idle moment of a bursty workload, or
+    # its process descheduled); its hook polls only from launches, so not then either.
+    pauses: list[tuple[int, int]] = field(default_factory=list)
 
     def started(self, now: int) -> bool:
         return now >= self.start_ns
+
+    def launching(self, now: int) -> bool:
+        return self.started(now) and not any(a <= now < b for a, b in self.pauses)
 
 
 class Plant:
     """GPU + hooks + NVML for the governor (`UtilSource`)."""
 
-    def __init__(self, tenants: list[Tenant], *, realistic: bool, seed: int) -> None:
+    def __init__(
+        self,
+        tenants: list[Tenant],
+        *,
+        realistic: bool,
+        seed: int,
+        fallback_policy: int | None = None,
+    ) -> None:
         self.tenants = tenants
         self.realistic = realistic
+        # The hooks' in-process fallback (vgpu_ctl_poll), run from each tenant's launches while
+        # no governor has written its region for 2 s (launch.c maybe_step_controller), as on a
+        # node between a claim's first launch and the governor's first tick that sees it.
+        self.fallback_policy = fallback_policy
+        self._samplers = [_fallback_sampler(self, t) for t in tenants]
         self.now = 0
         rnd = random.Random(seed)
         self.phase = rnd.randrange(PERIOD_NS)
@@ -76,6 +95,7 @@ class Plant:
         self.period_busy: dict[int, float] = {t.pid: 0.0 for t in tenants}
         self.period_start = 0
         self.period_index = 0
+        self.period_ends: list[int] = []
 
     def _period_end(self, k: int) -> int:
         return self.phase + k * PERIOD_NS + self.jitters[k % len(self.jitters)]
@@ -85,7 +105,7 @@ class Plant:
             self.now += DT_NS
             wanted: dict[int, float] = {}
             for t in self.tenants:
-                if not t.started(self.now):
+                if not t.launching(self.now):
                     continue
                 dev = t.region.layout.devices[0]
                 if dev.rate == 0:  # the hook's seed at the first launch
@@ -108,6 +128,8 @@ class Plant:
                         dev.throttled_ns += DT_NS // 2
                 t.busy.append((self.now, util))
                 self.period_busy[t.pid] += util * DT_NS
+            if self.fallback_policy is not None:
+                self._step_fallbacks()
             if self.now >= self._period_end(self.period_index):
                 span = self.now - self.period_start
                 for t in self.tenants:
@@ -115,18 +137,33 @@ class Plant:
                     if t.started(self.now) or pct:
                         self.periods[t.pid].append((self.now, pct))
                     self.period_busy[t.pid] = 0.0
+                self.period_ends.append(self.now)
                 self.period_start = self.now
                 self.period_index += 1
+
+    def _step_fallbacks(self) -> None:
+        lib = _fallback_lib()
+        for tenant, sampler in zip(self.tenants, self._samplers, strict=True):
+            dev = tenant.region.layout.devices[0]
+            stale = (
+                dev.governor_stamp_ns == 0 or self.now - dev.governor_stamp_ns >= GOVERNOR_STALE_NS
+            )
+            if tenant.launching(self.now) and stale:
+                device = ctypes.addressof(dev)
+                lib.vgpu_ctl_poll(device, tenant.cap, self.fallback_policy, self.now, sampler, None)
 
     def sample(self, uuid: str, since_us: int) -> GpuSample:
         assert uuid == UUID
         since = since_us * 1000
         if self.realistic:
             per_pid: dict[int, float] = {}
+            # The simulator averages a process's percentages over every period completed
+            # since lastSeen, those it did not run in included (hack/fakegpu nvml_usage.c).
+            ended = sum(1 for end in self.period_ends if end > since)
             for pid, periods in self.periods.items():
                 fresh = [pct for end, pct in periods if end > since]
                 if fresh:
-                    per_pid[pid] = float(round(sum(fresh) / len(fresh)))
+                    per_pid[pid] = float(round(sum(fresh) / max(ended, len(fresh))))
             if not per_pid:
                 return GpuSample(0.0, {}, fresh=False)
             last = sum(periods[-1][1] for periods in self.periods.values() if periods)
@@ -136,7 +173,24 @@ class Plant:
             window = [u for when, u in t.busy if when > since]
             if window and any(u > 0 for u in window):
                 per_pid[t.pid] = float(round(sum(window) / len(window)))
+        if not per_pid:  # the simulator: no process ran since lastSeen = NVML_ERROR_NOT_FOUND
+            return GpuSample(0.0, {}, fresh=False)
         return GpuSample(float(min(100.0, sum(per_pid.values()))), per_pid)
+
+
+def _fallback_sampler(plant: Plant, tenant: Tenant) -> Any:
+    """The plant's NVML as the hook's sampler sees it (launch.c sample_util)."""
+
+    def sample(_ctx: object, age_ns: int, device: Any, claim: Any) -> int:
+        answer = plant.sample(UUID, (plant.now - age_ns) // 1000)
+        if not answer.fresh:
+            return SAMPLE_NOTHING_NEW
+        # launch.c sample_util: the whole GPU as the sum over the same window as ours
+        device[0] = min(100.0, sum(answer.process_util.values()))
+        claim[0] = answer.process_util.get(tenant.pid, 0.0)
+        return SAMPLE_OK
+
+    return SAMPLER(sample)
 
 
 def _bits_to_double(bits: int) -> float:
@@ -192,7 +246,9 @@ def run(
     seconds: float = 4.0,
     true_gain: float = 7.2e-8,
     delays_ms: list[int] | None = None,
+    pause_ms: tuple[int, int] | None = None,
 ) -> tuple[list[Tenant], int]:
+    """`pause_ms`: the first tenant launches nothing over that stretch (ms after its start)."""
     node = SimNode(tmp_path)
     node.clock[0] = 0
     tenants = []
@@ -203,7 +259,10 @@ def run(
         path = node.claim(f"c{i}", cap, pid=500 + i, policy=policy)
         begins = start + delays[i] * 1_000_000
         tenants.append(Tenant(500 + i, cap, rg.Region(str(path)), begins, true_gain))
-    plant = Plant(tenants, realistic=realistic, seed=seed)
+    if pause_ms is not None:
+        tenants[0].pauses.append((start + pause_ms[0] * 1_000_000, start + pause_ms[1] * 1_000_000))
+    code = rg.POLICY_BALANCE if policy == "balance" else rg.POLICY_FIXED
+    plant = Plant(tenants, realistic=realistic, seed=seed, fallback_policy=code)
     gov = node.governor(None)
     gov.source = plant  # the plant is the NVML the governor samples
     tick_phase = rnd.randrange(100_000_000) // DT_NS * DT_NS
@@ -329,7 +388,7 @@ def _run_at_phase(
     offset = int(phase * PERIOD_NS) // DT_NS * DT_NS
     start = SWEEP_GRID_NS + 4 * PERIOD_NS + offset
     tenant = Tenant(500, cap, rg.Region(str(path)), start, 7.2e-8)
-    plant = Plant([tenant], realistic=realistic, seed=jitter_seed)
+    plant = Plant([tenant], realistic=realistic, seed=jitter_seed, fallback_policy=rg.POLICY_FIXED)
     plant.phase = SWEEP_GRID_NS
     gov = node.governor(None)
     gov.source = plant
@@ -376,7 +435,13 @@ def _fallback_lib() -> ctypes.CDLL:
 
 
 def _run_in_process_at_phase(
-    root: Path, cap: int, *, realistic: bool, phase: float, jitter_seed: int
+    root: Path,
+    cap: int,
+    *,
+    realistic: bool,
+    phase: float,
+    jitter_seed: int,
+    pause_ms: tuple[int, int] | None = None,
 ) -> Tenant:
     """The same start as `_run_at_phase` with no governor: the hook's in-process fallback
     (vgpu_hook/src/bucket.c vgpu_ctl_poll, the code launch.c runs) polls the plant's NVML from
@@ -386,6 +451,8 @@ def _run_in_process_at_phase(
     offset = int(phase * PERIOD_NS) // DT_NS * DT_NS
     start = SWEEP_GRID_NS + 4 * PERIOD_NS + offset
     tenant = Tenant(500, cap, rg.Region(str(path)), start, 7.2e-8)
+    if pause_ms is not None:
+        tenant.pauses.append((start + pause_ms[0] * 1_000_000, start + pause_ms[1] * 1_000_000))
     plant = Plant([tenant], realistic=realistic, seed=jitter_seed)
     plant.phase = SWEEP_GRID_NS
     lib = _fallback_lib()
@@ -400,10 +467,11 @@ def _run_in_process_at_phase(
 
     sampler = SAMPLER(sample)
     device = ctypes.addressof(tenant.region.layout.devices[0])
+    end = start + (pause_ms[1] * 1_000_000 + 1_600_000_000 if pause_ms else 1_600_000_000)
     try:
-        for now in range(DT_NS, start + 1_600_000_000 + 1, DT_NS):
+        for now in range(DT_NS, end + 1, DT_NS):
             plant.advance(now)
-            if tenant.started(now):
+            if tenant.launching(now):
                 lib.vgpu_ctl_poll(device, cap, rg.POLICY_FIXED, now, sampler, None)
     finally:
         tenant.region.close()
@@ -480,7 +548,7 @@ def _run_in_process_pair(
         for now in range(DT_NS, start + int(seconds * 1e9) + 1, DT_NS):
             plant.advance(now)
             for tenant, sampler, device in zip(tenants, samplers, devices, strict=True):
-                if tenant.started(now):
+                if tenant.launching(now):
                     lib.vgpu_ctl_poll(device, tenant.cap, rg.POLICY_BALANCE, now, sampler, None)
     finally:
         for t in tenants:
@@ -513,3 +581,85 @@ def test_balance_tenants_starting_a_moment_apart_never_overshoot(
         )
     assert peak_over_cap(tenants, [30, 70], start) <= BAND
     assert settle_s(tenants, [30, 70], start + delay_ms * 1_000_000) <= 1.0
+
+
+# ---- a claim that pauses (bursty work, or its process descheduled) -------------------------
+
+
+@pytest.mark.parametrize("pause_ms", [150, 300])
+@pytest.mark.parametrize("seed", range(3))
+def test_a_claim_back_from_a_pause_is_at_its_cap_at_once_under_exact_sampling(
+    tmp_path: Path, pause_ms: int, seed: int
+) -> None:
+    """The in-process fallback: settled, then idle for a moment, back at its cap within 0.3 s
+    of resuming and not over it. The governor and realistic sampling: docs/vgpu-hook.md
+    "Limits" (not yet met)."""
+    pause = (1000, 1000 + pause_ms)
+    tenant = _run_in_process_at_phase(
+        tmp_path, 30, realistic=False, phase=seed / 3, jitter_seed=seed, pause_ms=pause
+    )
+    tenants, start = [tenant], tenant.start_ns
+    resumed = start + pause[1] * 1_000_000
+    assert settle_s(tenants, [30], resumed) <= FIXED_TARGET_S
+    assert peak_over_cap(tenants, [30], resumed) <= BAND
+
+
+@pytest.mark.parametrize("realistic", [False, True], ids=["exact", "realistic"])
+def test_the_governor_stops_fast_ticks_after_two_fresh_fast_ones(
+    tmp_path: Path, realistic: bool
+) -> None:
+    """A sampler fresh at two 10 ms ticks in a row answers for the caller's interval (exact
+    sampling): ticks go back to 100 ms, so windows are not 10 ms of a time-sliced GPU. A real
+    driver's 1/6 s period never gives that, and there a new claim keeps its fast ticks."""
+    node = SimNode(tmp_path)
+    node.clock[0] = 0
+    path = node.claim("c0", 30, pid=500)
+    tenant = Tenant(500, 30, rg.Region(str(path)), 300_000_000, 7.2e-8)
+    plant = Plant([tenant], realistic=realistic, seed=0, fallback_policy=rg.POLICY_FIXED)
+    gov = node.governor(None)
+    gov.source = plant
+    fast, now = 0, 0
+    try:
+        while now < 1_000_000_000:
+            plant.advance(now)
+            node.clock[0] = now
+            gov.tick()
+            plant.advance(now + TICK_NS)
+            period = gov.next_period()
+            fast += period == LEARNING_PERIOD_S
+            now += int(period * 1e9)
+    finally:
+        gov.close()
+        tenant.region.close()
+    assert fast >= 10 if realistic else 1 <= fast <= 3
+
+
+def test_the_next_tick_asks_for_samples_newer_than_the_end_of_this_ones_call(
+    tmp_path: Path,
+) -> None:
+    """A sample period that ends while a tick's NVML call runs is answered by that call; asked
+    since the call's start, the next tick got it again, and its 10 ms window set the rate the
+    first one had just changed against the old period's utilisation (a gain 1.8x low, 23-37
+    points over the cap in about 1 of 25 realistic runs on the simulator)."""
+    node = SimNode(tmp_path)
+    node.clock[0] = 1_000_000_000
+    node.claim("c0", 30, pid=500)
+    asked: list[int] = []
+    call_ns = 3_000_000
+
+    class SlowNvml:
+        def sample(self, uuid: str, since_us: int) -> GpuSample:
+            asked.append(since_us)
+            node.clock[0] += call_ns  # the wall clock moves while NVML answers
+            return GpuSample(30.0, {500: 30.0})
+
+    gov = node.governor(None)
+    gov.source = SlowNvml()
+    try:
+        gov.tick()
+        after_first_call_us = node.clock[0] // 1000
+        node.clock[0] += 10_000_000
+        gov.tick()
+    finally:
+        gov.close()
+    assert asked[1] == after_first_call_us

@@ -85,8 +85,9 @@ class _Pair:
         throttled: bool,
         rate: float,
         aligned: bool = False,
+        dt: float = 0.1,
     ) -> float:
-        sample = CtlSample(target, util, cost_rate, 0.1, throttled, aligned)
+        sample = CtlSample(target, util, cost_rate, dt, throttled, aligned)
         c_rate = self.lib.vgpu_ctl_step(ctypes.byref(self.c), ctypes.byref(sample), rate)
         py_rate = self.py.step(
             target=target,
@@ -95,6 +96,7 @@ class _Pair:
             throttled=throttled,
             rate=rate,
             aligned=aligned,
+            dt=dt,
         )
         context = (target, util, cost_rate, throttled, aligned, rate, self.c.gain, self.py.gain)
         assert _same(c_rate, py_rate), context
@@ -113,7 +115,7 @@ def test_random_samples_give_the_same_rates(c_lib: ctypes.CDLL, seed: int) -> No
     )
     rate = rnd.choice([0.0, 1.0, 5e7])
     for _ in range(400):
-        util = rnd.choice([0.0, 0.3, 0.5, 0.51, rnd.uniform(0, 100), 100.0])
+        util = rnd.choice([0.0, 0.3, 0.5, 0.51, 1.0, 1.49, 1.5, rnd.uniform(0, 100), 100.0])
         cost_rate = rnd.choice([0.0, rnd.uniform(1, 1e9), rnd.uniform(1e6, 1e8)])
         target = rnd.choice([10.0, 30.0, 50.0, 70.0, rnd.uniform(5, 95)])
         rate = pair.step(
@@ -123,6 +125,7 @@ def test_random_samples_give_the_same_rates(c_lib: ctypes.CDLL, seed: int) -> No
             throttled=rnd.random() < 0.6,
             rate=rate,
             aligned=rnd.random() < 0.5,
+            dt=rnd.choice([0.01, 0.049, 0.05, 0.1, 0.17]),
         )
 
 
