@@ -160,7 +160,7 @@ class Controller:
     # by GAIN_MEMORY per step (NVML's integer percent makes a window's relative error ~1/util).
     weight: float = 0.0
     # The last window's cost rate over the rate in force (at least SPENT_FLOOR); 0 = not
-    # comparable (first step, or that step moved the rate by more than a third).
+    # comparable (first step, or that step moved the rate by over a third or replaced the gain).
     spent: float = 0.0
 
     def step(

@@ -137,7 +137,7 @@ struct vgpu_ctl_state {
                              learnt from, decayed per step (VGPU_GAIN_MEMORY) */
     double spent;         /* the last window's cost rate over the rate in force (at least
                              VGPU_SPENT_FLOOR); 0 = not comparable (first step, or that step
-                             moved the rate by more than a third) */
+                             moved the rate by over a third or replaced the gain) */
 };
 /* A window whose spent share of the budget (cost rate / rate) moved by more than a third from
  * the last window's, the rate standing (nearly) still, is one in which the claim paused or
