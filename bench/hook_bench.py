@@ -20,7 +20,10 @@ by /etc/ld.so.preload from a CDI spec exactly as in a container):
   starting together: seconds from the first busy sample until each tenant's 0.3 s mean stays
   within 3 points of its cap, and the worst overshoot in the first second; both controllers,
   under exact and realistic NVML sampling; SETTLE_RUNS runs each, every run and the median
-  recorded.
+  recorded. And a bursty claim (fixed 30: steady for 2 s, then launching 0.3 s on / 0.2 s off
+  for 3 s, as bursty inference does): per controller and sampling, the highest 0.15 s mean
+  above the cap inside the bursts (edges left out) and the share of such means within 3
+  points of the cap (one run each; computecap.bursty_claim).
 - compute-cap accuracy (simulated NVML): mean absolute error of the measured SM utilisation
   from the cap at 10/30/50/70 % for one tenant, and two tenants capped 30/70, under exact and
   realistic sampling (tests/integration/vgpu_hook/computecap.py; truth is always read exactly).
@@ -51,7 +54,11 @@ from bench.common import write_results
 from tests.fixtures.regions import budget_kept_fresh
 from tests.integration.vgpu_hook import conftest as hook_env
 from tests.integration.vgpu_hook import realgpu
-from tests.integration.vgpu_hook.computecap import measure_accuracy, measure_settling
+from tests.integration.vgpu_hook.computecap import (
+    bursty_claim,
+    measure_accuracy,
+    measure_settling,
+)
 from vgpu_testbed.container import run_with_claims
 
 REPO = Path(__file__).resolve().parents[1]
@@ -196,7 +203,11 @@ def _settling(node: hook_env.Node, sampling: str, runs: int) -> dict[str, Any]:
                 "seconds": seconds[len(seconds) // 2],
                 "worst_peak_over_cap": max(t[mode][case]["peak_over_cap"] for t in tables),
             }
-    return {"sampling": sampling, "median_of_runs": median, "runs": tables}
+    bursty = {
+        mode: bursty_claim(node, governor=mode == "governor", sampling=sampling)
+        for mode in ("in_process", "governor")
+    }
+    return {"sampling": sampling, "median_of_runs": median, "runs": tables, "bursty_30": bursty}
 
 
 def _startup(node: hook_env.Node, processes: int) -> dict[str, Any]:
@@ -247,7 +258,7 @@ def _bench_node() -> Iterator[hook_env.Node]:
 def settling_only() -> None:
     """The settling part alone, printed as JSON with the load average; hook.json is left alone.
 
-    A quick regression check of the controllers (about a minute): `python -m bench.hook_bench
+    A quick regression check of the controllers (about 1.5 minutes): `python -m bench.hook_bench
     --settling-only`. The figures in hook.json come from a full run (`python -m bench hook`)
     on an otherwise idle machine.
     """
@@ -260,6 +271,7 @@ def settling_only() -> None:
                     "load_average_at_start": load_before,
                     "load_average_at_end": os.getloadavg(),
                     "median_of_runs": {s: v["median_of_runs"] for s, v in settling.items()},
+                    "bursty_30": {s: v["bursty_30"] for s, v in settling.items()},
                 },
                 indent=1,
             )

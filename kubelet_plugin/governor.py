@@ -143,6 +143,10 @@ GAIN_WINDOW_MIN_S = 0.05  # shortest window a learnt gain is re-learnt from (vgp
 UTIL_RESOLVED = 1.5  # readings under it only lower a learnt gain (vgpu.h VGPU_UTIL_RESOLVED)
 BUDGET_SPENT = 0.5  # ... and lower it only if the window's cost rate is this much of the rate
 INTEGRAL_ERROR_MAX = 5.0  # points of error one step may integrate (vgpu.h VGPU_INTEGRAL_ERROR_MAX)
+# A window whose spent share of the budget moved this much from the last one's (a pause or a
+# resume) teaches nothing, nor does the next (vgpu.h VGPU_SPENT_CHANGE, VGPU_SPENT_FLOOR).
+SPENT_CHANGE = 0.15
+SPENT_FLOOR = 0.001
 
 
 @dataclass(slots=True)
@@ -155,6 +159,9 @@ class Controller:
     # Weight behind `gain`: the squared utilisation of the windows it was learnt from, decayed
     # by GAIN_MEMORY per step (NVML's integer percent makes a window's relative error ~1/util).
     weight: float = 0.0
+    # The last window's cost rate over the rate in force (at least SPENT_FLOOR); 0 = not
+    # comparable (first step, or that step moved the rate by over a third or replaced the gain).
+    spent: float = 0.0
 
     def step(
         self,
@@ -167,6 +174,23 @@ class Controller:
         aligned: bool = False,
         dt: float = 0.1,
     ) -> float:
+        # A claim that paused or resumed launching within the window (bursty work, a process
+        # descheduled) spent a share of its budget far from the last window's. NVML's sample
+        # period does not cover the launches the window does then, and under slow polls the
+        # next one straddles the change too: a gain learnt from either was up to 2x low (10-15
+        # points over the cap after a 150-300 ms pause). Skip both, as after a big change of
+        # our own; the rate stays, learnt from steady windows (vgpu_ctl_step).
+        before = self.spent
+        self.spent = max(SPENT_FLOOR, cost_rate / rate) if rate > 0 else 0.0
+        unsteady = (
+            self.gain > 0
+            and before > 0
+            and self.spent > 0
+            and abs(self.spent - before) > SPENT_CHANGE * before
+        )
+        if unsteady and not self.hold:
+            self.hold = True
+            return rate
         if self.hold:
             # NVML's sample period need not line up with our window: right after a big
             # change it mixes the old and the new rate and would teach the gain a wrong value.
@@ -225,6 +249,8 @@ class Controller:
         # A window whose ends lie within a learning poll of NVML's period ends measures a
         # period that straddles a rate change as it was (vgpu.h vgpu_ctl_sample.aligned).
         self.hold = not aligned and rate > 0 and abs(new_rate - rate) > rate / 3
+        if replaced or abs(new_rate - rate) > rate / 3:
+            self.spent = 0.0  # the next window's share moves with our own big change
         return new_rate
 
 

@@ -64,7 +64,8 @@ class RegionDevice(ctypes.Structure):
         ("ctl_steps", ctypes.c_uint64),
         ("ctl_moved", ctypes.c_uint64),
         ("ctl_seen_ns", ctypes.c_uint64),
-        ("reserved1", ctypes.c_uint8 * (512 - 96 - 8 - 4 - 4 - 16 - 4 - 4 - 184)),
+        ("ctl_spent_bits", ctypes.c_uint64),
+        ("reserved1", ctypes.c_uint8 * (512 - 96 - 8 - 4 - 4 - 16 - 4 - 4 - 192)),
     )
 
 

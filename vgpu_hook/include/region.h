@@ -98,7 +98,8 @@ struct vgpu_region_device {
     _Atomic uint64_t ctl_steps;          /* controller steps taken (the first ones poll fast) */
     _Atomic uint64_t ctl_moved;          /* the last step moved the rate by over a third */
     _Atomic uint64_t ctl_seen_ns;        /* poll that took the last fresh sample (NVML lastSeen) */
-    uint8_t reserved1[512 - 96 - 8 - 4 - 4 - 8 * 2 - 4 - 4 - 8 * 23];
+    _Atomic uint64_t ctl_spent_bits;     /* double: struct vgpu_ctl_state.spent of the fallback */
+    uint8_t reserved1[512 - 96 - 8 - 4 - 4 - 8 * 2 - 4 - 4 - 8 * 24];
 };
 
 /* One per live process. 264 bytes. */

@@ -135,7 +135,16 @@ struct vgpu_ctl_state {
                              sample's period may straddle the change, so it is skipped */
     double weight;        /* what `gain` rests on: squared utilisation of the windows it was
                              learnt from, decayed per step (VGPU_GAIN_MEMORY) */
+    double spent;         /* the last window's cost rate over the rate in force (at least
+                             VGPU_SPENT_FLOOR); 0 = not comparable (first step, or that step
+                             moved the rate by over a third or replaced the gain) */
 };
+/* A window whose spent share of the budget (cost rate / rate) moved by more than a third from
+ * the last window's, the rate standing (nearly) still, is one in which the claim paused or
+ * resumed launching: NVML's sample period need not cover the same launches, so neither it nor
+ * the next sample teaches the gain or the integral (vgpu_ctl_step). */
+#define VGPU_SPENT_CHANGE 0.15
+#define VGPU_SPENT_FLOOR 0.001
 /* Share of the gain estimate's weight kept per step; in steady state the estimate is an EMA
  * that moves 1 - VGPU_GAIN_MEMORY (0.4) of the way to each new observation. */
 #define VGPU_GAIN_MEMORY 0.6

@@ -66,6 +66,21 @@ uint64_t vgpu_bucket_take(struct vgpu_region_device *d, uint64_t cost, uint64_t 
 double vgpu_ctl_step(struct vgpu_ctl_state *st, const struct vgpu_ctl_sample *s,
                      double current_rate) {
     if (s->dt <= 0) return current_rate;
+    /* A claim that paused or resumed launching within the window (bursty work, a process
+     * descheduled) spent a share of its budget far from the last window's. NVML's sample period
+     * does not cover the launches the window does then (it may end before the resumed ones),
+     * and under slow polls the next one straddles the change too: a gain learnt from either was
+     * up to 2x low (10-15 points over the cap for 0.3-0.7 s after a 150-300 ms pause). Skip
+     * both, as after a big change of our own; the rate stays, learnt from steady windows. */
+    double before = st->spent;
+    double share = current_rate > 0 ? s->cost_rate / current_rate : 0;
+    st->spent = current_rate > 0 ? (share > VGPU_SPENT_FLOOR ? share : VGPU_SPENT_FLOOR) : 0;
+    bool unsteady = st->gain > 0 && before > 0 && st->spent > 0 &&
+                    fabs(st->spent - before) > VGPU_SPENT_CHANGE * before;
+    if (unsteady && !st->hold) {
+        st->hold = true;
+        return current_rate;
+    }
     if (st->hold) {
         /* NVML's sample period need not line up with our window: right after a big change
          * it mixes the old and the new rate, and would teach the gain a wrong value. */
@@ -138,6 +153,8 @@ double vgpu_ctl_step(struct vgpu_ctl_state *st, const struct vgpu_ctl_sample *s,
     double rate = want / st->gain;
     if (!isfinite(rate) || rate < 1) rate = 1;
     st->hold = !s->aligned && current_rate > 0 && fabs(rate - current_rate) > current_rate / 3;
+    /* The next window's spent share moves with a big change of our own: not comparable. */
+    if (replaced || fabs(rate - current_rate) > current_rate / 3) st->spent = 0;
     return rate;
 }
 
@@ -272,6 +289,7 @@ bool vgpu_ctl_poll(struct vgpu_region_device *rd, uint32_t cores, uint32_t polic
         .integral = vgpu_bits_to_double(atomic_load(&rd->ctl_integral_bits)),
         .hold = atomic_load(&rd->ctl_hold) != 0,
         .weight = vgpu_bits_to_double(atomic_load(&rd->ctl_weight_bits)),
+        .spent = vgpu_bits_to_double(atomic_load(&rd->ctl_spent_bits)),
     };
     /* `balance` borrows only once the gain is learnt and not being re-learnt: claims starting
      * together first reach their caps instead of all jumping at the idle GPU, overfilling it
@@ -288,6 +306,7 @@ bool vgpu_ctl_poll(struct vgpu_region_device *rd, uint32_t cores, uint32_t polic
     atomic_store(&rd->ctl_integral_bits, vgpu_double_to_bits(st.integral));
     atomic_store(&rd->ctl_hold, st.hold ? 1 : 0);
     atomic_store(&rd->ctl_weight_bits, vgpu_double_to_bits(st.weight));
+    atomic_store(&rd->ctl_spent_bits, vgpu_double_to_bits(st.spent));
     if (rate >= 1 && isfinite(rate)) {
         atomic_store(&rd->rate, (uint64_t)rate);
         atomic_store(&rd->rate_stamp_ns, now);

@@ -219,10 +219,42 @@ static void test_precise_window_replaces_seed_gain(void) {
         rate = vgpu_ctl_step(&st, &s, rate);
     }
     double before = st.gain;
-    s.cost_rate = rate * 1.25; /* same utilisation for more launches: lighter kernels */
+    /* Same utilisation for more launches: lighter kernels (a spent share of the budget within
+     * VGPU_SPENT_CHANGE of the last window's: a steady window, not a resume). */
+    s.cost_rate = rate * 1.1;
     vgpu_ctl_step(&st, &s, rate);
     double moved = (st.gain - before) / (30 / s.cost_rate - before);
     CHECK(fabs(moved - (1.0 - VGPU_GAIN_MEMORY)) < 0.05);
+}
+
+static void test_a_pause_or_a_resume_teaches_nothing(void) {
+    /* A settled claim pauses: the window's cost rate falls to a fifth of its budget while the
+     * sample's period covered the launches before the pause (it reads 30 %). Learnt from, the
+     * gain would come out 5x high; instead the window and the next are skipped, rate kept. */
+    const double truth = 7.2e-8;
+    struct vgpu_ctl_state st = {.gain = truth, .weight = 2250};
+    double rate = 30 / truth;
+    struct vgpu_ctl_sample s = {.target = 30, .util = 30, .cost_rate = rate, .dt = 0.1,
+                                .throttled = true};
+    rate = vgpu_ctl_step(&st, &s, rate);
+    CHECK(fabs(st.spent - 1.0) < 1e-9);
+    s.cost_rate = rate / 5;
+    CHECK(vgpu_ctl_step(&st, &s, rate) == rate);
+    CHECK(st.gain == truth && st.hold);
+    s.util = 5; /* the next period straddles the resume: skipped too */
+    s.cost_rate = rate;
+    CHECK(vgpu_ctl_step(&st, &s, rate) == rate);
+    CHECK(st.gain == truth && !st.hold);
+    /* Back to a steady window (the same share as the last): learnt from again. */
+    s.util = 31;
+    double next = vgpu_ctl_step(&st, &s, rate);
+    CHECK(st.gain > truth && next < rate);
+    /* Within VGPU_SPENT_CHANGE of the last window's share, a window is steady. */
+    s.util = 30;
+    s.cost_rate = next * (1 - VGPU_SPENT_CHANGE / 2);
+    double gain = st.gain;
+    vgpu_ctl_step(&st, &s, next);
+    CHECK(st.gain != gain && !st.hold);
 }
 
 static void test_aligned_window_is_not_held(void) {
@@ -407,6 +439,7 @@ int main(void) {
     test_lazy_refill();
     test_learning_step_does_not_integrate();
     test_precise_window_replaces_seed_gain();
+    test_a_pause_or_a_resume_teaches_nothing();
     test_aligned_window_is_not_held();
     test_reading_below_resolution_never_raises_the_gain();
     test_short_window_does_not_relearn_the_gain();

@@ -233,6 +233,8 @@ def run_tenants(
     interval: float = 0.1,
     settling: dict[str, float] | None = None,
     trace: dict[str, Any] | None = None,
+    work: Sequence[str] | None = None,
+    truth: list[Any] | None = None,
 ) -> list[dict[str, float]]:
     """Run one tenant per cap on GPU 0 at once; per tenant: mean util and MAE from its cap.
 
@@ -241,6 +243,9 @@ def run_tenants(
     `trace`, when given (a debugging aid: tests/integration/vgpu_hook/settle_trace.py), receives
     the truth rows, each tenant's pid and its region's controller fields every few ms, and the
     governor's step log.
+    `work`, when given, replaces each tenant's launch loop (cuda_probe steps; it must outlive
+    the sampler's `seconds` + 1 s); `truth`, when given, receives the sample times and each
+    tenant's utilisation series.
     """
     tag = f"{'gov' if governor else 'hook'}-{'-'.join(map(str, caps))}-{time.monotonic_ns()}"
     claims = [
@@ -278,7 +283,9 @@ def run_tenants(
     tenants = [
         subprocess.Popen(
             container_command(
-                c.spec, c.device_names, [str(PROBE), "init", f"sleep:{delay}", run_step]
+                c.spec,
+                c.device_names,
+                [str(PROBE), "init", f"sleep:{delay}", *(work if work else [run_step])],
             ),
             env=controlled_env,
             stdout=subprocess.PIPE,
@@ -312,6 +319,8 @@ def run_tenants(
             )
         return [float(r["pids"].get(str(tenant.pid), 0)) for r in rows]
 
+    if truth is not None:
+        truth.extend([[float(r["t"]) for r in rows], *(series_of(t, rows) for t in tenants)])
     if settling is not None:
         full = [series_of(t, rows) for t in tenants]
         settling["seconds"] = settle_time(rows, full, caps)
@@ -381,6 +390,68 @@ def new_claim_settling(
         settling=settling,
     )
     return result, settling
+
+
+BURST_ON_MS, BURST_OFF_MS = 300, 200  # bursty inference: launches for 0.3 s, idle for 0.2 s
+BURST_STEADY_S = 2  # a steady start first (whole seconds: cuda_probe run:), then the bursts
+BURST_SECONDS = 3
+BURST_MEAN_SAMPLES = 3  # 0.15 s means (at 50 ms samples) inside a burst
+
+
+def burst_figures(
+    times: Sequence[float], series: Sequence[float], cap: int, from_t: float
+) -> dict[str, float]:
+    """Over the bursts from `from_t` on: the highest 0.15 s mean above the cap, and the share
+    of such means within the settling band. A burst is a run of busy samples; its first and last
+    samples are left out (they hold part of an idle gap), so every mean is all launching, the
+    first one starting 50-100 ms after the resume."""
+    bursts: list[list[float]] = []
+    current: list[float] = []
+    for when, util in zip(times, series, strict=True):
+        if when >= from_t and util > 0:
+            current.append(util)
+        elif current:
+            bursts.append(current)
+            current = []
+    per = BURST_MEAN_SAMPLES
+    means = [
+        sum(inner[i : i + per]) / per
+        for burst in bursts
+        for inner in [burst[1:-1]]
+        for i in range(len(inner) - per + 1)
+    ]
+    if not means:
+        return {"bursts": len(bursts), "peak_over_cap": float("nan"), "in_band": float("nan")}
+    return {
+        "bursts": len(bursts),
+        "peak_over_cap": round(max(means) - cap, 2),
+        "in_band": round(sum(abs(m - cap) <= SETTLE_BAND for m in means) / len(means), 3),
+    }
+
+
+def bursty_claim(node: Node, *, governor: bool, sampling: str) -> dict[str, float]:
+    """A `fixed` 30 claim that launches steadily for BURST_STEADY_S, then in bursts
+    (BURST_ON_MS on, BURST_OFF_MS idle) for BURST_SECONDS; truth sampled every 50 ms."""
+    truth: list[Any] = []
+    seconds = BURST_STEADY_S + BURST_SECONDS
+    run_tenants(
+        node,
+        [30],
+        seconds=seconds,
+        governor=governor,
+        sampling=sampling,
+        interval=0.05,
+        work=[
+            f"run:{BURST_STEADY_S}:{BLOCKS}:0",
+            f"bursty:{BURST_SECONDS + 3}:{BLOCKS}:{BURST_ON_MS}:{BURST_OFF_MS}",
+        ],
+        truth=truth,
+    )
+    times, series = truth[0], truth[1]
+    busy = [when for when, util in zip(times, series, strict=True) if util > 0]
+    if not busy:
+        raise RuntimeError("the bursty claim never showed on the GPU")
+    return burst_figures(times, series, 30, busy[0] + BURST_STEADY_S + 0.1)
 
 
 def measure_settling(node: Node, *, sampling: str = "exact") -> dict[str, Any]:

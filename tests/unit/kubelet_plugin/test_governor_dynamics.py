@@ -380,7 +380,13 @@ FIXED_TARGET_S = 0.3  # issue 17: a `fixed` claim settles within 300 ms
 
 
 def _run_at_phase(
-    root: Path, cap: int, *, realistic: bool, phase: float, jitter_seed: int
+    root: Path,
+    cap: int,
+    *,
+    realistic: bool,
+    phase: float,
+    jitter_seed: int,
+    pause_ms: tuple[int, int] | None = None,
 ) -> Tenant:
     node = SimNode(root)
     node.clock[0] = 0
@@ -388,11 +394,14 @@ def _run_at_phase(
     offset = int(phase * PERIOD_NS) // DT_NS * DT_NS
     start = SWEEP_GRID_NS + 4 * PERIOD_NS + offset
     tenant = Tenant(500, cap, rg.Region(str(path)), start, 7.2e-8)
+    if pause_ms is not None:
+        tenant.pauses.append((start + pause_ms[0] * 1_000_000, start + pause_ms[1] * 1_000_000))
     plant = Plant([tenant], realistic=realistic, seed=jitter_seed, fallback_policy=rg.POLICY_FIXED)
     plant.phase = SWEEP_GRID_NS
     gov = node.governor(None)
     gov.source = plant
-    now, end = SWEEP_TICK_OFFSET_NS, start + 1_600_000_000
+    now = SWEEP_TICK_OFFSET_NS
+    end = start + (pause_ms[1] * 1_000_000 + 1_600_000_000 if pause_ms else 1_600_000_000)
     try:
         while now < end:
             plant.advance(now)
@@ -586,22 +595,42 @@ def test_balance_tenants_starting_a_moment_apart_never_overshoot(
 # ---- a claim that pauses (bursty work, or its process descheduled) -------------------------
 
 
-@pytest.mark.parametrize("pause_ms", [150, 300])
-@pytest.mark.parametrize("seed", range(3))
-def test_a_claim_back_from_a_pause_is_at_its_cap_at_once_under_exact_sampling(
-    tmp_path: Path, pause_ms: int, seed: int
+PAUSE_PEAK = 1.5  # points over the cap a resumed claim may reach: as much as in steady state
+
+
+@pytest.mark.parametrize("in_process", [False, True], ids=["governor", "in-process"])
+@pytest.mark.parametrize("realistic", [False, True], ids=["exact", "realistic"])
+@pytest.mark.parametrize("pause_ms", [80, 150, 300, 500])
+def test_a_claim_back_from_a_pause_is_at_its_cap_at_once(
+    tmp_path: Path, pause_ms: int, realistic: bool, in_process: bool
 ) -> None:
-    """The in-process fallback: settled, then idle for a moment, back at its cap within 0.3 s
-    of resuming and not over it. The governor and realistic sampling: docs/vgpu-hook.md
-    "Limits" (not yet met)."""
-    pause = (1000, 1000 + pause_ms)
-    tenant = _run_in_process_at_phase(
-        tmp_path, 30, realistic=False, phase=seed / 3, jitter_seed=seed, pause_ms=pause
-    )
-    tenants, start = [tenant], tenant.start_ns
-    resumed = start + pause[1] * 1_000_000
-    assert settle_s(tenants, [30], resumed) <= FIXED_TARGET_S
-    assert peak_over_cap(tenants, [30], resumed) <= BAND
+    """A settled `fixed` claim idle for a moment (bursty inference, a descheduled process) at 6
+    phases of the sample period, the pause starting at two points of the claim's run: back in
+    the band within 0.3 s of resuming, never more over its cap than in steady state. Before the
+    spent-share rule (vgpu_ctl_step) NVML's period did not cover the launches a window did and
+    the gain was learnt up to 2x low: realistic sampling 5-11 (governor) and 3-15 points
+    (in-process) over the cap, back in 0.3-1.2 s; the governor under exact sampling, whose
+    window spanned the whole pause, ran the claim under its cap for up to 0.6 s."""
+    run = _run_in_process_at_phase if in_process else _run_at_phase
+    worst_settle, worst_peak = 0.0, -math.inf
+    for index in range(6):
+        for begins in (1000, 1400):
+            run_dir = tmp_path / f"{index}-{begins}"
+            run_dir.mkdir()
+            pause = (begins, begins + pause_ms)
+            tenant = run(
+                run_dir,
+                30,
+                realistic=realistic,
+                phase=index / 6,
+                jitter_seed=index % 3,
+                pause_ms=pause,
+            )
+            resumed = tenant.start_ns + pause[1] * 1_000_000
+            worst_settle = max(worst_settle, settle_s([tenant], [30], resumed))
+            worst_peak = max(worst_peak, peak_over_cap([tenant], [30], resumed))
+    assert worst_settle <= FIXED_TARGET_S
+    assert worst_peak <= PAUSE_PEAK
 
 
 @pytest.mark.parametrize("realistic", [False, True], ids=["exact", "realistic"])

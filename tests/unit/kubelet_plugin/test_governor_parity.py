@@ -33,6 +33,7 @@ class CtlState(ctypes.Structure):
         ("integral", ctypes.c_double),
         ("hold", ctypes.c_bool),
         ("weight", ctypes.c_double),
+        ("spent", ctypes.c_double),
     )
 
 
@@ -73,7 +74,7 @@ class _Pair:
         self, lib: ctypes.CDLL, gain: float = 0.0, integral: float = 0.0, weight: float = 0.0
     ) -> None:
         self.lib = lib
-        self.c = CtlState(gain, integral, False, weight)
+        self.c = CtlState(gain, integral, False, weight, 0.0)
         self.py = Controller(gain=gain, integral=integral, weight=weight)
 
     def step(
@@ -104,6 +105,7 @@ class _Pair:
         assert _same(self.c.integral, self.py.integral), context
         assert self.c.hold == self.py.hold, context
         assert _same(self.c.weight, self.py.weight), context
+        assert _same(self.c.spent, self.py.spent), context
         return py_rate
 
 
@@ -116,7 +118,10 @@ def test_random_samples_give_the_same_rates(c_lib: ctypes.CDLL, seed: int) -> No
     rate = rnd.choice([0.0, 1.0, 5e7])
     for _ in range(400):
         util = rnd.choice([0.0, 0.3, 0.5, 0.51, 1.0, 1.49, 1.5, rnd.uniform(0, 100), 100.0])
-        cost_rate = rnd.choice([0.0, rnd.uniform(1, 1e9), rnd.uniform(1e6, 1e8)])
+        # The last one spends a share of the budget near the last window's (steady or not).
+        cost_rate = rnd.choice(
+            [0.0, rnd.uniform(1, 1e9), rnd.uniform(1e6, 1e8), rate * rnd.uniform(0.7, 1.1)]
+        )
         target = rnd.choice([10.0, 30.0, 50.0, 70.0, rnd.uniform(5, 95)])
         rate = pair.step(
             target=target,
@@ -132,7 +137,7 @@ def test_random_samples_give_the_same_rates(c_lib: ctypes.CDLL, seed: int) -> No
 @pytest.mark.parametrize("cap", [10, 30, 50, 70])
 def test_closed_loop_runs_stay_identical(c_lib: ctypes.CDLL, cap: int) -> None:
     """Against a simulated GPU (util = gain x admitted rate, noisy, saturating): 300 steps,
-    including a kernel-mix change, with every intermediate rate equal."""
+    including a kernel-mix change and pauses, with every intermediate rate equal."""
     rnd = random.Random(cap)
     pair = _Pair(c_lib)
     true_gain, demand, rate = 1.5e-7, 2e9, cap / 1e-6  # seeded as the hook seeds a new claim
@@ -140,6 +145,8 @@ def test_closed_loop_runs_stay_identical(c_lib: ctypes.CDLL, cap: int) -> None:
         if step == 150:
             true_gain *= 3
         admitted = min(rate, demand) if rate > 0 else demand
+        if 100 <= step % 150 < 100 + cap // 10:  # a pause, then half a window back at work
+            admitted *= 0.5 if step % 150 == 99 + cap // 10 else 0.0
         util = max(0.0, min(100.0, true_gain * admitted) + rnd.uniform(-1, 1))
         rate = pair.step(
             target=float(cap),

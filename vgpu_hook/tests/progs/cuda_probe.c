@@ -10,7 +10,9 @@
  * usage: cuda_probe [-p] [-d ordinal] step...
  *   init | infonull | legacyinfo | alloc:B | alloc1:B (legacy 32-bit ABI) | pitch:WxH | managed:B | async:B | pool:B |
  *   vmm:B | array:WxH | array3d:WxHxD | mipmap:WxH:L | free | freeall | info | total |
- *   uuid | sleep:MS | ready | launch:N:BLOCKS | run:SECONDS:BLOCKS:SYNC | threads:N:B |
+ *   uuid | sleep:MS | ready | launch:N:BLOCKS | run:SECONDS:BLOCKS:SYNC |
+ *   bursty:SECONDS:BLOCKS:ON_MS:OFF_MS (launch for ON_MS, synchronise, idle OFF_MS, repeat) |
+ *   threads:N:B |
  *   forkhold:MS (fork a child that lives MS, parent continues) | forkalloc:B (child allocates) |
  *   ctx:ORD (make device ORD's primary context current) | push:ORD | pop (context stack)
  */
@@ -145,7 +147,7 @@ static CUresult launch(unsigned blocks) {
 }
 
 static void step(const char *s) {
-    unsigned long long a = 0, b = 0, c = 0;
+    unsigned long long a = 0, b = 0, c = 0, e = 0;
     CUresult rc = 0;
     if (strcmp(s, "init") == 0) {
         CUcontext ctx = NULL;
@@ -287,6 +289,20 @@ static void step(const char *s) {
             n++;
         }
         cu.cuCtxSynchronize();
+        printf("run launches=%llu failures=%d seconds=%.3f\n", n, bad, now_s() - start);
+    } else if (sscanf(s, "bursty:%llu:%llu:%llu:%llu", &a, &b, &c, &e) == 4) {
+        double end = now_s() + (double)a, start = now_s();
+        unsigned long long n = 0;
+        int bad = 0;
+        while (now_s() < end) {
+            double burst_end = now_s() + (double)c / 1e3;
+            while (now_s() < burst_end) {
+                bad += launch((unsigned)b) != 0;
+                n++;
+            }
+            cu.cuCtxSynchronize();
+            usleep((useconds_t)(e * 1000));
+        }
         printf("run launches=%llu failures=%d seconds=%.3f\n", n, bad, now_s() - start);
     } else if (sscanf(s, "threads:%llu:%llu", &a, &b) == 2) {
         pthread_t t[64];
