@@ -1223,12 +1223,17 @@ cdef object _plan_results(Plan plan, Encoding enc, tuple claims):
     cdef list per_claim
     cdef tuple out
     cdef Py_ssize_t* fill
+    cdef Py_ssize_t few[17]  # `fill` for up to 8 claims (a pod's usual count): no allocation
     for i in range(plan.n_req):
         if plan.owners[i] >= n_claims:
             raise ValueError("results: a claim index beyond the claims given")
-    fill = <Py_ssize_t*>calloc(2 * n_claims + 1, sizeof(Py_ssize_t))
-    if fill == NULL:
-        raise MemoryError()
+    if n_claims <= 8:
+        fill = few
+        memset(few, 0, sizeof(few))
+    else:
+        fill = <Py_ssize_t*>calloc(2 * n_claims + 1, sizeof(Py_ssize_t))
+        if fill == NULL:
+            raise MemoryError()
     try:
         for i in range(plan.n_req):
             fill[plan.owners[i]] += c.npicks[i]
@@ -1275,7 +1280,8 @@ cdef object _plan_results(Plan plan, Encoding enc, tuple claims):
                 _put(per_claim[ci], fill[n_claims + ci], result)
                 fill[n_claims + ci] += 1
     finally:
-        free(fill)
+        if fill != few:
+            free(fill)
     out = PyTuple_New_(n_claims)
     for ci in range(n_claims):
         _put(out, ci, (claims[ci], per_claim[ci]))
@@ -1957,6 +1963,7 @@ cdef class Accountant:
     back to `slots`, by value."""
 
     cdef object model
+    cdef dict model_state  # the model's __dict__
     cdef dict claims, used, devices
     cdef dict names  # driver -> (memory capacity name, cores capacity name)
     cdef object last_driver, last_names  # the last entry of `names` read
@@ -1975,6 +1982,9 @@ cdef class Accountant:
 
     def __init__(self, model, name_of):
         self.model = model
+        # The model's plain attributes (_layout, change_seq) read and written in its
+        # __dict__: an attribute lookup through the type each time cost more than the dict
+        self.model_state = model.__dict__
         self.claims = model._claims
         self.used = model.used
         self.devices = model.devices
@@ -2070,7 +2080,7 @@ cdef class Accountant:
     cdef _begin(self):
         """Before a commit: the model's layout (its fields and the slots when it changed) and
         change_seq, read once for the whole commit (nothing else runs until `_end`)."""
-        cdef object layout = self.model._layout
+        cdef object layout = self.model_state["_layout"]
         if layout is not self.layout or self.table_keys == NULL:  # (NULL: never committed)
             if layout is not None and layout.writer is None:
                 raise ValueError("Accountant: the layout has no LayoutWriter")
@@ -2086,12 +2096,12 @@ cdef class Accountant:
                 raise ValueError("Accountant: the layout's writer is not a LayoutWriter")
             self._clear_table()
             self._grow_table()
-        self.seq = self.model.change_seq
+        self.seq = self.model_state["change_seq"]
 
     cdef _end(self):
         """After a commit (even a failed one): change_seq as the stamps written made it."""
-        if self.seq is not self.model.change_seq:
-            self.model.change_seq = self.seq
+        if self.seq is not self.model_state["change_seq"]:
+            self.model_state["change_seq"] = self.seq
 
     cdef _set_claim(self, object uid, list consumption):
         cdef object entry
@@ -2341,7 +2351,7 @@ cdef class Shortcut:
         ok = state.get("_plain_ok")
         if ok is None or pod_resources[0] or pod_resources[1]:
             return self.slow_place(pod, claims, policy, pod_resources)
-        spec = pod.get("spec")
+        spec = (<dict>pod).get("spec") if type(pod) is dict else pod.get("spec")
         if spec and (spec.get("nodeSelector") or spec.get("affinity") or spec.get("tolerations")):
             return self.slow_place(pod, claims, policy, pod_resources)
         claim = claims[0]
