@@ -1771,10 +1771,10 @@ cdef extern from *:
 # Not tracked by the cyclic GC: it refers only to capacity name strings (see _Slot below).
 @cython.no_gc
 @cython.final
-# Not tracked by the cyclic GC, nor its list of names: it holds only strings (`_place` checks)
-# and C integers, so it can be in no cycle. Tracked, every device first used under a layout
-# would add two objects the next collection walks (a cluster filling up makes several per
-# decision, and the collections they bring cost more than the decisions).
+# Not tracked by the cyclic GC: it holds only strings (`_place` checks) and C integers, so it
+# can be in no cycle. Tracked (with a list of its names, as it had), every device first used
+# under a layout added two objects the next collection walks (a cluster filling up makes
+# several per decision).
 @cython.no_gc
 cdef class DeviceUsage:
     """One device's consumption in `ClusterModel.used`: capacity name -> amount consumed (a
@@ -1786,30 +1786,35 @@ cdef class DeviceUsage:
 
     cdef public Py_ssize_t allocations
     cdef public Py_ssize_t exclusive
-    cdef list names
+    cdef PyObject** names  # owned references to `n` strings; `inline_names` while it has room
     cdef int64_t* totals  # `inline` while it has room, else malloc'ed
+    cdef PyObject* inline_names[4]
     cdef int64_t inline[4]
     cdef Py_ssize_t n, room
 
     def __cinit__(self):
-        self.names = []
-        PyObject_GC_UnTrack(self.names)  # strings only (see the class's decorator)
+        self.names = self.inline_names
         self.totals = self.inline
         self.room = 4
 
     def __dealloc__(self):
+        cdef Py_ssize_t i
+        for i in range(self.n):
+            Py_XDECREF(self.names[i])
         if self.totals != self.inline:
             free(self.totals)
+        if self.names != self.inline_names:
+            free(self.names)
 
     cdef Py_ssize_t _find(self, object name) except -2:
         """The name's position, -1 when absent (the model hands out one object per name, so
         the identity check nearly always decides)."""
         cdef Py_ssize_t i
         for i in range(self.n):
-            if <PyObject*>(<list>self.names)[i] is <PyObject*>name:
+            if self.names[i] == <PyObject*>name:
                 return i
         for i in range(self.n):
-            if (<list>self.names)[i] == name:
+            if <object>self.names[i] == name:
                 return i
         return -1
 
@@ -1817,20 +1822,29 @@ cdef class DeviceUsage:
         """The name's position, appended (at 0) when absent."""
         cdef Py_ssize_t i = self._find(name)
         cdef int64_t* grown
+        cdef PyObject** grown_names
         if i >= 0:
             return i
         if not isinstance(name, str):
             raise TypeError("DeviceUsage: capacity names are strings")
         if self.n == self.room:
             grown = <int64_t*>malloc(2 * self.room * sizeof(int64_t))
-            if grown == NULL:
+            grown_names = <PyObject**>malloc(2 * self.room * sizeof(PyObject*))
+            if grown == NULL or grown_names == NULL:
+                free(grown)
+                free(grown_names)
                 raise MemoryError()
             memcpy(grown, self.totals, self.n * sizeof(int64_t))
+            memcpy(grown_names, self.names, self.n * sizeof(PyObject*))
             if self.totals != self.inline:
                 free(self.totals)
+            if self.names != self.inline_names:
+                free(self.names)
             self.totals = grown
+            self.names = grown_names
             self.room = 2 * self.room
-        self.names.append(name)
+        Py_INCREF(name)
+        self.names[self.n] = <PyObject*>name
         self.totals[self.n] = 0
         self.n += 1
         return self.n - 1
@@ -1866,20 +1880,20 @@ cdef class DeviceUsage:
         return self.n
 
     def __iter__(self):
-        return iter(list(self.names))
+        return iter(self.keys())
 
     def get(self, name, default=None):
         cdef Py_ssize_t i = self._find(name)
         return default if i < 0 else self.totals[i]
 
     def keys(self):
-        return list(self.names)
+        return [<object>self.names[i] for i in range(self.n)]
 
     def values(self):
         return [self.totals[i] for i in range(self.n)]
 
     def items(self):
-        return [(self.names[i], self.totals[i]) for i in range(self.n)]
+        return [(<object>self.names[i], self.totals[i]) for i in range(self.n)]
 
     def __eq__(self, other):
         if not isinstance(other, Mapping):

@@ -301,7 +301,7 @@ def test_the_shortcut_decides_as_the_allocators_own_place(
 
 
 def test_consumption_records_are_kept_out_of_the_cyclic_gc() -> None:
-    """What a fast commit keeps (each device's `DeviceUsage` with its list of names, each
+    """What a fast commit keeps (each device's `DeviceUsage`, which holds its names itself; each
     claim's list of records) holds no cycle and is not tracked: a cluster filling up would
     otherwise bring collections every few hundred decisions."""
     nodes = [(PRODUCTS[0], "two-islands", 8)]
