@@ -33,6 +33,9 @@ def test_allocator_bench_runs_small(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         for path in ("cython_batch", "reference_batch"):
             assert 0 < size[workload][path]["decisions"] <= placed
             assert size[workload][path]["cpu_mean_us"] > 0
+            runs = size[workload][path]["cpu_mean_us_runs"]
+            assert len(runs) == allocator_bench.BATCH_RUNS
+            assert size[workload][path]["cpu_mean_us"] == min(runs)
         assert size[workload]["speedup_cpu_batch"] > 0
     assert all(cost > 0 for cost in doc["timer_overhead_us"].values())
     assert size["mix_cython"]["placements_per_s"] > 0
