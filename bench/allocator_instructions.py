@@ -35,6 +35,7 @@ def main(argv: list[str]) -> int:
     pod: dict[str, Any] = {"metadata": {"name": "bench"}, "spec": {}}
     todo = allocator_bench.claims(obj, count + 1)
     alloc.place(pod, [todo.pop()], policy)
+    allocator_bench.settle()
     _instrument(True)
     for claim in todo:
         alloc.commit(alloc.place(pod, [claim], policy))

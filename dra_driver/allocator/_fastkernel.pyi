@@ -1,4 +1,4 @@
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
 def scan(
@@ -152,6 +152,19 @@ class Accountant:
     def __init__(self, model: Any, name_of: Any) -> None: ...
     def commit(self, results: tuple[Any, ...]) -> bool: ...
     def set_claim(self, uid: str, consumption: list[Any]) -> None: ...
+
+class Shortcut:
+    def __init__(
+        self,
+        allocator: Any,
+        logger: Any,
+        slow_place: Callable[..., Any],
+        slow_commit: Callable[[Any], None],
+    ) -> None: ...
+    def place(
+        self, pod: Any, claims: Any, policy: Any, pod_resources: tuple[int, int] = (0, 0)
+    ) -> Any: ...
+    def commit(self, placement: Any) -> None: ...
 
 class DeviceUsage(MutableMapping[str, int]):
     allocations: int

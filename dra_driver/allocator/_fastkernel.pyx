@@ -23,6 +23,8 @@ from libc.stdint cimport INT64_MIN, int64_t, uint32_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcmp, memcpy, memset
 
+cdef object _DEBUG = 10  # logging.DEBUG (Shortcut.place)
+
 cdef extern from "Python.h":
     const char* PyUnicode_AsUTF8AndSize(object, Py_ssize_t*) except NULL
     object PyUnicode_New(Py_ssize_t, Py_UCS4)
@@ -33,6 +35,9 @@ from cpython.long cimport PyLong_FromVoidPtr
 from cpython.object cimport PyObject, PyObject_Hash, PyTypeObject
 from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_New, PyTuple_SET_ITEM
+
+cdef extern from "Python.h":
+    void PyObject_GC_UnTrack(object)
 
 cdef extern from "openssl/sha.h":
     ctypedef struct SHA256_CTX:
@@ -1218,12 +1223,17 @@ cdef object _plan_results(Plan plan, Encoding enc, tuple claims):
     cdef list per_claim
     cdef tuple out
     cdef Py_ssize_t* fill
+    cdef Py_ssize_t few[17]  # `fill` for up to 8 claims (a pod's usual count): no allocation
     for i in range(plan.n_req):
         if plan.owners[i] >= n_claims:
             raise ValueError("results: a claim index beyond the claims given")
-    fill = <Py_ssize_t*>calloc(2 * n_claims + 1, sizeof(Py_ssize_t))
-    if fill == NULL:
-        raise MemoryError()
+    if n_claims <= 8:
+        fill = few
+        memset(few, 0, sizeof(few))
+    else:
+        fill = <Py_ssize_t*>calloc(2 * n_claims + 1, sizeof(Py_ssize_t))
+        if fill == NULL:
+            raise MemoryError()
     try:
         for i in range(plan.n_req):
             fill[plan.owners[i]] += c.npicks[i]
@@ -1270,7 +1280,8 @@ cdef object _plan_results(Plan plan, Encoding enc, tuple claims):
                 _put(per_claim[ci], fill[n_claims + ci], result)
                 fill[n_claims + ci] += 1
     finally:
-        free(fill)
+        if fill != few:
+            free(fill)
     out = PyTuple_New_(n_claims)
     for ci in range(n_claims):
         _put(out, ci, (claims[ci], per_claim[ci]))
@@ -1458,19 +1469,27 @@ cdef class Engine:
         `plan.placement_type` (allocate.Placement: node name, key, results). None when no
         node works (`tried` searches failed)."""
         cdef Py_buffer view
+        PyObject_GetBuffer(node_ok, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+        try:
+            if view.ndim != 1 or view.itemsize != 1:
+                raise ValueError("decide: node_ok must be one int8 per node")
+            return self._decide_with(plan, <const signed char*>view.buf, view.shape[0], seq, claims)
+        finally:
+            PyBuffer_Release(&view)
+
+    cdef object _decide_with(
+        self, Plan plan, const signed char* okp, Py_ssize_t n_ok, int64_t seq, tuple claims
+    ):
+        """`decide` with node_ok as a pointer to `n_ok` int8 (checked against the layout)."""
         cdef Py_ssize_t best
         if plan.node_keys.key_view.shape[0] != self.n_nodes or len(plan.encodings) != self.n_nodes:
             raise ValueError("decide: the plan is not for this layout")
         if plan.node_keys.masks.shape[1] != self.base.n_dev:
             raise ValueError("decide: masks do not match the layout")
-        PyObject_GetBuffer(node_ok, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
-        try:
-            if view.ndim != 1 or view.itemsize != 1 or view.shape[0] != self.n_nodes:
-                raise ValueError("decide: node_ok must be one int8 per node")
-            self.tried = 0
-            best = self._rank(plan.node_keys, <const signed char*>view.buf, seq)
-        finally:
-            PyBuffer_Release(&view)
+        if n_ok != self.n_nodes:
+            raise ValueError("decide: node_ok must be one int8 per node")
+        self.tried = 0
+        best = self._rank(plan.node_keys, okp, seq)
         return self._decide(plan, best, claims)
 
     cdef object _decide(self, Plan plan, Py_ssize_t best, tuple claims):
@@ -1752,6 +1771,11 @@ cdef extern from *:
 # Not tracked by the cyclic GC: it refers only to capacity name strings (see _Slot below).
 @cython.no_gc
 @cython.final
+# Not tracked by the cyclic GC: it holds only strings (`_place` checks) and C integers, so it
+# can be in no cycle. Tracked (with a list of its names, as it had), every device first used
+# under a layout added two objects the next collection walks (a cluster filling up makes
+# several per decision).
+@cython.no_gc
 cdef class DeviceUsage:
     """One device's consumption in `ClusterModel.used`: capacity name -> amount consumed (a
     mutable mapping, as the dictionary it replaces), plus `allocations` (results on the device)
@@ -1762,29 +1786,35 @@ cdef class DeviceUsage:
 
     cdef public Py_ssize_t allocations
     cdef public Py_ssize_t exclusive
-    cdef list names
+    cdef PyObject** names  # owned references to `n` strings; `inline_names` while it has room
     cdef int64_t* totals  # `inline` while it has room, else malloc'ed
+    cdef PyObject* inline_names[4]
     cdef int64_t inline[4]
     cdef Py_ssize_t n, room
 
     def __cinit__(self):
-        self.names = []
+        self.names = self.inline_names
         self.totals = self.inline
         self.room = 4
 
     def __dealloc__(self):
+        cdef Py_ssize_t i
+        for i in range(self.n):
+            Py_XDECREF(self.names[i])
         if self.totals != self.inline:
             free(self.totals)
+        if self.names != self.inline_names:
+            free(self.names)
 
     cdef Py_ssize_t _find(self, object name) except -2:
         """The name's position, -1 when absent (the model hands out one object per name, so
         the identity check nearly always decides)."""
         cdef Py_ssize_t i
         for i in range(self.n):
-            if <PyObject*>(<list>self.names)[i] is <PyObject*>name:
+            if self.names[i] == <PyObject*>name:
                 return i
         for i in range(self.n):
-            if (<list>self.names)[i] == name:
+            if <object>self.names[i] == name:
                 return i
         return -1
 
@@ -1792,20 +1822,29 @@ cdef class DeviceUsage:
         """The name's position, appended (at 0) when absent."""
         cdef Py_ssize_t i = self._find(name)
         cdef int64_t* grown
+        cdef PyObject** grown_names
         if i >= 0:
             return i
         if not isinstance(name, str):
             raise TypeError("DeviceUsage: capacity names are strings")
         if self.n == self.room:
             grown = <int64_t*>malloc(2 * self.room * sizeof(int64_t))
-            if grown == NULL:
+            grown_names = <PyObject**>malloc(2 * self.room * sizeof(PyObject*))
+            if grown == NULL or grown_names == NULL:
+                free(grown)
+                free(grown_names)
                 raise MemoryError()
             memcpy(grown, self.totals, self.n * sizeof(int64_t))
+            memcpy(grown_names, self.names, self.n * sizeof(PyObject*))
             if self.totals != self.inline:
                 free(self.totals)
+            if self.names != self.inline_names:
+                free(self.names)
             self.totals = grown
+            self.names = grown_names
             self.room = 2 * self.room
-        self.names.append(name)
+        Py_INCREF(name)
+        self.names[self.n] = <PyObject*>name
         self.totals[self.n] = 0
         self.n += 1
         return self.n - 1
@@ -1841,20 +1880,20 @@ cdef class DeviceUsage:
         return self.n
 
     def __iter__(self):
-        return iter(list(self.names))
+        return iter(self.keys())
 
     def get(self, name, default=None):
         cdef Py_ssize_t i = self._find(name)
         return default if i < 0 else self.totals[i]
 
     def keys(self):
-        return list(self.names)
+        return [<object>self.names[i] for i in range(self.n)]
 
     def values(self):
         return [self.totals[i] for i in range(self.n)]
 
     def items(self):
-        return [(self.names[i], self.totals[i]) for i in range(self.n)]
+        return [(<object>self.names[i], self.totals[i]) for i in range(self.n)]
 
     def __eq__(self, other):
         if not isinstance(other, Mapping):
@@ -1938,6 +1977,7 @@ cdef class Accountant:
     back to `slots`, by value."""
 
     cdef object model
+    cdef dict model_state  # the model's __dict__
     cdef dict claims, used, devices
     cdef dict names  # driver -> (memory capacity name, cores capacity name)
     cdef object last_driver, last_names  # the last entry of `names` read
@@ -1956,6 +1996,9 @@ cdef class Accountant:
 
     def __init__(self, model, name_of):
         self.model = model
+        # The model's plain attributes (_layout, change_seq) read and written in its
+        # __dict__: an attribute lookup through the type each time cost more than the dict
+        self.model_state = model.__dict__
         self.claims = model._claims
         self.used = model.used
         self.devices = model.devices
@@ -2003,6 +2046,9 @@ cdef class Accountant:
     def commit(self, tuple results not None):
         """Record `Placement.results` ((claim, DeviceResults) pairs) as `Allocator.commit`
         does; False (nothing changed) when a result lacks its `consumption`."""
+        return self._commit(results)
+
+    cdef bint _commit(self, tuple results) except -1:
         cdef object pair, result, group
         cdef list entries
         cdef Py_ssize_t p, q
@@ -2025,6 +2071,9 @@ cdef class Accountant:
                 pair = <object>PyTuple_GET_ITEM(results, p)
                 group = <object>PyTuple_GET_ITEM(pair, 1)
                 entries = []
+                # Consumption records only (tuples of strings, ints and tuples): no cycle
+                # possible, so kept out of the cyclic GC (one list per claim committed).
+                PyObject_GC_UnTrack(entries)
                 for q in range(PyTuple_GET_SIZE(group)):
                     result = <object>PyTuple_GET_ITEM(group, q)
                     if not <object>PyTuple_GET_ITEM(result, 6):  # admin access consumes nothing
@@ -2045,7 +2094,7 @@ cdef class Accountant:
     cdef _begin(self):
         """Before a commit: the model's layout (its fields and the slots when it changed) and
         change_seq, read once for the whole commit (nothing else runs until `_end`)."""
-        cdef object layout = self.model._layout
+        cdef object layout = self.model_state["_layout"]
         if layout is not self.layout or self.table_keys == NULL:  # (NULL: never committed)
             if layout is not None and layout.writer is None:
                 raise ValueError("Accountant: the layout has no LayoutWriter")
@@ -2061,12 +2110,12 @@ cdef class Accountant:
                 raise ValueError("Accountant: the layout's writer is not a LayoutWriter")
             self._clear_table()
             self._grow_table()
-        self.seq = self.model.change_seq
+        self.seq = self.model_state["change_seq"]
 
     cdef _end(self):
         """After a commit (even a failed one): change_seq as the stamps written made it."""
-        if self.seq is not self.model.change_seq:
-            self.model.change_seq = self.seq
+        if self.seq is not self.model_state["change_seq"]:
+            self.model_state["change_seq"] = self.seq
 
     cdef _set_claim(self, object uid, list consumption):
         cdef object entry
@@ -2267,3 +2316,88 @@ cdef class Accountant:
         held = usage.exclusive > 0 or (not w.dev[row, DEV_MULTI] and usage.allocations > 0)
         allocated = usage.allocations > 0
         w._write(row, seq, mem, cores, held, allocated)
+
+
+cdef class Shortcut:
+    """`Allocator.place` and `Allocator.commit` in their usual cases, each one call from Python
+    (a fast-path allocator makes these bound methods its own `place` and `commit`; the Python
+    frames, logging check and buffer request around a few-microsecond decision were a fifth of
+    it). `place`: debug logging off, the allocator's plans current for the model's layout, one
+    claim whose request shape and policy have a kept `Plan`, a pod that constrains nothing
+    (no selector, affinity, tolerations or resources): the engine decides with the allocator's
+    node fit of such pods. `commit`: the `Accountant`. Any other case, and a refusal (for its
+    reason), goes to the allocator's own methods (`slow_place`, `slow_commit`), which run the
+    same checks in Python and handle every case; so the answers are the same either way."""
+
+    cdef dict state  # the allocator's __dict__: its caches, read as it writes them
+    cdef dict model_state  # the model's __dict__ (_layout, change_seq)
+    cdef dict log_cache  # the logger's level -> enabled cache (Logger.isEnabledFor's own)
+    cdef Accountant accountant
+    cdef object slow_place, slow_commit
+    cdef object ok_obj  # the node fit array `ok_view` views (kept, so the view stays its own)
+    cdef const signed char[::1] ok_view
+    cdef tuple last_key  # the plans' key `place` last looked up
+
+    def __init__(self, allocator, logger, slow_place, slow_commit):
+        self.state = allocator.__dict__
+        self.model_state = allocator.model.__dict__
+        # Logger keeps isEnabledFor's answers here and clears it (never replaces it) whenever
+        # a level changes; a level not yet asked (or a disabled logger) takes `slow_place`.
+        self.log_cache = logger._cache
+        self.accountant = allocator._accountant
+        self.slow_place = slow_place
+        self.slow_commit = slow_commit
+
+    def place(self, pod, claims, policy, pod_resources=(0, 0)):
+        cdef dict state = self.state
+        cdef object layout, ok, spec, plan, engine, placement, claim, shape, policy_key
+        cdef tuple key
+        if self.log_cache.get(_DEBUG) is not False:
+            return self.slow_place(pod, claims, policy, pod_resources)
+        layout = self.model_state.get("_layout")
+        if (
+            layout is None
+            or layout is not state.get("_planned")
+            or layout.patch_seq != state.get("_patch_seq")
+            or len(claims) != 1
+        ):
+            return self.slow_place(pod, claims, policy, pod_resources)
+        ok = state.get("_plain_ok")
+        if ok is None or pod_resources[0] or pod_resources[1]:
+            return self.slow_place(pod, claims, policy, pod_resources)
+        spec = (<dict>pod).get("spec") if type(pod) is dict else pod.get("spec")
+        if spec and (spec.get("nodeSelector") or spec.get("affinity") or spec.get("tolerations")):
+            return self.slow_place(pod, claims, policy, pod_resources)
+        claim = claims[0]
+        # The plans' key (policy key, claim shape) of the last call again when its strings are
+        # equal to this call's: each claim brings its own shape string, and comparing two
+        # equal strings is cheaper than hashing a new one (a tuple does not cache its hash, a
+        # string does: the kept key's hash is its strings' hashes, computed once).
+        key = self.last_key
+        shape = claim.shape
+        policy_key = policy.key
+        if key is None or not (key[1] == shape and key[0] == policy_key):
+            key = (policy_key, shape)
+            self.last_key = key
+        plan = (<dict?>state["_plans"]).get(key)
+        engine = state.get("_engine")
+        if plan is None or not isinstance(engine, Engine):
+            return self.slow_place(pod, claims, policy, pod_resources)
+        if ok is not self.ok_obj:
+            self.ok_view = ok  # checked: one-dimensional contiguous int8
+            self.ok_obj = ok
+        placement = (<Engine>engine)._decide_with(
+            plan,
+            &self.ok_view[0] if self.ok_view.shape[0] else NULL,
+            self.ok_view.shape[0],
+            self.model_state["change_seq"],
+            (claim,),
+        )
+        if placement is None:
+            return self.slow_place(pod, claims, policy, pod_resources)
+        return placement
+
+    def commit(self, placement):
+        if self.accountant is not None and self.accountant._commit(placement.results):
+            return None
+        return self.slow_commit(placement)

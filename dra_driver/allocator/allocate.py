@@ -325,6 +325,13 @@ class Allocator:
         # and the node fit of pods without selector, affinity, tolerations or resources on it
         self._planned: Any = _NOTHING
         self._plain_ok: npt.NDArray[np.int8] | None = None
+        if use_fast:
+            # `place` and `commit` in their usual cases, one Cython call each (the Python
+            # frames around a few-microsecond decision were a fifth of it); every other case
+            # goes to the methods below, which are the twins the shortcut falls back on.
+            shortcut = _fastkernel.Shortcut(self, log, self.place, self.commit)
+            self.place = shortcut.place  # type: ignore[method-assign]
+            self.commit = shortcut.commit  # type: ignore[method-assign]
 
     # ------------------------------------------------------------ selection
 

@@ -28,5 +28,16 @@ def test_allocator_bench_runs_small(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     for workload in ("share", "nvlink2", "nvlink4", "cel"):
         assert size[workload]["cython"]["placements"] > 0
         assert size[workload]["reference"]["placements"] == size[workload]["cython"]["placements"]
+        # The batch timing makes the same decisions on both paths, whole batches only.
+        placed = size[workload]["cython"]["placements"]
+        for path in ("cython_batch", "reference_batch"):
+            assert 0 < size[workload][path]["decisions"] <= placed
+            assert size[workload][path]["cpu_mean_us"] > 0
+            runs = size[workload][path]["cpu_mean_us_runs"]
+            assert len(runs) == allocator_bench.BATCH_RUNS
+            assert size[workload][path]["cpu_mean_us"] == min(runs)
+        assert size[workload]["speedup_cpu_batch"] > 0
+    assert all(cost > 0 for cost in doc["timer_overhead_us"].values())
     assert size["mix_cython"]["placements_per_s"] > 0
-    assert doc["verdict"]["cython_speedup_min_at_12_nodes"]["kernels"] > 1
+    at_12 = doc["verdict"]["cython_speedup_min_at_12_nodes"]
+    assert at_12["kernels"] > 1 and at_12["decision_cpu_batch"] > 1

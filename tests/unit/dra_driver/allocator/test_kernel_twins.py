@@ -3,7 +3,9 @@ every decision is right against a brute-force oracle, on random clusters and ran
 
 from __future__ import annotations
 
+import gc
 import itertools
+import logging
 import uuid
 from types import SimpleNamespace
 from typing import Any
@@ -259,6 +261,60 @@ def test_the_accountant_stays_the_models_twin_across_recommits_and_layout_change
     fast._accountant.set_claim(first.results[0][0].uid, [])  # released
     slow.model.assume(first.results[0][0].uid, [])
     assert_same_consumption(fast.model, slow.model)
+
+
+def test_the_shortcut_decides_as_the_allocators_own_place(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A fast allocator's `place` / `commit` are `_fastkernel.Shortcut`'s: its usual case gives
+    the placement the Python method gives (same allocator, same moment), and every other case
+    (a constrained pod, debug logging on, a refusal) is the Python method's own answer."""
+    nodes = [(PRODUCTS[0], "two-islands", 8), (PRODUCTS[1], "pairs", 4)]
+    fast, slow = Allocator(build(nodes), fast=True), Allocator(build(nodes), fast=False)
+    assert isinstance(fast.place.__self__, _fastkernel.Shortcut)
+    assert not isinstance(getattr(slow.place, "__self__", None), _fastkernel.Shortcut)
+    policy = Policy(node="binpack", device="spread", topology="link")
+    plain: dict[str, Any] = {"spec": {}}
+    tolerant: dict[str, Any] = {"spec": {"tolerations": [{"key": "gpu", "operator": "Exists"}]}}
+    for i in range(6):
+        claim = claim_of(i, (2, "10Gi", "30", None, CONSTRAINTS[1], "", "", "", None))
+        for pod in (plain, tolerant):
+            # (the claim's own shape string each time: the shortcut's kept key compares equal)
+            assert fast.place(pod, [claim], policy) == Allocator.place(fast, pod, [claim], policy)
+        placement = fast.place(plain, [claim], policy)
+        assert placement == slow.place(plain, [claim], policy)
+        fast.commit(placement)
+        slow.commit(placement)
+        assert_same_consumption(fast.model, slow.model)
+    big = claim_of(9, (9, "1Gi", None, None, None, "", "", "", None))  # no node has 9 GPUs
+    with pytest.raises(Unschedulable) as refused:
+        fast.place(plain, [big], policy)
+    with pytest.raises(Unschedulable) as refused_slow:
+        slow.place(plain, [big], policy)
+    assert str(refused.value) == str(refused_slow.value)
+    caplog.set_level(logging.DEBUG, logger=allocate.log.name)
+    claim = claim_of(10, (1, "1Gi", None, None, None, "", "", "", None))
+    placement = fast.place(plain, [claim], policy)
+    assert placement == slow.place(plain, [claim], policy)
+    logged = [r.getMessage().split()[:2] for r in caplog.records if r.name == allocate.log.name]
+    assert logged == [["decision", placement.node]] * 2  # debug logging takes the Python method
+
+
+def test_consumption_records_are_kept_out_of_the_cyclic_gc() -> None:
+    """What a fast commit keeps (each device's `DeviceUsage`, which holds its names itself; each
+    claim's list of records) holds no cycle and is not tracked: a cluster filling up would
+    otherwise bring collections every few hundred decisions."""
+    nodes = [(PRODUCTS[0], "two-islands", 8)]
+    fast = Allocator(build(nodes), fast=True)
+    policy = Policy(node="binpack", device="spread", topology="link")
+    claim = claim_of(0, (2, "10Gi", "30", None, CONSTRAINTS[1], "", "", "", None))
+    placement = outcome(fast, claim, policy)
+    assert isinstance(placement, Placement)
+    assert not gc.is_tracked(fast.model._claims[claim.uid])
+    for key in (result.consumption.device for result in placement.results[0][1]):
+        usage = fast.model.used[key]
+        assert isinstance(usage, _fastkernel.DeviceUsage) and not gc.is_tracked(usage)
+        assert len(usage) == 2
 
 
 def test_the_accountant_releases_consumption_the_api_reported() -> None:

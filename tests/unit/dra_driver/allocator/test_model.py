@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import sys
 from typing import Any
 
 import pytest
@@ -224,6 +225,13 @@ def test_a_device_usage_reads_as_the_mapping_it_replaces(kind: str) -> None:
             usage[MEM] = 1 << 63  # amounts are int64, as the layout's columns
         with pytest.raises(TypeError):
             usage[1] = 0  # type: ignore[index]
+        # The C record holds its names itself: one reference each, given back when it goes
+        name = "".join(["fresh-", "name"])  # a string object of its own
+        before = sys.getrefcount(name)
+        usage[name] = 1
+        assert sys.getrefcount(name) == before + 1
+        del usage
+        assert sys.getrefcount(name) == before
 
 
 def test_a_consumed_amount_beyond_the_limit_fails_that_claim_and_changes_nothing() -> None:
