@@ -538,20 +538,7 @@ def _run_in_process_pair(
         tenants.append(Tenant(500 + i, cap, rg.Region(str(path)), begins, 7.2e-8))
     plant = Plant(tenants, realistic=realistic, seed=delay_ms)
     lib = _fallback_lib()
-
-    def sampler_of(tenant: Tenant) -> Any:
-        def sample(_ctx: object, age_ns: int, device: Any, claim: Any) -> int:
-            answer = plant.sample(UUID, (plant.now - age_ns) // 1000)
-            if not answer.fresh:
-                return SAMPLE_NOTHING_NEW
-            # launch.c sample_util: the whole GPU as the sum over the same window as ours
-            device[0] = min(100.0, sum(answer.process_util.values()))
-            claim[0] = answer.process_util.get(tenant.pid, 0.0)
-            return SAMPLE_OK
-
-        return SAMPLER(sample)
-
-    samplers = [sampler_of(t) for t in tenants]
+    samplers = [_fallback_sampler(plant, t) for t in tenants]
     devices = [ctypes.addressof(t.region.layout.devices[0]) for t in tenants]
     try:
         for now in range(DT_NS, start + int(seconds * 1e9) + 1, DT_NS):
