@@ -248,8 +248,9 @@ class Controller:
             new_rate = 1.0
         # A window whose ends lie within a learning poll of NVML's period ends measures a
         # period that straddles a rate change as it was (vgpu.h vgpu_ctl_sample.aligned).
-        self.hold = not aligned and rate > 0 and abs(new_rate - rate) > rate / 3
-        if replaced or abs(new_rate - rate) > rate / 3:
+        big_move = abs(new_rate - rate) > rate / 3
+        self.hold = not aligned and rate > 0 and big_move
+        if replaced or big_move:
             self.spent = 0.0  # the next window's share moves with our own big change
         return new_rate
 

@@ -139,10 +139,11 @@ struct vgpu_ctl_state {
                              VGPU_SPENT_FLOOR); 0 = not comparable (first step, or that step
                              moved the rate by over a third or replaced the gain) */
 };
-/* A window whose spent share of the budget (cost rate / rate) moved by more than a third from
- * the last window's, the rate standing (nearly) still, is one in which the claim paused or
- * resumed launching: NVML's sample period need not cover the same launches, so neither it nor
- * the next sample teaches the gain or the integral (vgpu_ctl_step). */
+/* A window whose spent share of the budget (cost rate / rate) moved by more than
+ * VGPU_SPENT_CHANGE of the last window's, the rate standing (nearly) still, is one in which
+ * the claim paused or resumed launching: NVML's sample period need not cover the same
+ * launches, so neither it nor the next sample teaches the gain or the integral
+ * (vgpu_ctl_step). */
 #define VGPU_SPENT_CHANGE 0.15
 #define VGPU_SPENT_FLOOR 0.001
 /* Share of the gain estimate's weight kept per step; in steady state the estimate is an EMA

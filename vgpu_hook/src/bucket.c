@@ -152,9 +152,10 @@ double vgpu_ctl_step(struct vgpu_ctl_state *st, const struct vgpu_ctl_sample *s,
     if (want < 0.5) want = 0.5;
     double rate = want / st->gain;
     if (!isfinite(rate) || rate < 1) rate = 1;
-    st->hold = !s->aligned && current_rate > 0 && fabs(rate - current_rate) > current_rate / 3;
+    bool big_move = fabs(rate - current_rate) > current_rate / 3;
+    st->hold = !s->aligned && current_rate > 0 && big_move;
     /* The next window's spent share moves with a big change of our own: not comparable. */
-    if (replaced || fabs(rate - current_rate) > current_rate / 3) st->spent = 0;
+    if (replaced || big_move) st->spent = 0;
     return rate;
 }
 

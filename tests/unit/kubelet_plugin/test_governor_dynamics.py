@@ -379,6 +379,25 @@ SWEEP_GRID_NS = 10_000_000  # where the period grid starts on the fake clock
 FIXED_TARGET_S = 0.3  # issue 17: a `fixed` claim settles within 300 ms
 
 
+def _tenant_at_phase(
+    node: SimNode, cap: int, phase: float, pause_ms: tuple[int, int] | None
+) -> Tenant:
+    """The sweep's `fixed` claim: its first launch at `phase` of a sample period, after four
+    periods of the grid, and idle over `pause_ms` (ms after that launch) when given."""
+    path = node.claim("c0", cap, pid=500)
+    offset = int(phase * PERIOD_NS) // DT_NS * DT_NS
+    start = SWEEP_GRID_NS + 4 * PERIOD_NS + offset
+    tenant = Tenant(500, cap, rg.Region(str(path)), start, 7.2e-8)
+    if pause_ms is not None:
+        tenant.pauses.append((start + pause_ms[0] * 1_000_000, start + pause_ms[1] * 1_000_000))
+    return tenant
+
+
+def _sweep_end(tenant: Tenant, pause_ms: tuple[int, int] | None) -> int:
+    """When a sweep run ends: 1.6 s after the first launch, or after the pause's end."""
+    return tenant.start_ns + (pause_ms[1] * 1_000_000 if pause_ms else 0) + 1_600_000_000
+
+
 def _run_at_phase(
     root: Path,
     cap: int,
@@ -390,18 +409,13 @@ def _run_at_phase(
 ) -> Tenant:
     node = SimNode(root)
     node.clock[0] = 0
-    path = node.claim("c0", cap, pid=500)
-    offset = int(phase * PERIOD_NS) // DT_NS * DT_NS
-    start = SWEEP_GRID_NS + 4 * PERIOD_NS + offset
-    tenant = Tenant(500, cap, rg.Region(str(path)), start, 7.2e-8)
-    if pause_ms is not None:
-        tenant.pauses.append((start + pause_ms[0] * 1_000_000, start + pause_ms[1] * 1_000_000))
+    tenant = _tenant_at_phase(node, cap, phase, pause_ms)
     plant = Plant([tenant], realistic=realistic, seed=jitter_seed, fallback_policy=rg.POLICY_FIXED)
     plant.phase = SWEEP_GRID_NS
     gov = node.governor(None)
     gov.source = plant
     now = SWEEP_TICK_OFFSET_NS
-    end = start + (pause_ms[1] * 1_000_000 + 1_600_000_000 if pause_ms else 1_600_000_000)
+    end = _sweep_end(tenant, pause_ms)
     try:
         while now < end:
             plant.advance(now)
@@ -456,12 +470,7 @@ def _run_in_process_at_phase(
     (vgpu_hook/src/bucket.c vgpu_ctl_poll, the code launch.c runs) polls the plant's NVML from
     its launches, i.e. on every plant step it is due (the tenant launches continuously)."""
     node = SimNode(root)
-    path = node.claim("c0", cap, pid=500)
-    offset = int(phase * PERIOD_NS) // DT_NS * DT_NS
-    start = SWEEP_GRID_NS + 4 * PERIOD_NS + offset
-    tenant = Tenant(500, cap, rg.Region(str(path)), start, 7.2e-8)
-    if pause_ms is not None:
-        tenant.pauses.append((start + pause_ms[0] * 1_000_000, start + pause_ms[1] * 1_000_000))
+    tenant = _tenant_at_phase(node, cap, phase, pause_ms)
     plant = Plant([tenant], realistic=realistic, seed=jitter_seed)
     plant.phase = SWEEP_GRID_NS
     lib = _fallback_lib()
@@ -476,7 +485,7 @@ def _run_in_process_at_phase(
 
     sampler = SAMPLER(sample)
     device = ctypes.addressof(tenant.region.layout.devices[0])
-    end = start + (pause_ms[1] * 1_000_000 + 1_600_000_000 if pause_ms else 1_600_000_000)
+    end = _sweep_end(tenant, pause_ms)
     try:
         for now in range(DT_NS, end + 1, DT_NS):
             plant.advance(now)
