@@ -214,6 +214,11 @@ class Region(contextlib.AbstractContextManager["Region"]):
                 "<Q", struct.pack("<d", gain)
             )[0]
 
+    def write_presence(self, index: int, now_ns: int) -> None:
+        """Tell the hook a governor drives this device (no budget yet: its first launch seeds
+        one from the cap), so the hook's own controller stays off (launch.c)."""
+        self.layout.devices[index].governor_stamp_ns = now_ns
+
     def write_rate(self, index: int, rate: int, now_ns: int) -> None:
         """Publish a governor budget: the hook prefers it while governor_stamp_ns is fresh."""
         d = self.layout.devices[index]

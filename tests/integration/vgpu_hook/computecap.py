@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import signal
 import struct
 import subprocess
@@ -41,6 +42,8 @@ REALISTIC_JITTER_US = 20000
 KERNEL = "busy__ns20000"  # 20 us per wave of 108 blocks
 BLOCKS = "216"
 _POLICY_CODES = {"fixed": POLICY_FIXED, "balance": POLICY_BALANCE}
+GOVERNOR_READY = "governor: ticked"  # the governor child's first line, after its first tick
+GOVERNOR_START_TIMEOUT_S = 60.0
 
 
 def _sampler_main(uuid: str, seconds: float, interval: float) -> None:
@@ -149,7 +152,7 @@ def _start_governor(
             for c, cap in zip(claims, caps, strict=True)
         }
     )
-    return subprocess.Popen(
+    gov = subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -159,10 +162,21 @@ def _start_governor(
             caps_json,
         ],
         env=env,
-        stdout=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+    # A node's governor runs before any claim is prepared. Started next to the tenants, its
+    # Python start (0.5-1.1 s) raced their first launches: it arrived after the hook's own
+    # controller had stepped and took the claim over mid-settling (the realistic `fixed` tail
+    # of session 6). Tenants start once it has ticked.
+    assert gov.stdout is not None
+    ready, _, _ = select.select([gov.stdout], [], [], GOVERNOR_START_TIMEOUT_S)
+    if not ready or gov.stdout.readline().strip() != GOVERNOR_READY:
+        gov.kill()
+        _, err = gov.communicate()
+        raise RuntimeError(f"the governor did not start: {err}")
+    return gov
 
 
 def _governor_main(state_dir: str, caps_json: str) -> None:
@@ -179,7 +193,14 @@ def _governor_main(state_dir: str, caps_json: str) -> None:
         logging.basicConfig(filename=trace, level=logging.DEBUG, format="%(created).4f %(message)s")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    Governor(state_dir, NvmlUtilSource(), lambda: caps).run(stop)
+    ticked: list[bool] = []
+
+    def on_tick(_seconds: float) -> None:
+        if not ticked:
+            ticked.append(True)
+            print(GOVERNOR_READY, flush=True)
+
+    Governor(state_dir, NvmlUtilSource(), lambda: caps, on_tick=on_tick).run(stop)
 
 
 def sampling_env(sampling: str) -> dict[str, str]:

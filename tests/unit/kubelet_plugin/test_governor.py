@@ -232,6 +232,33 @@ def test_single_claim_is_driven_to_its_cap(tmp_path: Path) -> None:
     assert sum(abs(u - 30) for u in tail) / len(tail) <= 1.0
 
 
+def test_the_governor_drives_a_device_before_its_first_launch(tmp_path: Path) -> None:
+    """A claim that has launched nothing has no budget to publish, but its region says from the
+    governor's first sight on, every GOVERNOR_REFRESH_NS, that the governor drives it (the hook's
+    own controller runs only while that stamp is over 2 s old: launch.c). Also while others'
+    samples keep coming (a busy GPU), and without pacing the claim (its rate stays unset for
+    the hook to seed from the cap at the first launch)."""
+    node = SimNode(tmp_path)
+    idle = node.claim("idle", 30, pid=501)
+    gpu = SimGpu({})
+    gpu.util[502] = 40.0  # an uncapped tenant's process: every sample is fresh
+    refresh = governor_module.GOVERNOR_REFRESH_NS
+    with node.running(gpu) as run, rg.Region(str(idle)) as region:
+        dev = region.layout.devices[0]
+        run.governor.tick()
+        assert dev.governor_stamp_ns == node.clock[0]
+        first = dev.governor_stamp_ns
+        stamps = set()
+        for _ in range(50):  # 5 s of 100 ms ticks
+            node.clock[0] += 100_000_000
+            run.governor.tick()
+            assert 0 <= node.clock[0] - dev.governor_stamp_ns < refresh
+            stamps.add(dev.governor_stamp_ns)
+        assert len(stamps) <= 5_000_000_000 // refresh + 1  # refreshed, not written every tick
+        assert dev.governor_stamp_ns > first
+        assert dev.rate == 0 and dev.rate_source == rg.RATE_UNSET
+
+
 def test_two_claims_share_one_gpu_by_their_caps(tmp_path: Path) -> None:
     node = SimNode(tmp_path)
     a = node.claim("a", 30, pid=201)
