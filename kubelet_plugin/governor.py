@@ -564,7 +564,8 @@ class Governor:
             # same. Otherwise the hook's own controller runs from the first launch until our
             # first write, steps at the first sample period's end (the one we would learn
             # from), and the take-over below then skips the next sample: 0.35-0.40 s to settle
-            # instead of 0.15-0.25 (a governor that arrived after the first launch).
+            # instead of 0.15-0.25 under realistic sampling (the same path as a governor that
+            # first sees the claim after its first launch).
             claim.region.write_presence(index, now_ns)
         if raw.rate_source == RATE_SEED and cap.uuid not in claim.first_launch:
             claim.first_launch[cap.uuid] = raw.rate_stamp_ns  # before our first write replaces it

@@ -168,8 +168,8 @@ def _start_governor(
     )
     # A node's governor runs before any claim is prepared. Started next to the tenants, its
     # Python start (0.5-1.1 s) raced their first launches: it arrived after the hook's own
-    # controller had stepped and took the claim over mid-settling (the realistic `fixed` tail
-    # of session 6). Tenants start once it has ticked.
+    # controller had stepped and took the claim over mid-settling (a realistic `fixed` claim
+    # then settled in 0.35-0.40 s instead of 0.15-0.25). Tenants start once it has ticked.
     assert gov.stdout is not None
     ready, _, _ = select.select([gov.stdout], [], [], GOVERNOR_START_TIMEOUT_S)
     if not ready or gov.stdout.readline().strip() != GOVERNOR_READY:
