@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 
 from kubelet_plugin import region as rg
-from kubelet_plugin.governor import LEARNING_PERIOD_S, GpuSample
+from kubelet_plugin.governor import LEARNING_PERIOD_S, Governor, GpuSample
 from tests.fixtures.governor_sim import UUID, SimNode
 
 SEED_GAIN_DEFAULT = 1e-6  # vgpu_hook/include/vgpu.h VGPU_SEED_GAIN_DEFAULT
@@ -237,6 +237,24 @@ def mae(tenant: Tenant, cap: float, from_ns: int) -> float:
     return sum(abs(w - cap) for w in windows) / len(windows)
 
 
+def _drive(
+    plant: Plant, node: SimNode, gov: Governor, first_tick: int, end: int, *, governor_from: int = 0
+) -> None:
+    """Run the plant to `end` (ns), the governor ticking from `first_tick` at the periods it
+    asks for; before `governor_from` it is not running yet and the hooks' fallback is alone."""
+    now = first_tick
+    while now < end:
+        plant.advance(now)
+        if now < governor_from:
+            now += int(LEARNING_PERIOD_S * 1e9)
+            continue
+        node.clock[0] = now
+        gov.tick()
+        plant.advance(now + TICK_NS)  # tenants keep launching while the tick runs
+        now += int(gov.next_period() * 1e9)
+    plant.advance(end)
+
+
 def run(
     tmp_path: Path,
     caps: list[int],
@@ -270,20 +288,10 @@ def run(
     gov = node.governor(None)
     gov.source = plant  # the plant is the NVML the governor samples
     tick_phase = rnd.randrange(100_000_000) // DT_NS * DT_NS
-    now = tick_phase
     end = int(seconds * 1e9) + start
     arrival = start + governor_from_ms * 1_000_000 if governor_from_ms is not None else 0
     try:
-        while now < end:
-            plant.advance(now)
-            if now < arrival:
-                now += int(LEARNING_PERIOD_S * 1e9)
-                continue
-            node.clock[0] = now
-            gov.tick()
-            plant.advance(now + TICK_NS)  # tenants keep launching while the tick runs
-            now += int(gov.next_period() * 1e9)
-        plant.advance(end)
+        _drive(plant, node, gov, tick_phase, end, governor_from=arrival)
     finally:
         gov.close()
         for t in tenants:
@@ -447,16 +455,8 @@ def _run_at_phase(
     plant.phase = SWEEP_GRID_NS
     gov = node.governor(None)
     gov.source = plant
-    now = SWEEP_TICK_OFFSET_NS
-    end = _sweep_end(tenant, pause_ms)
     try:
-        while now < end:
-            plant.advance(now)
-            node.clock[0] = now
-            gov.tick()
-            plant.advance(now + TICK_NS)  # tenants keep launching while the tick runs
-            now += int(gov.next_period() * 1e9)
-        plant.advance(end)
+        _drive(plant, node, gov, SWEEP_TICK_OFFSET_NS, _sweep_end(tenant, pause_ms))
     finally:
         gov.close()
         tenant.region.close()
