@@ -16,6 +16,7 @@ from __future__ import annotations
 import builtins
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Generator, Iterator, Mapping
@@ -69,6 +70,62 @@ class Gone(KubeError):
 
 class TooDeep(KubeError):
     """The answer is JSON nested deeper than the decoder's recursion limit."""
+
+
+# Deeper JSON than this is cut from collections and watch events (`decode_json(prune=True)`).
+# Built-in objects nest about 20 levels (managedFields included); only a free-form field (a
+# claim's opaque config, up to the API's 10 KiB) can go deeper, thousands of levels. The
+# standard decoder recurses once per level and stops at the interpreter's recursion limit.
+MAX_JSON_DEPTH = 64
+# What a cut subtree becomes: a string no valid config holds, so the parsers that read the
+# field (VgpuConfig) refuse it with a message that says what happened.
+PRUNED = "<vgpu-dra: JSON nested deeper than 64 levels, not read>"
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def decode_json(text: str | bytes, *, prune: bool = False) -> Any:
+    """`json.loads`, bounded: JSON deeper than the decoder can take raises TooDeep, or with
+    `prune` has every subtree below MAX_JSON_DEPTH replaced by PRUNED.
+
+    Why pruning and not skipping: a list or a watch event holds one hostile object among
+    everyone else's; cutting only the deep part keeps the object's identity, status and
+    allocation (what the controller's model needs), while the field that was cut fails the one
+    claim that carries it. The fast path is the plain decoder; the scan runs only after it
+    refused, i.e. only for hostile input. No JSON library bounds depth this way (the C decoders
+    raise, orjson included), hence the few lines here.
+    """
+    try:
+        return json.loads(text)
+    except RecursionError:
+        if not prune:
+            raise TooDeep(0, "TooDeep", "the object is nested too deeply to read") from None
+    source = text.decode() if isinstance(text, bytes) else text
+    return json.loads(_prune_json(source, MAX_JSON_DEPTH))
+
+
+def _prune_json(text: str, limit: int) -> str:
+    """`text` with every array/object opened below depth `limit` replaced by PRUNED."""
+    out: list[str] = []
+    depth = 0
+    kept_until = 0  # text[:kept_until] is decided (copied to `out` or cut)
+    cut_from = -1  # where the subtree being cut began, -1 while copying
+    for token in _JSON_TOKEN.finditer(text):
+        mark = token.group()
+        if mark[0] == '"':
+            continue
+        if mark in "[{":
+            depth += 1
+            if depth == limit + 1 and cut_from < 0:
+                cut_from = token.start()
+        else:
+            depth -= 1
+            if depth == limit and cut_from >= 0:
+                out.append(text[kept_until:cut_from])
+                out.append(json.dumps(PRUNED))
+                kept_until = token.end()
+                cut_from = -1
+    out.append(text[kept_until:])
+    return "".join(out)
 
 
 def path(
@@ -157,10 +214,13 @@ class KubeClient:
         query: Mapping[str, str | int | bool] | None = None,
         content_type: str = "application/json",
         timeout_s: float | None = None,
+        prune_deep: bool = False,
     ) -> JSON:
         """Send one request; return the decoded JSON body or raise a KubeError subclass.
 
         `timeout_s` bounds the whole exchange (connect and answer; default: the client's).
+        An answer nested too deeply raises TooDeep, or with `prune_deep` has its deep parts cut
+        (`decode_json`).
         """
         if timeout_s is not None and timeout_s <= 0:  # 0 would mean "no timeout" below
             raise Unreachable(0, "Timeout", f"{method} {resource_path}: no time left to ask")
@@ -180,8 +240,8 @@ class KubeClient:
         if not text:
             return {}
         try:
-            return cast(JSON, json.loads(text))
-        except RecursionError:
+            return cast(JSON, decode_json(text, prune=prune_deep))
+        except TooDeep:
             raise TooDeep(
                 0, "TooDeep", f"{method} {resource_path}: the object is nested too deeply to read"
             ) from None
@@ -250,7 +310,8 @@ class KubeClient:
         if field_selector:
             query["fieldSelector"] = field_selector
         while True:
-            page = self.request("GET", resource_path, query=query)
+            # A collection is everyone's objects: one hostile object must not hide the rest.
+            page = self.request("GET", resource_path, query=query, prune_deep=True)
             yield page
             token = (page.get("metadata") or {}).get("continue")
             if not token:
@@ -312,7 +373,7 @@ class KubeClient:
                     while b"\n" in buffer:
                         line, buffer = buffer.split(b"\n", 1)
                         if line.strip():
-                            yield _watch_event(json.loads(line))
+                            yield _watch_event(decode_json(line, prune=True))
             except KubeError:
                 raise
             except Exception as exc:  # connection reset, read timeout, truncated chunk

@@ -1,0 +1,163 @@
+"""Supervision of long-lived loops: a loop survives an unexpected exception or its process knows.
+
+Why one module for both processes: the controller and the kubelet plugin each run a dozen
+threads (informers, the worker, the leader elector, the governor, enforcement, the slice
+publisher...). Before this module a loop that met an exception it did not expect ended its
+thread in silence, and the process stayed Ready; a tenant's odd object could stop placement for
+the whole cluster. Every loop now follows the same rules:
+
+- **one step at a time**: a loop is a `step()` called again and again; an exception out of a
+  step is logged with its traceback, counted (`failures[name]`, exported as
+  `vgpu_dra_loop_failures_total` by each process's metrics) and followed by a capped
+  exponential backoff, and the loop goes on. One bad object costs one step, not the loop.
+- **progress is visible**: every finished step (failed or not) is a beat. A loop whose last beat
+  is older than its deadline is *stalled* (a step hangs: a lock never released, a call with no
+  timeout). `stalled()` names them; the controller's `/readyz` and its Lease renewal read it,
+  so a stuck leader stops renewing and a standby takes over; the kubelet plugin's watchdog ends
+  the process, so the kubelet restarts it.
+- a loop ends normally only when `stop` is set; one that ends before (a BaseException, or a
+  self-beating loop that marks itself `ended`) counts as stalled at once.
+
+Nothing here knows Kubernetes or Prometheus: the processes read `failures` and `stalled()` into
+their own metrics and probes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+BACKOFF_START_S = 0.5
+BACKOFF_MAX_S = 30.0
+
+
+@dataclass
+class Loop:
+    """One supervised loop's progress, as its thread reports it."""
+
+    name: str
+    deadline_s: float  # a step longer than this (or no step for this long) is a stall
+    last_beat: float = field(default_factory=time.monotonic)
+    ended: bool = False  # the thread returned (normal after stop)
+    failures: int = 0  # steps that raised
+    consecutive: int = 0  # failed steps since the last good one
+
+    def beat(self, *, failed: bool = False) -> None:
+        self.last_beat = time.monotonic()
+        if failed:
+            self.failures += 1
+            self.consecutive += 1
+        else:
+            self.consecutive = 0
+
+
+class Supervisor:
+    """Runs steps in supervised threads and says which loops stopped making progress."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._loops: dict[str, Loop] = {}
+
+    def register(self, name: str, deadline_s: float) -> Loop:
+        """A loop that beats by itself (it runs its own thread and calls `Loop.beat`)."""
+        loop = Loop(name, deadline_s, last_beat=self._clock())
+        with self._lock:
+            self._loops[name] = loop
+        return loop
+
+    def run(
+        self,
+        name: str,
+        step: Callable[[], None],
+        stop: threading.Event,
+        *,
+        period_s: float,
+        deadline_s: float,
+        backoff_max_s: float = BACKOFF_MAX_S,
+    ) -> threading.Thread:
+        """Call `step()` every `period_s` until `stop` is set, in a daemon thread named `name`.
+
+        `deadline_s` bounds one step plus one period: longer without a beat is a stall.
+        """
+        loop = self.register(name, deadline_s)
+
+        def body() -> None:
+            backoff = BACKOFF_START_S
+            try:
+                while not stop.is_set():
+                    if self.step_once(loop, step):
+                        backoff = BACKOFF_START_S
+                        wait = period_s
+                    else:
+                        wait = max(period_s, backoff)
+                        backoff = min(backoff * 2, backoff_max_s)
+                    if stop.wait(wait):
+                        break
+            finally:
+                loop.ended = not stop.is_set()  # only an early end is a stall
+
+        thread = threading.Thread(target=body, name=name, daemon=True)
+        thread.start()
+        return thread
+
+    def step_once(self, loop: Loop, step: Callable[[], None]) -> bool:
+        """One step of `loop`: True when it finished, False when it raised (logged, counted)."""
+        try:
+            step()
+        except Exception:
+            loop.beat(failed=True)
+            log.exception(
+                "loop %s: step failed (%d in a row, %d in all); going on after a backoff",
+                loop.name,
+                loop.consecutive,
+                loop.failures,
+            )
+            return False
+        loop.beat()
+        return True
+
+    def loops(self) -> list[Loop]:
+        with self._lock:
+            return list(self._loops.values())
+
+    def failures(self) -> dict[str, int]:
+        """Failed steps by loop name, since the start (a counter)."""
+        return {loop.name: loop.failures for loop in self.loops()}
+
+    def stalled(self) -> list[str]:
+        """Names of the loops that stopped making progress (ended early, or no beat in time)."""
+        now = self._clock()
+        return [
+            loop.name
+            for loop in self.loops()
+            if loop.ended or now - loop.last_beat > loop.deadline_s
+        ]
+
+    def healthy(self) -> bool:
+        return not self.stalled()
+
+    def watchdog(
+        self,
+        stop: threading.Event,
+        on_stall: Callable[[list[str]], None],
+        *,
+        period_s: float = 1.0,
+    ) -> threading.Thread:
+        """Call `on_stall(names)` (once) from a daemon thread when any loop stalls."""
+
+        def body() -> None:
+            while not stop.wait(period_s):
+                names = self.stalled()
+                if names:
+                    on_stall(names)
+                    return
+
+        thread = threading.Thread(target=body, name="watchdog", daemon=True)
+        thread.start()
+        return thread
