@@ -11,6 +11,13 @@ so the consumer never keeps a ghost.
 
 Each informer runs in its own daemon thread and only calls `sink(kind, op, obj)` with op
 "apply" or "delete"; the consumer (the controller's single worker) serialises the changes.
+
+Hostile input: every object any tenant can create passes through here. JSON nested deeper than
+the decoder takes is cut by `kube.decode_json` (the rest of the object, and of the list, arrives);
+an event that is not an object is skipped with a log line; any other exception is logged with its
+traceback, counted as the informer's loop failure (`dra_driver.supervision`) and answered like a
+failed connection: a backoff, then a fresh list. The informer beats on every event and every
+(re)connection, so a watch that hangs past its read timeout makes the process unhealthy.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dra_driver import kube
+from dra_driver.supervision import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +38,9 @@ JSON = dict[str, Any]
 Sink = Callable[[str, str, JSON], None]
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 30.0
+# Beyond the watch's own timeout and its read margin (kube.watch: +30 s), a reconnect backoff
+# and a first list: no beat for this long means the thread is stuck.
+STALL_MARGIN_S = 120.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +90,12 @@ class Informer:
         sink: Sink,
         *,
         watch_timeout_s: int = 300,
+        supervisor: Supervisor | None = None,
     ) -> None:
         self.resource = resource
+        self._loop = (supervisor or Supervisor()).register(
+            f"informer-{resource.plural}", watch_timeout_s + BACKOFF_MAX_S + STALL_MARGIN_S
+        )
         self.synced = threading.Event()
         self._client = client
         self._sink = sink
@@ -103,9 +118,16 @@ class Informer:
             self._thread.join(timeout)
 
     def _run(self, stop: threading.Event) -> None:
+        try:
+            self._watch_loop(stop)
+        finally:
+            self._loop.ended = not stop.is_set()  # only an early end is a stall
+
+    def _watch_loop(self, stop: threading.Event) -> None:
         backoff = BACKOFF_START_S
         need_list = True
         while not stop.is_set():
+            self._loop.beat()
             try:
                 if need_list:
                     self._list()
@@ -116,10 +138,12 @@ class Informer:
                     timeout_s=self._watch_timeout,
                     field_selector=self.resource.field_selector,
                 ):
+                    self._loop.beat()
                     self._on_event(event)
                     backoff = BACKOFF_START_S
                     if stop.is_set():
                         return
+                continue
             except kube.Gone:
                 log.info(
                     "%s: watch version %s expired; listing again",
@@ -128,19 +152,30 @@ class Informer:
                 )
                 need_list = True
                 self.expired += 1
+                continue
             except kube.KubeError as exc:
                 self.failures += 1
                 log.warning("%s: %s; retrying in %.1fs", self.resource.plural, exc, backoff)
-                # Jitter keeps several informers from reconnecting in lockstep.
-                if stop.wait(backoff * (0.5 + random.random() / 2)):
-                    return
-                backoff = min(backoff * 2, BACKOFF_MAX_S)
+            except Exception:
+                # Not the API's doing: an object or an event nothing here expected. Count it,
+                # then start over from a fresh list (the watch position may be what broke).
+                self.failures += 1
+                self._loop.beat(failed=True)
+                log.exception(
+                    "%s: unexpected failure; listing again in %.1fs", self.resource.plural, backoff
+                )
+                need_list = True
+            # Jitter keeps several informers from reconnecting in lockstep.
+            if stop.wait(backoff * (0.5 + random.random() / 2)):
+                return
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
 
     def _list(self) -> None:
         items, version = self._client.list_versioned(
             self.resource.path, field_selector=self.resource.field_selector
         )
         self.relists += 1
+        items = [obj for obj in items if self._is_object(obj)]
         fresh = {_key(obj): _identity(obj) for obj in items}
         for key, old in list(self._known.items()):
             if key not in fresh:
@@ -151,9 +186,18 @@ class Informer:
         self._version = version
         self.synced.set()
 
+    def _is_object(self, obj: Any) -> bool:
+        """An API object with a metadata map; anything else is skipped with a log line."""
+        if isinstance(obj, dict) and isinstance(obj.get("metadata", {}), dict):
+            return True
+        log.warning("%s: skipped an item that is not an object: %.200r", self.resource.plural, obj)
+        return False
+
     def _on_event(self, event: JSON) -> None:
         kind = event.get("type")
         obj = event.get("object") or {}
+        if not self._is_object(obj):
+            return
         version = (obj.get("metadata") or {}).get("resourceVersion")
         if version:
             self._version = str(version)

@@ -14,7 +14,10 @@ The protocol is the one client-go uses:
 - the leader renews every `retry_period_s`; if it cannot renew for `renew_deadline_s` (shorter
   than `lease_duration_s`) it steps down at once, so it stops allocating before any standby can
   take over;
-- on shutdown the leader releases the Lease (empty holder), so a standby takes over at once.
+- on shutdown the leader releases the Lease (empty holder), so a standby takes over at once;
+- a replica whose other loops stopped making progress (`fit()` false: the worker is stuck) does
+  not campaign, and a leader in that state releases the Lease at once: a stuck leader must not
+  keep renewing while nobody places pods (client-go ties this to its health checker too).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from dra_driver import kube
+from dra_driver.supervision import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +58,8 @@ class LeaderElector:
         retry_period_s: float = 2.0,
         on_change: Callable[[bool], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        fit: Callable[[], bool] = lambda: True,
+        supervisor: Supervisor | None = None,
     ) -> None:
         if not retry_period_s < renew_deadline_s < lease_duration_s:
             raise ValueError("need retry period < renew deadline < lease duration")
@@ -66,6 +72,11 @@ class LeaderElector:
         self.retry_period_s = retry_period_s
         self._on_change = on_change
         self._clock = clock
+        self._fit = fit
+        # A round is a GET and a PUT (each bounded by the client's timeout): far below this.
+        self._loop = (supervisor or Supervisor()).register(
+            "leader-election", max(60.0, 4 * lease_duration_s)
+        )
         self._lock = threading.Lock()
         self._leader = False
         self._renewed_at = 0.0  # local time of our last successful acquire/renew
@@ -184,6 +195,15 @@ class LeaderElector:
     def step(self) -> bool:
         """One round: acquire or renew, step down when that failed past the renew deadline or
         another replica holds the Lease; True while leader."""
+        if not self._fit():
+            if self._leader:
+                log.error(
+                    "this replica stopped making progress; giving lease %s/%s up",
+                    self.namespace,
+                    self.name,
+                )
+                self.release()
+            return False
         if self.try_acquire_or_renew():
             self._set_leader(True)
         elif self._leader and not self.is_leader():
@@ -193,10 +213,13 @@ class LeaderElector:
         return self.is_leader()
 
     def _run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            self.step()
-            stop.wait(self.retry_period_s)
-        self.release()
+        try:
+            while not stop.is_set():
+                self._loop.step(self.step)
+                stop.wait(self.retry_period_s)
+            self.release()
+        finally:
+            self._loop.ended = not stop.is_set()
 
     def release(self) -> None:
         """Give the Lease up (empty holder) if this replica holds it, so a standby need not

@@ -37,6 +37,7 @@ from dra_driver import cli_flags, kube, logsetup, tracing
 from dra_driver.lifecycle import stop_on_signals
 from dra_driver.metrics_http import MetricsServer, serve_metrics
 from dra_driver.metrics_http import parse_address as parse_metrics_address
+from dra_driver.supervision import LoopCollector, Supervisor
 
 if TYPE_CHECKING:
     from controller.webhook.run import Running  # imported when the webhook is on only
@@ -222,6 +223,7 @@ def main(argv: Sequence[str]) -> int:
 def _run(args: argparse.Namespace, client: kube.KubeClient, address: tuple[str, int]) -> int:
     stop = threading.Event()
     stop_on_signals(stop, log)
+    supervisor = Supervisor()  # every long-lived loop: liveness, readiness and the Lease read it
     elector: LeaderElector | None = None
     metrics = ControllerMetrics() if args.metrics_address else None
     # Every replica serves the webhook (until `stop`); only the leader collects templates.
@@ -258,7 +260,7 @@ def _run(args: argparse.Namespace, client: kube.KubeClient, address: tuple[str, 
         if args.reschedule
         else None
     )
-    worker = Worker(client, reconciler, rescheduler)
+    worker = Worker(client, reconciler, rescheduler, supervisor=supervisor)
     if args.leader_elect:
         identity = f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
         elector = LeaderElector(
@@ -270,6 +272,8 @@ def _run(args: argparse.Namespace, client: kube.KubeClient, address: tuple[str, 
             renew_deadline_s=args.lease_duration * 2 / 3,
             retry_period_s=max(0.2, args.lease_duration / 7),
             on_change=worker.became_leader,
+            fit=supervisor.healthy,
+            supervisor=supervisor,
         )
         reconciler.may_write = elector.is_leader
         if rescheduler is not None:
@@ -281,6 +285,7 @@ def _run(args: argparse.Namespace, client: kube.KubeClient, address: tuple[str, 
     else:
         worker.became_leader(True)
     probes.add_check("informers-synced", worker.synced)
+    probes.set_liveness(supervisor.stalled)
     if webhook is not None:
         probes.add_check("webhook", webhook.serving)
     metrics_server = _serve_metrics(args, metrics, worker, elector)
@@ -339,6 +344,7 @@ def _serve_metrics(
     cannot be bound (logged)."""
     if metrics is None:
         return None
+    metrics.registry.register(LoopCollector(worker.supervisor))
     metrics.registry.register(
         StateCollector(
             worker.reconciler,

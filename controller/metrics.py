@@ -74,7 +74,8 @@ class ControllerMetrics:
         self.failures = Counter(
             PREFIX + "placement_failures",
             "Decisions that placed nothing, by reason (refused, invalid: the pod waits for a "
-            "change; retry, api_error: decided again; handed_over: left to kube-scheduler).",
+            "change; retry, api_error: decided again; handed_over: left to kube-scheduler; "
+            "internal_error: the decision raised, the pod waits for a change).",
             ["reason"],
             registry=self.registry,
         )

@@ -5,9 +5,11 @@ any reconciler exists, and every reconciler added later reports into the same re
 The standard library's threading HTTP server is enough for two plain-text GET endpoints; a web
 framework would be a dependency for nothing.
 
-`/healthz` answers 200 while the process serves at all. `/readyz` answers 200 while every
-registered check passes and 503 (naming the failing checks) otherwise, including after shutdown
-began, so a terminating pod drops out of its Service before it stops.
+`/healthz` answers 200 while the process makes progress: 503 naming the stalled loops once the
+liveness check (`set_liveness`, the Supervisor's `stalled`) names any, so the kubelet restarts a
+replica whose worker hangs or died. `/readyz` answers 200 while every registered check passes and
+503 (naming the failing checks) otherwise, including after shutdown began, so a terminating pod
+drops out of its Service before it stops.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class ProbeServer:
 
     def __init__(self, address: tuple[str, int]) -> None:
         self._checks: dict[str, Check] = {}
+        self._stalled: Callable[[], list[str]] = list
         self._lock = threading.Lock()
         self._stopping = False
         self._httpd = ThreadingHTTPServer(address, self._handler_class())
@@ -54,6 +57,22 @@ class ProbeServer:
         """Make readiness depend on `check()` (a check that raises counts as failing)."""
         with self._lock:
             self._checks[name] = check
+
+    def set_liveness(self, stalled: Callable[[], list[str]]) -> None:
+        """Make liveness (and readiness) fail while `stalled()` names any loop."""
+        with self._lock:
+            self._stalled = stalled
+        self.add_check("loops-progressing", lambda: not stalled())
+
+    def stalled(self) -> list[str]:
+        """The loops that stopped making progress (a liveness check that raises names itself)."""
+        with self._lock:
+            stalled = self._stalled
+        try:
+            return stalled()
+        except Exception as exc:
+            log.warning("liveness check raised: %s", exc)
+            return ["liveness-check"]
 
     def start(self) -> None:
         self._thread.start()
@@ -89,7 +108,13 @@ class ProbeServer:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 if self.path == "/healthz":
-                    self._reply(HTTPStatus.OK, "ok")
+                    stalled = server.stalled()
+                    if stalled:
+                        self._reply(
+                            HTTPStatus.SERVICE_UNAVAILABLE, "stalled: " + ", ".join(stalled)
+                        )
+                    else:
+                        self._reply(HTTPStatus.OK, "ok")
                 elif self.path == "/readyz":
                     failed = server.failing()
                     if failed:

@@ -58,6 +58,7 @@ from dra_driver import kube
 from dra_driver.allocator import request
 from dra_driver.allocator.allocate import Allocator, Placement, Unschedulable
 from dra_driver.allocator.model import ClusterModel, pod_requests
+from dra_driver.allocator.quantity import QuantityError
 from dra_driver.allocator.request import (
     ALIASES,
     Claim,
@@ -159,8 +160,20 @@ class ReconcileObserver(Protocol):
 # What `ReconcileObserver.decided` reports: placed (claims written, gate lifted), refused (no
 # placement, Event + condition), invalid (a bad claim or annotation), retry (inputs changed under
 # the decision), api_error, replaced (kube-scheduler refused the node; placed again elsewhere),
-# handed_over (refused and no other node: left to kube-scheduler's own allocation).
-OUTCOMES = ("placed", "refused", "invalid", "retry", "api_error", "replaced", "handed_over")
+# handed_over (refused and no other node: left to kube-scheduler's own allocation),
+# internal_error (the decision raised what nothing foresaw: Event, and the pod waits for a change).
+OUTCOMES = (
+    "placed",
+    "refused",
+    "invalid",
+    "retry",
+    "api_error",
+    "replaced",
+    "handed_over",
+    "internal_error",
+)
+# How much of an unexpected exception's text goes into a pod's Event and condition.
+ERROR_TEXT_MAX = 300
 
 
 @dataclass(slots=True)
@@ -228,6 +241,8 @@ class Reconciler:
         self._tracer = tracer if tracer is not None else installed_tracer(TRACER_NAME)
         self.defaults = defaults
         self.may_write = may_write
+        # Called once per pod decided: the worker's beat during a long batch.
+        self.progress: Callable[[], None] = lambda: None
         self.model = ClusterModel()
         self.allocator = Allocator(self.model)
         self.pods: dict[tuple[str, str], JSON] = {}
@@ -436,6 +451,7 @@ class Reconciler:
                     self._pool = None
 
     def _reconcile_key(self, key: tuple[str, str]) -> None:
+        self.progress()  # a long batch is progress, pod by pod (the worker's stall detection)
         pod = self.pods.get(key)
         if pod is None:
             self._api_retry.pop(key, None)
@@ -536,6 +552,26 @@ class Reconciler:
             self._api_retry[key] = (self._clock() + delay, delay)
             log.warning("pod %s/%s: %s; retrying in %.0fs", key[0], key[1], exc, delay)
             outcome = "api_error"
+        except Exception as exc:
+            # What nothing above foresaw (a bug, an object no parser expected): this pod waits
+            # for its next change with a Warning Event that says so, and the worker goes on with
+            # the next pod. Before, one such pod ended the worker and placement for everyone.
+            log.exception("pod %s/%s: the decision failed unexpectedly", key[0], key[1])
+            self._api_retry.pop(key, None)
+            self.waiting.add(key)
+            pod = self.pods.get(key)
+            if pod is not None:
+                text = f"{type(exc).__name__}: {exc}"[:ERROR_TEXT_MAX]
+                try:
+                    self._refuse(
+                        pod,
+                        "InternalError",
+                        f"the allocation controller could not decide for this pod ({text}); "
+                        "it decides again when the pod or its claims change",
+                    )
+                except Exception:  # reporting must not fail the worker either
+                    log.exception("pod %s/%s: cannot report the failure", key[0], key[1])
+            outcome = "internal_error"
         else:
             if not isinstance(outcome, _Plan):  # the backoff stays until the writes succeed
                 self._api_retry.pop(key, None)
@@ -600,8 +636,9 @@ class Reconciler:
             policy = self.defaults.policy_for(pod)
             parsed = [parse_claim(c, self.classes) for c in claims]
             placement = self.allocator.place(pod, parsed, policy, pod_requests(pod))
-        except (RequestError, Unschedulable) as exc:
-            invalid = isinstance(exc, RequestError)
+        except (RequestError, QuantityError, Unschedulable) as exc:
+            # QuantityError: a container's cpu or memory request out of the model's range.
+            invalid = not isinstance(exc, Unschedulable)
             self._refuse(pod, "InvalidRequest" if invalid else "Unschedulable", str(exc))
             return "invalid" if invalid else "refused"
         return _Plan(pod, claims, parsed, placement)

@@ -18,8 +18,9 @@ the whole cluster. Every loop now follows the same rules:
 - a loop ends normally only when `stop` is set; one that ends before (a BaseException, or a
   self-beating loop that marks itself `ended`) counts as stalled at once.
 
-Nothing here knows Kubernetes or Prometheus: the processes read `failures` and `stalled()` into
-their own metrics and probes.
+Nothing here knows Kubernetes. Both processes export the same two series through
+`LoopCollector` (registered into each one's own registry): `vgpu_dra_loop_failures_total{loop}`
+and `vgpu_dra_loop_stalled{loop}`.
 """
 
 from __future__ import annotations
@@ -27,8 +28,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
 
@@ -42,18 +46,46 @@ class Loop:
 
     name: str
     deadline_s: float  # a step longer than this (or no step for this long) is a stall
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False)
     last_beat: float = field(default_factory=time.monotonic)
     ended: bool = False  # the thread returned (normal after stop)
     failures: int = 0  # steps that raised
     consecutive: int = 0  # failed steps since the last good one
 
     def beat(self, *, failed: bool = False) -> None:
-        self.last_beat = time.monotonic()
+        self.last_beat = self.clock()
         if failed:
             self.failures += 1
             self.consecutive += 1
         else:
             self.consecutive = 0
+
+    def step(
+        self,
+        step: Callable[[], object],
+        *,
+        expected: tuple[type[Exception], ...] = (),
+    ) -> bool:
+        """Run one step of this loop: True when it finished, False when it raised. An
+        `expected` exception (the API is unreachable) is logged in one line; any other one with
+        its traceback, and counted as the loop's failure. Either way the step is a beat."""
+        try:
+            step()
+        except expected as exc:
+            self.beat()
+            log.warning("loop %s: %s; going on after a backoff", self.name, exc)
+            return False
+        except Exception:
+            self.beat(failed=True)
+            log.exception(
+                "loop %s: step failed (%d in a row, %d in all); going on after a backoff",
+                self.name,
+                self.consecutive,
+                self.failures,
+            )
+            return False
+        self.beat()
+        return True
 
 
 class Supervisor:
@@ -66,7 +98,7 @@ class Supervisor:
 
     def register(self, name: str, deadline_s: float) -> Loop:
         """A loop that beats by itself (it runs its own thread and calls `Loop.beat`)."""
-        loop = Loop(name, deadline_s, last_beat=self._clock())
+        loop = Loop(name, deadline_s, self._clock, last_beat=self._clock())
         with self._lock:
             self._loops[name] = loop
         return loop
@@ -74,12 +106,13 @@ class Supervisor:
     def run(
         self,
         name: str,
-        step: Callable[[], None],
+        step: Callable[[], object],
         stop: threading.Event,
         *,
         period_s: float,
         deadline_s: float,
         backoff_max_s: float = BACKOFF_MAX_S,
+        expected: tuple[type[Exception], ...] = (),
     ) -> threading.Thread:
         """Call `step()` every `period_s` until `stop` is set, in a daemon thread named `name`.
 
@@ -91,7 +124,7 @@ class Supervisor:
             backoff = BACKOFF_START_S
             try:
                 while not stop.is_set():
-                    if self.step_once(loop, step):
+                    if loop.step(step, expected=expected):
                         backoff = BACKOFF_START_S
                         wait = period_s
                     else:
@@ -105,22 +138,6 @@ class Supervisor:
         thread = threading.Thread(target=body, name=name, daemon=True)
         thread.start()
         return thread
-
-    def step_once(self, loop: Loop, step: Callable[[], None]) -> bool:
-        """One step of `loop`: True when it finished, False when it raised (logged, counted)."""
-        try:
-            step()
-        except Exception:
-            loop.beat(failed=True)
-            log.exception(
-                "loop %s: step failed (%d in a row, %d in all); going on after a backoff",
-                loop.name,
-                loop.consecutive,
-                loop.failures,
-            )
-            return False
-        loop.beat()
-        return True
 
     def loops(self) -> list[Loop]:
         with self._lock:
@@ -161,3 +178,30 @@ class Supervisor:
         thread = threading.Thread(target=body, name="watchdog", daemon=True)
         thread.start()
         return thread
+
+
+class LoopCollector(Collector):
+    """Scrape-time metrics of a Supervisor's loops (one series per loop and name)."""
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        self._supervisor = supervisor
+
+    def collect(self) -> Iterator[Metric]:
+        failures = CounterMetricFamily(
+            "vgpu_dra_loop_failures",
+            "Steps of a long-lived loop that raised an unexpected exception (logged with its "
+            "traceback; the loop went on after a backoff).",
+            labels=["loop"],
+        )
+        stalled = GaugeMetricFamily(
+            "vgpu_dra_loop_stalled",
+            "1 while a long-lived loop makes no progress (no step finished within its deadline, "
+            "or its thread ended): the process reports itself unhealthy.",
+            labels=["loop"],
+        )
+        stuck = set(self._supervisor.stalled())
+        for loop in self._supervisor.loops():
+            failures.add_metric([loop.name], loop.failures)
+            stalled.add_metric([loop.name], 1.0 if loop.name in stuck else 0.0)
+        yield failures
+        yield stalled

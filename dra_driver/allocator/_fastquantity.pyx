@@ -1,9 +1,11 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""Cython twin of dra_driver.allocator.quantity (parse_quantity, round_request).
+"""Cython twin of dra_driver.allocator.quantity.parse_quantity.
 
 The scanner walks the string once with C chars and keeps the mantissa in a C integer while it
 fits (every realistic quantity); only 19+ significant digits fall back to Python integers.
 Semantics must match the reference exactly: tests compare both on fixed and random inputs.
+Request rounding (`round_request`) has no twin: it runs once per candidate device, on Python
+integers, so it has one arithmetic and no overflow at any int64 edge.
 """
 
 from dra_driver.allocator.quantity import (
@@ -12,7 +14,6 @@ from dra_driver.allocator.quantity import (
     INT64_MAX,
     MAX_EXPONENT,
     QuantityError,
-    RequestPolicy,
 )
 
 
@@ -109,30 +110,3 @@ def parse_quantity(text, int scale=0):
     if value > INT64_MAX:
         raise QuantityError(f"quantity {text!r} does not fit in int64")
     return sign * value
-
-
-def round_request(requested, policy, long long capacity):
-    """Same contract as dra_driver.allocator.quantity.round_request."""
-    cdef long long value, lo, step, over
-    if requested is None:
-        requested = policy.default if policy.default is not None else capacity
-    value = requested
-    if value < 0:
-        return None
-    if policy.valid_values:
-        best = None
-        for candidate in policy.valid_values:
-            if candidate >= value and (best is None or candidate < best):
-                best = candidate
-        return best
-    if policy.min_value is not None:
-        lo = policy.min_value
-        if value < lo:
-            value = lo
-        if policy.step:
-            step = policy.step
-            over = value - lo
-            value = lo + ((over + step - 1) // step) * step
-    if policy.max_value is not None and value > <long long>policy.max_value:
-        return None
-    return value

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -34,23 +35,43 @@ from dra_driver import names
 from dra_driver.allocator import kernel, round_request
 from dra_driver.allocator import parse_quantity as _parse_quantity
 from dra_driver.allocator.cel import DEVICE_FIELDS, device_view
-from dra_driver.allocator.quantity import QuantityError, RequestPolicy
+from dra_driver.allocator.quantity import (
+    MAX_MODEL_QUANTITY,
+    SATURATED,
+    QuantityError,
+    RequestPolicy,
+)
 
 try:
     from dra_driver.allocator import _fastkernel
 except ImportError:  # extension not built: numpy item writes serve, only slower
     _fastkernel = None  # type: ignore[assignment]
 
+log = logging.getLogger(__name__)
+
 JSON = dict[str, Any]
 KINDS = ("ResourceSlice", "Node", "Pod", "ResourceClaim")
-# Slices repeat the same few quantity strings ("1Mi", "100", each GPU model's memory) thousands
-# of times: parse each text once.
-parse_quantity = functools.lru_cache(maxsize=4096)(_parse_quantity)
+
+
+@functools.lru_cache(maxsize=4096)
+def parse_quantity(text: str, scale: int = 0) -> int:
+    """A quantity as the model takes it: 0..MAX_MODEL_QUANTITY, else QuantityError (the object
+    that carries it is refused with that reason; see quantity.MAX_MODEL_QUANTITY for why).
+
+    Cached: slices repeat the same few quantity strings ("1Mi", "100", each GPU model's memory)
+    thousands of times.
+    """
+    value = _parse_quantity(text, scale)
+    if not 0 <= value <= MAX_MODEL_QUANTITY:
+        raise QuantityError(
+            f"quantity {text!r} is outside 0..2^48 (the allocator's bound for any capacity, "
+            "request or policy value)"
+        )
+    return value
+
+
 DeviceKey = tuple[str, str, str]  # (driver, pool, device)
 NODE_LOG = 4096  # entries of a layout's change log (Layout.node_log)
-# Largest consumed amount a claim may report: sums of a few stay inside int64, the type of the
-# model's consumption records and layout columns
-AMOUNT_LIMIT = 1 << 62
 
 
 class ModelError(ValueError):
@@ -395,6 +416,29 @@ def default_consumption(capacity: Capacity | None) -> int:
     return capacity.value if amount is None else amount
 
 
+def _held(amount: int) -> int:
+    """A device's used amount as the layout holds it: at most one past any capacity, so "full"
+    stays full and node sums stay in int64 (quantity.MAX_MODEL_QUANTITY)."""
+    return min(amount, MAX_MODEL_QUANTITY + 1)
+
+
+def _free(total: int, used: int) -> int:
+    """A node's free cpu or memory for the layout, kept inside int64."""
+    return max(total - used, -SATURATED)
+
+
+def _consumed(claim_uid: str, name: str, text: Any) -> int:
+    """One consumedCapacity amount of an allocation. Only schedulers write allocations, so an
+    amount out of range is a foreign allocator's fault: counted as full, never as free."""
+    try:
+        return parse_quantity(str(text))
+    except QuantityError as exc:
+        log.warning(
+            "ResourceClaim %s: consumedCapacity %s: %s; counted as full", claim_uid, name, exc
+        )
+        return MAX_MODEL_QUANTITY + 1
+
+
 def _qualify(name: str, driver: str) -> str:
     return name if "/" in name else f"{driver}/{name}"
 
@@ -422,7 +466,7 @@ def pod_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
     for container in spec.get("initContainers") or []:
         c, m = of(container)
         cpu, mem = max(cpu, c), max(mem, m)
-    return cpu, mem
+    return min(cpu, MAX_MODEL_QUANTITY), min(mem, MAX_MODEL_QUANTITY)
 
 
 class ClusterModel:
@@ -668,7 +712,19 @@ class ClusterModel:
         self._unbind_pod(uid)
         self.pod_epoch += 1
         if node and phase not in ("Succeeded", "Failed"):
-            cpu, mem = pod_requests(obj)
+            try:
+                cpu, mem = pod_requests(obj)
+            except QuantityError as exc:
+                # Bound to a node by name, past every scheduler: its kubelet refuses it, but
+                # until then it is counted as taking everything rather than nothing.
+                log.warning(
+                    "pod %s/%s on node %s: %s; counted as using the whole node",
+                    meta.get("namespace"),
+                    meta.get("name"),
+                    node,
+                    exc,
+                )
+                cpu = mem = MAX_MODEL_QUANTITY
             self._pods[uid] = (str(node), cpu, mem)
             self.node_cpu_used[node] = self.node_cpu_used.get(node, 0) + cpu
             self.node_mem_used[node] = self.node_mem_used.get(node, 0) + mem
@@ -689,8 +745,8 @@ class ClusterModel:
             self.change_seq += 1
             stamp(layout, i, self.change_seq)
             info = self.nodes[node]
-            layout.cpu_free[i] = info.cpu_milli - self.node_cpu_used.get(node, 0)
-            layout.mem_free[i] = info.memory - self.node_mem_used.get(node, 0)
+            layout.cpu_free[i] = _free(info.cpu_milli, self.node_cpu_used.get(node, 0))
+            layout.mem_free[i] = _free(info.memory, self.node_mem_used.get(node, 0))
 
     def _apply_claim(self, obj: Mapping[str, Any]) -> None:
         uid = str((obj.get("metadata") or {}).get("uid"))
@@ -704,14 +760,8 @@ class ClusterModel:
             key = (driver, str(result.get("pool")), str(result.get("device")))
             consumed = result.get("consumedCapacity") or {}
             amounts = tuple(
-                sorted((_qualify(k, driver), parse_quantity(str(v))) for k, v in consumed.items())
+                sorted((_qualify(k, driver), _consumed(uid, k, v)) for k, v in consumed.items())
             )
-            for name, amount in amounts:
-                if not 0 <= amount < AMOUNT_LIMIT:  # checked before anything changes
-                    raise ModelError(
-                        f"ResourceClaim {uid}: consumedCapacity {name}={amount} is outside "
-                        f"0..2^62 (the model counts consumption in int64)"
-                    )
             device = self.devices.get(key)
             exclusive = device is None or not device.allow_multiple
             consumption.append(Consumption(key, amounts, exclusive and "shareID" not in result))
@@ -744,8 +794,8 @@ class ClusterModel:
             if row is not None:
                 driver = entry.device[0]
                 self.change_seq += 1
-                mem = used.get(_memory_name(driver), 0)
-                cores = used.get(_cores_name(driver), 0)
+                mem = _held(used.get(_memory_name(driver), 0))
+                cores = _held(used.get(_cores_name(driver), 0))
                 held = int(self.is_held(entry.device))
                 allocated = int(used.allocations > 0)
                 columns, values = [], []
@@ -753,7 +803,7 @@ class ClusterModel:
                     column = layout.dims.get(name)
                     if column is not None:
                         columns.append(column)
-                        values.append(used[name])
+                        values.append(_held(used[name]))
                 if layout.writer is not None:
                     layout.writer.account(
                         row, self.change_seq, mem, cores, held, allocated, columns, values
@@ -802,8 +852,8 @@ class ClusterModel:
             cores_total.append(cores.value if cores else 0)
             mem_default.append(default_consumption(mem))
             cores_default.append(default_consumption(cores))
-            mem_used.append(used.get(f"{driver}/{names.CAPACITY_MEMORY}", 0))
-            cores_used.append(used.get(f"{driver}/{names.CAPACITY_CORES}", 0))
+            mem_used.append(_held(used.get(f"{driver}/{names.CAPACITY_MEMORY}", 0)))
+            cores_used.append(_held(used.get(f"{driver}/{names.CAPACITY_CORES}", 0)))
             busy.append(int(self.is_held(d.key)))
         link_size = []
         for i, d in enumerate(devices):
@@ -818,7 +868,7 @@ class ClusterModel:
                 cap[i, dims[name]] = capacity.value
             for name, amount in self.used.get(d.key, _NO_USAGE).items():
                 if name in dims:
-                    used_by_dim[i, dims[name]] = amount
+                    used_by_dim[i, dims[name]] = _held(amount)
             driver = d.key[0]
             dev[i] = (
                 int(d.allow_multiple),
@@ -832,7 +882,9 @@ class ClusterModel:
             )
 
         def node_sum(values: list[int]) -> npt.NDArray[np.int64]:
-            return arr([sum(values[s:e]) for s, e in zip(starts, ends, strict=True)])
+            return arr(
+                [min(sum(values[s:e]), SATURATED) for s, e in zip(starts, ends, strict=True)]
+            )
 
         self.layout_epoch += 1
         return Layout(
@@ -859,9 +911,11 @@ class ClusterModel:
             node_seq=np.zeros(len(node_names), dtype=np.int64),
             row_seq=np.zeros(n, dtype=np.int64),
             cpu_free=arr(
-                [self.nodes[n].cpu_milli - self.node_cpu_used.get(n, 0) for n in node_names]
+                [_free(self.nodes[n].cpu_milli, self.node_cpu_used.get(n, 0)) for n in node_names]
             ),
-            mem_free=arr([self.nodes[n].memory - self.node_mem_used.get(n, 0) for n in node_names]),
+            mem_free=arr(
+                [_free(self.nodes[n].memory, self.node_mem_used.get(n, 0)) for n in node_names]
+            ),
             dims=dims,
             cap=cap,
             used_by_dim=used_by_dim,

@@ -13,6 +13,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 INT64_MAX = (1 << 63) - 1
+# The largest quantity the allocator's model takes (bytes, millicores, counts): 2**48, 256 TiB of
+# memory or 281 million cores. Objects carrying more are refused with a reason (a gated pod, a
+# slice) or counted as full (a bound pod, an allocation). The bound keeps the model and its
+# compiled kernel inside int64 without a check per operation: a request percentage times a
+# device's memory (100 x 2**48), a device's used amount held at the bound plus one, a node's sums
+# over its devices (up to 2**14 of them) and its bound pods (sums kept at SATURATED) all stay far
+# below 2**63, and every value is exact as a float (the kernel's ranking keys divide them).
+MAX_MODEL_QUANTITY = 1 << 48
+# Where sums of model quantities stop (a node's bound pods): still comparable, never overflowing.
+SATURATED = 1 << 62
 
 # Suffix -> (base, exponent). Binary suffixes multiply by 1024**exp, decimal ones by 10**exp.
 BINARY_SUFFIXES = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
