@@ -2,6 +2,8 @@
 bookmarks advance the version, a dropped connection resumes from the last version seen (no
 relist), 410 Gone relists and reports objects that vanished meanwhile as deleted.
 
+An unexpected failure relists after a backoff instead of ending the thread (supervision).
+
 (The real API server's side of it runs in tests/e2e/controller/test_policy_path.py.)
 """
 
@@ -15,6 +17,7 @@ import pytest
 
 from controller.informers import PODS, Informer
 from dra_driver import kube
+from dra_driver.supervision import Supervisor
 
 JSON = dict[str, Any]
 
@@ -90,3 +93,44 @@ def test_watch_error_events_become_typed_errors() -> None:
     assert err.value.status == 500 and "etcd down" in str(err.value)
     event = {"type": "ADDED", "object": {"metadata": {"name": "x"}}}
     assert kube._watch_event(event) is event
+
+
+def test_an_unexpected_failure_relists_instead_of_ending_the_informer(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A sink or an event that raises what nobody expected costs a backoff and a fresh list (it
+    is counted and logged); items that are not objects are skipped. Before, the thread ended and
+    the kind was never seen again."""
+    stop = threading.Event()
+    lists = [([pod("a", "5"), "junk"], "10"), ([pod("a", "5"), pod("b", "12")], "20")]
+    watched: list[str] = []
+
+    class Api:
+        def list_versioned(self, path: str, **_: Any) -> tuple[list[Any], str]:
+            return lists.pop(0)
+
+        def watch(self, path: str, version: str, **_: Any) -> Iterator[JSON]:
+            watched.append(version)
+            if len(watched) == 1:
+                yield {"type": "ADDED", "object": ["not", "an", "object"]}
+                yield {"type": "ADDED", "object": pod("boom", "11")}
+            else:
+                stop.set()
+                yield {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "21"}}}
+
+    seen: list[str] = []
+
+    def sink(kind: str, op: str, obj: JSON) -> None:
+        if obj["metadata"]["name"] == "boom" and op == "apply":
+            raise RuntimeError("a consumer bug")
+        seen.append(f"{op} {obj['metadata']['name']}")
+
+    supervisor = Supervisor()
+    informer = Informer(Api(), PODS, sink, supervisor=supervisor)  # type: ignore[arg-type]
+    with caplog.at_level("WARNING"):
+        informer._run(stop)
+    assert seen == ["apply a", "delete boom", "apply a", "apply b"]
+    assert watched == ["10", "20"]  # relisted after the failure, watched from the new list
+    assert informer.failures == 1 and supervisor.failures() == {"informer-pods": 1}
+    assert "a consumer bug" in caplog.text and "not an object" in caplog.text
+    assert supervisor.stalled() == []  # ended because stop was set: not a stall

@@ -4,13 +4,17 @@ fake clock.
 Proves: the first replica creates and holds the Lease; a second stays standby while it is
 renewed; a holder that stops renewing loses `is_leader()` after the renew deadline, before a
 standby may take over after the lease duration; two standbys racing for an expired Lease cannot
-both win (the stale write gets 409); a released Lease is taken at once; bad timings are refused.
+both win (the stale write gets 409); a released Lease is taken at once; bad timings are refused;
+a replica that stopped making progress gives the Lease up and does not campaign; a round that
+raises does not end the elector.
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
+import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,6 +22,7 @@ import pytest
 
 from controller.leader import LeaderElector
 from dra_driver import kube
+from dra_driver.supervision import Supervisor
 
 JSON = dict[str, Any]
 
@@ -138,3 +143,74 @@ def test_timings_must_nest() -> None:
             lease_duration_s=10,
             renew_deadline_s=10,
         )
+
+
+def test_a_replica_that_stopped_making_progress_gives_the_lease_up() -> None:
+    """A stuck leader (its worker stalled: `fit()` false) releases at once, so a standby takes
+    over on its next round instead of after the lease duration; while unfit it never campaigns."""
+    leases, clock = Leases(), Clock()
+    fit = {"a": True}
+    a = LeaderElector(
+        leases,  # type: ignore[arg-type]
+        namespace="ns",
+        name="lease",
+        identity="a",
+        lease_duration_s=15,
+        renew_deadline_s=10,
+        retry_period_s=2,
+        clock=clock,
+        fit=lambda: fit["a"],
+    )
+    b = elector(leases, clock, "b")
+    assert a.step() and not b.step()
+    fit["a"] = False
+    assert not a.step()
+    assert holder(leases) == "" and not a.is_leader()
+    assert b.step() and holder(leases) == "b"  # at once, no expiry wait
+    clock.now += 60  # b stops renewing; a, still unfit, does not take the expired Lease
+    assert not a.step() and holder(leases) == "b"
+
+
+def test_a_round_that_raises_does_not_end_the_elector() -> None:
+    """The elector's thread survives a round that raises what nobody expected (counted)."""
+
+    class Flaky(Leases):
+        calls = 0
+
+        def get(self, path: str, **kw: Any) -> JSON:
+            Flaky.calls += 1
+            if Flaky.calls == 1:
+                raise RuntimeError("a bug in one round")
+            return super().get(path, **kw)
+
+    supervisor = Supervisor()
+    leases = Flaky()
+    a = LeaderElector(
+        leases,  # type: ignore[arg-type]
+        namespace="ns",
+        name="lease",
+        identity="a",
+        lease_duration_s=3,
+        renew_deadline_s=2,
+        retry_period_s=0.05,
+        supervisor=supervisor,
+    )
+    stop = threading.Event()
+    a.start(stop)
+    try:
+        assert _wait_for(a.is_leader)
+        assert supervisor.failures() == {"leader-election": 1}
+        assert supervisor.stalled() == []
+    finally:
+        stop.set()
+        a.join(5)
+    assert holder(leases) == ""  # released on the way out
+
+
+def _wait_for(condition: Any, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return False

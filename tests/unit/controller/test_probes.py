@@ -167,3 +167,22 @@ def test_readiness_follows_the_checks() -> None:
     finally:
         probes.stop()
     assert probes.failing() == ["shutting-down"]
+
+
+def test_liveness_fails_while_a_loop_is_stalled() -> None:
+    """A stalled loop fails /healthz (the kubelet restarts the replica) and /readyz."""
+    probes = ProbeServer(("127.0.0.1", 0))
+    probes.start()
+    stalled: list[str] = []
+    try:
+        base = f"http://127.0.0.1:{probes.address[1]}"
+        probes.set_liveness(lambda: list(stalled))
+        assert get(base + "/healthz") == (200, "ok\n")
+        assert get(base + "/readyz") == (200, "ok\n")
+        stalled.append("worker")
+        assert get(base + "/healthz") == (503, "stalled: worker\n")
+        assert get(base + "/readyz") == (503, "not ready: loops-progressing\n")
+        stalled.clear()
+        assert get(base + "/healthz") == (200, "ok\n")
+    finally:
+        probes.stop()

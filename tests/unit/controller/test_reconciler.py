@@ -350,6 +350,51 @@ def test_an_invalid_policy_annotation_fails_that_pod_only(api: FakeApi) -> None:
     assert api.get(claim_path("b"))["status"]["allocation"]
 
 
+def test_a_pod_asking_for_1e30_cpu_is_refused_and_the_next_pod_is_placed(api: FakeApi) -> None:
+    """A container request beyond the model's bound (cpu "1e30", memory "1e19": API-valid)
+    refuses that pod with an Event; before, it ended the worker and placement for everyone."""
+    r = reconciler(api)
+    make_claim(api, "a")
+    make_claim(api, "b")
+    hostile = make_pod(api, "huge", ["a"])
+    hostile["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "1e30", "memory": "1e19"}}
+    api.put(pod_path("huge"), hostile)
+    make_pod(api, "next", ["b"])
+    feed(r, api)
+    r.reconcile()
+    (event,) = api.events
+    assert event["reason"] == "InvalidRequest" and "1e30" in event["message"]
+    assert "allocation" not in (api.get(claim_path("a")).get("status") or {})
+    assert api.get(claim_path("b"))["status"]["allocation"]
+
+
+def test_a_decision_that_raises_fails_that_pod_only(
+    api: FakeApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What nothing foresaw (here: the allocator raising for one pod) is an InternalError Event
+    on that pod, which waits for its next change; the next pod is placed."""
+    r = reconciler(api)
+    make_claim(api, "a")
+    make_claim(api, "b")
+    make_pod(api, "cursed", ["a"])
+    make_pod(api, "next", ["b"])
+    feed(r, api)
+    place = r.allocator.place
+
+    def flaky(pod: JSON, *args: Any, **kwargs: Any) -> Any:
+        if pod["metadata"]["name"] == "cursed":
+            raise OverflowError("int too big to convert")
+        return place(pod, *args, **kwargs)
+
+    monkeypatch.setattr(r.allocator, "place", flaky)
+    r.reconcile()
+    (event,) = api.events
+    assert event["reason"] == "InternalError"
+    assert "OverflowError: int too big to convert" in event["message"]
+    assert api.get(claim_path("b"))["status"]["allocation"]
+    assert (NS, "cursed") in r.waiting and not r.dirty
+
+
 def test_an_api_failure_is_retried_after_a_backoff_without_any_event(api: FakeApi) -> None:
     now = [0.0]
     r = reconciler(api, nodes=1, clock=lambda: now[0])

@@ -1,21 +1,40 @@
-"""The worker's routing: Events go to the rescheduler (never into the allocator's model), claims
-awaiting a binding condition wake the confirmer, and the Events informer is apart from the ones
-allocation waits for (a controller without the right to watch Events still allocates)."""
+"""The worker: routing and supervision.
+
+Proves:
+1. Events go to the rescheduler (never into the allocator's model), claims awaiting a binding
+   condition wake the confirmer, and the Events informer is apart from the ones allocation waits
+   for (a controller without the right to watch Events still allocates).
+2. An object that breaks a parser is skipped with a log line, and the worker takes the next one.
+3. A pass whose reconcile raises what nobody expected is counted and logged; the next pass runs
+   (before, the exception ended the worker thread while the replica stayed Ready).
+4. A pass that hangs makes the worker stalled (the probes and the elector read that).
+"""
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 from controller.confirmer import CONFIRMED
 from controller.reconciler import Defaults, Reconciler
 from controller.rescheduler import Rescheduler
-from controller.worker import Worker
+from controller.worker import WORKER_DEADLINE_S, Worker
+from dra_driver.supervision import Supervisor
 
 
 class NoApi:
-    """Nothing here may reach the API."""
+    """Nothing here may reach the API: a call is recorded (the worker would swallow a raise)."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
 
     def __getattr__(self, name: str) -> Any:
+        self.calls.append(name)
         raise AssertionError(f"unexpected API call {name}")
 
 
@@ -53,6 +72,104 @@ def test_events_claims_and_informers_are_routed_apart() -> None:
     worker._apply("ResourceClaim", "apply", pending)
     assert worker.confirmer.dirty
     assert ("t", "c") in reconciler.claims
-    without = Worker(api, Reconciler(api, Defaults({})))
+    without = Worker(api, Reconciler(api, Defaults({})))  # type: ignore[arg-type]
     assert without.warnings is None
+    before = dict(without.reconciler.claims)
     without._apply("Event", "apply", event)  # dropped: no rescheduler
+    assert without.reconciler.claims == before and without.reconciler.pods == {}
+    assert api.calls == []
+
+
+def test_an_object_that_breaks_a_parser_is_skipped(caplog: pytest.LogCaptureFixture) -> None:
+    api = NoApi()
+    worker = Worker(api, Reconciler(api, Defaults({})))  # type: ignore[arg-type]
+    hostile = {
+        "metadata": {"name": "x", "uid": "x"},
+        "spec": {
+            "driver": "other.example.com",
+            "pool": {"name": "p"},
+            "nodeName": "n",
+            "devices": [{"name": "d", "capacity": {"mem": {"value": "9223372036854775807"}}}],
+        },
+    }
+    with caplog.at_level(logging.WARNING):
+        worker._apply("ResourceSlice", "apply", hostile)
+        worker._apply("Pod", "apply", "not an object")  # type: ignore[arg-type]
+    assert "ResourceSlice None/x skipped" in caplog.text and "2^48" in caplog.text
+    assert "cannot take Pod" in caplog.text
+    assert worker.reconciler.model.devices == {}
+    assert api.calls == []
+
+
+def _wait_for(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def _running(worker: Worker) -> tuple[threading.Event, threading.Thread]:
+    """The worker's own thread only (no informers: they would reach for the API)."""
+    for informer in worker.informers:
+        informer.synced.set()
+    stop = threading.Event()
+    thread = threading.Thread(target=worker._run, args=(stop,), daemon=True)
+    thread.start()
+    return stop, thread
+
+
+def test_a_pass_that_raises_is_counted_and_the_next_one_runs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    api = NoApi()
+    reconciler = Reconciler(api, Defaults({}))  # type: ignore[arg-type]
+    supervisor = Supervisor()
+    worker = Worker(api, reconciler, supervisor=supervisor)  # type: ignore[arg-type]
+    passes: list[int] = []
+
+    def reconcile() -> None:
+        passes.append(len(passes))
+        if len(passes) == 1:
+            raise RuntimeError("a bug met by one pass")
+
+    reconciler.reconcile = reconcile  # type: ignore[method-assign]
+    with caplog.at_level(logging.ERROR):
+        stop, thread = _running(worker)
+        try:
+            assert _wait_for(lambda: len(passes) >= 3)
+        finally:
+            stop.set()
+            thread.join(5)
+    assert supervisor.failures()["reconciler"] == 1
+    assert "a bug met by one pass" in caplog.text  # with its traceback
+    assert supervisor.stalled() == []
+    assert not thread.is_alive()
+
+
+def test_a_hung_pass_makes_the_worker_stalled() -> None:
+    api = NoApi()
+    reconciler = Reconciler(api, Defaults({}))  # type: ignore[arg-type]
+    now = [1000.0]
+    supervisor = Supervisor(clock=lambda: now[0])
+    worker = Worker(api, reconciler, supervisor=supervisor)  # type: ignore[arg-type]
+    entered, release = threading.Event(), threading.Event()
+
+    def reconcile() -> None:
+        entered.set()
+        release.wait(10)
+
+    reconciler.reconcile = reconcile  # type: ignore[method-assign]
+    stop, thread = _running(worker)
+    try:
+        assert entered.wait(10)
+        assert supervisor.stalled() == []
+        now[0] += WORKER_DEADLINE_S + 1
+        assert supervisor.stalled() == ["worker"]
+        release.set()
+        assert _wait_for(lambda: supervisor.stalled() == [])  # it beats again after the pass
+    finally:
+        release.set()
+        stop.set()
+        thread.join(5)

@@ -10,6 +10,7 @@ import pytest
 
 from dra_driver.allocator.cel import device_view
 from dra_driver.allocator.model import ClusterModel, ModelError, _fastkernel, _PyDeviceUsage
+from dra_driver.allocator.quantity import MAX_MODEL_QUANTITY
 from tests.fixtures.allocator_cluster import DRIVER, GIB, node_events
 
 MEM = f"{DRIVER}/memory"
@@ -234,9 +235,11 @@ def test_a_device_usage_reads_as_the_mapping_it_replaces(kind: str) -> None:
         assert sys.getrefcount(name) == before
 
 
-def test_a_consumed_amount_beyond_the_limit_fails_that_claim_and_changes_nothing() -> None:
-    """Consumption is counted in int64: a claim reporting an amount of 2^62 or more (or a
-    negative one) is refused with a ModelError naming it, before anything changes."""
+def test_a_consumed_amount_beyond_the_bound_counts_as_full() -> None:
+    """Only schedulers write allocations: a claim reporting an amount beyond the model's bound
+    (2^48; int64's edge included, or a negative one) is a foreign allocator's fault. It is
+    counted as filling the device (one past any capacity), never as free, and no sum the layout
+    holds overflows."""
     model = ClusterModel()
     for kind, obj in node_events(0, "NVIDIA A10", "pairs", 2):
         model.apply(kind, obj)
@@ -250,9 +253,58 @@ def test_a_consumed_amount_beyond_the_limit_fails_that_claim_and_changes_nothing
             "status": {"allocation": {"devices": {"results": [consumed]}}},
         }
 
-    model.apply("ResourceClaim", claim("a", str((1 << 62) - 1)))
-    for uid, amount in (("b", str(1 << 62)), ("c", "-1"), ("a", str((1 << 63) - 1))):
-        with pytest.raises(ModelError, match=f"ResourceClaim {uid}: consumedCapacity"):
-            model.apply("ResourceClaim", claim(uid, amount))
-    assert model.device_used(key)[MEM] == (1 << 62) - 1
-    assert model.allocation_count(key) == 1 and set(model._claims) == {"a"}
+    layout = model.layout()
+    row = layout.index[key]
+    for uid, amount in (("a", str((1 << 63) - 1)), ("b", "-1"), ("c", "1e30"), ("d", str(1 << 62))):
+        model.apply("ResourceClaim", claim(uid, amount))
+    assert model.device_used(key)[MEM] == 4 * (MAX_MODEL_QUANTITY + 1)  # exact, in Python
+    assert model.allocation_count(key) == 4
+    assert int(layout.mem_used[row]) == MAX_MODEL_QUANTITY + 1  # full, in int64
+    assert int(model.layout().mem_used[row]) == MAX_MODEL_QUANTITY + 1  # rebuilt: the same
+    for uid in "abcd":
+        model.delete("ResourceClaim", {"metadata": {"uid": uid}})
+    assert model.device_used(key)[MEM] == 0 and int(layout.mem_used[row]) == 0
+
+
+def test_capacities_and_policies_beyond_the_bound_refuse_the_slice() -> None:
+    """A slice whose capacity or request policy carries a value beyond 2^48 (int64's edge
+    included) is refused with a reason and changes nothing; before, its arithmetic overflowed
+    in the compiled kernel and ended the worker."""
+    model = ClusterModel()
+    edge = str((1 << 63) - 1)
+    for field in ("value", "policy-max", "policy-step", "policy-valid"):
+        bad = copy.deepcopy(node_events(0, gpus=1)[1][1])
+        memory = bad["spec"]["devices"][0]["capacity"]["memory"]
+        if field == "value":
+            memory["value"] = edge
+        elif field == "policy-valid":
+            memory["requestPolicy"] = {"validValues": ["1Gi", edge]}
+        else:
+            memory["requestPolicy"] = {"validRange": {"min": "1Mi", field[7:]: edge}}
+        with pytest.raises(ModelError, match=r"device gpu-0.*outside 0\.\.2\^48"):
+            model.apply("ResourceSlice", bad)
+    assert model.devices == {}
+
+
+def test_a_bound_pod_with_absurd_requests_fills_its_node_without_overflow() -> None:
+    """A pod bound by name past every scheduler, asking for 1e30 cpu: counted as taking the
+    whole node (not as nothing), and a thousand of them keep the layout inside int64."""
+    model = model_of(node_events(0, gpus=1))
+    layout = model.layout()
+    for i in range(1000):
+        model.apply(
+            "Pod",
+            {
+                "metadata": {"uid": f"p{i}", "namespace": "t", "name": f"p{i}"},
+                "spec": {
+                    "nodeName": "node-00000",
+                    "containers": [{"resources": {"requests": {"cpu": "1e30", "memory": "1e19"}}}],
+                },
+                "status": {"phase": "Running"},
+            },
+        )
+    assert model.node_cpu_used["node-00000"] == 1000 * MAX_MODEL_QUANTITY
+    node = layout.node_index["node-00000"]
+    assert int(layout.cpu_free[node]) < 0 and int(layout.mem_free[node]) < 0
+    model._layout = None  # a full rebuild from the sums
+    assert int(model.layout().cpu_free[0]) < 0
