@@ -404,7 +404,8 @@ class KubeClient:
 
     def delete(self, resource_path: str, *, missing_ok: bool = True) -> None:
         try:
-            self.request("DELETE", resource_path)
+            # The answer (the object, or a Status) is not read: its depth must not matter.
+            self.request("DELETE", resource_path, prune_deep=True)
         except NotFound:
             if not missing_ok:
                 raise

@@ -457,7 +457,10 @@ def pod_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
 
     def of(container: Mapping[str, Any]) -> tuple[int, int]:
         requests = (container.get("resources") or {}).get("requests") or {}
-        return _cpu_milli(requests.get("cpu")), _bytes(requests.get("memory"))
+        try:
+            return _cpu_milli(requests.get("cpu")), _bytes(requests.get("memory"))
+        except QuantityError as exc:
+            raise QuantityError(f"container {container.get('name')!r}: requests: {exc}") from None
 
     cpu = mem = 0
     for container in spec.get("containers") or []:
