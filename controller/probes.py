@@ -20,17 +20,13 @@ from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from dra_driver.metrics_http import parse_address
+
+__all__ = ["Check", "ProbeServer", "parse_address"]  # parse_address: every listener's one parser
+
 log = logging.getLogger(__name__)
 
 Check = Callable[[], bool]
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    """`host:port` -> (host, port); ValueError names what is wrong. Port 0 picks a free port."""
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ValueError(f"expected host:port (e.g. 127.0.0.1:8081), got {text!r}")
-    return host.strip("[]"), int(port_text)
 
 
 class ProbeServer:

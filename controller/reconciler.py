@@ -54,7 +54,7 @@ from typing import Any, Protocol
 
 from opentelemetry import trace
 
-from dra_driver import kube
+from dra_driver import kube, names
 from dra_driver.allocator import request
 from dra_driver.allocator.allocate import Allocator, Placement, Unschedulable
 from dra_driver.allocator.model import ClusterModel, pod_requests
@@ -73,9 +73,9 @@ from dra_driver.tracing import installed_tracer
 log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
-GATE = "vgpu.dra.dev/policy"
+GATE = names.SCHEDULING_GATE
 TRACER_NAME = "vgpu-dra.controller"
-CONDITION = "vgpu.dra.dev/Placement"
+CONDITION = names.PLACEMENT_CONDITION
 COMPONENT = "vgpu-dra-controller"
 # kube-scheduler's claim finalizer: with it the resourceclaim controller clears a claim's
 # allocation once its last consumer is gone (without it a named claim stays allocated forever)
@@ -86,7 +86,7 @@ FINALIZER = "resource.kubernetes.io/delete-protection"
 # a refused pod's claim only when the pod is its sole consumer; without this it would do so on
 # the first refusal and, retrying at once, allocate the claim itself (first fit) before the
 # controller could place it again. The resourceclaim controller keeps entries that are not pods.
-HOLD_GROUP = "vgpu.dra.dev"
+HOLD_GROUP = names.API_DOMAIN
 HOLD_RESOURCE = "placements"
 HOLD_SUFFIX = "-placement"
 # Written by the controller into PodScheduled after placing a refused pod again, so that

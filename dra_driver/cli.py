@@ -5,10 +5,10 @@ Kubernetes client, and so that each component owns its own argument parsing in i
 
 Two kinds of subcommands:
 - product commands (`kubelet-plugin`, `controller`), which a plain `pip install vgpu-dra` runs;
-- test-bed commands (`dev-cluster`, `fakegpu`, `demo`), which live in `vgpu_testbed` and need
-  the `testbed` extra. `_load_testbed` is the product's only way into the test bed (the layer
-  contract in pyproject.toml allows exactly its `import vgpu_testbed`); when the test bed or one
-  of its dependencies is missing it ends the command with a message that names the extra.
+- test-bed commands (`dev-cluster`, `fakegpu`, `demo`), which live in `vgpu_testbed`: in every
+  wheel, left out of the container image. `_load_testbed` is the product's only way into the
+  test bed (the layer contract in pyproject.toml allows exactly its `import vgpu_testbed`); where
+  the test bed is missing it ends the command with a message that says where to get it.
 """
 
 from __future__ import annotations
@@ -19,13 +19,16 @@ from collections.abc import Callable, Sequence
 
 Command = Callable[[Sequence[str]], int]
 
-TESTBED_EXTRA = "pip install 'vgpu-dra[testbed]'"
+TESTBED_INSTALL = "a source checkout's `pip install .` (the container image leaves it out)"
 
 # name -> ("module:function", one-line help). The function takes argv (after the subcommand)
 # and returns a process exit code.
 PRODUCT_COMMANDS: dict[str, tuple[str, str]] = {
     "kubelet-plugin": ("kubelet_plugin.main:main", "run the node daemon (DRA kubelet plugin)"),
-    "controller": ("controller.main:main", "run the cluster-side controller (probes only, today)"),
+    "controller": (
+        "controller.main:main",
+        "run the cluster-side controller (policy placement, webhook, rescheduler)",
+    ),
     "webhook": (
         "controller.webhook.process:main",
         "serve the admission webhook alone (the controller starts it as a child)",
@@ -47,7 +50,7 @@ class TestbedMissingError(Exception):
 def _usage() -> str:
     lines = ["usage: vgpu-dra <command> [args...]", "", "commands:"]
     lines += [f"  {name:<16} {text}" for name, (_, text) in PRODUCT_COMMANDS.items()]
-    lines += ["", f"test-bed commands (need {TESTBED_EXTRA}):"]
+    lines += ["", "test-bed commands (developer tooling, not in the container image):"]
     lines += [f"  {name:<16} {text}" for name, (_, text) in TESTBED_COMMANDS.items()]
     return "\n".join(lines)
 
@@ -70,7 +73,7 @@ def _load_testbed(name: str) -> Command:
         # bed itself or one of its own dependencies.
         raise TestbedMissingError(
             f"vgpu-dra {name}: the test bed is not installed (missing module {exc.name!r}); "
-            f"install it with: {TESTBED_EXTRA}"
+            f"it comes with {TESTBED_INSTALL}"
         ) from exc
 
 

@@ -16,10 +16,13 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 
 def parse_address(text: str) -> tuple[str, int]:
-    """`host:port` -> (host, port); ValueError names what is wrong. Port 0 picks a free port."""
+    """`host:port` -> (host, port); ValueError names what is wrong. Port 0 picks a free port.
+
+    Every listening flag of both processes (metrics, probes, the webhook) reads its address here.
+    """
     host, sep, port_text = text.rpartition(":")
     if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ValueError(f"expected host:port (e.g. 127.0.0.1:9402), got {text!r}")
+        raise ValueError(f"expected host:port (e.g. 127.0.0.1:8080), got {text!r}")
     return host.strip("[]"), int(port_text)
 
 

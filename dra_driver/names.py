@@ -1,4 +1,11 @@
-"""Names that users, manifests and other components rely on; all derive from the driver name.
+"""Names that users, manifests and other components rely on, in one place.
+
+Two kinds. What derives from the configurable driver name (`--driver-name`, default
+`vgpu.dra.dev`): the DeviceClass, the slices' driver, qualified capacity names, CDI kinds and
+socket paths (built from it where used). What is the product's own API and stays fixed whatever
+the driver is called: the `API_DOMAIN` prefix of pod annotations, the scheduling gate, the pod
+and claim conditions and the opaque config's apiVersion; two installs under different driver
+names still share these, as a Kubernetes API group would.
 
 Change these only deliberately: they appear in ResourceSlices, DeviceClasses, CDI device IDs,
 socket paths and pod annotations (see docs/ and shared ARCHITECTURE.md).
@@ -10,7 +17,13 @@ from dataclasses import dataclass
 
 DEFAULT_DRIVER_NAME = "vgpu.dra.dev"
 DEVICE_NAME_PREFIX = "gpu-"
-CONFIG_API_VERSION = "vgpu.dra.dev/v1alpha1"
+
+# The product's own API (fixed; see above).
+API_DOMAIN = "vgpu.dra.dev"
+ANNOTATION_PREFIX = f"{API_DOMAIN}/"  # pod annotations the policy path reads
+SCHEDULING_GATE = f"{API_DOMAIN}/policy"  # pods the allocation controller places
+PLACEMENT_CONDITION = f"{API_DOMAIN}/Placement"  # pod condition: why a gated pod waits
+CONFIG_API_VERSION = f"{API_DOMAIN}/v1alpha1"
 CONFIG_KIND = "VgpuConfig"
 METRIC_PREFIX = "vgpu_dra_"
 OTEL_SERVICE_KUBELET_PLUGIN = "vgpu-dra-kubelet-plugin"

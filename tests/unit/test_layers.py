@@ -2,7 +2,7 @@
 
 The layer contract in pyproject.toml (lint-imports, `make lint`) checks the static imports
 between our packages. This test checks the other half at run time: in a fresh interpreter where
-every module of every distribution named only in an extra (`testbed`, `dev`: pytest,
+every module of every distribution named only in an extra (`dev`: pytest,
 cuda-python, ...) and our own test code (`vgpu_testbed`, `tests`, `bench`) cannot be
 imported, every module of `dra_driver`, `kubelet_plugin` and `controller` still imports. It fails
 when a product module starts importing, say, pytest or the test bed.

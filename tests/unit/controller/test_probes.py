@@ -26,7 +26,7 @@ from typing import IO
 
 import pytest
 
-from controller.probes import ProbeServer, parse_address
+from controller.probes import ProbeServer
 
 KUBECONFIG = """\
 apiVersion: v1
@@ -137,14 +137,6 @@ def test_a_malformed_health_address_is_a_usage_error(kubeconfig: Path) -> None:
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 2
     assert "--health-address: expected host:port" in err
-
-
-def test_parse_address() -> None:
-    assert parse_address("127.0.0.1:8081") == ("127.0.0.1", 8081)
-    assert parse_address("[::1]:0") == ("::1", 0)
-    for bad in ("", ":80", "host:", "host:99999", "host:http"):
-        with pytest.raises(ValueError, match="host:port"):
-            parse_address(bad)
 
 
 def test_readiness_follows_the_checks() -> None:
