@@ -18,43 +18,9 @@ import pytest
 from controller.informers import PODS, Informer
 from dra_driver import kube
 from dra_driver.supervision import Supervisor
+from tests.unit.controller.fakes import Script, pod
 
 JSON = dict[str, Any]
-
-
-def pod(name: str, rv: str) -> JSON:
-    return {"metadata": {"name": name, "namespace": "n", "uid": f"u-{name}", "resourceVersion": rv}}
-
-
-class Script:
-    """Lists and watch streams served in order; records the versions watches started from."""
-
-    def __init__(self, stop: threading.Event) -> None:
-        self.stop = stop
-        self.lists: list[tuple[list[JSON], str]] = [
-            ([pod("a", "5"), pod("b", "6")], "10"),
-            ([pod("a", "5"), pod("c", "30")], "40"),  # after 410: b vanished, c appeared
-        ]
-        self.watch_from: list[str] = []
-
-    def list_versioned(
-        self, path: str, *, field_selector: str | None = None
-    ) -> tuple[list[JSON], str]:
-        return self.lists.pop(0)
-
-    def watch(
-        self, path: str, version: str, *, timeout_s: int, field_selector: str | None = None
-    ) -> Iterator[JSON]:
-        self.watch_from.append(version)
-        n = len(self.watch_from)
-        if n == 1:
-            yield {"type": "MODIFIED", "object": pod("a", "11")}
-            yield {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "20"}}}
-            raise kube.Unreachable(0, "Unreachable", "connection reset")
-        if n == 2:
-            raise kube.Gone(410, "Expired", "too old resource version")
-        yield {"type": "DELETED", "object": pod("a", "41")}
-        self.stop.set()
 
 
 def test_list_watch_bookmark_resume_and_relist() -> None:

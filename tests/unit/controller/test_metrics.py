@@ -26,10 +26,10 @@ from dra_driver import kube
 from dra_driver.metrics_http import MetricsServer, serve_metrics
 from tests.fixtures.allocator_cluster import DEVICE_CLASS, DRIVER, MEMORY, PRODUCTS, node_events
 from tests.fixtures.scrape import Samples, scrape
-from tests.unit.controller.test_informers import Script
-from tests.unit.controller.test_reconciler import (
+from tests.unit.controller.fakes import (
     NS,
     FakeApi,
+    Script,
     claim_path,
     feed,
     make_claim,

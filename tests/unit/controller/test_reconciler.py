@@ -18,10 +18,8 @@ different pods overlapping on a pool (`write_concurrency`), with the same result
 
 from __future__ import annotations
 
-import copy
-import itertools
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -33,127 +31,20 @@ from controller.reconciler import CONDITION, FINALIZER, GATE, Defaults, Reconcil
 from dra_driver import kube
 from dra_driver.allocator.quantity import parse_quantity
 from tests.fixtures.allocator_cluster import DEVICE_CLASS, DRIVER, node_events
+from tests.unit.controller.fakes import (
+    NS,
+    FakeApi,
+    claim_path,
+    feed,
+    make_claim,
+    make_pod,
+    node_of,
+    pod_path,
+)
 
 JSON = dict[str, Any]
-NS = "tenant"
 HOLD = {"apiGroup": "vgpu.dra.dev", "resource": "placements", "name": "p", "uid": "uid-p-placement"}
 POD_P = {"resource": "pods", "name": "p", "uid": "uid-p"}
-
-
-class FakeApi:
-    """Objects by REST path; writes check resourceVersion like the API server."""
-
-    def __init__(self) -> None:
-        self.objects: dict[str, JSON] = {}
-        self.history: list[tuple[str, JSON]] = []  # every version stored, in order (a watch)
-        self.events: list[JSON] = []
-        self.fail: dict[str, list[kube.KubeError]] = {}  # path -> errors to raise first
-        self._rv = itertools.count(100)
-
-    def put(self, path: str, obj: JSON) -> JSON:
-        obj = copy.deepcopy(obj)
-        obj.setdefault("metadata", {})["resourceVersion"] = str(next(self._rv))
-        self.objects[path] = obj
-        self.history.append((path, copy.deepcopy(obj)))
-        return copy.deepcopy(obj)
-
-    def _raise_planned(self, path: str) -> None:
-        if self.fail.get(path):
-            raise self.fail[path].pop(0)
-
-    def get(self, path: str, **_: Any) -> JSON:
-        if path not in self.objects:
-            raise kube.NotFound(404, "NotFound", path)
-        return copy.deepcopy(self.objects[path])
-
-    def list(self, path: str, **_: Any) -> list[JSON]:
-        return [copy.deepcopy(o) for p, o in self.objects.items() if p.startswith(path)]
-
-    def replace(self, path: str, obj: Mapping[str, Any]) -> JSON:
-        self._raise_planned(path)
-        target = path.removesuffix("/status")
-        if target not in self.objects:
-            raise kube.NotFound(404, "NotFound", path)
-        current = self.objects[target]
-        if obj["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
-            raise kube.Conflict(409, "Conflict", path)
-        updated = dict(current)
-        if path.endswith("/status"):
-            updated["status"] = copy.deepcopy(obj.get("status"))
-        else:
-            updated = copy.deepcopy(dict(obj))
-        return self.put(target, updated)
-
-    def merge_patch(self, path: str, patch: Mapping[str, Any]) -> JSON:
-        current = self.objects[path]
-        want = patch.get("metadata", {}).get("resourceVersion")
-        if want and want != current["metadata"]["resourceVersion"]:
-            raise kube.Conflict(409, "Conflict", path)
-        updated = copy.deepcopy(current)
-        gates = patch["spec"]["schedulingGates"]
-        updated["spec"]["schedulingGates"] = gates or []
-        return self.put(path, updated)
-
-    def strategic_patch(self, path: str, patch: Mapping[str, Any]) -> JSON:
-        target = copy.deepcopy(self.objects[path.removesuffix("/status")])
-        conditions = target.setdefault("status", {}).setdefault("conditions", [])
-        for cond in patch["status"]["conditions"]:
-            conditions[:] = [c for c in conditions if c["type"] != cond["type"]] + [cond]
-        return self.put(path.removesuffix("/status"), target)
-
-    def create(self, path: str, obj: Mapping[str, Any]) -> JSON:
-        assert path.endswith("/events"), path
-        self.events.append(dict(obj))
-        return dict(obj)
-
-
-def claim_path(name: str) -> str:
-    return kube.path(kube.RESOURCE_API, "resourceclaims", name, namespace=NS)
-
-
-def pod_path(name: str) -> str:
-    return kube.path("v1", "pods", name, namespace=NS)
-
-
-def make_claim(api: FakeApi, name: str, memory: str = "10Gi") -> JSON:
-    return api.put(
-        claim_path(name),
-        {
-            "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}"},
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": "gpu",
-                            "exactly": {
-                                "deviceClassName": DRIVER,
-                                "capacity": {"requests": {"memory": memory}},
-                            },
-                        }
-                    ]
-                }
-            },
-        },
-    )
-
-
-def make_pod(api: FakeApi, name: str, claims: list[str], **annotations: str) -> JSON:
-    return api.put(
-        pod_path(name),
-        {
-            "metadata": {
-                "name": name,
-                "namespace": NS,
-                "uid": f"uid-{name}",
-                "annotations": {f"vgpu.dra.dev/{k}": v for k, v in annotations.items()},
-            },
-            "spec": {
-                "schedulingGates": [{"name": "other/gate"}, {"name": GATE}],
-                "containers": [{"name": "c"}],
-                "resourceClaims": [{"name": c, "resourceClaimName": c} for c in claims],
-            },
-        },
-    )
 
 
 @pytest.fixture
@@ -185,17 +76,6 @@ def reconciler(
         for kind, obj in node_events(n, gpus=2, shape="none"):
             r.on_event(kind, "apply", obj)
     return r
-
-
-def feed(r: Reconciler, api: FakeApi) -> None:
-    """What the informers would deliver: every claim and pod as the API holds it now."""
-    for path, obj in list(api.objects.items()):
-        r.on_event("Pod" if "/pods/" in path else "ResourceClaim", "apply", obj)
-
-
-def node_of(claim: JSON) -> str:
-    term = claim["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]
-    return str(term["matchFields"][0]["values"][0])
 
 
 def test_places_writes_claims_and_removes_only_its_gate(api: FakeApi) -> None:

@@ -20,7 +20,7 @@ from controller.reconciler import GATE, Defaults, Reconciler
 from controller.worker import Worker
 from dra_driver import kube
 from tests.fixtures.allocator_cluster import DEVICE_CLASS, DRIVER, node_events
-from tests.unit.controller.test_reconciler import (
+from tests.unit.controller.fakes import (
     NS,
     FakeApi,
     claim_path,
