@@ -271,6 +271,9 @@ from vgpu_testbed.cluster.control_plane import Cluster
 def test_interrupted(cluster: Cluster) -> None:
     with open(os.environ["STATE_COPY"], "w") as out:
         out.write(cluster.state.model_dump_json())
+    # A suite started in the background by a non-interactive shell inherits SIGINT ignored:
+    # this session's Ctrl-C must still reach it, as it does for a user at a terminal.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     os.kill(os.getpid(), signal.SIGINT)
 """
 

@@ -179,6 +179,7 @@ def test_launches_follow_context_switches(node: Node, procaddr: bool) -> None:
             procaddr=procaddr,
             PROBE_KERNEL="tiny__ns1000",
         )
+    assert out, "the probe printed nothing"
     assert all("rc=0" in line or "failures=0" in line for line in out), out
     with Region(str(claim.dir / "region")) as region:
         assert region.layout.devices[0].launches == 50 + 20
