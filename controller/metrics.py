@@ -36,7 +36,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from controller.reconciler import OUTCOMES, claim_names
+from controller.objects import claim_names
+from controller.reconciler import OUTCOMES
 from dra_driver import names
 from dra_driver.allocator import QuantityError, parse_quantity
 

@@ -28,6 +28,11 @@ kube-scheduler refuses the chosen node (PodScheduled False/Unschedulable), the c
 again without that node (`replace_pod`; docs/scheduling.md has the mechanism and its race
 window); once the pod is bound (or gone, or handed over) the hold is dropped.
 
+Layout: this module holds the controller's picture of the cluster and the decisions over it;
+every API write goes through `controller.writes` (the one place effects are made, each with its
+conflict retries), what a hold is through `controller.holds`, and the questions asked of pods
+and claims through `controller.objects`.
+
 Every decision is reported to an optional `ReconcileObserver` (metrics) with one of `OUTCOMES`.
 
 Only one thread (the controller's worker) calls into this class; informers only enqueue.
@@ -49,12 +54,14 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from opentelemetry import trace
 
-from dra_driver import kube, names
+from controller import holds, objects
+from controller.objects import GATE, claim_names, is_gated
+from controller.writes import CONDITION, FINALIZER, Retry, Writes
+from dra_driver import kube
 from dra_driver.allocator import request
 from dra_driver.allocator.allocate import Allocator, Placement, Unschedulable
 from dra_driver.allocator.model import ClusterModel, pod_requests
@@ -67,74 +74,30 @@ from dra_driver.allocator.request import (
     canonical_annotations,
     parse_claim,
 )
-from dra_driver.events import ObjectRef, record_warning
 from dra_driver.tracing import installed_tracer
 
 log = logging.getLogger(__name__)
 
+__all__ = [  # what the webhook, the metrics and the tests read from here
+    "CONDITION",
+    "FINALIZER",
+    "GATE",
+    "OUTCOMES",
+    "POLICY_ANNOTATIONS",
+    "Defaults",
+    "Reconciler",
+    "Retry",
+    "claim_names",
+    "is_gated",
+]
+
 JSON = dict[str, Any]
-GATE = names.SCHEDULING_GATE
 TRACER_NAME = "vgpu-dra.controller"
-CONDITION = names.PLACEMENT_CONDITION
-COMPONENT = "vgpu-dra-controller"
-# kube-scheduler's claim finalizer: with it the resourceclaim controller clears a claim's
-# allocation once its last consumer is gone (without it a named claim stays allocated forever)
-# and a claim in use cannot vanish. The scheduler adds it before it allocates; so do we.
-FINALIZER = "resource.kubernetes.io/delete-protection"
-# A second consumer in `status.reservedFor` of each claim the controller allocates, from the
-# gate's lifting until kube-scheduler binds the pod. kube-scheduler's DRA PostFilter deallocates
-# a refused pod's claim only when the pod is its sole consumer; without this it would do so on
-# the first refusal and, retrying at once, allocate the claim itself (first fit) before the
-# controller could place it again. The resourceclaim controller keeps entries that are not pods.
-HOLD_GROUP = names.API_DOMAIN
-HOLD_RESOURCE = "placements"
-HOLD_SUFFIX = "-placement"
 # Written by the controller into PodScheduled after placing a refused pod again, so that
 # kube-scheduler's next refusal changes the condition (and so the pod) again.
 REPLACED_REASON = "VgpuDraReplaced"
-CONFLICT_RETRIES = 5
 API_RETRY_START_S = 1.0
 API_RETRY_MAX_S = 60.0
-
-
-class Retry(Exception):
-    """The decision's inputs changed under it (a claim taken or deleted): decide again later."""
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _meta(obj: Mapping[str, Any]) -> JSON:
-    return dict(obj.get("metadata") or {})
-
-
-def _nsname(obj: Mapping[str, Any]) -> tuple[str, str]:
-    meta = _meta(obj)
-    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
-
-
-def is_gated(pod: Mapping[str, Any]) -> bool:
-    gates = (pod.get("spec") or {}).get("schedulingGates") or []
-    return any(g.get("name") == GATE for g in gates)
-
-
-def claim_names(pod: Mapping[str, Any]) -> list[str] | None:
-    """Names of the pod's claims, or None while a template's claim is not created yet."""
-    statuses = {
-        s.get("name"): s.get("resourceClaimName")
-        for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
-    }
-    names = []
-    for entry in (pod.get("spec") or {}).get("resourceClaims") or []:
-        if entry.get("resourceClaimName"):
-            names.append(str(entry["resourceClaimName"]))
-        elif entry.get("resourceClaimTemplateName"):
-            generated = statuses.get(entry.get("name"))
-            if not generated:
-                return None
-            names.append(str(generated))
-    return names
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +107,7 @@ class Defaults:
     annotations: Mapping[str, str]
 
     def policy_for(self, pod: Mapping[str, Any]) -> Policy:
-        given = dict(_meta(pod).get("annotations") or {})
+        given = dict(objects.meta(pod).get("annotations") or {})
         for name, value in canonical_annotations(self.annotations).items():
             if name not in given and ALIASES.get(name) not in given:  # the pod's own wins
                 given[name] = value
@@ -231,6 +194,7 @@ class Reconciler:
         if write_concurrency < 1:
             raise ValueError(f"write_concurrency must be at least 1, not {write_concurrency}")
         self.client = client
+        self.writes = Writes(client, self.remember)  # every API write of a decision
         # Guards the state below while pod writes run on the pool (the worker holds it while
         # it decides; a write takes it only to record what it wrote).
         self._lock = threading.RLock()
@@ -271,7 +235,7 @@ class Reconciler:
     # ------------------------------------------------------------ events
 
     def on_event(self, kind: str, op: str, obj: JSON) -> None:
-        key = _nsname(obj)
+        key = objects.nsname(obj)
         if kind == "DeviceClass":
             if op == "delete":
                 self.classes.pop(key[1], None)
@@ -284,30 +248,30 @@ class Reconciler:
                 self.pods.pop(key, None)
                 self.dirty.discard(key)
                 self.waiting.discard(key)
-                self._reported.pop(str(_meta(obj).get("uid")), None)
+                self._reported.pop(str(objects.meta(obj).get("uid")), None)
             else:
                 self.pods[key] = obj
                 self.dirty.add(key)
             self._track_placed(op, obj)
         elif kind == "ResourceClaim":
-            uid = str(_meta(obj).get("uid"))
+            uid = str(objects.meta(obj).get("uid"))
             allocated = bool((obj.get("status") or {}).get("allocation"))
             old = self.claims.get(key)
             if op == "delete":
                 self.claims.pop(key, None)
                 self._written.pop(uid, None)
             else:
-                if uid in self._written and _version(obj) < self._written[uid]:
+                if uid in self._written and objects.version(obj) < self._written[uid]:
                     # An event older than our own write: keep what we wrote until it arrives.
                     return
                 self._written.pop(uid, None)
                 self.claims[key] = obj
-            if op != "delete" and _holds(obj):
+            if op != "delete" and holds.held(obj):
                 self.held.add(key)
                 self._follow_held(obj)
             else:
                 self.held.discard(key)
-            if old is not None and _allocated(old) and not allocated:
+            if old is not None and objects.allocated(old) and not allocated:
                 # kube-scheduler deallocates a claim of a pod it cannot schedule (its DRA
                 # PostFilter): if we placed that pod, the node we chose was refused. This is the
                 # trigger, not the pod's PodScheduled=False condition: that one arrives after
@@ -334,13 +298,13 @@ class Reconciler:
         before it). Every writer of claims reports here (placements, releases, holds,
         confirmations); callable from the write pool."""
         with self._lock:
-            self._written[str(_meta(claim).get("uid"))] = _version(claim)
-            self.claims[_nsname(claim)] = claim
+            self._written[str(objects.meta(claim).get("uid"))] = objects.version(claim)
+            self.claims[objects.nsname(claim)] = claim
             self.model.apply("ResourceClaim", claim)
 
     def _track_placed(self, op: str, pod: JSON) -> None:
         """Follow a pod we placed from the lifting of its gate until kube-scheduler binds it."""
-        uid = str(_meta(pod).get("uid"))
+        uid = str(objects.meta(pod).get("uid"))
         if op != "delete" and is_gated(pod):
             return  # older than the lifting of the gate (a gate never comes back)
         if op == "delete" or (pod.get("spec") or {}).get("nodeName"):
@@ -364,14 +328,14 @@ class Reconciler:
             self.unbound.pop(uid, None)
             self.placed[uid] = record
             # Refused while no controller ran (or before this one saw it): place it again.
-            if _refusal(pod):
+            if objects.refused_by_scheduler(pod):
                 self.refused.add(uid)
-        elif _refusal(pod):
-            newer = _version(pod) > record.version
+        elif objects.refused_by_scheduler(pod):
+            newer = objects.version(pod) > record.version
             log.debug(
                 "pod %s/%s: PodScheduled Unschedulable at version %d (placed at %d)%s",
                 *record.key,
-                _version(pod),
+                objects.version(pod),
                 record.version,
                 "" if newer else ": seen",
             )
@@ -383,22 +347,19 @@ class Reconciler:
         """The record of a pod placed before this process started: one of its claims carries our
         hold for it (written with the allocation, so there is no window after the gate's
         lifting in which a restart loses the pod)."""
-        ns = _nsname(pod)[0]
-        hold_uid = str(_meta(pod).get("uid")) + HOLD_SUFFIX
+        ns = objects.nsname(pod)[0]
+        uid = str(objects.meta(pod).get("uid"))
         for name in claim_names(pod) or []:
             claim = self.claims.get((ns, name))
-            reserved = ((claim or {}).get("status") or {}).get("reservedFor") or []
-            if claim is not None and any(
-                _is_hold(r) and r.get("uid") == hold_uid for r in reserved
-            ):
-                return Placed(_nsname(pod), _node_of(claim), set(), restored=True)
+            if claim is not None and holds.holds_for(claim, uid):
+                return Placed(objects.nsname(pod), objects.node_of(claim), set(), restored=True)
         return None
 
     def _follow_held(self, claim: Mapping[str, Any]) -> None:
         """A claim with our hold arrived after its (ungated, unbound) pod: follow the pod."""
         for ref in (claim.get("status") or {}).get("reservedFor") or []:
-            uid = str(ref.get("uid")).removesuffix(HOLD_SUFFIX)
-            if _is_hold(ref) and uid in self.unbound and uid not in self.placed:
+            uid = holds.pod_uid(ref)
+            if holds.is_hold(ref) and uid in self.unbound and uid not in self.placed:
                 self._track_placed("apply", self.unbound[uid])
 
     def _retry_waiting(self) -> None:
@@ -409,7 +370,7 @@ class Reconciler:
         """Read every claim again (a quorum read) before allocating as a new leader: whatever the
         previous leader wrote before its lease ran out is then in the model."""
         for obj in self.client.list(kube.path(kube.RESOURCE_API, "resourceclaims")):
-            self._written.pop(str(_meta(obj).get("uid")), None)
+            self._written.pop(str(objects.meta(obj).get("uid")), None)
             self.on_event("ResourceClaim", "apply", obj)
 
     # ------------------------------------------------------------ decisions
@@ -489,10 +450,12 @@ class Reconciler:
         self._observe(outcome, started)
 
     def _shares_claims(self, pod: JSON) -> bool:
-        ns = _nsname(pod)[0]
+        ns = objects.nsname(pod)[0]
         mine = {(ns, n) for n in claim_names(pod) or []}
         return any(
-            _nsname(c) in mine for flight in self._inflight.values() for c in flight.plan.claims
+            objects.nsname(c) in mine
+            for flight in self._inflight.values()
+            for c in flight.plan.claims
         )
 
     def _reserve(self, plan: _Plan) -> None:
@@ -509,7 +472,7 @@ class Reconciler:
     def _unreserve(self, plan: _Plan) -> None:
         with self._lock:
             for claim in plan.claims:
-                self.model.apply("ResourceClaim", self.claims.get(_nsname(claim), claim))
+                self.model.apply("ResourceClaim", self.claims.get(objects.nsname(claim), claim))
 
     def _execute_traced(self, plan: _Plan, span: trace.Span | None) -> str:
         """A pool thread: one pod's writes."""
@@ -595,12 +558,12 @@ class Reconciler:
     def _plan(self, pod: JSON) -> str | _Plan | None:
         """Decide for a gated pod: an outcome reached without claim writes, or the placement
         whose writes `_execute` makes."""
-        if str(_meta(pod).get("uid")) in self.placed:
+        if str(objects.meta(pod).get("uid")) in self.placed:
             # We lifted its gate (a gate never comes back): this is the gated object from before,
             # still cached until the informer delivers the lifting; lifting again would only
             # repeat the gate and condition writes.
             return None
-        ns = _nsname(pod)[0]
+        ns = objects.nsname(pod)[0]
         names = claim_names(pod)
         if names is None:
             return None  # a template's claim is not created yet: its event brings the pod back
@@ -610,11 +573,13 @@ class Reconciler:
             if claim is None:
                 return None  # not created yet (or deleted): its event brings the pod back
             claims.append(claim)
-        pod_uid = str(_meta(pod).get("uid"))
-        mine = [c for c in claims if _allocated_for(c, pod_uid)]
-        others = [c for c in claims if _allocated(c) and not _allocated_for(c, pod_uid)]
+        pod_uid = str(objects.meta(pod).get("uid"))
+        mine = [c for c in claims if objects.allocated_for(c, pod_uid)]
+        others = [
+            c for c in claims if objects.allocated(c) and not objects.allocated_for(c, pod_uid)
+        ]
         if others:
-            names_taken = ", ".join(_nsname(c)[1] for c in others)
+            names_taken = ", ".join(objects.nsname(c)[1] for c in others)
             self._refuse(
                 pod,
                 "ClaimAllocatedElsewhere",
@@ -626,12 +591,12 @@ class Reconciler:
             self._lift_gate(pod, None)
             return "placed"
         if len(mine) == len(claims):
-            self._lift_gate(pod, _node_of(mine[0]))
+            self._lift_gate(pod, objects.node_of(mine[0]))
             return "placed"
         if mine:  # a crash between writes: release, then place all together
             for claim in mine:
-                self._release(claim)
-            claims = [self.claims.get(_nsname(c), c) for c in claims]  # as released
+                self.writes.release(claim)
+            claims = [self.claims.get(objects.nsname(c), c) for c in claims]  # as released
         try:
             policy = self.defaults.policy_for(pod)
             parsed = [parse_claim(c, self.classes) for c in claims]
@@ -672,20 +637,20 @@ class Reconciler:
         claim's release and its new allocation kube-scheduler, woken by the release, could
         allocate it itself (then the pod is left to it: `Retry` in `_replace_uid`).
         """
-        uid = str(_meta(pod).get("uid"))
+        uid = str(objects.meta(pod).get("uid"))
         ns = record.key[0]
         names = claim_names(pod) or []
         claims = [self.claims.get((ns, n)) for n in names]
         if not names or any(c is None for c in claims):
             return None  # a claim is gone or not seen yet: its event brings the pod back
         present = [c for c in claims if c is not None]
-        foreign = [c for c in present if _allocated(c) and _node_of(c) != record.node]
+        foreign = [c for c in present if objects.allocated(c) and objects.node_of(c) != record.node]
         if foreign:
             log.info(
                 "pod %s/%s: claim %s allocated on %s by someone else; left to kube-scheduler",
                 *record.key,
-                _nsname(foreign[0])[1],
-                _node_of(foreign[0]),
+                objects.nsname(foreign[0])[1],
+                objects.node_of(foreign[0]),
             )
             self._forget(uid)
             return "handed_over"
@@ -696,7 +661,7 @@ class Reconciler:
             policy = self.defaults.policy_for(pod)
             parsed = [parse_claim(c, self.classes) for c in present]
             placement = self.allocator.place(
-                _excluding(pod, record.excluded), parsed, policy, pod_requests(pod)
+                objects.excluding(pod, record.excluded), parsed, policy, pod_requests(pod)
             )
         except (RequestError, Unschedulable) as exc:
             message = (
@@ -715,32 +680,28 @@ class Reconciler:
             placement.node,
         )
         message = f"devices allocated on node {placement.node} (kube-scheduler refused {excluded})"
-        now = _now()
+        now = objects.now()
         try:
-            patched = self.client.strategic_patch(
-                kube.path("v1", "pods", record.key[1], namespace=ns, subresource="status"),
-                {
-                    "status": {
-                        "conditions": [
-                            {
-                                "type": CONDITION,
-                                "status": "True",
-                                "reason": "Replaced",
-                                "message": message,
-                                "lastTransitionTime": now,
-                            },
-                            {
-                                "type": "PodScheduled",
-                                "status": "False",
-                                "reason": REPLACED_REASON,
-                                "message": message,
-                                "lastTransitionTime": now,
-                            },
-                        ]
-                    }
-                },
+            patched = self.writes.set_conditions(
+                record.key,
+                [
+                    {
+                        "type": CONDITION,
+                        "status": "True",
+                        "reason": "Replaced",
+                        "message": message,
+                        "lastTransitionTime": now,
+                    },
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": REPLACED_REASON,
+                        "message": message,
+                        "lastTransitionTime": now,
+                    },
+                ],
             )
-            record.version = max(record.version, _version(patched))
+            record.version = max(record.version, objects.version(patched))
         except kube.KubeError as exc:
             # Without the reset a second refusal may go unnoticed (the pod would stay pending
             # with its claims on the new node): log it, the placement itself stands.
@@ -765,137 +726,48 @@ class Reconciler:
     ) -> None:
         """Write every claim's allocation; `release_first` clears one still allocated (for this
         pod, on a refused node) just before its new allocation is written."""
-        ns, name = _nsname(pod)
-        pod_uid = str(_meta(pod).get("uid"))
-        reserved = [{"resource": "pods", "name": name, "uid": pod_uid}, _hold(name, pod_uid)]
+        ns, name = objects.nsname(pod)
+        pod_uid = str(objects.meta(pod).get("uid"))
+        reserved = [{"resource": "pods", "name": name, "uid": pod_uid}, holds.entry(name, pod_uid)]
         written: list[JSON] = []
         try:
             for claim, spec in zip(claims, parsed, strict=True):
                 allocation = placement.allocation(spec.uid)
-                allocation["allocationTimestamp"] = _now()
+                allocation["allocationTimestamp"] = objects.now()
                 free = claim
-                if release_first and _allocated_for(claim, pod_uid):
-                    free = self._release(claim)
-                written.append(self._write_claim(free, allocation, reserved))
+                if release_first and objects.allocated_for(claim, pod_uid):
+                    free = self.writes.release(claim)
+                written.append(self.writes.allocate(free, allocation, reserved, self.may_write))
         except BaseException:
             for done in written:
-                self._release(done)
+                self.writes.release(done)
             raise
         log.info(
             "pod %s/%s: %d claim(s) allocated on node %s", ns, name, len(written), placement.node
         )
 
-    def _write_claim(self, claim: JSON, allocation: JSON, reserved: list[JSON]) -> JSON:
-        ns, name = _nsname(claim)
-        status_path = kube.path(
-            kube.RESOURCE_API, "resourceclaims", name, namespace=ns, subresource="status"
-        )
-        current = claim
-        for _ in range(CONFLICT_RETRIES):
-            if _allocated(current):
-                raise Retry(f"claim {ns}/{name} was allocated by someone else")
-            if not self.may_write():
-                raise Retry("lost leadership")
-            status = dict(current.get("status") or {})
-            status["allocation"] = allocation
-            status["reservedFor"] = list(reserved)
-            try:
-                if FINALIZER not in (_meta(current).get("finalizers") or []):
-                    current = self._add_finalizer(current)
-                updated = self.client.replace(status_path, {**current, "status": status})
-            except kube.NotFound:
-                raise Retry(f"claim {ns}/{name} was deleted") from None
-            except kube.Conflict:
-                try:
-                    current = self.client.get(
-                        kube.path(kube.RESOURCE_API, "resourceclaims", name, namespace=ns)
-                    )
-                except kube.NotFound:
-                    raise Retry(f"claim {ns}/{name} was deleted") from None
-                continue
-            self.remember(updated)
-            return updated
-        raise Retry(f"claim {ns}/{name} kept changing ({CONFLICT_RETRIES} conflicts)")
-
-    def _add_finalizer(self, claim: JSON) -> JSON:
-        """Add kube-scheduler's finalizer (a plain update: finalizers are metadata); the status
-        update that follows carries the version this returns."""
-        ns, name = _nsname(claim)
-        meta = _meta(claim)
-        meta["finalizers"] = [*(meta.get("finalizers") or []), FINALIZER]
-        return self.client.replace(
-            kube.path(kube.RESOURCE_API, "resourceclaims", name, namespace=ns),
-            {**claim, "metadata": meta},
-        )
-
-    def _release(self, claim: JSON) -> JSON:
-        """Clear a claim's allocation and reservation (missing claim: nothing to undo); returns
-        the claim as released."""
-        ns, name = _nsname(claim)
-        status_path = kube.path(
-            kube.RESOURCE_API, "resourceclaims", name, namespace=ns, subresource="status"
-        )
-        current = claim
-        for _ in range(CONFLICT_RETRIES):
-            status = dict(current.get("status") or {})
-            status.pop("allocation", None)
-            status.pop("reservedFor", None)
-            try:
-                updated = self.client.replace(status_path, {**current, "status": status})
-            except kube.NotFound:
-                return current
-            except kube.Conflict:
-                try:
-                    current = self.client.get(
-                        kube.path(kube.RESOURCE_API, "resourceclaims", name, namespace=ns)
-                    )
-                except kube.NotFound:
-                    return current
-                continue
-            self.remember(updated)
-            log.info("claim %s/%s released", ns, name)
-            return updated
-        raise Retry(f"claim {ns}/{name} kept changing while being released")
-
     def _lift_gate(self, pod: JSON, node: str | None) -> None:
-        ns, name = _nsname(pod)
-        pod_path = kube.path("v1", "pods", name, namespace=ns)
-        current = pod
-        for _ in range(CONFLICT_RETRIES):
-            gates = (current.get("spec") or {}).get("schedulingGates") or []
-            kept = [g for g in gates if g.get("name") != GATE]
-            try:
-                lifted = self.client.merge_patch(
-                    pod_path,
-                    {
-                        "metadata": {"resourceVersion": _meta(current).get("resourceVersion")},
-                        "spec": {"schedulingGates": kept or None},
-                    },
-                )
-                break
-            except kube.NotFound:
-                return
-            except kube.Conflict:
-                current = self.client.get(pod_path)
-        else:
-            raise Retry(f"pod {ns}/{name} kept changing while its gate was removed")
-        uid = str(_meta(pod).get("uid"))
+        ns, name = objects.nsname(pod)
+        lifted = self.writes.lift_gate(pod)
+        if lifted is None:
+            return  # the pod is gone
+        uid = str(objects.meta(pod).get("uid"))
         if node is not None:
             # Followed from now on: kube-scheduler may refuse the node before the informer
             # delivers the pod without its gate.
             with self._lock:
-                self.placed[uid] = Placed((ns, name), node, set(), version=_version(lifted))
+                self.placed[uid] = Placed((ns, name), node, set(), version=objects.version(lifted))
                 self.ungated[uid] = lifted
         with self._lock:
             refused_before = self._reported.pop(uid, None) is not None
         # A success writes no condition (one API write less per pod; the claims' hold entries
         # are what a restarted controller follows): only a refusal reported earlier, by this
         # process or a previous one, is replaced so that it does not outlive the placement.
-        if refused_before or _condition(pod, CONDITION).get("status") == "False":
+        if refused_before or objects.condition(pod, CONDITION).get("status") == "False":
             if node is None:
-                self._set_condition(pod, "True", "NoClaims", "the pod has no resource claims")
+                self.writes.set_condition(pod, "True", "NoClaims", "the pod has no resource claims")
             else:
-                self._set_condition(pod, "True", "Placed", f"{PLACED_ON}{node}")
+                self.writes.set_condition(pod, "True", "Placed", f"{PLACED_ON}{node}")
 
     def drop_all_holds(self) -> None:
         """On a graceful stop of the leader: drop every hold, so that no claim depends on a
@@ -916,146 +788,31 @@ class Reconciler:
             if claim is None:
                 self.held.discard(key)
                 continue
-            reserved = (claim.get("status") or {}).get("reservedFor") or []
-            kept = [
-                r
-                for r in reserved
-                if not _is_hold(r) or str(r.get("uid")).removesuffix(HOLD_SUFFIX) in self.placed
-            ]
-            if len(kept) == len(reserved):
+            kept = holds.kept(claim, self.placed)
+            if kept is None:
                 continue
-            status = {**(claim.get("status") or {}), "reservedFor": kept}
-            try:
-                updated = self.client.replace(
-                    kube.path(
-                        kube.RESOURCE_API,
-                        "resourceclaims",
-                        key[1],
-                        namespace=key[0],
-                        subresource="status",
-                    ),
-                    {**claim, "status": status},
-                )
-            except (kube.Conflict, kube.NotFound):
-                continue  # changed meanwhile: its event brings it back here
-            except kube.KubeError as exc:
-                log.warning("claim %s/%s: cannot drop the placement hold: %s", *key, exc)
-                continue
-            self.remember(updated)
+            if self.writes.set_reserved(claim, kept) is None:
+                continue  # changed meanwhile (its event brings it back here) or failed (logged)
             self.held.discard(key)
             log.info("claim %s/%s: placement hold dropped", *key)
 
     # ------------------------------------------------------------ reporting
 
     def _refuse(self, pod: JSON, reason: str, message: str, *, retry: bool = True) -> None:
-        ns, name = _nsname(pod)
+        ns, name = objects.nsname(pod)
         if retry:
             self.waiting.add((ns, name))
-        uid = str(_meta(pod).get("uid"))
+        uid = str(objects.meta(pod).get("uid"))
         if self._reported.get(uid) == message:
             return  # said already; a changed reason is reported again
         self._reported[uid] = message
         log.info("pod %s/%s not placed: %s", ns, name, message)
         # The Event first: whoever sees the condition finds the Event already there.
-        self._event(pod, reason, message)
-        self._set_condition(pod, "False", reason, message)
-
-    def _set_condition(self, pod: JSON, status: str, reason: str, message: str) -> None:
-        ns, name = _nsname(pod)
-        condition = {
-            "type": CONDITION,
-            "status": status,
-            "reason": reason,
-            "message": message,
-            "lastTransitionTime": _now(),
-        }
-        try:
-            self.client.strategic_patch(
-                kube.path("v1", "pods", name, namespace=ns, subresource="status"),
-                {"status": {"conditions": [condition]}},
-            )
-        except kube.KubeError as exc:
-            log.warning("pod %s/%s: cannot set condition %s: %s", ns, name, CONDITION, exc)
-
-    def _event(self, pod: JSON, reason: str, message: str) -> None:
-        ns, name = _nsname(pod)
-        ref = ObjectRef.pod(ns, name, str(_meta(pod).get("uid")))
-        record_warning(self.client, ref, reason, message, component=COMPONENT)
-
-
-def _allocated(claim: Mapping[str, Any]) -> bool:
-    return bool((claim.get("status") or {}).get("allocation"))
-
-
-def _allocated_for(claim: Mapping[str, Any], pod_uid: str) -> bool:
-    reserved = (claim.get("status") or {}).get("reservedFor") or []
-    return _allocated(claim) and any(r.get("uid") == pod_uid for r in reserved)
-
-
-def _node_of(claim: Mapping[str, Any]) -> str:
-    selector = ((claim.get("status") or {}).get("allocation") or {}).get("nodeSelector") or {}
-    for term in selector.get("nodeSelectorTerms") or []:
-        for field in term.get("matchFields") or []:
-            if field.get("key") == "metadata.name" and field.get("values"):
-                return str(field["values"][0])
-    return "?"
+        self.writes.event(pod, reason, message)
+        self.writes.set_condition(pod, "False", reason, message)
 
 
 PLACED_ON = "devices allocated on node "
-
-
-def _hold(pod_name: str, pod_uid: str) -> JSON:
-    return {
-        "apiGroup": HOLD_GROUP,
-        "resource": HOLD_RESOURCE,
-        "name": pod_name,
-        "uid": pod_uid + HOLD_SUFFIX,
-    }
-
-
-def _is_hold(ref: Mapping[str, Any]) -> bool:
-    return ref.get("apiGroup") == HOLD_GROUP and ref.get("resource") == HOLD_RESOURCE
-
-
-def _holds(claim: Mapping[str, Any]) -> bool:
-    return any(_is_hold(r) for r in (claim.get("status") or {}).get("reservedFor") or [])
-
-
-def _version(obj: Mapping[str, Any]) -> int:
-    try:
-        return int(str(_meta(obj).get("resourceVersion") or "0"))
-    except ValueError:
-        return 0
-
-
-def _refusal(pod: Mapping[str, Any]) -> bool:
-    """kube-scheduler marked the pod PodScheduled=False/Unschedulable."""
-    cond = _condition(pod, "PodScheduled")
-    return (cond.get("status"), cond.get("reason")) == ("False", "Unschedulable")
-
-
-def _condition(pod: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
-    for cond in (pod.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == kind:
-            return dict(cond)
-    return {}
-
-
-def _excluding(pod: Mapping[str, Any], nodes: set[str]) -> JSON:
-    """`pod` with a required node affinity that also rules out `nodes` (ANDed into each term)."""
-    spec = dict(pod.get("spec") or {})
-    affinity = dict(spec.get("affinity") or {})
-    node_affinity = dict(affinity.get("nodeAffinity") or {})
-    required = dict(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {})
-    rule = {"key": "metadata.name", "operator": "NotIn", "values": sorted(nodes)}
-    terms = [dict(t) for t in required.get("nodeSelectorTerms") or []] or [{}]
-    for term in terms:
-        term["matchFields"] = [*(term.get("matchFields") or []), rule]
-    required["nodeSelectorTerms"] = terms
-    node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = required
-    affinity["nodeAffinity"] = node_affinity
-    spec["affinity"] = affinity
-    return {**pod, "spec": spec}
 
 
 # Controller flag -> the annotation whose cluster default it sets.
