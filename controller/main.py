@@ -186,6 +186,8 @@ def _start_webhook(
     stop: threading.Event,
     is_leader: Callable[[], bool],
     metrics: ControllerMetrics | None,
+    *,
+    supervisor: Supervisor,
 ) -> Running | None:
     """Serve the webhook until `stop` is set: what runs it, or None (after
     logging why and closing the client) when it cannot start."""
@@ -193,7 +195,7 @@ def _start_webhook(
 
     try:
         registry = metrics.registry if metrics is not None else None  # one /metrics for all
-        running = webhook_run.start(args, client, stop, is_leader, registry)
+        running = webhook_run.start(args, client, stop, is_leader, registry, supervisor=supervisor)
     except Exception as exc:  # certificate, API or bind failures: say which, exit 1
         log.error("cannot start the webhook on port %d: %s", args.webhook_port, exc)
         client.close()
@@ -230,7 +232,12 @@ def _run(args: argparse.Namespace, client: kube.KubeClient, address: tuple[str, 
     webhook = None
     if args.webhook_port:
         webhook = _start_webhook(
-            args, client, stop, lambda: elector is None or elector.is_leader(), metrics
+            args,
+            client,
+            stop,
+            lambda: elector is None or elector.is_leader(),
+            metrics,
+            supervisor=supervisor,
         )
         if webhook is None:
             return 1

@@ -62,7 +62,9 @@ class Admission:
             try:
                 self._ensurer.ensure(namespace, translation.templates)
             except TemplateError as exc:
-                return denied(500, str(exc)), "error"
+                # The API server refused the template (4xx): a refusal of this pod, with its
+                # words. Unreachable or failing (5xx): our error, which the pod would meet too.
+                return denied(exc.code, str(exc)), "denied" if exc.code < 500 else "error"
             phases.mark("ensure")
         response: JSON = {"allowed": True}
         if translation.patch:

@@ -33,6 +33,12 @@ refuses to wait (`templates.non_blocking`) and the admission is redone in a smal
 the loop serves the others. (Running every mutation in the executor was measured first: p50
 8.4 ms, the hop to a thread and back waits for the GIL behind the loop.)
 
+Supervision: the serving loop is the supervised loop `webhook`, the handshake loop
+`webhook-accept`; each beats every `HEARTBEAT_S` while it turns, so a loop blocked (a review that
+never returns) stalls visibly. An unexpected exception in one connection, handshake or accept
+(not a client's disconnect or timeout) is logged with its traceback and counted on its loop; that
+connection ends, the loops go on (the accept loop after a backoff).
+
 Phase timing: the phases are stamped on the admission's own record (not the thread-local one,
 which every connection on the loop shares), and the CPU/queue split is the serving loop thread's:
 time a mutation spends in the executor counts as asleep. `tls_ms` runs from the accept (on the
@@ -53,7 +59,10 @@ from http import HTTPStatus
 
 from controller.webhook import phases
 from controller.webhook.endpoint import (
+    ACCEPT_LOOP,
+    HEARTBEAT_S,
     IDLE_TIMEOUT_S,
+    LOOP_DEADLINE_S,
     MAX_BODY,
     READ_BUFFER,
     AdmissionServer,
@@ -63,6 +72,7 @@ from controller.webhook.endpoint import (
     parse_review,
 )
 from controller.webhook.templates import WouldBlock, non_blocking
+from dra_driver.supervision import BACKOFF_MAX_S, BACKOFF_START_S, Loop
 
 log = logging.getLogger("vgpu-dra.webhook.aio")
 # Headers of an AdmissionReview POST are a few hundred bytes; more is not an API server.
@@ -98,6 +108,7 @@ class AsyncWebhookServer(AdmissionServer):
         except OSError:
             self._listener.close()
             raise
+        self._accept_loop = self._supervisor.register(ACCEPT_LOOP, LOOP_DEADLINE_S)
         self._connections: set[asyncio.Task[None]] = set()  # the serving loop's
         self._handshaking: set[asyncio.Task[None]] = set()  # the handshake loop's
         self._closing = False
@@ -122,6 +133,8 @@ class AsyncWebhookServer(AdmissionServer):
         self._thread.start()
         self._accept_thread.start()
         asyncio.run_coroutine_threadsafe(self._accept(), self._handshakes)
+        self._loop.call_soon_threadsafe(_heartbeat, self._loop, self._serving_loop)
+        self._handshakes.call_soon_threadsafe(_heartbeat, self._handshakes, self._accept_loop)
 
     def stop(self) -> None:
         # Handshakes first (no more connections to hand over), then the established ones.
@@ -141,20 +154,45 @@ class AsyncWebhookServer(AdmissionServer):
     # ---- the handshake loop --------------------------------------------------------------
 
     async def _accept(self) -> None:
+        """Accept until cancelled (`stop`); an unexpected failure costs a backoff, not the loop."""
         loop = asyncio.get_running_loop()
-        while True:
-            try:
-                sock, peer = await loop.sock_accept(self._listener)
-            except OSError as exc:  # e.g. out of file descriptors: try again shortly
-                log.warning("webhook: accept failed: %s", exc)
-                await asyncio.sleep(0.1)
-                continue
-            if not self._connection_opened(peer):
+        backoff = BACKOFF_START_S
+        try:
+            while True:
+                try:
+                    await self._accept_one(loop)
+                    backoff = BACKOFF_START_S
+                except Exception:
+                    self._failed(self._accept_loop, "accepting a connection", "a client")
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, BACKOFF_MAX_S)
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            self._accept_loop.ended = True  # a stall at once
+            raise
+
+    async def _accept_one(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            sock, peer = await loop.sock_accept(self._listener)
+        except OSError as exc:  # e.g. out of file descriptors: try again shortly
+            log.warning("webhook: accept failed: %s", exc)
+            await asyncio.sleep(0.1)
+            return
+        counted = False
+        try:
+            counted = self._connection_opened(peer)
+            if not counted:
                 sock.close()
-                continue
+                return
             task = loop.create_task(self._handshake(sock, peer))
-            self._handshaking.add(task)
-            task.add_done_callback(self._handshaking.discard)
+        except BaseException:
+            sock.close()
+            if counted:
+                self._connection_closed()
+            raise
+        self._handshaking.add(task)
+        task.add_done_callback(self._handshaking.discard)
 
     async def _handshake(self, sock: socket.socket, peer: object) -> None:
         """Upgrade `sock` to TLS and hand it to the serving loop; or close it and count it out."""
@@ -180,6 +218,8 @@ class AsyncWebhookServer(AdmissionServer):
             handed = True
         except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
             log.debug("webhook handshake with %s failed: %s", peer, exc)
+        except Exception:
+            self._failed(self._accept_loop, "a TLS handshake", peer)
         finally:
             if not handed:
                 (tls or sock).close()
@@ -218,6 +258,8 @@ class AsyncWebhookServer(AdmissionServer):
             log.debug("webhook connection from %s ended: %s", peer, exc)
         except asyncio.CancelledError:
             pass
+        except Exception:
+            self._failed(self._serving_loop, "a connection", peer)
         finally:
             self._connection_closed()
             if task is not None:
@@ -389,6 +431,12 @@ class _TLSStream:
         self.pause_reading()
         self._closed = True
         self._tls.close()
+
+
+def _heartbeat(loop: asyncio.AbstractEventLoop, beats: Loop) -> None:
+    """Beat `beats` now and every HEARTBEAT_S while `loop` turns (until it stops)."""
+    beats.beat()
+    loop.call_later(HEARTBEAT_S, _heartbeat, loop, beats)
 
 
 def _run(loop: asyncio.AbstractEventLoop) -> None:

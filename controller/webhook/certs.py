@@ -49,8 +49,13 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from dra_driver import kube
+from dra_driver.supervision import Supervisor
 
 log = logging.getLogger("vgpu-dra.webhook.certs")
+SYNC_LOOP = "webhook-certs"
+# How long one sync may take beyond its period before the loop counts as stalled: a few API
+# requests (Secret, configurations), each bounded by the client's own timeout (30 s).
+SYNC_STEP_DEADLINE_S = 300.0
 
 JSON = dict[str, Any]
 ROTATE_AT = 2 / 3  # of a certificate's lifetime
@@ -502,20 +507,31 @@ def _encoded(data: dict[str, bytes]) -> dict[str, str]:
 
 
 def keep_synced(
-    source: SecretCertificates | FileCertificates, stop: threading.Event, interval_s: float
+    source: SecretCertificates | FileCertificates,
+    stop: threading.Event,
+    interval_s: float,
+    *,
+    supervisor: Supervisor | None = None,
 ) -> threading.Thread:
-    """Re-run `source.sync()` every `interval_s` until `stop`; a failed pass is logged and
-    retried (the certificate already loaded keeps serving)."""
+    """Re-run `source.sync()` every `interval_s` until `stop` (the first after one interval:
+    the caller synced before serving), as the supervised loop `webhook-certs` of `supervisor`
+    (a private one when None). A failed pass is logged (an API, certificate or value error in
+    one line; anything else with its traceback, counted) and retried after a backoff; the
+    certificate already loaded keeps serving."""
 
-    def loop() -> None:
-        while not stop.wait(interval_s):
-            try:
-                source.sync()
-            except (kube.KubeError, CertError, ValueError) as exc:
-                log.warning(
-                    "webhook certificate sync failed (retrying in %.0fs): %s", interval_s, exc
-                )
+    started = False
 
-    thread = threading.Thread(target=loop, name="webhook-certs", daemon=True)
-    thread.start()
-    return thread
+    def sync() -> None:
+        nonlocal started
+        if started:
+            source.sync()
+        started = True
+
+    return (supervisor or Supervisor()).run(
+        SYNC_LOOP,
+        sync,
+        stop,
+        period_s=interval_s,
+        deadline_s=interval_s + SYNC_STEP_DEADLINE_S,
+        expected=(kube.KubeError, CertError, ValueError),
+    )

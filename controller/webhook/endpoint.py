@@ -7,6 +7,12 @@ else is here, once: the routes, the certificate holder, the request timeout and 
 the tracer, the histogram, drain, the open-connection and in-flight counts (locked: each
 transport touches them from more than one thread), the review with its error answer and span,
 and the per-admission log line.
+
+Supervision (`dra_driver.supervision`): each transport registers its long-lived loops with the
+`supervisor` it is given (`SERVE_LOOP`, and the event-loop transport's `ACCEPT_LOOP`), beats
+them while they turn, and counts there every unexpected exception a connection meets (logged
+with its traceback; the connection ends, the loop goes on). A loop that stops turning for
+`LOOP_DEADLINE_S` is stalled: the controller's probes, or the child's watchdog, see it.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from controller.webhook import phases
 from controller.webhook.certs import ContextHolder
 from controller.webhook.metrics import WebhookMetrics
 from controller.webhook.templates import WouldBlock
+from dra_driver import kube
+from dra_driver.supervision import Loop, Supervisor
 from dra_driver.tracing import installed_tracer
 
 log = logging.getLogger("vgpu-dra.webhook.server")
@@ -43,6 +51,12 @@ IDLE_TIMEOUT_S = 120.0
 # network, and a flood of idle connections must not exhaust threads or memory.
 MAX_CONNECTIONS = 1024
 TRACER_NAME = "vgpu-dra.webhook"
+SERVE_LOOP = "webhook"  # the thread or event loop that accepts (threads) or serves (asyncio)
+ACCEPT_LOOP = "webhook-accept"  # the event-loop transport's accepts and handshakes
+HEARTBEAT_S = 1.0  # how often a turning loop beats (at most; the threaded one every 0.5 s)
+# A loop that has not turned for this long is stalled: far beyond any admission (whose API
+# server waits 10 s at most), a loop blocked this long answers nothing.
+LOOP_DEADLINE_S = 60.0
 MUTATE_PATH = "/mutate-pods"
 VALIDATE_PATH = "/validate"
 
@@ -55,11 +69,17 @@ class BadReview(ValueError):
 
 
 def parse_review(body: bytes) -> JSON:
-    """The `request` of an AdmissionReview v1, checked for the fields we rely on."""
+    """The `request` of an AdmissionReview v1, checked for the fields we rely on.
+
+    JSON nested deeper than the decoder can take (only a free-form field can be: a claim's
+    opaque config) is read with its deep parts cut (`kube.decode_json(prune=True)`: each becomes
+    `kube.PRUNED`), so the review still has its uid and object, and the validation refuses the
+    config it cannot read by name ("nested too deeply") instead of the API server meeting a 400.
+    """
     try:
-        review = json.loads(body)
+        review = kube.decode_json(body, prune=True)
     except (ValueError, RecursionError) as exc:
-        raise BadReview(f"body is not JSON: {exc}") from None
+        raise BadReview(f"body is not JSON: {str(exc)[:200]}") from None
     if not isinstance(review, dict) or review.get("kind") != "AdmissionReview":
         raise BadReview("body is not an AdmissionReview")
     if review.get("apiVersion") != "admission.k8s.io/v1":
@@ -116,6 +136,7 @@ class AdmissionServer(abc.ABC):
         max_connections: int = MAX_CONNECTIONS,
         tracer: trace.Tracer | None = None,
         phase_timing: bool = False,
+        supervisor: Supervisor | None = None,
     ) -> None:
         # None while tracing is off: no span is created at all (dra_driver.tracing).
         self._tracer = tracer if tracer is not None else installed_tracer(TRACER_NAME)
@@ -129,6 +150,8 @@ class AdmissionServer(abc.ABC):
         self._counts_lock = threading.Lock()
         self._open = 0
         self._in_flight = 0
+        self._supervisor = supervisor or Supervisor()
+        self._serving_loop = self._supervisor.register(SERVE_LOOP, LOOP_DEADLINE_S)
         self._listen(address)
 
     @abc.abstractmethod
@@ -170,6 +193,17 @@ class AdmissionServer(abc.ABC):
     def _connection_closed(self) -> None:
         with self._counts_lock:
             self._open -= 1
+
+    def _failed(self, loop: Loop, what: str, peer: object) -> None:
+        """An unexpected exception (being handled) ended one connection's `what`: logged with its
+        traceback and counted as a failure of `loop`, which goes on."""
+        loop.beat(failed=True)
+        log.exception(
+            "webhook: %s with %s failed unexpectedly (%d so far); the server goes on",
+            what,
+            peer,
+            loop.failures,
+        )
 
     def _admission_began(self) -> int:
         """Count an admission in; the number in flight, this one included."""
@@ -219,11 +253,11 @@ class AdmissionServer(abc.ABC):
             # A bug of ours must not crash the connection; the API server applies the
             # failurePolicy to the error answer.
             log.exception("webhook %s failed for uid %s", operation, request["uid"])
-            response = {
-                "allowed": False,
-                "status": {"code": 500, "message": "vgpu-dra webhook internal error (see its log)"},
-            }
-            return response, "error"
+            message = (
+                f"vgpu-dra webhook: internal error while reviewing this object (admission uid "
+                f"{request['uid']}; the traceback is in the webhook's log)"
+            )
+            return {"allowed": False, "status": {"code": 500, "message": message}}, "error"
 
     @staticmethod
     def log_admission(

@@ -5,6 +5,11 @@ Why: "memory above any GPU in the cluster" and "unknown GPU type" can only be ju
 published inventory, and an admission must not list every ResourceSlice on its hot path. The
 facts are recomputed from the driver's ResourceSlices every `interval_s` by one thread; an
 admission reads the last result (a failed refresh keeps the previous one).
+
+The thread is the supervised loop `webhook-facts` (`dra_driver.supervision`): an API error is
+logged in one line, anything else with its traceback and counted, and the next refresh follows a
+backoff. One slice or class of an unexpected shape is skipped with a log line, never the
+refresh: the other objects still count.
 """
 
 from __future__ import annotations
@@ -18,40 +23,74 @@ from controller.webhook.validation import ClusterFacts
 from dra_driver import kube
 from dra_driver.allocator.model import parse_quantity
 from dra_driver.kube import RESOURCE_API
+from dra_driver.supervision import Supervisor
 
 log = logging.getLogger("vgpu-dra.webhook.facts")
 
 JSON = dict[str, Any]
 MIB = 1024 * 1024
+LOOP = "webhook-facts"
+# How long one refresh may take beyond its period before the loop counts as stalled: two lists,
+# each bounded by the client's own timeout (30 s), and the arithmetic over them.
+LOOP_STEP_DEADLINE_S = 300.0
+
+
+def _slice_devices(obj: Any, driver: str) -> tuple[int, set[str]]:
+    """Largest memory (MiB) and the product names of one ResourceSlice of `driver`."""
+    largest = 0
+    types: set[str] = set()
+    spec = obj.get("spec") or {}
+    if spec.get("driver") != driver:
+        return largest, types
+    for device in spec.get("devices") or []:
+        attributes = device.get("attributes") or {}
+        product = (attributes.get("productName") or {}).get("string")
+        if product:
+            types.add(str(product))
+        memory = ((device.get("capacity") or {}).get("memory") or {}).get("value")
+        try:
+            size = int(parse_quantity(str(memory))) if memory is not None else 0
+        except ValueError:
+            size = 0
+        if not size:
+            size = int((attributes.get("memoryBytes") or {}).get("int") or 0)
+        largest = max(largest, size // MIB)
+    return largest, types
+
+
+def _name(obj: Any) -> str:
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    return str(meta.get("name")) if isinstance(meta, dict) else "?"
 
 
 def facts_from(slices: Iterable[JSON], classes: Iterable[JSON], driver: str) -> ClusterFacts:
     """Largest allocatable memory (MiB) and the product names of the driver's devices, and the
-    DeviceClasses that select the driver (their requests are checked against that memory)."""
+    DeviceClasses that select the driver (their requests are checked against that memory). An
+    object of an unexpected shape is skipped (logged): it cannot hide the others."""
     largest = 0
     types: set[str] = set()
     for obj in slices:
-        spec = obj.get("spec") or {}
-        if spec.get("driver") != driver:
+        try:
+            size, found = _slice_devices(obj, driver)
+        except (AttributeError, TypeError, ValueError) as exc:
+            log.warning(
+                "ResourceSlice %s skipped for validation: unexpected shape (%s)", _name(obj), exc
+            )
             continue
-        for device in spec.get("devices") or []:
-            attributes = device.get("attributes") or {}
-            product = (attributes.get("productName") or {}).get("string")
-            if product:
-                types.add(str(product))
-            memory = ((device.get("capacity") or {}).get("memory") or {}).get("value")
-            try:
-                size = int(parse_quantity(str(memory))) if memory is not None else 0
-            except ValueError:
-                size = 0
-            if not size:
-                size = int((attributes.get("memoryBytes") or {}).get("int") or 0)
-            largest = max(largest, size // MIB)
+        largest = max(largest, size)
+        types |= found
     ours = {driver}  # the chart's first class is named after the driver
     for device_class in classes:
-        selectors = (device_class.get("spec") or {}).get("selectors") or []
-        if any(f'"{driver}"' in str((s.get("cel") or {}).get("expression")) for s in selectors):
-            ours.add(str(device_class["metadata"]["name"]))
+        try:
+            selectors = (device_class.get("spec") or {}).get("selectors") or []
+            if any(f'"{driver}"' in str((s.get("cel") or {}).get("expression")) for s in selectors):
+                ours.add(str(device_class["metadata"]["name"]))
+        except (AttributeError, TypeError, KeyError) as exc:
+            log.warning(
+                "DeviceClass %s skipped for validation: unexpected shape (%s)",
+                _name(device_class),
+                exc,
+            )
     return ClusterFacts(
         largest_gpu_memory_mib=largest or None,
         gpu_types=frozenset(types),
@@ -80,16 +119,20 @@ class FactsCache:
         with self._lock:
             self._facts = facts
 
-    def run(self, stop: threading.Event, interval_s: float) -> threading.Thread:
-        def loop() -> None:
-            while True:
-                try:
-                    self.refresh()
-                except kube.KubeError as exc:
-                    log.warning("cannot refresh the GPU inventory for validation: %s", exc)
-                if stop.wait(interval_s):
-                    return
-
-        thread = threading.Thread(target=loop, name="webhook-facts", daemon=True)
-        thread.start()
-        return thread
+    def run(
+        self,
+        stop: threading.Event,
+        interval_s: float,
+        *,
+        supervisor: Supervisor | None = None,
+    ) -> threading.Thread:
+        """Refresh now and every `interval_s` until `stop`, as the supervised loop
+        `webhook-facts` of `supervisor` (a private one when None)."""
+        return (supervisor or Supervisor()).run(
+            LOOP,
+            self.refresh,
+            stop,
+            period_s=interval_s,
+            deadline_s=interval_s + LOOP_STEP_DEADLINE_S,
+            expected=(kube.KubeError,),
+        )

@@ -17,6 +17,13 @@ answers with its Prometheus exposition (8-byte length, then the text), which the
 `/metrics` serves as its own (`ChildMetrics`), so one scrape still sees the admission histogram.
 A child that exits is started again after a back-off (1 s, doubling to 30 s); meanwhile the
 controller's readiness reports `webhook` failing, so the Service sends admissions elsewhere.
+
+Supervision (`dra_driver.supervision`): in the controller, the watch over the child is the loop
+`webhook-child` of the controller's Supervisor. In the child, its loops (`webhook-facts`,
+`webhook-certs`, the transport's, `webhook-parent-link`) belong to a Supervisor of its own: a
+step that raises is logged with its traceback and counted (`vgpu_dra_loop_failures_total` on the
+webhook port's `/metrics`), and a loop that stalls ends the child (exit 70), which the
+controller then starts again: a stuck webhook does not keep a port that answers nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import argparse
 import datetime as dt
 import gc
 import logging
+import math
 import os
 import socket
 import subprocess
@@ -32,6 +40,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
@@ -41,6 +50,7 @@ from prometheus_client.registry import Collector
 from controller.webhook import flags
 from dra_driver import cli_flags, logsetup, tracing
 from dra_driver.lifecycle import stop_on_signals
+from dra_driver.supervision import LoopCollector, Supervisor
 
 log = logging.getLogger("vgpu-dra.webhook.process")
 
@@ -51,6 +61,15 @@ STOP_TIMEOUT_S = 10.0  # beyond the child's drain (--webhook-drain)
 _NOT_FORWARDED = frozenset({"help", "parent_fd", "webhook_process"})
 SCRAPE_TIMEOUT_S = 2.0
 _LENGTH = 8  # bytes of the big-endian length before each exposition
+CHILD_LOOP = "webhook-child"
+CHILD_POLL_S = 0.5
+CHILD_DEADLINE_S = 60.0  # a poll, or a start of the child, takes far less
+LINK_LOOP = "webhook-parent-link"
+STALLED_EXIT = 70  # EX_SOFTWARE: the child ends itself when one of its loops stalls
+# The loop families of the child's own Supervisor: not forwarded to the controller's registry,
+# which has its own families of these names (one family per name in a scrape). They stay on the
+# webhook port's /metrics.
+_CHILD_ONLY = frozenset({"vgpu_dra_loop_failures", "vgpu_dra_loop_stalled"})
 
 
 def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
@@ -167,35 +186,47 @@ class ChildWebhook:
             return False
         return True
 
-    def supervise(self, stop: threading.Event) -> threading.Thread:
-        """Start the child again whenever it exits, until `stop`."""
+    def supervise(
+        self, stop: threading.Event, *, supervisor: Supervisor | None = None
+    ) -> threading.Thread:
+        """Start the child again whenever it exits, until `stop`: the supervised loop
+        `webhook-child` of `supervisor` (a private one when None)."""
+        restarts = _Restarts(BACKOFF_S[0])
+        return (supervisor or Supervisor()).run(
+            CHILD_LOOP,
+            lambda: self._watch(restarts),
+            stop,
+            period_s=CHILD_POLL_S,
+            deadline_s=CHILD_DEADLINE_S,
+        )
 
-        def loop() -> None:
-            backoff = BACKOFF_S[0]
-            while not stop.wait(0.5):
-                with self._lock:
-                    process, started = self._process, self._started
-                code = process.poll() if process is not None else None
-                if code is None:
-                    continue
-                if time.monotonic() - started >= HEALTHY_RUN_S:
-                    backoff = BACKOFF_S[0]
-                log.error(
-                    "webhook child process exited with %s; starting it again in %.0f s",
-                    code,
-                    backoff,
-                )
-                if stop.wait(backoff):
-                    return
-                try:
-                    self.start()
-                except OSError as exc:
-                    log.error("cannot start the webhook child process: %s", exc)
-                backoff = min(backoff * 2, BACKOFF_S[1])
-
-        thread = threading.Thread(target=loop, name="webhook-child", daemon=True)
-        thread.start()
-        return thread
+    def _watch(self, restarts: _Restarts) -> None:
+        """One look at the child: an exit schedules a start after the back-off, which a later
+        look makes once it is due."""
+        with self._lock:
+            process, started = self._process, self._started
+        code = process.poll() if process is not None else None
+        if code is None:
+            return
+        now = time.monotonic()
+        if restarts.due is None:
+            if now - started >= HEALTHY_RUN_S:
+                restarts.backoff = BACKOFF_S[0]
+            log.error(
+                "webhook child process exited with %s; starting it again in %.0f s",
+                code,
+                restarts.backoff,
+            )
+            restarts.due = now + restarts.backoff
+            return
+        if now < restarts.due:
+            return
+        restarts.due = None
+        restarts.backoff = min(restarts.backoff * 2, BACKOFF_S[1])
+        try:
+            self.start()
+        except OSError as exc:  # the next look sees the old exit again: another back-off
+            log.error("cannot start the webhook child process: %s", exc)
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after STOP_TIMEOUT_S."""
@@ -216,6 +247,15 @@ class ChildWebhook:
             link.close()
 
 
+@dataclass
+class _Restarts:
+    """The back-off of `ChildWebhook.supervise`: the next wait, and when the pending start is
+    due (None: none pending)."""
+
+    backoff: float
+    due: float | None = None
+
+
 class ChildMetrics(Collector):
     """The webhook's families for the controller's registry: the child's (admission histogram,
     templates created), except those named in `local`, which come from the controller's own
@@ -230,8 +270,13 @@ class ChildMetrics(Collector):
 
     def collect(self) -> Iterator[Metric]:
         text = self._child.scrape().decode("utf-8", "replace")
-        for family in text_string_to_metric_families(text):
-            if family.name not in self._local:
+        try:
+            families = list(text_string_to_metric_families(text))
+        except ValueError as exc:  # a garbled exposition: this scrape goes without the child's
+            log.warning("unreadable metrics from the webhook child: %s", exc)
+            families = []
+        for family in families:
+            if family.name not in self._local and family.name not in _CHILD_ONLY:
                 yield family
         for family in self._local_registry.collect():
             if family.name in self._local:
@@ -250,24 +295,59 @@ def _read(link: socket.socket, size: int) -> bytes:
 
 
 def _serve_parent(
-    fd: int, stop: threading.Event, exposition: Callable[[], bytes], orphaned: threading.Event
+    fd: int,
+    stop: threading.Event,
+    exposition: Callable[[], bytes],
+    orphaned: threading.Event,
+    *,
+    supervisor: Supervisor | None = None,
 ) -> None:
     """The child's end of the link: metrics on request, and stop at EOF (`orphaned` set first:
-    no drain then, there is no controller to wait for it and its replica is gone anyway)."""
+    no drain then, there is no controller to wait for it and its replica is gone anyway).
+
+    It waits for the controller's requests, so it beats only when one comes (the loop
+    `webhook-parent-link` has no deadline); an exposition that raises is logged with its
+    traceback, counted, and answered empty, and the link goes on."""
     link = socket.socket(fileno=fd)
+    beats = (supervisor or Supervisor()).register(LINK_LOOP, math.inf)
+
+    def answer() -> bytes:
+        try:
+            payload = exposition()
+        except Exception:
+            beats.beat(failed=True)
+            log.exception("webhook metrics exposition failed; answering an empty one")
+            return b""
+        beats.beat()
+        return payload
 
     def loop() -> None:
         try:
             while link.recv(1):
-                payload = exposition()
+                payload = answer()
                 link.sendall(len(payload).to_bytes(_LENGTH, "big") + payload)
         except OSError as exc:
             log.debug("link to the controller failed: %s", exc)
+        except BaseException:
+            beats.ended = True  # a stall at once: the watchdog ends the process
+            raise
         log.info("the controller is gone (its link closed): stopping")
         orphaned.set()
         stop.set()
 
-    threading.Thread(target=loop, name="webhook-parent-link", daemon=True).start()
+    threading.Thread(target=loop, name=LINK_LOOP, daemon=True).start()
+
+
+def _stalled(names: list[str]) -> None:
+    """The child's watchdog: a loop stopped making progress; end the process (the controller
+    starts it again)."""
+    log.critical(
+        "webhook loop(s) %s stopped making progress; exiting so that the controller starts this "
+        "process again",
+        ", ".join(names),
+    )
+    logging.shutdown()
+    os._exit(STALLED_EXIT)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -284,15 +364,20 @@ def main(argv: Sequence[str]) -> int:
     stop_on_signals(stop, log)
     from controller.webhook import run  # run imports this module (ChildWebhook)
 
+    supervisor = Supervisor()
     try:
         try:
-            running = run.serve(args, client, stop)
+            running = run.serve(args, client, stop, supervisor=supervisor)
         except Exception as exc:  # certificate, API or bind failures: say which, exit 1
             log.error("cannot start the webhook on port %d: %s", args.webhook_port, exc)
             return 1
+        running.metrics.registry.register(LoopCollector(supervisor))
         orphaned = threading.Event()
         if args.parent_fd >= 0:
-            _serve_parent(args.parent_fd, stop, running.metrics.exposition, orphaned)
+            _serve_parent(
+                args.parent_fd, stop, running.metrics.exposition, orphaned, supervisor=supervisor
+            )
+        supervisor.watchdog(stop, _stalled)
         # What start-up allocated (modules, the client, certificates) lives as long as the
         # process: out of the collector's sight, a full collection has only admissions' objects
         # to walk (fewer, shorter pauses in the middle of an admission).

@@ -8,6 +8,11 @@ With `--webhook-process child` (the default) the serving part runs in a child pr
 behind the controller's informers and allocation; the collector stays in the controller, which
 knows whether it leads. `--webhook-process inline` serves from the controller's own threads.
 Imported lazily by main, only when the webhook is on.
+
+Every long-lived loop started here is supervised (`dra_driver.supervision`) by the `supervisor`
+given to `start` / `serve` (the controller's, so its probes and Lease see a stalled loop; a
+private one when None): `webhook-template-gc` and `webhook-child` in the controller, and where
+admissions are served `webhook-facts`, `webhook-certs` and the transport's loops.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from controller.webhook.server import WebhookServer
 from controller.webhook.templates import TemplateCollector, TemplateEnsurer
 from controller.webhook.translate import TranslationSettings
 from dra_driver import kube
+from dra_driver.supervision import Supervisor
 
 log = logging.getLogger("vgpu-dra.webhook")
 SWITCH_INTERVAL_S = 0.0005
@@ -105,22 +111,31 @@ def start(
     stop: threading.Event,
     is_leader: Callable[[], bool],
     registry: CollectorRegistry | None = None,
+    *,
+    supervisor: Supervisor | None = None,
 ) -> Running:
-    """The controller's webhook: serve (here or in a child process) and collect templates.
+    """The controller's webhook: serve (here or in a child process) and collect templates, its
+    loops supervised by `supervisor` (the controller's; a private one when None).
     Raises CertError/KubeError/OSError when it cannot serve, ValueError for settings that
     contradict each other (main exits 1 with the reason)."""
     translation_settings(args)  # contradicting settings stop the controller, not only the child
+    supervisor = supervisor or Supervisor()
     if args.webhook_process == "inline":
         metrics = WebhookMetrics(registry)
-        running = serve(args, client, stop, metrics)
-        running.threads.append(collector(args, client, stop, is_leader, metrics))
+        running = serve(args, client, stop, metrics, supervisor=supervisor)
+        running.threads.append(
+            collector(args, client, stop, is_leader, metrics, supervisor=supervisor)
+        )
     else:
         metrics = WebhookMetrics()  # exposed through ChildMetrics, merged with the child's
         child = ChildWebhook(args)
         child.start()
         if registry is not None:
             registry.register(ChildMetrics(child, metrics.registry, [COLLECTED_FAMILY]))
-        threads = [collector(args, client, stop, is_leader, metrics), child.supervise(stop)]
+        threads = [
+            collector(args, client, stop, is_leader, metrics, supervisor=supervisor),
+            child.supervise(stop, supervisor=supervisor),
+        ]
         running = Running(threads, metrics, child=child, drain_s=child.drain_s)
     running.stop_with(stop)
     return running
@@ -132,6 +147,8 @@ def collector(
     stop: threading.Event,
     is_leader: Callable[[], bool],
     metrics: WebhookMetrics,
+    *,
+    supervisor: Supervisor | None = None,
 ) -> threading.Thread:
     """The periodic collection of unused templates; it writes only while `is_leader()`."""
     return TemplateCollector(
@@ -140,7 +157,7 @@ def collector(
         grace_s=args.webhook_template_grace.total_seconds(),
         may_write=is_leader,
         on_delete=metrics.templates_collected.inc,
-    ).run(stop, args.webhook_gc_interval.total_seconds())
+    ).run(stop, args.webhook_gc_interval.total_seconds(), supervisor=supervisor)
 
 
 def serve(
@@ -148,11 +165,15 @@ def serve(
     client: kube.KubeClient,
     stop: threading.Event,
     metrics: WebhookMetrics | None = None,
+    *,
+    supervisor: Supervisor | None = None,
 ) -> Running:
     """Load (or create) the certificate, then serve admissions from this process until `stop`
-    (`vgpu-dra webhook`, or the controller inline). Raises CertError/KubeError/OSError when it
-    cannot, ValueError for contradicting settings."""
+    (`vgpu-dra webhook`, or the controller inline), the loops supervised by `supervisor` (a
+    private one when None). Raises CertError/KubeError/OSError when it cannot, ValueError for
+    contradicting settings."""
     settings = translation_settings(args)
+    supervisor = supervisor or Supervisor()
     client_ca = None
     if args.webhook_client_ca:
         try:
@@ -193,10 +214,13 @@ def serve(
         validate=admission.validate,
         metrics=metrics,
         phase_timing=args.webhook_phase_timing,
+        supervisor=supervisor,
     )
     threads = [
-        certs.keep_synced(source, stop, args.webhook_cert_sync.total_seconds()),
-        facts.run(stop, args.webhook_facts_interval.total_seconds()),
+        certs.keep_synced(
+            source, stop, args.webhook_cert_sync.total_seconds(), supervisor=supervisor
+        ),
+        facts.run(stop, args.webhook_facts_interval.total_seconds(), supervisor=supervisor),
     ]
     # Python hands the GIL over every 5 ms by default: with hundreds of connection threads, an
     # admission that is ready to answer can wait several such slices. The webhook's latency

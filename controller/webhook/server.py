@@ -26,6 +26,12 @@ Limits: bodies above `MAX_BODY` (413) or without Content-Length (411) are refuse
 read; a request whose headers and body take longer than `timeout_s` is dropped, a kept-alive
 connection idle for `IDLE_TIMEOUT_S` is closed. Paths:
 `POST /mutate-pods`, `POST /validate`, `GET /healthz`, `GET /metrics` (the webhook's histogram).
+
+Supervision: the accepting thread is the loop `webhook` (it beats every turn of
+`serve_forever`, at least every 0.5 s). An unexpected exception while accepting one connection
+or serving it (not a client's disconnect or timeout) is logged with its traceback and counted;
+that connection ends, the server goes on; should `serve_forever` itself raise, it is entered
+again after a backoff.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import ssl
+import sys
 import threading
 import time
 from http import HTTPStatus
@@ -41,6 +48,7 @@ from typing import Any
 
 from controller.webhook import phases
 from controller.webhook.endpoint import (
+    HEARTBEAT_S,
     IDLE_TIMEOUT_S,
     MAX_BODY,
     READ_BUFFER,
@@ -50,6 +58,7 @@ from controller.webhook.endpoint import (
     answer,
     parse_review,
 )
+from dra_driver.supervision import BACKOFF_MAX_S, BACKOFF_START_S
 
 log = logging.getLogger("vgpu-dra.webhook.server")
 
@@ -69,14 +78,25 @@ class _TLSServer(ThreadingHTTPServer):
 
     def get_request(self) -> tuple[Any, Any]:
         sock, address = self.socket.accept()
-        sock.settimeout(self.owner._timeout_s)
-        context = self.owner._holder.current()
-        if context is None:  # no certificate yet: nothing we could say
+        try:
+            sock.settimeout(self.owner._timeout_s)
+            context = self.owner._holder.current()
+            if context is None:  # no certificate yet: nothing we could say
+                raise OSError("no serving certificate loaded yet")
+            wrapped = context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        except OSError:
             sock.close()
-            raise OSError("no serving certificate loaded yet")
-        wrapped = context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+            raise  # serve_forever drops this connection and goes on
+        except Exception as exc:
+            sock.close()
+            self.owner._failed(self.owner._serving_loop, "accepting a connection", address)
+            raise OSError(f"connection from {address} dropped") from exc  # as above
         wrapped.accepted_at = _clock()  # type: ignore[attr-defined]  # for --webhook-phase-timing
         return wrapped, address
+
+    def service_actions(self) -> None:
+        # Each turn of serve_forever (a connection accepted, or its 0.5 s poll): progress.
+        self.owner._serving_loop.beat()
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self.owner._connection_opened(client_address):
@@ -96,7 +116,12 @@ class _TLSServer(ThreadingHTTPServer):
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # Failed handshakes and dropped connections: a client's problem, not a traceback on stderr.
-        log.debug("webhook connection from %s failed", client_address, exc_info=True)
+        # Anything else is ours: its traceback and a count (the server goes on).
+        error = sys.exc_info()[1]
+        if error is None or isinstance(error, OSError | TimeoutError):  # ssl.SSLError included
+            log.debug("webhook connection from %s failed", client_address, exc_info=True)
+            return
+        self.owner._failed(self.owner._serving_loop, "a connection", client_address)
 
 
 class WebhookServer(AdmissionServer):
@@ -104,9 +129,25 @@ class WebhookServer(AdmissionServer):
 
     def _listen(self, address: tuple[str, int]) -> None:
         self._httpd = _TLSServer(address, self._handler_class(), self)
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, name="webhook", daemon=True
-        )
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="webhook", daemon=True)
+
+    def _serve(self) -> None:
+        """`serve_forever` until `stop`, entered again after a backoff should it raise."""
+        backoff = BACKOFF_START_S
+        try:
+            while not self._stopping.is_set():
+                try:
+                    self._httpd.serve_forever(poll_interval=HEARTBEAT_S / 2)
+                    return  # shut down
+                except Exception:
+                    if self._stopping.is_set():
+                        return
+                    self._failed(self._serving_loop, "serving", "every client")
+                    self._stopping.wait(backoff)
+                    backoff = min(backoff * 2, BACKOFF_MAX_S)
+        finally:
+            self._serving_loop.ended = not self._stopping.is_set()
 
     @property
     def address(self) -> tuple[str, int]:
@@ -117,6 +158,7 @@ class WebhookServer(AdmissionServer):
         self._thread.start()
 
     def stop(self) -> None:
+        self._stopping.set()
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(timeout=5)

@@ -39,12 +39,17 @@ from typing import Any, Protocol
 
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API
+from dra_driver.supervision import Supervisor
 
 log = logging.getLogger("vgpu-dra.webhook.templates")
 
 JSON = dict[str, Any]
 LAST_USED = "vgpu.dra.dev/last-used"
 DEFAULT_GRACE_S = 600.0
+GC_LOOP = "webhook-template-gc"
+# How long one pass may take beyond its period before the loop counts as stalled: two lists and
+# a delete per unused template, each bounded by the client's own timeout (30 s).
+LOOP_STEP_DEADLINE_S = 300.0
 
 
 class Template(Protocol):
@@ -61,7 +66,13 @@ class Template(Protocol):
 
 
 class TemplateError(Exception):
-    """A template could not be made to exist; the admission is refused with this message."""
+    """A template could not be made to exist; the admission is refused with this message and
+    `code`: the API server's own 4xx when it refused the template (Invalid, Forbidden by a
+    quota: about the request, not about us), else 500 (unreachable, timed out, a 5xx)."""
+
+    def __init__(self, message: str, code: int = 500) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def _stamp(now: dt.datetime) -> str:
@@ -161,7 +172,7 @@ class TemplateEnsurer:
                     f"timed out waiting for ResourceClaimTemplate {namespace}/{template.name}"
                 )
             elif flight.error is not None:
-                raise TemplateError(str(flight.error))
+                raise TemplateError(str(flight.error), flight.error.code)
 
     def _fly(self, namespace: str, template: Template, deadline: float, flight: _Flight) -> None:
         key = (namespace, template.name)
@@ -213,7 +224,8 @@ class TemplateEnsurer:
         except kube.KubeError as exc:
             raise TemplateError(
                 f"cannot create ResourceClaimTemplate {namespace}/{template.name} for the "
-                f"translated pod: {exc.message or exc}"
+                f"translated pod: {exc.message or exc}",
+                code=exc.status if 400 <= exc.status < 500 else 500,
             ) from exc
         raise TemplateError(
             f"ResourceClaimTemplate {namespace}/{template.name} keeps disappearing; retry"
@@ -342,14 +354,24 @@ class TemplateCollector:
             log.info("deleted unused ResourceClaimTemplate %s/%s", namespace, name)
         return deleted
 
-    def run(self, stop: threading.Event, interval_s: float) -> threading.Thread:
-        def loop() -> None:
-            while not stop.wait(interval_s):
-                try:
-                    self.collect()
-                except kube.KubeError as exc:
-                    log.warning("template collection failed (next in %.0fs): %s", interval_s, exc)
+    def run(
+        self,
+        stop: threading.Event,
+        interval_s: float,
+        *,
+        supervisor: Supervisor | None = None,
+    ) -> threading.Thread:
+        """Collect every `interval_s` until `stop`, as the supervised loop `webhook-template-gc`
+        (`dra_driver.supervision`): an API error is logged in one line, anything else with its
+        traceback and counted; either way the next pass comes after a backoff."""
+        return (supervisor or Supervisor()).run(
+            GC_LOOP,
+            self._collect_step,
+            stop,
+            period_s=interval_s,
+            deadline_s=interval_s + LOOP_STEP_DEADLINE_S,
+            expected=(kube.KubeError,),
+        )
 
-        thread = threading.Thread(target=loop, name="webhook-template-gc", daemon=True)
-        thread.start()
-        return thread
+    def _collect_step(self) -> None:
+        self.collect()

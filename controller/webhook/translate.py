@@ -21,6 +21,19 @@ and `schedulerName: vgpu-scheduler` add the policy gate (the default path cannot
 
 The webhook is registered for CREATE only: a gate can be added only when a pod is created.
 Reinvocation is harmless: a translated pod translates to no patch at all.
+
+Zero and the API's limits (every pod is hostile input):
+- a legacy count of 0 (`nvidia.com/gpu: 0`, `nvidia.com/vgpu-number: 0`, `nvidia.com/vcuda-core:
+  0`, a shared resource at 0) gives the container no claim at all, as each source system gives
+  it no GPU; 0 GPUs together with memory, cores or a memory share is refused; negative and
+  fractional counts are refused. No template with a count below 1 is ever written.
+- what the translation writes is checked against the API's own limits before the webhook answers,
+  so a pod that would exceed one is refused naming the annotation or resource and the limit,
+  instead of the template or the pod failing the API's validation after admission: a CEL selector
+  expression at most `CEL_SELECTOR_MAX_LENGTH` bytes; at most `MAX_COUNT` devices per claim; the
+  pod's annotations (with the ones the webhook copies) at most `ANNOTATIONS_MAX_BYTES`; claim
+  names DNS labels; and, before any of that, a list annotation at most `MAX_POLICY_LIST_BYTES`
+  and `MAX_POLICY_ITEMS` items (the allocation controller's own bounds).
 """
 
 from __future__ import annotations
@@ -38,7 +51,7 @@ from controller.webhook import legacy
 from controller.webhook.legacy import Concept, System
 from dra_driver import config, names
 from dra_driver.allocator import QuantityError, parse_quantity
-from dra_driver.allocator.request import MAX_COUNT
+from dra_driver.allocator.request import MAX_COUNT, MAX_POLICY_ITEMS, MAX_POLICY_LIST_BYTES
 
 JSON = dict[str, Any]
 
@@ -50,6 +63,12 @@ _TEMPLATE_NAME = re.compile(rf"^{TEMPLATE_PREFIX}[0-9a-f]{{{TEMPLATE_HASH_CHARS}
 REQUEST_NAME = "gpu"
 MAX_NAME = 63  # a pod's resourceClaims[].name is a DNS label
 MAX_MEMORY_MIB = 1 << 24  # 16 TiB per GPU: far above any GPU, far below int64 bytes
+# The API's limits on what the translation writes (Kubernetes v1.37 sources):
+# resource.k8s.io/v1 CELSelectorExpressionMaxLength (pkg/apis/resource/types.go; validation
+# compares the expression's length in bytes) and apimachinery's TotalAnnotationSizeLimitB
+# (the sum of the lengths of every annotation's key and value).
+CEL_SELECTOR_MAX_LENGTH = 10 * 1024
+ANNOTATIONS_MAX_BYTES = 256 * 1024
 
 # GPU type names become parts of a CEL regular expression: only characters that need no escaping
 # beyond `[.]` are accepted (product names are letters, digits, spaces, dashes, dots).
@@ -125,6 +144,8 @@ class PodPolicy:
 
     values: Mapping[Concept, str]  # normalised annotation value per concept
     systems: frozenset[System]  # systems whose annotation names the pod uses
+    # The annotation each concept was read from, as the pod wrote it (for messages).
+    keys: Mapping[Concept, str] = field(default_factory=dict)
 
     def get(self, concept: Concept) -> str | None:
         return self.values.get(concept)
@@ -171,7 +192,19 @@ def _normalise(concept: Concept, key: str, raw: Any) -> str:
         return value
     if concept in _COMMA_LISTS:
         pattern, what = _COMMA_LISTS[concept]
+        size = len(value.encode())
+        if size > MAX_POLICY_LIST_BYTES:
+            raise Refusal(
+                f"annotation {key}: {size} bytes; a list of GPU types or UUIDs may have at most "
+                f"{MAX_POLICY_LIST_BYTES} bytes and {MAX_POLICY_ITEMS} items (GPU types match as "
+                "case-insensitive substrings: 'A100' matches every A100 model)"
+            )
         items = _csv(value)
+        if len(items) > MAX_POLICY_ITEMS:
+            raise Refusal(
+                f"annotation {key}: {len(items)} items; a list of GPU types or UUIDs may have "
+                f"at most {MAX_POLICY_ITEMS}"
+            )
         if not items or any(not pattern.fullmatch(item) for item in items):
             raise Refusal(f"annotation {key}={_short(value)}: a comma list of {what}")
         return ",".join(items)
@@ -225,7 +258,7 @@ def read_pod_policy(pod: Mapping[str, Any]) -> PodPolicy:
                 f"{first_key[exclude]}={_short(annotations[first_key[exclude]])} both include and "
                 f"exclude the {what} {', '.join(sorted(both))}: remove it from one of them"
             )
-    return PodPolicy(values=values, systems=frozenset(systems))
+    return PodPolicy(values=values, systems=frozenset(systems), keys=first_key)
 
 
 # ----------------------------------------------------------------------------- containers
@@ -295,7 +328,10 @@ def _percent(container: str, key: str, value: int) -> int:
 
 def _count(container: str, key: str, value: int) -> int:
     if value > MAX_COUNT:
-        raise Refusal(f"container {container}: {key}={value}: at most {MAX_COUNT} GPUs per claim")
+        raise Refusal(
+            f"container {container}: {key}={value}: at most {MAX_COUNT} GPUs per container (the "
+            "API's limit on the devices of one claim, resource.k8s.io/v1 AllocationResultsMaxSize)"
+        )
     return value
 
 
@@ -491,8 +527,9 @@ def _pod_memory_percentage(ask: _Ask, policy: PodPolicy) -> None:
 
 def _container_shape(
     container: Mapping[str, Any], keys: list[str], policy: PodPolicy, settings: TranslationSettings
-) -> Shape | None:
-    """The shape of one container's legacy request (None: it asks for nothing, e.g. a zero)."""
+) -> tuple[System, Shape | None]:
+    """The system and shape of one container's legacy request (shape None: it asks for no GPU,
+    a count of 0, and gets no claim at all)."""
     name = str(container.get("name") or "")
     limits, requests = _resources(container)
     ask = _Ask(name, {k: _amount(name, k, limits, requests) for k in keys})
@@ -505,20 +542,21 @@ def _container_shape(
         _shared(ask, keys[0], settings)
     else:
         _hami_or_whole(ask, system)
-    _pod_memory_percentage(ask, policy)
     if ask.count == 0:
-        if ask.memory or ask.cores:
+        # What every source system does with a zero: no device for the container.
+        if ask.memory or ask.cores or ask.memory_percent:
             raise Refusal(
                 f"container {name}: 0 GPUs requested together with memory or cores "
                 f"({', '.join(keys)}): ask for at least 1 GPU or drop the others"
             )
-        return None
+        return system, None
+    _pod_memory_percentage(ask, policy)
     if ask.memory is not None and not 0 < ask.memory <= MAX_MEMORY_MIB:
         raise Refusal(
             f"container {name}: GPU memory {ask.memory} MiB: give 1..{MAX_MEMORY_MIB} MiB, or "
             "leave it out for the whole memory"
         )
-    return Shape(
+    return system, Shape(
         system=system,
         count=ask.count,
         memory_mib=ask.memory,
@@ -548,22 +586,52 @@ def _regex_alternatives(items: Iterable[str]) -> str:
     return "|".join(item.replace(".", "[.]") for item in items)
 
 
+_SELECTED = {
+    "include_types": ("productName", "GPU types"),
+    "exclude_types": ("productName", "GPU types"),
+    "include_uuids": ("uuid", "GPU UUIDs"),
+    "exclude_uuids": ("uuid", "GPU UUIDs"),
+}
+
+
+def _selector(concept: Concept, items: tuple[str, ...], driver: str) -> str:
+    """The CEL expression of one include/exclude list: GPU types match as case-insensitive
+    substrings of productName, UUIDs whole."""
+    attribute, _ = _SELECTED[concept]
+    if attribute == "productName":
+        pattern = f"({_regex_alternatives(items)})"
+    else:
+        pattern = f"^({'|'.join(items)})$"
+    expression = f'device.attributes["{driver}"].{attribute}.matches("(?i){pattern}")'
+    return "!" + expression if concept.startswith("exclude") else expression
+
+
 def _selectors(policy: PodPolicy, driver: str) -> list[JSON]:
-    attrs = f'device.attributes["{driver}"]'
-    out: list[str] = []
-    if policy.items("include_types"):
-        out.append(
-            f'{attrs}.productName.matches("(?i)({_regex_alternatives(policy.items("include_types"))})")'
-        )
-    if policy.items("exclude_types"):
-        out.append(
-            f'!{attrs}.productName.matches("(?i)({_regex_alternatives(policy.items("exclude_types"))})")'
-        )
-    if policy.items("include_uuids"):
-        out.append(f'{attrs}.uuid.matches("(?i)^({"|".join(policy.items("include_uuids"))})$")')
-    if policy.items("exclude_uuids"):
-        out.append(f'!{attrs}.uuid.matches("(?i)^({"|".join(policy.items("exclude_uuids"))})$")')
-    return [{"cel": {"expression": e}} for e in out]
+    out: list[JSON] = []
+    concepts: tuple[Concept, ...] = (
+        "include_types",
+        "exclude_types",
+        "include_uuids",
+        "exclude_uuids",
+    )
+    for concept in concepts:
+        items = policy.items(concept)
+        if not items:
+            continue
+        expression = _selector(concept, items, driver)
+        size = len(expression.encode())
+        if size > CEL_SELECTOR_MAX_LENGTH:
+            key = policy.keys.get(concept, legacy.CANONICAL[concept])
+            _, what = _SELECTED[concept]
+            raise Refusal(
+                f"annotation {key}: its {len(items)} {what} become a CEL selector of {size} "
+                f"bytes in the claim, above the API's limit of {CEL_SELECTOR_MAX_LENGTH} bytes "
+                "per selector expression (resource.k8s.io/v1); list fewer or shorter ones "
+                "(GPU types match as case-insensitive substrings: 'A100' matches every A100 "
+                "model)"
+            )
+        out.append({"cel": {"expression": expression}})
+    return out
 
 
 def _compute_policy(shape: Shape, policy: PodPolicy, settings: TranslationSettings) -> str | None:
@@ -577,6 +645,8 @@ def _compute_policy(shape: Shape, policy: PodPolicy, settings: TranslationSettin
 
 
 def _template(shape: Shape, policy: PodPolicy, settings: TranslationSettings) -> ClaimTemplate:
+    if not 1 <= shape.count <= MAX_COUNT:  # a bug: the shapes above never hold one
+        raise ValueError(f"a claim template for {shape.count} GPUs")
     exactly: JSON = {
         "deviceClassName": settings.device_class,
         "allocationMode": "ExactCount",
@@ -701,7 +771,7 @@ def _translate_containers(
             keys = _legacy_keys(container, settings)
             if not keys:
                 continue
-            shape = _container_shape(container, keys, policy, settings)
+            system, shape = _container_shape(container, keys, policy, settings)
             res = dict(container.get("resources") or {})
             limits, requests = _resources(container)
             new_res = _without(res, ("limits", "requests"))
@@ -709,9 +779,11 @@ def _translate_containers(
                 new_res["limits"] = _without(limits, keys)
             if _without(requests, keys):
                 new_res["requests"] = _without(requests, keys)
+            work.systems.append(system)
             if shape is None:
                 work.warnings.append(
-                    f"container {container.get('name')}: {', '.join(keys)} ask for no GPU: removed"
+                    f"container {container.get('name')}: {', '.join(keys)} ask for no GPU: "
+                    "removed, the container gets none"
                 )
             else:
                 template = _template(shape, policy, settings)
@@ -721,7 +793,6 @@ def _translate_containers(
                 new_claims.append({"name": claim, "resourceClaimTemplateName": template.name})
                 new_res["claims"] = [*(res.get("claims") or []), {"name": claim}]
                 work.warnings.extend(shape.notes)
-                work.systems.append(shape.system)
             work.patch.append(
                 {"op": "add", "path": f"/spec/{field_name}/{index}/resources", "value": new_res}
             )
@@ -761,12 +832,29 @@ def _translate_annotations(meta: Mapping[str, Any], policy: PodPolicy, work: _Wo
         )
     elif added:
         work.patch.append({"op": "add", "path": "/metadata/annotations", "value": added})
+    _annotations_fit({**annotations, **added}, added)
     work.warnings.extend(
         f"annotation {k}={v} set for the allocation controller"
         for k, v in sorted(added.items())
         if k != legacy.TRANSLATED_FROM
     )
     return str(annotations.get(legacy.TRANSLATED_FROM) or source)
+
+
+def _annotations_fit(annotations: Mapping[str, Any], added: Mapping[str, str]) -> None:
+    """The pod's annotations after the patch within the API's total, or a Refusal that says so
+    (the API server would refuse the translated pod with a message naming none of ours)."""
+    size = sum(len(str(k).encode()) + len(str(v).encode()) for k, v in annotations.items())
+    if size <= ANNOTATIONS_MAX_BYTES:
+        return
+    copied = ", ".join(sorted(k for k in added if k != legacy.TRANSLATED_FROM)) or "none"
+    raise Refusal(
+        f"the pod's annotations would total {size} bytes once translated, above the API's "
+        f"limit of {ANNOTATIONS_MAX_BYTES} bytes (metadata.annotations, keys and values); the "
+        f"webhook adds {copied} (copies of the pod's policy annotations under their "
+        "vgpu.dra.dev names): shorten the annotations, or write the policy under its "
+        "vgpu.dra.dev name only"
+    )
 
 
 def _onto_policy_path(spec: Mapping[str, Any], policy: PodPolicy, work: _Work) -> None:

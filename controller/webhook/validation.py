@@ -17,7 +17,7 @@ from typing import Any
 
 from controller.webhook import legacy
 from controller.webhook.translate import Refusal, read_pod_policy
-from dra_driver import config, names
+from dra_driver import config, kube, names
 from dra_driver.allocator import QuantityError, parse_quantity
 
 JSON = dict[str, Any]
@@ -126,14 +126,36 @@ def _names_memory(alternative: Mapping[str, Any], driver: str) -> bool:
     return any(str(k).rsplit("/", 1)[-1] == names.CAPACITY_MEMORY for k in requests)
 
 
+def _holds_pruned(value: Any) -> bool:
+    """Whether the decoder cut part of `value` (JSON nested too deeply: `kube.PRUNED`)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if item == kube.PRUNED:
+            return True
+        if isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
 def _configs(where: str, path: str, entries: Any, facts: ClusterFacts) -> list[str]:
     problems = []
-    for i, entry in enumerate(entries or []):
+    for i, entry in enumerate(entries if isinstance(entries, list) else []):
         opaque = (entry or {}).get("opaque") if isinstance(entry, Mapping) else None
         if not isinstance(opaque, Mapping) or opaque.get("driver") != facts.driver:
             continue  # another driver's config is that driver's business
+        parameters = opaque.get("parameters")
+        if _holds_pruned(parameters):
+            problems.append(
+                f"{where}: {path}[{i}].opaque.parameters: nested too deeply (JSON deeper than "
+                f"{kube.MAX_JSON_DEPTH} levels in the admission request); a VgpuConfig is a "
+                "flat object"
+            )
+            continue
         try:
-            config.parse_config(opaque.get("parameters"))
+            config.parse_config(parameters)
         except config.ConfigError as exc:
             problems.append(f"{where}: {path}[{i}].opaque.parameters: {exc}")
     return problems

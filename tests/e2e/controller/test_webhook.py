@@ -37,6 +37,7 @@ import base64
 import contextlib
 import hashlib
 import http.client
+import json
 import os
 import re
 import signal
@@ -57,11 +58,13 @@ import jsonpatch
 import pytest
 import yaml
 
+from controller.webhook import legacy
 from controller.webhook.legacy import MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from controller.webhook.templates import TemplateCollector, TemplateEnsurer
 from controller.webhook.translate import ClaimTemplate, Refusal, TranslationSettings, translate_pod
 from dra_driver import kube
 from dra_driver.allocator import parse_quantity
+from dra_driver.allocator.request import RequestError, parse_claim
 from dra_driver.kube import RESOURCE_API, KubeClient, KubeError
 from tests.fixtures import legacy_pods
 from tests.fixtures.chart import (
@@ -899,6 +902,128 @@ def test_a_claim_and_a_device_class_with_a_malformed_config_are_refused(
         assert "known fields: apiVersion, kind, computePolicy" in refused.value.message
     finally:
         client.delete(kube.path(RESOURCE_API, "deviceclasses", name))
+
+
+# ---------------------------------------------------------------- hostile input (issue 27)
+
+
+def _refused(hook: Hook, obj: JSON) -> KubeError:
+    with pytest.raises(KubeError) as refused:
+        hook.client.create(hook.pods(), obj)
+    return refused.value
+
+
+def test_a_100_kib_gpu_type_list_is_a_clear_refusal_not_a_500(hook: Hook) -> None:
+    """The issue's pod: before, the translated CEL selector (over the API's 10 KiB) made the
+    template's create fail and the webhook answer 500."""
+    legacy = pod("long-type", {"nvidia.com/gpu": "1"}, {"nvidia.com/use-gputype": "A" * 102400})
+    refused = _refused(hook, legacy)
+    assert refused.status == 400, refused
+    assert "annotation nvidia.com/use-gputype: 102400 bytes" in refused.message
+    assert "at most 10240 bytes and 256 items" in refused.message
+
+
+def test_a_translated_selector_is_held_to_the_api_servers_own_limit(hook: Hook) -> None:
+    """A list within our bounds whose selector exceeds 10 KiB is refused by name; one whose
+    selector is exactly 10240 bytes is admitted, and the API server takes its template: our
+    limit is the API server's."""
+    dotted = ",".join(f"{i}{'a.' * 20}"[:39] for i in range(200))  # each dot becomes `[.]`
+    refused = _refused(hook, pod("dotted", {"nvidia.com/gpu": "1"},
+                                 {"nvidia.com/use-gputype": dotted}))  # fmt: skip
+    assert refused.status == 400, refused
+    assert "annotation nvidia.com/use-gputype: its 200 GPU types become a CEL selector of" in (
+        refused.message
+    )
+    assert "above the API's limit of 10240 bytes per selector expression" in refused.message
+    prefix = 'device.attributes["vgpu.dra.dev"].productName.matches("(?i)('
+    room = 10240 - len(prefix) - len(')")')
+    types = ",".join(["A" * 99] * (room // 100) + ["B" * (room % 100)])
+    created = hook.client.create(
+        hook.pods(), pod("edge", {"nvidia.com/gpu": "1"}, {"nvidia.com/use-gputype": types})
+    )
+    template = hook.template(created["spec"]["resourceClaims"][0]["resourceClaimTemplateName"])
+    assert template is not None
+    (selector,) = template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"]
+    assert len(selector["cel"]["expression"]) == 10240
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [{"nvidia.com/gpu": "0"}, {"nvidia.com/vgpu-number": "0"}, {"nvidia.com/vcuda-core": "0"}],
+    ids=["device-plugin", "vgpu-manager", "gpu-manager"],
+)
+def test_a_zero_gpu_pod_is_admitted_with_no_claim(hook: Hook, limits: dict[str, str]) -> None:
+    """`nvidia.com/gpu: 0` (and the other systems' zero): the container gets no GPU, as each
+    system gives it none: no claim, no template, the legacy resource gone."""
+    name = f"zero-{uuid.uuid4().hex[:6]}"
+    created = hook.client.create(hook.pods(), pod(name, {**limits, "cpu": "100m"}))
+    assert not created["spec"].get("resourceClaims")
+    (container,) = created["spec"]["containers"]
+    resources = container.get("resources") or {}
+    assert "claims" not in resources
+    for where in ("limits", "requests"):
+        assert not set(resources.get(where) or {}) & set(LEGACY), resources
+    assert resources["limits"] == {"cpu": "100m"}
+    assert GATE not in [g["name"] for g in created["spec"].get("schedulingGates") or []]
+    system = legacy.RESOURCES[next(iter(limits))]
+    assert created["metadata"]["annotations"][legacy.TRANSLATED_FROM] == system
+    stored = hook.client.get(kube.path("v1", "pods", name, namespace=hook.tenant))
+    assert not stored["spec"].get("resourceClaims")
+    assert not (stored.get("status") or {}).get("resourceClaimStatuses")
+
+
+def test_a_count_of_zero_is_one_device_as_the_api_defaults_it(
+    hook: Hook, client: KubeClient
+) -> None:
+    """`count: 0` in an ExactCount request: the API server stores 1 (its defaulting), which is
+    what kube-scheduler allocates and what the allocation controller reads; a negative count is
+    refused by the API server; the allocation controller's parser refuses any 0 it could still
+    meet (unit tests)."""
+    claims = kube.path(RESOURCE_API, "resourceclaims", namespace=hook.tenant)
+
+    def claim(name: str, count: int) -> JSON:
+        return {
+            "apiVersion": RESOURCE_API, "kind": "ResourceClaim", "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "vgpu.dra.dev", "allocationMode": "ExactCount",
+                "count": count}}]}},
+        }  # fmt: skip
+
+    stored = client.create(claims, claim("count-zero", 0))
+    assert stored["spec"]["devices"]["requests"][0]["exactly"]["count"] == 1
+    classes = {"vgpu.dra.dev": {"metadata": {"name": "vgpu.dra.dev"}, "spec": {}}}
+    (request,) = parse_claim(stored, classes).requests
+    assert request.alternatives[0].count == 1 and not request.alternatives[0].all_devices
+    with pytest.raises(KubeError) as refused:
+        client.create(claims, claim("count-negative", -1))
+    assert refused.value.status == 422
+    assert "must be greater than zero" in refused.value.message
+    bypassed = claim("count-zero-bypassed", 0)  # as if the API had not defaulted it
+    with pytest.raises(RequestError, match="count 0: an ExactCount request needs at least 1"):
+        parse_claim(bypassed, classes)
+
+
+def test_a_vgpu_config_nested_too_deeply_is_refused_by_name(hook: Hook, client: KubeClient) -> None:
+    """The API server takes a config nesting 3,000 levels (6 KB, within its 10 KiB); before, the
+    AdmissionReview carrying it could not be decoded (a 400, so the API server's 'failed
+    calling webhook'); now the webhook answers, refusing the VgpuConfig by name."""
+    nested: Any = 1
+    for _ in range(3000):
+        nested = [nested]
+    claim = {
+        "apiVersion": RESOURCE_API, "kind": "ResourceClaim", "metadata": {"name": "deep"},
+        "spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": {"deviceClassName": "vgpu.dra.dev"}}],
+            "config": [{"requests": ["gpu"], "opaque": _vgpu_config()}]}},
+    }  # fmt: skip
+    claim["spec"]["devices"]["config"][0]["opaque"]["parameters"]["x"] = "__DEEP__"
+    text = json.dumps(claim).replace('"__DEEP__"', "[" * 3000 + "1" + "]" * 3000)
+    claims = kube.path(RESOURCE_API, "resourceclaims", namespace=hook.tenant)
+    with pytest.raises(KubeError) as refused:
+        # As text (JSON is YAML): the client's own encoder would refuse the depth.
+        client.request("POST", claims, body=text, content_type="application/yaml")  # type: ignore[arg-type]
+    assert refused.value.status == 422, refused.value
+    assert "spec.devices.config[0].opaque.parameters: nested too deeply" in refused.value.message
 
 
 # ---------------------------------------------------------------- end to end on bed nodes

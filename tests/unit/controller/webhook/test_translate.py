@@ -615,9 +615,10 @@ def test_requests_are_removed_too_and_must_equal_limits() -> None:
             "container main: nvidia.com/gpu.shared=5: at most 4 shares (the replicas of one GPU)",
         ),
         (
-            {"nvidia.com/vgpu-number": "129"},
+            {"nvidia.com/vgpu-number": "33"},
             {},
-            "container main: nvidia.com/vgpu-number=129: at most 128 GPUs per claim",
+            "container main: nvidia.com/vgpu-number=33: at most 32 GPUs per container (the API's "
+            "limit on the devices of one claim, resource.k8s.io/v1 AllocationResultsMaxSize)",
         ),
         (
             {"nvidia.com/vgpu-number": "1"},
