@@ -23,6 +23,7 @@ import pytest
 from controller.leader import LeaderElector
 from dra_driver import kube
 from dra_driver.supervision import Supervisor
+from vgpu_testbed.polling import wait_for
 
 JSON = dict[str, Any]
 
@@ -63,16 +64,15 @@ class Clock:
         return self.now
 
 
-def elector(leases: Leases, clock: Clock, identity: str) -> LeaderElector:
+def elector(leases: Leases, clock: Clock, identity: str, **options: Any) -> LeaderElector:
+    timings = {"lease_duration_s": 15, "renew_deadline_s": 10, "retry_period_s": 2}
     return LeaderElector(
         leases,  # type: ignore[arg-type]
         namespace="ns",
         name="lease",
         identity=identity,
-        lease_duration_s=15,
-        renew_deadline_s=10,
-        retry_period_s=2,
         clock=clock,
+        **{**timings, **options},
     )
 
 
@@ -150,17 +150,7 @@ def test_a_replica_that_stopped_making_progress_gives_the_lease_up() -> None:
     over on its next round instead of after the lease duration; while unfit it never campaigns."""
     leases, clock = Leases(), Clock()
     fit = {"a": True}
-    a = LeaderElector(
-        leases,  # type: ignore[arg-type]
-        namespace="ns",
-        name="lease",
-        identity="a",
-        lease_duration_s=15,
-        renew_deadline_s=10,
-        retry_period_s=2,
-        clock=clock,
-        fit=lambda: fit["a"],
-    )
+    a = elector(leases, clock, "a", fit=lambda: fit["a"])
     b = elector(leases, clock, "b")
     assert a.step() and not b.step()
     fit["a"] = False
@@ -185,32 +175,15 @@ def test_a_round_that_raises_does_not_end_the_elector() -> None:
 
     supervisor = Supervisor()
     leases = Flaky()
-    a = LeaderElector(
-        leases,  # type: ignore[arg-type]
-        namespace="ns",
-        name="lease",
-        identity="a",
-        lease_duration_s=3,
-        renew_deadline_s=2,
-        retry_period_s=0.05,
-        supervisor=supervisor,
-    )
+    timings = {"lease_duration_s": 3, "renew_deadline_s": 2, "retry_period_s": 0.05}
+    a = elector(leases, time.monotonic, "a", supervisor=supervisor, **timings)  # type: ignore[arg-type]
     stop = threading.Event()
     a.start(stop)
     try:
-        assert _wait_for(a.is_leader)
+        wait_for("leadership", a.is_leader, timeout=10, interval=0.01)
         assert supervisor.failures() == {"leader-election": 1}
         assert supervisor.stalled() == []
     finally:
         stop.set()
         a.join(5)
     assert holder(leases) == ""  # released on the way out
-
-
-def _wait_for(condition: Any, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return False

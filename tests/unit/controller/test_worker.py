@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -25,6 +23,7 @@ from controller.reconciler import Defaults, Reconciler
 from controller.rescheduler import Rescheduler
 from controller.worker import WORKER_DEADLINE_S, Worker
 from dra_driver.supervision import Supervisor
+from vgpu_testbed.polling import wait_for
 
 
 class NoApi:
@@ -101,15 +100,6 @@ def test_an_object_that_breaks_a_parser_is_skipped(caplog: pytest.LogCaptureFixt
     assert api.calls == []
 
 
-def _wait_for(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return False
-
-
 def _running(worker: Worker) -> tuple[threading.Event, threading.Thread]:
     """The worker's own thread only (no informers: they would reach for the API)."""
     for informer in worker.informers:
@@ -138,7 +128,7 @@ def test_a_pass_that_raises_is_counted_and_the_next_one_runs(
     with caplog.at_level(logging.ERROR):
         stop, thread = _running(worker)
         try:
-            assert _wait_for(lambda: len(passes) >= 3)
+            wait_for("three passes", lambda: len(passes) >= 3, timeout=10, interval=0.01)
         finally:
             stop.set()
             thread.join(5)
@@ -168,7 +158,12 @@ def test_a_hung_pass_makes_the_worker_stalled() -> None:
         now[0] += WORKER_DEADLINE_S + 1
         assert supervisor.stalled() == ["worker"]
         release.set()
-        assert _wait_for(lambda: supervisor.stalled() == [])  # it beats again after the pass
+        wait_for(
+            "the worker beating again",
+            lambda: supervisor.stalled() == [],
+            timeout=10,
+            interval=0.01,
+        )  # it beats again after the pass
     finally:
         release.set()
         stop.set()

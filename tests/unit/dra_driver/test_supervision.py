@@ -14,22 +14,12 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from dra_driver.supervision import LoopCollector, Supervisor
-
-
-def _wait_for(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return False
+from vgpu_testbed.polling import wait_for
 
 
 def test_a_failing_step_is_counted_and_the_loop_goes_on(caplog: pytest.LogCaptureFixture) -> None:
@@ -48,7 +38,7 @@ def test_a_failing_step_is_counted_and_the_loop_goes_on(caplog: pytest.LogCaptur
         thread = supervisor.run(
             "odd", step, stop, period_s=0.001, deadline_s=60, expected=(ConnectionError,)
         )
-        assert _wait_for(lambda: len(steps) >= 6)
+        wait_for("six steps", lambda: len(steps) >= 6, timeout=10, interval=0.01)
         stop.set()
         thread.join(5)
     assert supervisor.failures() == {"odd": 1}  # the expected one is not a failure
@@ -75,9 +65,9 @@ def test_a_hung_step_is_a_stall_and_the_watchdog_fires_once() -> None:
         assert supervisor.stalled() == [] and supervisor.healthy()
         now[0] = 31.0
         assert supervisor.stalled() == ["hangs"] and not supervisor.healthy()
-        assert _wait_for(lambda: fired == [["hangs"]])
+        wait_for("the watchdog", lambda: fired == [["hangs"]], timeout=10, interval=0.01)
         release.set()
-        assert _wait_for(lambda: supervisor.stalled() == [])
+        wait_for("no stall", lambda: supervisor.stalled() == [], timeout=10, interval=0.01)
     finally:
         release.set()
         stop.set()
