@@ -121,7 +121,7 @@ class Informer:
         try:
             self._watch_loop(stop)
         finally:
-            self._loop.ended = not stop.is_set()  # only an early end is a stall
+            self._loop.end(stopped=stop.is_set())  # only an early end is a stall
 
     def _watch_loop(self, stop: threading.Event) -> None:
         backoff = BACKOFF_START_S

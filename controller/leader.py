@@ -219,7 +219,7 @@ class LeaderElector:
                 stop.wait(self.retry_period_s)
             self.release()
         finally:
-            self._loop.ended = not stop.is_set()
+            self._loop.end(stopped=stop.is_set())
 
     def release(self) -> None:
         """Give the Lease up (empty holder) if this replica holds it, so a standby need not

@@ -115,7 +115,7 @@ class Worker:
         try:
             self._passes(stop)
         finally:
-            self._loop.ended = not stop.is_set()  # only an early end is a stall
+            self._loop.end(stopped=stop.is_set())  # only an early end is a stall
 
     def _passes(self, stop: threading.Event) -> None:
         leading = False  # as of the last pass (the elector may release the Lease on stop first)

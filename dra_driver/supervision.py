@@ -15,8 +15,11 @@ the whole cluster. Every loop now follows the same rules:
   timeout). `stalled()` names them; the controller's `/readyz` and its Lease renewal read it,
   so a stuck leader stops renewing and a standby takes over; the kubelet plugin's watchdog ends
   the process, so the kubelet restarts it.
-- a loop ends normally only when `stop` is set; one that ends before (a BaseException, or a
-  self-beating loop that marks itself `ended`) counts as stalled at once.
+- a loop ends normally only when `stop` is set (`run`/`drive` then mark it `finished`: no
+  longer watched, so its last beat never ages into a stall); one that ends before (a
+  BaseException, or a self-beating loop that marks itself `ended`) counts as stalled at once.
+- a backoff longer than the loop's period is announced (`Loop.grace_s`) and added to the
+  deadline: a loop that fails every step is a failing loop (counted), not a stuck one.
 
 Nothing here knows Kubernetes. Both processes export the same two series through
 `LoopCollector` (registered into each one's own registry): `vgpu_dra_loop_failures_total{loop}`
@@ -48,7 +51,9 @@ class Loop:
     deadline_s: float  # a step longer than this (or no step for this long) is a stall
     clock: Callable[[], float] = field(default=time.monotonic, repr=False)
     last_beat: float = field(default_factory=time.monotonic)
-    ended: bool = False  # the thread returned (normal after stop)
+    ended: bool = False  # the thread returned before its stop was set (a stall)
+    finished: bool = False  # the thread returned after its stop was set: no longer watched
+    grace_s: float = 0.0  # how much longer than its period the loop waits now (a backoff)
     failures: int = 0  # steps that raised
     consecutive: int = 0  # failed steps since the last good one
 
@@ -59,6 +64,14 @@ class Loop:
             self.consecutive += 1
         else:
             self.consecutive = 0
+
+    def end(self, *, stopped: bool) -> None:
+        """The loop's thread returns: `finished` when it was asked to stop (no longer watched),
+        else `ended` (a stall at once)."""
+        if stopped:
+            self.finished = True
+        else:
+            self.ended = True
 
     def step(
         self,
@@ -119,25 +132,50 @@ class Supervisor:
         `deadline_s` bounds one step plus one period: longer without a beat is a stall.
         """
         loop = self.register(name, deadline_s)
-
-        def body() -> None:
-            backoff = BACKOFF_START_S
-            try:
-                while not stop.is_set():
-                    if loop.step(step, expected=expected):
-                        backoff = BACKOFF_START_S
-                        wait = period_s
-                    else:
-                        wait = max(period_s, backoff)
-                        backoff = min(backoff * 2, backoff_max_s)
-                    if stop.wait(wait):
-                        break
-            finally:
-                loop.ended = not stop.is_set()  # only an early end is a stall
-
-        thread = threading.Thread(target=body, name=name, daemon=True)
+        thread = threading.Thread(
+            target=self.drive,
+            args=(loop, step, stop),
+            kwargs={"period_s": period_s, "backoff_max_s": backoff_max_s, "expected": expected},
+            name=name,
+            daemon=True,
+        )
         thread.start()
         return thread
+
+    def drive(
+        self,
+        loop: Loop,
+        step: Callable[[], object],
+        stop: threading.Event,
+        *,
+        period_s: float | Callable[[], float],
+        backoff_max_s: float = BACKOFF_MAX_S,
+        expected: tuple[type[Exception], ...] = (),
+    ) -> None:
+        """What `run` does, in the calling thread, for a registered `loop`.
+
+        For a loop that must set something up in its own thread first (an NVML session) and
+        registers once it is there. `period_s` may be a function, asked after each step for
+        the wait before the next (a loop whose pace changes); it must not raise.
+        """
+        period = period_s if callable(period_s) else (lambda: period_s)
+        backoff = BACKOFF_START_S
+        try:
+            while not stop.is_set():
+                done = loop.step(step, expected=expected)
+                normal = period()
+                if done:
+                    backoff = BACKOFF_START_S
+                    wait = normal
+                else:
+                    wait = max(normal, backoff)
+                    backoff = min(backoff * 2, backoff_max_s)
+                loop.grace_s = wait - normal  # waiting out a backoff is not a stall
+                if stop.wait(wait):
+                    break
+        finally:
+            # Only an early end is a stall; a loop stopped on request is no longer watched.
+            loop.end(stopped=stop.is_set())
 
     def loops(self) -> list[Loop]:
         with self._lock:
@@ -153,7 +191,8 @@ class Supervisor:
         return [
             loop.name
             for loop in self.loops()
-            if loop.ended or now - loop.last_beat > loop.deadline_s
+            if not loop.finished
+            and (loop.ended or now - loop.last_beat > loop.deadline_s + loop.grace_s)
         ]
 
     def healthy(self) -> bool:

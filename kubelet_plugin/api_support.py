@@ -23,6 +23,7 @@ from typing import Any
 
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient, KubeError
+from dra_driver.supervision import Loop
 from kubelet_plugin.backoff import Backoff
 
 log = logging.getLogger(__name__)
@@ -95,8 +96,14 @@ def wait_for_form(
     node_name: str,
     stop: threading.Event,
     backoff: Backoff | None = None,
+    loop: Loop | None = None,
 ) -> SliceForm | None:
-    """Probe until the server answers (None if `stop` is set first); log the outcome once."""
+    """Probe until the server answers (None if `stop` is set first); log the outcome once.
+
+    Each attempt beats `loop` (the slice publisher's); one that raised something unexpected (an
+    echo of the wrong shape) is logged with its traceback, counted and retried like an API
+    error.
+    """
     backoff = backoff or Backoff()
     while not stop.is_set():
         try:
@@ -104,8 +111,19 @@ def wait_for_form(
         except KubeError as exc:
             delay = backoff.next_delay()
             log.warning("cannot probe the ResourceSlice API (retry in %.1fs): %s", delay, exc)
+            if loop is not None:
+                loop.beat()
             stop.wait(delay)
             continue
+        except Exception:
+            delay = backoff.next_delay()
+            log.exception("probing the ResourceSlice API failed (retry in %.1fs)", delay)
+            if loop is not None:
+                loop.beat(failed=True)
+            stop.wait(delay)
+            continue
+        if loop is not None:
+            loop.beat()
         if form is SliceForm.WHOLE:
             log.warning(
                 "the API server drops consumable capacity (allowMultipleAllocations, "

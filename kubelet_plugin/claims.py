@@ -5,6 +5,15 @@ ResourceClaim object. `fetch_claim` is the one I/O call (through `dra_driver.kub
 `parse_allocation` is pure: claim dict -> the devices allocated to this driver on this node, with
 their consumed capacity and the opaque configs that came with the allocation. Called by
 `kubelet_plugin.prepare`; `kubelet_plugin.plan` turns the result into files.
+
+A claim is hostile input: whatever it holds, reading it fails that claim alone, with a
+`ClaimError` that names the field, never an exception of another kind (which prepare reports as
+an internal error). Every level is checked for its type (an object where an object belongs, a
+list where a list does), strings and lists are bounded (`MAX_*`: far above what the API server
+accepts, so only an object that was not validated by one meets them), quantities must fit in
+int64, and an opaque config that the API client cut because it was nested too deeply
+(`kube.PRUNED`) is refused as such. Fields this driver does not know are ignored, as new API
+fields must be; unknown fields of our own opaque config are refused by `VgpuConfig`.
 """
 
 from __future__ import annotations
@@ -12,8 +21,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dra_driver import kube, names
+from dra_driver import cdi, kube, names
 from dra_driver.allocator import QuantityError, parse_quantity
+
+# Bounds on what a claim may hold, far above the API server's own (32 results, 32 config
+# entries, 32 requests per entry, names of at most 253 characters, quantities in canonical
+# form): they only keep a claim that no API server validated from costing more than a claim.
+MAX_RESULTS = 256
+MAX_CONFIGS = 256
+MAX_CONFIG_REQUESTS = 256
+MAX_NAME_CHARS = 253
+MAX_QUANTITY_CHARS = 64
+# An opaque config is at most 10 KiB in the API; a walk looking for a cut subtree stops here.
+MAX_CONFIG_NODES = 100_000
 
 
 class ClaimError(ValueError):
@@ -111,7 +131,8 @@ def fetch_claim(
             f"cannot read ResourceClaim {ref}: the API server did not answer{budget} "
             f"({exc.message}); retryable, the kubelet retries the prepare"
         ) from None
-    uid = (claim.get("metadata") or {}).get("uid")
+    meta = claim.get("metadata") if isinstance(claim, dict) else None
+    uid = meta.get("uid") if isinstance(meta, dict) else None
     if uid != ref.uid:
         raise ClaimError(
             f"ResourceClaim {clip(ref.namespace)}/{clip(ref.name)} has UID {clip(str(uid))}, "
@@ -123,57 +144,174 @@ def fetch_claim(
 def parse_allocation(
     claim: dict[str, Any], ref: ClaimRef, *, driver: str, node_name: str
 ) -> ClaimAllocation:
-    """Pick this driver's results out of `status.allocation`; reject results for other nodes."""
-    allocation = (claim.get("status") or {}).get("allocation")
-    if not allocation:
+    """Pick this driver's results out of `status.allocation`; reject results for other nodes.
+
+    ClaimError for anything that cannot be read (module docstring), naming the field.
+    """
+    if not isinstance(claim, dict):
+        raise ClaimError(f"ResourceClaim {ref} is not an object but {_kind(claim)}")
+    status = _object(claim.get("status"), "status", ref)
+    if not status.get("allocation"):
         raise ClaimError(f"ResourceClaim {ref} is not allocated")
-    device_block = allocation.get("devices") or {}
+    allocation = _object(status["allocation"], "status.allocation", ref)
+    where = "status.allocation.devices"
+    device_block = _object(allocation.get("devices"), where, ref)
     devices: list[AllocatedDevice] = []
-    for result in device_block.get("results") or []:
+    results = _list(device_block.get("results"), f"{where}.results", ref, MAX_RESULTS)
+    for position, item in enumerate(results):
+        result = _object(item, f"{where}.results[{position}]", ref)
         if result.get("driver") != driver:
             continue
-        pool = str(result.get("pool", ""))
-        if pool != node_name:
-            raise ClaimError(
-                f"ResourceClaim {ref}: device {result.get('device')!r} of request "
-                f"{result.get('request')!r} is in pool {pool!r}, but this node's pool is "
-                f"{node_name!r}"
-            )
-        devices.append(_device(result, ref))
+        devices.append(_device(result, f"{where}.results[{position}]", ref, node_name))
     if not devices:
         raise ClaimError(f"ResourceClaim {ref} has no devices allocated by driver {driver!r}")
-    configs = tuple(
-        OpaqueConfig(
-            source=str(entry.get("source", "")),
-            requests=tuple(entry.get("requests") or ()),
-            parameters=entry["opaque"].get("parameters"),
+    configs = []
+    entries = _list(device_block.get("config"), f"{where}.config", ref, MAX_CONFIGS)
+    for position, item in enumerate(entries):
+        field_name = f"{where}.config[{position}]"
+        entry = _object(item, field_name, ref)
+        opaque = _object(entry.get("opaque"), f"{field_name}.opaque", ref)
+        if opaque.get("driver") != driver:
+            continue
+        requests = _list(entry.get("requests"), f"{field_name}.requests", ref, MAX_CONFIG_REQUESTS)
+        parameters = opaque.get("parameters")
+        if _holds_pruned(parameters):
+            raise ClaimError(
+                f"ResourceClaim {ref}: {field_name}.opaque.parameters is nested deeper than "
+                f"{kube.MAX_JSON_DEPTH} levels and could not be read (a "
+                f"{names.CONFIG_KIND} is a flat object of scalars)"
+            )
+        configs.append(
+            OpaqueConfig(
+                source=_text(entry.get("source"), f"{field_name}.source", ref),
+                requests=tuple(
+                    _text(name, f"{field_name}.requests[{index}]", ref)
+                    for index, name in enumerate(requests)
+                ),
+                parameters=parameters,
+            )
         )
-        for entry in device_block.get("config") or []
-        if (entry.get("opaque") or {}).get("driver") == driver
-    )
-    return ClaimAllocation(ref=ref, devices=tuple(devices), configs=configs)
+    return ClaimAllocation(ref=ref, devices=tuple(devices), configs=tuple(configs))
 
 
-def _device(result: dict[str, Any], ref: ClaimRef) -> AllocatedDevice:
+def _device(result: dict[str, Any], where: str, ref: ClaimRef, node_name: str) -> AllocatedDevice:
+    device = _text(result.get("device"), f"{where}.device", ref)
+    request = _text(result.get("request"), f"{where}.request", ref)
+    pool = _text(result.get("pool"), f"{where}.pool", ref)
+    if pool != node_name:
+        raise ClaimError(
+            f"ResourceClaim {ref}: device {device!r} of request {request!r} is in pool "
+            f"{pool!r}, but this node's pool is {node_name!r}"
+        )
     consumed: dict[str, int] = {}
-    for key, quantity in (result.get("consumedCapacity") or {}).items():
+    capacities = _object(result.get("consumedCapacity"), f"{where}.consumedCapacity", ref)
+    for key, quantity in capacities.items():
         # Capacity names may be qualified with the driver's domain; only ours matter.
         short = key.rsplit("/", 1)[-1]
         if short not in (names.CAPACITY_MEMORY, names.CAPACITY_CORES):
             continue
-        try:
-            consumed[short] = parse_quantity(str(quantity))
-        except QuantityError as exc:
-            raise ClaimError(
-                f"ResourceClaim {ref}: consumedCapacity {key}={quantity!r} of device "
-                f"{result.get('device')!r}: {exc}"
-            ) from None
-    share_id = result.get("shareID")
+        consumed[short] = _quantity(quantity, f"consumedCapacity {clip(key)}", device, ref)
+    share_id = _text(result.get("shareID"), f"{where}.shareID", ref)
+    if share_id and not cdi.valid_claim_uid(share_id):  # it names a CDI device
+        raise ClaimError(
+            f"ResourceClaim {ref}: {where}.shareID {clip(share_id)!r} is not a UID (letters, "
+            f"digits and '-')"
+        )
+    admin = result.get("adminAccess")
+    if admin is not None and not isinstance(admin, bool):
+        raise ClaimError(
+            f"ResourceClaim {ref}: {where}.adminAccess must be true or false, got {_kind(admin)}"
+        )
     return AllocatedDevice(
-        request=str(result.get("request", "")),
-        pool=str(result.get("pool", "")),
-        device=str(result.get("device", "")),
-        share_id=str(share_id) if share_id else None,
-        admin_access=bool(result.get("adminAccess")),
+        request=request,
+        pool=pool,
+        device=device,
+        share_id=share_id or None,
+        admin_access=bool(admin),
         consumed=consumed,
     )
+
+
+def _quantity(value: Any, what: str, device: str, ref: ClaimRef) -> int:
+    """A quantity (a string, or a JSON integer) that fits in int64."""
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise ClaimError(
+            f"ResourceClaim {ref}: {what} of device {device!r} must be a quantity, got "
+            f"{_kind(value)}"
+        )
+    text = str(value)
+    if len(text) > MAX_QUANTITY_CHARS:
+        raise ClaimError(
+            f"ResourceClaim {ref}: {what} of device {device!r} is {len(text)} characters long, "
+            f"not a quantity (at most {MAX_QUANTITY_CHARS})"
+        )
+    try:
+        return parse_quantity(text)
+    except QuantityError as exc:
+        raise ClaimError(
+            f"ResourceClaim {ref}: {what}={text!r} of device {device!r}: {exc}"
+        ) from None
+
+
+def _object(value: Any, what: str, ref: ClaimRef) -> dict[str, Any]:
+    """`value` as a JSON object (absent: empty); ClaimError naming `what` otherwise."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ClaimError(f"ResourceClaim {ref}: {what} must be an object, got {_kind(value)}")
+    return value
+
+
+def _list(value: Any, what: str, ref: ClaimRef, limit: int) -> list[Any]:
+    """`value` as a JSON array of at most `limit` items (absent: empty)."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ClaimError(f"ResourceClaim {ref}: {what} must be a list, got {_kind(value)}")
+    if len(value) > limit:
+        raise ClaimError(
+            f"ResourceClaim {ref}: {what} has {len(value)} entries, more than the {limit} this "
+            f"driver reads"
+        )
+    return value
+
+
+def _text(value: Any, what: str, ref: ClaimRef) -> str:
+    """`value` as a string of at most MAX_NAME_CHARS characters (absent: empty)."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ClaimError(f"ResourceClaim {ref}: {what} must be a string, got {_kind(value)}")
+    if len(value) > MAX_NAME_CHARS:
+        raise ClaimError(
+            f"ResourceClaim {ref}: {what} is {len(value)} characters long, more than the "
+            f"{MAX_NAME_CHARS} a name may have ({clip(value)!r})"
+        )
+    return value
+
+
+def _kind(value: Any) -> str:
+    """What a value of the wrong type is, for an error message (never the value itself)."""
+    if value == kube.PRUNED:
+        return f"a subtree nested deeper than {kube.MAX_JSON_DEPTH} levels (cut when read)"
+    if isinstance(value, str):
+        return f"the string {clip(value)!r}"
+    return {dict: "an object", list: "a list", bool: "a boolean"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _holds_pruned(value: Any) -> bool:
+    """True when `value` is or holds kube.PRUNED (iterative, bounded: MAX_CONFIG_NODES)."""
+    stack = [value]
+    seen = 0
+    while stack and seen < MAX_CONFIG_NODES:
+        item = stack.pop()
+        seen += 1
+        if item == kube.PRUNED:
+            return True
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False

@@ -18,8 +18,15 @@ memory. Every `period` seconds the enforcer:
    the largest) until the rest fits; with `enforce: report` only reported.
 
 Reports go to `Reporter`s: a log line always, a Kubernetes Event on the ResourceClaim
-(`EventReporter`, with the node's credentials) when the plugin has an API client. Metrics
-(a later issue) plug in as one more `Reporter`.
+(`EventReporter`, with the node's credentials, posted from a background queue so that an API
+server that is slow to answer never holds a tick up) when the plugin has an API client, and the
+plugin's metrics (`MetricsReporter`).
+
+Supervision (`dra_driver.supervision`, loop `enforcement`): one GPU whose processes or claims
+make the pass raise is skipped for that tick (logged with its traceback the first time), the
+other GPUs are still policed; a tick that raises as a whole is counted and backed off. Every
+tick is a beat: no tick within `DEADLINE_S` (an NVML call or a /proc read that never returns)
+is a stall, and the plugin restarts.
 
 What it cannot catch (docs/health.md): usage between two ticks, memory NVML does not attribute to
 a process (some driver-internal allocations), and processes whose claim directory is not mounted
@@ -40,6 +47,8 @@ from typing import Protocol
 from dra_driver import kube, names
 from dra_driver.events import ObjectRef, record_warning
 from dra_driver.nvml import DeviceHandle, Nvml, NvmlError, PyNvml, session
+from dra_driver.supervision import Supervisor
+from kubelet_plugin.background import Background
 from kubelet_plugin.governor import pids_holding
 from kubelet_plugin.plan import ClaimPlan, hook_device_lines
 from kubelet_plugin.region import Region, RegionError
@@ -47,6 +56,11 @@ from kubelet_plugin.region import Region, RegionError
 log = logging.getLogger(__name__)
 
 DEFAULT_PERIOD_S = 0.5
+LOOP = "enforcement"
+# A tick is one NVML process list per capped GPU, /proc reads and kills: milliseconds, seconds on
+# a GPU in trouble (Events are posted off the tick). 60 s (120 periods) without a finished tick
+# is a call that does not return: a stall.
+DEADLINE_S = 60.0
 MIB = 1 << 20
 # Over the cap by less than this is not a violation: NVML counts per-process context memory the
 # hook does not (hundreds of MiB on real GPUs), and a share of rounding.
@@ -185,13 +199,35 @@ class MetricsReporter:
 
 
 class EventReporter:
-    """A Warning Event on the ResourceClaim, created with the plugin's (node's) credentials."""
+    """A Warning Event on the ResourceClaim, created with the plugin's (node's) credentials
+    from a background queue (`kubelet_plugin.background`, loop `enforcement-events`): the tick
+    only queues it."""
 
-    def __init__(self, client: kube.KubeClient, node_name: str) -> None:
+    def __init__(
+        self,
+        client: kube.KubeClient,
+        node_name: str,
+        *,
+        supervisor: Supervisor | None = None,
+    ) -> None:
         self._client = client
         self._node = node_name
+        self._work: Background[Report] = Background(
+            self._post, name="enforcement-events", supervisor=supervisor
+        )
 
     def report(self, report: Report) -> None:
+        if not self._work.submit(report):
+            log.debug("enforcement: event queue full; %s not posted", report.reason)
+
+    def flush(self, timeout_s: float = 10.0) -> None:
+        """Wait until every queued Event was posted (tests, shutdown)."""
+        self._work.flush(timeout_s)
+
+    def close(self) -> None:
+        self._work.close()
+
+    def _post(self, report: Report) -> None:
         cap = report.cap
         record_warning(
             self._client,
@@ -242,6 +278,7 @@ class Enforcer:
     kill: Callable[[int], None] = field(default=lambda pid: os.kill(pid, signal.SIGKILL))
     _reported_unhooked: set[tuple[str, int]] = field(default_factory=set)
     _reported_over: set[tuple[str, str]] = field(default_factory=set)
+    _failing: set[str] = field(default_factory=set)  # GPUs whose last pass raised (logged once)
 
     def tick(self) -> list[Verdict]:
         caps = memory_caps(self.plans())
@@ -251,35 +288,66 @@ class Enforcer:
         verdicts = []
         over_now: set[tuple[str, str]] = set()
         for gpu, gpu_caps in by_gpu.items():
-            listed = self.source.processes(gpu)
-            if not listed:
+            try:
+                verdicts += self._police(gpu, gpu_caps, over_now)
+            except Exception:  # one GPU's odd processes must not stop the others' enforcement
+                # Its findings stand until it can be judged again (no repeated reports).
+                over_now |= {key for key in self._reported_over if key[1] == gpu}
+                if gpu not in self._failing:
+                    self._failing.add(gpu)
+                    log.exception("enforcement: GPU %s skipped (logged once)", gpu)
                 continue
-            owners = {pid: self._claims_of(pid) for pid, _ in listed}
-            for cap in gpu_caps:
-                mine = [(pid, used) for pid, used in listed if cap.uid in owners[pid]]
-                if not mine:
-                    continue
-                hooked = self._hooked(cap.uid, [pid for pid, _ in mine])
-                processes = [GpuProcess(pid, used, pid in hooked) for pid, used in mine]
-                self._report_unhooked(cap, processes)
-                verdict = judge(cap, processes)
-                verdicts.append(verdict)
-                if verdict.over:
-                    over_now.add((cap.uid, cap.uuid))
-                    self._enforce(verdict)
+            if gpu in self._failing:
+                self._failing.discard(gpu)
+                log.info("enforcement: GPU %s is policed again", gpu)
         self._reported_over &= over_now  # a claim that fits again is reported again next time
         prepared = {cap.uid for cap in caps}
         self._reported_unhooked = {k for k in self._reported_unhooked if k[0] in prepared}
         return verdicts
 
-    def run(self, stop: threading.Event, period: float = DEFAULT_PERIOD_S) -> None:
-        while not stop.is_set():
+    def _police(
+        self, gpu: str, gpu_caps: Sequence[ClaimCap], over_now: set[tuple[str, str]]
+    ) -> list[Verdict]:
+        """Judge (and enforce) every capped claim on one GPU; adds the over-cap ones."""
+        listed = self.source.processes(gpu)
+        if not listed:
+            return []
+        verdicts = []
+        owners = {pid: self._claims_of(pid) for pid, _ in listed}
+        for cap in gpu_caps:
+            mine = [(pid, used) for pid, used in listed if cap.uid in owners[pid]]
+            if not mine:
+                continue
+            hooked = self._hooked(cap.uid, [pid for pid, _ in mine])
+            processes = [GpuProcess(pid, used, pid in hooked) for pid, used in mine]
+            self._report_unhooked(cap, processes)
+            verdict = judge(cap, processes)
+            verdicts.append(verdict)
+            if verdict.over:
+                over_now.add((cap.uid, cap.uuid))
+                self._enforce(verdict)
+        return verdicts
+
+    def run(
+        self,
+        stop: threading.Event,
+        period: float = DEFAULT_PERIOD_S,
+        *,
+        supervisor: Supervisor | None = None,
+    ) -> None:
+        """Tick every `period` until `stop` is set, as the supervised loop `enforcement`."""
+        supervisor = supervisor or Supervisor()
+        loop = supervisor.register(LOOP, DEADLINE_S)
+        wait = period
+
+        def step() -> None:
+            nonlocal wait
             started = time.monotonic()
-            try:
-                self.tick()
-            except Exception:  # one odd process or claim must not end enforcement on the node
-                log.exception("enforcement: tick failed")
-            stop.wait(max(0.0, period - (time.monotonic() - started)))
+            wait = period
+            self.tick()
+            wait = max(0.0, period - (time.monotonic() - started))
+
+        supervisor.drive(loop, step, stop, period_s=lambda: wait)
 
     def _claims_of(self, pid: int) -> set[str]:
         try:
@@ -367,17 +435,21 @@ def start_enforcer(
     *,
     nvml: Nvml | None = None,
     period: float = DEFAULT_PERIOD_S,
+    supervisor: Supervisor | None = None,
 ) -> threading.Thread:
-    """Run the enforcer in a daemon thread with its own NVML session until `stop` is set."""
+    """Run the enforcer in a daemon thread with its own NVML session until `stop` is set.
+
+    The loop is supervised (registered) once the session is open: a node whose NVML cannot be
+    opened runs without enforcement (a warning), which is not a stall.
+    """
 
     def body() -> None:
         try:
-            with session(nvml or PyNvml()) as opened:
-                Enforcer(state_dir, plans, NvmlProcesses(opened), reporters).run(stop, period)
+            with session(nvml or PyNvml()) as opened:  # NvmlError: from opening it only
+                enforcer = Enforcer(state_dir, plans, NvmlProcesses(opened), reporters)
+                enforcer.run(stop, period, supervisor=supervisor)  # raises nothing
         except NvmlError as exc:
             log.warning("memory enforcement disabled: NVML: %s", exc)
-        except Exception:
-            log.exception("memory enforcement stopped")
 
     thread = threading.Thread(target=body, name="enforcement", daemon=True)
     thread.start()

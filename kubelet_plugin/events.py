@@ -7,8 +7,9 @@ text is the error prepare returned (it names the claim, the device and the limit
 the pods are the claim's `status.reservedFor` entries.
 
 Posting never slows prepare down: events go through a bounded queue to one background thread
-that writes them with the node's own credentials (`dra_driver.kube`; the Node authorizer lets a
-node create and patch Events). The kubelet retries a failed prepare every few seconds, so a
+(`kubelet_plugin.background`, the supervised loop `prepare-events`) that writes them with the
+node's own credentials (`dra_driver.kube`; the Node authorizer lets a node create and patch
+Events). The kubelet retries a failed prepare every few seconds, so a
 repeated failure (same object, reason and message) is folded into one Event whose `count` and
 `lastTimestamp` are patched at most every `repeat_interval_s`, as the kubelet's own recorder
 does.
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 
 from dra_driver import kube
 from dra_driver.events import MAX_MESSAGE, ObjectRef, warning_event
+from dra_driver.supervision import Supervisor
 from kubelet_plugin.background import Background
 from kubelet_plugin.claims import ClaimRef
 
@@ -74,6 +76,7 @@ class PrepareEvents:
         repeat_interval_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
         max_queued: int = 1000,
+        supervisor: Supervisor | None = None,
     ) -> None:
         self._client = client
         self._node = node
@@ -81,7 +84,7 @@ class PrepareEvents:
         self._clock = clock
         self._posted: dict[tuple[str, str, str], _Posted] = {}
         self._work: Background[tuple[ObjectRef, str, str]] = Background(
-            self._write_logged, name="prepare-events", max_queued=max_queued
+            self._write_logged, name="prepare-events", max_queued=max_queued, supervisor=supervisor
         )
 
     def prepare_failed(

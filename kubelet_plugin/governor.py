@@ -16,9 +16,15 @@ only when it is not: the governor keeps the stamp fresh from its first sight of 
 before the claim has launched anything.
 
 Who calls it: the kubelet plugin starts
-`start_governor(state_dir, stop, caps_of_prepared(preparer.prepared))` next to its servers;
-tests drive `Governor.tick()` with a fake `UtilSource` and hand-made caps. NVML is reached only
-through `dra_driver.nvml`.
+`start_governor(state_dir, stop, caps_of_prepared(preparer.prepared), supervisor=...)` next to
+its servers; tests drive `Governor.tick()` with a fake `UtilSource` and hand-made caps. NVML is
+reached only through `dra_driver.nvml`.
+
+Supervision (`dra_driver.supervision`, loop `governor`): a claim whose control step raises (its
+region holds what a tenant wrote) is skipped for that tick, logged with its traceback the first
+time and once more when it recovers, so one claim never costs the others their budgets; a tick
+that raises as a whole is counted and backed off. Every tick is a beat: no tick within
+`DEADLINE_S` (an NVML call that never returns) is a stall, and the plugin restarts.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from typing import Protocol
 
 from dra_driver.config import ComputePolicy
 from dra_driver.nvml import DeviceHandle, Nvml, NvmlError, NvmlNotFound, PyNvml
+from dra_driver.supervision import Supervisor
 from kubelet_plugin.plan import MAX_CORES, ClaimPlan, hook_device_lines
 from kubelet_plugin.region import (
     POLICY_BALANCE,
@@ -77,6 +84,11 @@ FULL_GPU = 100.0 - BALANCE_HEADROOM / 2  # borrowing yields from here on (VGPU_F
 BORROW_STEP = 10.0  # points a borrower may grow per step (VGPU_BORROW_STEP)
 STARVING_MARGIN = 2.0  # points under its cap before a throttled claim counts as starving
 REGION_SWEEP_TICKS = 10  # uncapped claims' regions are size-checked once per 10 passes (1 s)
+LOOP = "governor"
+# A tick is a few ms (one NVML sample per GPU with capped claims, region reads and writes); NVML
+# on a GPU in trouble may take seconds per call. 60 s (600 periods) without a finished tick is
+# a call that does not return: a stall.
+DEADLINE_S = 60.0
 _POLICIES: Mapping[ComputePolicy, int] = {
     "none": POLICY_NONE,
     "fixed": POLICY_FIXED,
@@ -445,6 +457,7 @@ class Governor:
         # Last gain learnt per GPU (lower-case UUID): a new claim's first launches are paced
         # with it (region seed_gain_bits) until its own controller has measured.
         self._gpu_gain: dict[str, float] = {}
+        self._failing: set[str] = set()  # claims whose last control step raised (logged once)
 
     def close(self) -> None:
         for claim in self.claims.values():
@@ -506,12 +519,24 @@ class Governor:
             self._last_sample_us[gpu] = self.wall_us()
             if sample is None:
                 continue
-            starving = self._starving(tenants, sample)
+            try:
+                starving = self._starving(tenants, sample)
+            except Exception:  # a tenant's region: judged again per claim below
+                starving = set()
             for claim, cap in tenants:
                 others_starving = bool(starving - {claim.uid})
-                self._control(
-                    claim, cap, sample, now_ns, len(tenants), others_starving=others_starving
-                )
+                try:
+                    self._control(
+                        claim, cap, sample, now_ns, len(tenants), others_starving=others_starving
+                    )
+                except Exception:  # one claim's odd region must not cost the others a tick
+                    if claim.uid not in self._failing:
+                        self._failing.add(claim.uid)
+                        log.exception("governor: claim %s skipped (logged once)", claim.uid)
+                    continue
+                if claim.uid in self._failing:
+                    self._failing.discard(claim.uid)
+                    log.info("governor: claim %s is controlled again", claim.uid)
 
     def _starving(self, tenants: list[tuple[_Claim, CappedDevice]], sample: GpuSample) -> set[str]:
         """Claims held below their cap by the GPU being busy: under it, and still throttled
@@ -724,17 +749,33 @@ class Governor:
             return False
         return claim.region.device(index).launch_cost != mark[0]
 
-    def run(self, stop: threading.Event, period: float = DEFAULT_PERIOD_S) -> None:
-        while not stop.is_set():
+    def run(
+        self,
+        stop: threading.Event,
+        period: float = DEFAULT_PERIOD_S,
+        *,
+        supervisor: Supervisor | None = None,
+    ) -> None:
+        """Tick until `stop` is set, as the supervised loop `governor` (module docstring)."""
+        supervisor = supervisor or Supervisor()
+        loop = supervisor.register(LOOP, DEADLINE_S)
+        wait = period
+
+        def step() -> None:
+            nonlocal wait
             started = time.monotonic()
+            wait = period  # what follows a tick that raises (plus the supervisor's backoff)
             try:
                 self.tick()
-            except Exception:  # one bad claim or sample must not stop the node's governor
-                log.exception("governor: tick failed")
-            if self.on_tick is not None:
-                self.on_tick(time.monotonic() - started)
-            stop.wait(max(0.0, self.next_period(period) - (time.monotonic() - started)))
-        self.close()
+            finally:
+                if self.on_tick is not None:
+                    self.on_tick(time.monotonic() - started)
+            wait = max(0.0, self.next_period(period) - (time.monotonic() - started))
+
+        try:
+            supervisor.drive(loop, step, stop, period_s=lambda: wait)
+        finally:
+            self.close()
 
 
 def start_governor(
@@ -744,8 +785,10 @@ def start_governor(
     source: UtilSource | None = None,
     *,
     on_tick: Callable[[float], None] | None = None,
+    supervisor: Supervisor | None = None,
 ) -> threading.Thread:
-    """Run the governor in a daemon thread until `stop` is set (kubelet plugin entry point).
+    """Run the governor in a daemon thread until `stop` is set (kubelet plugin entry point),
+    as the loop `governor` of `supervisor`.
 
     Without `source`, NVML is opened here (NvmlUnavailable if it cannot be) and closed when the
     thread ends.
@@ -757,7 +800,7 @@ def start_governor(
 
     def body() -> None:
         try:
-            governor.run(stop)
+            governor.run(stop, supervisor=supervisor)
         finally:
             if nvml_source is not None:
                 nvml_source.close()

@@ -1,7 +1,9 @@
 """The health monitor's NVML side: XID events, a readability probe and memory-repair status.
 
 A thread body (`watch_gpus`) started by the kubelet plugin when health is on. It holds one NVML
-session for its lifetime and, until `stop` is set:
+session for its lifetime and, until `stop` is set, as the supervised loop `gpu-health`
+(`dra_driver.supervision`: a step that raises is logged with its traceback, counted and backed
+off; no step finished within `DEADLINE_S` is a stall and the plugin restarts):
 - waits for critical-error (XID) events of every watched GPU, `poll_ms` at a time;
 - every `probe_s` asks each watched GPU something cheap (total memory): GPU_IS_LOST means it
   fell off the bus, another error that it cannot be read, an answer that it is fine again;
@@ -35,8 +37,15 @@ from dra_driver.nvml import (
     PyNvml,
     session,
 )
+from dra_driver.supervision import Supervisor
 
 log = logging.getLogger(__name__)
+
+LOOP = "gpu-health"
+# A step waits for XID events up to `poll_ms` and, every `probe_s`, asks each GPU two cheap
+# questions: well under a second, seconds on a GPU in trouble. 60 s without a finished step is
+# an NVML call that does not return: a stall.
+DEADLINE_S = 60.0
 
 
 class HealthSink(Protocol):
@@ -56,15 +65,20 @@ def watch_gpus(
     nvml: Nvml | None = None,
     poll_ms: int = 200,
     probe_s: float = 1.0,
+    supervisor: Supervisor | None = None,
 ) -> None:
-    """Observe the GPUs `uuids()` names until `stop` is set (a thread body; never raises)."""
+    """Observe the GPUs `uuids()` names until `stop` is set (a thread body; never raises).
+
+    The loop is registered with `supervisor` once NVML is open and its event set created: a
+    node without NVML runs without the watch (a warning), which is not a stall.
+    """
     try:
         with session(nvml or PyNvml()) as opened:
-            _Watch(sink, opened).run(uuids, stop, poll_ms, probe_s)
+            _Watch(sink, opened).run(uuids, stop, poll_ms, probe_s, supervisor or Supervisor())
     except NvmlUnavailable as exc:
         log.warning("GPU health watch disabled: %s", exc)
-    except Exception:
-        log.exception("GPU health watch stopped")
+    except Exception:  # opening NVML or its event set failed: the loop never started
+        log.exception("GPU health watch could not start")
 
 
 class _Watch:
@@ -81,17 +95,23 @@ class _Watch:
         stop: threading.Event,
         poll_ms: int,
         probe_s: float,
+        supervisor: Supervisor,
     ) -> None:
         events = self.nvml.create_event_set()
+        loop = supervisor.register(LOOP, DEADLINE_S)
+        next_probe = 0.0
+
+        def step() -> None:
+            nonlocal next_probe
+            if time.monotonic() >= next_probe:
+                next_probe = time.monotonic() + probe_s
+                self._follow(list(uuids()), events)
+                self._probe_all()
+                self.sink.expire()
+            self._wait(events, poll_ms, stop)  # the step's pace: up to poll_ms
+
         try:
-            next_probe = 0.0
-            while not stop.is_set():
-                if time.monotonic() >= next_probe:
-                    next_probe = time.monotonic() + probe_s
-                    self._follow(list(uuids()), events)
-                    self._probe_all()
-                    self.sink.expire()
-                self._wait(events, poll_ms, stop)
+            supervisor.drive(loop, step, stop, period_s=0.0)
         finally:
             try:
                 self.nvml.free_event_set(events)

@@ -10,17 +10,31 @@ With --instance-id (the pod UID; rolling updates with a surge) the sockets are n
 instance and are served *before* the lock: while a previous instance still holds it, the kubelet's
 calls are forwarded to that instance (`kubelet_plugin.handover`); once it exits this one takes the
 lock, removes dead instances' sockets, loads the checkpoint and serves them itself.
+
 Every flag has an environment twin (e.g. `--node-name` / `NODE_NAME`), handy in a DaemonSet.
 Dispatched from `dra_driver.cli`.
+
+Supervision: one `dra_driver.supervision.Supervisor` per process holds every long-lived loop
+(governor, enforcement and its Events, GPU rescan and health watch, slice publisher, socket
+watcher, the Event and pod-lookup queues). A loop survives an unexpected exception per step
+(traceback logged, `vgpu_dra_loop_failures_total{loop}`, backoff). A loop that stops making
+progress (no step within its deadline, or its thread ended) cannot be repaired from inside, so
+the `Watchdog` here ends the process: it logs which loops stalled, stops the servers the normal
+way (sockets removed, checkpoint closed, node lock released) and exits with status
+`EXIT_STALLED`, at the latest `STALL_EXIT_GRACE_S` after the stall even if that shutdown hangs
+too; the kubelet restarts the container and the checkpoint (or the rolling hand-over) brings
+the node's state back.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import os
 import re
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,6 +46,7 @@ from dra_driver import cdi, cli_flags, kube, logsetup, names, tracing
 from dra_driver.gpu import NodeInventory
 from dra_driver.lifecycle import stop_on_signals
 from dra_driver.metrics_http import MetricsServer, parse_address, serve_metrics
+from dra_driver.supervision import Supervisor
 from kubelet_plugin import monitoring
 from kubelet_plugin.checkpoint import CheckpointError
 from kubelet_plugin.device_names import DeviceNaming, DeviceNamingError
@@ -65,6 +80,11 @@ ENV = {
     "binding_conditions": "VGPU_DRA_FEATURE_BINDING_CONDITIONS",
 }
 DEFAULT_HOOK_PATH = "/usr/local/vgpu-dra/lib/libvgpu.so"
+# Exit status of a process whose supervised loop stalled (1: cannot start, 2: bad flags).
+EXIT_STALLED = 3
+# How long a stalled process may take to stop its servers before it exits regardless.
+STALL_EXIT_GRACE_S = 20.0
+WATCHDOG_PERIOD_S = 1.0
 
 
 def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
@@ -295,10 +315,16 @@ def main(argv: Sequence[str]) -> int:
         return 1
     provider = tracing.configure_tracing("vgpu-dra-kubelet-plugin", args.otlp_endpoint)
     metrics = PluginMetrics(settings.node_name) if args.metrics_address else None
+    supervisor = Supervisor()
+    watchdog = Watchdog(supervisor)
     # With metrics on, the pod of each prepared claim is read once (off the prepare path) for
     # the `container` label.
-    pods = ClaimPods(_pod_reader(client) if metrics is not None else None)
-    events = PrepareEvents(client, node=settings.node_name) if args.events else None
+    pods = ClaimPods(_pod_reader(client) if metrics is not None else None, supervisor=supervisor)
+    events = (
+        PrepareEvents(client, node=settings.node_name, supervisor=supervisor)
+        if args.events
+        else None
+    )
 
     def load_preparer() -> Preparer | None:
         try:
@@ -330,6 +356,7 @@ def main(argv: Sequence[str]) -> int:
             client=client,
             owner=_Owner(state_lock, loaded, load_preparer),
             telemetry=_Telemetry(metrics, pods, traced=provider is not None),
+            watchdog=watchdog,
         )
     except OSError as exc:
         log.error("cannot start: %s", exc)
@@ -340,6 +367,7 @@ def main(argv: Sequence[str]) -> int:
         _stop_telemetry(events, provider)
         client.close()
         state_lock.release()
+        watchdog.finished()  # a stalled process ends here, with EXIT_STALLED
 
 
 def _take_lock(state_lock: StateDirLock, wait_s: float) -> bool:
@@ -349,6 +377,81 @@ def _take_lock(state_lock: StateDirLock, wait_s: float) -> bool:
         log.error("%s", exc)
         return False
     return True
+
+
+class Watchdog:
+    """Ends the process when a loop of `supervisor` stalls (see the module docstring).
+
+    `start(stop)` watches from a daemon thread; on a stall it logs which loops and why, sets
+    `stop` (main then shuts down as on SIGTERM) and exits with EXIT_STALLED when main calls
+    `finished()`, or by itself after `grace_s` if main never gets there.
+    """
+
+    def __init__(
+        self,
+        supervisor: Supervisor,
+        *,
+        grace_s: float = STALL_EXIT_GRACE_S,
+        period_s: float = WATCHDOG_PERIOD_S,
+        exit_process: Callable[[int], None] = os._exit,
+    ) -> None:
+        self.supervisor = supervisor
+        self._grace_s = grace_s
+        self._period_s = period_s
+        self._exit = exit_process
+        self._done = threading.Event()
+        self.stalled: list[str] = []
+
+    def start(self, stop: threading.Event) -> threading.Thread:
+        return self.supervisor.watchdog(
+            stop, lambda names: self._on_stall(names, stop), period_s=self._period_s
+        )
+
+    def finished(self) -> None:
+        """Main's shutdown is over: a process whose loop stalled exits now."""
+        self._done.set()
+        if self.stalled:
+            self._end()
+
+    def _on_stall(self, names: list[str], stop: threading.Event) -> None:
+        self.stalled = names
+        log.error(
+            "supervised loop(s) stopped making progress: %s; stopping the servers and exiting "
+            "with status %d so that the kubelet restarts the plugin",
+            self.describe(names),
+            EXIT_STALLED,
+            extra={"stalled_loops": ",".join(names)},
+        )
+        stop.set()
+        if not self._done.wait(self._grace_s):
+            log.error("the shutdown did not finish within %g s; exiting now", self._grace_s)
+            self._end()
+
+    def describe(self, names: Sequence[str]) -> str:
+        """`name (why)` for each stalled loop: its thread ended, or how long since its beat."""
+        loops = {loop.name: loop for loop in self.supervisor.loops()}
+        parts = []
+        for name in names:
+            loop = loops.get(name)
+            if loop is None:
+                parts.append(name)
+            elif loop.ended:
+                parts.append(f"{name} (its thread ended)")
+            else:
+                idle = loop.clock() - loop.last_beat
+                parts.append(
+                    f"{name} (no step finished for {idle:.0f} s, deadline "
+                    f"{loop.deadline_s + loop.grace_s:g} s)"
+                )
+        return ", ".join(parts)
+
+    def _end(self) -> None:
+        for handler in logging.getLogger().handlers:
+            with contextlib.suppress(Exception):  # nothing may keep the process from ending
+                handler.flush()
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        self._exit(EXIT_STALLED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,8 +493,11 @@ def _serve(
     client: kube.KubeClient,
     owner: _Owner,
     telemetry: _Telemetry,
+    watchdog: Watchdog,
 ) -> int:
-    """Reconcile, serve until SIGTERM/SIGINT, then stop the servers and background threads."""
+    """Reconcile, serve until SIGTERM/SIGINT (or a stalled loop), then stop the servers and
+    background threads."""
+    supervisor = watchdog.supervisor
     try:
         HookLibraryCheck(settings.spec.hook_path).verify()
     except HookLibraryError as exc:
@@ -407,19 +513,29 @@ def _serve(
         holder_endpoint=owner.lock.holder_endpoint,
         health=board,
         interceptors=_grpc_tracing() if telemetry.traced else (),
+        supervisor=supervisor,
     )
     if owner.loaded:
         _reconcile(owner.loaded[0])
         remove_stale_sockets(sockets, settings.driver)  # we hold the lock: no live holder else
         server.start()
+        watchdog.start(stop)
     else:
         server.start()  # forwarding to the lock holder until _take_over switches it
+        watchdog.start(stop)
         if not _take_over(args, settings, sockets=sockets, server=server, owner=owner, stop=stop):
             server.stop()
             return 0 if stop.is_set() else 1
     preparer = owner.loaded[0]
     metrics_server = (
-        _serve_metrics(args.metrics_address, metrics, settings, preparer, telemetry.pods)
+        _serve_metrics(
+            args.metrics_address,
+            metrics,
+            settings=settings,
+            preparer=preparer,
+            pods=telemetry.pods,
+            supervisor=supervisor,
+        )
         if metrics is not None
         else None
     )
@@ -446,8 +562,11 @@ def _serve(
         prepared=preparer.prepared,
         on_slice_sync=metrics.observe_slice_sync if metrics is not None else None,
         on_enforcement=metrics.observe_enforcement if metrics is not None else None,
+        supervisor=supervisor,
     )
-    governor = _start_governor(settings, preparer, stop, metrics) if args.governor else None
+    governor = (
+        _start_governor(settings, preparer, stop, metrics, supervisor) if args.governor else None
+    )
     if governor is not None:
         threads.append(governor)
     log.info("kubelet plugin for %s on %s is running", settings.driver, settings.node_name)
@@ -457,6 +576,8 @@ def _serve(
     if metrics_server is not None:
         metrics_server.stop()
     telemetry.pods.close()  # its pod lookups (the container label)
+    if watchdog.stalled:  # one of them is stuck: joining it would only wait
+        return EXIT_STALLED
     for thread in threads:
         thread.join(timeout=10)
     log.info("stopped")
@@ -513,11 +634,13 @@ def _take_over(
 def _serve_metrics(
     address: str,
     metrics: PluginMetrics,
+    *,
     settings: NodeSettings,
     preparer: Preparer,
     pods: ClaimPods,
+    supervisor: Supervisor,
 ) -> MetricsServer:
-    """Register the scrape-time collector and serve /metrics (OSError if it cannot bind)."""
+    """Register the scrape-time collectors and serve /metrics (OSError if it cannot bind)."""
     from dra_driver.nvml import PyNvml
     from kubelet_plugin.metrics import NodeCollector, NvmlGpuReader
 
@@ -532,6 +655,7 @@ def _serve_metrics(
             gpus=NvmlGpuReader(PyNvml),
         )
     )
+    metrics.add_loop_collector(supervisor)
     served = serve_metrics(address, metrics.registry)
     log.info("metrics on %s", served.url, extra={"metrics_url": served.url})
     return served
@@ -549,6 +673,7 @@ def _start_governor(
     preparer: Preparer,
     stop: threading.Event,
     metrics: PluginMetrics | None,
+    supervisor: Supervisor,
 ) -> threading.Thread | None:
     """The compute-policy governor: samples NVML once per GPU and writes each prepared claim's
     launch budget (caps from the Preparer's plans) into `<state-dir>/claims/<uid>/region`.
@@ -563,6 +688,7 @@ def _start_governor(
             stop,
             caps_of_prepared(preparer.prepared),
             on_tick=metrics.observe_governor_tick if metrics is not None else None,
+            supervisor=supervisor,
         )
     except Exception as exc:
         log.warning("governor not started (hooks will pace themselves): %s", exc)

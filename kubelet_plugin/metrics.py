@@ -4,6 +4,8 @@ Two kinds:
 - event metrics, updated where things happen: prepare/unprepare latency histograms and error
   counters by reason (through the Preparer's observer), ResourceSlice publishes by outcome,
   governor tick durations;
+- loop metrics, read at scrape time from the plugin's `Supervisor` (`LoopCollector`, shared with
+  the controller): failed steps and stalls of every long-lived loop;
 - state metrics, computed at scrape time by `NodeCollector` from what the plugin already holds:
   the Preparer's prepared plans (allocated memory and cores, caps), the current inventory,
   NVML (physical memory used, utilisation) and each claim's region (memory charged to the cap,
@@ -32,6 +34,7 @@ from prometheus_client.registry import Collector
 
 from dra_driver.gpu import NodeInventory
 from dra_driver.nvml import DeviceHandle, Nvml, NvmlError
+from dra_driver.supervision import LoopCollector, Supervisor
 from kubelet_plugin.claim_usage import DeviceStats, read_usage
 from kubelet_plugin.enforcement import REASON_NO_HOOK, REASON_OVER_CAP
 from kubelet_plugin.plan import MAX_CORES, ClaimPlan
@@ -206,6 +209,11 @@ class PluginMetrics:
 
     def add_node_collector(self, collector: NodeCollector) -> None:
         self.registry.register(collector)
+
+    def add_loop_collector(self, supervisor: Supervisor) -> None:
+        """`vgpu_dra_loop_failures_total{loop}` and `vgpu_dra_loop_stalled{loop}`, read from the
+        plugin's Supervisor at scrape time (the same collector as the controller's)."""
+        self.registry.register(LoopCollector(supervisor))
 
 
 @dataclass(slots=True)

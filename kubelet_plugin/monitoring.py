@@ -13,6 +13,15 @@ Called once by `kubelet_plugin.main` (`start(...)`), which keeps only the wiring
   (`kubelet_plugin.enforcement`), reporting to the log and as Events on the claims.
 Each change of the published GPUs is also handed to the Preparer (`update_inventory`), so prepare
 accepts a hot-plugged GPU and refuses a removed one.
+
+Every thread is a loop of the plugin's `Supervisor` (`dra_driver.supervision`): a step that
+raises something unexpected is logged with its traceback, counted
+(`vgpu_dra_loop_failures_total{loop}`) and backed off, and the loop goes on; a loop with no
+finished step within its deadline, or whose thread ends before `stop`, is stalled, and the
+plugin's watchdog (`kubelet_plugin.main`) restarts the process. Deadlines are the longest
+legitimate step plus the longest wait between two steps (docs/kubelet-plugin.md, Supervision):
+`gpu-rescan` `rescan_deadline(rescan_s)`, `slices` `slices_deadline(resync_s)`, `gpu-health` and
+`enforcement` their modules' `DEADLINE_S`.
 """
 
 from __future__ import annotations
@@ -24,7 +33,10 @@ from dataclasses import dataclass
 
 from dra_driver import kube
 from dra_driver.gpu import NodeInventory
+from dra_driver.supervision import Loop, Supervisor
+from kubelet_plugin import rediscover as rediscovery
 from kubelet_plugin import taint_store
+from kubelet_plugin.backoff import Backoff
 from kubelet_plugin.devices import NodeDevices
 from kubelet_plugin.gpu_watch import watch_gpus
 from kubelet_plugin.health import HealthBoard
@@ -32,6 +44,26 @@ from kubelet_plugin.plan import ClaimPlan
 from kubelet_plugin.taints import TaintState
 
 log = logging.getLogger(__name__)
+
+# A rescan runs up to three child processes (`kubelet_plugin.rediscover`), each killed after its
+# timeout; starting and killing them takes a few seconds more on a loaded node.
+RESCAN_CHILDREN = 3
+RESCAN_SLACK_S = 30.0
+# A slice sync is a GET of the Node, a LIST and one write per changed slice (a node publishes a
+# handful), each bounded by the API client's timeout.
+SLICE_SYNC_CALLS = 6
+
+
+def rescan_deadline(rescan_s: float) -> float:
+    """`gpu-rescan`: its children's timeouts, the wait between two rescans and some slack."""
+    return RESCAN_CHILDREN * rediscovery.TIMEOUT_S + rescan_s + RESCAN_SLACK_S
+
+
+def slices_deadline(resync_s: float) -> float:
+    """`slices`: the longest wait between syncs (the resync period or the longest backoff),
+    plus one sync's calls at the client's timeout."""
+    longest_wait = max(resync_s, Backoff.maximum_s)
+    return longest_wait + SLICE_SYNC_CALLS * kube.DEFAULT_TIMEOUT_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +93,9 @@ def start(
     prepared: Callable[[], Mapping[str, ClaimPlan]] | None = None,
     on_slice_sync: Callable[[str], None] | None = None,
     on_enforcement: Callable[[str, int], None] | None = None,
+    supervisor: Supervisor | None = None,
 ) -> tuple[NodeDevices, list[threading.Thread]]:
+    supervisor = supervisor or Supervisor()
     wake = threading.Event()
     devices: NodeDevices
 
@@ -83,11 +117,17 @@ def start(
         on_change=changed,
     )
     threads = [
-        _thread("gpu-rescan", lambda: _rescan(devices, board, rediscover, stop, settings.rescan_s))
+        _rescan(devices, board, rediscover, stop, period=settings.rescan_s, supervisor=supervisor)
     ]
     if settings.health:
-        threads.append(_thread("gpu-health", lambda: watch_gpus(devices, devices.uuids, stop)))
+        threads.append(
+            _thread(
+                "gpu-health",
+                lambda: watch_gpus(devices, devices.uuids, stop, supervisor=supervisor),
+            )
+        )
     if settings.publish_slices:
+        loop = supervisor.register("slices", slices_deadline(settings.resync_s))
         threads.append(
             _thread(
                 "slices",
@@ -98,7 +138,10 @@ def start(
                     stop=stop,
                     wake=wake,
                     on_sync=on_slice_sync,
+                    loop=loop,
                 ),
+                loop=loop,
+                stop=stop,
             )
         )
     if settings.enforcement and prepared is not None:
@@ -110,10 +153,15 @@ def start(
             start_enforcer,
         )
 
-        reporters: list[Reporter] = [LogReporter(), EventReporter(client, settings.node_name)]
+        reporters: list[Reporter] = [
+            LogReporter(),
+            EventReporter(client, settings.node_name, supervisor=supervisor),
+        ]
         if on_enforcement is not None:
             reporters.append(MetricsReporter(on_enforcement))
-        threads.append(start_enforcer(settings.state_dir, prepared, stop, reporters))
+        threads.append(
+            start_enforcer(settings.state_dir, prepared, stop, reporters, supervisor=supervisor)
+        )
     return devices, threads
 
 
@@ -125,12 +173,15 @@ def _publish(
     stop: threading.Event,
     wake: threading.Event,
     on_sync: Callable[[str], None] | None,
+    loop: Loop,
 ) -> None:
     """Publish the node's slices in the form the API server stores (never a rewrite loop)."""
     from kubelet_plugin.api_support import SliceForm, wait_for_form
     from kubelet_plugin.slice_publisher import SlicePublisher
 
-    form = wait_for_form(client, driver=settings.driver, node_name=settings.node_name, stop=stop)
+    form = wait_for_form(
+        client, driver=settings.driver, node_name=settings.node_name, stop=stop, loop=loop
+    )
     if form is None:  # stopped before the server answered
         return
     publisher = SlicePublisher(
@@ -143,7 +194,7 @@ def _publish(
         on_sync=on_sync,
         binding_conditions=settings.binding_conditions,
     )
-    publisher.run(devices.inventory, stop, resync_s=settings.resync_s, wake=wake)
+    publisher.run(devices.inventory, stop, resync_s=settings.resync_s, wake=wake, loop=loop)
 
 
 def _rescan(
@@ -151,20 +202,49 @@ def _rescan(
     board: HealthBoard | None,
     rediscover: Callable[[], NodeInventory],
     stop: threading.Event,
+    *,
     period: float,
-) -> None:
-    while not stop.wait(period):
+    supervisor: Supervisor,
+) -> threading.Thread:
+    """The loop `gpu-rescan`: first rescan one period after start (start-up just discovered)."""
+
+    def step() -> None:
         try:
             fresh = rediscover()
-        except Exception as exc:  # keep rescanning: NVML may come back
+        except Exception as exc:  # a GPU or NVML state, not a fault of the loop: keep rescanning
             log.warning("GPU rediscovery failed: %s", exc)
             if board is not None:
                 board.observe(None, str(exc))
-            continue
-        devices.rediscovered(fresh)
+            return
+        devices.rediscovered(fresh)  # anything raised here is the loop's failure
+
+    loop = supervisor.register("gpu-rescan", rescan_deadline(period))
+
+    def body() -> None:
+        if stop.wait(period):
+            loop.end(stopped=True)
+            return
+        supervisor.drive(loop, step, stop, period_s=period)
+
+    return _thread("gpu-rescan", body, loop=loop, stop=stop)
 
 
-def _thread(name: str, body: Callable[[], None]) -> threading.Thread:
-    thread = threading.Thread(target=body, name=name, daemon=True)
+def _thread(
+    name: str,
+    body: Callable[[], None],
+    *,
+    loop: Loop | None = None,
+    stop: threading.Event | None = None,
+) -> threading.Thread:
+    """A daemon thread running `body`; with `loop`, its end before `stop` is a stall."""
+
+    def run() -> None:
+        try:
+            body()
+        finally:
+            if loop is not None and stop is not None:
+                loop.end(stopped=stop.is_set())
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
     return thread

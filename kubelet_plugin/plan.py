@@ -4,6 +4,13 @@
 I/O, so every decision (limits per device, merged config, the overbooking verdict, the text of
 `vgpu.conf`) is unit-tested on hand-made data. The resulting `ClaimPlan` is also what the
 checkpoint stores, so a restarted plugin can rewrite a claim's files without the API server.
+
+The guard tells two refusals apart: a claim that alone asks a device for more than it has (a
+hand-written allocation, a quantity at the int64 edge: `kubelet_plugin.claims` only bounds each
+quantity, two shares may add up past int64) is wrong and can never be prepared here
+(`ClaimError`); one that fits alone but not next to the claims already prepared is overbooked
+(`OverbookedError`: capacity may free up). Python integers do not wrap, so no sum overflows on
+the way, and nothing past the device's capacity reaches `vgpu.conf`.
 """
 
 from __future__ import annotations
@@ -201,6 +208,7 @@ def check_capacity(
     controller working from a stale view.
     """
     gpus = inventory.by_device_name()
+    _check_own_demand(plan, inventory, oversubscription_ratio)
     used_memory: dict[str, int] = {}
     used_cores: dict[str, int] = {}
     for other in prepared:
@@ -228,6 +236,22 @@ def check_capacity(
                 f"ResourceClaim {plan.namespace}/{plan.name} ({plan.uid}) would overbook device "
                 f"{name}: cores {used_cores[name]} requested in total (this claim "
                 f"{_claim_sum(plan, name, 'cores')}) > capacity {MAX_CORES}"
+            )
+
+
+def _check_own_demand(plan: ClaimPlan, inventory: NodeInventory, ratio: float) -> None:
+    """A claim that alone asks a device for more than it has (a hand-written allocation, a
+    quantity at the int64 edge) is wrong, not overbooked: it can never be prepared here."""
+    gpus = inventory.by_device_name()
+    for name in dict.fromkeys(d.device for d in plan.devices if not d.admin_access):
+        capacity = device_capacity.scaled_memory(gpus[name].memory_bytes, ratio)
+        memory = _claim_sum(plan, name, "memory")
+        cores = _claim_sum(plan, name, "cores")
+        if memory > capacity or cores > MAX_CORES:
+            raise ClaimError(
+                f"ResourceClaim {plan.namespace}/{plan.name} ({plan.uid}) asks device {name} "
+                f"for memory {memory} bytes and cores {cores}, more than it has (memory "
+                f"{capacity} bytes, cores {MAX_CORES}): the allocation cannot be honoured"
             )
 
 

@@ -8,7 +8,10 @@ Sockets are owned by identity, not by path: each bound socket's device, inode an
 are remembered, and shutdown unlinks a path only while it is still that socket, so an old
 instance stopping after a new one bound the same path leaves the new one alone. A watcher
 re-creates a socket of ours that disappears (someone deleted it): the kubelet's plugin watcher
-registers a re-created registration socket again.
+registers a re-created registration socket again. The watcher is the supervised loop
+`socket-watch` (`dra_driver.supervision`): a check that raises is logged, counted and backed
+off; one that never returns (a server that does not stop) is a stall after
+`WATCH_DEADLINE_S`.
 A path taken over by another process is left to it.
 
 Rolling updates (`SocketPaths.for_instance`): each instance names both sockets after its instance
@@ -41,6 +44,7 @@ from dataclasses import dataclass
 import grpc
 
 from dra_driver.names import DriverNames
+from dra_driver.supervision import Supervisor
 from kubelet_plugin.dra_service import DraServicer
 from kubelet_plugin.handover import Handover, HandoverHealthServicer
 from kubelet_plugin.health import HealthBoard, HealthServicer
@@ -63,6 +67,9 @@ log = logging.getLogger(__name__)
 SOCKET_MODE = 0o600
 SOCKET_DIR_MODE = 0o700
 WATCH_PERIOD_S = 2.0
+# A check stats two paths; re-serving a socket stops the old server (1 s grace) and binds a new
+# one: well under a second. 30 s without a finished check is a call that does not return.
+WATCH_DEADLINE_S = 30.0
 # (st_dev, st_ino, st_ctime_ns) of a socket we bound: the change time tells a successor's socket
 # apart even when it got the freed inode number back.
 SocketId = tuple[int, int, int]
@@ -193,6 +200,7 @@ class PluginServer:
         max_workers: int = 8,
         watch_period_s: float = WATCH_PERIOD_S,
         interceptors: Sequence[grpc.ServerInterceptor] = (),
+        supervisor: Supervisor | None = None,
     ) -> None:
         self.sockets = sockets
         self.registration = RegistrationServicer(
@@ -215,6 +223,7 @@ class PluginServer:
         self._stopping = threading.Event()
         self._watcher: threading.Thread | None = None
         self._foreign_logged: set[str] = set()
+        self._supervisor = supervisor or Supervisor()
 
     def _dra_server(self) -> grpc.Server:
         server = grpc.server(
@@ -269,8 +278,13 @@ class PluginServer:
             self._reg.start()
             log.info("registration service listening on %s", self.sockets.registration)
         if self._watch_period_s > 0:
-            self._watcher = threading.Thread(target=self._watch, name="socket-watch", daemon=True)
-            self._watcher.start()
+            self._watcher = self._supervisor.run(
+                "socket-watch",
+                self.check_sockets,
+                self._stopping,
+                period_s=self._watch_period_s,
+                deadline_s=WATCH_DEADLINE_S + self._watch_period_s,
+            )
 
     def serve_locally(self, preparer: Preparer) -> None:
         """This instance now owns the node's state: serve DRA calls with `preparer`."""
@@ -297,13 +311,6 @@ class PluginServer:
         log.info("gRPC servers stopped; our sockets removed")
 
     # --- keeping the sockets -----------------------------------------------------------------
-
-    def _watch(self) -> None:
-        while not self._stopping.wait(self._watch_period_s):
-            try:
-                self.check_sockets()
-            except Exception:
-                log.exception("socket watch failed; retrying in %g s", self._watch_period_s)
 
     def check_sockets(self) -> None:
         """Re-create a socket of ours that disappeared (DRA first: registration points at it)."""

@@ -18,6 +18,9 @@ Rules that keep it cheap and correct:
 - Never a rewrite loop: a server that stores a slice differently from what was written (a field
   dropped by a disabled feature gate the start-up probe in `kubelet_plugin.api_support` does not
   cover) is reported once, and that content is not written again until the desired slices change.
+- Supervised (`dra_driver.supervision`): `run` beats its `Loop` after every sync attempt, and
+  counts the attempts that raised something unexpected (logged with the traceback) as the loop's
+  failures; a sync that never returns is a stall (`kubelet_plugin.monitoring` sets the deadline).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Any
 from dra_driver import kube, slices
 from dra_driver.gpu import NodeInventory
 from dra_driver.kube import RESOURCE_API, KubeClient, KubeError
+from dra_driver.supervision import Loop
 from kubelet_plugin.api_support import whole_device_slice
 from kubelet_plugin.backoff import Backoff
 
@@ -235,14 +239,17 @@ class SlicePublisher:
         *,
         resync_s: float = 60.0,
         wake: threading.Event | None = None,
+        loop: Loop | None = None,
     ) -> None:
         """Sync now, then every `resync_s` seconds (or as soon as `wake` is set), until `stop`.
 
         A failed sync (inventory or API) is logged and retried after a backoff delay; the loop
         never dies on an error, because a node whose slices silently stop updating is worse than
-        one that keeps saying what is wrong.
+        one that keeps saying what is wrong. Each attempt beats `loop`; an unexpected error
+        counts as its failure.
         """
         while not stop.is_set():
+            failed = False
             try:
                 self._observe("written" if self.sync(inventory_source()) else "unchanged")
             except (KubeError, slices.SliceError, OSError) as exc:
@@ -250,12 +257,15 @@ class SlicePublisher:
                 log.warning("slice sync failed (retry in %.1fs): %s", delay, exc)
                 self._observe("error")
             except Exception as exc:  # inventory errors and anything unforeseen: keep running
+                failed = True
                 delay = self._backoff.next_delay()
                 log.exception("slice sync failed unexpectedly (retry in %.1fs): %s", delay, exc)
                 self._observe("error")
             else:
                 self._backoff.reset()
                 delay = resync_s
+            if loop is not None:
+                loop.beat(failed=failed)
             _wait(stop, wake, delay)
 
 

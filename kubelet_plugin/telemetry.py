@@ -9,9 +9,10 @@ extra API call.
 
 The containers of that pod which use the claim (the metrics' `container` label) are not in the
 claim: with a `pod_reader`, `ClaimPods` reads the pod once per prepared claim from a background
-thread (never on the prepare path; through a bounded queue, dropped when full) and matches
-`spec.resourceClaims` (or `status.resourceClaimStatuses` for claims made from a template) and
-each container's `resources.claims`. A pod that cannot be read (no right to, gone, API down)
+thread (the supervised loop `claim-containers`; never on the prepare path; through a bounded
+queue, dropped when full) and matches `spec.resourceClaims` (or
+`status.resourceClaimStatuses` for claims made from a template) and each container's
+`resources.claims`. A pod that cannot be read (no right to, gone, API down)
 leaves the label empty: the label is "where known".
 """
 
@@ -23,6 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dra_driver import cdi, kube
+from dra_driver.supervision import Supervisor
 from kubelet_plugin.background import Background
 from kubelet_plugin.claims import ClaimRef
 from kubelet_plugin.events import PodRef, PrepareEvents
@@ -32,6 +34,7 @@ from kubelet_plugin.prepare import ClaimSource, PrepareOutcome
 log = logging.getLogger(__name__)
 
 PodReader = Callable[[str, str], dict[str, Any]]  # (namespace, name) -> the Pod object
+MAX_RESERVED = 256  # the API's bound on a claim's status.reservedFor
 
 
 def containers_using(pod: Mapping[str, Any], claim_name: str) -> list[str]:
@@ -59,13 +62,22 @@ class ClaimPods:
     """Claim UID -> the pods in its `status.reservedFor`, as last read by prepare, and (with a
     `pod_reader`) the containers of its pod that use it."""
 
-    def __init__(self, pod_reader: PodReader | None = None, *, max_queued: int = 1000) -> None:
+    def __init__(
+        self,
+        pod_reader: PodReader | None = None,
+        *,
+        max_queued: int = 1000,
+        supervisor: Supervisor | None = None,
+    ) -> None:
         self._pods: dict[str, tuple[PodRef, ...]] = {}
         self._containers: dict[str, str] = {}
         self._lock = threading.Lock()
         self._reader = pod_reader
         self._lookups: Background[tuple[str, str, str, PodRef]] = Background(
-            lambda item: self._look_up(*item), name="claim-containers", max_queued=max_queued
+            lambda item: self._look_up(*item),
+            name="claim-containers",
+            max_queued=max_queued,
+            supervisor=supervisor,
         )
 
     def wrap_source(self, source: ClaimSource) -> ClaimSource:
@@ -79,10 +91,13 @@ class ClaimPods:
         return read
 
     def remember(self, uid: str, claim: dict[str, Any]) -> None:
-        reserved = (claim.get("status") or {}).get("reservedFor") or []
+        # Read before the claim is parsed: a claim of the wrong shape leaves no pods here (and
+        # fails in `kubelet_plugin.claims` with a message), never an exception of this reader.
+        status = claim.get("status")
+        reserved = status.get("reservedFor") if isinstance(status, dict) else None
         pods = tuple(
             PodRef(name=str(entry.get("name", "")), uid=str(entry.get("uid", "")))
-            for entry in reserved
+            for entry in (reserved if isinstance(reserved, list) else [])[:MAX_RESERVED]
             if isinstance(entry, dict) and entry.get("resource") == "pods" and entry.get("name")
         )
         with self._lock:
@@ -90,7 +105,8 @@ class ClaimPods:
             known = uid in self._containers
         if self._reader is None or known or len(pods) != 1:
             return
-        meta = claim.get("metadata") or {}
+        meta = claim.get("metadata")
+        meta = meta if isinstance(meta, dict) else {}
         lookup = (uid, str(meta.get("namespace", "")), str(meta.get("name", "")), pods[0])
         if not self._lookups.submit(lookup):
             log.debug("container lookups full or closed; claim %s stays without a container", uid)

@@ -147,7 +147,7 @@ class WebhookServer(AdmissionServer):
                     self._stopping.wait(backoff)
                     backoff = min(backoff * 2, BACKOFF_MAX_S)
         finally:
-            self._serving_loop.ended = not self._stopping.is_set()
+            self._serving_loop.end(stopped=self._stopping.is_set())
 
     @property
     def address(self) -> tuple[str, int]:

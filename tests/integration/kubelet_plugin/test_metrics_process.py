@@ -8,7 +8,9 @@ socket, as the kubelet would; a CUDA program then runs with the CDI spec the plu
 What this proves: the scrape, parsed with Prometheus' own text parser, reports the claim's cap
 (1 GiB) and its usage (300 MiB, read from the region the hook maintains), the GPU's physical
 usage from NVML, one live process; after the program is SIGKILLed the claim's usage drops back to
-0 without anyone reclaiming the slot; and the log line that names the URL is key=value.
+0 without anyone reclaiming the slot; the log line that names the URL is key=value; and every
+supervised loop of the process (governor, enforcement, GPU rescan and health watch, socket watch)
+is exported by name, none failed or stalled.
 """
 
 from __future__ import annotations
@@ -104,6 +106,14 @@ def test_scrape_reports_cap_and_usage_of_a_running_claim(
             assert one(samples, "vgpu_dra_gpu_claims", **gpu) == 1
             assert 0.0 <= one(samples, "vgpu_dra_gpu_utilization_ratio", **gpu) <= 1.0
             assert one(samples, "vgpu_dra_prepare_duration_seconds_count") == 1
+            loops = {
+                (name, dict(labels)["loop"]): value
+                for (name, labels), value in samples.items()
+                if name in ("vgpu_dra_loop_failures_total", "vgpu_dra_loop_stalled")
+            }
+            running = {"governor", "enforcement", "gpu-health", "gpu-rescan", "socket-watch"}
+            assert running <= {loop for _, loop in loops}, sorted(loops)
+            assert set(loops.values()) == {0.0}, loops
 
         def released() -> bool:
             now = scrape(url)

@@ -9,8 +9,8 @@ import pytest
 from dra_driver import capacity
 from dra_driver.allocator import parse_quantity
 from dra_driver.slices import SliceError, device_capacity
-from kubelet_plugin.claims import ClaimRef, parse_allocation
-from kubelet_plugin.plan import OverbookedError, check_capacity, plan_claim
+from kubelet_plugin.claims import ClaimError, ClaimRef, parse_allocation
+from kubelet_plugin.plan import check_capacity, plan_claim
 from tests.fixtures.claimdata import DRIVER, NODE, GiB, claim, gpu, inventory, result
 
 MiB = 1 << 20
@@ -50,6 +50,8 @@ def test_guard_uses_the_published_capacity_not_unrounded_bytes() -> None:
     obj = claim([result("gpu-0", memory=str(odd))])
     meta = obj["metadata"]
     ref = ClaimRef(meta["namespace"], meta["name"], meta["uid"])
+    # A claim that alone asks more than the published capacity is refused as invalid
+    # (it can never be honoured; not "overbooked", which would blame the other claims).
     plan = plan_claim(parse_allocation(obj, ref, driver=DRIVER, node_name=NODE), inv)
-    with pytest.raises(OverbookedError, match=f"capacity {16 * GiB} bytes"):
+    with pytest.raises(ClaimError, match=f"more than it has \\(memory {16 * GiB} bytes"):
         check_capacity(plan, [], inv)

@@ -171,20 +171,24 @@ def test_claim_and_gpu_figures_after_known_claims(plugin: Plugin, served: Metric
 
 def test_errors_are_counted_by_reason(plugin: Plugin, served: MetricsServer) -> None:
     missing = ClaimRef("tenant-a", "gone", "0b3c1f1e-0000-4000-8000-000000000001")
-    big = plugin.add([result("gpu-1", memory="17Gi")], name="too-big", pod="greedy")
+    first = plugin.add([result("gpu-1", memory="10Gi")], name="first")
+    big = plugin.add([result("gpu-1", memory="7Gi")], name="too-big", pod="greedy")
+    larger_than_gpu = plugin.add([result("gpu-0", memory="17Gi")], name="larger")
     bad_uid = ClaimRef("tenant-a", "x", "../etc")
     plugin.preparer.prepare([missing])
+    plugin.preparer.prepare([first])
     plugin.preparer.prepare([big])
     assert plugin.pods.of(big.uid) == ()  # read, failed: not remembered (no unprepare comes)
+    plugin.preparer.prepare([larger_than_gpu])  # wrong, not overbooked: it never fits here
     plugin.preparer.prepare([bad_uid])
     plugin.preparer.unprepare([bad_uid])
     samples = scrape(served.url)
-    assert value(samples, "vgpu_dra_prepare_errors_total", reason="invalid_claim") == 2
+    assert value(samples, "vgpu_dra_prepare_errors_total", reason="invalid_claim") == 3
     assert value(samples, "vgpu_dra_prepare_errors_total", reason="overbooked") == 1
     assert value(samples, "vgpu_dra_prepare_errors_total", reason="internal") == 0
     assert value(samples, "vgpu_dra_unprepare_errors_total", reason="invalid_claim") == 1
-    assert value(samples, "vgpu_dra_prepare_duration_seconds_count") == 3
-    assert value(samples, "vgpu_dra_prepared_claims") == 0
+    assert value(samples, "vgpu_dra_prepare_duration_seconds_count") == 5
+    assert value(samples, "vgpu_dra_prepared_claims") == 1
 
 
 def test_unprepared_claims_leave_the_scrape(plugin: Plugin, served: MetricsServer) -> None:

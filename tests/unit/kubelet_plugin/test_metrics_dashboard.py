@@ -17,6 +17,7 @@ from controller.informers import PODS, Informer
 from controller.metrics import ControllerMetrics, StateCollector
 from controller.reconciler import Defaults, Reconciler
 from dra_driver.gpu import NodeInventory
+from dra_driver.supervision import Supervisor
 from kubelet_plugin.metrics import GpuReading, NodeCollector, PluginMetrics
 from kubelet_plugin.plan import ClaimPlan, DevicePlan
 from tests.fixtures.allocator_cluster import node_events
@@ -79,6 +80,9 @@ def plugin_registry() -> Any:
     metrics.observe_unprepare(0.01, "internal")
     metrics.observe_slice_sync("written")
     metrics.observe_governor_tick(0.001)
+    supervisor = Supervisor()
+    supervisor.register("governor", 60.0).beat(failed=True)
+    metrics.add_loop_collector(supervisor)
     return metrics.registry
 
 
