@@ -3,7 +3,8 @@
 - `FakeApi`: objects by REST path, with the API server's optimistic concurrency (resourceVersion
   checked on every write, 409 on a stale one), and the helpers that put claims and gated pods in
   it and feed them to a reconciler as the informers would;
-- `Script`: lists and watch streams served in order, for an informer.
+- `Script`: lists and watch streams served in order, for an informer;
+- `Leases`: Lease objects with the same concurrency, for leader election.
 """
 
 from __future__ import annotations
@@ -182,3 +183,31 @@ class Script:
             raise kube.Gone(410, "Expired", "too old resource version")
         yield {"type": "DELETED", "object": pod("a", "41")}
         self.stop.set()
+
+
+class Leases:
+    def __init__(self) -> None:
+        self.objects: dict[str, JSON] = {}
+        self._rv = itertools.count(1)
+
+    def _store(self, path: str, obj: Mapping[str, Any]) -> JSON:
+        stored = copy.deepcopy(dict(obj))
+        stored["metadata"]["resourceVersion"] = str(next(self._rv))
+        self.objects[path] = stored
+        return copy.deepcopy(stored)
+
+    def get(self, path: str, **_: Any) -> JSON:
+        if path not in self.objects:
+            raise kube.NotFound(404, "NotFound", path)
+        return copy.deepcopy(self.objects[path])
+
+    def create(self, collection: str, obj: Mapping[str, Any]) -> JSON:
+        path = f"{collection}/{obj['metadata']['name']}"
+        if path in self.objects:
+            raise kube.AlreadyExists(409, "AlreadyExists", path)
+        return self._store(path, obj)
+
+    def replace(self, path: str, obj: Mapping[str, Any]) -> JSON:
+        if obj["metadata"]["resourceVersion"] != self.objects[path]["metadata"]["resourceVersion"]:
+            raise kube.Conflict(409, "Conflict", path)
+        return self._store(path, obj)

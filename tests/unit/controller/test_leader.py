@@ -11,11 +11,8 @@ raises does not end the elector.
 
 from __future__ import annotations
 
-import copy
-import itertools
 import threading
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -23,37 +20,10 @@ import pytest
 from controller.leader import LeaderElector
 from dra_driver import kube
 from dra_driver.supervision import Supervisor
+from tests.unit.controller.fakes import Leases
 from vgpu_testbed.polling import wait_for
 
 JSON = dict[str, Any]
-
-
-class Leases:
-    def __init__(self) -> None:
-        self.objects: dict[str, JSON] = {}
-        self._rv = itertools.count(1)
-
-    def _store(self, path: str, obj: Mapping[str, Any]) -> JSON:
-        stored = copy.deepcopy(dict(obj))
-        stored["metadata"]["resourceVersion"] = str(next(self._rv))
-        self.objects[path] = stored
-        return copy.deepcopy(stored)
-
-    def get(self, path: str, **_: Any) -> JSON:
-        if path not in self.objects:
-            raise kube.NotFound(404, "NotFound", path)
-        return copy.deepcopy(self.objects[path])
-
-    def create(self, collection: str, obj: Mapping[str, Any]) -> JSON:
-        path = f"{collection}/{obj['metadata']['name']}"
-        if path in self.objects:
-            raise kube.AlreadyExists(409, "AlreadyExists", path)
-        return self._store(path, obj)
-
-    def replace(self, path: str, obj: Mapping[str, Any]) -> JSON:
-        if obj["metadata"]["resourceVersion"] != self.objects[path]["metadata"]["resourceVersion"]:
-            raise kube.Conflict(409, "Conflict", path)
-        return self._store(path, obj)
 
 
 class Clock:
