@@ -51,7 +51,6 @@ from dra_driver.supervision import Supervisor
 from kubelet_plugin.background import Background
 from kubelet_plugin.governor import pids_holding
 from kubelet_plugin.plan import ClaimPlan, hook_device_lines
-from kubelet_plugin.region import Region, RegionError
 
 log = logging.getLogger(__name__)
 
@@ -357,16 +356,11 @@ class Enforcer:
             return set()
 
     def _hooked(self, uid: str, pids: Iterable[int]) -> set[int]:
+        """Which of these node pids run the hook: the kernel's word (they hold the claim's
+        region open), never the region's own pid slots, which the tenant can write and which
+        hold pids of the container's namespace, not the node's."""
         path = os.path.join(self.state_dir, "claims", uid, "region")
-        candidates = set(pids)
-        found: set[int] = set()
-        if os.path.exists(path):
-            try:
-                with Region(path) as region:
-                    found = region.live_pids() & candidates
-            except (OSError, RegionError) as exc:
-                log.debug("enforcement: region of %s: %s", uid, exc)
-        return found | pids_holding(path, candidates - found, self.proc)
+        return pids_holding(path, set(pids), self.proc)
 
     def _report_unhooked(self, cap: ClaimCap, processes: Sequence[GpuProcess]) -> None:
         for proc in processes:

@@ -441,8 +441,10 @@ class Governor:
         clock_ns: Callable[[], int] = time.monotonic_ns,
         wall_us: Callable[[], int] = lambda: time.time_ns() // 1000,
         on_tick: Callable[[float], None] | None = None,
+        proc: str = "/proc",
     ) -> None:
         self.on_tick = on_tick  # told each tick's duration in seconds (metrics)
+        self.proc = proc  # where a process's open files are seen (tests give a tree of their own)
         self.claims_dir = os.path.join(state_dir, "claims")
         self.source = source
         self.claim_caps = claims
@@ -561,9 +563,9 @@ class Governor:
         return found
 
     def _claim_util(self, claim: _Claim, sample: GpuSample, tenants: int) -> float:
-        pids = claim.region.live_pids() & set(sample.process_util)
-        if not pids:
-            pids = pids_holding(claim.region.path, sample.process_util)
+        # The kernel's word on who runs in this claim (they hold its region open, in the node's
+        # pid namespace, as NVML reports them), not the region's tenant-written pid slots.
+        pids = pids_holding(claim.region.path, sample.process_util, self.proc)
         if pids:
             return sum(sample.process_util[p] for p in pids)
         # Nobody of ours ran in the window. Alone on the GPU, the GPU figure is ours.

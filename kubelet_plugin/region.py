@@ -180,9 +180,6 @@ class Region(contextlib.AbstractContextManager["Region"]):
         hwm = min(self.layout.slot_hwm, MAX_SLOTS)
         return [self.layout.slots[i] for i in range(hwm)]
 
-    def live_pids(self) -> set[int]:
-        return {slot.pid for slot in self._slots() if slot.pid > 0}
-
     def device(self, index: int) -> DeviceUsage:
         d = self.layout.devices[index]
         used = sum(slot.used[index] for slot in self._slots())

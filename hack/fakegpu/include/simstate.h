@@ -33,12 +33,18 @@
  *   - Fork: a pthread_atfork child handler reopens the file, giving the child its own open file
  *     description and therefore its own locks, and re-initialises the process-local mutex (no
  *     prepare handler: holding our mutex across fork() would order it against callers' locks).
- *   - Process table: per GPU, SIM_MAX_PROCS slots of {pid, start time, bytes}. A slot whose pid is
- *     dead, a zombie, or reused (start time differs) is reaped by whichever process next lists or
- *     queries memory on that GPU, or whose reservation would otherwise fail. A process releases
- *     its own slots at normal exit (atexit).
+ *   - Process table: per GPU, SIM_MAX_PROCS slots of {owner identity, bytes}. Processes may live
+ *     in different PID namespaces (a container's tenant, the node's plugin, a test runner above
+ *     the node), so a slot records its owner's identity (pid namespace, pid there, start time,
+ *     exec nonce) and the owner holds a classic POSIX lock on the slot's byte while it owns it:
+ *     the kernel drops the lock when the process exits, is killed or execs, and F_GETLK names the
+ *     holder by its pid in the *caller's* namespace. So every reader sees each process under the
+ *     pid it has there (node pids on the node, the container's own pids inside the container),
+ *     does not list processes it cannot see (and never frees them), and frees the slot of a
+ *     process that is really gone, whoever looks first (details: the top of src/simstate.c).
+ *     A process releases its own slots at normal exit (atexit).
  *   - Busy timeline: per GPU, the time until which its SMs are busy plus a ring of the recent busy
- *     intervals tagged by pid; utilisation is measured from it (see sim_utilization()).
+ *     intervals tagged by process slot; utilisation is measured from it (see sim_utilization()).
  *   - No constructors: everything attaches lazily through pthread_once.
  *
  * Thread-safe, fork-safe, and safe against any process dying at any moment.
@@ -129,7 +135,7 @@ struct sim_node_info {
 
 /* One row of a GPU's process table, as returned by sim_processes(). */
 struct sim_proc_usage {
-    int32_t pid;
+    int32_t pid;              /* in the caller's pid namespace */
     uint64_t bytes;           /* device memory reserved by this process on the GPU */
 };
 
@@ -192,15 +198,19 @@ void sim_mem_release(int phys, unsigned long long bytes);
 /* Release everything the calling process holds on every GPU (also done at normal exit). */
 void sim_mem_release_all(void);
 
-/* Bytes in use on GPU `phys` by all live processes (reaps dead ones first). */
+/* Bytes in use on GPU `phys` by all live processes, in every pid namespace (reaps dead ones
+ * first). */
 unsigned long long sim_mem_used(int phys);
 
-/* Bytes held by `pid` on GPU `phys`. */
+/* Bytes held on GPU `phys` by the live process that has pid `pid` in the caller's namespace. */
 unsigned long long sim_mem_used_by(int phys, int pid);
 
-/* Live processes holding memory on GPU `phys` (reaps dead ones first): writes up to `max` rows
- * and returns the total number of such processes (may exceed max). Rows with 0 bytes are
- * processes that attached a context but hold no memory (see sim_proc_register()). */
+/* Live processes holding memory on GPU `phys` that the caller's pid namespace can see (its own
+ * and its descendants': a container's caller sees its own processes, the node sees every
+ * container's), each with its pid in the caller's namespace; reaps dead ones first. Writes up to
+ * `max` rows and returns the total number of such processes (may exceed max). Rows with 0 bytes
+ * are processes that attached a context but hold no memory (see sim_proc_register()).
+ * Processes outside the caller's view still count in sim_mem_used(). */
 int sim_processes(int phys, struct sim_proc_usage *out, int max);
 
 /* Make the calling process appear in GPU `phys`'s process list even with no memory reserved
@@ -209,7 +219,7 @@ int sim_proc_register(int phys);
 
 /* Submit a kernel that occupies GPU `phys`'s SMs for duration_ns. It starts when all work already
  * submitted to that GPU (by any process) has finished, or now if the GPU is idle, so processes
- * are time-sliced FIFO. Returns its completion time on the sim_now_ns() clock, so the caller can
+ * are time-sliced FIFO. The process is registered on the GPU (sim_proc_register()) if it is not. Returns its completion time on the sim_now_ns() clock, so the caller can
  * model stream/context synchronisation by sleeping until then; 0 if phys is invalid or lost. */
 unsigned long long sim_submit_work(int phys, unsigned long long duration_ns);
 
@@ -220,12 +230,18 @@ unsigned long long sim_busy_until(int phys);
 unsigned long long sim_now_ns(void);
 
 /* SM utilisation of GPU `phys`, 0..100: the busy fraction of [now - window_ns, now]
- * (window_ns 0 = SIM_UTIL_WINDOW_NS). If pid > 0, only that process's busy time counts. */
+ * (window_ns 0 = SIM_UTIL_WINDOW_NS). If pid > 0, only the busy time of the process with that
+ * pid in the caller's namespace counts. */
 unsigned int sim_utilization(int phys, int pid, unsigned long long window_ns);
+
+/* Busy nanoseconds of GPU `phys` (every process's) within [from_ns, to_ns) (sim_now_ns() clock). */
+unsigned long long sim_busy_total(int phys, unsigned long long from_ns, unsigned long long to_ns);
 
 /* Per-process utilisation samples: for each process with busy time on GPU `phys` that ended
  * after since_ns, writes {pid, busy percent over [max(since_ns, now - 1 s), now]}; returns the
- * number written (at most max). */
+ * number written (at most max). Pids are in the caller's namespace: processes it cannot see are
+ * left out, and so is a process that exited before any reader of the caller's namespace learnt
+ * its pid there (its busy time still counts in sim_utilization(phys, 0, ...)). */
 struct sim_proc_util {
     int32_t pid;
     uint32_t sm_util;        /* percent */
@@ -235,8 +251,9 @@ int sim_process_utilization(int phys, unsigned long long since_ns, struct sim_pr
                             int max);
 
 /* Busy nanoseconds per process on GPU `phys` within [from_ns, to_ns) (sim_now_ns() clock):
- * writes {pid, busy_ns} for each process with busy time there; returns the number written (at
- * most max). Used by the fake NVML's sample-period model (nvml_usage.c). */
+ * writes {pid, busy_ns} for each process with busy time there, named as by
+ * sim_process_utilization(); returns the number written (at most max). Used by the fake NVML's
+ * sample-period model (nvml_usage.c). */
 struct sim_proc_busy {
     int32_t pid;
     uint64_t busy_ns;

@@ -50,6 +50,16 @@ static void read_config(struct cu_config *cfg) {
         pages > 0 && page > 0 ? (unsigned long long)pages * (unsigned long long)page : 0;
     cfg->host_memory = env_ull("VGPU_SIM_HOST_MEMORY", ram);
     cfg->trace = (int)env_ull("VGPU_SIM_CUDA_TRACE", 0);
+    /* CUDA_MODULE_LOADING=EAGER|LAZY|DEFAULT, read once at cuInit as the driver does. */
+    const char *loading = getenv("CUDA_MODULE_LOADING");
+    cfg->module_loading = 0;
+    if (loading != NULL && strcasecmp(loading, "EAGER") == 0)
+        cfg->module_loading = CU_MODULE_EAGER_LOADING;
+    else if (loading != NULL && strcasecmp(loading, "LAZY") == 0)
+        cfg->module_loading = CU_MODULE_LAZY_LOADING;
+    else if (loading != NULL && *loading != '\0' && strcasecmp(loading, "DEFAULT") != 0)
+        fprintf(stderr, "vgpu-sim: ignoring CUDA_MODULE_LOADING=%s (expected EAGER, LAZY or "
+                        "DEFAULT)\n", loading);
 }
 
 /* Case-insensitive "does `s` start with `prefix`". */

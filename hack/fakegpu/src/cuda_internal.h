@@ -46,6 +46,8 @@ struct cu_config {
                                            allocations may spill into beyond free device
                                            memory (default: the machine's physical RAM) */
     int trace;                          /* VGPU_SIM_CUDA_TRACE=1: log unresolved entry points */
+    int module_loading;                 /* CUDA_MODULE_LOADING: a CUmoduleLoadingMode, or 0 for
+                                           unset/DEFAULT (the driver version's default) */
 };
 
 /* The devices this process sees, in CUDA ordinal order, after NVIDIA_VISIBLE_DEVICES (state)

@@ -186,6 +186,25 @@ CU_API CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char
     return get_function(hmod, CU_KIND_MODULE, name, hfunc);
 }
 
+/* Lazy loading is the default from CUDA 12.2 on (opt-in with CUDA_MODULE_LOADING=LAZY since 11.7);
+ * CUDA_MODULE_LOADING, read at cuInit, overrides it. The simulator loads nothing either way:
+ * only the answer differs. */
+#define LAZY_LOADING_DEFAULT_SINCE 12020
+
+CU_API CUresult cuModuleGetLoadingMode(CUmoduleLoadingMode *mode) {
+    if (mode == NULL) return CUDA_ERROR_INVALID_VALUE;
+    CU_TRY(cu_check_init());
+    if (cu_drv.cfg.module_loading != 0) {
+        *mode = (CUmoduleLoadingMode)cu_drv.cfg.module_loading;
+        return CUDA_SUCCESS;
+    }
+    const struct sim_node_info *node = sim_node();
+    int version = node != NULL ? node->cuda_driver_version : 0;
+    *mode = version >= LAZY_LOADING_DEFAULT_SINCE ? CU_MODULE_LAZY_LOADING
+                                                  : CU_MODULE_EAGER_LOADING;
+    return CUDA_SUCCESS;
+}
+
 CU_API CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions,
                                   void **jitOptionsValues, unsigned int numJitOptions,
                                   CUlibraryOption *libraryOptions, void **libraryOptionValues,

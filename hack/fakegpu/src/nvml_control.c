@@ -2,7 +2,9 @@
  * nvml_control.c - the simulator's test-only control API, exported from libnvidia-ml.so.1 next to
  * the NVML functions so that tests and `vgpu-dra fakegpu inject|status` can drive a node through
  * ctypes with the same library every client loads. Not NVML: no nvmlInit needed, physical
- * GPU indices (the node's view, not a container's).
+ * GPU indices (the node's view, not a container's). Processes are listed as NVML lists them
+ * for the caller: with their pids in its pid namespace, and only those it can see there;
+ * memory_used is every process's.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -84,10 +86,8 @@ SIM_EXPORT int vgpusim_status_json(char *buf, int cap)
         const struct sim_gpu_info *g = sim_gpu(i);
         unsigned int flags = sim_gpu_flags(i);
         struct sim_proc_usage procs[SIM_MAX_PROCS];
-        int n = sim_processes(i, procs, SIM_MAX_PROCS);
-        unsigned long long used = 0;
-        for (int p = 0; p < n && p < SIM_MAX_PROCS; p++)
-            used += procs[p].bytes;
+        int n = sim_processes(i, procs, SIM_MAX_PROCS); /* those this caller's namespace sees */
+        unsigned long long used = sim_mem_used(i);        /* everyone's */
         put(&o, "%s{\"index\":%d,\"uuid\":", i ? "," : "", i);
         put_str(&o, g->uuid);
         put(&o, ",\"name\":");

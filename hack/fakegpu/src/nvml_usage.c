@@ -304,11 +304,8 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device,
         /* The latest completed sample period. */
         unsigned long long k = last_completed(&c, phys, sim_now_ns());
         unsigned long long lo = k > 0 ? period_end(&c, phys, k - 1) : 0, hi = period_end(&c, phys, k);
-        struct sim_proc_busy busy[SIM_MAX_PROCS];
-        int m = k > 0 ? sim_process_busy(phys, lo, hi, busy, SIM_MAX_PROCS) : 0;
-        unsigned long long total = 0;
-        for (int b = 0; b < m; b++)
-            total += busy[b].busy_ns;
+        /* Every process's work, also those the caller cannot see or name (another container's). */
+        unsigned long long total = k > 0 ? sim_busy_total(phys, lo, hi) : 0;
         utilization->gpu = percent(total, hi - lo);
     } else {
         utilization->gpu = sim_utilization(phys, 0, 0);

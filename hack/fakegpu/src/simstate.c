@@ -7,17 +7,59 @@
  * descriptor of its open file description closes, which includes the holder being SIGKILLed, so
  * nobody ever waits on a dead process. Readers of single words (flags, busy_until) use atomic
  * loads without locking.
+ *
+ * Process identity across PID namespaces. A process has one pid per namespace it is visible in:
+ * a tenant in a container has the container's pid, another in the node's namespace, another in
+ * each ancestor's. Keying the process table by getpid() and testing liveness with kill(pid, 0)
+ * (layout 1) broke as soon as processes sat in different namespaces: the node's plugin found no
+ * container pid and freed the tenant's memory, and the tenant reaped the node's processes in
+ * turn. What the design needs, and how it gets it:
+ *
+ *   Identity - which slot is this process's own. The owner records (pid namespace inode,
+ *   getpid(), start time, AT_RANDOM). All four equal is "this very process image": the two
+ *   library copies of one process (libcuda's and libnvidia-ml's) agree on it and share their
+ *   slots; a forked child differs by pid; exec() keeps pid and start time but the kernel draws
+ *   new AT_RANDOM bytes, so the new image is a new process, as for a real driver (the device
+ *   files close at exec and the driver frees the old image's memory).
+ *
+ *   Liveness and pid, as seen from any namespace. The owner holds a classic POSIX lock on its
+ *   slot's byte (SIM_LOCK_SLOT_OFFSET) for as long as it owns the slot. The kernel drops it when
+ *   the process exits (before it becomes a zombie), is killed, or execs (the descriptor is
+ *   close-on-exec); and F_GETLK reports a lock's holder as its pid *in the caller's* pid
+ *   namespace, or 0 when the holder is not visible there (fs/locks.c, locks_translate_pid). So
+ *   every reader, wherever it runs, learns exactly what it may know:
+ *     unlocked        the owner is gone: the slot is freed by whoever looks first, whatever its
+ *                     namespace (a container whose namespace died with it is still reclaimed);
+ *     locked, pid > 0 alive, and that is its pid for this caller;
+ *     locked, pid 0   alive in a namespace the caller cannot see: never freed, not listed.
+ *   No reader guesses from /proc or from kill(pid, 0) in the wrong namespace; a reader that
+ *   cannot see a process never reaps it. (Scanning /proc/<pid>/ns/pid and NSpid to map pids
+ *   was the alternative: it costs a /proc walk per unknown slot and cannot tell "namespace not
+ *   mine" from "namespace dead", so nobody could ever free a dead container's memory.)
+ *
+ *   Pids of processes that have exited. Busy intervals outlive their process (NVML reports a
+ *   process's utilisation samples for a while after it ends), but a dead owner holds no lock to
+ *   ask. A slot therefore keeps its identity after it is freed until it is claimed again (the
+ *   longest-free slot is claimed first), and readers that resolved a live owner's pid in their
+ *   own namespace cache it in the slot (SIM_PID_VIEWS entries); the owner's own namespace needs
+ *   no cache (ns_pid).
+ *
+ *   The price of classic locks: closing *any* descriptor of the state file drops every classic
+ *   lock the process holds on it. The libraries never close theirs while attached (a forked
+ *   child swaps its inherited descriptor before it takes any lock), and a process re-takes its
+ *   lock whenever it reserves memory or registers, so only a program that itself opens and
+ *   closes the node's state file while it holds GPU memory could lose its slots.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/auxv.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -36,12 +78,15 @@ static struct sim_state_file *g_st;
 static int g_attach_rc = -ENOENT;
 static char g_err[640];
 static char g_path[4096];
-/* This process's identity, cached; cleared in a forked child. */
-static int g_self_pid;
-static uint64_t g_self_start;
-/* When this process last reaped each GPU thoroughly (zombies, reused pids), CLOCK_MONOTONIC ns. */
-static uint64_t g_thorough_at[SIM_MAX_GPUS];
-#define SIM_THOROUGH_REAP_NS 10000000ULL /* 10 ms */
+/* This process's identity (see the top of this file): computed when attaching and again in a
+ * forked child, before either can touch a slot; read-only otherwise. */
+struct sim_ident {
+    int32_t pid;              /* getpid(): the pid in this process's own namespace */
+    uint64_t ns_ino;          /* inode of /proc/self/ns/pid, 0 if unknown */
+    uint64_t start;           /* /proc/self/stat field 22, 0 if unknown */
+    uint64_t nonce;           /* the first 8 of the kernel's AT_RANDOM bytes for this image */
+};
+static struct sim_ident g_self;
 
 
 unsigned long long sim_now_ns(void)
@@ -51,68 +96,47 @@ unsigned long long sim_now_ns(void)
     return (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec;
 }
 
-/* ---- process identity and liveness ------------------------------------------------------ */
+/* ---- process identity ------------------------------------------------------------------ */
 
-/* Read state (field 3) and start time (field 22) of /proc/<pid>/stat. 0, or -errno. */
-static int read_proc_stat(int pid, char *state, uint64_t *start)
+/* Start time (field 22) of /proc/self/stat; 0 if unreadable (no /proc in a container). */
+static uint64_t read_self_start(void)
 {
-    char path[64], buf[1024];
-    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    char buf[1024];
+    int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return -errno;
+        return 0;
     ssize_t n = read(fd, buf, sizeof(buf) - 1);
-    int saved = errno;
     close(fd);
     if (n <= 0)
-        return n < 0 ? -saved : -EIO;
+        return 0;
     buf[n] = '\0';
     /* The command name (field 2) may contain spaces and parentheses: parse after the last ')'. */
     char *p = strrchr(buf, ')');
     if (!p || p[1] != ' ')
-        return -EIO;
-    p += 2;
-    *state = *p;
+        return 0;
+    p += 2; /* field 3 */
     for (int field = 3; field < 22; field++) {
         p = strchr(p, ' ');
         if (!p)
-            return -EIO;
+            return 0;
         p++;
     }
-    *start = strtoull(p, NULL, 10);
-    return 0;
+    return strtoull(p, NULL, 10);
 }
 
-static int self_pid(void)
+/* No locks, no allocation (system calls and plain string functions only), since a forked child
+ * of a multithreaded program runs this in its atfork handler. */
+static void compute_self(void)
 {
-    int pid = LOAD(&g_self_pid);
-    if (pid == 0) {
-        char state;
-        uint64_t start = 0;
-        pid = getpid();
-        if (read_proc_stat(pid, &state, &start) == 0)
-            STORE(&g_self_start, start);
-        STORE(&g_self_pid, pid);
-    }
-    return pid;
-}
-
-/* Is the process that claimed a slot with (pid, start) still running (and not a zombie)?
- * `thorough` also reads /proc/<pid>/stat to catch zombies and reused pids (~10-30 us); otherwise
- * only signal 0 is sent (~0.3 us), which sees processes that are gone and reaped. */
-static int proc_alive(int pid, uint64_t start, int thorough)
-{
-    if (kill(pid, 0) < 0 && errno == ESRCH)
-        return 0;
-    if (!thorough)
-        return 1; /* exists (EPERM also means it exists) */
-    char state;
-    uint64_t now_start;
-    if (read_proc_stat(pid, &state, &now_start) != 0)
-        return 1; /* /proc unavailable: trust signal 0 */
-    if (state == 'Z' || state == 'X')
-        return 0;
-    return start == 0 || now_start == start;
+    struct sim_ident id = {.pid = getpid()};
+    struct stat sb;
+    if (stat("/proc/self/ns/pid", &sb) == 0)
+        id.ns_ino = (uint64_t)sb.st_ino;
+    id.start = read_self_start();
+    const void *random_bytes = (const void *)getauxval(AT_RANDOM);
+    if (random_bytes)
+        memcpy(&id.nonce, random_bytes, sizeof(id.nonce));
+    g_self = id;
 }
 
 /* ---- attach ---------------------------------------------------------------------------- */
@@ -203,9 +227,7 @@ static void atfork_child(void)
             close(nfd);
         }
     }
-    g_self_pid = 0;
-    g_self_start = 0;
-    memset(g_thorough_at, 0, sizeof(g_thorough_at));
+    compute_self(); /* a new process: new pid, no slot locks (classic locks are not inherited) */
 }
 
 /* Fill a fresh (or half-initialised) mapping from the profile; the magic is stored last. */
@@ -323,6 +345,7 @@ static void attach_once(void)
             if (rc == 0) {
                 g_fd = fd;
                 g_err[0] = '\0';
+                compute_self();
                 pthread_atfork(NULL, NULL, atfork_child);
                 atexit(release_all_at_exit);
             } else {
@@ -468,20 +491,140 @@ static void gpu_unlock(int phys)
     pthread_mutex_unlock(&g_mu);
 }
 
-/* Free the slots of dead processes. Caller holds the GPU lock. Processes that are gone are
- * always caught; zombies and reused pids need /proc reads, done at most every 10 ms per GPU per
- * process (or always when `force`), so hot queries stay cheap. */
-static void reap_locked(int phys, int me, int force)
+/* ---- process slots: identity, liveness, the caller's view ---------------------------------- */
+
+#define VIEW_GONE (-1) /* live_view(), tag_view(): exited (or no longer nameable from here) */
+
+static struct sim_proc_slot *slot_at(int phys, int i) { return &g_st->dyn[phys].procs[i]; }
+
+/* Whether the slot records this very process (image) as its owner. */
+static int slot_is_self(const struct sim_proc_slot *s)
 {
-    struct sim_gpu_dyn *d = &g_st->dyn[phys];
-    uint64_t now = sim_now_ns();
-    int thorough = force || now - g_thorough_at[phys] >= SIM_THOROUGH_REAP_NS;
-    if (thorough)
-        g_thorough_at[phys] = now;
+    return LOAD(&s->ns_pid) == g_self.pid && LOAD(&s->nonce) == g_self.nonce &&
+           LOAD(&s->start_time) == g_self.start && LOAD(&s->ns_ino) == g_self.ns_ino;
+}
+
+/* Take (F_WRLCK) or drop (F_UNLCK) this process's classic lock on a slot's byte; never blocks.
+ * 0, or -errno (EAGAIN: another process holds it). */
+static int slot_lock(int phys, int i, short type)
+{
+    struct flock fl;
+    memset(&fl, 0, sizeof(fl));
+    fl.l_type = type;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = SIM_LOCK_SLOT_OFFSET(phys, i);
+    fl.l_len = 1;
+    while (fcntl(g_fd, F_SETLK, &fl) < 0) {
+        if (errno != EINTR)
+            return -errno;
+    }
+    return 0;
+}
+
+/* Who holds slot i's lock, as the caller sees it: 0 = nobody (the owner is gone); 1 = a live
+ * process, *pid = its pid in the caller's pid namespace or 0 if it is not visible there. Never
+ * call it for the caller's own slot: a process's own locks never conflict with it. */
+static int slot_holder(int phys, int i, int *pid)
+{
+    struct flock fl;
+    memset(&fl, 0, sizeof(fl));
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = SIM_LOCK_SLOT_OFFSET(phys, i);
+    fl.l_len = 1;
+    *pid = 0;
+    if (fcntl(g_fd, F_GETLK, &fl) < 0)
+        return 1; /* cannot tell: alive and unseen, the answer that never frees a live process */
+    if (fl.l_type == F_UNLCK)
+        return 0;
+    if (fl.l_pid > 0)
+        *pid = fl.l_pid;
+    return 1;
+}
+
+/* Remember that the slot's owner has pid `pid` in the caller's namespace (caller holds the GPU
+ * lock). Most recent first; each entry is published by its ns_ino, stored last. */
+static void remember_view(struct sim_proc_slot *s, int pid)
+{
+    uint64_t me = g_self.ns_ino;
+    if (me == 0 || LOAD(&s->ns_ino) == me)
+        return; /* unknown namespace, or the owner's own (ns_pid needs no cache) */
+    if (LOAD(&s->views[0].ns_ino) == me && LOAD(&s->views[0].pid) == pid)
+        return;
+    struct sim_pid_view *last = &s->views[SIM_PID_VIEWS - 1];
+    for (int k = 0; k < SIM_PID_VIEWS - 1; k++)
+        if (LOAD(&s->views[k].ns_ino) == me)
+            last = &s->views[k]; /* drop our stale entry rather than the oldest one */
+    for (struct sim_pid_view *v = last; v > s->views; v--) {
+        STORE(&v->ns_ino, 0);
+        STORE(&v->pid, LOAD(&v[-1].pid));
+        STORE(&v->ns_ino, LOAD(&v[-1].ns_ino));
+    }
+    STORE(&s->views[0].ns_ino, 0);
+    STORE(&s->views[0].pid, pid);
+    STORE(&s->views[0].ns_ino, me);
+}
+
+/* The owner of in-use slot i as the caller sees it: its pid in the caller's namespace (> 0), 0
+ * if it lives where the caller cannot see, VIEW_GONE if it has exited. Caller holds the GPU lock. */
+static int live_view(int phys, int i)
+{
+    struct sim_proc_slot *s = slot_at(phys, i);
+    if (slot_is_self(s))
+        return g_self.pid;
+    int pid;
+    if (!slot_holder(phys, i, &pid))
+        return VIEW_GONE;
+    if (pid > 0)
+        remember_view(s, pid);
+    return pid;
+}
+
+/* The process that slot `owner - 1` held at generation `gen` (a busy interval's tag), as the
+ * caller sees it, alive or not: its pid (> 0), 0 if not visible from here, VIEW_GONE if it
+ * exited before anyone in the caller's namespace learnt its pid, or the slot was claimed since.
+ * Caller holds the GPU lock. */
+static int tag_view(int phys, uint32_t owner, uint32_t gen)
+{
+    if (owner == 0 || owner > SIM_MAX_PROCS)
+        return VIEW_GONE;
+    struct sim_proc_slot *s = slot_at(phys, (int)owner - 1);
+    if (LOAD(&s->gen) != gen)
+        return VIEW_GONE;
+    uint64_t me = g_self.ns_ino;
+    if (me != 0) {
+        if (LOAD(&s->ns_ino) == me)
+            return LOAD(&s->ns_pid);
+        for (int k = 0; k < SIM_PID_VIEWS; k++)
+            if (LOAD(&s->views[k].ns_ino) == me)
+                return LOAD(&s->views[k].pid);
+    }
+    if (!LOAD(&s->in_use))
+        return VIEW_GONE;
+    return live_view(phys, (int)owner - 1);
+}
+
+static void free_slot(struct sim_proc_slot *s)
+{
+    STORE(&s->in_use, 0);
+    STORE(&s->freed_at, sim_now_ns());
+}
+
+/* Free the slots whose owners have exited; with `views`, also write each slot's live_view()
+ * (VIEW_GONE for free slots). Caller holds the GPU lock. One F_GETLK per in-use slot of another
+ * process: as cheap as the kill(pid, 0) it replaces, and it also sees zombies and exec. */
+static void reap_locked(int phys, int *views)
+{
     for (int i = 0; i < SIM_MAX_PROCS; i++) {
-        int pid = LOAD(&d->procs[i].pid);
-        if (pid != 0 && pid != me && !proc_alive(pid, d->procs[i].start_time, thorough))
-            STORE(&d->procs[i].pid, 0);
+        struct sim_proc_slot *s = slot_at(phys, i);
+        int v = VIEW_GONE;
+        if (LOAD(&s->in_use)) {
+            v = live_view(phys, i);
+            if (v == VIEW_GONE)
+                free_slot(s);
+        }
+        if (views)
+            views[i] = v;
     }
 }
 
@@ -489,37 +632,75 @@ static uint64_t used_locked(const struct sim_gpu_dyn *d)
 {
     uint64_t used = 0;
     for (int i = 0; i < SIM_MAX_PROCS; i++)
-        if (LOAD(&d->procs[i].pid) != 0)
+        if (LOAD(&d->procs[i].in_use))
             used += LOAD(&d->procs[i].bytes);
     return used;
 }
 
-static struct sim_proc_slot *find_slot(struct sim_gpu_dyn *d, int pid)
+/* Index of this process's slot on the GPU, or -1. Safe without the GPU lock: only this process
+ * writes a slot whose identity is its own. */
+static int find_self_slot(int phys)
 {
-    for (int i = 0; i < SIM_MAX_PROCS; i++)
-        if (LOAD(&d->procs[i].pid) == pid)
-            return &d->procs[i];
-    return NULL;
+    for (int i = 0; i < SIM_MAX_PROCS; i++) {
+        struct sim_proc_slot *s = slot_at(phys, i);
+        if (LOAD(&s->in_use) && slot_is_self(s))
+            return i;
+    }
+    return -1;
 }
 
-/* Our slot on this GPU, claiming a free one (reaping if needed); NULL if the table is full. */
-static struct sim_proc_slot *own_slot(int phys, int me)
+/* Claim free slot i for this process: lock its byte first (a reader then never sees it in use
+ * and unlocked), invalidate the old owner's tags, write the identity, publish in_use last.
+ * 0, or -1 if another process holds the byte. Caller holds the GPU lock. */
+static int claim_slot(int phys, int i)
 {
-    struct sim_gpu_dyn *d = &g_st->dyn[phys];
-    struct sim_proc_slot *s = find_slot(d, me);
-    if (s)
-        return s;
-    s = find_slot(d, 0);
-    if (!s) {
-        reap_locked(phys, me, 1);
-        s = find_slot(d, 0);
-        if (!s)
-            return NULL;
-    }
+    struct sim_proc_slot *s = slot_at(phys, i);
+    if (slot_lock(phys, i, F_WRLCK) != 0)
+        return -1;
+    STORE(&s->gen, LOAD(&s->gen) + 1);
+    STORE(&s->ns_pid, g_self.pid);
+    STORE(&s->ns_ino, g_self.ns_ino);
+    STORE(&s->start_time, g_self.start);
+    STORE(&s->nonce, g_self.nonce);
     STORE(&s->bytes, 0);
-    STORE(&s->start_time, LOAD(&g_self_start));
-    STORE(&s->pid, me);
-    return s;
+    for (int k = 0; k < SIM_PID_VIEWS; k++)
+        STORE(&s->views[k].ns_ino, 0);
+    STORE(&s->in_use, 1);
+    return 0;
+}
+
+/* Our slot on this GPU, claiming a free one (reaping if needed); -1 if the table is full.
+ * An existing slot's lock is taken again (cheap when held): it heals a lock that a close() of
+ * another descriptor of the state file dropped. Caller holds the GPU lock. */
+static int own_slot(int phys)
+{
+    int i = find_self_slot(phys);
+    if (i >= 0) {
+        (void)slot_lock(phys, i, F_WRLCK);
+        return i;
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass)
+            reap_locked(phys, NULL);
+        /* Longest-free first, so dead processes stay nameable as long as possible. */
+        unsigned char tried[SIM_MAX_PROCS] = {0};
+        for (;;) {
+            int best = -1;
+            for (int k = 0; k < SIM_MAX_PROCS; k++) {
+                const struct sim_proc_slot *s = slot_at(phys, k);
+                if (tried[k] || LOAD(&s->in_use))
+                    continue;
+                if (best < 0 || LOAD(&s->freed_at) < LOAD(&slot_at(phys, best)->freed_at))
+                    best = k;
+            }
+            if (best < 0)
+                break;
+            tried[best] = 1;
+            if (claim_slot(phys, best) == 0)
+                return best;
+        }
+    }
+    return -1;
 }
 
 static int fits(uint64_t used, uint64_t total, unsigned long long bytes)
@@ -538,21 +719,21 @@ static int reserve(int phys, unsigned long long bytes, int all_or_nothing, unsig
     if (LOAD(&d->flags) & SIM_GPU_LOST)
         return -4;
     uint64_t total = g_st->gpus[phys].memory_total;
-    int me = self_pid(), rc = 0;
+    int rc = 0, i;
     gpu_lock(phys);
     uint64_t used = used_locked(d);
     if (!fits(used, total, bytes)) {
-        reap_locked(phys, me, 1);
+        reap_locked(phys, NULL);
         used = used_locked(d);
     }
     uint64_t free_bytes = used >= total ? 0 : total - used;
     uint64_t take = bytes < free_bytes ? bytes : free_bytes;
-    struct sim_proc_slot *s;
     if (all_or_nothing && !fits(used, total, bytes)) {
         rc = -1;
-    } else if (!(s = own_slot(phys, me))) {
+    } else if ((i = own_slot(phys)) < 0) {
         rc = -2;
     } else {
+        struct sim_proc_slot *s = slot_at(phys, i);
         STORE(&s->bytes, LOAD(&s->bytes) + take);
         *got = take;
     }
@@ -575,11 +756,10 @@ void sim_mem_release(int phys, unsigned long long bytes)
 {
     if (!valid_gpu(phys))
         return;
-    struct sim_gpu_dyn *d = &g_st->dyn[phys];
-    int me = self_pid();
     gpu_lock(phys);
-    struct sim_proc_slot *s = find_slot(d, me);
-    if (s) {
+    int i = find_self_slot(phys);
+    if (i >= 0) {
+        struct sim_proc_slot *s = slot_at(phys, i);
         uint64_t held = LOAD(&s->bytes);
         STORE(&s->bytes, bytes >= held ? 0 : held - bytes);
     }
@@ -590,15 +770,15 @@ void sim_mem_release_all(void)
 {
     if (sim_attach() != 0)
         return;
-    int me = getpid();
     for (int g = 0; g < g_st->node.gpu_count; g++) {
-        struct sim_gpu_dyn *d = &g_st->dyn[g];
-        if (!find_slot(d, me))  /* cheap unlocked check: only we write our own pid */
+        if (find_self_slot(g) < 0) /* cheap unlocked check: only we write our own slot */
             continue;
         gpu_lock(g);
-        struct sim_proc_slot *s = find_slot(d, me);
-        if (s)
-            STORE(&s->pid, 0);
+        int i = find_self_slot(g);
+        if (i >= 0) {
+            free_slot(slot_at(g, i));
+            (void)slot_lock(g, i, F_UNLCK);
+        }
         gpu_unlock(g);
     }
 }
@@ -609,11 +789,10 @@ int sim_proc_register(int phys)
         return -3;
     if (LOAD(&g_st->dyn[phys].flags) & SIM_GPU_LOST)
         return -4;
-    int me = self_pid();
     gpu_lock(phys);
-    struct sim_proc_slot *s = own_slot(phys, me);
+    int i = own_slot(phys);
     gpu_unlock(phys);
-    return s ? 0 : -2;
+    return i >= 0 ? 0 : -2;
 }
 
 unsigned long long sim_mem_used(int phys)
@@ -621,7 +800,7 @@ unsigned long long sim_mem_used(int phys)
     if (!valid_gpu(phys))
         return 0;
     gpu_lock(phys);
-    reap_locked(phys, self_pid(), 0);
+    reap_locked(phys, NULL);
     uint64_t used = used_locked(&g_st->dyn[phys]);
     gpu_unlock(phys);
     return used;
@@ -631,9 +810,13 @@ unsigned long long sim_mem_used_by(int phys, int pid)
 {
     if (!valid_gpu(phys) || pid <= 0)
         return 0;
+    int views[SIM_MAX_PROCS];
+    uint64_t bytes = 0;
     gpu_lock(phys);
-    struct sim_proc_slot *s = find_slot(&g_st->dyn[phys], pid);
-    uint64_t bytes = s ? LOAD(&s->bytes) : 0;
+    reap_locked(phys, views);
+    for (int i = 0; i < SIM_MAX_PROCS; i++)
+        if (views[i] == pid)
+            bytes += LOAD(&slot_at(phys, i)->bytes);
     gpu_unlock(phys);
     return bytes;
 }
@@ -642,17 +825,15 @@ int sim_processes(int phys, struct sim_proc_usage *out, int max)
 {
     if (!valid_gpu(phys))
         return 0;
-    struct sim_gpu_dyn *d = &g_st->dyn[phys];
-    int n = 0;
+    int views[SIM_MAX_PROCS], n = 0;
     gpu_lock(phys);
-    reap_locked(phys, self_pid(), 0);
+    reap_locked(phys, views);
     for (int i = 0; i < SIM_MAX_PROCS; i++) {
-        int pid = LOAD(&d->procs[i].pid);
-        if (pid == 0)
-            continue;
+        if (views[i] <= 0)
+            continue; /* free, or a process the caller's namespace cannot see */
         if (n < max) {
-            out[n].pid = pid;
-            out[n].bytes = LOAD(&d->procs[i].bytes);
+            out[n].pid = views[i];
+            out[n].bytes = LOAD(&slot_at(phys, i)->bytes);
         }
         n++;
     }
@@ -669,8 +850,14 @@ unsigned long long sim_submit_work(int phys, unsigned long long duration_ns)
     struct sim_gpu_dyn *d = &g_st->dyn[phys];
     if (LOAD(&d->flags) & SIM_GPU_LOST)
         return 0;
-    int me = self_pid();
     gpu_lock(phys);
+    /* The work is tagged with our slot (claimed now if we have none: a process that runs
+     * kernels has a context, and is listed as NVML lists it); unattributed if the table is full. */
+    int i = find_self_slot(phys);
+    if (i < 0)
+        i = own_slot(phys);
+    uint32_t owner = i >= 0 ? (uint32_t)i + 1 : 0;
+    uint32_t gen = i >= 0 ? LOAD(&slot_at(phys, i)->gen) : 0;
     uint64_t now = sim_now_ns();
     uint64_t busy = LOAD(&d->busy_until);
     uint64_t start = busy > now ? busy : now;
@@ -678,12 +865,14 @@ unsigned long long sim_submit_work(int phys, unsigned long long duration_ns)
     STORE(&d->busy_until, end);
     uint64_t count = LOAD(&d->tl_count);
     struct sim_busy *last = count ? &d->tl[(count - 1) % SIM_TIMELINE_SLOTS] : NULL;
-    if (last && last->pid == me && LOAD(&last->end) == start) {
+    if (last && owner && last->owner == owner && last->owner_gen == gen &&
+        LOAD(&last->end) == start) {
         STORE(&last->end, end); /* back-to-back work of the same process: extend */
     } else if (duration_ns > 0) {
         /* Written before it is published by the count; a torn write here is never read. */
         struct sim_busy *slot = &d->tl[count % SIM_TIMELINE_SLOTS];
-        slot->pid = me;
+        slot->owner = owner;
+        slot->owner_gen = gen;
         slot->start = start;
         STORE(&slot->end, end);
         STORE(&d->tl_count, count + 1);
@@ -697,8 +886,11 @@ unsigned long long sim_busy_until(int phys)
     return valid_gpu(phys) ? LOAD(&g_st->dyn[phys].busy_until) : 0;
 }
 
-/* Busy time of `pid` (all if <= 0) overlapping [from, to). Caller holds the GPU lock. */
-static uint64_t busy_in_window(const struct sim_gpu_dyn *d, int pid, uint64_t from, uint64_t to)
+/* Busy time overlapping [from, to) of the intervals whose owner slot is selected (`pick`, indexed
+ * by slot, holding the generation to match + 1; 0 = not selected), or of all if pick is NULL.
+ * Caller holds the GPU lock. */
+static uint64_t busy_in_window(const struct sim_gpu_dyn *d, const uint64_t *pick, uint64_t from,
+                               uint64_t to)
 {
     uint64_t count = LOAD(&d->tl_count), total = 0;
     uint64_t oldest = count > SIM_TIMELINE_SLOTS ? count - SIM_TIMELINE_SLOTS : 0;
@@ -707,7 +899,8 @@ static uint64_t busy_in_window(const struct sim_gpu_dyn *d, int pid, uint64_t fr
         uint64_t s = b->start, e = LOAD(&b->end);
         if (e <= from)
             break; /* intervals are FIFO-ordered: everything older ends earlier */
-        if (pid > 0 && b->pid != pid)
+        if (pick && (b->owner == 0 || b->owner > SIM_MAX_PROCS ||
+                     pick[b->owner - 1] != (uint64_t)b->owner_gen + 1))
             continue;
         uint64_t lo = s > from ? s : from, hi = e < to ? e : to;
         if (hi > lo)
@@ -722,23 +915,53 @@ unsigned int sim_utilization(int phys, int pid, unsigned long long window_ns)
         return 0;
     if (window_ns == 0)
         window_ns = SIM_UTIL_WINDOW_NS;
+    uint64_t pick[SIM_MAX_PROCS];
     gpu_lock(phys);
+    if (pid > 0) {
+        /* The slots whose current holder is `pid` in our view (an earlier holder of a slot
+         * that was claimed again is nobody we can name). */
+        for (int i = 0; i < SIM_MAX_PROCS; i++) {
+            uint32_t gen = LOAD(&slot_at(phys, i)->gen);
+            pick[i] = tag_view(phys, (uint32_t)i + 1, gen) == pid ? (uint64_t)gen + 1 : 0;
+        }
+    }
     uint64_t now = sim_now_ns();
     uint64_t from = now > window_ns ? now - window_ns : 0;
-    uint64_t busy = busy_in_window(&g_st->dyn[phys], pid, from, now);
+    uint64_t busy = busy_in_window(&g_st->dyn[phys], pid > 0 ? pick : NULL, from, now);
     gpu_unlock(phys);
     uint64_t span = now - from;
     unsigned int pct = span ? (unsigned int)((busy * 100 + span / 2) / span) : 0;
     return pct > 100 ? 100 : pct;
 }
 
-/* Busy nanoseconds per process within [from, to) on a GPU's timeline, which the caller holds
- * locked: writes at most max entries {pid, busy_ns} and, when last is non-NULL, last[i] = the end
- * of process i's latest busy interval in the window; returns the number written. */
-static int busy_by_process_locked(const struct sim_gpu_dyn *d, uint64_t from, uint64_t to,
-                                  struct sim_proc_busy *out, uint64_t *last, int max)
+unsigned long long sim_busy_total(int phys, unsigned long long from_ns, unsigned long long to_ns)
 {
-    int n = 0;
+    if (!valid_gpu(phys) || to_ns <= from_ns)
+        return 0;
+    gpu_lock(phys);
+    uint64_t busy = busy_in_window(&g_st->dyn[phys], NULL, from_ns, to_ns);
+    gpu_unlock(phys);
+    return busy;
+}
+
+/* Busy nanoseconds per process within [from, to) on a GPU's timeline, which the caller holds
+ * locked, named as the caller sees the processes (those it cannot name are left out: they
+ * still count in sim_busy_total()). Writes at most max entries {pid, busy_ns} and, when last is
+ * non-NULL, last[i] = the end of process i's latest busy interval in the window; returns the
+ * number written. */
+static int busy_by_process_locked(int phys, uint64_t from, uint64_t to, struct sim_proc_busy *out,
+                                  uint64_t *last, int max)
+{
+    /* First by tag (slot, generation): cheap, no names yet. A window holds the tags of at most
+     * the live slots plus the dead ones since; more than the table is rare and the extra
+     * (oldest) tags are dropped. */
+    enum { MAX_TAGS = 2 * SIM_MAX_PROCS };
+    struct {
+        uint32_t owner, gen;
+        uint64_t busy, last;
+    } tags[MAX_TAGS];
+    int ntags = 0;
+    const struct sim_gpu_dyn *d = &g_st->dyn[phys];
     uint64_t count = LOAD(&d->tl_count);
     uint64_t oldest = count > SIM_TIMELINE_SLOTS ? count - SIM_TIMELINE_SLOTS : 0;
     for (uint64_t k = count; k > oldest; k--) {
@@ -747,22 +970,45 @@ static int busy_by_process_locked(const struct sim_gpu_dyn *d, uint64_t from, ui
         if (e <= from)
             break; /* FIFO-ordered: everything older ends earlier */
         uint64_t lo = b->start > from ? b->start : from, hi = e < to ? e : to;
-        if (hi <= lo)
+        if (hi <= lo || b->owner == 0)
+            continue;
+        int j;
+        for (j = 0; j < ntags; j++)
+            if (tags[j].owner == b->owner && tags[j].gen == b->owner_gen)
+                break;
+        if (j == ntags) {
+            if (ntags == MAX_TAGS)
+                continue;
+            tags[j].owner = b->owner;
+            tags[j].gen = b->owner_gen;
+            tags[j].busy = 0;
+            tags[j].last = hi; /* newest first: this is the tag's latest interval */
+            ntags++;
+        }
+        tags[j].busy += hi - lo;
+    }
+    /* Then by pid in the caller's view (one process may have held two slots over time). */
+    int n = 0;
+    for (int t = 0; t < ntags; t++) {
+        int pid = tag_view(phys, tags[t].owner, tags[t].gen);
+        if (pid <= 0)
             continue;
         int j;
         for (j = 0; j < n; j++)
-            if (out[j].pid == b->pid)
+            if (out[j].pid == pid)
                 break;
         if (j == n) {
             if (n == max)
                 continue;
-            out[n].pid = b->pid;
+            out[n].pid = pid;
             out[n].busy_ns = 0;
             if (last)
-                last[n] = hi; /* newest first: this is the process's latest interval */
+                last[n] = 0;
             n++;
         }
-        out[j].busy_ns += hi - lo;
+        out[j].busy_ns += tags[t].busy;
+        if (last && tags[t].last > last[j])
+            last[j] = tags[t].last;
     }
     return n;
 }
@@ -779,7 +1025,7 @@ int sim_process_utilization(int phys, unsigned long long since_ns, struct sim_pr
     uint64_t from = now > 1000000000ULL ? now - 1000000000ULL : 0;
     if (since_ns > from)
         from = since_ns;
-    int n = busy_by_process_locked(&g_st->dyn[phys], from, now, busy, last,
+    int n = busy_by_process_locked(phys, from, now, busy, last,
                                    max < SIM_MAX_PROCS ? max : SIM_MAX_PROCS);
     gpu_unlock(phys);
     for (int j = 0; j < n; j++) {
@@ -798,7 +1044,7 @@ int sim_process_busy(int phys, unsigned long long from_ns, unsigned long long to
     if (!valid_gpu(phys) || max <= 0 || to_ns <= from_ns)
         return 0;
     gpu_lock(phys);
-    int n = busy_by_process_locked(&g_st->dyn[phys], from_ns, to_ns, out, NULL, max);
+    int n = busy_by_process_locked(phys, from_ns, to_ns, out, NULL, max);
     gpu_unlock(phys);
     return n;
 }

@@ -15,27 +15,52 @@
 #include "simstate.h"
 
 #define SIM_MAGIC 0x314d495355504756ULL /* "VGPUSIM1" little-endian */
-#define SIM_LAYOUT_VERSION 1u
+#define SIM_LAYOUT_VERSION 2u /* 2: process slots identify processes across PID namespaces */
 
-/* OFD lock byte ranges (locks may lie past EOF; they never touch data). */
+/* Lock byte ranges (locks may lie past EOF; they never touch data). The init and GPU bytes take
+ * OFD locks (mutual exclusion); each process slot's byte takes a classic POSIX lock, held by the
+ * slot's owner for as long as it owns the slot: its liveness and its pid in every namespace (see
+ * "Process identity" in simstate.c). The ranges never overlap, so the two kinds never meet. */
 #define SIM_LOCK_INIT_OFFSET 0
 #define SIM_LOCK_GPU_OFFSET(phys) (16 + (phys))
+#define SIM_LOCK_SLOT_OFFSET(phys, slot) (4096 + (phys) * SIM_MAX_PROCS + (slot))
 
-/* One process's memory on one GPU. Free when pid == 0. A claimer writes bytes and start_time
- * first and the pid last, so a half-claimed slot is still free. */
-struct sim_proc_slot {
+/* A pid of the slot's owner as seen from one pid namespace other than its own, cached by a
+ * reader that resolved it while the owner lived (pid 0 = entry unused). Published by ns_ino. */
+struct sim_pid_view {
+    uint64_t ns_ino;
     int32_t pid;
     uint32_t reserved;
-    uint64_t start_time;      /* /proc/<pid>/stat field 22, to detect pid reuse */
-    uint64_t bytes;
 };
 
-/* One busy interval of the SMs, [start, end) on the CLOCK_MONOTONIC ns clock. */
+#define SIM_PID_VIEWS 2
+
+/* One process's memory on one GPU. Free when in_use == 0. A claimer (holding the GPU lock)
+ * takes the slot's POSIX lock, bumps gen, writes the identity and bytes, and stores in_use = 1
+ * last, so a half-claimed slot is still free; freeing stores in_use = 0 first. The identity
+ * stays after the slot is freed, until the next claim, so the busy intervals a dead process
+ * left behind can still be named. */
+struct sim_proc_slot {
+    uint32_t in_use;
+    uint32_t gen;             /* claims so far; busy intervals carry (slot, gen) */
+    int32_t ns_pid;           /* the owner's getpid(), in its own pid namespace */
+    uint32_t reserved;
+    uint64_t ns_ino;          /* inode of the owner's pid namespace (0 if /proc was missing) */
+    uint64_t start_time;      /* the owner's /proc/self/stat field 22 (0 if unreadable) */
+    uint64_t nonce;           /* the owner's AT_RANDOM: differs after exec, same in both libs */
+    uint64_t bytes;
+    uint64_t freed_at;        /* sim_now_ns() when freed; the longest-free slot is claimed first */
+    struct sim_pid_view views[SIM_PID_VIEWS];
+};
+
+/* One busy interval of the SMs, [start, end) on the CLOCK_MONOTONIC ns clock, tagged with the
+ * process slot that submitted it (owner = slot index + 1, 0 = unattributed) and that slot's gen
+ * at the time (a slot claimed since by another process no longer names the interval). */
 struct sim_busy {
     uint64_t start;
     uint64_t end;
-    int32_t pid;
-    uint32_t reserved;
+    uint32_t owner;
+    uint32_t owner_gen;
 };
 
 #define SIM_TIMELINE_SLOTS SIM_TIMELINE /* ring of busy intervals per GPU */

@@ -14,6 +14,10 @@
  *     launches (block too large, empty grid, oversized cooperative grid, params+extra) fail.
  *  5. Graphs replay their kernel nodes in order.
  *  6. Contexts are current per thread: two threads launch on their own contexts concurrently.
+ *  7. cuModuleGetLoadingMode answers as documented: CUDA_MODULE_LOADING (EAGER, LAZY, DEFAULT;
+ *     read at cuInit) decides; unset, DEFAULT or unknown means the driver's default, lazy from
+ *     CUDA 12.2 on (the profiles' 13.0), eager before; NOT_INITIALIZED before cuInit, INVALID_VALUE
+ *     for a NULL mode; cuGetProcAddress serves it from 11.7.
  */
 #include "testutil.h"
 
@@ -341,6 +345,61 @@ static void case_threads(void)
     CHECK(wall_ns() - t0 >= 80 * MS);
 }
 
+/* In a fresh process (the env is read once, at cuInit): the mode with CUDA_MODULE_LOADING=`env`
+ * (NULL: unset) on a node whose driver is CUDA `cuda_version`. */
+static CUmoduleLoadingMode loading_mode(const char *env, int cuda_version)
+{
+    fflush(NULL);
+    pid_t kid = fork();
+    CHECK(kid >= 0);
+    if (kid == 0) {
+        char profile[sizeof(TU_PROFILE_2GPU) + 16];
+        snprintf(profile, sizeof(profile), "%s", TU_PROFILE_2GPU);
+        char *v = strstr(profile, "node.cuda_driver_version=13000");
+        CHECK(v != NULL);
+        memcpy(v + strlen("node.cuda_driver_version="), cuda_version == 12010 ? "12010" : "13000",
+               5);
+        tu_node(profile);
+        if (env != NULL)
+            setenv("CUDA_MODULE_LOADING", env, 1);
+        else
+            unsetenv("CUDA_MODULE_LOADING");
+        CUmoduleLoadingMode mode = 0;
+        CHECK_EQ_U(cuModuleGetLoadingMode(&mode), CUDA_ERROR_NOT_INITIALIZED);
+        CHECK(cuInit(0) == CUDA_SUCCESS);
+        CHECK_EQ_U(cuModuleGetLoadingMode(NULL), CUDA_ERROR_INVALID_VALUE);
+        CHECK_EQ_U(cuModuleGetLoadingMode(&mode), CUDA_SUCCESS);
+        setenv("CUDA_MODULE_LOADING", mode == CU_MODULE_LAZY_LOADING ? "EAGER" : "LAZY", 1);
+        CUmoduleLoadingMode again = 0;
+        CHECK_EQ_U(cuModuleGetLoadingMode(&again), CUDA_SUCCESS);
+        CHECK_EQ_U(again, mode); /* changing the env after cuInit changes nothing */
+        _exit((int)mode);
+    }
+    int st = 0;
+    CHECK(waitpid(kid, &st, 0) == kid && WIFEXITED(st));
+    return (CUmoduleLoadingMode)WEXITSTATUS(st);
+}
+
+static void case_module_loading_mode(void)
+{
+    CHECK_EQ_U(loading_mode(NULL, 13000), CU_MODULE_LAZY_LOADING);
+    CHECK_EQ_U(loading_mode("DEFAULT", 13000), CU_MODULE_LAZY_LOADING);
+    CHECK_EQ_U(loading_mode("EAGER", 13000), CU_MODULE_EAGER_LOADING);
+    CHECK_EQ_U(loading_mode("eager", 13000), CU_MODULE_EAGER_LOADING);
+    CHECK_EQ_U(loading_mode("LAZY", 13000), CU_MODULE_LAZY_LOADING);
+    CHECK_EQ_U(loading_mode("sometimes", 13000), CU_MODULE_LAZY_LOADING); /* warned, ignored */
+    CHECK_EQ_U(loading_mode(NULL, 12010), CU_MODULE_EAGER_LOADING);
+    CHECK_EQ_U(loading_mode("LAZY", 12010), CU_MODULE_LAZY_LOADING);
+    /* Served by cuGetProcAddress from the version that introduced it. */
+    void *fn = NULL;
+    CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    CHECK_EQ_U(cuGetProcAddress_v2("cuModuleGetLoadingMode", &fn, 11070, 0, &st), CUDA_SUCCESS);
+    CHECK(st == CU_GET_PROC_ADDRESS_SUCCESS && fn == (void *)cuModuleGetLoadingMode);
+    CHECK_EQ_U(cuGetProcAddress_v2("cuModuleGetLoadingMode", &fn, 11060, 0, &st),
+               CUDA_ERROR_NOT_FOUND);
+    CHECK_EQ_U(st, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+}
+
 static const struct tu_case CASES[] = {
     {"duration model", case_duration_model},
     {"asynchrony and synchronisation", case_async_and_sync},
@@ -349,6 +408,7 @@ static const struct tu_case CASES[] = {
     {"host functions", case_host_func},
     {"graphs", case_graphs},
     {"threads", case_threads},
+    {"module loading mode", case_module_loading_mode},
 };
 
 int main(void)

@@ -272,7 +272,7 @@ static void case_exit_releases(void)
     int st;
     waitpid(kid, &st, 0);
     CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    /* Do not rely on reaping: look at the raw slot through another pid's eyes. */
+    /* Its slot is free: released at exit, or else reaped now that its lock is gone. */
     CHECK_EQ_U(sim_mem_used_by(0, kid), 0);
 
     /* Fork after attaching: the child is a different process with its own memory. */
