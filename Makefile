@@ -19,13 +19,13 @@ $(VENV)/.stamp: pyproject.toml setup.py
 
 venv: $(VENV)/.stamp
 
-# Rebuild the Cython extensions (_fastquantity, _fastkernel) in place when a source changes
-# (editable installs do not).
-dra_driver/allocator/_fastquantity.stamp: $(VENV)/.stamp $(wildcard dra_driver/allocator/*.pyx)
+# Rebuild the allocator's Cython extension (_scan) in place when its source changes (editable
+# installs do not).
+dra_driver/allocator/_scan.stamp: $(VENV)/.stamp $(wildcard dra_driver/allocator/*.pyx)
 	$(PY) setup.py --quiet build_ext --inplace
 	touch $@
 
-native: dra_driver/allocator/_fastquantity.stamp
+native: dra_driver/allocator/_scan.stamp
 	@for d in $(NATIVE_DIRS); do $(MAKE) --no-print-directory -C $$d || exit 1; done
 
 native-test: native

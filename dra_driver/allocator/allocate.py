@@ -2,32 +2,19 @@
 
 One decision, in three steps, all over the incrementally maintained `ClusterModel`:
 
-1. Node fit (cached per pod shape and model epoch): selector, affinity, taints, unschedulable,
+1. Node fit (cached per pod shape and layout): selector, affinity, taints, unschedulable,
    cpu/memory.
-2. The scan (`kernel.scan`, or its Cython twin `_fastkernel.scan` when built): for every node,
-   every request with one alternative is screened on free memory/cores, selectability (CEL,
-   include/exclude, device taints; cached per device generation) and topology, and the node gets
-   its policy key. Only this step touches nodes x devices.
+2. The scan (`_scan.scan`, in C): for every node, every request with one alternative is
+   screened on free memory/cores, selectability (CEL, include/exclude, device taints; cached per
+   device generation) and topology, and the node gets its policy key. Keys are kept per request
+   shape and policy; later decisions rescan only the nodes changed since. Only this step touches
+   nodes x devices.
 3. The exact search, on the best-keyed node only (then the next, if it fails): capacity
    requestPolicy rounding, several requests and claims sharing devices, firstAvailable in order,
    matchAttribute/distinctAttribute, All mode, topology groups first (smallest NVLink domain that
    fits), devices ordered by the device policy, within a step budget. The node's devices and the
-   requests are encoded here as integer arrays (static fit per request shape and node cached per
-   layout); the walk itself is `kernel.search`, or its Cython twin `_fastkernel.search`.
-
-Both kernels have pure-Python references that give identical answers
-(tests/unit/dra_driver/allocator/test_kernel_twins.py); `fast=False` runs the references.
-
-The fast path (`fast=True`, the default when built) crosses into C once per decision and once
-per commit: one `_fastkernel.Engine` per layout holds pointers to its columns; a `Plan` per request
-shape and policy holds a `NodeKeys` (the scan inputs and every node's key; the engine rescans the
-nodes changed since, and picks the best, in one pass) and the search inputs as layout-wide
-columns, from which `Engine.decide` cuts each node's `Encoding` in C the first time a decision
-reaches it, searches, and makes the results (shareIDs hashed in C) and the `Placement` itself;
-`_fastkernel.Accountant` commits it into the model. The reference path does the same steps in
-Python with numpy and the pure-Python kernels (`_keys`, `_encoding`, `kernel.scan`,
-`kernel.search`, `_search_node`, `ClusterModel.assume`). Node fit, selection and the screen are
-shared.
+   requests are encoded here as integer arrays (cached per request shape and node until the
+   layout changes); the walk itself is `_scan.search`, in C.
 
 Refusals explain themselves with the closest node ("no node has 2 GPUs in one NVLink domain with
 20Gi and 30 cores free each; closest: node-3 (1 GPU)").
@@ -46,15 +33,12 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from dra_driver.allocator import kernel as py_kernel
 from dra_driver.allocator.cel import CelError
 from dra_driver.allocator.model import (
     ClusterModel,
     Consumption,
     Device,
-    DeviceKey,
     Layout,
-    capacity_names,
     consumption,
     requested_amounts,
 )
@@ -63,14 +47,9 @@ from dra_driver.allocator.quantity import format_quantity
 from dra_driver.allocator.request import Alternative, Claim, Constraint, Policy, Request
 
 try:
-    from dra_driver.allocator import _fastkernel
-
-    FAST_KERNEL: Callable[..., None] | None = _fastkernel.scan
-    FAST_SEARCH: Callable[..., int] | None = _fastkernel.search
-except ImportError:  # extension not built: the reference kernel serves, only slower
-    _fastkernel = None  # type: ignore[assignment]
-    FAST_KERNEL = None
-    FAST_SEARCH = None
+    from dra_driver.allocator import _scan
+except ImportError:  # not built: Allocator() says so (the model and quantities work without it)
+    _scan = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +57,8 @@ JSON = dict[str, Any]
 SEARCH_BUDGET = 20_000  # device choices tried per node before the node counts as not fitting
 FIT_CACHE_MAX = 65_536  # (request capacity, node) entries of the static fit cache
 KEYS_CACHE_MAX = 256  # request shapes x policies whose node keys are kept
+ALT_FIELDS = 3  # columns of the search's per-alternative matrix: all devices, count, admin
+_PER_DEVICE = frozenset({"attributes", "capacity"})  # device fields that differ between GPUs
 
 
 class Unschedulable(Exception):
@@ -85,9 +66,7 @@ class Unschedulable(Exception):
 
 
 class DeviceResult(NamedTuple):
-    """One allocated device of one request, as it will appear in the claim's allocation (a
-    named tuple, not a frozen dataclass: one is made per picked device of every decision, and
-    a frozen dataclass's constructor costs several times a tuple's)."""
+    """One allocated device of one request, as it will appear in the claim's allocation."""
 
     request: str
     driver: str
@@ -97,9 +76,8 @@ class DeviceResult(NamedTuple):
     share_id: str | None
     admin: bool
     tolerations: tuple[JSON, ...] = ()
-    # What `Allocator.commit` records for this result (None: build it from the fields above);
-    # equal for every result on the same device with the same amounts, so it is made once
-    # (derived from the fields above: it never makes two otherwise equal results differ).
+    # What `Allocator.commit` records for this result (derived from the fields above, made
+    # once per alternative and device: it never makes two otherwise equal results differ)
     consumption: Consumption | None = None
 
     def to_api(self) -> JSON:
@@ -124,7 +102,7 @@ class DeviceResult(NamedTuple):
 
 
 class Placement(NamedTuple):
-    """Where a pod's claims go (a named tuple: the fast path makes it in C, `Engine.decide`)."""
+    """Where a pod's claims go."""
 
     node: str
     key: float  # the node's policy key (docs/scheduling.md)
@@ -213,8 +191,7 @@ def _shape(claims: Sequence[Claim], policy: Policy) -> tuple[Any, ...]:
 
 @dataclass(frozen=True, slots=True)
 class _Encoding:
-    """The search kernel's static inputs for one request shape on one node (see `_encoding`;
-    the reference path's, the fast path cuts its `_fastkernel.Encoding` from a `Plan`)."""
+    """The search kernel's static inputs for one request shape on one node (see `_encoding`)."""
 
     alternatives: tuple[Alternative, ...]  # in kernel order (alts rows)
     arrays: tuple[npt.NDArray[Any], ...]  # reqs, alts, mask, servable, amount, applies, ...
@@ -258,7 +235,7 @@ def _shape_arrays(
     npt.NDArray[np.int64],
     list[tuple[int, Constraint]],
 ]:
-    """The search inputs that depend on the requests only (see kernel.search): the
+    """The search inputs that depend on the requests only (see _scan.search): the
     alternatives in kernel order, reqs, alts, applies, distinct, and the constraint slots."""
     n_req = len(flat)
     alt_list: list[Alternative] = []
@@ -270,7 +247,7 @@ def _shape_arrays(
     alts = np.asarray(
         [(int(alt.all_devices), alt.count, int(alt.admin)) for alt in alt_list],
         dtype=np.int64,
-    ).reshape(len(alt_list), py_kernel.ALT_FIELDS)
+    ).reshape(len(alt_list), ALT_FIELDS)
     slots = [(ci, c) for ci, claim in enumerate(claims) for c in claim.constraints]
     applies = np.zeros((n_req, len(slots)), dtype=np.int8)
     for i, (ci, request) in enumerate(flat):
@@ -281,57 +258,35 @@ def _shape_arrays(
     return alt_list, reqs, alts, applies, distinct, slots
 
 
-_NOTHING = object()  # no layout (Allocator._planned)
-
-
 class Allocator:
-    """Decisions over one `ClusterModel`; `fast=False` forces the pure-Python reference scan."""
+    """Decisions over one `ClusterModel` (needs the built `_scan` extension)."""
 
-    def __init__(self, model: ClusterModel, *, fast: bool | None = None) -> None:
-        if fast and FAST_KERNEL is None:
-            raise RuntimeError("the Cython kernel is not built (make native)")
+    def __init__(self, model: ClusterModel) -> None:
+        if _scan is None:
+            raise RuntimeError(
+                "the allocator's Cython extension dra_driver.allocator._scan is not built "
+                "(make native, or pip install .)"
+            )
         self.model = model
-        use_fast = fast is not False and FAST_KERNEL is not None and FAST_SEARCH is not None
-        self.fast = use_fast
-        self._engine: Any = None  # _fastkernel.Engine over the current layout (fast path)
-        self._engine_epoch = -1
-        self._accountant: Any = _fastkernel.Accountant(model, capacity_names) if use_fast else None
-        self.scan: Callable[..., None] = FAST_KERNEL if use_fast else py_kernel.scan  # type: ignore[assignment]
-        self.search: Callable[..., int] = FAST_SEARCH if use_fast else py_kernel.search  # type: ignore[assignment]
+        # The two kernels (the tests put their pure-Python oracle here to compare decisions).
+        self.scan: Callable[..., None] = _scan.scan
+        self.search: Callable[..., int] = _scan.search
         self._masks: dict[tuple[Any, ...], npt.NDArray[np.int8]] = {}
         # per mask: selectable devices per driver (kept exact through in-place republications)
         self._mask_drivers: dict[tuple[Any, ...], dict[str, int]] = {}
         self._mask_epoch = -1
         self._mask_source: dict[tuple[Any, ...], tuple[Alternative, Policy]] = {}
         self._patch_seq = 0  # the layout's patch_seq this allocator's caches reflect
-        self._cel: dict[tuple[str, tuple[str, str, str]], tuple[int, bool | str]] = {}
+        # (expression, device key) or (expression, driver, allowMultipleAllocations) ->
+        # (device generation or 0, result or CEL error)
+        self._cel: dict[tuple[Any, ...], tuple[int, bool | str]] = {}
         self._amounts: dict[tuple[Any, ...], tuple[Any, tuple[tuple[str, int], ...] | None]] = {}
         self._static: dict[str, tuple[int, npt.NDArray[np.int8], dict[str, int]]] = {}
         self._fits: dict[tuple[Any, ...], tuple[npt.NDArray[np.int8], npt.NDArray[np.int64]]] = {}
         self._encodings: dict[tuple[Any, ...], _Encoding] = {}
         self._screens: dict[tuple[Any, ...], _Screen] = {}
-        # (shape, policy) -> (model.change_seq, node_ok, keys, closeness) of the last scan, or
-        # on the fast path the `_fastkernel.NodeKeys` holding the same
+        # (shape, policy) -> (model.change_seq, node_ok, keys, closeness) of the last scan
         self._node_keys: dict[tuple[Any, ...], Any] = {}
-        # (policy.key, claim shapes) -> `_fastkernel.Plan` (see _plan); dropped whenever the
-        # screens or node keys are. The layout-wide inputs plans are made of (dropped with
-        # the layout, or when devices are republished in place):
-        self._plans: dict[tuple[Any, ...], Any] = {}
-        self._classes: tuple[npt.NDArray[np.int64], list[Device]] | None = None
-        self._column_cache: dict[tuple[Any, ...], Any] = {}
-        self._attribute_cache: dict[str, npt.NDArray[np.int64]] = {}
-        self._keys_of: list[DeviceKey] | None = None
-        # The layout the kept plans are for (`place` decides with them while it is current),
-        # and the node fit of pods without selector, affinity, tolerations or resources on it
-        self._planned: Any = _NOTHING
-        self._plain_ok: npt.NDArray[np.int8] | None = None
-        if use_fast:
-            # `place` and `commit` in their usual cases, one Cython call each (the Python
-            # frames around a few-microsecond decision were a fifth of it); every other case
-            # goes to the methods below, which are the twins the shortcut falls back on.
-            shortcut = _fastkernel.Shortcut(self, log, self.place, self.commit)
-            self.place = shortcut.place  # type: ignore[method-assign]
-            self.commit = shortcut.commit  # type: ignore[method-assign]
 
     # ------------------------------------------------------------ selection
 
@@ -344,9 +299,15 @@ class Allocator:
         view: JSON | None = None
         have: frozenset[str] = frozenset()
         for selector in alt.selectors:  # class first; stop at the first False, like the API
-            cache_key = (selector.source, device.key)
+            # An expression that reads neither attributes nor capacity (a class's
+            # `device.driver == "..."`) has one result per driver: evaluated once, not per device.
+            if selector.fields & _PER_DEVICE:
+                cache_key: tuple[Any, ...] = (selector.source, device.key)
+                generation = device.generation
+            else:
+                cache_key, generation = (selector.source, device.key[0], device.allow_multiple), 0
             hit = self._cel.get(cache_key)
-            if hit is None or hit[0] != device.generation:
+            if hit is None or hit[0] != generation:
                 if view is None or not selector.fields <= have:
                     have = have | selector.fields
                     view = device.cel_view(have)
@@ -354,7 +315,7 @@ class Allocator:
                     value: bool | str = selector.matches(view)
                 except CelError as exc:
                     value = str(exc)
-                hit = (device.generation, value)
+                hit = (generation, value)
                 self._cel[cache_key] = hit
             if isinstance(hit[1], str):
                 raise Unschedulable(f"device {'/'.join(device.key)}: {hit[1]}")
@@ -377,8 +338,7 @@ class Allocator:
             self._encodings.clear()
             self._screens.clear()
             self._node_keys.clear()
-            self._drop_layout_inputs()
-            # Forget CEL results of devices that are gone (the cache is keyed by device).
+            # Forget CEL results of devices that are gone (and the per-driver ones).
             devices = self.model.devices
             self._cel = {k: v for k, v in self._cel.items() if k[1] in devices}
             self._mask_epoch = layout.epoch
@@ -403,17 +363,6 @@ class Allocator:
         self._fits.clear()
         self._encodings.clear()
         self._screens.clear()
-        self._drop_layout_inputs()
-
-    def _drop_layout_inputs(self) -> None:
-        """Forget the plans and the layout-wide inputs they are made of."""
-        self._plans.clear()
-        self._planned = _NOTHING
-        self._plain_ok = None
-        self._classes = None
-        self._column_cache.clear()
-        self._attribute_cache.clear()
-        self._keys_of = None
 
     def _mask(self, layout: Layout, alt: Alternative, policy: Policy) -> npt.NDArray[np.int8]:
         self._current(layout)
@@ -494,8 +443,6 @@ class Allocator:
             cached = (layout.epoch, np.asarray(values, dtype=np.int8), reasons)
             self._static[shape] = cached
         ok, reasons = cached[1], cached[2]  # read-only: copied before any change
-        if not shape:
-            self._plain_ok = ok
         if cpu or mem:
             reasons = dict(reasons)
             short_cpu = (ok > 0) & (layout.cpu_free < cpu)
@@ -520,45 +467,12 @@ class Allocator:
 
         Each decision's duration is logged at debug level (the controller's scale benchmark
         reads it): "decision <node|unschedulable> in <ms> ms (layout rebuilt: <bool>)"."""
-        # The clock is read only when the duration will be logged (a decision takes a few
-        # microseconds: reading it twice was a noticeable share)
         debug = log.isEnabledFor(logging.DEBUG)
         started = time.perf_counter() if debug else 0.0
-        model = self.model
-        epoch = model.layout_epoch
+        epoch = self.model.layout_epoch
         outcome = "unschedulable"
         try:
-            placement: Placement | None = None
-            # The fast path's usual case, kept to a few Python operations: nothing but
-            # consumption changed since this request shape and policy were last decided, so
-            # node fit is cached and one Cython call decides (`Engine.decide` with the kept
-            # `_fastkernel.Plan`). Anything else (and a refusal, for its reason) takes `_place`.
-            layout = model._layout  # the cached layout (None: stale, `_place` rebuilds it)
-            if layout is self._planned and layout.patch_seq == self._patch_seq:
-                if len(claims) == 1:
-                    plan = self._plans.get((policy.key, claims[0].shape))
-                else:
-                    plan = self._plans.get((policy.key, *[claim.shape for claim in claims]))
-                if plan is not None:
-                    spec = pod.get("spec")
-                    if (
-                        self._plain_ok is not None
-                        and not (pod_resources[0] or pod_resources[1])
-                        and not (
-                            spec
-                            and (
-                                spec.get("nodeSelector")
-                                or spec.get("affinity")
-                                or spec.get("tolerations")
-                            )
-                        )
-                    ):
-                        node_ok = self._plain_ok  # node fit of pods that constrain nothing
-                    else:
-                        node_ok = self._node_ok(layout, pod, *pod_resources)[0]
-                    placement = self._engine.decide(plan, node_ok, model.change_seq, tuple(claims))
-            if placement is None:
-                placement = self._place(pod, claims, policy, pod_resources)
+            placement = self._place(pod, claims, policy, pod_resources)
             outcome = placement.node
             return placement
         finally:
@@ -567,7 +481,7 @@ class Allocator:
                     "decision %s in %.3f ms (layout rebuilt: %s)",
                     outcome,
                     (time.perf_counter() - started) * 1e3,
-                    model.layout_epoch != epoch,
+                    self.model.layout_epoch != epoch,
                 )
 
     def _place(
@@ -592,20 +506,8 @@ class Allocator:
             if len(self._screens) >= FIT_CACHE_MAX:
                 self._screens.clear()
             self._node_keys.clear()
-            self._plans.clear()
             self._screens[shape] = screen
         screened = screen[0]
-        if self.fast:
-            return self._place_fast(
-                layout,
-                node_ok=node_ok,
-                reasons=reasons,
-                screen=screen,
-                shape=shape,
-                claims=claims,
-                flat=flat,
-                policy=policy,
-            )
         keys, closeness = self._keys(layout, node_ok, screen, shape, policy)
         tried = 0
         while True:
@@ -630,196 +532,6 @@ class Allocator:
                 tried=tried,
             )
         )
-
-    def _place_fast(
-        self,
-        layout: Layout,
-        *,
-        node_ok: npt.NDArray[np.int8],
-        reasons: dict[str, int],
-        screen: _Screen,
-        shape: tuple[Any, ...],
-        claims: Sequence[Claim],
-        flat: list[tuple[int, Request]],
-        policy: Policy,
-    ) -> Placement:
-        """`_place` after the screen, in one Cython call (`Engine.decide`): the same incremental
-        node keys as `_keys` (kept in a `_fastkernel.NodeKeys` per shape and policy), the same
-        order of nodes tried, the same search on the same inputs (each node's encoding cut in
-        C from the plan's layout-wide columns when a decision first reaches it), the results
-        with their shareIDs and the `Placement` itself; so the same answers as the reference
-        path. The decision's `_fastkernel.Plan` is kept, so the next decision of this shape
-        and policy goes straight to the engine (`place`)."""
-        if self._engine_epoch != layout.epoch:
-            self._engine = _fastkernel.Engine(layout)
-            self._engine_epoch = layout.epoch
-        engine = self._engine
-        self._planned = layout  # `_current(layout)` ran (`_place`): plans made now are for it
-        plan = self._plan(
-            layout, screen=screen, shape=shape, claims=claims, flat=flat, policy=policy
-        )
-        placement: Placement | None = engine.decide(
-            plan, node_ok, self.model.change_seq, tuple(claims)
-        )
-        if placement is not None:
-            return placement
-        raise Unschedulable(
-            self._reason(
-                layout=layout,
-                node_ok=node_ok,
-                reasons=reasons,
-                screened=screen[0],
-                closeness=plan.node_keys.closeness,
-                policy=policy,
-                tried=engine.tried,
-            )
-        )
-
-    def _plan(
-        self,
-        layout: Layout,
-        *,
-        screen: _Screen,
-        shape: tuple[Any, ...],
-        claims: Sequence[Claim],
-        flat: list[tuple[int, Request]],
-        policy: Policy,
-    ) -> Any:
-        """The `_fastkernel.Plan` of this request shape and policy (made on first use, kept
-        until the layout or the screens change): its node keys, and the search inputs of
-        `_encoding` with the device axis over the whole layout (`_columns`)."""
-        if len(claims) == 1:
-            key: tuple[Any, ...] = (policy.key, claims[0].shape)
-        else:
-            key = (policy.key, *[claim.shape for claim in claims])
-        plan = self._plans.get(key)
-        if plan is not None:
-            return plan
-        if len(self._plans) >= KEYS_CACHE_MAX:
-            self._plans.clear()
-        plan = _fastkernel.Plan(
-            self._fast_keys(layout, screen, shape, policy),
-            layout.nodes,
-            policy.topology_mode,
-            int(policy.strict),
-            policy.device_binpack,
-            SEARCH_BUDGET,
-            Placement,
-            DeviceResult,
-            Consumption,
-        )
-        alt_list, reqs, alts, applies, distinct, slots = _shape_arrays(claims, flat)
-        n_dev = len(layout.devices)
-        columns = [self._columns(layout, alt) for alt in alt_list]
-        plan.set_inputs(
-            reqs,
-            alts,
-            applies,
-            distinct,
-            np.asarray([ci for ci, _ in flat], dtype=np.int64),
-            np.stack([self._mask(layout, alt, policy) for alt in alt_list]),
-            np.stack([servable for servable, _, _ in columns]),
-            np.stack([amount for _, amount, _ in columns]),
-            np.stack([self._attribute_ids(layout, c.attribute) for _, c in slots])
-            if slots
-            else np.zeros((0, n_dev), dtype=np.int64),
-            layout.multi,
-            tuple(alt.name for alt in alt_list),
-            tuple(alt.admin for alt in alt_list),
-            tuple(alt.tolerations for alt in alt_list),
-            [consumed for _, _, consumed in columns],
-            self._device_keys(layout),
-        )
-        self._plans[key] = plan
-        return plan
-
-    def _device_classes(self, layout: Layout) -> tuple[npt.NDArray[np.int64], list[Device]]:
-        """Per device the index of its class, and one device per class: devices of one class
-        (driver, capacity table, allowMultipleAllocations) fit and consume alike."""
-        if self._classes is None:
-            index: dict[tuple[str, int, bool], int] = {}
-            representatives: list[Device] = []
-            rows = []
-            for device in layout.devices:
-                klass = (device.key[0], id(device.capacity), device.allow_multiple)
-                i = index.get(klass)
-                if i is None:
-                    i = index[klass] = len(representatives)
-                    representatives.append(device)
-                rows.append(i)
-            self._classes = (np.asarray(rows, dtype=np.int64).reshape(len(rows)), representatives)
-        return self._classes
-
-    def _columns(
-        self, layout: Layout, alt: Alternative
-    ) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.int64], list[tuple[tuple[str, int], ...]]]:
-        """`_static_fit` and `_consumed` of one alternative for every device of the layout
-        (servable, amount per capacity column, consumedCapacity), computed once per device
-        class and cached until the layout changes."""
-        cache_key = (alt.capacity_key, alt.admin)
-        hit = self._column_cache.get(cache_key)
-        if hit is not None:
-            return hit  # type: ignore[no-any-return]
-        classes, representatives = self._device_classes(layout)
-        servable = np.zeros(len(representatives), dtype=np.int8)
-        amount = np.zeros((len(representatives), len(layout.dims)), dtype=np.int64)
-        consumed: list[tuple[tuple[str, int], ...]] = []
-        for c, device in enumerate(representatives):
-            servable[c] = self._device_fit(alt, device, layout, amount[c])
-            consumed.append(self._consumed(alt, device))
-        hit = (
-            np.ascontiguousarray(servable[classes]),
-            np.ascontiguousarray(amount[classes]),
-            [consumed[c] for c in classes.tolist()],
-        )
-        self._column_cache[cache_key] = hit
-        return hit
-
-    def _attribute_ids(self, layout: Layout, attribute: str) -> npt.NDArray[np.int64]:
-        """Per device an id of its value of `attribute` (equal values, equal ids; -1 absent),
-        cached until the layout changes."""
-        hit = self._attribute_cache.get(attribute)
-        if hit is None:
-            ids: dict[Any, int] = {}
-            values = [device.attribute(attribute) for device in layout.devices]
-            hit = np.asarray(
-                [-1 if v is None else ids.setdefault(v, len(ids)) for v in values],
-                dtype=np.int64,
-            ).reshape(len(values))
-            self._attribute_cache[attribute] = hit
-        return hit
-
-    def _device_keys(self, layout: Layout) -> list[DeviceKey]:
-        if self._keys_of is None:
-            self._keys_of = [device.key for device in layout.devices]
-        return self._keys_of
-
-    def _fast_keys(
-        self, layout: Layout, screen: _Screen, shape: tuple[Any, ...], policy: Policy
-    ) -> Any:
-        """The `_fastkernel.NodeKeys` of this request shape and policy (made on first use; the
-        engine's `rank` brings its keys up to date)."""
-        _, req_group, masks, req_mem, req_pct, req_cores, req_count = screen
-        cache_key = (shape, policy.topology_mode, policy.strict, policy.node, req_group.tobytes())
-        node_keys = self._node_keys.get(cache_key)
-        if node_keys is None:
-            if len(self._node_keys) >= KEYS_CACHE_MAX:
-                self._node_keys.clear()
-                self._plans.clear()
-            node_keys = _fastkernel.NodeKeys(
-                masks,
-                req_mem,
-                req_pct,
-                req_cores,
-                req_count,
-                req_group,
-                policy.topology_mode,
-                int(policy.strict),
-                policy.node_binpack,
-                len(layout.nodes),
-            )
-            self._node_keys[cache_key] = node_keys
-        return node_keys
 
     def _keys(
         self,
@@ -918,10 +630,7 @@ class Allocator:
         return (screened, req_group, masks, req_mem, req_pct, req_cores, req_count)
 
     def commit(self, placement: Placement) -> None:
-        """Count the placement's consumption in the model until the claims' updates arrive
-        (fast path: the same accounting in C, `_fastkernel.Accountant`)."""
-        if self._accountant is not None and self._accountant.commit(placement.results):
-            return
+        """Count the placement's consumption in the model until the claims' updates arrive."""
         for claim, results in placement.results:
             self.model.assume(
                 claim.uid,
@@ -947,8 +656,8 @@ class Allocator:
         policy: Policy,
         shape: tuple[Any, ...],
     ) -> tuple[tuple[Claim, tuple[DeviceResult, ...]], ...] | None:
-        """The reference path: run the search kernel on one node; its picks as results (None:
-        nothing fits within the budget). `Engine.decide` is the fast path's twin."""
+        """Run the search kernel on one node; its picks as results (None: nothing fits within
+        the budget)."""
         start = int(layout.node_start[node])
         enc = self._node_encoding(
             layout, node, claims=claims, flat=flat, policy=policy, shape=shape
@@ -1006,9 +715,8 @@ class Allocator:
     def _run_search(
         self, layout: Layout, node: int, enc: _Encoding, policy: Policy
     ) -> list[tuple[int, tuple[int, ...]]] | None:
-        """The reference path's search kernel on one node: (alternative row, node-local device
-        rows) per flat request, None when nothing fits within the budget. The benchmark times
-        this step against `Engine.search` (bench/allocator_bench.py)."""
+        """The search kernel on one node: (alternative row, node-local device rows) per flat
+        request, None when nothing fits within the budget."""
         start, end = int(layout.node_start[node]), int(layout.node_end[node])
         n_req = len(enc.arrays[0])
         chosen_alt = np.zeros(n_req, dtype=np.int64)

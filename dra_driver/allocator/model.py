@@ -32,20 +32,15 @@ import numpy as np
 import numpy.typing as npt
 
 from dra_driver import names
-from dra_driver.allocator import kernel, round_request
-from dra_driver.allocator import parse_quantity as _parse_quantity
 from dra_driver.allocator.cel import DEVICE_FIELDS, device_view
 from dra_driver.allocator.quantity import (
     MAX_MODEL_QUANTITY,
     SATURATED,
     QuantityError,
     RequestPolicy,
+    round_request,
 )
-
-try:
-    from dra_driver.allocator import _fastkernel
-except ImportError:  # extension not built: numpy item writes serve, only slower
-    _fastkernel = None  # type: ignore[assignment]
+from dra_driver.allocator.quantity import parse_quantity as _parse_quantity
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +66,9 @@ def parse_quantity(text: str, scale: int = 0) -> int:
 
 
 DeviceKey = tuple[str, str, str]  # (driver, pool, device)
-NODE_LOG = 4096  # entries of a layout's change log (Layout.node_log)
+# Columns of `Layout.dev`, the search kernel's per-device matrix (_scan.pyx has the same enum).
+DEV_MULTI, DEV_ALLOCATED, DEV_HELD, DEV_NUMA, DEV_LINK, DEV_LINK_SIZE, DEV_MEM, DEV_CORES = range(8)
+DEV_FIELDS = 8
 
 
 class ModelError(ValueError):
@@ -282,8 +279,7 @@ class NodeInfo:
 
 
 class Consumption(NamedTuple):
-    """What one allocation result takes of one device (capacity qualified name -> amount); a
-    named tuple, so the allocator's fast path can make one in C for every picked device."""
+    """What one allocation result takes of one device (capacity qualified name -> amount)."""
 
     device: DeviceKey
     amounts: tuple[tuple[str, int], ...]
@@ -306,7 +302,6 @@ class Layout:
     mem_used: npt.NDArray[np.int64]
     cores_used: npt.NDArray[np.int64]
     busy: npt.NDArray[np.int64]  # 1 when the device can take no further allocation
-    multi: npt.NDArray[np.int64]  # 1 if allowMultipleAllocations
     numa: npt.NDArray[np.int64]
     link: npt.NDArray[np.int64]
     link_size: npt.NDArray[np.int64]  # devices of this node in the same NVLink domain
@@ -318,92 +313,32 @@ class Layout:
     row_seq: npt.NDArray[np.int64]  # per device: model.change_seq of its last republication
     cpu_free: npt.NDArray[np.int64]  # per node: allocatable cpu millis minus bound pods
     mem_free: npt.NDArray[np.int64]  # per node: allocatable memory minus bound pods
-    # For the exact search (kernel.search): every capacity name any device publishes gets a
-    # column; cap is -1 where a device lacks it. `dev` holds kernel.DEV_* columns per device.
+    # For the exact search (_scan.search): every capacity name any device publishes gets a
+    # column; cap is -1 where a device lacks it. `dev` holds the DEV_* columns per device.
     dims: dict[str, int]
     cap: npt.NDArray[np.int64]  # [devices, dims]
     used_by_dim: npt.NDArray[np.int64]  # [devices, dims], kept current like mem_used
-    dev: npt.NDArray[np.int64]  # [devices, kernel.DEV_FIELDS]
+    dev: npt.NDArray[np.int64]  # [devices, DEV_FIELDS]
     index: dict[DeviceKey, int] = field(default_factory=dict)
-    # Every node_seq stamp also appends its node here (a ring of NODE_LOG entries;
-    # node_log_count[0]: entries ever appended), so the fast path's rank visits the nodes
-    # stamped since it last ran instead of comparing every node's stamp (`stamp`)
-    node_log: npt.NDArray[np.int64] = field(
-        default_factory=lambda: np.zeros(NODE_LOG, dtype=np.int64)
-    )
-    node_log_count: npt.NDArray[np.int64] = field(
-        default_factory=lambda: np.zeros(1, dtype=np.int64)
-    )
     node_index: dict[str, int] = field(default_factory=dict)
     epoch: int = 0
     patch_seq: int = 0  # change_seq of the last in-place republication (row_seq)
-    # Writes a device's consumption into the arrays above in one call (Cython; None when the
-    # extension is not built: numpy item writes then).
-    writer: Any = None
-
-    def __post_init__(self) -> None:
-        if _fastkernel is not None:
-            self.writer = _fastkernel.LayoutWriter(self)
 
 
-class _PyDeviceUsage(dict[str, int]):
-    """`_fastkernel.DeviceUsage` when the extension is not built: one device's consumption
-    (capacity name -> amount) with its `allocations` and `exclusive` counts."""
+class DeviceUsage(dict[str, int]):
+    """One device's consumption (capacity name -> amount; a name stays at 0 once released)
+    with its `allocations` (results on the device) and `exclusive` (of those, the ones that
+    hold it whole) counts."""
 
     __slots__ = ("allocations", "exclusive")
 
     def __init__(self) -> None:
         super().__init__()
-        self.allocations = 0  # results on the device
-        self.exclusive = 0  # of those, the ones that hold it whole
+        self.allocations = 0
+        self.exclusive = 0
 
 
-# What `ClusterModel.used` holds per device: the C record (the fast commit adds to it without
-# a dictionary operation) or its stand-in; both are mutable mappings with the two counts.
-DeviceUsage: type[_PyDeviceUsage] = (
-    _PyDeviceUsage if _fastkernel is None else _fastkernel.DeviceUsage  # type: ignore[assignment]
-)
-_NO_USAGE = _PyDeviceUsage()  # what an unconsumed device reads as (never written)
-
-
-def stamp(layout: Layout, node: int, seq: int) -> None:
-    """Node `node` changed at model change number `seq`: its node_seq, and the change log
-    (what `_fastkernel.LayoutWriter` does in C for consumption)."""
-    layout.node_seq[node] = seq
-    count = int(layout.node_log_count[0])
-    layout.node_log[count % len(layout.node_log)] = node
-    layout.node_log_count[0] = count + 1
-
-
-def _write_usage(  # noqa: PLR0917 - LayoutWriter.account's arguments, one to one
-    layout: Layout, row: int, seq: int, mem: int, cores: int, held: int, allocated: int
-) -> None:
-    """What `_fastkernel.LayoutWriter.account` does, with numpy item writes (extension not
-    built)."""
-    node = int(layout.dev_node[row])
-    stamp(layout, node, seq)
-    layout.node_mem_used[node] += mem - int(layout.mem_used[row])
-    layout.node_cores_used[node] += cores - int(layout.cores_used[row])
-    layout.mem_used[row] = mem
-    layout.cores_used[row] = cores
-    layout.busy[row] = held
-    layout.dev[row, kernel.DEV_ALLOCATED] = allocated
-    layout.dev[row, kernel.DEV_HELD] = held
-
-
-def capacity_names(driver: str) -> tuple[str, str]:
-    """The qualified names of a driver's memory and cores capacities (the layout's columns)."""
-    return _memory_name(driver), _cores_name(driver)
-
-
-@functools.lru_cache(maxsize=64)
-def _memory_name(driver: str) -> str:
-    return f"{driver}/{names.CAPACITY_MEMORY}"
-
-
-@functools.lru_cache(maxsize=64)
-def _cores_name(driver: str) -> str:
-    return f"{driver}/{names.CAPACITY_CORES}"
+_NO_USAGE = DeviceUsage()  # what an unconsumed device reads as (never written)
 
 
 def default_consumption(capacity: Capacity | None) -> int:
@@ -486,13 +421,10 @@ class ClusterModel:
         self.node_mem_used: dict[str, int] = {}
         self._claims: dict[str, list[Consumption]] = {}
         # Per device ever consumed: capacity name -> amount, and the allocation counts
-        self.used: dict[DeviceKey, _PyDeviceUsage] = {}
+        self.used: dict[DeviceKey, DeviceUsage] = {}
         self._generation = itertools.count(1)
         self._layout: Layout | None = None
-        self.node_epoch = 0  # bumped on any node change (node-fit caches key on it)
-        self.device_epoch = 0  # bumped on any device change (selection caches key on it)
-        self.layout_epoch = 0
-        self.pod_epoch = 0  # bumped on any bound-pod change (cpu/memory fit caches key on it)
+        self.layout_epoch = 0  # bumped on every layout rebuild (the allocator's caches key on it)
         self.change_seq = 0  # bumped on every change of a laid-out node (Layout.node_seq)
 
     # ------------------------------------------------------------ events
@@ -521,10 +453,9 @@ class ClusterModel:
                 self._rebuild_pool(old.driver, old.pool)
         elif kind == "Node":
             if self.nodes.pop(str(meta.get("name")), None) is not None:
-                self._nodes_changed()
+                self._layout = None
         elif kind == "Pod":
             self._unbind_pod(str(meta.get("uid")))
-            self.pod_epoch += 1
         elif kind == "ResourceClaim":
             self._set_claim(str(meta.get("uid")), [])
         else:
@@ -582,7 +513,6 @@ class ClusterModel:
             self._pool_devices[(driver, pool)] = devices
         if not self._patch_layout(previous, devices):
             self._layout = None
-        self.device_epoch += 1
 
     def _patch_layout(self, previous: list[Device], devices: list[Device]) -> bool:
         """Republished devices with the same names on the same nodes (a new generation, changed
@@ -609,16 +539,15 @@ class ClusterModel:
             layout.mem_default[row] = default_consumption(mem)
             layout.cores_default[row] = default_consumption(cores)
             layout.busy[row] = int(self.is_held(d.key))
-            layout.multi[row] = int(d.allow_multiple)
             layout.numa[row] = d.numa
             layout.link[row] = d.link
             layout.cap[row] = -1
             for name, capacity in d.capacity.items():
                 layout.cap[row, layout.dims[name]] = capacity.value
-            layout.dev[row, kernel.DEV_MULTI] = int(d.allow_multiple)
-            layout.dev[row, kernel.DEV_HELD] = layout.busy[row]
-            layout.dev[row, kernel.DEV_NUMA] = d.numa
-            layout.dev[row, kernel.DEV_LINK] = d.link
+            layout.dev[row, DEV_MULTI] = int(d.allow_multiple)
+            layout.dev[row, DEV_HELD] = layout.busy[row]
+            layout.dev[row, DEV_NUMA] = d.numa
+            layout.dev[row, DEV_LINK] = d.link
             layout.row_seq[row] = self.change_seq
             nodes.add(int(layout.dev_node[row]))
         for node in nodes:
@@ -628,10 +557,10 @@ class ClusterModel:
                 link = layout.devices[row].link
                 size = sum(1 for o in members if o.link == link) if link >= 0 else 0
                 layout.link_size[row] = size
-                layout.dev[row, kernel.DEV_LINK_SIZE] = size
+                layout.dev[row, DEV_LINK_SIZE] = size
             layout.node_mem_total[node] = int(layout.mem_total[s:e].sum())
             layout.node_cores_total[node] = int(layout.cores_total[s:e].sum())
-            stamp(layout, node, self.change_seq)
+            layout.node_seq[node] = self.change_seq
         layout.patch_seq = self.change_seq
         return True
 
@@ -701,10 +630,6 @@ class ClusterModel:
         except QuantityError as exc:
             raise ModelError(f"Node {meta.get('name')}: allocatable: {exc}") from None
         self.nodes[info.name] = info
-        self._nodes_changed()
-
-    def _nodes_changed(self) -> None:
-        self.node_epoch += 1
         self._layout = None
 
     def _apply_pod(self, obj: Mapping[str, Any]) -> None:
@@ -713,7 +638,6 @@ class ClusterModel:
         node = (obj.get("spec") or {}).get("nodeName")
         phase = (obj.get("status") or {}).get("phase")
         self._unbind_pod(uid)
-        self.pod_epoch += 1
         if node and phase not in ("Succeeded", "Failed"):
             try:
                 cpu, mem = pod_requests(obj)
@@ -746,7 +670,7 @@ class ClusterModel:
         if layout is not None and node in layout.node_index:
             i = layout.node_index[node]
             self.change_seq += 1
-            stamp(layout, i, self.change_seq)
+            layout.node_seq[i] = self.change_seq
             info = self.nodes[node]
             layout.cpu_free[i] = _free(info.cpu_milli, self.node_cpu_used.get(node, 0))
             layout.mem_free[i] = _free(info.memory, self.node_mem_used.get(node, 0))
@@ -792,29 +716,25 @@ class ClusterModel:
         if entry.exclusive:
             used.exclusive += sign
         layout = self._layout
-        if layout is not None:
-            row = layout.index.get(entry.device)
-            if row is not None:
-                driver = entry.device[0]
-                self.change_seq += 1
-                mem = _held(used.get(_memory_name(driver), 0))
-                cores = _held(used.get(_cores_name(driver), 0))
-                held = int(self.is_held(entry.device))
-                allocated = int(used.allocations > 0)
-                columns, values = [], []
-                for name, _ in entry.amounts:
-                    column = layout.dims.get(name)
-                    if column is not None:
-                        columns.append(column)
-                        values.append(_held(used[name]))
-                if layout.writer is not None:
-                    layout.writer.account(
-                        row, self.change_seq, mem, cores, held, allocated, columns, values
-                    )
-                else:
-                    _write_usage(layout, row, self.change_seq, mem, cores, held, allocated)
-                    for column, value in zip(columns, values, strict=True):
-                        layout.used_by_dim[row, column] = value
+        row = None if layout is None else layout.index.get(entry.device)
+        if layout is None or row is None:
+            return
+        driver = entry.device[0]
+        self.change_seq += 1
+        node = int(layout.dev_node[row])
+        layout.node_seq[node] = self.change_seq
+        mem = _held(used.get(f"{driver}/{names.CAPACITY_MEMORY}", 0))
+        cores = _held(used.get(f"{driver}/{names.CAPACITY_CORES}", 0))
+        layout.node_mem_used[node] += mem - int(layout.mem_used[row])
+        layout.node_cores_used[node] += cores - int(layout.cores_used[row])
+        layout.mem_used[row] = mem
+        layout.cores_used[row] = cores
+        layout.busy[row] = layout.dev[row, DEV_HELD] = int(self.is_held(entry.device))
+        layout.dev[row, DEV_ALLOCATED] = int(used.allocations > 0)
+        for name, _ in entry.amounts:
+            column = layout.dims.get(name)
+            if column is not None:
+                layout.used_by_dim[row, column] = _held(used[name])
 
     # ------------------------------------------------------------ derived
 
@@ -865,7 +785,7 @@ class ClusterModel:
         dims = {name: i for i, name in enumerate(sorted({c for d in devices for c in d.capacity}))}
         cap = np.full((n, len(dims)), -1, dtype=np.int64)
         used_by_dim = np.zeros((n, len(dims)), dtype=np.int64)
-        dev = np.zeros((n, kernel.DEV_FIELDS), dtype=np.int64)
+        dev = np.zeros((n, DEV_FIELDS), dtype=np.int64)
         for i, d in enumerate(devices):
             for name, capacity in d.capacity.items():
                 cap[i, dims[name]] = capacity.value
@@ -903,7 +823,6 @@ class ClusterModel:
             mem_used=arr(mem_used),
             cores_used=arr(cores_used),
             busy=arr(busy),
-            multi=arr([int(d.allow_multiple) for d in devices]),
             numa=arr([d.numa for d in devices]),
             link=arr([d.link for d in devices]),
             link_size=arr(link_size),

@@ -1,11 +1,11 @@
-"""Kubernetes resource quantities and consumable-capacity request rounding (reference version).
+"""Kubernetes resource quantities and consumable-capacity request rounding.
 
 Why this exists: the allocation controller and the prepare-time overbooking guard compare
 requests against device capacity, and the API hands both over as quantity strings ("10Gi",
 "1500m", "1e3"). We need exact integer arithmetic with the same rounding the API server uses:
 `Quantity.Value()` rounds a fractional result up (away from zero), so "1500m" bytes is 2.
-
-`_fastquantity.pyx` implements the same functions in Cython; the two must agree (tested).
+One implementation in Python integers: no call site parses often enough for speed to matter
+(the allocator's model caches what it parses per distinct text).
 """
 
 from __future__ import annotations

@@ -72,8 +72,8 @@ def test_every_product_module_imports_from_the_tree_alone(tree: Path) -> None:
         "    assert package.__file__.startswith(sys.argv[1]), package.__file__\n"
         "    for info in pkgutil.walk_packages(package.__path__, top + '.'):\n"
         "        importlib.import_module(info.name)\n"
-        "from dra_driver.allocator import _fastquantity\n"
-        "print(_fastquantity.__file__)\n"
+        "from dra_driver.allocator import _scan\n"
+        "print(_scan.__file__)\n"
     )
     run = subprocess.run(
         [BASE_PYTHON, "-S", "-s", "-c", script, str(site)],

@@ -6,7 +6,7 @@ requests, matchAttribute/distinctAttribute) are submitted one at a time, each wi
 each submission the allocator decides on a model built from what the API server holds; then:
 
 - every allocation kube-scheduler makes must pass the allocator's acceptance check
-  (`verify.check_allocation`) on that model;
+  (tests/fixtures/allocation_check.py) on that model;
 - every claim the allocator refuses must stay unallocated (its pod is marked Unschedulable).
 
 Nothing is mocked: the real apiserver validates the objects and the real scheduler allocates.
@@ -26,8 +26,8 @@ from dra_driver import kube
 from dra_driver.allocator.allocate import Allocator, Unschedulable
 from dra_driver.allocator.model import ClusterModel
 from dra_driver.allocator.request import Policy, parse_claim
-from dra_driver.allocator.verify import check_allocation
 from dra_driver.kube import RESOURCE_API, KubeClient
+from tests.fixtures.allocation_check import check_allocation
 from tests.fixtures.allocator_cluster import device_class, publish_slices
 from tests.fixtures.workloads import claim_pod
 

@@ -8,21 +8,25 @@ from typing import Any
 import pytest
 
 from dra_driver.allocator.allocate import Allocator, Placement, Unschedulable
+from dra_driver.allocator.cel import Selector
 from dra_driver.allocator.model import ClusterModel
 from dra_driver.allocator.request import Policy, RequestError, parse_claim
 from tests.fixtures.allocator_cluster import DEVICE_CLASS, DRIVER, GIB, claim_obj, node_events
+from tests.unit.dra_driver.allocator.extension import needs_extension
+
+pytestmark = needs_extension
 
 MiB = 1 << 20
 CLASSES = {DRIVER: DEVICE_CLASS}
 POD: dict[str, Any] = {"metadata": {"name": "p"}, "spec": {}}
 
 
-def allocator(*events: list[tuple[str, dict[str, Any]]], fast: bool | None = None) -> Allocator:
+def allocator(*events: list[tuple[str, dict[str, Any]]]) -> Allocator:
     model = ClusterModel()
     for group in events:
         for kind, obj in group:
             model.apply(kind, obj)
-    return Allocator(model, fast=fast)
+    return Allocator(model)
 
 
 def place(
@@ -292,8 +296,27 @@ def test_selector_results_follow_a_republished_device() -> None:
     assert picked(place(alloc, claim)) == ["gpu-0"]
 
 
-@pytest.mark.parametrize("fast", [None, False])  # the default path, the reference
-def test_incremental_node_keys_equal_a_full_scan(fast: bool | None) -> None:
+def test_a_selector_reading_only_the_driver_is_evaluated_once_per_driver(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The class's `device.driver == ...` gives one answer per driver (a start over 40,000 GPUs
+    evaluated it 40,000 times); a selector reading attributes is evaluated per device."""
+    calls: dict[str, int] = {}
+    matches = Selector.matches
+
+    def counting(self: Selector, view: Any) -> bool:
+        calls[self.source] = calls.get(self.source, 0) + 1
+        return matches(self, view)
+
+    monkeypatch.setattr(Selector, "matches", counting)
+    alloc = allocator(node_events(0, gpus=4), node_events(1, gpus=4))
+    selector = f'device.attributes["{DRIVER}"].index >= 0'
+    assert place(alloc, claim_obj("a", memory="1Gi", selectors=(selector,))).node
+    class_selector = DEVICE_CLASS["spec"]["selectors"][0]["cel"]["expression"]
+    assert calls == {class_selector: 1, selector: 8}
+
+
+def test_incremental_node_keys_equal_a_full_scan() -> None:
     """After the first decision of a shape only changed nodes are scanned again; every decision
     (placements, refusals' reasons) must equal what a fresh allocator (a full scan) decides,
     across placements, released claims and pods bound with cpu requests."""
@@ -301,7 +324,7 @@ def test_incremental_node_keys_equal_a_full_scan(fast: bool | None) -> None:
     model = ClusterModel()
     for kind, obj in events:
         model.apply(kind, obj)
-    kept = Allocator(model, fast=fast)
+    kept = Allocator(model)
     shapes = [
         (claim_obj("s", memory="30Gi", cores="40"), Policy(node="binpack", topology="link")),
         (claim_obj("t", count=2, memory="20Gi"), Policy(node="spread", device="binpack")),
@@ -314,7 +337,7 @@ def test_incremental_node_keys_equal_a_full_scan(fast: bool | None) -> None:
         claim = parse_claim(obj, CLASSES)
         cpu = 8000 * (i % 3)
         outcomes: list[Placement | str] = []
-        for alloc in (kept, Allocator(model, fast=fast)):  # the second starts with empty caches
+        for alloc in (kept, Allocator(model)):  # the second starts with empty caches
             try:
                 outcomes.append(alloc.place(POD, [claim], policy, (cpu, 0)))
             except Unschedulable as exc:
@@ -340,8 +363,7 @@ def test_incremental_node_keys_equal_a_full_scan(fast: bool | None) -> None:
             model.delete("ResourceClaim", {"metadata": {"uid": uid}})
 
 
-@pytest.mark.parametrize("fast", [None, False])  # the default path, the reference
-def test_devices_republished_in_place_decide_like_a_fresh_allocator(fast: bool | None) -> None:
+def test_devices_republished_in_place_decide_like_a_fresh_allocator() -> None:
     """A slice republished with the same devices (new generation, a device taint, another
     product name) is patched into the layout instead of rebuilding it; decisions of an allocator
     that lived through it equal those of a fresh allocator, and the patched layout equals a
@@ -350,7 +372,7 @@ def test_devices_republished_in_place_decide_like_a_fresh_allocator(fast: bool |
     model = ClusterModel()
     for kind, obj in events:
         model.apply(kind, obj)
-    kept = Allocator(model, fast=fast)
+    kept = Allocator(model)
     selector = f'device.attributes["{DRIVER}"].productName.contains("H100")'
     raw = claim_obj("x", memory="10Gi", selectors=(selector,))
     for i in range(12):
@@ -370,7 +392,7 @@ def test_devices_republished_in_place_decide_like_a_fresh_allocator(fast: bool |
         obj["metadata"]["uid"] = f"uid-{i}"
         claim = parse_claim(obj, CLASSES)
         outcomes: list[Placement | str] = []
-        for alloc in (kept, Allocator(model, fast=fast)):
+        for alloc in (kept, Allocator(model)):
             try:
                 outcomes.append(alloc.place(POD, [claim], Policy(node="spread")))
             except Unschedulable as exc:

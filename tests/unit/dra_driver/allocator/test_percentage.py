@@ -1,5 +1,5 @@
 """Percentage memory requests (claim annotation `vgpu.dra.dev/memory-percentage`): parsing, the
-amount per device size, request-policy rounding, free capacity, and both twins alike."""
+amount per device size, request-policy rounding, free capacity, and the kernels' oracle alike."""
 
 from __future__ import annotations
 
@@ -8,11 +8,10 @@ from typing import Any
 
 import pytest
 
-from dra_driver.allocator import allocate
 from dra_driver.allocator.allocate import Allocator, Placement, Unschedulable
 from dra_driver.allocator.model import ClusterModel
 from dra_driver.allocator.request import MEMORY_PERCENTAGE, Policy, RequestError, parse_claim
-from dra_driver.allocator.verify import check_allocation
+from tests.fixtures.allocation_check import check_allocation
 from tests.fixtures.allocator_cluster import (
     DEVICE_CLASS,
     DRIVER,
@@ -21,15 +20,13 @@ from tests.fixtures.allocator_cluster import (
     claim_obj,
     node_events,
 )
+from tests.unit.dra_driver.allocator import reference
+from tests.unit.dra_driver.allocator.extension import needs_extension
 
 MiB = 1 << 20
 CLASSES = {DRIVER: DEVICE_CLASS}
 POD: dict[str, Any] = {"metadata": {"name": "p"}, "spec": {}}
 MEMORY = f"{DRIVER}/memory"
-TWINS = [
-    pytest.param(True, marks=pytest.mark.skipif(allocate.FAST_KERNEL is None, reason="no Cython")),
-    False,
-]
 
 
 def percent_claim(name: str, percent: str, **kwargs: Any) -> dict[str, Any]:
@@ -38,12 +35,16 @@ def percent_claim(name: str, percent: str, **kwargs: Any) -> dict[str, Any]:
     return obj
 
 
-def allocator(*groups: list[tuple[str, dict[str, Any]]], fast: bool) -> Allocator:
+def allocator(*groups: list[tuple[str, dict[str, Any]]], oracle: bool = False) -> Allocator:
+    """An allocator over these events; with `oracle`, running the kernels' Python twins."""
     model = ClusterModel()
     for group in groups:
         for kind, obj in group:
             model.apply(kind, obj)
-    return Allocator(model, fast=fast)
+    alloc = Allocator(model)
+    if oracle:
+        alloc.scan, alloc.search = reference.scan, reference.search
+    return alloc
 
 
 def place(alloc: Allocator, obj: dict[str, Any], policy: Policy | None = None) -> Placement:
@@ -88,13 +89,11 @@ def test_a_bad_percentage_fails_the_claim_naming_claim_annotation_and_range(valu
     assert "1 to 100" in message
 
 
-@pytest.mark.parametrize("fast", TWINS)
-def test_half_of_each_gpu_size(fast: bool) -> None:
+@needs_extension
+def test_half_of_each_gpu_size() -> None:
     """50% of an 80Gi H100 is 40Gi, 50% of a 24Gi A10 is 12Gi; the node is told so."""
     alloc = allocator(
-        node_events(0, "NVIDIA H100 80GB HBM3", gpus=1),
-        node_events(1, "NVIDIA A10", gpus=1),
-        fast=fast,
+        node_events(0, "NVIDIA H100 80GB HBM3", gpus=1), node_events(1, "NVIDIA A10", gpus=1)
     )
     on_h100 = place(alloc, percent_claim("a", "50"), Policy(include_types=("h100",)))
     on_a10 = place(alloc, percent_claim("b", "50"), Policy(include_types=("a10",)))
@@ -111,41 +110,40 @@ def test_half_of_each_gpu_size(fast: bool) -> None:
         place(alloc, percent_claim("e", "1"))
 
 
-@pytest.mark.parametrize("fast", TWINS)
-def test_percentage_is_rounded_up_to_the_step(fast: bool) -> None:
-    alloc = allocator(node_events(0, "NVIDIA H100 80GB HBM3", gpus=1), fast=fast)
+@needs_extension
+def test_percentage_is_rounded_up_to_the_step() -> None:
+    alloc = allocator(node_events(0, "NVIDIA H100 80GB HBM3", gpus=1))
     # 33% of 80Gi is not a whole MiB: the 1Mi step rounds it up.
     [amount] = consumed_memory(place(alloc, percent_claim("a", "33")))
     assert amount == -(-(33 * 80 * GIB) // 100 // MiB) * MiB
     assert amount % MiB == 0 and amount >= 33 * 80 * GIB / 100
 
 
-@pytest.mark.parametrize("fast", TWINS)
-def test_percentage_follows_valid_values_and_is_refused_above_them(fast: bool) -> None:
+@needs_extension
+def test_percentage_follows_valid_values_and_is_refused_above_them() -> None:
     events = node_events(0, "NVIDIA H100 80GB HBM3", gpus=1)
     slice_obj = copy.deepcopy(events[1][1])
     slice_obj["spec"]["devices"][0]["capacity"]["memory"]["requestPolicy"] = {
         "default": "8Gi",
         "validValues": ["4Gi", "8Gi", "16Gi"],
     }
-    alloc = allocator([events[0], ("ResourceSlice", slice_obj)], fast=fast)
+    alloc = allocator([events[0], ("ResourceSlice", slice_obj)])
     assert consumed_memory(place(alloc, percent_claim("a", "5"))) == [4 * GIB]  # exactly 4Gi
     assert consumed_memory(place(alloc, percent_claim("b", "6"))) == [8 * GIB]  # 4.8Gi -> 8Gi
     with pytest.raises(Unschedulable):  # 25% = 20Gi: above every valid value
         place(alloc, percent_claim("c", "25"))
 
 
-@pytest.mark.parametrize("fast", TWINS)
-def test_an_explicit_memory_request_wins_over_the_annotation(fast: bool) -> None:
-    alloc = allocator(node_events(0, "NVIDIA A10", gpus=1), fast=fast)
+@needs_extension
+def test_an_explicit_memory_request_wins_over_the_annotation() -> None:
+    alloc = allocator(node_events(0, "NVIDIA A10", gpus=1))
     assert consumed_memory(place(alloc, percent_claim("a", "90", memory="1Gi"))) == [GIB]
 
 
-def test_both_twins_pick_the_same_devices_with_the_same_amounts() -> None:
-    if allocate.FAST_KERNEL is None:
-        pytest.skip("no Cython")
+@needs_extension
+def test_the_oracle_picks_the_same_devices_with_the_same_amounts() -> None:
     groups = [node_events(n, product, "pairs", gpus=4) for n, product in enumerate(PRODUCTS)]
-    fast, slow = allocator(*groups, fast=True), allocator(*groups, fast=False)
+    fast, slow = allocator(*groups), allocator(*groups, oracle=True)
     for i, percent in enumerate(["30", "70", "50", "50", "100", "10"] * 3):
         obj = percent_claim(f"c{i}", percent, count=1 + i % 2)
         outcomes: list[Placement | str] = []

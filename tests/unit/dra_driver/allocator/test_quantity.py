@@ -1,12 +1,11 @@
-"""Quantity parsing and request rounding: the reference semantics, and the Cython twin agreeing.
+"""Quantity parsing and request rounding.
 
 What this proves:
 1. parse_quantity follows the Kubernetes grammar and Quantity.Value()/MilliValue() rounding.
 2. Malformed and out-of-range input raises QuantityError (never a wrong number).
 3. round_request follows the consumable-capacity request policy rules, exactly at the int64
    edges (one implementation, Python integers: nothing to overflow, nothing to disagree).
-4. The Cython extension is built and returns exactly what the reference returns, on fixed and on
-   randomly generated inputs (valid and invalid).
+4. Random text (valid and invalid) gives a number or QuantityError, never another exception.
 """
 
 from __future__ import annotations
@@ -17,8 +16,6 @@ import pytest
 
 from dra_driver import allocator
 from dra_driver.allocator import quantity as ref
-
-fast = pytest.importorskip("dra_driver.allocator._fastquantity")
 
 CASES = [
     ("0", 0, 0),
@@ -78,16 +75,9 @@ def test_reference_parse(text: str, scale: int, expected: int | None) -> None:
 
 
 @pytest.mark.parametrize("text", BAD)
-def test_malformed_is_rejected_by_both(text: str) -> None:
+def test_malformed_is_rejected(text: str) -> None:
     with pytest.raises(ref.QuantityError):
         ref.parse_quantity(text)
-    with pytest.raises(ref.QuantityError):
-        fast.parse_quantity(text)
-
-
-def test_extension_is_what_the_package_uses() -> None:
-    assert allocator.FAST
-    assert allocator.parse_quantity is fast.parse_quantity
 
 
 def _random_quantity(rng: random.Random) -> str:
@@ -104,24 +94,18 @@ def _random_quantity(rng: random.Random) -> str:
     return sign + whole + frac + suffix
 
 
-def _outcome(func: object, text: str, scale: int) -> object:
-    try:
-        return func(text, scale)  # type: ignore[operator]
-    except ref.QuantityError as exc:
-        return type(exc)
-
-
-def test_twins_agree_on_random_input() -> None:
+def test_random_input_parses_or_is_refused() -> None:
     rng = random.Random(20261122)
-    checked = 0
+    parsed = 0
     for _ in range(20000):
         text = _random_quantity(rng)
-        scale = rng.choice([0, 0, 3, 6])
-        assert _outcome(fast.parse_quantity, text, scale) == _outcome(
-            ref.parse_quantity, text, scale
-        ), text
-        checked += 1
-    assert checked == 20000
+        try:
+            value = ref.parse_quantity(text, rng.choice([0, 0, 3, 6]))
+        except ref.QuantityError:
+            continue
+        assert isinstance(value, int) and -(1 << 63) < value < 1 << 63, text
+        parsed += 1
+    assert parsed > 1000  # the generator makes valid quantities too
 
 
 def test_format_round_trips() -> None:

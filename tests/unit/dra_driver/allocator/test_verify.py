@@ -8,8 +8,11 @@ from typing import Any
 from dra_driver.allocator.allocate import Allocator
 from dra_driver.allocator.model import ClusterModel
 from dra_driver.allocator.request import Policy, parse_claim
-from dra_driver.allocator.verify import check_allocation
+from tests.fixtures.allocation_check import check_allocation
 from tests.fixtures.allocator_cluster import DEVICE_CLASS, DRIVER, claim_obj, node_events
+from tests.unit.dra_driver.allocator.extension import needs_extension
+
+pytestmark = needs_extension
 
 CLASSES = {DRIVER: DEVICE_CLASS}
 

@@ -1,29 +1,9 @@
-"""The fitting and scoring scan over nodes x devices: pure-Python reference of `_fastkernel`.
+"""The tests' oracle: `scan` and `search` of `dra_driver.allocator._scan` (read its docstring
+for what they compute), written again in plain Python.
 
-For every node that passed node fit, and every request of the pod, count the devices that are
-selectable (mask), not exclusively held, and have the requested memory and cores free; group them
-by NUMA node or NVLink domain when the topology policy asks, or when the claim has a
-matchAttribute on `numaNode` / `nvlinkDomain` for the request (`req_group`: 1 / 2, always
-strict); then give the node a key (higher is better, -1 = infeasible) and a closeness count (for
-"closest: node-3 (1 GPU)" messages).
-
-This is a necessary-condition screen plus the node score: the exact placement on the chosen node
-(capacity rounding, constraints, several requests sharing devices) is decided afterwards by the
-shared search in `allocate.py`, so both kernels only have to agree with each other, which the
-property tests check on random clusters. docs/scheduling.md defines the key:
-
-    key = 1000 * [every request fits in one topology group]            (topology numa|link)
-        +   10 * (64 - size of the largest NVLink domain used)   (topology link, when grouped)
-        +        node score in [0, 1] (binpack: used fraction; spread: 1 - used fraction)
-
-The Cython twin must compute the same floating-point operations in the same order.
-
-`search` is the exact placement on one node (the step after the scan): a depth-first search over
-the pod's flat requests, their alternatives (firstAvailable order), the devices ordered by the
-device policy, topology groups first, with matchAttribute / distinctAttribute, per-device
-capacity shared between requests, and a step budget. `allocate.py` encodes the node's devices and
-the requests as integer arrays (capacity per dimension, constraint values interned to ids); both
-twins walk the same choices in the same order, so they return the same picks.
+The allocator runs only the Cython kernels; this twin is here so that the property tests
+(test_scan.py) can require bit-identical keys and identical picks on random inputs and random
+clusters: the same operations in the same order, floating point included.
 """
 
 from __future__ import annotations
