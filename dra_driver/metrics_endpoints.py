@@ -1,14 +1,11 @@
 """Where `vgpu-dra status` reads each node's live figures: the kubelet plugins' `/metrics`.
 
 Why discovery: a user asking for the status of a cluster should not have to know on which
-address each node's plugin serves metrics. Three sources, first match per node wins:
+address each node's plugin serves metrics. Two sources, first match per node wins:
 
-1. `--metrics-endpoint NODE=URL` (explicit, always wins);
-2. a test-bed cluster directory (`vgpu-dra dev-cluster`): its `state.json` lists the plugin
-   processes (`kubelet-plugin-<node>`), each of which logs the URL it serves on
-   (`metrics_url=...`). Read as plain JSON here, so the product does not import the test bed;
-   used when `--cluster-dir` is given or the kubeconfig sits in such a directory;
-3. the API: the pods of the chart's DaemonSet (labels `app.kubernetes.io/name=vgpu-dra`,
+1. `--metrics-endpoint NODE=URL` (explicit, always wins; the test bed's
+   `vgpu-dra dev-cluster gpus` passes its plugins' URLs this way);
+2. the API: the pods of the chart's DaemonSet (labels `app.kubernetes.io/name=vgpu-dra`,
    `app.kubernetes.io/component=kubelet-plugin`, the driver named in their env), scraped through
    the API server's pod proxy (`pods/<name>:<port>/proxy/metrics`), so it works from outside
    the cluster with the kubeconfig alone (it needs `get` on `pods/proxy`, which cluster admins
@@ -20,12 +17,9 @@ Nothing here decides anything about the figures; `dra_driver.status` parses them
 
 from __future__ import annotations
 
-import json
-import re
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from dra_driver import kube
@@ -33,11 +27,8 @@ from dra_driver.metrics_http import parse_address
 
 JSON = dict[str, Any]
 PLUGIN_SELECTOR = "app.kubernetes.io/name=vgpu-dra,app.kubernetes.io/component=kubelet-plugin"
-PLUGIN_PROCESS_PREFIX = "kubelet-plugin-"  # the test bed's process names
 METRICS_ENV = "VGPU_DRA_METRICS_ADDRESS"
 DRIVER_ENV = "VGPU_DRA_DRIVER_NAME"
-_URL_IN_LOG = re.compile(r"metrics_url=(http://\S+)")
-_LOG_TAIL_BYTES = 1 << 20  # the URL is logged at start-up; a plugin's log can grow long
 
 
 @dataclass(frozen=True)
@@ -54,58 +45,6 @@ def url_endpoint(url: str, timeout_s: float = 5.0) -> Endpoint:
             return str(response.read().decode())
 
     return Endpoint(url, fetch)
-
-
-# ---- the test bed's cluster directory -------------------------------------------------------
-
-
-def is_cluster_dir(path: Path) -> bool:
-    return (path / "state.json").is_file()
-
-
-def from_cluster_dir(root: Path) -> dict[str, Endpoint]:
-    """node -> endpoint of every plugin process recorded in `root/state.json` that logged a
-    metrics URL (ValueError when the file is not a cluster state)."""
-    try:
-        state = json.loads((root / "state.json").read_text())
-        processes = list(state.get("processes") or [])
-    except (OSError, ValueError, AttributeError) as exc:
-        raise ValueError(f"{root / 'state.json'} is not a readable cluster state: {exc}") from None
-    found: dict[str, Endpoint] = {}
-    for record in processes:
-        name = str((record or {}).get("name") or "")
-        if not name.startswith(PLUGIN_PROCESS_PREFIX) or not _alive(record):
-            continue
-        url = _last_logged_url(Path(str(record.get("log_path") or "")))
-        if url is not None:
-            found[name.removeprefix(PLUGIN_PROCESS_PREFIX)] = url_endpoint(url)
-    return found
-
-
-def _alive(record: Mapping[str, Any]) -> bool:
-    """Whether the recorded process still runs (same pid and start time, as the bed records
-    them: field 22 of /proc/<pid>/stat), so a crashed plugin's old URL is not tried."""
-    try:
-        with open(f"/proc/{int(record.get('pid') or 0)}/stat") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-    except (OSError, ValueError, IndexError):
-        return False
-    ticks = record.get("start_ticks")
-    if len(fields) < 20 or fields[0] in ("Z", "X"):  # a zombie serves nothing
-        return False
-    return ticks is None or fields[19] == str(ticks)
-
-
-def _last_logged_url(log: Path) -> str | None:
-    try:
-        with log.open("rb") as handle:
-            size = handle.seek(0, 2)
-            handle.seek(max(0, size - _LOG_TAIL_BYTES))
-            text = handle.read().decode("utf-8", "replace")
-    except OSError:
-        return None
-    found = _URL_IN_LOG.findall(text)
-    return found[-1] if found else None
 
 
 # ---- the chart's plugin pods, through the API server ---------------------------------------

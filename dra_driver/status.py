@@ -6,7 +6,8 @@ capacity), allocated ResourceClaims say who holds what (consumed memory and core
 pods in `reservedFor`). This module reads both through `dra_driver.kube` (any cluster, from a
 kubeconfig) and adds live usage (memory held, utilisation) from the kubelet plugins' `/metrics`:
 found by itself (`dra_driver.metrics_endpoints`: the chart's plugin pods through the API
-server, or a test-bed cluster directory), or given with `--metrics-endpoint NODE=URL`.
+server), or given with `--metrics-endpoint NODE=URL` (the test bed's `vgpu-dra dev-cluster gpus`
+gives its plugins' URLs so).
 
 Layers: `collect` (I/O) -> `build_status` (pure: slices + claims + live samples -> `Status`) ->
 `render_table` / `render_json` (pure). Only the newest generation of each pool counts, as for
@@ -23,16 +24,13 @@ import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, TextIO
 
 from dra_driver import kube, names
 from dra_driver.allocator import QuantityError, format_quantity, parse_quantity
 from dra_driver.metrics_endpoints import (
     Endpoint,
-    from_cluster_dir,
     from_plugin_pods,
-    is_cluster_dir,
     url_endpoint,
 )
 
@@ -371,26 +369,16 @@ def collect(
 
 
 def discover(
-    client: kube.KubeClient,
-    *,
-    driver: str,
-    cluster_dir: Path | None,
-    explicit: Mapping[str, str],
+    client: kube.KubeClient, *, driver: str, explicit: Mapping[str, str | Endpoint]
 ) -> tuple[dict[str, str | Endpoint], list[str]]:
-    """Every node's metrics endpoint: explicit ones first, then the test bed's cluster directory
-    (when given), else the chart's plugin pods; plus warnings for sources that failed."""
+    """Every node's metrics endpoint: the chart's plugin pods, overridden by the explicit ones;
+    plus a warning when the pods cannot be listed."""
     found: dict[str, str | Endpoint] = {}
     warnings: list[str] = []
-    if cluster_dir is not None:
-        try:
-            found.update(from_cluster_dir(cluster_dir))
-        except ValueError as exc:
-            warnings.append(str(exc))
-    else:
-        try:
-            found.update(from_plugin_pods(client, driver))
-        except kube.KubeError as exc:
-            warnings.append(f"cannot look for the kubelet plugins' metrics (list pods): {exc}")
+    try:
+        found.update(from_plugin_pods(client, driver))
+    except kube.KubeError as exc:
+        warnings.append(f"cannot look for the kubelet plugins' metrics (list pods): {exc}")
     found.update(explicit)
     return found, warnings
 
@@ -413,7 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--kubeconfig",
         default=os.environ.get("KUBECONFIG"),
-        help="kubeconfig file (env KUBECONFIG); default: the cluster directory's, else in-cluster",
+        help="kubeconfig file (env KUBECONFIG); default: in-cluster credentials",
     )
     parser.add_argument("--driver-name", default=names.DEFAULT_DRIVER_NAME)
     parser.add_argument("-o", "--output", choices=("table", "wide", "json"), default="table")
@@ -427,13 +415,6 @@ def build_parser() -> argparse.ArgumentParser:
         "endpoint found for that node",
     )
     parser.add_argument(
-        "--cluster-dir",
-        type=Path,
-        default=None,
-        help="a `vgpu-dra dev-cluster` directory: its kubeconfig and its plugins' metrics "
-        "(default: the kubeconfig's directory when it is one)",
-    )
-    parser.add_argument(
         "--no-discover",
         action="store_true",
         help="read live figures only from the --metrics-endpoint URLs",
@@ -444,27 +425,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str], stdout: TextIO | None = None) -> int:
+def main(
+    argv: Sequence[str],
+    stdout: TextIO | None = None,
+    *,
+    endpoints: Mapping[str, str | Endpoint] | None = None,
+) -> int:
+    """`vgpu-dra status`; `endpoints` are explicit ones given by a caller (the test bed's
+    `dev-cluster gpus`), as `--metrics-endpoint` flags are (those win over them)."""
     args = build_parser().parse_args(list(argv))
     out = stdout or sys.stdout
-    cluster_dir = _cluster_dir(args.cluster_dir, args.kubeconfig)
     kubeconfig = args.kubeconfig
-    if kubeconfig is None and cluster_dir is not None:
-        kubeconfig = str(cluster_dir / "kubeconfig")
     try:
         client = kube.KubeClient.from_kubeconfig(kubeconfig)
     except Exception as exc:  # the client raises several unrelated types for bad configs
         print(f"vgpu-dra status: cannot load Kubernetes credentials: {exc}", file=sys.stderr)
         return 1
     try:
-        explicit = dict(args.metrics_endpoint)
-        endpoints: dict[str, str | Endpoint] = dict(explicit)
+        explicit: dict[str, str | Endpoint] = {**(endpoints or {}), **dict(args.metrics_endpoint)}
+        found: dict[str, str | Endpoint] = dict(explicit)
         warnings: list[str] = []
         if not args.no_discover:
-            endpoints, warnings = discover(
-                client, driver=args.driver_name, cluster_dir=cluster_dir, explicit=explicit
-            )
-        status = collect(client, driver=args.driver_name, endpoints=endpoints)
+            found, warnings = discover(client, driver=args.driver_name, explicit=explicit)
+        status = collect(client, driver=args.driver_name, endpoints=found)
         status.errors = warnings + status.errors
     except kube.KubeError as exc:
         print(f"vgpu-dra status: {exc}", file=sys.stderr)
@@ -479,12 +462,3 @@ def main(argv: Sequence[str], stdout: TextIO | None = None) -> int:
     )
     out.write(render_table(status, wide=args.output == "wide", colour=colour))
     return 0
-
-
-def _cluster_dir(given: Path | None, kubeconfig: str | None) -> Path | None:
-    """The test bed's cluster directory: given, or the one the kubeconfig lives in."""
-    if given is not None:
-        return given
-    if kubeconfig and is_cluster_dir(Path(kubeconfig).resolve().parent):
-        return Path(kubeconfig).resolve().parent
-    return None

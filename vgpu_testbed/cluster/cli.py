@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from dra_driver.kube import KubeError
+from vgpu_testbed.cluster import metrics_urls
 from vgpu_testbed.cluster import nodes as cluster_nodes
 from vgpu_testbed.cluster.control_plane import (
     BinariesMissingError,
@@ -142,11 +143,26 @@ def build_parser() -> argparse.ArgumentParser:
     status = with_dir(sub.add_parser("status", help="components (pid, port, health) and nodes"))
     status.add_argument("--json", action="store_true", help="machine-readable output")
     with_dir(sub.add_parser("env", help="print `export KUBECONFIG=...` for a running cluster"))
+    gpus = with_dir(
+        sub.add_parser(
+            "gpus",
+            help="`vgpu-dra status` for this cluster, with its plugins' live metrics",
+            description="Runs `vgpu-dra status` with the cluster's kubeconfig and the metrics "
+            "URL each running plugin logged; any further flags go to `vgpu-dra status` "
+            "(e.g. -o json, --no-discover).",
+        )
+    )
+    del gpus  # its own flags are --dir only; the rest go to `vgpu-dra status` (parse_args)
     return parser
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    return build_parser().parse_args(list(argv))
+    parser = build_parser()
+    args, rest = parser.parse_known_args(list(argv))
+    if rest and args.command != "gpus":
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.status_args = rest  # `gpus`: the flags of `vgpu-dra status`
+    return args
 
 
 def _progress(t0: float) -> Callable[[str], None]:
@@ -298,7 +314,23 @@ def cmd_env(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"up": cmd_up, "down": cmd_down, "status": cmd_status, "env": cmd_env}
+def cmd_gpus(args: argparse.Namespace) -> int:
+    from dra_driver import status as product_status
+
+    # --no-discover: live figures from --metrics-endpoint URLs only, not from the bed either.
+    discover = "--no-discover" not in args.status_args
+    found = metrics_urls.from_cluster_dir(args.dir) if discover else {}
+    kubeconfig = Cluster.attach(args.dir).kubeconfig
+    return product_status.main([f"--kubeconfig={kubeconfig}", *args.status_args], endpoints=found)
+
+
+COMMANDS = {
+    "up": cmd_up,
+    "down": cmd_down,
+    "status": cmd_status,
+    "env": cmd_env,
+    "gpus": cmd_gpus,
+}
 
 
 def main(argv: Sequence[str]) -> int:

@@ -16,6 +16,8 @@ What this proves:
    shared example's claim with 1Gi and 10 % cores on its GPU, that GPU's free memory and cores,
    and the live columns from the plugin's metrics; `-o json` carries the same figures; the
    table has no colour codes when its output is not a terminal.
+3. `vgpu-dra dev-cluster gpus` finds the bed's plugins' metrics by itself (the product's status
+   knows only the chart's pods and explicit endpoints) and the claim's series name its container.
 """
 
 from __future__ import annotations
@@ -195,17 +197,39 @@ def test_status_shows_the_shared_claim_with_live_figures(
     assert "shared-gpu" in wide and "UUID" in wide
 
 
-def test_status_finds_the_plugins_metrics_without_flags(
+def run_bed_gpus(cluster: Any, *args: str) -> str:
+    """`vgpu-dra dev-cluster gpus`: the product's status with the bed's plugins' URLs."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dra_driver.cli",
+            "dev-cluster",
+            "gpus",
+            f"--dir={cluster.kubeconfig.parent}",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=workloads.REPO,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_the_bed_finds_its_plugins_metrics_without_flags(
     cluster: Any, client: KubeClient, node1: tuple[NodeAgents, str], namespace: str
 ) -> None:
-    """The admin kubeconfig lives in the bed's cluster directory: `vgpu-dra status` reads the
-    plugins' metrics URLs from there by itself; --no-discover turns that off. The claim's
-    series carry the container of the pod that uses it."""
+    """`vgpu-dra dev-cluster gpus` reads the plugins' metrics URLs from the bed's cluster
+    directory and hands them to `vgpu-dra status`; --no-discover (a status flag) turns live
+    figures off. The claim's series carry the container of the pod that uses it."""
     assert (cluster.kubeconfig.parent / "state.json").is_file()
     workloads.apply(client, workloads.EXAMPLES / "shared-gpu.yaml", namespace)
     pod = workloads.running_pod(client, namespace, "shared-gpu")
     claim = workloads.pod_claim(client, pod)
-    document = json.loads(run_status(cluster, "-o", "json"))
+    document = json.loads(run_bed_gpus(cluster, "-o", "json"))
     assert "node-1" in document["live_nodes"] and not document["errors"]
     [mine] = [c for c in document["claims"] if c["claim"] == claim["metadata"]["name"]]
     assert mine["memory_used"] == 0 and mine["utilization"] == 0.0  # live, not "-"
@@ -222,7 +246,7 @@ def test_status_finds_the_plugins_metrics_without_flags(
         return found if found == {"cuda"} else None
 
     wait_for("the claim's series to name container cuda", containers)
-    offline = json.loads(run_status(cluster, "-o", "json", "--no-discover"))
+    offline = json.loads(run_bed_gpus(cluster, "-o", "json", "--no-discover"))
     assert offline["live_nodes"] == []
     [mine] = [c for c in offline["claims"] if c["claim"] == claim["metadata"]["name"]]
     assert mine["memory_used"] is None
