@@ -130,16 +130,10 @@ def test_prepare_failure_is_an_event_on_claim_and_pod(
     assert pod_event["message"].startswith("cannot prepare ResourceClaim bad-config")
 
 
-def run_status(cluster: Any, *args: str) -> str:
+def run_cli(*argv: str) -> str:
+    """`vgpu-dra ARGV...` as a user runs it; its standard output."""
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dra_driver.cli",
-            "status",
-            f"--kubeconfig={cluster.kubeconfig}",
-            *args,
-        ],
+        [sys.executable, "-m", "dra_driver.cli", *argv],
         capture_output=True,
         text=True,
         timeout=60,
@@ -148,6 +142,10 @@ def run_status(cluster: Any, *args: str) -> str:
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+def run_status(cluster: Any, *args: str) -> str:
+    return run_cli("status", f"--kubeconfig={cluster.kubeconfig}", *args)
 
 
 def test_status_shows_the_shared_claim_with_live_figures(
@@ -199,24 +197,7 @@ def test_status_shows_the_shared_claim_with_live_figures(
 
 def run_bed_gpus(cluster: Any, *args: str) -> str:
     """`vgpu-dra dev-cluster gpus`: the product's status with the bed's plugins' URLs."""
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dra_driver.cli",
-            "dev-cluster",
-            "gpus",
-            f"--dir={cluster.kubeconfig.parent}",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=workloads.REPO,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+    return run_cli("dev-cluster", "gpus", f"--dir={cluster.kubeconfig.parent}", *args)
 
 
 def test_the_bed_finds_its_plugins_metrics_without_flags(
