@@ -103,24 +103,19 @@ class ProbeServer:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                if self.path == "/healthz":
-                    stalled = server.stalled()
-                    if stalled:
-                        self._reply(
-                            HTTPStatus.SERVICE_UNAVAILABLE, "stalled: " + ", ".join(stalled)
-                        )
-                    else:
-                        self._reply(HTTPStatus.OK, "ok")
-                elif self.path == "/readyz":
-                    failed = server.failing()
-                    if failed:
-                        self._reply(
-                            HTTPStatus.SERVICE_UNAVAILABLE, "not ready: " + ", ".join(failed)
-                        )
-                    else:
-                        self._reply(HTTPStatus.OK, "ok")
-                else:
+                probes = {
+                    "/healthz": ("stalled", server.stalled),
+                    "/readyz": ("not ready", server.failing),
+                }
+                if self.path not in probes:
                     self._reply(HTTPStatus.NOT_FOUND, "not found")
+                    return
+                what, failing = probes[self.path]
+                names = failing()
+                if names:
+                    self._reply(HTTPStatus.SERVICE_UNAVAILABLE, f"{what}: " + ", ".join(names))
+                else:
+                    self._reply(HTTPStatus.OK, "ok")
 
             def _reply(self, status: HTTPStatus, text: str) -> None:
                 body = (text + "\n").encode()
