@@ -21,6 +21,9 @@ placement"):
 6. a gated pod whose claim is deleted right after the pod is created (mid-placement);
 7. wide objects: a pod with 200 annotations of 1 KiB and a claim with the largest opaque config
    the API takes.
+And the kubelet plugin's side: claims whose config no prepare can honour (nested 2,999 levels, a
+9 KB field) fail with an Event naming why, an ordinary pod runs after each, and the same plugin
+process serves throughout with no loop failed or stalled.
 """
 
 from __future__ import annotations
@@ -40,19 +43,23 @@ import pytest
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
 from dra_driver.slices import build_slices
+from dra_driver.status import fetch_metrics
 from tests.fixtures.allocator_cluster import SHAPES, device_class, inventory
 from tests.fixtures.controller import (
+    DRIVER,
     Controller,
     controller_account,
     drop_holds,
     leader,
+    node_with_plugin,
     remove_driver,
     started,
 )
-from tests.fixtures.workloads import pause_pod, resource_claim
+from tests.fixtures.workloads import pause_pod, resource_claim, running_pod
 from vgpu_testbed.cluster import boot as cluster_boot
 from vgpu_testbed.cluster import nodes as cluster_nodes
 from vgpu_testbed.polling import wait_for
+from vgpu_testbed.standin.node_agents import NodeAgents
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -317,3 +324,87 @@ def _wide_objects(client: KubeClient, ns: str, bed: Bed) -> None:
     claim["spec"]["devices"]["config"] = [{"opaque": {"driver": bed.driver, "parameters": config}}]
     _create(client, ns, CLAIMS, claim)
     _create(client, ns, "pods", wide)
+
+
+NODE = "node-1"  # a session-cluster node, served here by our kubelet plugin
+
+
+def _plugin_pid(cluster: Any, agents: NodeAgents) -> int:
+    (record,) = [p for p in cluster.processes if p.name == agents.plugin_process]
+    return int(record.pid)
+
+
+def _node_claim(name: str, config: Any = None) -> JSON:
+    claim = _claim(name, DRIVER, "256Mi")
+    if config is not None:
+        claim["spec"]["devices"]["config"] = [{"opaque": {"driver": DRIVER, "parameters": config}}]
+    return claim
+
+
+def _node_pod(name: str) -> JSON:
+    return pause_pod(name, {name: {"resourceClaimName": name}})
+
+
+def _prepare_refused(client: KubeClient, ns: str, name: str, text: str) -> None:
+    def event() -> JSON | None:
+        for e in client.list(kube.path("v1", "events", namespace=ns)):
+            if e["involvedObject"].get("name") == name and text in e["message"]:
+                return e
+        return None
+
+    wait_for(f"a prepare failure of {name} naming {text!r}", event, timeout=60)
+
+
+def test_hostile_claims_fail_alone_on_the_node(
+    cluster: Any, client: KubeClient, namespace: str
+) -> None:
+    """The plugin's side of the run: claims the API accepts but no prepare can honour (an opaque
+    config nested 2,999 levels, a VgpuConfig with a 9 KB field) fail with a Warning Event that
+    says why; an ordinary pod runs after each; the same plugin process serves throughout and none
+    of its loops failed or stalled."""
+    ns = namespace
+    with node_with_plugin(cluster, client, NODE) as agents:
+        wait_for("node-1's plugin serving metrics", agents.metrics_url, timeout=60)
+        pid = _plugin_pid(cluster, agents)
+        served = 0
+
+        def ordinary() -> None:
+            nonlocal served
+            served += 1
+            name = f"ok-{served}"
+            _create(client, ns, CLAIMS, _node_claim(name))
+            _create(client, ns, "pods", _node_pod(name))
+            running_pod(client, ns, name)
+            client.delete(kube.path("v1", "pods", name, namespace=ns))
+
+        ordinary()
+        deep = _node_claim("deep", 0)
+        nested = '{"a":' + "[" * 2999 + "]" * 2999 + "}"
+        body = json.dumps(deep).replace('"parameters": 0', '"parameters": ' + nested)
+        client.request(
+            "POST",
+            kube.path(RESOURCE_API, CLAIMS, namespace=ns),
+            body=body,  # type: ignore[arg-type]
+            content_type="application/yaml",
+            prune_deep=True,
+        )
+        _create(client, ns, "pods", _node_pod("deep"))
+        _prepare_refused(client, ns, "deep", "nested too deeply")
+        ordinary()
+        config = {
+            "apiVersion": "vgpu.dra.dev/v1alpha1",
+            "kind": "VgpuConfig",
+            "computePolicy": "x" * 9_000,  # near the API's 10 KiB for parameters
+        }
+        _create(client, ns, CLAIMS, _node_claim("long", config))
+        _create(client, ns, "pods", _node_pod("long"))
+        _prepare_refused(client, ns, "long", "computePolicy")
+        ordinary()
+        url = agents.metrics_url()
+        assert url is not None
+        samples = fetch_metrics(url)
+        failures = {lb["loop"]: v for n, lb, v in samples if n == "vgpu_dra_loop_failures_total"}
+        stalled = {lb["loop"]: v for n, lb, v in samples if n == "vgpu_dra_loop_stalled"}
+        assert failures and not any(failures.values()), failures
+        assert stalled and not any(stalled.values()), stalled
+        assert _plugin_pid(cluster, agents) == pid
