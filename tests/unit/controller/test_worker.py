@@ -5,8 +5,9 @@ Proves:
    condition wake the confirmer, and the Events informer is apart from the ones allocation waits
    for (a controller without the right to watch Events still allocates).
 2. An object that breaks a parser is skipped with a log line, and the worker takes the next one.
-3. A pass whose reconcile raises what nobody expected is counted and logged; the next pass runs
-   (before, the exception ended the worker thread while the replica stayed Ready).
+3. A part of a pass (reconciler, confirmer, rescheduler) that raises what nobody expected is
+   counted and logged under its name; the other parts and the next passes run (before, the
+   exception ended the worker thread while the replica stayed Ready).
 4. A pass that hangs makes the worker stalled (the probes and the elector read that).
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -110,30 +112,45 @@ def _running(worker: Worker) -> tuple[threading.Event, threading.Thread]:
     return stop, thread
 
 
-def test_a_pass_that_raises_is_counted_and_the_next_one_runs(
-    caplog: pytest.LogCaptureFixture,
+@pytest.mark.parametrize("part", ["reconciler", "confirmer", "rescheduler"])
+def test_a_part_that_raises_is_counted_and_the_others_and_next_passes_run(
+    caplog: pytest.LogCaptureFixture, part: str
 ) -> None:
+    """Each part of a pass (the reconciler, the confirmer, the rescheduler) that raises once is
+    logged with its traceback and counted under its own name; the other parts run in the same
+    pass and every part in the next ones."""
     api = NoApi()
     reconciler = Reconciler(api, Defaults({}))  # type: ignore[arg-type]
+    rescheduler = Rescheduler(api, ["vgpu.dra.dev"], may_write=lambda: False)  # type: ignore[arg-type]
     supervisor = Supervisor()
-    worker = Worker(api, reconciler, supervisor=supervisor)  # type: ignore[arg-type]
-    passes: list[int] = []
+    worker = Worker(api, reconciler, rescheduler, supervisor=supervisor)  # type: ignore[arg-type]
+    calls: dict[str, int] = {"reconciler": 0, "confirmer": 0, "rescheduler": 0}
 
-    def reconcile() -> None:
-        passes.append(len(passes))
-        if len(passes) == 1:
-            raise RuntimeError("a bug met by one pass")
+    def counted(name: str) -> Callable[[], None]:
+        def run() -> None:
+            calls[name] += 1
+            if name == part and calls[name] == 1:
+                raise RuntimeError(f"a bug met by the {name}")
 
-    reconciler.reconcile = reconcile  # type: ignore[method-assign]
+        return run
+
+    reconciler.reconcile = counted("reconciler")  # type: ignore[method-assign]
+    worker.confirmer.run = counted("confirmer")  # type: ignore[method-assign]
+    # The worker took the rescheduler's bound method when it was built.
+    worker._parts = [
+        (loop, counted("rescheduler") if loop.name == "rescheduler" else run)
+        for loop, run in worker._parts
+    ]
     with caplog.at_level(logging.ERROR):
         stop, thread = _running(worker)
         try:
-            wait_for("three passes", lambda: len(passes) >= 3, timeout=10, interval=0.01)
+            wait_for("three passes", lambda: min(calls.values()) >= 3, timeout=10, interval=0.01)
         finally:
             stop.set()
             thread.join(5)
-    assert supervisor.failures()["reconciler"] == 1
-    assert "a bug met by one pass" in caplog.text  # with its traceback
+    assert supervisor.failures()[part] == 1
+    assert sum(supervisor.failures().values()) == 1
+    assert f"a bug met by the {part}" in caplog.text  # with its traceback
     assert supervisor.stalled() == []
     assert not thread.is_alive()
 
