@@ -1,70 +1,58 @@
-"""Admission latency of the webhook under 200 concurrent pod creations through the real API server.
+"""The admission webhook under 200 concurrent pod creations through the real API server, against
+the floor: a Go webhook that does nothing.
 
-Setup: a fresh control plane; one `vgpu-dra controller` process serving the webhook on loopback
-(self-managed certificates, admin credentials: RBAC does not change latency); the chart's webhook
-configurations registered with the bed's API server (`vgpu_testbed.cluster.webhook`), limited to
-the benchmark's namespace. Each round, 200 threads each create one vgpu-manager pod at once
-(vgpu-number 1, vgpu-cores 10, vgpu-memory 1024: translated, one shared template ensured);
-`ROUNDS` rounds after a warm-up round.
+Setup: a fresh control plane; the chart's webhook configurations registered with its API server
+(`vgpu_testbed.cluster.webhook`), limited to the benchmark's namespaces; 50 Nodes with eight
+GPUs each published in ResourceSlices of a driver of the bench's own (for the placement
+workload below). Each pass starts one `vgpu-dra controller` (the webhook on loopback,
+self-managed certificates, admin credentials: RBAC does not change latency) in a fresh tenant
+namespace, then a warm-up round and `ROUNDS` measured rounds. In each round, at once from one
+thread each:
+- 200 vgpu-manager pods (vgpu-number 1, vgpu-cores 10, vgpu-memory 1024: translated, one shared
+  template ensured): the admissions;
+- 20 gated pods of the policy path, each with a claim of its own: what the controller's
+  placement worker must decide while the admissions arrive (the isolation of placement from
+  admission load).
 
-Measured:
-- `webhook`: inside the webhook, from reading an AdmissionReview to writing its answer, per
-  admission, from the controller's structured admission log (exact) and from its own histogram
-  `vgpu_dra_webhook_admission_duration_seconds` (bucket bounds);
+Ways (`VGPU_BENCH_WEBHOOK_WAYS`, a comma list, alternating, their order rotated each pass):
+- `webhook`: the controller as it is;
+- `<process>-<transport>` (`inline-threads`, `child-asyncio`, ...): the controller started with
+  `--webhook-process <process> --webhook-transport <transport>`, for a tree that still has those
+  flags; `<way>@baseline` runs `<way>` from the tree VGPU_BENCH_WEBHOOK_BASELINE names (e.g. a
+  `git archive` of an earlier commit): an A/B of a change on the same control plane;
+- `go-noop`, the floor: hack/noop-webhook (Go, standard library; built on first use into the
+  cache like the other Go tools) answers every admission "allowed", a mutation with a fixed
+  patch that removes the pod's legacy resources (`FLOOR_PATCH`: without it the API server would
+  call the validating webhook for each untranslated pod too, two calls where ours make one), on
+  the same port, HTTP/1.1 only, with a certificate of the bench's own published into both
+  configurations for its pass; the controller runs too, without its webhook, so the placement
+  workload and the memory have a floor as well. The legacy pods name a scheduler that does not
+  exist: kube-scheduler's work on them would differ between the floor's pods and ours.
+
+Measured per pass:
 - `apiserver`: the API server's own `apiserver_admission_webhook_admission_duration_seconds` for
-  the mutating webhook (its buckets are coarse: 5 ms, 25 ms, 100 ms, ...; the figure is the
-  upper bound of the bucket holding the percentile), which adds TLS, connection handling and
-  the network round trip;
-- `client`: a pod create as the creating thread sees it (the whole API request).
-Both ways of serving are measured on the same control plane, alternating, PASSES times each:
-`--webhook-process inline` (the controller's own threads, sharing the GIL with its informers,
-which decode every one of these pod creations) and `child` (the default: `vgpu-dra webhook` as
-the controller's child process). Each pass starts its own controller and uses a fresh namespace.
-
-Two CPU placements (`CONFIGS`), alternating with the ways above:
-- `shared`: everything (API server, etcd, the 200 creating threads, the webhook, and whatever
-  else runs on the machine) on both CPUs: the honest worst case of a 2-CPU bed.
-- `own-cpu` (a MODEL of production placement, where the webhook runs on its own node's CPUs and
-  not on the API server's): a cgroup v1 cpuset puts the webhook's process (and its child) on CPU
-  1 and the control plane and this benchmark's threads on CPU 0. Other processes of the machine
-  are not moved: they still share both CPUs. Needs root and the cpuset controller; skipped
-  (with a note) otherwise.
-Target (issue 11): p99 <= 10 ms inside the webhook. Writes bench/results/webhook.json (`figures`:
-the last `child` pass of `shared`; `by_config`: every pass with its load average), with the
-headline figures of the last twenty passes under `runs`.
-After those passes, one more `child` pass per placement runs the webhook with
-`--webhook-phase-timing` (`diagnosis`: where the admissions' time went, phase by phase, and on
-CPU / in the CPU queue / asleep, controller/webhook/phases.py); the timing costs ~0.05 ms per
-admission, so the headline figures come from the passes without it
-(VGPU_BENCH_WEBHOOK_PHASES=0 skips the diagnosis).
-Transports (`TRANSPORTS`, --webhook-transport: a thread per connection or one asyncio event
-loop) are a second dimension of the ways: `child` is threads, `child-asyncio` the event loop.
-VGPU_BENCH_WEBHOOK_TIMED=1 phase-times every pass (each pass's figures then carry `phases`, with
-`total_ms` from the request line: a clock that starts later than the API server's cannot pass
-for an improvement when read next to the API server's histogram) instead of a diagnosis pass.
-VGPU_BENCH_WEBHOOK_CONFIGS, _MODES, _TRANSPORTS and _PASSES narrow a run (comma lists, a number).
-VGPU_BENCH_WEBHOOK_CONCURRENCY (default 200) sets the pod creations per round.
-VGPU_BENCH_WEBHOOK_BASELINE=<a source tree> (e.g. `git archive` of an earlier commit) adds to
-each of our ways a twin, `<way>@baseline`, whose controller runs that tree's code, alternating
-with the others: an A/B of a change on the same control plane.
-
-The floor (`go-noop`, a third transport, one way): hack/noop-webhook, a Go webhook that answers
-every admission "allowed" with no patch (standard library, built on first use into the cache
-like the other Go tools), serving HTTP/1.1 only on the same port with a certificate of the
-bench's own (published into both configurations for its pass), measured exactly as the others:
-the API server's histogram for the same webhook name and the clients' p99. What the API server
-reports for it is what this machine costs a webhook that costs nothing; `floor_ratios` divides
-each way's median p99 (over its passes) by the floor's. `protocol` in each pass: for the floor,
-the ALPN protocols the API server offered at each handshake and the HTTP version of each
-admission it sent (the bed registers the webhook by a loopback URL, for which the API server
-offers h2: serving h2 would not be representative of a webhook behind a Service, which the API
-server speaks HTTP/1.1 to); for ours, what the webhook selects when a client offers h2 (none:
-HTTP/1.1).
+  the mutating webhook (coarse buckets: the figure is the upper bound of the bucket holding the
+  percentile; `share_within_ms` the exact share at or below each bound);
+- `client`: a pod create as the creating thread sees it (the whole API request);
+- `webhook`: inside the webhook, from reading an AdmissionReview to writing its answer (its
+  structured admission log; the floor's handler clock for the floor);
+- `placement`: from a gated pod's creation to its claim's allocation (a watch), in ms;
+  `decision`: the controller's own `vgpu_dra_controller_decision_duration_seconds` (placed);
+- `memory`: VmRSS and VmHWM (peak) of the controller and of any child of it, MiB, at the end;
+  `start_to_serving_s`: from starting the controller to its webhook (the floor: its metrics)
+  serving;
+- `protocol`: for the floor, the ALPN protocols the API server offered and the HTTP versions it
+  used; for ours, what the webhook selects when a client offers h2 (none: HTTP/1.1).
+`floor_ratios`: each way's median over its passes, and its ratio to the floor's.
+VGPU_BENCH_WEBHOOK_PASSES (default 5) and VGPU_BENCH_WEBHOOK_CONCURRENCY (default 200) narrow a
+run. Writes bench/results/webhook.json, with the medians of the last runs under `runs`.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import datetime as dt
 import json
 import os
 import platform
@@ -72,50 +60,58 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from bench.common import percentiles, utc_stamp, write_results
 from dra_driver import kube
+from dra_driver.kube import RESOURCE_API
 
 RESULTS = Path(__file__).parent / "results" / "webhook.json"
-CONCURRENCY = int(os.environ.get("VGPU_BENCH_WEBHOOK_CONCURRENCY", "200"))  # pod creations at once
+CONCURRENCY = int(os.environ.get("VGPU_BENCH_WEBHOOK_CONCURRENCY", "200"))  # pods per round
+PLACED = 20  # gated pods per round (the placement workload)
+NODES = 50  # with GPUS_PER_NODE each, for the placement workload
 ROUNDS = 3
-MODES = ("inline", "child")  # --webhook-process: the controller's threads, or its own process
-# --webhook-transport: a thread per connection, or one event loop. A way is a mode and a
-# transport; its key is the mode alone for `threads` (as before the transports), else
-# `<mode>-<transport>`.
-TRANSPORTS = ("threads", "asyncio", "go-noop")
-BASELINE_SUFFIX = "@baseline"  # VGPU_BENCH_WEBHOOK_BASELINE: a way served by another tree
-FLOOR = "go-noop"  # the floor's way (and transport): one way, whatever the modes
-CONFIGS = ("shared", "own-cpu")  # CPU placement, see above
-PASSES = 3  # per way and placement, alternating
-CPUSET_ROOT = Path("/sys/fs/cgroup/cpuset")
-WEBHOOK_CPU, CONTROL_PLANE_CPU = "1", "0"  # own-cpu placement
-TARGETS = {"webhook_p99_ms": 10.0}
+PASSES = 5
+FLOOR = "go-noop"
+WAYS = ("webhook", FLOOR)
+BASELINE_SUFFIX = "@baseline"
 LABEL = "vgpu-dra.bench/webhook"
 HOOK_NAME = "legacy-pods.vgpu.dra.dev"
 MUTATE_PATH = "/mutate-pods"
 SECRET = "vgpu-dra-webhook-tls"  # the controller's certificates (self-managed mode)
-_ADMISSION = re.compile(r'msg="admission mutate Pod [^"]*: (\w+) in ([\d.]+) ms"(.*)')
-_FIELD = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)')
+SYSTEM_NS = "vgpu-dra-system"
+GATE = "vgpu.dra.dev/policy"
+UNSCHEDULED = "vgpu-dra-bench-none"  # a scheduler that does not exist
+# The floor's answer to a mutation: the legacy resources gone, as translated pods have them
+# gone, so that the API server skips the validating webhook for the floor's pods too (its
+# matchConditions route only pods with legacy resources).
+FLOOR_PATCH = [{"op": "replace", "path": "/spec/containers/0/resources", "value": {}}]
+DECISIONS = "vgpu_dra_controller_decision_duration_seconds"
+_ADMISSION = re.compile(r'msg="admission mutate Pod [^"]*: (\w+) in ([\d.]+) ms"')
 
 
 def legacy_pod(name: str) -> dict[str, Any]:
+    """A vgpu-manager pod that no scheduler picks up: what follows its admission (kube-scheduler
+    failing to place an untranslated pod with the floor, or a translated one without GPUs with
+    ours) would load the API server differently for the floor and for us."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name},
         "spec": {
+            "schedulerName": UNSCHEDULED,
             "containers": [
                 {
                     "name": "main",
@@ -128,41 +124,40 @@ def legacy_pod(name: str) -> dict[str, Any]:
                         }
                     },
                 }
-            ]
+            ],
         },
     }
 
 
 def histogram(text: str, metric: str, labels: dict[str, str]) -> list[tuple[float, float]]:
     """(upper bound, cumulative count) of a Prometheus histogram's buckets matching labels."""
-    buckets = []
+    merged: dict[float, float] = {}  # several label sets (e.g. rejected) add up
     for line in text.splitlines():
         if not line.startswith(metric + "_bucket{"):
             continue
         label_text, value = line[len(metric) + 8 :].rsplit("} ", 1)
         found = dict(re.findall(r'(\w+)="([^"]*)"', label_text))
         if all(found.get(k) == v for k, v in labels.items()):
-            le = found["le"]
-            buckets.append((float("inf") if le == "+Inf" else float(le), float(value)))
-    merged: dict[float, float] = {}
-    for le, count in buckets:  # several label sets (e.g. rejected) add up
-        merged[le] = merged.get(le, 0.0) + count
+            le = float("inf") if found["le"] == "+Inf" else float(found["le"])
+            merged[le] = merged.get(le, 0.0) + float(value)
     return sorted(merged.items())
+
+
+def _counts(
+    after: list[tuple[float, float]], before: list[tuple[float, float]]
+) -> list[tuple[float, float]]:
+    start = dict(before)
+    return [(le, n - start.get(le, 0.0)) for le, n in after]
 
 
 def bucket_quantile(after: list[tuple[float, float]], before: list[tuple[float, float]],
                     q: float) -> float | None:  # fmt: skip
     """Upper bound (ms) of the bucket holding quantile q of the observations between the two
     scrapes."""
-    start = dict(before)
-    counts = [(le, n - start.get(le, 0.0)) for le, n in after]
+    counts = _counts(after, before)
     if not counts or counts[-1][1] <= 0:
         return None
-    total = counts[-1][1]
-    for le, n in counts:
-        if n >= q * total:
-            return round(le * 1e3, 3)
-    return None
+    return next((round(le * 1e3, 3) for le, n in counts if n >= q * counts[-1][1]), None)
 
 
 def bucket_shares(
@@ -170,71 +165,58 @@ def bucket_shares(
 ) -> dict[str, float]:
     """Share of the observations between the two scrapes at or below each bucket's upper bound
     (ms; exact, unlike a quantile read off coarse buckets), up to the first bucket holding all."""
-    start = dict(before)
-    counts = [(le, n - start.get(le, 0.0)) for le, n in after]
+    counts = _counts(after, before)
     if not counts or counts[-1][1] <= 0:
         return {}
-    total = counts[-1][1]
     shares: dict[str, float] = {}
     for le, n in counts:
-        shares["inf" if le == float("inf") else f"{le * 1e3:g}"] = round(n / total, 4)
-        if n >= total:
+        shares["inf" if le == float("inf") else f"{le * 1e3:g}"] = round(n / counts[-1][1], 4)
+        if n >= counts[-1][1]:
             break
     return shares
 
 
 def main() -> None:
+    from bench import controller_bench as placement
+    from bench.cluster_load import create_device_class
     from vgpu_testbed.cluster.control_plane import Cluster
     from vgpu_testbed.cluster.flags import free_ports
     from vgpu_testbed.cluster.webhook import register_webhooks
 
-    configs = _env_list("VGPU_BENCH_WEBHOOK_CONFIGS", CONFIGS)
-    modes = _env_list("VGPU_BENCH_WEBHOOK_MODES", MODES)
-    transports = _env_list("VGPU_BENCH_WEBHOOK_TRANSPORTS", TRANSPORTS)
-    ways = [m if t == "threads" else f"{m}-{t}" for m in modes for t in transports if t != FLOOR]
-    baseline = os.environ.get("VGPU_BENCH_WEBHOOK_BASELINE")
-    if baseline:  # an A/B of a change: each of our ways also served from the baseline tree
-        ways = [w for way in ways for w in (way, f"{way}{BASELINE_SUFFIX}")]
-    ways += [FLOOR] if FLOOR in transports else []
-    timed = os.environ.get("VGPU_BENCH_WEBHOOK_TIMED") == "1"
+    ways = _env_list("VGPU_BENCH_WEBHOOK_WAYS", WAYS)
     passes = int(os.environ.get("VGPU_BENCH_WEBHOOK_PASSES", PASSES))
-    diagnose = os.environ.get("VGPU_BENCH_WEBHOOK_PHASES", "1") != "0"
-    notes: list[str] = []
-    cpusets: Cpusets | None = None
-    if "own-cpu" in configs:
-        try:
-            cpusets = Cpusets.create()
-        except OSError as exc:
-            notes.append(f"own-cpu skipped: no cpuset ({exc})")
-            configs = [c for c in configs if c != "own-cpu"]
+    baseline = os.environ.get("VGPU_BENCH_WEBHOOK_BASELINE")
+    if any(w.endswith(BASELINE_SUFFIX) for w in ways) and not baseline:
+        raise SystemExit("a @baseline way needs VGPU_BENCH_WEBHOOK_BASELINE=<a source tree>")
+    load_start = round(os.getloadavg()[0], 2)
     root = Path(tempfile.mkdtemp(prefix="vgpu-bench-webhook-"))
     cluster = Cluster.start(root / "cluster", ("a10-pcie",), die_with_parent=True)
     client = _client(cluster.kubeconfig)
+    by_way: dict[str, list[dict[str, Any]]] = {}
     try:
-        system_ns = "vgpu-dra-system"
-        _namespace(client, system_ns, {})
+        _namespace(client, SYSTEM_NS, {})
+        kubeconfig = str(cluster.kubeconfig)
+        create_device_class(client, placement.DRIVER)
+        nodes = [(kube.path("v1", "nodes"), placement.node_obj(n)) for n in range(NODES)]
+        placement.create_all(kubeconfig, nodes)
+        slices = kube.path(RESOURCE_API, "resourceslices")
+        placement.create_all(kubeconfig, [(slices, s) for n in range(NODES)
+                                          for s in placement.slices_of(n)])  # fmt: skip
         (port,) = free_ports(1)
         values = {"webhook": {"namespaceSelector": {"matchLabels": {LABEL: "on"}}}}
-        hooks = register_webhooks(cluster, port, None, namespace=system_ns, values=values)
-
-        def measure(n: int, placement: str, mode: str, timing: bool) -> dict[str, Any]:
-            log_path = root / f"controller-{n}-{placement}-{mode}.log"
-            if mode == FLOOR:
-                return _measure_floor(client, cluster, root / f"floor-{n}", port=port,
-                                      config_name=hooks[0]["metadata"]["name"],
-                                      publish=lambda ca: register_webhooks(
-                                          cluster, port, ca, namespace=system_ns, values=values),
-                                      placement=placement, cpusets=cpusets)  # fmt: skip
-            return _measure(client, cluster, log_path, mode, port=port, system_ns=system_ns,
-                            config_name=hooks[0]["metadata"]["name"], placement=placement,
-                            cpusets=cpusets, timing=timing)  # fmt: skip
-
-        by_config, diagnosis = _passes(
-            measure, configs, ways, passes=passes, diagnose=diagnose, cpusets=cpusets, timed=timed
-        )
+        hooks = register_webhooks(cluster, port, None, namespace=SYSTEM_NS, values=values)
+        bed = _Bed(client, cluster, root, port=port, config_name=hooks[0]["metadata"]["name"],
+                   publish=lambda ca: register_webhooks(cluster, port, ca, namespace=SYSTEM_NS,
+                                                        values=values),
+                   driver=placement.DRIVER)  # fmt: skip
+        # Each pass starts the round one way later: the first way of a round follows the
+        # previous round's last (e.g. the floor, whose CA swap gives the API server's webhook
+        # client a new connection pool), and no way may always be the one that pays for it.
+        for n in range(passes):
+            for way in _rotated(ways, n):
+                figures = bed.measure(n, way, baseline)
+                by_way.setdefault(way, []).append(figures)
     finally:
-        if cpusets is not None:
-            cpusets.remove()
         client.close()
         keep = os.environ.get("VGPU_BENCH_KEEP") is not None
         cluster.stop(keep_logs=keep)
@@ -242,57 +224,30 @@ def main() -> None:
             print("kept", root)
         else:
             shutil.rmtree(root, ignore_errors=True)
-    setup = {
-        "concurrency": CONCURRENCY,
-        "rounds": ROUNDS,
-        "pods": CONCURRENCY * ROUNDS,
-        "passes_per_way": passes,
-        "configs": configs,
-        "modes": modes,
-        "transports": transports,
-        "baseline_tree": baseline or None,
-        "phase_timed_passes": timed,
-        "notes": notes,
+    document: dict[str, Any] = {
+        "benchmark": "webhook",
+        "when": utc_stamp(),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_avg_1m_at_start": load_start,
+            "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
+        },
+        "setup": {
+            "concurrency": CONCURRENCY,
+            "placed_per_round": PLACED,
+            "rounds": ROUNDS,
+            "nodes": NODES,
+            "passes_per_way": passes,
+            "ways": ways,
+            "baseline_tree": baseline,
+        },
+        # Each pass per way, in the order they ran.
+        "by_way": by_way,
+        "floor_ratios": _floor_ratios(by_way),
     }
-    document = _document(setup, by_config, diagnosis)
     document["runs"] = _runs(document)
     write_results(RESULTS, document)
-
-
-def _passes(
-    measure: Callable[[int, str, str, bool], dict[str, Any]],
-    configs: list[str],
-    modes: list[str],
-    *,
-    passes: int,
-    diagnose: bool,
-    cpusets: Cpusets | None,
-    timed: bool = False,
-) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-    """Every pass, alternating placements and ways (rotating their order) so that none always
-    runs on the more loaded machine or right after the same other one; then the phase-timed
-    diagnosis passes. With `timed`, every pass is phase-timed (its figures carry `phases`) and
-    there is no separate diagnosis."""
-    by_config: dict[str, dict[str, Any]] = {}
-    diagnosis: dict[str, Any] = {}
-    # Each pass starts the round one way later: the first way of a round follows the previous
-    # round's last (e.g. the floor, whose CA swap gives the API server's webhook client a new
-    # connection pool), and no way may always be the one that pays for it.
-    runs = [(c, m, timed) for p in range(passes) for c in configs for m in _rotated(modes, p)]
-    runs += [(c, "child", True) for c in configs] if diagnose and not timed else []
-    for n, (placement, mode, timing) in enumerate(runs):
-        if cpusets is not None and placement == "own-cpu":
-            cpusets.split()  # the control plane (and this process) on its CPU
-        elif cpusets is not None:
-            cpusets.join()
-        figures = measure(n, placement, mode, timing)
-        if timing and not timed:
-            diagnosis.setdefault(placement, []).append(figures)
-        else:
-            by_config.setdefault(placement, {}).setdefault(mode, []).append(figures)
-    if cpusets is not None:
-        cpusets.join()
-    return by_config, diagnosis
 
 
 def _rotated(items: list[str], by: int) -> list[str]:
@@ -300,146 +255,376 @@ def _rotated(items: list[str], by: int) -> list[str]:
     return items[shift:] + items[:shift]
 
 
-def _document(
-    setup: dict[str, Any], by_config: dict[str, dict[str, Any]], diagnosis: dict[str, Any]
-) -> dict[str, Any]:
-    headline = by_config.get("shared") or next(iter(by_config.values()))
-    child = (headline.get("child") or next(iter(headline.values())))[-1]
-    target = TARGETS["webhook_p99_ms"]
-    return {
-        "benchmark": "webhook",
-        "when": utc_stamp(),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "load_avg_1m": child["load_avg_1m"],
-        },
-        "setup": setup,
-        "targets": TARGETS,
-        "met": {"webhook_p99_ms": child["webhook"]["p99_ms"] <= target},
-        # Per placement and way: the passes whose p99 met the target, of all passes.
-        "met_by_config": {
-            placement: {
-                mode: f"{sum(f['webhook']['p99_ms'] <= target for f in runs)}/{len(runs)}"
-                for mode, runs in by_mode.items()
-            }
-            for placement, by_mode in by_config.items()
-        },
-        # The default (the webhook in its own process) on shared CPUs, last pass.
-        "figures": {k: v for k, v in child.items() if k != "load_avg_1m"},
-        # Each pass per placement and way, in the order they ran: `shared` = all on both CPUs,
-        # `own-cpu` = the modelled production placement (a CPU for the webhook); `inline` = the
-        # controller's own threads (the old way), `child` = `vgpu-dra webhook` as its child.
-        "by_config": by_config,
-        # One phase-timed `child` pass per placement (not part of the figures above).
-        "diagnosis": diagnosis,
-        "floor_ratios": _floor_ratios(by_config),
-    }
-
-
-def _share_within_500ms(figures: dict[str, Any]) -> float | None:
-    shares = figures["apiserver"].get("share_within_ms")
-    if not shares:
-        return None
-    return float(shares.get("500", 1.0))  # absent: a smaller bucket already held them all
-
-
-def _floor_ratios(by_config: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Per placement and way: its median p99 over its passes divided by the floor's, by the API
-    server's histogram (bucket upper bounds: a ratio of 1 means the same bucket) and by the
-    clients; and the median share of admissions the API server saw end within 500 ms, divided
-    by the floor's (below 1: fewer than with the floor). The medians themselves alongside."""
-    measures: dict[str, Callable[[dict[str, Any]], float | None]] = {
-        "apiserver_p99_le_ms": lambda f: f["apiserver"]["p99_le_ms"],
-        "client_p99_ms": lambda f: f["client"]["p99_ms"],
-        "webhook_p99_ms": lambda f: f["webhook"]["p99_ms"],
-        # Exact (a count, not a bucket bound): more is better, so its ratio is inverted.
-        "apiserver_share_within_500ms": _share_within_500ms,
-    }
-    ratios: dict[str, Any] = {}
-    for placement, by_way in by_config.items():
-        floor = by_way.get(FLOOR)
-        if not floor:
-            continue
-        for way, runs in by_way.items():
-            entry: dict[str, Any] = {}
-            for name, value in measures.items():
-                ours = [v for v in map(value, runs) if v is not None]
-                base = [v for v in map(value, floor) if v is not None]
-                if ours and base:
-                    mine, theirs = statistics.median(ours), statistics.median(base)
-                    entry[name] = {
-                        "median": mine,
-                        "floor_median": theirs,
-                        "ratio": round(mine / theirs, 2) if theirs else None,
-                    }
-            ratios.setdefault(placement, {})[way] = entry
-    return ratios
-
-
 def _env_list(name: str, default: tuple[str, ...]) -> list[str]:
     text = os.environ.get(name)
     return [v.strip() for v in text.split(",") if v.strip()] if text else list(default)
 
 
-class Cpusets:
-    """Two cgroup v1 cpusets for the `own-cpu` placement: `hook` (CPU 1) for the webhook's
-    process, `plane` (CPU 0) for this process and its other descendants (the control plane)."""
-
-    def __init__(self, base: Path) -> None:
-        self.base = base
-        self.hook = base / "hook"
-        self.plane = base / "plane"
-
-    @classmethod
-    def create(cls) -> Cpusets:
-        base = CPUSET_ROOT / f"vgpu-bench-webhook-{os.getpid()}"
-        mems = (CPUSET_ROOT / "cpuset.mems").read_text().strip()
-        sets = cls(base)
-        for path, cpus in ((base, f"{CONTROL_PLANE_CPU},{WEBHOOK_CPU}"),
-                           (sets.hook, WEBHOOK_CPU), (sets.plane, CONTROL_PLANE_CPU)):  # fmt: skip
-            path.mkdir(exist_ok=True)
-            (path / "cpuset.mems").write_text(mems)
-            (path / "cpuset.cpus").write_text(cpus)
-        return sets
-
-    def split(self) -> None:
-        self._move(_descendants(os.getpid()) | {os.getpid()}, self.plane)
-
-    def join(self) -> None:
-        self._move(_descendants(os.getpid()) | {os.getpid()}, CPUSET_ROOT)
-
-    def prefix(self) -> list[str]:
-        """A command prefix that enters the webhook's cpuset before exec (children inherit)."""
-        procs = self.hook / "cgroup.procs"
-        return ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh"]
-
-    def remove(self) -> None:
-        self.join()
-        for path in (self.hook, self.plane, self.base):
-            with contextlib.suppress(OSError):
-                path.rmdir()
-
-    @staticmethod
-    def _move(pids: set[int], cpuset: Path) -> None:
-        for pid in sorted(pids):
-            with contextlib.suppress(OSError):  # exited meanwhile
-                (cpuset / "cgroup.procs").write_text(str(pid))
+MEASURES: dict[str, Callable[[dict[str, Any]], float | None]] = {
+    "apiserver_p99_le_ms": lambda f: f["apiserver"]["p99_le_ms"],
+    # Exact (a count, not a bucket bound): more is better.
+    "apiserver_share_within_500ms": lambda f: (
+        float(f["apiserver"]["share_within_ms"].get("500", 1.0))
+        if f["apiserver"]["share_within_ms"]
+        else None
+    ),
+    "client_p99_ms": lambda f: f["client"]["p99_ms"],
+    "webhook_p99_ms": lambda f: f["webhook"].get("p99_ms"),
+    "placement_p50_ms": lambda f: f["placement"].get("p50_ms"),
+    "placement_p99_ms": lambda f: f["placement"].get("p99_ms"),
+    "decision_p50_le_ms": lambda f: f["decision"]["p50_le_ms"],
+    "decision_p99_le_ms": lambda f: f["decision"]["p99_le_ms"],
+    "start_to_serving_s": lambda f: f["start_to_serving_s"],
+    "rss_mib": lambda f: f["memory"]["rss_mib"],
+    "peak_rss_mib": lambda f: f["memory"]["peak_mib"],
+}
 
 
-def _descendants(root: int) -> set[int]:
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                stat = (entry / "stat").read_text()
-                parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found: set[int] = set()
-    frontier = {root}
-    while frontier:
-        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
+def _floor_ratios(by_way: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per way and measure: its median over its passes, the floor's, and their ratio."""
+    floor = by_way.get(FLOOR) or []
+    ratios: dict[str, Any] = {}
+    for way, runs in by_way.items():
+        entry: dict[str, Any] = {}
+        for name, value in MEASURES.items():
+            ours = [v for v in map(value, runs) if v is not None]
+            base = [v for v in map(value, floor) if v is not None]
+            if not ours:
+                continue
+            mine = statistics.median(ours)
+            theirs = statistics.median(base) if base else None
+            entry[name] = {
+                "median": mine,
+                "floor_median": theirs,
+                "ratio": round(mine / theirs, 2) if theirs else None,
+            }
+        ratios[way] = entry
+    return ratios
+
+
+def _runs(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """The medians of the last runs (this one included): on a shared 2-CPU machine one run says
+    little, the spread over runs says more."""
+    try:
+        previous = json.loads(RESULTS.read_text()).get("runs") or []
+    except (OSError, ValueError):
+        previous = []
+    current = [
+        {
+            "when": document["when"],
+            "way": way,
+            "passes": len(document["by_way"][way]),
+            "loads": [f["load_avg_1m"] for f in document["by_way"][way]],
+            **{name: m["median"] for name, m in measures.items()},
+        }
+        for way, measures in document["floor_ratios"].items()
+    ]
+    return [*previous, *current][-30:]
+
+
+class _Bed:
+    """The control plane and what every pass shares: the webhook's port and configurations,
+    the placement driver."""
+
+    def __init__(
+        self,
+        client: kube.KubeClient,
+        cluster: Any,
+        root: Path,
+        *,
+        port: int,
+        config_name: str,
+        publish: Callable[[bytes | None], Any],
+        driver: str,
+    ) -> None:
+        self.client, self.cluster, self.root, self.port = client, cluster, root, port
+        self.config_name, self.publish, self.driver = config_name, publish, driver
+
+    def measure(self, n: int, way: str, baseline: str | None) -> dict[str, Any]:
+        name, suffix, _ = way.partition(BASELINE_SUFFIX)
+        tenant = f"bench-{re.sub(r'[^a-z0-9]', '-', way)}-{uuid.uuid4().hex[:6]}"
+        _namespace(self.client, tenant, {LABEL: "on"})
+        log_path = self.root / f"controller-{n}-{tenant}.log"
+        floor = name == FLOOR
+        flags = [] if floor else self._webhook_flags(name)
+        with contextlib.ExitStack() as stack:
+            noop = stack.enter_context(self._floor(n)) if floor else None
+            started = time.monotonic()
+            controller = stack.enter_context(
+                _controller(self.cluster.kubeconfig, log_path, flags, baseline if suffix else None)
+            )
+            serving = "metrics on http" if floor else "webhook on https://"
+            _wait("the controller serving", lambda: serving in log_path.read_text())
+            start_s = round(time.monotonic() - started, 2)
+            if noop is not None:
+                ca = noop
+            else:
+                _wait("the caBundle published", lambda: _published(
+                    self.client, self.config_name, _secret_bundle(self.client)))  # fmt: skip
+                ca = _secret_bundle(self.client) or b""
+            time.sleep(1.0)  # let the API server's webhook informer see the caBundle
+            _wait("the metrics served", lambda: "metrics on http" in log_path.read_text())
+            match = re.search(r"metrics on (http://\S+/metrics)", log_path.read_text())
+            assert match is not None
+            decisions_before = _text(match.group(1))
+            figures = self._rounds(tenant, ca, floor)
+            figures["memory"] = _memory(controller.pid)
+            figures["start_to_serving_s"] = start_s
+            decisions = histogram(_text(match.group(1)), DECISIONS, {"outcome": "placed"})
+            before = histogram(decisions_before, DECISIONS, {"outcome": "placed"})
+            figures["decision"] = {
+                "p50_le_ms": bucket_quantile(decisions, before, 0.50),
+                "p99_le_ms": bucket_quantile(decisions, before, 0.99),
+                "share_within_ms": bucket_shares(decisions, before),
+            }
+            figures["log_errors"] = log_path.read_text().count("Traceback")
+            if not floor:
+                time.sleep(0.5)  # the last admission lines reach the log
+                lines = _ADMISSION.findall(log_path.read_text())[-CONCURRENCY * ROUNDS :]
+                figures["webhook"] = percentiles([float(ms) / 1e3 for _, ms in lines])
+                figures["protocol"] = {"selected_for_h2_offer": _alpn_selected(self.port, ca)}
+        for plural, api in (("pods", "v1"), ("resourceclaims", RESOURCE_API)):
+            self.client.request("DELETE", kube.path(api, plural, namespace=tenant),
+                                body={"gracePeriodSeconds": 0})  # fmt: skip
+        print(f"{way}: API server p99 <= {figures['apiserver']['p99_le_ms']} ms, client p99 "
+              f"{figures['client']['p99_ms']} ms, webhook p99 "
+              f"{figures['webhook'].get('p99_ms')} ms, placement p99 "
+              f"{figures['placement'].get('p99_ms')} ms, rss {figures['memory']['rss_mib']} MiB, "
+              f"load {figures['load_avg_1m']}", flush=True)  # fmt: skip
+        return figures
+
+    def _webhook_flags(self, name: str) -> list[str]:
+        flags = ["--webhook-port", str(self.port), "--webhook-bind", "127.0.0.1",
+                 "--webhook-cert-ips", "127.0.0.1", "--webhook-namespace", SYSTEM_NS,
+                 "--webhook-config-names", self.config_name,
+                 "--webhook-cert-sync", "1s"]  # fmt: skip
+        if name != "webhook":  # an earlier tree's way: <process>-<transport>
+            process, _, transport = name.partition("-")
+            flags += ["--webhook-process", process, "--webhook-transport", transport]
+        return flags
+
+    @contextlib.contextmanager
+    def _floor(self, n: int) -> Iterator[bytes]:
+        """hack/noop-webhook on the webhook's port with a certificate of its own, published
+        into both configurations; yields its CA."""
+        from controller.webhook import certs
+
+        workdir = self.root / f"floor-{n}"
+        workdir.mkdir()
+        day = dt.timedelta(days=1)
+        ca_pem, ca_key = certs.new_ca(day)
+        cert, key = certs.new_serving(ca_pem, ca_key, certs.Names(("noop",), ("127.0.0.1",)), day)
+        (workdir / "tls.crt").write_bytes(cert)
+        (workdir / "tls.key").write_bytes(key)
+        log_path = workdir / "noop-webhook.log"
+        self.publish(ca_pem)
+        with log_path.open("w") as out:
+            server = subprocess.Popen(
+                [_noop_webhook(), "-listen", f"127.0.0.1:{self.port}",
+                 "-cert", str(workdir / "tls.crt"), "-key", str(workdir / "tls.key"),
+                 "-mutate-patch", json.dumps(FLOOR_PATCH)],
+                stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        try:
+            _wait("the floor serving", lambda: "noop-webhook on https://" in log_path.read_text())
+            _wait("its CA published", lambda: _published(self.client, self.config_name, ca_pem))
+            yield ca_pem
+        finally:
+            server.send_signal(signal.SIGTERM)
+            server.wait(timeout=30)
+
+    def _rounds(self, tenant: str, ca: bytes, floor: bool) -> dict[str, Any]:
+        """A warm-up round, then ROUNDS measured rounds: the figures of the measured ones."""
+        claims = kube.path(RESOURCE_API, "resourceclaims", namespace=tenant)
+        watcher = _AllocationWatch(self.client, claims)
+        try:
+            self._round(tenant, "warm", watcher)  # connections, the template, caches
+            api_before = _apiserver_metrics(self.client, self.cluster.server)
+            floor_before = _floor_stats(self.port, ca) if floor else None
+            samples: list[float] = []
+            placed: list[float] = []
+            errors = 0
+            for r in range(ROUNDS):
+                got, failed, waits = self._round(tenant, f"r{r}", watcher)
+                samples += got
+                placed += waits
+                errors += failed
+            api_after = _apiserver_metrics(self.client, self.cluster.server)
+            floor_after = _floor_stats(self.port, ca) if floor else None
+        finally:
+            watcher.stop()
+        labels = {"name": HOOK_NAME, "type": "admit", "operation": "CREATE"}
+        metric = "apiserver_admission_webhook_admission_duration_seconds"
+        before, after = (histogram(t, metric, labels) for t in (api_before, api_after))
+        figures: dict[str, Any] = {
+            "load_avg_1m": round(os.getloadavg()[0], 2),
+            "apiserver": {
+                "p50_le_ms": bucket_quantile(after, before, 0.50),
+                "p99_le_ms": bucket_quantile(after, before, 0.99),
+                "count": (after[-1][1] - dict(before).get(float("inf"), 0.0)) if after else 0,
+                "share_within_ms": bucket_shares(after, before),
+            },
+            "client": {**percentiles(samples), "errors": errors},
+            "placement": {
+                **(percentiles(placed) if placed else {}),
+                "placed": len(placed),
+                "of": PLACED * ROUNDS,
+            },
+            "webhook": {},
+        }
+        if floor_before is not None and floor_after is not None:
+            durations = floor_after["durations_ms"].get(MUTATE_PATH, [])
+            done = len(floor_before["durations_ms"].get(MUTATE_PATH, []))
+            figures["webhook"] = percentiles([ms / 1e3 for ms in durations[done:]])
+            figures["protocol"] = {
+                "alpn_offered": _delta(floor_after["alpn_offered"], floor_before["alpn_offered"]),
+                "http_versions": _delta(floor_after["protocols"], floor_before["protocols"]),
+                "new_connections": floor_after["connections"] - floor_before["connections"],
+            }
+        return figures
+
+    def _round(
+        self, tenant: str, tag: str, watcher: _AllocationWatch
+    ) -> tuple[list[float], int, list[float]]:
+        """CONCURRENCY legacy pods and PLACED gated pods (their claims made first) created at
+        once from a thread each: the legacy pods' create latencies, their failures, and the
+        gated pods' creation-to-allocation times (waited for up to 60 s)."""
+        for i in range(PLACED):
+            self.client.create(watcher.path, _claim(f"{tag}-c{i}", tenant, self.driver))
+        pods = kube.path("v1", "pods", namespace=tenant)
+        jobs: list[dict[str, Any]] = [legacy_pod(f"{tag}-{i}") for i in range(CONCURRENCY)]
+        jobs += [_gated_pod(f"{tag}-g{i}", f"{tag}-c{i}") for i in range(PLACED)]
+        barrier = threading.Barrier(len(jobs))
+        created: dict[str, float] = {}
+
+        def one(pod: dict[str, Any]) -> float | None:
+            barrier.wait()
+            started = time.monotonic()
+            try:
+                self.client.create(pods, pod)
+            except kube.KubeError as exc:
+                print(f"create failed: {exc}", file=sys.stderr)
+                return None
+            claims = pod["spec"].get("resourceClaims")
+            if claims:
+                created[claims[0]["resourceClaimName"]] = started
+            return time.monotonic() - started
+
+        with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+            results = list(pool.map(one, jobs))[:CONCURRENCY]
+        samples = [r for r in results if r is not None]
+        waits = watcher.wait_for(created, timeout_s=60)
+        return samples, len(results) - len(samples), waits
+
+
+class _AllocationWatch:
+    """When each claim of a namespace was first seen allocated (a watch from a thread)."""
+
+    def __init__(self, client: kube.KubeClient, path: str) -> None:
+        self.path = path
+        self._client = client
+        self._seen: dict[str, float] = {}
+        self._stop = threading.Event()
+        _, self._version = client.list_versioned(path)
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            try:
+                for event in self._client.watch(self.path, self._version, timeout_s=30):
+                    obj = event.get("object") or {}
+                    self._version = str(obj.get("metadata", {}).get("resourceVersion") or "")
+                    name = str(obj.get("metadata", {}).get("name"))
+                    if (obj.get("status") or {}).get("allocation"):
+                        self._seen.setdefault(name, time.monotonic())
+                    if self._stop.is_set():
+                        return
+            except kube.KubeError:
+                time.sleep(0.1)
+
+    def wait_for(self, created: dict[str, float], timeout_s: float) -> list[float]:
+        deadline = time.monotonic() + timeout_s
+        while not set(created) <= set(self._seen) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return [self._seen[c] - t for c, t in created.items() if c in self._seen]
+
+    def stop(self) -> None:
+        self._stop.set()  # the watch ends at its timeout at the latest (daemon thread)
+
+
+def _claim(name: str, namespace: str, driver: str) -> dict[str, Any]:
+    """One GPU's 1 GiB and 5 % (many fit on a GPU: passes never run out of room)."""
+    return {
+        "apiVersion": RESOURCE_API,
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": driver, "count": 1,
+            "capacity": {"requests": {"memory": "1Gi", "cores": "5"}}}}]}},
+    }  # fmt: skip
+
+
+def _gated_pod(name: str, claim: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "schedulingGates": [{"name": GATE}],
+            "tolerations": [{"operator": "Exists"}],  # the bench's nodes have no kubelet
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+            "containers": [
+                {"name": "c", "image": "x.invalid/none", "resources": {"claims": [{"name": "gpu"}]}}
+            ],
+        },
+    }
+
+
+@contextlib.contextmanager
+def _controller(
+    kubeconfig: Path, log_path: Path, flags: list[str], tree: str | None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`vgpu-dra controller` with `flags`, from `tree` when given (`python -m` imports from the
+    working directory first)."""
+    with log_path.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dra_driver.cli", "controller", "--kubeconfig",
+             str(kubeconfig), "--health-address", "127.0.0.1:0",
+             "--metrics-address", "127.0.0.1:0", *flags],
+            stdout=out, stderr=subprocess.STDOUT, cwd=tree,
+            env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
+        )  # fmt: skip
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _memory(pid: int) -> dict[str, Any]:
+    """VmRSS and VmHWM (MiB) of the process and its children, summed, and per process."""
+    pids = [pid]
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            pids += [int(c) for c in (task / "children").read_text().split()]
+    per = {}
+    for p in pids:
+        with contextlib.suppress(OSError):
+            status = dict(
+                line.split(":", 1) for line in Path(f"/proc/{p}/status").read_text().splitlines()
+            )
+            per[p] = {k: round(int(status[k].split()[0]) / 1024, 1) for k in ("VmRSS", "VmHWM")}
+    return {
+        "processes": len(per),
+        "rss_mib": round(sum(v["VmRSS"] for v in per.values()), 1),
+        "peak_mib": round(sum(v["VmHWM"] for v in per.values()), 1),
+        "per_process": list(per.values()),
+    }
 
 
 def _namespace(client: kube.KubeClient, name: str, labels: dict[str, str]) -> None:
@@ -451,85 +636,8 @@ def _namespace(client: kube.KubeClient, name: str, labels: dict[str, str]) -> No
         client, kube.path("v1", "serviceaccounts", "default", namespace=name)))  # fmt: skip
 
 
-def _measure(
-    client: kube.KubeClient,
-    cluster: Any,
-    log_path: Path,
-    mode: str,
-    *,
-    port: int,
-    system_ns: str,
-    config_name: str,
-    placement: str,
-    cpusets: Cpusets | None,
-    timing: bool,
-) -> dict[str, Any]:
-    """One controller (webhook served `mode`: the process, and `-<transport>` if not threads),
-    a warm-up round and ROUNDS measured rounds in a
-    fresh tenant namespace, whose pods are deleted afterwards (so passes start alike)."""
-    way, suffix, _ = mode.partition(BASELINE_SUFFIX)
-    process, _, transport = way.partition("-")
-    # The baseline's code: `python -m` imports from the working directory first.
-    cwd = os.environ["VGPU_BENCH_WEBHOOK_BASELINE"] if suffix else None
-    tenant = f"bench-{way}{'-base' if suffix else ''}-{uuid.uuid4().hex[:6]}"
-    _namespace(client, tenant, {LABEL: "on"})
-    controller: subprocess.Popen[bytes] | None = None
-    try:
-        with log_path.open("w") as out:
-            prefix = cpusets.prefix() if placement == "own-cpu" and cpusets is not None else []
-            controller = subprocess.Popen(
-                [*prefix, sys.executable, "-m", "dra_driver.cli", "controller",
-                 "--kubeconfig", str(cluster.kubeconfig), "--health-address", "127.0.0.1:0",
-                 "--webhook-port", str(port), "--webhook-bind", "127.0.0.1",
-                 "--webhook-cert-ips", "127.0.0.1", "--webhook-namespace", system_ns,
-                 "--webhook-config-names", config_name, "--webhook-cert-sync", "1s",
-                 "--webhook-process", process, "--webhook-transport", transport or "threads",
-                 "--webhook-phase-timing", str(timing).lower()],
-                stdout=out, stderr=subprocess.STDOUT,
-                env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"}, cwd=cwd,
-            )  # fmt: skip
-        _wait("the webhook serving", lambda: "webhook on https://" in log_path.read_text())
-        _wait("the caBundle published", lambda: _published(
-            client, config_name, _secret_bundle(client, system_ns)))  # fmt: skip
-        time.sleep(1.0)  # let the API server's webhook informer see the caBundle
-        protocol = {"selected_for_h2_offer": _alpn_selected(
-            port, _secret_bundle(client, system_ns) or b"")}  # fmt: skip
-        # Connections, the template (a new shape: one create for 200 admissions), caches.
-        _, warm_errors = _create_round(client, tenant, "warm", CONCURRENCY)
-        warm_lines = len(_admissions(log_path.read_text()))
-        metrics_before = _apiserver_metrics(client, cluster.server)
-        hook_before = _webhook_metrics(client, system_ns, port)
-        client_samples, errors = _measured_rounds(client, tenant)
-        metrics_after = _apiserver_metrics(client, cluster.server)
-        hook_after = _webhook_metrics(client, system_ns, port)
-        load = round(os.getloadavg()[0], 2)
-        time.sleep(0.5)  # the last admission lines reach the log
-        admissions = _admissions(log_path.read_text())[warm_lines:]
-    finally:
-        if controller is not None:
-            controller.send_signal(signal.SIGTERM)
-            controller.wait(timeout=30)
-    client.request(
-        "DELETE", kube.path("v1", "pods", namespace=tenant), body={"gracePeriodSeconds": 0}
-    )
-    figures = _figures(
-        (metrics_before, metrics_after), (hook_before, hook_after), admissions, client_samples
-    )
-    figures["client"]["errors"] = errors
-    figures["client"]["warm_up_errors"] = warm_errors
-    figures["protocol"] = protocol
-    if timing:
-        figures["phases"] = _phases(admissions)
-    print(f"{placement} {mode}: webhook p50 {figures['webhook']['p50_ms']} ms p99 "
-          f"{figures['webhook']['p99_ms']} ms, load {load}", flush=True)  # fmt: skip
-    return {"load_avg_1m": load, **figures}
-
-
 def _published(client: kube.KubeClient, name: str, bundle: bytes | None) -> bool:
-    """Both configurations trust `bundle` (the serving webhook's CA; a previous pass may have
-    left another one there)."""
-    import base64
-
+    """Both configurations trust `bundle` (a previous pass may have left another one there)."""
     if not bundle:
         return False
     for plural in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
@@ -541,12 +649,10 @@ def _published(client: kube.KubeClient, name: str, bundle: bytes | None) -> bool
     return True
 
 
-def _secret_bundle(client: kube.KubeClient, namespace: str) -> bytes | None:
+def _secret_bundle(client: kube.KubeClient) -> bytes | None:
     """The CA bundle the controller keeps in its Secret (None before it wrote one)."""
-    import base64
-
     try:
-        secret = client.get(kube.path("v1", "secrets", SECRET, namespace=namespace))
+        secret = client.get(kube.path("v1", "secrets", SECRET, namespace=SYSTEM_NS))
     except kube.NotFound:
         return None
     text = (secret.get("data") or {}).get("ca-bundle.crt")
@@ -556,8 +662,6 @@ def _secret_bundle(client: kube.KubeClient, namespace: str) -> bytes | None:
 def _alpn_selected(port: int, bundle: bytes) -> str:
     """What the webhook selects when a client offers h2 and HTTP/1.1 (as the API server does
     for a loopback URL): an ALPN name, or "none (HTTP/1.1)"."""
-    import ssl
-
     context = ssl.create_default_context(cadata=bundle.decode())
     context.set_alpn_protocols(["h2", "http/1.1"])
     with (
@@ -565,81 +669,6 @@ def _alpn_selected(port: int, bundle: bytes) -> str:
         context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
     ):
         return tls.selected_alpn_protocol() or "none (HTTP/1.1)"
-
-
-def _measure_floor(
-    client: kube.KubeClient,
-    cluster: Any,
-    workdir: Path,
-    *,
-    port: int,
-    config_name: str,
-    publish: Callable[[bytes], Any],
-    placement: str,
-    cpusets: Cpusets | None,
-) -> dict[str, Any]:
-    """The floor: hack/noop-webhook on the webhook's port, with a certificate of its own
-    published into both configurations, measured like `_measure` (a warm-up round, ROUNDS
-    measured rounds in a fresh tenant namespace)."""
-    import datetime as dt
-
-    from controller.webhook import certs
-
-    binary = _noop_webhook()
-    workdir.mkdir(parents=True)
-    day = dt.timedelta(days=1)
-    ca_pem, ca_key = certs.new_ca(day)
-    cert_pem, key_pem = certs.new_serving(
-        ca_pem, ca_key, certs.Names(("noop",), ("127.0.0.1",)), day
-    )
-    (workdir / "tls.crt").write_bytes(cert_pem)
-    (workdir / "tls.key").write_bytes(key_pem)
-    log_path = workdir / "noop-webhook.log"
-    tenant = f"bench-{FLOOR}-{uuid.uuid4().hex[:6]}"
-    _namespace(client, tenant, {LABEL: "on"})
-    publish(ca_pem)
-    server: subprocess.Popen[bytes] | None = None
-    try:
-        with log_path.open("w") as out:
-            prefix = cpusets.prefix() if placement == "own-cpu" and cpusets is not None else []
-            server = subprocess.Popen(
-                [*prefix, binary, "-listen", f"127.0.0.1:{port}",
-                 "-cert", str(workdir / "tls.crt"), "-key", str(workdir / "tls.key")],
-                stdout=out, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-        _wait("the floor serving", lambda: "noop-webhook on https://" in log_path.read_text())
-        _wait("its CA published", lambda: _published(client, config_name, ca_pem))
-        time.sleep(1.0)  # let the API server's webhook informer see the caBundle
-        _, warm_errors = _create_round(client, tenant, "warm", CONCURRENCY)
-        metrics_before = _apiserver_metrics(client, cluster.server)
-        stats_before = _floor_stats(port, ca_pem)
-        client_samples, errors = _measured_rounds(client, tenant)
-        metrics_after = _apiserver_metrics(client, cluster.server)
-        stats_after = _floor_stats(port, ca_pem)
-        load = round(os.getloadavg()[0], 2)
-    finally:
-        if server is not None:
-            server.send_signal(signal.SIGTERM)
-            server.wait(timeout=30)
-    client.request(
-        "DELETE", kube.path("v1", "pods", namespace=tenant), body={"gracePeriodSeconds": 0}
-    )
-    # The mutating admissions (the validating webhook is called too, as with ours).
-    durations = stats_after["durations_ms"].get(MUTATE_PATH, [])[
-        len(stats_before["durations_ms"].get(MUTATE_PATH, [])) :
-    ]
-    admissions: list[tuple[str, float, dict[str, str]]] = [("allowed", ms, {}) for ms in durations]
-    figures = _figures((metrics_before, metrics_after), ("", ""), admissions, client_samples)
-    figures["client"]["errors"] = errors
-    figures["client"]["warm_up_errors"] = warm_errors
-    figures["protocol"] = {
-        "alpn_offered": _delta(stats_after["alpn_offered"], stats_before["alpn_offered"]),
-        "http_versions": _delta(stats_after["protocols"], stats_before["protocols"]),
-        "new_connections": stats_after["connections"] - stats_before["connections"],
-    }
-    print(f"{placement} {FLOOR}: API server p99 <= {figures['apiserver']['p99_le_ms']} ms, "
-          f"client p99 {figures['client']['p99_ms']} ms, load {load}", flush=True)  # fmt: skip
-    return {"load_avg_1m": load, **figures}
 
 
 def _noop_webhook() -> str:
@@ -653,9 +682,6 @@ def _noop_webhook() -> str:
 
 def _floor_stats(port: int, ca_pem: bytes) -> dict[str, Any]:
     """The floor's GET /stats (its counts since it started)."""
-    import ssl
-    import urllib.request
-
     context = ssl.create_default_context(cadata=ca_pem.decode())
     with urllib.request.urlopen(f"https://127.0.0.1:{port}/stats", context=context) as answer:
         stats: dict[str, Any] = json.loads(answer.read())
@@ -666,63 +692,6 @@ def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
     return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
 
 
-def _runs(document: dict[str, Any]) -> list[dict[str, Any]]:
-    """The headline figures of the last runs (this one included): on a shared 2-CPU machine a
-    single p99 says little, the spread over runs says more. Runs before the webhook had its own
-    process have no `process` (they are `inline`)."""
-    try:
-        previous = json.loads(RESULTS.read_text()).get("runs") or []
-    except (OSError, ValueError):
-        previous = []
-    current = [
-        {
-            "when": document["when"],
-            "config": placement,
-            "process": mode,
-            "load_avg_1m": figures["load_avg_1m"],
-            "webhook_p50_ms": figures["webhook"]["p50_ms"],
-            "webhook_p99_ms": figures["webhook"]["p99_ms"],
-            "apiserver_p99_le_ms": figures["apiserver"]["p99_le_ms"],
-            "phase_total_p99_ms": (figures.get("phases") or {}).get("p99", {}).get("total_ms"),
-            "client_errors": figures["client"]["errors"],
-        }
-        for placement, by_mode in document["by_config"].items()
-        for mode, passes in by_mode.items()
-        for figures in passes
-    ]
-    return [*previous, *current][-20:]
-
-
-def _figures(
-    apiserver: tuple[str, str],
-    webhook: tuple[str, str],
-    admissions: list[tuple[str, float, dict[str, str]]],
-    client_samples: list[float],
-) -> dict[str, Any]:
-    """Percentiles from the scrapes before/after the measured rounds and the samples."""
-    api_metric = "apiserver_admission_webhook_admission_duration_seconds"
-    api_labels = {"name": HOOK_NAME, "type": "admit", "operation": "CREATE"}
-    api_before, api_after = (histogram(t, api_metric, api_labels) for t in apiserver)
-    own_metric = "vgpu_dra_webhook_admission_duration_seconds"
-    own_before, own_after = (histogram(t, own_metric, {"operation": "mutate"}) for t in webhook)
-    api_count = api_after[-1][1] - dict(api_before).get(float("inf"), 0.0) if api_after else 0
-    return {
-        "webhook": {
-            **percentiles([ms / 1e3 for _, ms, _ in admissions]),
-            "decisions": sorted({d for d, _, _ in admissions}),
-            "histogram_p50_le_ms": bucket_quantile(own_after, own_before, 0.50),
-            "histogram_p99_le_ms": bucket_quantile(own_after, own_before, 0.99),
-        },
-        "apiserver": {
-            "p50_le_ms": bucket_quantile(api_after, api_before, 0.50),
-            "p99_le_ms": bucket_quantile(api_after, api_before, 0.99),
-            "count": api_count,
-            "share_within_ms": bucket_shares(api_after, api_before),
-        },
-        "client": percentiles(client_samples),
-    }
-
-
 def _client(kubeconfig: Path) -> kube.KubeClient:
     """An admin client whose connection pool holds a connection per creating thread."""
     from kubernetes import client as k8s
@@ -730,7 +699,7 @@ def _client(kubeconfig: Path) -> kube.KubeClient:
 
     configuration = k8s.Configuration()
     k8s_config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
-    configuration.connection_pool_maxsize = CONCURRENCY
+    configuration.connection_pool_maxsize = CONCURRENCY + PLACED
     return kube.KubeClient(k8s.ApiClient(configuration))
 
 
@@ -742,94 +711,9 @@ def _apiserver_metrics(client: kube.KubeClient, server: str) -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
-def _webhook_metrics(client: kube.KubeClient, namespace: str, port: int) -> str:
-    """The webhook's own /metrics, over TLS verified with the CA from its Secret."""
-    import base64
-    import ssl
-    import urllib.request
-
-    secret = client.get(kube.path("v1", "secrets", SECRET, namespace=namespace))
-    context = ssl.create_default_context(
-        cadata=base64.b64decode(secret["data"]["ca-bundle.crt"]).decode()
-    )
-    with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", context=context) as answer:
+def _text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as answer:
         return str(answer.read().decode())
-
-
-def _admissions(text: str) -> list[tuple[str, float, dict[str, str]]]:
-    """(decision, ms, the line's other fields) per admission line of the webhook's log."""
-    return [
-        (m.group(1), float(m.group(2)), dict(_FIELD.findall(m.group(3))))
-        for m in _ADMISSION.finditer(text)
-    ]
-
-
-COUNTS = ("in_flight", "threads")
-
-
-def _phases(admissions: list[tuple[str, float, dict[str, str]]]) -> dict[str, Any]:
-    """Where the time went (--webhook-phase-timing fields): per field its p50/p99 over all
-    admissions, and its mean over the admissions slower than 10 ms (the target) vs the rest."""
-    numeric = [
-        {k: float(v) for k, v in fields.items() if k.endswith("_ms") or k in COUNTS}
-        for _, _, fields in admissions
-    ]
-    numeric = [n for n in numeric if "total_ms" in n]
-    slow = [n for n in numeric if n["total_ms"] > TARGETS["webhook_p99_ms"]]
-    fast = [n for n in numeric if n["total_ms"] <= TARGETS["webhook_p99_ms"]]
-    keys = sorted({k for n in numeric for k in n})
-
-    def mean(rows: list[dict[str, float]], key: str) -> float | None:
-        values = [r[key] for r in rows if key in r]
-        return round(sum(values) / len(values), 3) if values else None
-
-    def quantile(key: str, q: float) -> float | None:
-        values = sorted(r[key] for r in numeric if key in r)
-        return values[min(len(values) - 1, int(q * len(values)))] if values else None
-
-    return {
-        "n": len(numeric),
-        "slow_n": len(slow),
-        "handshakes_n": sum("tls_ms" in n for n in numeric),
-        "p50": {k: quantile(k, 0.50) for k in keys},
-        "p99": {k: quantile(k, 0.99) for k in keys},
-        "mean_slow": {k: mean(slow, k) for k in keys},
-        "mean_rest": {k: mean(fast, k) for k in keys},
-    }
-
-
-def _measured_rounds(client: kube.KubeClient, namespace: str) -> tuple[list[float], int]:
-    """The measured rounds of a pass (after its warm-up): every client latency, failures."""
-    client_samples: list[float] = []
-    errors = 0
-    for n in range(ROUNDS):
-        samples, failed = _create_round(client, namespace, f"r{n}", CONCURRENCY)
-        client_samples += samples
-        errors += failed
-    return client_samples, errors
-
-
-def _create_round(
-    client: kube.KubeClient, namespace: str, tag: str, count: int
-) -> tuple[list[float], int]:
-    """`count` pods created at once from `count` threads: client latencies, failures."""
-    barrier = threading.Barrier(count)
-    pods = kube.path("v1", "pods", namespace=namespace)
-
-    def one(n: int) -> float | None:
-        barrier.wait()
-        started = time.perf_counter()
-        try:
-            client.create(pods, legacy_pod(f"{tag}-{n}"))
-        except kube.KubeError as exc:
-            print(f"create failed: {exc}", file=sys.stderr)
-            return None
-        return time.perf_counter() - started
-
-    with ThreadPoolExecutor(max_workers=count) as pool:
-        results = list(pool.map(one, range(count)))
-    samples = [r for r in results if r is not None]
-    return samples, len(results) - len(samples)
 
 
 def _exists(client: kube.KubeClient, resource: str) -> bool:

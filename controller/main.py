@@ -10,8 +10,8 @@ Readiness: every informer has listed once, and the replica is the leader or a st
 reach the Lease. SIGTERM/SIGINT stop it cleanly (readiness drops first, the Lease is released,
 then the probe server closes, exit 0). With `--metrics-address` it serves Prometheus metrics
 (`controller.metrics`; the chart sets the address through VGPU_DRA_METRICS_ADDRESS).
-With `--webhook-port` it also serves the admission webhook on every replica, from a child
-process by default (`controller.webhook.run`; docs/webhook.md).
+With `--webhook-port` it also serves the admission webhook on every replica, from its own
+threads (`controller.webhook.run`; docs/webhook.md).
 Every flag has an environment twin, as in the kubelet plugin.
 """
 
@@ -310,7 +310,7 @@ def _run(args: argparse.Namespace, client: kube.KubeClient, address: tuple[str, 
     stop.wait()
     log.info("shutting down")
     _shut_down(probes, metrics_server, elector, worker)
-    if webhook is not None:  # its child answers during its drain; exiting would end it
+    if webhook is not None:  # it answers during its drain; exiting would end that
         webhook.stopped.wait(timeout=webhook.drain_s + 15)
     client.close()
     log.info("stopped")

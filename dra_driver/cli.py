@@ -29,10 +29,6 @@ PRODUCT_COMMANDS: dict[str, tuple[str, str]] = {
         "controller.main:main",
         "run the cluster-side controller (policy placement, webhook, rescheduler)",
     ),
-    "webhook": (
-        "controller.webhook.process:main",
-        "serve the admission webhook alone (the controller starts it as a child)",
-    ),
     "status": ("dra_driver.status:main", "GPUs, claims, allocated and free memory/cores per GPU"),
 }
 # name -> ("module of vgpu_testbed:function", one-line help).

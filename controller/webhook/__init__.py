@@ -13,7 +13,10 @@ Modules:
 - `legacy`: every foreign (and our own) resource and annotation name, in one table;
 - `translate`: pod -> JSONPatch + templates + warnings (pure; raises `Refusal`), and the CEL
   `matchConditions` that route exactly the pods needing translation to the webhook;
-- `validation`: object -> list of refusal messages (pure).
-The HTTPS server, certificates and template creation/garbage collection live elsewhere and call
-these functions; nothing here does I/O.
+- `validation`: object -> list of refusal messages (pure);
+- `admission`: a review to its answer (the two above, plus making templates exist);
+- `server`: HTTPS in the controller's threads; `certs`: TLS material and the caBundle;
+  `templates`: templates ensured per admission, unused ones collected; `facts`: the GPU
+  inventory the validation compares against; `metrics`; `flags`; `run`: the wiring.
+Only `legacy`, `translate` and `validation` are pure; the rest does the I/O around them.
 """

@@ -1,6 +1,6 @@
 """What the webhook answers: AdmissionReview requests to responses, per endpoint.
 
-Why apart from the server: the transport (`controller.webhook.server`) knows HTTP and TLS; this
+Why apart from the server: the server (`controller.webhook.server`) knows HTTP and TLS; this
 knows admission. The decisions themselves are pure functions of the translation
 (`controller.webhook.translate`) and the validation (`controller.webhook.validation`); the only
 side effect here is making the ResourceClaimTemplates of a translated pod exist
@@ -14,7 +14,6 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from controller.webhook import phases
 from controller.webhook.templates import TemplateEnsurer, TemplateError
 from controller.webhook.translate import Refusal, TranslationSettings, translate_pod
 from controller.webhook.validation import ClusterFacts, validate_object
@@ -55,7 +54,6 @@ class Admission:
         # The legacy fields are gone after the patch, so the validating webhook could no longer
         # name them: check them here (e.g. more memory than any GPU has) with the same checks.
         errors = validate_object(pod, self._facts())
-        phases.mark("translate")
         if errors:
             return denied(422, "; ".join(errors)), "denied"
         if not request.get("dryRun"):
@@ -65,7 +63,6 @@ class Admission:
                 # The API server refused the template (4xx): a refusal of this pod, with its
                 # words. Unreachable or failing (5xx): our error, which the pod would meet too.
                 return denied(exc.code, str(exc)), "denied" if exc.code < 500 else "error"
-            phases.mark("ensure")
         response: JSON = {"allowed": True}
         if translation.patch:
             response["patchType"] = "JSONPatch"

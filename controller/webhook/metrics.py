@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-# The target is p99 <= 10 ms; buckets resolve around it.
+# An admission costs ~0.3 ms of CPU; the buckets resolve a few ms around that.
 BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0, 5.0)
 OPERATIONS = ("mutate", "validate")
 DECISIONS = ("allowed", "patched", "denied", "error")

@@ -1,21 +1,14 @@
-"""The webhook's threaded transport (`--webhook-transport threads`, the default): AdmissionReview
-v1 in, AdmissionReview v1 out, a thread per connection. What both transports share (state,
-limits, an admission's review, span, histogram and log line) is `endpoint.AdmissionServer`.
+"""The webhook's HTTPS server: AdmissionReview v1 in, AdmissionReview v1 out, a thread per
+connection, in the controller's process.
 
-Why the standard library (`http.server` + `ssl` in threads) and not a web framework: the
-controller already serves its probes this way, the API server sends one small JSON POST per
-admission over a kept-alive HTTP/1.1 connection, and the work per request is about 0.1 ms of pure
-Python (p50 0.3 ms inside the webhook under 200 concurrent creations, bench/webhook_bench.py).
-aiohttp is not a product dependency (the image drops it with the kubernetes package's asyncio
-client). Each connection gets its own thread, so a slow client or a slow template create never
-stalls the others. The cost, measured (`--webhook-phase-timing`, docs/webhook.md Performance):
-under a burst, ~200 connection threads (most of a burst's admissions come on new connections)
-take turns at the GIL, and a slow admission spends ~80 % of its time waiting for it; the
-event-loop transport (`controller.webhook.aio`, `--webhook-transport asyncio`) is the answer to
-that diagnosis, opt-in until the API server's own measure says it is better (docs/webhook.md,
-where a no-op Go webhook shows what that measure can resolve on the bench machine). Meanwhile
-each answer here is one write and each request one read, since every socket call gives the GIL
-away.
+Why the standard library (`http.server` + `ssl` in threads): the API server sends one small JSON
+POST per admission over a kept-alive HTTP/1.1 connection, and the work per request is about
+0.3 ms of pure Python. Why this and no other way (docs/webhook.md, Performance): measured
+against a Go webhook that does nothing, under 200 concurrent pod creations through the real API
+server, the API server and its clients cannot tell this server from that floor, nor from the
+event-loop and child-process designs it replaced; nothing else is simpler. Each connection gets
+its own thread, so a slow client or a slow template create never stalls the others; each answer
+is one write and each request one read (every socket call gives the GIL away).
 
 TLS: every accepted connection is wrapped with the context the `ContextHolder` holds *at that
 moment*, and the handshake happens in the connection's thread (bounded by the timeout), so a
@@ -24,43 +17,146 @@ ones finish undisturbed.
 
 Limits: bodies above `MAX_BODY` (413) or without Content-Length (411) are refused before being
 read; a request whose headers and body take longer than `timeout_s` is dropped, a kept-alive
-connection idle for `IDLE_TIMEOUT_S` is closed. Paths:
-`POST /mutate-pods`, `POST /validate`, `GET /healthz`, `GET /metrics` (the webhook's histogram).
+connection idle for `IDLE_TIMEOUT_S` is closed; at most `max_connections` are open at once.
+Paths: `POST /mutate-pods`, `POST /validate`, `GET /healthz`, `GET /metrics` (the webhook's
+histogram). A review that raises is answered `allowed: false` (code 500) naming the admission's
+uid; every admission is one log line, one histogram observation and (with tracing) one span.
 
-Supervision: the accepting thread is the loop `webhook` (it beats every turn of
-`serve_forever`, at least every 0.5 s). An unexpected exception while accepting one connection
-or serving it (not a client's disconnect or timeout) is logged with its traceback and counted;
-that connection ends, the server goes on; should `serve_forever` itself raise, it is entered
-again after a backoff.
+Supervision (`dra_driver.supervision`): the accepting thread is the loop `webhook` of the
+supervisor given (it beats every turn of `serve_forever`, at least every 0.5 s). An unexpected
+exception while accepting one connection or serving it (not a client's disconnect or timeout)
+is logged with its traceback and counted; that connection ends, the server goes on; should
+`serve_forever` itself raise, it is entered again after a backoff.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import ssl
 import sys
 import threading
 import time
+from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from controller.webhook import phases
-from controller.webhook.endpoint import (
-    HEARTBEAT_S,
-    IDLE_TIMEOUT_S,
-    MAX_BODY,
-    READ_BUFFER,
-    AdmissionServer,
-    BadReview,
-    Review,
-    answer,
-    parse_review,
-)
-from dra_driver.supervision import BACKOFF_MAX_S, BACKOFF_START_S
+from opentelemetry import trace
+
+from controller.webhook.certs import ContextHolder
+from controller.webhook.metrics import WebhookMetrics
+from dra_driver import kube
+from dra_driver.supervision import BACKOFF_MAX_S, BACKOFF_START_S, Supervisor
+from dra_driver.tracing import installed_tracer
 
 log = logging.getLogger("vgpu-dra.webhook.server")
+
+JSON = dict[str, Any]
+# Two objects (object and oldObject) of at most ~1.5 MiB each (etcd's request limit), plus slack.
+MAX_BODY = 4 * 1024 * 1024
+READ_BUFFER = 64 * 1024
+DEFAULT_TIMEOUT_S = 10.0
+# A kept-alive connection may idle this long. Longer than the API server's own idle timeout for
+# webhook connections (90 s): the client must be the one to close an idle connection, or it may
+# send a request on a connection we are closing ("server closed idle connection": a failed
+# admission, since POSTs are not retried).
+IDLE_TIMEOUT_S = 120.0
+# Open connections beyond which new ones are closed at once: the port is reachable from the pod
+# network, and a flood of idle connections must not exhaust threads or memory.
+MAX_CONNECTIONS = 1024
+TRACER_NAME = "vgpu-dra.webhook"
+LOOP = "webhook"
+# A loop that has not turned for this long is stalled: far beyond any admission (whose API
+# server waits 10 s at most).
+LOOP_DEADLINE_S = 60.0
+POLL_S = 0.5  # serve_forever's poll: the loop beats at least this often
+MUTATE_PATH = "/mutate-pods"
+VALIDATE_PATH = "/validate"
+
+# review request -> (response fields without uid, short decision for logs/metrics)
+Review = Callable[[JSON], tuple[JSON, str]]
+
+
+class BadReview(ValueError):
+    """The body is not an AdmissionReview v1 request; answered 400."""
+
+
+def parse_review(body: bytes) -> JSON:
+    """The `request` of an AdmissionReview v1, checked for the fields we rely on.
+
+    JSON nested deeper than the decoder can take (only a free-form field can be: a claim's
+    opaque config) is read with its deep parts cut (`kube.decode_json(prune=True)`: each becomes
+    `kube.PRUNED`), so the review still has its uid and object, and the validation refuses the
+    config it cannot read by name ("nested too deeply") instead of the API server meeting a 400.
+    """
+    try:
+        review = kube.decode_json(body, prune=True)
+    except (ValueError, RecursionError) as exc:
+        raise BadReview(f"body is not JSON: {str(exc)[:200]}") from None
+    if not isinstance(review, dict) or review.get("kind") != "AdmissionReview":
+        raise BadReview("body is not an AdmissionReview")
+    if review.get("apiVersion") != "admission.k8s.io/v1":
+        raise BadReview(f"AdmissionReview apiVersion {review.get('apiVersion')!r}: only v1")
+    request = review.get("request")
+    if not isinstance(request, dict) or not isinstance(request.get("uid"), str):
+        raise BadReview("AdmissionReview without request.uid")
+    return request
+
+
+def answer(uid: str, response: JSON) -> bytes:
+    return json.dumps(
+        {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "response": {"uid": uid, **response},
+        },
+        separators=(",", ":"),
+    ).encode()
+
+
+def review_safely(operation: str, review: Review, request: JSON) -> tuple[JSON, str]:
+    """The review's answer; a bug of ours is `allowed: false` (code 500: under `failurePolicy:
+    Fail` what the API server would answer for a failed webhook) naming the uid, its traceback
+    in the log only."""
+    try:
+        return review(request)
+    except Exception:
+        log.exception("webhook %s failed for uid %s", operation, request["uid"])
+        message = (
+            f"vgpu-dra webhook: internal error while reviewing this object (admission uid "
+            f"{request['uid']}; the traceback is in the webhook's log)"
+        )
+        return {"allowed": False, "status": {"code": 500, "message": message}}, "error"
+
+
+def log_admission(operation: str, request: JSON, decision: str, elapsed: float) -> None:
+    """The admission's one log line: what, who, the decision and the time; never its content."""
+    kind = (request.get("kind") or {}).get("kind", "")
+    name = request.get("name") or (request.get("object") or {}).get("metadata", {}).get(
+        "generateName", ""
+    )
+    namespace = request.get("namespace") or ""
+    log.info(
+        "admission %s %s %s/%s: %s in %.2f ms",
+        operation,
+        kind,
+        namespace,
+        name,
+        decision,
+        elapsed * 1000,
+        extra={
+            "uid": request["uid"],
+            "operation": operation,
+            "kind": kind,
+            "namespace": namespace,
+            "object": name,
+            "decision": decision,
+            "dry_run": bool(request.get("dryRun")),
+            "ms": round(elapsed * 1000, 3),
+        },
+    )
 
 
 class _TLSServer(ThreadingHTTPServer):
@@ -83,20 +179,20 @@ class _TLSServer(ThreadingHTTPServer):
             context = self.owner._holder.current()
             if context is None:  # no certificate yet: nothing we could say
                 raise OSError("no serving certificate loaded yet")
-            wrapped = context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+            return context.wrap_socket(
+                sock, server_side=True, do_handshake_on_connect=False
+            ), address
         except OSError:
             sock.close()
             raise  # serve_forever drops this connection and goes on
         except Exception as exc:
             sock.close()
-            self.owner._failed(self.owner._serving_loop, "accepting a connection", address)
+            self.owner._failed("accepting a connection", address)
             raise OSError(f"connection from {address} dropped") from exc  # as above
-        wrapped.accepted_at = _clock()  # type: ignore[attr-defined]  # for --webhook-phase-timing
-        return wrapped, address
 
     def service_actions(self) -> None:
-        # Each turn of serve_forever (a connection accepted, or its 0.5 s poll): progress.
-        self.owner._serving_loop.beat()
+        # Each turn of serve_forever (a connection accepted, or its poll): progress.
+        self.owner._loop.beat()
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self.owner._connection_opened(client_address):
@@ -121,16 +217,65 @@ class _TLSServer(ThreadingHTTPServer):
         if error is None or isinstance(error, OSError | TimeoutError):  # ssl.SSLError included
             log.debug("webhook connection from %s failed", client_address, exc_info=True)
             return
-        self.owner._failed(self.owner._serving_loop, "a connection", client_address)
+        self.owner._failed("a connection", client_address)
 
 
-class WebhookServer(AdmissionServer):
-    """Serves the admission endpoints on `address` from daemon threads, one per connection."""
+class WebhookServer:
+    """Serves the admission endpoints on `address` over TLS with the context `holder` has when
+    each connection is accepted, from daemon threads (one per connection), from `start` until
+    `stop`."""
 
-    def _listen(self, address: tuple[str, int]) -> None:
-        self._httpd = _TLSServer(address, self._handler_class(), self)
+    def __init__(
+        self,
+        address: tuple[str, int],
+        holder: ContextHolder,
+        *,
+        mutate: Review,
+        validate: Review,
+        metrics: WebhookMetrics,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_connections: int = MAX_CONNECTIONS,
+        tracer: trace.Tracer | None = None,
+        supervisor: Supervisor | None = None,
+    ) -> None:
+        # None while tracing is off: no span is created at all (dra_driver.tracing).
+        self._tracer = tracer if tracer is not None else installed_tracer(TRACER_NAME)
+        self._routes = {MUTATE_PATH: ("mutate", mutate), VALIDATE_PATH: ("validate", validate)}
+        self._holder = holder
+        self._metrics = metrics
+        self._timeout_s = timeout_s
+        self._max_connections = max_connections
+        self._draining = threading.Event()
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._serve, name="webhook", daemon=True)
+        self._lock = threading.Lock()
+        self._open = 0
+        self._loop = (supervisor or Supervisor()).register(LOOP, LOOP_DEADLINE_S)
+        self._httpd = _TLSServer(address, self._handler_class(), self)
+        self._thread = threading.Thread(target=self._serve, name=LOOP, daemon=True)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The (host, port) actually bound (port 0 asks for a free one)."""
+        host, port = self._httpd.server_address[:2]
+        return str(host), int(port)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def serving(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+    def drain(self) -> None:
+        """Keep serving, but close each connection after its next answer: on the way out, the
+        API server's kept-alive connections move to another replica one request at a time
+        instead of failing when the process exits."""
+        self._draining.set()
 
     def _serve(self) -> None:
         """`serve_forever` until `stop`, entered again after a backoff should it raise."""
@@ -138,30 +283,83 @@ class WebhookServer(AdmissionServer):
         try:
             while not self._stopping.is_set():
                 try:
-                    self._httpd.serve_forever(poll_interval=HEARTBEAT_S / 2)
+                    self._httpd.serve_forever(poll_interval=POLL_S)
                     return  # shut down
                 except Exception:
                     if self._stopping.is_set():
                         return
-                    self._failed(self._serving_loop, "serving", "every client")
+                    self._failed("serving", "every client")
                     self._stopping.wait(backoff)
                     backoff = min(backoff * 2, BACKOFF_MAX_S)
         finally:
-            self._serving_loop.end(stopped=self._stopping.is_set())
+            self._loop.ended = not self._stopping.is_set()
 
-    @property
-    def address(self) -> tuple[str, int]:
-        host, port = self._httpd.server_address[:2]
-        return str(host), int(port)
+    def _connection_opened(self, peer: object) -> bool:
+        """Count a new connection in; False (and a warning) when the cap is reached: the
+        caller closes it at once."""
+        with self._lock:
+            full = self._open >= self._max_connections
+            if not full:
+                self._open += 1
+        if full:
+            log.warning(
+                "webhook: %d connections open, refusing one from %s", self._max_connections, peer
+            )
+        return not full
 
-    def start(self) -> None:
-        self._thread.start()
+    def _connection_closed(self) -> None:
+        with self._lock:
+            self._open -= 1
 
-    def stop(self) -> None:
-        self._stopping.set()
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=5)
+    def _failed(self, what: str, peer: object) -> None:
+        """An unexpected exception (being handled) ended one connection's `what`: logged with its
+        traceback and counted as a failure of the loop, which goes on."""
+        self._loop.beat(failed=True)
+        log.exception(
+            "webhook: %s with %s failed unexpectedly (%d so far); the server goes on",
+            what,
+            peer,
+            self._loop.failures,
+        )
+
+    def _admit(
+        self, handler: BaseHTTPRequestHandler, route: tuple[str, Review], body: bytes
+    ) -> None:
+        operation, review = route
+        started = time.perf_counter()
+        try:
+            request = parse_review(body)
+        except BadReview as exc:
+            handler._refuse(HTTPStatus.BAD_REQUEST, str(exc))  # type: ignore[attr-defined]
+            self._metrics.observe(operation, "error", time.perf_counter() - started)
+            return
+        with self._span(operation, request) as span:
+            response, decision = review_safely(operation, review, request)
+            if span is not None:
+                span.set_attribute("vgpu_dra.admission.decision", decision)
+        handler._reply(  # type: ignore[attr-defined]
+            HTTPStatus.OK,
+            answer(request["uid"], response),
+            "application/json",
+            self._draining.is_set(),
+        )
+        elapsed = time.perf_counter() - started
+        self._metrics.observe(operation, decision, elapsed)  # after the answer: off its path
+        log_admission(operation, request, decision, elapsed)
+
+    def _span(self, operation: str, request: JSON) -> contextlib.AbstractContextManager[Any]:
+        """The admission's tracing span (a null context while tracing is off)."""
+        if self._tracer is None:
+            return contextlib.nullcontext()
+        return self._tracer.start_as_current_span(
+            f"admission {operation}",
+            attributes={
+                "vgpu_dra.admission.uid": str(request["uid"]),
+                "vgpu_dra.admission.kind": str((request.get("kind") or {}).get("kind", "")),
+                "k8s.namespace.name": str(request.get("namespace") or ""),
+                "vgpu_dra.admission.dry_run": bool(request.get("dryRun")),
+            },
+        )
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         server = self
@@ -174,31 +372,17 @@ class WebhookServer(AdmissionServer):
 
             def setup(self) -> None:
                 super().setup()
-                conn = self.connection
-                self._tls_ms: float | None = None
-                if isinstance(conn, ssl.SSLSocket):
-                    conn.do_handshake()  # in this thread, bounded by the socket timeout
-                    accepted = getattr(conn, "accepted_at", None)
-                    if server._phase_timing and accepted is not None:
-                        self._tls_ms = round((_clock() - accepted) * 1e3, 3)
+                if isinstance(self.connection, ssl.SSLSocket):
+                    self.connection.do_handshake()  # in this thread, bounded by the timeout
 
             def handle_one_request(self) -> None:
                 self.connection.settimeout(IDLE_TIMEOUT_S)  # waiting for the next request
-                try:
-                    super().handle_one_request()
-                finally:
-                    if phases.current() is not None:
-                        server._admission_ended()
+                super().handle_one_request()
 
             def parse_request(self) -> bool:
                 # A request began: its headers and body must arrive within the timeout.
                 self.connection.settimeout(server._timeout_s)
-                if server._phase_timing:
-                    phases.begin(phases.Phases(server._admission_began(), self._tls_ms))
-                    self._tls_ms = None  # only the connection's first request waited for it
-                parsed = super().parse_request()
-                phases.mark("headers")
-                return parsed
+                return super().parse_request()
 
             def handle(self) -> None:
                 try:
@@ -236,9 +420,7 @@ class WebhookServer(AdmissionServer):
                         f"body of {length} bytes exceeds the limit of {MAX_BODY}",
                     )
                     return
-                body = self.rfile.read(length)
-                phases.mark("body")
-                server._admit(self, route, body)
+                server._admit(self, route, self.rfile.read(length))
 
             def _refuse(self, status: HTTPStatus, text: str) -> None:
                 # The body may be unread: the connection cannot carry another request.
@@ -265,34 +447,3 @@ class WebhookServer(AdmissionServer):
                     log.debug("webhook http %s", format % args)
 
         return Handler
-
-    def _admission_ended(self) -> None:
-        super()._admission_ended()
-        phases.begin(None)
-
-    def _admit(
-        self, handler: BaseHTTPRequestHandler, route: tuple[str, Review], body: bytes
-    ) -> None:
-        operation, review = route
-        started = _clock()
-        try:
-            request = parse_review(body)
-        except BadReview as exc:
-            handler._refuse(HTTPStatus.BAD_REQUEST, str(exc))  # type: ignore[attr-defined]
-            self._metrics.observe(operation, "error", _clock() - started)
-            return
-        phases.mark("decode")
-        response, decision = self._judge(operation, review, request)
-        phases.mark("review")
-        payload = answer(request["uid"], response)
-        phases.mark("encode")
-        handler._reply(  # type: ignore[attr-defined]
-            HTTPStatus.OK, payload, "application/json", self._draining.is_set()
-        )
-        elapsed = _clock() - started
-        phases.mark("write")
-        self._answered(operation, request, decision, elapsed, phases.current())
-
-
-def _clock() -> float:
-    return time.perf_counter()

@@ -29,12 +29,11 @@ NoneOnDryRun`.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from dra_driver import kube
@@ -94,30 +93,6 @@ def _object(namespace: str, name: str) -> str:
     return kube.path(RESOURCE_API, "resourceclaimtemplates", name, namespace=namespace)
 
 
-class WouldBlock(Exception):  # a signal, not an error
-    """Raised by `TemplateEnsurer.ensure` inside `non_blocking()` when a template would have to
-    be read or created through the API (or another admission's ensure awaited): the event-loop
-    transport then runs the admission again in its executor."""
-
-
-_non_blocking = threading.local()
-
-
-@contextlib.contextmanager
-def non_blocking() -> Iterator[None]:
-    """In this block, `ensure` raises WouldBlock instead of waiting for the API."""
-    _non_blocking.on = True
-    try:
-        yield
-    finally:
-        _non_blocking.on = False
-
-
-def may_block() -> bool:
-    """Whether this thread may wait for the API now (not inside `non_blocking()`)."""
-    return not getattr(_non_blocking, "on", False)
-
-
 class _Flight:
     """One ensure of a template in progress, which concurrent admissions wait for."""
 
@@ -159,8 +134,6 @@ class TemplateEnsurer:
                 seen = self._recent.get(key)
                 if seen is not None and self._clock() - seen < self._fresh_s:
                     continue
-                if not may_block():
-                    raise WouldBlock(f"{namespace}/{template.name}")
                 flight = self._flights.get(key)
                 ours = flight is None
                 if flight is None:

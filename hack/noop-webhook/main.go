@@ -1,8 +1,11 @@
 // Command noop-webhook is the floor of the webhook benchmark (bench/webhook_bench.py): an
 // admission webhook that costs next to nothing. Every AdmissionReview POSTed to it, on any
-// path, is answered "allowed" with no patch. What the API server's admission histogram reports
-// for it on the bench machine is the part of the figure that no webhook can remove; the
-// difference to vgpu-dra's webhook is ours.
+// path, is answered "allowed"; with -mutate-patch, those POSTed to /mutate-pods carry that
+// JSONPatch (the bench removes the pods' legacy resources with it, so that what follows the
+// admission is alike for the floor and for vgpu-dra's webhook: in particular the API server
+// then skips the validating webhook for the floor's pods too, as it does for translated ones).
+// What the API server's admission histogram reports for it on the bench machine is the part
+// of the figure that no webhook can remove; the difference to vgpu-dra's webhook is ours.
 //
 // It serves HTTP/1.1 only (no ALPN "h2"), like our webhook and like every webhook the API
 // server reaches through a Service, and counts what the client offered and what was used:
@@ -36,8 +39,10 @@ type review struct {
 }
 
 type response struct {
-	UID     string `json:"uid"`
-	Allowed bool   `json:"allowed"`
+	UID       string `json:"uid"`
+	Allowed   bool   `json:"allowed"`
+	PatchType string `json:"patchType,omitempty"`
+	Patch     []byte `json:"patch,omitempty"` // base64 in JSON, as the API expects
 }
 
 type answer struct {
@@ -65,7 +70,15 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:9443", "address to serve on")
 	certFile := flag.String("cert", "", "PEM serving certificate")
 	keyFile := flag.String("key", "", "PEM key of the serving certificate")
+	mutatePatch := flag.String("mutate-patch", "", "JSONPatch (JSON text) for POST /mutate-pods")
 	flag.Parse()
+	var patch []byte
+	if *mutatePatch != "" {
+		if !json.Valid([]byte(*mutatePatch)) {
+			log.Fatalf("noop-webhook: -mutate-patch is not JSON")
+		}
+		patch = []byte(*mutatePatch)
+	}
 	cert, err := tls.LoadX509KeyPair(*certFile, *keyFile)
 	if err != nil {
 		log.Fatalf("noop-webhook: %v", err)
@@ -104,10 +117,14 @@ func main() {
 			http.Error(w, "not an AdmissionReview", http.StatusBadRequest)
 			return
 		}
+		reply := response{UID: in.Request.UID, Allowed: true}
+		if patch != nil && r.URL.Path == "/mutate-pods" {
+			reply.PatchType, reply.Patch = "JSONPatch", patch
+		}
 		out, _ := json.Marshal(answer{
 			APIVersion: "admission.k8s.io/v1",
 			Kind:       "AdmissionReview",
-			Response:   response{UID: in.Request.UID, Allowed: true},
+			Response:   reply,
 		})
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(out)

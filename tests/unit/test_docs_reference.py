@@ -77,7 +77,7 @@ CASES = {
         "Flags",
         {**cli_flags.ENV, **controller_main.ENV},
     ),
-    "webhook": (WEBHOOK, "webhook.md", "Flags", None),
+    "webhook": (WEBHOOK, "webhook.md", "Flags", webhook_flags.ENV),
     "demo": (_parser_flags(demo_cli.build_parser()), "demo.md", None, None),
 }
 

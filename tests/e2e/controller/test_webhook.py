@@ -680,8 +680,8 @@ class Stream:
 def test_two_replicas_admit_while_either_is_stopped_and_gc_spares_the_others_templates(
     hook: Hook, client: KubeClient, tmp_path: Path
 ) -> None:
-    """Two more controller replicas, B and C (each serving from its child process; same Secret,
-    Lease and configurations as the module's), behind one relay: a stream of admissions loses
+    """Two more controller replicas, B and C (same Secret, Lease and configurations as the
+    module's), behind one relay: a stream of admissions loses
     none while B stops (SIGTERM: it drains) and comes back, and then while C does. Then
     admissions go to a replica that does not lead only, and the leader's template collection
     leaves the template they keep using alone (touch stamps on the object, not the admitting
@@ -731,7 +731,7 @@ def _stop_and_start(stream: Stream, stopped: Controller, port: int, other: Contr
     """Stop a replica while the stream runs, let the other admit alone, start it again."""
     served_before = _serving_lines(stopped, port)
     seen = _admissions(other)
-    stopped.stop()  # SIGTERM: the child drains, then exits; the controller waits for it
+    stopped.stop()  # SIGTERM: it drains (answers, closing each connection after), then exits
     stream.until("admissions by the other replica alone", lambda: _admissions(other) >= seen + 20)
     stopped.start()
     wait_for("the replica serving again", lambda: (
@@ -772,29 +772,16 @@ def _keep_using_while_the_leader_collects(hook: Hook) -> int:
     return n + 1
 
 
-def _webhook_argv(controller_argv: list[str], port: int) -> list[str]:
-    """`vgpu-dra webhook` with the credentials and webhook flags of the controller's argv."""
-    argv = [sys.executable, "-m", "dra_driver.cli", "webhook"]
-    tokens = controller_argv[controller_argv.index("controller") + 1 :]
-    for flag, value in zip(tokens, [*tokens[1:], ""], strict=True):
-        if flag.startswith(("--kubeconfig", "--webhook-", "--shared-", "--log-level")):
-            argv += [flag, str(port) if flag == "--webhook-port" else value]
-    return argv
-
-
-@pytest.mark.parametrize("transport", ["threads", "asyncio"])
 def test_a_webhook_requiring_the_api_servers_client_certificate(
-    hook: Hook, cluster: Any, tmp_path: Path, transport: str
+    hook: Hook, cluster: Any, tmp_path: Path
 ) -> None:
-    """`vgpu-dra webhook` on its own with --webhook-client-ca, on each transport: the bed's API
-    server presents a certificate signed by that CA (vgpu_testbed.cluster.webhook_client), so
-    admissions pass; a client without it is refused during the handshake, before any request
-    is read."""
+    """A second replica with --webhook-client-ca: the bed's API server presents a certificate
+    signed by that CA (vgpu_testbed.cluster.webhook_client), so admissions pass; a client
+    without it is refused during the handshake, before any request is read."""
     (port,) = free_ports(1)
     ca = webhook_client.client_ca(cluster.layout.pki)
-    alone = Controller([*_webhook_argv(hook.controller.argv, port), "--webhook-client-ca",
-                        str(ca), "--webhook-transport", transport],
-                       tmp_path / "webhook.log")  # fmt: skip
+    alone = Controller([*_replaced(hook.controller.argv, "--webhook-port", str(port)),
+                        "--webhook-client-ca", str(ca)], tmp_path / "webhook.log")  # fmt: skip
     try:
         alone.start()
         wait_for("the webhook serving", lambda: _serving_lines(alone, port) == 1)
@@ -1223,27 +1210,25 @@ def _digest(data: str | None) -> str:
     return hashlib.sha256((data or "").encode()).hexdigest()[:12]
 
 
-@pytest.mark.parametrize("transport", ["threads", "asyncio"])
-def test_rotation_during_a_stream_of_admissions_loses_none(hook: Hook, transport: str) -> None:
+def test_rotation_during_a_stream_of_admissions_loses_none(hook: Hook) -> None:
     """Lifetimes of seconds: a new CA is staged, published, promoted and a serving certificate
-    signed by it every ~10 s; dry-run admissions (each a real webhook call) never fail, on each
-    transport. Runs a controller of its own, stopped at the end (the tests after it want no
-    webhook)."""
+    signed by it every ~10 s; dry-run admissions (each a real webhook call) never fail. Runs a
+    controller of its own, stopped at the end (the tests after it want no webhook)."""
     secret_path = kube.path("v1", "secrets", hook.secret, namespace=hook.system_ns)
     hook.controller.stop()
     try:
-        _stream_through_rotations(hook, secret_path, transport)
+        _stream_through_rotations(hook, secret_path)
     finally:
         hook.controller.stop()
 
 
-def _stream_through_rotations(hook: Hook, secret_path: str, transport: str) -> None:
+def _stream_through_rotations(hook: Hook, secret_path: str) -> None:
     secret = hook.client.get(secret_path)
     secret["data"] = {}  # start over with short-lived certificates
     hook.client.replace(secret_path, secret)
     hook.controller.start(
         "--webhook-cert-lifetime", "12s", "--webhook-ca-lifetime", "16s",
-        "--webhook-ca-propagation", "2s", "--webhook-transport", transport,
+        "--webhook-ca-propagation", "2s",
     )  # fmt: skip
     wait_for("new certificates published", hook.published, timeout=60)
     stop = threading.Event()

@@ -1,4 +1,4 @@
-"""Hostile objects at the admission (controller.webhook.admission, .templates, .endpoint), without
+"""Hostile objects at the admission (controller.webhook.admission, .templates, .server), without
 a cluster (issue 27).
 
 Proves:
@@ -24,7 +24,7 @@ import jsonpatch
 import pytest
 
 from controller.webhook.admission import Admission
-from controller.webhook.endpoint import AdmissionServer
+from controller.webhook.server import review_safely
 from controller.webhook.templates import Template, TemplateEnsurer, TemplateError
 from controller.webhook.translate import TranslationSettings, translate_pod
 from controller.webhook.validation import ClusterFacts
@@ -162,7 +162,7 @@ def test_a_bug_in_a_review_is_a_refusal_naming_the_uid(caplog: pytest.LogCapture
     def review(request: JSON) -> tuple[JSON, str]:
         raise KeyError("secret detail")
 
-    response, decision = AdmissionServer.review_safely("mutate", review, {"uid": "u-42"})
+    response, decision = review_safely("mutate", review, {"uid": "u-42"})
     assert decision == "error"
     assert response["allowed"] is False
     message = response["status"]["message"]

@@ -4,28 +4,20 @@ Proves, for each loop (dra_driver.supervision is the rule):
 1. `webhook-facts`, `webhook-template-gc`, `webhook-certs`: a step that raises an unexpected
    exception is logged with its traceback and counted, and the loop goes on (the next step
    succeeds); the certificate sync skips its first pass (the caller synced);
-2. `webhook-child`: a look at the child that raises is counted and the watch goes on;
-3. `webhook-parent-link`: an exposition that raises is answered empty and counted, the link
-   goes on; the controller's ChildMetrics never forwards the child's loop families (the
-   controller has its own of those names) nor fails on a garbled exposition;
-4. the transports (threads and asyncio): an unexpected exception while accepting a connection
-   or serving one ends that connection only, logged and counted on the transport's loop; the
-   next connection is served; the loops beat while they turn and stay unstalled;
-5. the event-loop transport's serving loop blocked beyond its deadline is reported stalled, and
-   no longer once it turns again;
-6. the child's watchdog ends the process with exit 70, logging which loops stalled;
-7. an AdmissionReview nested too deeply for the decoder is answered (HTTP 200), and a VgpuConfig
-   in it is refused by name ("nested too deeply"), on both transports.
+2. the server (`webhook`): an unexpected exception while accepting a connection or serving one
+   ends that connection only, logged and counted on the loop; the next connection is served;
+   the loop beats while it turns and stays unstalled, and is reported stalled once its thread
+   has died;
+3. an AdmissionReview nested too deeply for the decoder is answered (HTTP 200), and a VgpuConfig
+   in it is refused by name ("nested too deeply").
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import http.client
 import json
 import logging
-import socket
 import ssl
 import threading
 import time
@@ -34,19 +26,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
 
-from controller.main import build_parser as controller_parser
-from controller.webhook import aio, certs, endpoint, facts, process
+from controller.webhook import certs, facts
 from controller.webhook.admission import Admission
-from controller.webhook.aio import AsyncWebhookServer
 from controller.webhook.metrics import WebhookMetrics
 from controller.webhook.server import WebhookServer
 from controller.webhook.templates import TemplateCollector
 from controller.webhook.translate import TranslationSettings
 from controller.webhook.validation import ClusterFacts
 from dra_driver import kube
-from dra_driver.supervision import LoopCollector, Supervisor
+from dra_driver.supervision import Supervisor
 from vgpu_testbed.polling import wait_for
 
 JSON = dict[str, Any]
@@ -180,103 +169,7 @@ def test_the_certificate_sync_skips_its_first_pass_and_survives_a_bug() -> None:
         thread.join(timeout=5)
 
 
-# ---------------------------------------------------------------- 2, 3, 6: the child
-
-
-def _args() -> argparse.Namespace:
-    return controller_parser({}).parse_args(["--webhook-port", "1"])
-
-
-def test_a_look_at_the_child_that_raises_is_counted_and_the_watch_goes_on() -> None:
-    looks = []
-
-    class Process:
-        pid = 1
-
-        def poll(self) -> int | None:
-            looks.append(1)
-            if len(looks) == 1:
-                raise RuntimeError("a bug in a look")
-            return None
-
-    child = process.ChildWebhook(_args())
-    child._process = Process()  # type: ignore[assignment]
-    supervisor, stop = Supervisor(), threading.Event()
-    thread = child.supervise(stop, supervisor=supervisor)
-    try:
-        wait_for("a look after the failed one", lambda: len(looks) >= 2, timeout=10)
-        assert failures(supervisor, "webhook-child") == 1
-        assert supervisor.stalled() == []
-    finally:
-        stop.set()
-        thread.join(timeout=5)
-        child._process = None
-
-
-def test_an_exposition_that_raises_is_answered_empty_and_the_link_goes_on() -> None:
-    ours, theirs = socket.socketpair()
-    calls = []
-
-    def exposition() -> bytes:
-        calls.append(1)
-        if len(calls) == 1:
-            raise RuntimeError("a bug in the exposition")
-        return b"x 1\n"
-
-    supervisor, stop, orphaned = Supervisor(), threading.Event(), threading.Event()
-    process._serve_parent(theirs.detach(), stop, exposition, orphaned, supervisor=supervisor)
-    ours.settimeout(5)
-    for expected in (b"", b"x 1\n"):
-        ours.sendall(b"m")
-        size = int.from_bytes(process._read(ours, 8), "big")
-        assert process._read(ours, size) == expected
-    assert failures(supervisor, "webhook-parent-link") == 1
-    assert supervisor.stalled() == []  # it waits for requests: no deadline
-    ours.close()
-    assert stop.wait(5) and orphaned.is_set()
-
-
-class FixedChild:
-    def __init__(self, text: bytes) -> None:
-        self.text = text
-
-    def scrape(self) -> bytes:
-        return self.text
-
-
-def test_child_metrics_drop_the_childs_loop_families_and_survive_garbage() -> None:
-    child = WebhookMetrics()  # what the child's registry holds: its families and its loops'
-    child.templates_created.inc(3)
-    loops = Supervisor()
-    loops.register("webhook-facts", 60).beat(failed=True)
-    child.registry.register(LoopCollector(loops))
-    child_text = generate_latest(child.registry)
-    assert b'vgpu_dra_loop_failures_total{loop="webhook-facts"} 1.0' in child_text
-    registry = CollectorRegistry()
-    registry.register(process.ChildMetrics(FixedChild(child_text), WebhookMetrics().registry, []))  # type: ignore[arg-type]
-    text = generate_latest(registry).decode()
-    assert "vgpu_dra_webhook_claim_templates_created_total 3.0" in text
-    assert "vgpu_dra_loop_failures" not in text
-    garbled = CollectorRegistry()
-    garbled.register(process.ChildMetrics(FixedChild(b"{{{ no"), WebhookMetrics().registry, []))  # type: ignore[arg-type]
-    generate_latest(garbled)  # no exception: the scrape goes on without the child's families
-
-
-def test_the_childs_watchdog_ends_the_process_naming_the_loops(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    def exit_(code: int) -> None:
-        raise SystemExit(code)
-
-    monkeypatch.setattr(process.os, "_exit", exit_)
-    monkeypatch.setattr(process.logging, "shutdown", lambda: None)
-    with pytest.raises(SystemExit) as ended:
-        process._stalled(["webhook-facts"])
-    assert ended.value.code == process.STALLED_EXIT == 70
-    assert "webhook loop(s) webhook-facts stopped making progress" in caplog.text
-
-
-# ---------------------------------------------------------------- 4, 5, 7: the transports
+# ---------------------------------------------------------------- 2, 3: the server
 
 
 class Holder(certs.ContextHolder):
@@ -291,15 +184,9 @@ class Holder(certs.ContextHolder):
         return super().current()
 
 
-@pytest.fixture(params=["threads", "asyncio"])
-def transport(request: pytest.FixtureRequest) -> type[WebhookServer] | type[AsyncWebhookServer]:
-    return AsyncWebhookServer if request.param == "asyncio" else WebhookServer
-
-
 class Served:
     def __init__(
         self,
-        transport: type[WebhookServer] | type[AsyncWebhookServer],
         tmp_path: Path,
         mutate: Callable[[JSON], tuple[JSON, str]],
         validate: Callable[[JSON], tuple[JSON, str]] | None = None,
@@ -311,7 +198,7 @@ class Served:
         bundle.write_bytes(ca[0])
         self.context = ssl.create_default_context(cafile=str(bundle))
         self.supervisor = Supervisor()
-        self.server = transport(
+        self.server = WebhookServer(
             ("127.0.0.1", 0),
             self.holder,
             mutate=mutate,
@@ -319,7 +206,6 @@ class Served:
             metrics=WebhookMetrics(),
             supervisor=self.supervisor,
         )
-        self.asyncio = transport is AsyncWebhookServer
 
     def post(self, path: str, body: bytes) -> tuple[int, bytes]:
         host, port = self.server.address
@@ -333,16 +219,14 @@ class Served:
 
 
 @pytest.fixture
-def serve(
-    transport: type[WebhookServer] | type[AsyncWebhookServer], tmp_path: Path
-) -> Iterator[Callable[..., Served]]:
+def serve(tmp_path: Path) -> Iterator[Callable[..., Served]]:
     started: list[Served] = []
 
     def start(
         mutate: Callable[[JSON], tuple[JSON, str]],
         validate: Callable[[JSON], tuple[JSON, str]] | None = None,
     ) -> Served:
-        served = Served(transport, tmp_path, mutate, validate)
+        served = Served(tmp_path, mutate, validate)
         served.server.start()
         started.append(served)
         return served
@@ -388,10 +272,9 @@ def test_an_accept_failing_unexpectedly_costs_one_connection_and_is_counted(
     served.holder.fail = 1
     with pytest.raises((http.client.HTTPException, OSError)):
         served.post("/mutate-pods", review("a"))
-    loop = "webhook-accept" if served.asyncio else "webhook"
-    wait_for("the failure counted", lambda: failures(served.supervisor, loop) == 1)
+    wait_for("the failure counted", lambda: failures(served.supervisor, "webhook") == 1)
 
-    def answered() -> bool:  # the asyncio accept loop may still be in its backoff
+    def answered() -> bool:
         try:
             return served.post("/mutate-pods", review("b"))[0] == 200
         except (http.client.HTTPException, OSError):
@@ -401,50 +284,18 @@ def test_an_accept_failing_unexpectedly_costs_one_connection_and_is_counted(
     assert served.supervisor.stalled() == []
 
 
-def test_the_transports_loops_beat_while_they_turn(serve: Callable[..., Served]) -> None:
-    served = serve(allowed)
-    loops = {loop.name: loop for loop in served.supervisor.loops()}
-    expected = {"webhook", "webhook-accept"} if served.asyncio else {"webhook"}
-    assert set(loops) == expected
-    before = {name: loop.last_beat for name, loop in loops.items()}
-    wait_for(
-        "every loop beating",
-        lambda: all(loops[name].last_beat > before[name] for name in expected),
-        timeout=10,
-    )
-    assert served.supervisor.stalled() == []
-
-
-def test_a_blocked_serving_loop_is_reported_stalled_until_it_turns(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+def test_the_servers_loop_beats_while_it_turns_and_stalls_once_it_ends(
+    serve: Callable[..., Served],
 ) -> None:
-    monkeypatch.setattr(endpoint, "LOOP_DEADLINE_S", 0.3)
-    monkeypatch.setattr(aio, "LOOP_DEADLINE_S", 0.3)
-    monkeypatch.setattr(aio, "HEARTBEAT_S", 0.05)
-    release = threading.Event()
-    seen: list[list[str]] = []
-
-    def blocking(request: JSON) -> tuple[JSON, str]:
-        if request.get("name") == "block":
-            release.wait(10)  # inline on the serving loop: nothing else turns meanwhile
-        return {"allowed": True}, "allowed"
-
-    served = Served(AsyncWebhookServer, tmp_path, blocking)
-    served.server.start()
-    try:
-        poster = threading.Thread(
-            target=served.post, args=("/mutate-pods", review("a", name="block"))
-        )
-        poster.start()
-        wait_for("the serving loop stalled", lambda: "webhook" in served.supervisor.stalled())
-        seen.append(served.supervisor.stalled())
-        release.set()
-        poster.join(timeout=10)
-        wait_for("the loop turning again", lambda: served.supervisor.stalled() == [])
-    finally:
-        release.set()
-        served.server.stop()
-    assert seen == [["webhook"]]  # the accept loop went on beating
+    served = serve(allowed)
+    (loop,) = served.supervisor.loops()
+    assert loop.name == "webhook"
+    before = loop.last_beat
+    wait_for("the loop beating", lambda: loop.last_beat > before, timeout=10)
+    assert served.supervisor.stalled() == []
+    served.server._httpd.shutdown()  # the accepting thread ends without `stop`: nothing serves
+    wait_for("the loop reported stalled", lambda: served.supervisor.stalled() == ["webhook"])
+    assert not served.server.serving()  # the controller's readiness check
 
 
 def deep(levels: int) -> Any:

@@ -24,8 +24,6 @@ from controller.webhook.templates import (
     LAST_USED,
     TemplateEnsurer,
     TemplateError,
-    WouldBlock,
-    non_blocking,
     referenced_templates,
     unused,
 )
@@ -171,20 +169,3 @@ def test_when_the_shared_create_fails_every_waiter_is_refused_with_its_reason() 
     }
     # Nothing is remembered from a failure: the next admission tries again.
     assert len(_burst(ensurer, 1)) == 1 and len(client.calls) == 2
-
-
-def test_a_non_blocking_ensure_refuses_to_call_the_api_unless_the_template_is_fresh() -> None:
-    """The event-loop transport's inline try: a template not ensured lately would need the API,
-    so the ensure raises WouldBlock without a call; once ensured, it passes without one."""
-    client = CountingClient(delay_s=0)
-    ensurer = TemplateEnsurer(client, timeout_s=5)  # type: ignore[arg-type]
-    spec = {"spec": {"devices": {"requests": []}}}
-    shape = [ClaimTemplate("vgpu-new", spec, {})]
-    with non_blocking(), pytest.raises(WouldBlock):
-        ensurer.ensure("ns", shape)
-    assert client.calls == []
-    ensurer.ensure("ns", shape)  # off the loop: it may call
-    assert len(client.calls) == 1
-    with non_blocking():
-        ensurer.ensure("ns", shape)
-    assert len(client.calls) == 1
