@@ -7,7 +7,7 @@ PY          := $(VENV)/bin/python
 NATIVE_DIRS := $(patsubst %/Makefile,%,$(wildcard hack/fakegpu/Makefile vgpu_hook/Makefile))
 PYTEST_ARGS ?=
 
-.PHONY: all venv native native-test controlplane test unit lint demo bench clean protos image image-tree
+.PHONY: all venv native native-test controlplane test unit lint demo bench clean protos image image-base image-tree
 
 all: venv native
 
@@ -54,31 +54,31 @@ demo: native controlplane
 bench: native controlplane
 	$(PY) -m bench
 
-# The container image (Dockerfile) with whichever engine is here; IMAGE names it.
-IMAGE      ?= vgpu-dra:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
-IMAGE_TREE ?= build/image-tree
+# The container image (Dockerfile), built with whichever engine works here (docker, podman or
+# buildah; ENGINE=... picks one) and also written as $(IMAGE_ARCHIVE), which a node without a
+# registry loads (`ctr -n k8s.io images import`). IMAGE names it; IMAGE_BASE replaces the
+# Dockerfile's base (python:3.11-slim). Without an image registry:
+#   make image-base image IMAGE_BASE=$(DEBIAN_BASE)   (the base made from Debian packages)
+IMAGE         ?= vgpu-dra:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE_ARCHIVE ?= build/image/vgpu-dra.tar
+IMAGE_BASE    ?=
+DEBIAN_BASE   ?= vgpu-dra-base:$(shell . /etc/os-release 2>/dev/null && echo $$VERSION_CODENAME)
+IMAGE_TREE    ?= build/image-tree
 
 image:
-	@engine=""; \
-	for e in docker podman buildah; do \
-	    if command -v $$e >/dev/null 2>&1; then \
-	        case $$e in \
-	            docker) docker info >/dev/null 2>&1 || { echo "image: docker is installed but its daemon is not reachable"; continue; } ;; \
-	        esac; engine=$$e; break; \
-	    fi; \
-	done; \
-	if [ -z "$$engine" ]; then \
-	    echo "image: no usable container engine (docker, podman or buildah); 'make image-tree' builds the same file tree without one" >&2; \
-	    exit 1; \
-	fi; \
-	echo "image: building $(IMAGE) with $$engine"; \
-	if [ "$$engine" = buildah ]; then buildah bud -t $(IMAGE) .; else $$engine build -t $(IMAGE) .; fi
+	sh deploy/image/build-image.sh $(IMAGE) $(IMAGE_ARCHIVE) $(IMAGE_BASE)
+
+# A base image from Debian packages (mmdebstrap; the host's apt mirror and release), imported
+# into the engine as $(DEBIAN_BASE); kept once it exists (REBUILD=1 makes it again).
+image-base:
+	engine=$$(sh deploy/image/engine.sh) && sh deploy/image/debian-base.sh "$$engine" $(DEBIAN_BASE)
 
 # The image's file tree without a container engine (deploy/image/build-tree.sh), for tests and
 # for packing into an OCI image elsewhere.
 # Built before the tests (which use it read-only) so no test reaches a package index.
-IMAGE_TREE_SOURCES := $(shell git ls-files pyproject.toml setup.py dra_driver kubelet_plugin \
-    controller vgpu_hook deploy/image 2>/dev/null)
+# (Tracked files that exist: one deleted in the worktree is no prerequisite.)
+IMAGE_TREE_SOURCES := $(wildcard $(shell git ls-files pyproject.toml setup.py dra_driver \
+    kubelet_plugin controller vgpu_hook deploy/image 2>/dev/null))
 
 $(IMAGE_TREE)/.built: $(VENV)/.stamp $(IMAGE_TREE_SOURCES)
 	sh deploy/image/build-tree.sh $(IMAGE_TREE) $(PY)

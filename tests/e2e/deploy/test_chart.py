@@ -1,10 +1,15 @@
 """The Helm chart deploy/helm/vgpu-dra with the real helm binary and the real 1.37 API server.
 
-1. `helm lint`; `helm template` with several value sets renders what they say; wrong values are
-   refused by values.schema.json with a message naming the value; the default DeviceClass equals
+1. `helm lint`; `helm template` with several value sets renders what they say: the defaults are
+   the whole product (kubelet plugin, leader-elected controller with its PDB, the webhook with
+   self-managed certificates), and each part can be turned off; wrong values are refused by
+   values.schema.json with a message naming the value; the default DeviceClass equals
    deploy/deviceclass.yaml.
 2. Every object of every value set passes a server-side dry-run create.
-3. Installed into the test bed: every object exists, the DaemonSet's pods are bound to the nodes.
+3. Installed into the test bed with the default values (the webhook scoped to a namespace label,
+   since the bed's API server cannot reach a Service): every object exists, the DaemonSet's pods
+   are bound to the nodes, NOTES.txt says what runs and how to check each part. (Every part
+   running for real from the product image: deploy/test_realnode_install.py.)
 4. Least privilege: SubjectAccessReviews show neither ServiceAccount can do more than its
    documented rules; the controller container runs with its ServiceAccount's pod-bound token.
    (The plugin running with its own, in its DaemonSet pod on a real node, publishing slices,
@@ -60,6 +65,12 @@ CONTROLLER_SA = f"{RELEASE}-vgpu-dra-controller"
 
 VALUE_SETS: dict[str, JSON] = {
     "defaults": {},
+    # Each part off: the node side alone; the controller without its webhook or PDB.
+    "node-side-only": {"controller": {"enabled": False}},
+    "no-webhook": {
+        "webhook": {"enabled": False},
+        "controller": {"podDisruptionBudget": {"enabled": False}},
+    },
     "controller-hostdevices": {
         "controller": {"enabled": True},
         "kubeletPlugin": {"nvml": {"mode": "hostDevices"}, "governor": False},
@@ -120,20 +131,48 @@ def test_helm_lint(home: Path) -> None:
         assert "0 chart(s) failed" in run.stdout
 
 
+NODE_SIDE = {
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "DaemonSet",
+    "DeviceClass",
+    "ServiceAccount",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
+CONTROLLER = {"Deployment", "Service", "PodDisruptionBudget", "Role", "RoleBinding"}
+WEBHOOK = {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "Secret"}
+
+
 def test_default_render(home: Path) -> None:
+    """The default values are the whole product: node side, controller, webhook."""
     docs = render(home, VALUE_SETS["defaults"])
-    assert sorted({d["kind"] for d in docs}) == sorted(
-        [
-            "ClusterRole",
-            "ClusterRoleBinding",
-            "DaemonSet",
-            "DeviceClass",
-            "ServiceAccount",
-            "ValidatingAdmissionPolicy",
-            "ValidatingAdmissionPolicyBinding",
-        ]
-    )
+    assert {d["kind"] for d in docs} == NODE_SIDE | CONTROLLER | WEBHOOK
+    (deploy,) = by_kind(docs, "Deployment")
+    assert deploy["spec"]["replicas"] == 2
+    ctl_pod = deploy["spec"]["template"]["spec"]
+    (controller,) = ctl_pod["containers"]
+    env = env_of(controller)
+    assert env["VGPU_DRA_LEADER_ELECT"] == "true"
+    assert env["VGPU_DRA_WEBHOOK_SECRET"] == "t-vgpu-dra-webhook-tls"  # self-managed certificates
+    assert ctl_pod["securityContext"]["runAsNonRoot"] is True
+    assert controller["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    # The replicas prefer different nodes; the PDB keeps one through drains.
+    (term,) = ctl_pod["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "vgpu-dra",
+        "app.kubernetes.io/instance": "t",
+        "app.kubernetes.io/component": "controller",
+    }
+    (pdb,) = by_kind(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1
     (ds,) = by_kind(docs, "DaemonSet")
+    for container in [controller, *ds["spec"]["template"]["spec"]["containers"]]:
+        assert set(container["resources"]["requests"]) == {"cpu", "memory"}, container["name"]
+        assert "memory" in container["resources"]["limits"], container["name"]
     pod = ds["spec"]["template"]["spec"]
     assert pod["priorityClassName"] == "system-node-critical"
     assert pod["runtimeClassName"] == "nvidia"
@@ -174,6 +213,24 @@ def test_default_render(home: Path) -> None:
     # Nothing the chart owns can delete node files on upgrade or uninstall: no hooks, no Jobs.
     for doc in docs:
         assert "helm.sh/hook" not in (doc["metadata"].get("annotations") or {}), doc["kind"]
+
+
+def test_each_part_can_be_turned_off(home: Path) -> None:
+    assert {d["kind"] for d in render(home, VALUE_SETS["node-side-only"])} == NODE_SIDE
+    docs = render(home, VALUE_SETS["no-webhook"])
+    assert {d["kind"] for d in docs} == NODE_SIDE | CONTROLLER - {"PodDisruptionBudget"}
+    (deploy,) = by_kind(docs, "Deployment")
+    assert not [n for n in env_of(deploy["spec"]["template"]["spec"]["containers"][0]) if (
+        n.startswith("VGPU_DRA_WEBHOOK_"))]  # fmt: skip
+    # A chosen affinity replaces the default anti-affinity.
+    mine = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "role", "operator": "In", "values": ["control"]}]}]}}}  # fmt: skip
+    (deploy,) = by_kind(render(home, {"controller": {"affinity": mine}}), "Deployment")
+    assert deploy["spec"]["template"]["spec"]["affinity"] == mine
+    # The admission policy too (renamed-driver turns it off as well).
+    docs = render(home, {"nodeAdmissionPolicy": {"enabled": False}})
+    assert not by_kind(docs, "ValidatingAdmissionPolicy")
 
 
 def test_deploy_deviceclass_equals_the_charts(home: Path) -> None:
@@ -277,6 +334,15 @@ def test_every_object_passes_a_server_side_dry_run(
 # ---------------------------------------------------------------- 3. install
 
 
+# The default values, but for the webhook's scope: the bed has no Service routing, so the webhook
+# the chart registers could not be called, and its fail-closed claim validation would refuse this
+# module's claims. Limited to namespaces with a label no test sets (deploy/test_realnode_install.py
+# calls it, unscoped, through a relay; tests/e2e/controller/test_webhook.py through the bed's URL).
+INSTALL_VALUES: JSON = {
+    "webhook": {"namespaceSelector": {"matchLabels": {"vgpu-dra.test/webhook": "on"}}}
+}
+
+
 @pytest.fixture(scope="module")
 def runtime_class(client: KubeClient) -> Iterator[None]:
     """The NVIDIA runtime class the default values run the plugin in (a real GPU node has it
@@ -295,15 +361,10 @@ def runtime_class(client: KubeClient) -> Iterator[None]:
 def release(
     cluster: Any, client: KubeClient, home: Path, runtime_class: None
 ) -> Iterator[tuple[str, list[JSON]]]:
-    """The chart installed (controller on) into its own namespace; uninstalled afterwards."""
+    """The chart installed with its default values into its own namespace; uninstalled
+    afterwards."""
     namespace = "vgpu-dra-system"
-    # The bed has no Service routing: the webhook the chart registers could not be called, and its
-    # fail-closed claim validation would refuse this module's claims. Limited to namespaces with a
-    # label no test sets (tests/e2e/controller/test_webhook.py calls it through the bed's URL).
-    values = {
-        "controller": {"enabled": True},
-        "webhook": {"namespaceSelector": {"matchLabels": {"vgpu-dra.test/webhook": "on"}}},
-    }
+    values = INSTALL_VALUES
     client.create(
         kube.path("v1", "namespaces"),
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
@@ -313,11 +374,21 @@ def release(
             home, "install", RELEASE, str(CHART), "--namespace", namespace,
             "-f", str(values_file(home, "install", values)), kubeconfig=cluster.kubeconfig,
         )  # fmt: skip
-        # NOTES.txt: how to check the install, and what the controller does.
-        assert "kubectl get resourceslices --field-selector spec.driver=vgpu.dra.dev" in (
-            installed.stdout
-        )
-        assert "runs the allocation controller of the policy path" in installed.stdout
+        # NOTES.txt: what runs, and a command to check each part.
+        notes = installed.stdout
+        for line in [
+            f"kubelet plugin   DaemonSet {PLUGIN_SA}",
+            f"controller       Deployment {CONTROLLER_SA}, 2 replica(s), one allocating at a time",
+            "(the holder of Lease vgpu-dra-controller)",
+            "webhook          served by every controller replica",
+            f"-l app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=kubelet-plugin",
+            "kubectl get resourceslices --field-selector spec.driver=vgpu.dra.dev",
+            f"-l app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=controller",
+            f"kubectl -n {namespace} get lease vgpu-dra-controller",
+            f"kubectl get mutatingwebhookconfiguration {RELEASE}-vgpu-dra-webhook",
+            "kubectl create --dry-run=server",
+        ]:
+            assert line in notes, notes
         docs = render(home, values, namespace=namespace, release=RELEASE)
         yield namespace, docs
     finally:
@@ -536,7 +607,7 @@ def test_the_controller_runs_with_its_charts_service_account(
     /readyz answers on the pod IP (here loopback), it stops cleanly."""
     namespace, _ = release
     port, webhook_port = free_ports(2)
-    values = {"controller": {"enabled": True, "healthPort": port, "webhookPort": webhook_port}}
+    values = {**INSTALL_VALUES, "controller": {"healthPort": port, "webhookPort": webhook_port}}
     (deploy,) = by_kind(render(home, values, namespace=namespace, release=RELEASE), "Deployment")
     (container,) = deploy["spec"]["template"]["spec"]["containers"]
 
@@ -710,4 +781,5 @@ def test_upgrade_and_uninstall_leave_no_orphans_and_keep_node_files(
     wait_for("no object of the release", lambda: not release_objects(client, namespace))
     # The fixture's own uninstall must not fail on an absent release: reinstall for it.
     helm(home, "install", RELEASE, str(CHART), "--namespace", namespace,
+         "-f", str(values_file(home, "reinstall", INSTALL_VALUES)),
          kubeconfig=cluster.kubeconfig)  # fmt: skip

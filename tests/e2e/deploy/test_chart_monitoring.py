@@ -120,7 +120,10 @@ def test_plugin_and_controller_monitors_select_their_pods_port(home: Path) -> No
 
 
 def test_controller_off_renders_only_the_plugins(home: Path) -> None:
-    assert set(monitors(render(home, ON, *WITH_CRD))) == {"kubelet-plugin"}
+    off = {**ON, "controller": {"enabled": False}}
+    assert set(monitors(render(home, off, *WITH_CRD))) == {"kubelet-plugin"}
+    # The default install has the controller: both are monitored.
+    assert set(monitors(render(home, ON, *WITH_CRD))) == {"kubelet-plugin", "controller"}
 
 
 def test_a_bad_interval_is_refused_naming_it(home: Path) -> None:

@@ -1,38 +1,41 @@
-"""The install path on a real bed node: image tree -> OCI image -> containerd -> the chart's
-DaemonSet pod -> slices -> a GPU pod prepared through it; then a surge rollout of the DaemonSet.
+"""The default install on a real bed node: the product image in the node's containerd, the chart
+with its default values, and every part running: the kubelet plugin DaemonSet, the controller
+(leader on its Lease) and the admission webhook (its self-managed certificate published), a GPU
+pod with a claim, a pod written for vgpu-manager applied unchanged; then a surge rollout of the
+DaemonSet and an uninstall.
 
 One real node (`vgpu_testbed.realnode`: the real kubelet, containerd with CDI, runc; a simulated
-a10-pcie). The image is the file tree `make image-tree` builds (what the Dockerfile copies),
-packed with the bed's interpreter as an OCI archive (`realnode.plugin_image`) and imported into
-the node's containerd. The chart is rendered by the real helm binary with the node's directories
-as its host paths and `nvml.mode=hostDevices` (privileged, /dev and the driver library dir
-mounted); the objects are created in the bed's API server and the bed's DaemonSet controller,
-scheduler and kubelet do the rest.
-
-What the bed cannot give a chart pod, and the test adds to the rendered DaemonSet (nothing else
-is changed):
-- `hostNetwork: true` and KUBERNETES_SERVICE_HOST/PORT = the node's 127.0.0.1 relay of the API
-  server: the bed has no kube-proxy (a Service IP leads nowhere) and the API server's
-  certificate names 127.0.0.1 only.
-- the simulated driver's state: its VGPU_SIM_* environment and a hostPath mount of its files
-  (a real node's driver needs neither).
+a10-pcie). The image, the values and what the bed adds to the rendered objects (host network,
+the webhook called through a relay into the node, the simulated driver where NVIDIA's runtime
+puts the real one) are in tests/e2e/deploy/bed_chart.py. The image is `make image`'s (a real
+engine's build of the Dockerfile) where it exists and matches the sources, as in CI, which
+builds it (.ci/run); elsewhere the image tree packed with the bed's interpreter stands in and
+the test says so (in CI that is a failure).
 
 What this proves:
-1. The DaemonSet pod runs from the image (init container installs the hook into the chart's
+1. The DaemonSet pod runs from the image (the init container installs the hook into the chart's
    hookDir, the plugin starts), becomes Ready through the chart's probes, registers with the
-   kubelet under its pod-UID socket names, and publishes the node's slices.
-   The chart's own liveness and readiness probe commands, run inside the running plugin
-   container through the API server (`kubectl exec`), both pass.
+   kubelet under its pod-UID socket names, and publishes the node's slices. The chart's
+   liveness and readiness probe commands, run inside the plugin container through the API
+   server (`kubectl exec`), both pass.
 2. Least privilege in practice: the plugin runs with the chart's ServiceAccount token (the
-   kubelet's projected one, bound to the pod), publishes the node's slices in the shareable form
-   the bed's API server serves (consumable capacity) and prepares claims, and its log shows no
-   Forbidden answer. A pod with a claim runs; its CDI spec was written by the DaemonSet's plugin
-   (it names the chart's hookDir).
-3. A rollout (`maxSurge: 1, maxUnavailable: 0`): the DaemonSet controller starts the new pod
-   next to the old one, deletes the old one once the new one is Ready, and the new one takes
-   over; pods with claims created throughout the rollout all run, and the kubelet reports no
-   failed prepare (no FailedPrepareDynamicResources event).
-4. Uninstall (the chart's objects deleted, as `helm uninstall` does; helm itself is in
+   kubelet's projected one, bound to the pod), unprivileged (the default `nvml.mode:
+   runtimeClass`), publishes the node's slices in the shareable form and prepares claims, and
+   its log shows no Forbidden answer. A pod with a claim runs; its CDI spec was written by the
+   DaemonSet's plugin (it names the chart's hookDir).
+3. The controller Deployment's pod (user 65532, read-only root) runs from the same image, holds
+   the Lease vgpu-dra-controller, and published its webhook CA into both webhook
+   configurations.
+4. The webhook and the policy path: deploy/examples/legacy/vgpu-manager.yaml, applied as
+   written, is translated (no legacy limits left, a claim from a template the webhook made),
+   placed by the controller (schedulerName vgpu-scheduler: the policy path) and runs with the
+   caps it asked for (1 GiB, 10 %) in its vgpu.conf.
+5. A rollout (`maxSurge: 1, maxUnavailable: 0`): the new pod starts next to the old one, the
+   old one is deleted once the new one is Ready, the new one takes over; pods with claims
+   created throughout all run, no failed prepare.
+6. The product image itself (when it is the one running): no test bed inside, the user and
+   entry point the chart relies on, and the node runs exactly it.
+7. Uninstall (the chart's objects deleted, as `helm uninstall` does; helm itself is in
    deploy/test_chart.py): the plugin pod is terminated for real, and the CDI specs and claim
    directories of the prepared claims stay on the node unchanged, their pods keep running.
 """
@@ -40,57 +43,77 @@ What this proves:
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
+import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
-from kubelet_plugin.server import SocketPaths
-from tests.fixtures.chart import JSON, by_kind, collection_path, object_path, render
+from tests.e2e.deploy import bed_chart
+from tests.e2e.deploy.bed_chart import (
+    CONTROLLER_LABELS,
+    DRIVER,
+    JSON,
+    NAMESPACE,
+    NODE_NAME,
+    PLUGIN_LABELS,
+    RELEASE,
+    one_ready,
+    pod_log,
+    pods,
+    ready,
+    wait_for,
+)
+from tests.fixtures.chart import collection_path, helm_binary, object_path
 from tests.fixtures.cluster import require_real_nodes
 from tests.fixtures.image_tree import built_tree
-from vgpu_testbed import polling
 from vgpu_testbed.cluster.control_plane import Cluster
-from vgpu_testbed.cluster.flags import free_ports
 from vgpu_testbed.fakegpu import simulator as fakegpu
-from vgpu_testbed.realnode.images import WORKLOAD, import_images
+from vgpu_testbed.realnode.images import WORKLOAD
 from vgpu_testbed.realnode.node import RealNode, start_real_nodes
-from vgpu_testbed.realnode.plugin_image import PLUGIN_IMAGE, build_plugin_image
 
 pytestmark = pytest.mark.timeout(900)
 
-REPO = Path(__file__).resolve().parents[3]
-NODE = "node-1"
-NAMESPACE = "vgpu-dra"
-RELEASE = "bed"
-DRIVER = "vgpu.dra.dev"
-PLUGIN_LABELS = "app.kubernetes.io/component=kubelet-plugin"
-T = TypeVar("T")
 
+class Bed:
+    """The module's cluster, its real node, and what runs there."""
 
-def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 180.0) -> T:
-    return polling.wait_for(what, fn, timeout, interval=0.5)
+    def __init__(self, cluster: Cluster, node: RealNode, archive: Path | None) -> None:
+        self.cluster = cluster
+        self.node = node
+        self.archive = archive  # the product image's, or None: the packed tree runs
+        self.webhook_port = 0
+        self.objects: list[JSON] = []
 
 
 @pytest.fixture(scope="module")
-def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, RealNode]]:
+def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
     require_real_nodes()
+    helm_binary()
     tree = built_tree()
+    archive, why = bed_chart.product_image(tree)
+    if archive is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI builds the product image first (.ci/run): {why}", pytrace=False)
+        print(f"the packed image tree stands in for the product image: {why}")
     cluster = Cluster.start(tmp_path_factory.mktemp("install"), ["a10-pcie"], die_with_parent=True)
     nodes: dict[str, RealNode] = {}
     try:
         nodes = start_real_nodes(cluster)
-        node = nodes[NODE]
+        node = nodes[NODE_NAME]
         # The chart's pod replaces the plugin the bed started (same state dir: it resumes).
         cluster.stop_process(node.plugin_process)
-        image = build_plugin_image(tree, cluster.root / "images")
-        import_images(node.ctr_bin / "ctr", node.layout.containerd_socket, [image])
-        yield cluster, node
+        image = bed_chart.node_image(tree, cluster.root / "images", archive)
+        seconds = bed_chart.import_as_default(node, image)
+        size = image.archive.stat().st_size >> 20
+        print(f"imported {image.archive} ({size} MiB) in {seconds:.1f} s")
+        yield Bed(cluster, node, archive)
     finally:
         for one in nodes.values():
             one.stop()
@@ -98,83 +121,10 @@ def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, Rea
 
 
 @pytest.fixture(scope="module")
-def client(bed: tuple[Cluster, RealNode]) -> Iterator[KubeClient]:
-    kc = KubeClient.from_kubeconfig(str(bed[0].kubeconfig))
+def client(bed: Bed) -> Iterator[KubeClient]:
+    kc = KubeClient.from_kubeconfig(str(bed.cluster.kubeconfig))
     yield kc
     kc.close()
-
-
-def chart_objects(home: Path, node: RealNode) -> list[JSON]:
-    """The chart rendered for the bed node, plus what only the bed needs (module docstring)."""
-    values = {
-        "image": {
-            "repository": PLUGIN_IMAGE.rsplit(":", 1)[0],
-            "tag": PLUGIN_IMAGE.rsplit(":", 1)[1],
-            "pullPolicy": "Never",
-        },
-        "kubeletPlugin": {
-            "kubeletDir": str(node.paths.root),  # the kubelet's --root-dir
-            "cdiRoot": str(node.layout.cdi_dir),  # containerd's CDI dir
-            "stateDir": str(node.paths.state_dir),
-            "hookDir": str(node.paths.root / "hook"),
-            "nvidiaCdiSpecDirs": [str(node.layout.cdi_dir)],
-            "nvml": {"mode": "hostDevices", "driverLibDir": str(fakegpu.library_dir())},
-            "resyncSeconds": 5,
-            "takeoverTimeoutSeconds": 120,
-        },
-        # One replica: with the host's network two would share one health port on one node.
-        "controller": {"enabled": True, "replicas": 1, "healthPort": free_ports(1)[0]},
-        # The API server cannot reach the webhook's Service here (no Service routing; the node
-        # relay refuses it), and the fail-closed claim validation would refuse this module's
-        # claims: scope the webhook to namespaces with a label no test sets, as test_chart does
-        # (tests/e2e/controller/test_webhook.py covers the webhook through the bed's URL).
-        "webhook": {"namespaceSelector": {"matchLabels": {"vgpu-dra.test/webhook": "on"}}},
-    }
-    docs = render(home, values, namespace=NAMESPACE, release=RELEASE)
-    (ds,) = by_kind(docs, "DaemonSet")
-    pod = ds["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
-    port = node.bed.state.ports["kube-apiserver"]
-    for workload in [ds, *by_kind(docs, "Deployment")]:
-        spec = workload["spec"]["template"]["spec"]
-        spec["hostNetwork"] = True
-        for one in spec["containers"]:
-            one["env"] += [
-                {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
-                {"name": "KUBERNETES_SERVICE_PORT", "value": str(port)},
-            ]
-    sim_files = sorted(
-        {str(Path(v).parent) for k, v in node.gpu_env.items() if k != "LD_LIBRARY_PATH"}
-    )
-    container["env"] += [
-        *(
-            {"name": k, "value": v}
-            for k, v in sorted(node.gpu_env.items())
-            if k != "LD_LIBRARY_PATH"
-        ),
-    ]
-    for index, directory in enumerate(sim_files):
-        name = f"simulated-driver-{index}"
-        pod["volumes"].append({"name": name, "hostPath": {"path": directory}})
-        container["volumeMounts"].append({"name": name, "mountPath": directory})
-    return docs
-
-
-def plugin_pods(client: KubeClient) -> list[JSON]:
-    pods = client.list(kube.path("v1", "pods", namespace=NAMESPACE), label_selector=PLUGIN_LABELS)
-    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-
-
-def ready(pod: JSON) -> bool:
-    conditions = pod.get("status", {}).get("conditions", [])
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-
-
-def pod_log(node: RealNode, pod: JSON, container: str) -> str:
-    meta = pod["metadata"]
-    directory = node.layout.pod_logs / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
-    logs = sorted((directory / container).glob("*.log"))
-    return "\n".join(p.read_text() for p in logs)
 
 
 def node_slices(client: KubeClient) -> list[JSON]:
@@ -183,62 +133,8 @@ def node_slices(client: KubeClient) -> list[JSON]:
         for s in client.list(
             kube.path(RESOURCE_API, "resourceslices"), field_selector=f"spec.driver={DRIVER}"
         )
-        if s["spec"].get("nodeName") == NODE
+        if s["spec"].get("nodeName") == NODE_NAME
     ]
-
-
-def claim_pod(client: KubeClient, namespace: str, name: str) -> None:
-    """A pod with a capped claim of its own (from a template, as workloads do)."""
-    client.create(
-        kube.path("v1", "pods", namespace=namespace),
-        {
-            "metadata": {"name": name},
-            "spec": {
-                "terminationGracePeriodSeconds": 1,
-                "nodeSelector": {"kubernetes.io/hostname": NODE},
-                "containers": [
-                    {
-                        "name": "work",
-                        "image": WORKLOAD,
-                        "imagePullPolicy": "Never",
-                        "command": ["sleep", "3600"],
-                        "resources": {"claims": [{"name": "gpu"}]},
-                    }
-                ],
-                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "small"}],
-            },
-        },
-    )
-
-
-def pod_ready(client: KubeClient, namespace: str, name: str) -> JSON | None:
-    pod = client.get(kube.path("v1", "pods", name, namespace=namespace))
-    return pod if ready(pod) else None
-
-
-@pytest.fixture(scope="module")
-def installed(
-    bed: tuple[Cluster, RealNode], client: KubeClient, tmp_path_factory: pytest.TempPathFactory
-) -> JSON:
-    """The chart's objects created; returns the DaemonSet's first Ready pod."""
-    _, node = bed
-    client.create(kube.path("v1", "namespaces"), {"metadata": {"name": NAMESPACE}})
-    account = kube.path("v1", "serviceaccounts", "default", namespace=NAMESPACE)
-    wait_for("the namespace's default ServiceAccount", lambda: _exists(client, account))
-    # Slices of the bed's own plugin go: the DaemonSet's plugin must publish them itself.
-    for found in node_slices(client):
-        client.delete(kube.path(RESOURCE_API, "resourceslices", found["metadata"]["name"]))
-    t0 = time.monotonic()
-    for obj in chart_objects(tmp_path_factory.mktemp("helm"), node):
-        client.create(collection_path(obj, NAMESPACE), obj)
-    pod = wait_for("the DaemonSet's plugin pod to be Ready", lambda: _one_ready(client))
-    print(f"plugin pod Ready {time.monotonic() - t0:.1f} s after the chart's objects were created")
-    return pod
-
-
-def _one_ready(client: KubeClient) -> JSON | None:
-    pods = [p for p in plugin_pods(client) if ready(p)]
-    return pods[0] if len(pods) == 1 else None
 
 
 def _exists(client: KubeClient, path: str) -> bool:
@@ -249,11 +145,55 @@ def _exists(client: KubeClient, path: str) -> bool:
     return True
 
 
+def new_namespace(client: KubeClient, name: str, template: bool = True) -> None:
+    """A namespace with its default ServiceAccount (and the module's claim template)."""
+    client.create(kube.path("v1", "namespaces"), {"metadata": {"name": name}})
+    wait_for(
+        f"the default ServiceAccount of {name}",
+        lambda: _exists(client, kube.path("v1", "serviceaccounts", "default", namespace=name)),
+    )
+    if template:
+        client.create(kube.path(RESOURCE_API, "resourceclaimtemplates", namespace=name), TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def installed(bed: Bed, client: KubeClient, tmp_path_factory: pytest.TempPathFactory) -> JSON:
+    """The chart's objects created; every part running (the plugin Ready, the controller Ready,
+    its CA published into the webhook configurations). Returns the plugin pod."""
+    node = bed.node
+    client.create(kube.path("v1", "namespaces"), {"metadata": {"name": NAMESPACE}})
+    account = kube.path("v1", "serviceaccounts", "default", namespace=NAMESPACE)
+    wait_for("the namespace's default ServiceAccount", lambda: _exists(client, account))
+    client.create(kube.path("node.k8s.io/v1", "runtimeclasses"), bed_chart.runtime_class())
+    # Slices of the bed's own plugin go: the DaemonSet's plugin must publish them itself.
+    for found in node_slices(client):
+        client.delete(kube.path(RESOURCE_API, "resourceslices", found["metadata"]["name"]))
+    bed.webhook_port = bed_chart.start_webhook_relay(bed.cluster, node)
+    bed.objects = bed_chart.chart_objects(tmp_path_factory.mktemp("helm"), node, bed.webhook_port)
+    t0 = time.monotonic()
+    for obj in bed.objects:
+        client.create(collection_path(obj, NAMESPACE), obj)
+    try:
+        pod = wait_for("the plugin pod to be Ready", lambda: one_ready(client, PLUGIN_LABELS))
+        plugin_ready = time.monotonic() - t0
+        wait_for("the controller pod to be Ready", lambda: one_ready(client, CONTROLLER_LABELS))
+        wait_for("the webhook's CA in its configurations", lambda: bed_chart.ca_published(
+            client, bed.objects))  # fmt: skip
+    except TimeoutError as err:
+        raise AssertionError(f"{err}\n{bed_chart.explain(client, node)}") from err
+    print(
+        f"after the chart's objects were created: plugin pod Ready {plugin_ready:.1f} s, "
+        f"controller Ready and webhook CA published {time.monotonic() - t0:.1f} s; the plugin "
+        f"process served its sockets {bed_chart.plugin_start_seconds(node, pod):.2f} s after it "
+        "started"
+    )
+    return pod
+
+
 def test_chart_daemonset_runs_the_plugin_and_a_gpu_pod(
-    bed: tuple[Cluster, RealNode], client: KubeClient, installed: JSON
+    bed: Bed, client: KubeClient, installed: JSON
 ) -> None:
-    _, node = bed
-    uid = installed["metadata"]["uid"]
+    node = bed.node
     slices = wait_for("node-1's slices from the DaemonSet's plugin", lambda: node_slices(client))
     devices = sorted(d["name"] for s in slices for d in s["spec"]["devices"])
     gpus = len(fakegpu.load_profile(node.profile).gpus)
@@ -261,47 +201,40 @@ def test_chart_daemonset_runs_the_plugin_and_a_gpu_pod(
     # The bed serves consumable capacity: the plugin's start-up probe chose the shareable form.
     assert all(d.get("allowMultipleAllocations") for s in slices for d in s["spec"]["devices"])
     registry = node.paths.root / "plugins_registry"
-    own = SocketPaths.for_instance(
-        DRIVER,
-        plugin_dir=str(node.paths.root / "plugins" / DRIVER),
-        registrar_dir=str(registry),
-        instance=uid,
-    )
+    own = bed_chart.registration_socket(node, installed)
     # Registered under its pod-UID names; the bed plugin's fixed-name socket went with it.
-    assert sorted(p.name for p in registry.iterdir()) == [Path(own.registration).name]
+    assert sorted(p.name for p in registry.iterdir()) == [own.name]
     hook = node.paths.root / "hook" / "libvgpu.so"
     assert hook.is_file()  # the init container installed it
     log = pod_log(node, installed, "kubelet-plugin")
     assert "is running" in log, log[-3000:]
-    # Its ServiceAccount (the projected token the kubelet mounted) allows all it does.
-    assert installed["spec"]["serviceAccountName"] == f"{RELEASE}-vgpu-dra-kubelet-plugin"
+    # Its ServiceAccount (the projected token the kubelet mounted) allows all it does, and it
+    # runs unprivileged in the nvidia RuntimeClass (the chart's default nvml.mode).
+    spec = installed["spec"]
+    assert spec["serviceAccountName"] == f"{RELEASE}-vgpu-dra-kubelet-plugin"
+    assert spec["runtimeClassName"] == "nvidia"
+    assert spec["containers"][0]["securityContext"]["privileged"] is False
 
     namespace = "work"
-    client.create(kube.path("v1", "namespaces"), {"metadata": {"name": namespace}})
-    client.create(kube.path(RESOURCE_API, "resourceclaimtemplates", namespace=namespace), TEMPLATE)
-    wait_for(
-        "the default ServiceAccount",
-        lambda: _exists(client, kube.path("v1", "serviceaccounts", "default", namespace=namespace)),
-    )
+    new_namespace(client, namespace)
     claim_pod(client, namespace, "first")
     wait_for("the GPU pod to run", lambda: pod_ready(client, namespace, "first"))
     (claim,) = client.list(kube.path(RESOURCE_API, "resourceclaims", namespace=namespace))
-    spec = node.layout.cdi_dir / f"k8s.{DRIVER}-claim_{claim['metadata']['uid']}.json"
-    assert str(hook) in spec.read_text()  # written by the chart's plugin: the chart's hookDir
+    cdi = node.layout.cdi_dir / f"k8s.{DRIVER}-claim_{claim['metadata']['uid']}.json"
+    assert str(hook) in cdi.read_text()  # written by the chart's plugin: the chart's hookDir
     log = pod_log(node, installed, "kubelet-plugin")
     assert "Forbidden" not in log, log[-3000:]
 
 
 def test_the_charts_probes_pass_in_the_plugin_container(
-    bed: tuple[Cluster, RealNode], client: KubeClient, installed: JSON
+    bed: Bed, client: KubeClient, installed: JSON
 ) -> None:
     """Both probe commands as the chart renders them, run in the container through the API
     server and the kubelet (the path `kubectl exec` takes; the kubelet's own probe runs them
     through the same CRI exec): exit status 0. Ready already says the readiness probe passed;
     the liveness probe starts 10 s after the container and a failure shows only as a restart."""
-    cluster, _ = bed
     (container,) = installed["spec"]["containers"]
-    api = cluster.api_client()
+    api = bed.cluster.api_client()
     try:
         for probe in ("livenessProbe", "readinessProbe"):
             command = container[probe]["exec"]["command"]
@@ -363,38 +296,88 @@ TEMPLATE: JSON = {
 }
 
 
-def test_chart_deployment_runs_the_controller(
-    bed: tuple[Cluster, RealNode], client: KubeClient, installed: JSON
+def claim_pod(client: KubeClient, namespace: str, name: str) -> None:
+    """A pod with a capped claim of its own (from a template, as workloads do)."""
+    client.create(
+        kube.path("v1", "pods", namespace=namespace),
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "terminationGracePeriodSeconds": 1,
+                "nodeSelector": {"kubernetes.io/hostname": NODE_NAME},
+                "containers": [
+                    {
+                        "name": "work",
+                        "image": WORKLOAD,
+                        "imagePullPolicy": "Never",
+                        "command": ["sleep", "3600"],
+                        "resources": {"claims": [{"name": "gpu"}]},
+                    }
+                ],
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "small"}],
+            },
+        },
+    )
+
+
+def pod_ready(client: KubeClient, namespace: str, name: str) -> JSON | None:
+    pod: JSON = client.get(kube.path("v1", "pods", name, namespace=namespace))
+    return pod if ready(pod) else None
+
+
+def test_chart_deployment_runs_the_controller_and_its_webhook(
+    bed: Bed, client: KubeClient, installed: JSON
 ) -> None:
-    """The controller Deployment's pod (non-root, read-only root) runs from the same image and
-    becomes Ready through its HTTP probes."""
-    _, node = bed
-
-    def controller_ready() -> JSON | None:
-        pods = client.list(
-            kube.path("v1", "pods", namespace=NAMESPACE),
-            label_selector="app.kubernetes.io/component=controller",
-        )
-        return next((p for p in pods if ready(p)), None)
-
-    pod = wait_for("the controller pod to be Ready", controller_ready)
+    """The controller Deployment's pod (non-root, read-only root) runs from the same image, is
+    Ready through its HTTP probes, leads on its Lease, and published its CA."""
+    pod = one_ready(client, CONTROLLER_LABELS)
+    assert pod is not None
     assert pod["spec"]["securityContext"]["runAsUser"] == 65532
     (status,) = pod["status"]["containerStatuses"]
-    assert status["restartCount"] == 0, pod_log(node, pod, "controller")[-3000:]
-
-
-def test_surge_rollout_loses_no_prepare(
-    bed: tuple[Cluster, RealNode], client: KubeClient, installed: JSON
-) -> None:
-    _, node = bed
-    namespace = "rollout"
-    client.create(kube.path("v1", "namespaces"), {"metadata": {"name": namespace}})
-    client.create(kube.path(RESOURCE_API, "resourceclaimtemplates", namespace=namespace), TEMPLATE)
-    wait_for(
-        "the default ServiceAccount",
-        lambda: _exists(client, kube.path("v1", "serviceaccounts", "default", namespace=namespace)),
+    assert status["restartCount"] == 0, pod_log(bed.node, pod, "controller")[-3000:]
+    lease = client.get(
+        kube.path("coordination.k8s.io/v1", "leases", "vgpu-dra-controller", namespace=NAMESPACE)
     )
-    (old,) = [p for p in plugin_pods(client) if ready(p)]
+    assert lease["spec"].get("holderIdentity"), lease["spec"]
+    log = pod_log(bed.node, pod, "controller")
+    assert f"acquired leadership of lease {NAMESPACE}/vgpu-dra-controller" in log
+    secret = client.get(
+        kube.path("v1", "secrets", f"{RELEASE}-vgpu-dra-webhook-tls", namespace=NAMESPACE)
+    )
+    assert {"ca.crt", "tls.crt", "tls.key"} <= set(secret.get("data") or {}), sorted(secret)
+    assert bed_chart.ca_published(client, bed.objects)
+
+
+def test_a_vgpu_manager_pod_runs_unchanged(bed: Bed, client: KubeClient, installed: JSON) -> None:
+    """deploy/examples/legacy/vgpu-manager.yaml as written: translated by the webhook, placed by
+    the controller (its schedulerName asks for the policy path), run with its caps."""
+    namespace = "legacy"
+    new_namespace(client, namespace, template=False)
+    manifest = bed_chart.legacy_pod_manifest()
+    name = manifest["metadata"]["name"]
+    created = client.create(kube.path("v1", "pods", namespace=namespace), manifest)
+    (container,) = created["spec"]["containers"]
+    limits = (container.get("resources") or {}).get("limits") or {}
+    assert not [k for k in limits if k.startswith("nvidia.com/")], limits
+    assert created["metadata"]["annotations"]["vgpu.dra.dev/translated-from"] == "vgpu-manager"
+    assert created["spec"]["schedulerName"] == "default-scheduler"
+    assert [g["name"] for g in created["spec"].get("schedulingGates") or []] == [
+        "vgpu.dra.dev/policy"
+    ]
+    pod = wait_for(f"pod {name} to run", lambda: pod_ready(client, namespace, name))
+    assert not pod["spec"].get("schedulingGates")  # the controller placed it and lifted the gate
+    (claim,) = client.list(kube.path(RESOURCE_API, "resourceclaims", namespace=namespace))
+    conf = bed.node.paths.state_dir / "claims" / claim["metadata"]["uid"] / "vgpu.conf"
+    (device,) = [line for line in conf.read_text().splitlines() if line.startswith("device ")]
+    fields = dict(token.split("=", 1) for token in device.split()[1:])
+    assert (int(fields["memory"]), int(fields["cores"])) == (1024 << 20, 10), device
+
+
+def test_surge_rollout_loses_no_prepare(bed: Bed, client: KubeClient, installed: JSON) -> None:
+    node = bed.node
+    namespace = "rollout"
+    new_namespace(client, namespace)
+    (old,) = [p for p in pods(client, PLUGIN_LABELS) if ready(p)]
     ds_path = kube.path(
         "apps/v1", "daemonsets", f"{RELEASE}-vgpu-dra-kubelet-plugin", namespace=NAMESPACE
     )
@@ -410,16 +393,16 @@ def test_surge_rollout_loses_no_prepare(
         name = f"during-{len(names)}"
         claim_pod(client, namespace, name)
         names.append(name)
-        pods = plugin_pods(client)
-        rolled = len(pods) == 1 and pods[0]["metadata"]["uid"] != old["metadata"]["uid"]
-        if rolled and ready(pods[0]) and len(names) >= 6:
+        found = pods(client, PLUGIN_LABELS)
+        rolled = len(found) == 1 and found[0]["metadata"]["uid"] != old["metadata"]["uid"]
+        if rolled and ready(found[0]) and len(names) >= 6:
             break
         assert time.monotonic() - t0 < 300, "the rollout did not finish"
         time.sleep(1.0)
     rollout_s = time.monotonic() - t0
-    (new,) = plugin_pods(client)
+    (new,) = pods(client, PLUGIN_LABELS)
     for name in names:
-        wait_for(f"pod {name} to run", lambda n=name: pod_ready(client, namespace, n))
+        wait_for(f"pod {name} to run", functools.partial(pod_ready, client, namespace, name))
     failed = [
         e
         for e in client.list(kube.path("v1", "events", namespace=namespace))
@@ -434,6 +417,23 @@ def test_surge_rollout_loses_no_prepare(
     print(f"rollout: {rollout_s:.1f} s, {len(names)} pods with claims created meanwhile, all ran")
 
 
+def test_the_product_image_holds_the_product_only(bed: Bed, client: KubeClient) -> None:
+    """`make image`'s image, when it is the one the node runs: the user and entry point the
+    chart's pods rely on, no test bed, and the plugin pod runs exactly it."""
+    if bed.archive is None:
+        pytest.skip("the packed image tree runs here, not the product image (`make image`)")
+    config = bed_chart.archive_config(bed.archive)["config"]
+    assert config["User"] == "65532:65532"
+    assert config["Entrypoint"] == ["vgpu-dra"]
+    paths = [path for path, _, _ in bed_chart.archive_paths(bed.archive)]
+    assert any(p.startswith(bed_chart.SITE + "kubelet_plugin/") for p in paths)
+    assert [p for p in paths if "vgpu_testbed" in p or "fakegpu" in p] == []
+    config_digest = bed_chart.archive_manifest(bed.archive)["Config"].removesuffix(".json")
+    (plugin,) = pods(client, PLUGIN_LABELS)
+    image_ids = [s["imageID"] for s in plugin["status"]["containerStatuses"]]
+    assert all(config_digest.removeprefix("blobs/sha256/") in i for i in image_ids), image_ids
+
+
 def digest(roots: list[Path]) -> dict[str, str]:
     return {
         str(path): hashlib.sha256(path.read_bytes()).hexdigest()
@@ -444,17 +444,14 @@ def digest(roots: list[Path]) -> dict[str, str]:
 
 
 def test_uninstall_keeps_prepared_claims_on_the_node(
-    bed: tuple[Cluster, RealNode],
-    client: KubeClient,
-    installed: JSON,
-    tmp_path_factory: pytest.TempPathFactory,
+    bed: Bed, client: KubeClient, installed: JSON
 ) -> None:
     """Runs last (pytest keeps the module's order): removes the chart. The claims of the
     earlier tests' pods stay prepared: nothing on the node may go with the plugin pod."""
-    _, node = bed
+    node = bed.node
     claims = [
         c
-        for namespace in ("work", "rollout")
+        for namespace in ("work", "legacy", "rollout")
         for c in client.list(kube.path(RESOURCE_API, "resourceclaims", namespace=namespace))
     ]
     assert claims, "the earlier tests prepared claims"
@@ -463,12 +460,11 @@ def test_uninstall_keeps_prepared_claims_on_the_node(
     before = digest(node_files)
     assert {str(p) for p in ours} <= set(before)
     assert any(p.endswith("vgpu.conf") for p in before)
-    running = [p for p in plugin_pods(client) if ready(p)]
-    assert running
+    assert [p for p in pods(client, PLUGIN_LABELS) if ready(p)]
 
     # What `helm uninstall` does: every object of the release deleted (no hooks, no Jobs: the
     # render test in deploy/test_chart.py asserts the chart has none).
-    for obj in reversed(chart_objects(tmp_path_factory.mktemp("helm"), node)):
+    for obj in reversed(bed.objects):
         client.delete(object_path(obj, NAMESPACE))
     wait_for("the plugin pods to be gone", lambda: not _pods_left(client))
     assert digest(node_files) == before

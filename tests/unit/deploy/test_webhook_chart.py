@@ -7,7 +7,8 @@ same condition; the webhook is fail-closed, CREATE-only, NoneOnDryRun, never rei
 environment the chart gives the controller parses with the controller's own flags into the
 intended webhook settings; RBAC names its one Secret and its two configurations; cert-manager
 mode renders Certificate, Issuer, cainjector annotation and the mounted certificate instead of
-the Secret; webhook.enabled=false (or no controller) renders no webhook at all.
+the Secret; the default values have the webhook with self-managed certificates;
+webhook.enabled=false (or no controller) renders no webhook at all.
 """
 
 from __future__ import annotations
@@ -183,9 +184,18 @@ def test_cert_manager_mode(home: Path) -> None:
     assert certificate["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer"}
 
 
+def test_the_default_install_has_the_webhook_with_self_managed_certificates(home: Path) -> None:
+    docs = render(home, {})
+    kinds = {d["kind"] for d in docs}
+    assert {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "Secret"} <= kinds
+    assert not kinds & {"Certificate", "Issuer"}
+    env = controller_env(docs, {"status.podIP": "10.0.0.9", "metadata.namespace": "vgpu-dra"})
+    assert env["VGPU_DRA_WEBHOOK_SECRET"] == "t-vgpu-dra-webhook-tls"
+
+
 @pytest.mark.parametrize(
     "values",
-    [{"controller": {"enabled": True}, "webhook": {"enabled": False}}, {}],
+    [{"webhook": {"enabled": False}}, {"controller": {"enabled": False}}],
 )
 def test_no_webhook_without_it_or_without_the_controller(home: Path, values: JSON) -> None:
     docs = render(home, values)
@@ -196,20 +206,19 @@ def test_no_webhook_without_it_or_without_the_controller(home: Path, values: JSO
         assert not any(n.startswith("VGPU_DRA_WEBHOOK_") for n in names)
 
 
-def test_process_drain_and_client_ca(home: Path) -> None:
-    """webhook.process and webhook.drain reach the controller's flags; webhook.clientCA mounts
-    the ConfigMap's CA read-only and points --webhook-client-ca at it."""
-    values: JSON = {"controller": {"enabled": True}}
+def test_drain_and_client_ca(home: Path) -> None:
+    """webhook.drain reaches the controller's flag; webhook.clientCA mounts the ConfigMap's CA
+    read-only and points --webhook-client-ca at it."""
+    values: JSON = {}
     fields = {"status.podIP": "10.0.0.7", "metadata.namespace": "ns"}
     args = build_parser(controller_env(render(home, values, namespace="ns", release="r"),
                                        fields)).parse_args([])  # fmt: skip
-    assert (args.webhook_process, args.webhook_drain.total_seconds()) == ("child", 2.0)
+    assert args.webhook_drain.total_seconds() == 2.0
     assert args.webhook_client_ca == ""
-    values["webhook"] = {"process": "inline", "drain": "1s",
-                         "clientCA": {"configMap": "apiserver-client-ca"}}  # fmt: skip
+    values["webhook"] = {"drain": "1s", "clientCA": {"configMap": "apiserver-client-ca"}}
     docs = render(home, values, namespace="ns", release="r")
     args = build_parser(controller_env(docs, fields)).parse_args([])
-    assert (args.webhook_process, args.webhook_drain.total_seconds()) == ("inline", 1.0)
+    assert args.webhook_drain.total_seconds() == 1.0
     (deploy,) = by_kind(docs, "Deployment")
     pod = deploy["spec"]["template"]["spec"]
     (mount,) = pod["containers"][0]["volumeMounts"]

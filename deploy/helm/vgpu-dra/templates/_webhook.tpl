@@ -66,10 +66,6 @@ controller.webhook.translate.match_conditions() for the same values.
   value: {{ include "vgpu-dra.webhookName" . | quote }}
 - name: VGPU_DRA_WEBHOOK_TEMPLATE_GRACE
   value: {{ .Values.webhook.templateGrace | quote }}
-- name: VGPU_DRA_WEBHOOK_PROCESS
-  value: {{ .Values.webhook.process | quote }}
-- name: VGPU_DRA_WEBHOOK_TRANSPORT
-  value: {{ .Values.webhook.transport | quote }}
 - name: VGPU_DRA_WEBHOOK_DRAIN
   value: {{ .Values.webhook.drain | quote }}
 {{- if .Values.webhook.clientCA.configMap }}
