@@ -21,6 +21,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* After the official cuda.h (the runtime's ABI check compiles our sources that way) only the
+ * prototypes are declared. */
+#if defined(__cuda_cuda_h__) && !defined(VGPU_CUDA_ABI_PROTOS_ONLY)
+#define VGPU_CUDA_ABI_PROTOS_ONLY
+#endif
+
 #ifndef VGPU_CUDA_ABI_PROTOS_ONLY
 
 #ifdef __cplusplus
@@ -53,9 +59,13 @@ typedef struct CUgraphExec_st *CUgraphExec;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef struct CUgraphDeviceUpdatableNode_st *CUgraphDeviceNode;
 
+/* Guarded as in the official headers: the runtime's driver_types.h declares it too. */
+#ifndef CU_UUID_HAS_BEEN_DEFINED
+#define CU_UUID_HAS_BEEN_DEFINED
 typedef struct CUuuid_st {
     char bytes[16];
 } CUuuid;
+#endif
 
 typedef enum cudaError_enum {
     CUDA_SUCCESS = 0,
@@ -69,6 +79,7 @@ typedef enum cudaError_enum {
     CUDA_ERROR_INVALID_DEVICE = 101,
     CUDA_ERROR_INVALID_IMAGE = 200,
     CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_PEER_ACCESS_UNSUPPORTED = 217,
     CUDA_ERROR_CONTEXT_ALREADY_CURRENT = 202,
     CUDA_ERROR_MAP_FAILED = 205,
     CUDA_ERROR_UNMAP_FAILED = 206,
@@ -83,6 +94,8 @@ typedef enum cudaError_enum {
     CUDA_ERROR_NOT_READY = 600,
     CUDA_ERROR_ILLEGAL_ADDRESS = 700,
     CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
+    CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704,
+    CUDA_ERROR_PEER_ACCESS_NOT_ENABLED = 705,
     CUDA_ERROR_LAUNCH_FAILED = 719,
     CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE = 720,
     CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE = 708,
@@ -150,7 +163,9 @@ typedef enum CUdevice_attribute_enum {
     CU_DEVICE_ATTRIBUTE_NUMA_CONFIG = 130,
     CU_DEVICE_ATTRIBUTE_NUMA_ID = 131,
     CU_DEVICE_ATTRIBUTE_MPS_ENABLED = 133,
-    CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID = 134
+    CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID = 134,
+    CU_DEVICE_ATTRIBUTE_GPU_PCI_DEVICE_ID = 139,
+    CU_DEVICE_ATTRIBUTE_GPU_PCI_SUBSYSTEM_ID = 140
 } CUdevice_attribute;
 
 typedef enum CUctx_flags_enum {
@@ -188,6 +203,12 @@ typedef enum CUstreamCaptureStatus_enum {
     CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
     CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2
 } CUstreamCaptureStatus;
+
+typedef enum CUstreamCaptureMode_enum {
+    CU_STREAM_CAPTURE_MODE_GLOBAL = 0,
+    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
+    CU_STREAM_CAPTURE_MODE_RELAXED = 2
+} CUstreamCaptureMode;
 
 typedef enum CUevent_flags_enum {
     CU_EVENT_DEFAULT = 0x0,
@@ -551,6 +572,8 @@ CUresult cuCtxGetStreamPriorityRange(int *leastPriority, int *greatestPriority);
 CUresult cuCtxGetId(CUcontext ctx, unsigned long long *ctxId);
 CUresult cuCtxGetLimit(size_t *pvalue, CUlimit limit);
 CUresult cuCtxSetLimit(CUlimit limit, size_t value);
+CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags);
+CUresult cuCtxDisablePeerAccess(CUcontext peerContext);
 
 /* Device memory */
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
@@ -634,6 +657,7 @@ CUresult cuStreamGetPriority(CUstream hStream, int *priority);
 CUresult cuStreamGetFlags(CUstream hStream, unsigned int *flags);
 CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx);
 CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus);
+CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode);
 CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags);
 CUresult cuEventRecord(CUevent hEvent, CUstream hStream);
 CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags);

@@ -354,6 +354,43 @@ CU_API CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
     return CUDA_SUCCESS;
 }
 
+/* ---- Peer access ------------------------------------------------------------------------------
+ * The current context may map another device's context when cuDeviceCanAccessPeer allows it (the
+ * profile links the two GPUs over NVLink). Only the set of enabled peer devices is kept: copies
+ * between devices work with or without it (unified addressing). */
+
+static CUresult peer_ctx(CUcontext peer, struct CUctx_st **self) {
+    CU_TRY(cu_ctx_require(self));
+    if (!ctx_live(peer)) return CUDA_ERROR_INVALID_CONTEXT;
+    return peer->ordinal == (*self)->ordinal ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
+}
+
+CU_API CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags) {
+    if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *ctx;
+    CU_TRY(peer_ctx(peerContext, &ctx));
+    int can = 0;
+    CU_TRY(cuDeviceCanAccessPeer(&can, ctx->ordinal, peerContext->ordinal));
+    if (!can) return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
+    unsigned int bit = 1u << peerContext->ordinal;
+    pthread_mutex_lock(&cu_drv.lock);
+    int already = (ctx->peers & bit) != 0;
+    ctx->peers |= bit;
+    pthread_mutex_unlock(&cu_drv.lock);
+    return already ? CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED : CUDA_SUCCESS;
+}
+
+CU_API CUresult cuCtxDisablePeerAccess(CUcontext peerContext) {
+    struct CUctx_st *ctx;
+    CU_TRY(peer_ctx(peerContext, &ctx));
+    unsigned int bit = 1u << peerContext->ordinal;
+    pthread_mutex_lock(&cu_drv.lock);
+    int enabled = (ctx->peers & bit) != 0;
+    ctx->peers &= ~bit;
+    pthread_mutex_unlock(&cu_drv.lock);
+    return enabled ? CUDA_SUCCESS : CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
+}
+
 /* ---- Streams (creation lives here because streams are owned by contexts) -------------------- */
 
 CUresult cu_stream_resolve(CUstream h, struct CUstream_st **out) {

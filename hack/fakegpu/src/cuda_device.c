@@ -184,6 +184,8 @@ CU_API CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevic
     case CU_DEVICE_ATTRIBUTE_NUMA_ID: v = -1; break;
     case CU_DEVICE_ATTRIBUTE_MPS_ENABLED: v = 0; break;
     case CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID: v = g->numa_node; break;
+    case CU_DEVICE_ATTRIBUTE_GPU_PCI_DEVICE_ID: v = (int)g->pci_device_id; break;
+    case CU_DEVICE_ATTRIBUTE_GPU_PCI_SUBSYSTEM_ID: v = (int)g->pci_subsystem_id; break;
     default:
         /* Any other attribute of the real enum: report "not supported" as 0, as the driver does
          * for features the device lacks; values outside the enum are invalid. */

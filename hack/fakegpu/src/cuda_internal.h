@@ -129,6 +129,7 @@ struct CUctx_st {
     struct CUstream_st null_stream;  /* the context's default (NULL) stream */
     struct CUstream_st *streams;     /* streams created in this context */
     size_t limits[CU_LIMIT_PERSISTING_L2_CACHE_SIZE + 1]; /* cuCtxGetLimit/SetLimit values */
+    unsigned int peers;              /* ordinals whose contexts it has peer access to (bits) */
 };
 
 /* The calling thread's current context, or NULL. */

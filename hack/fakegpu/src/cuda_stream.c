@@ -85,6 +85,21 @@ CU_ALIAS(cuStreamQuery, cuStreamQuery_ptsz);
 STREAM_GETTERS(DEFINE_STREAM_GETTER)
 #undef DEFINE_STREAM_GETTER
 
+/* The calling thread's stream-capture interaction mode. Capture itself is not simulated, so the
+ * mode changes nothing, but it is kept and exchanged per thread as the driver does (the CUDA
+ * runtime and PyTorch swap it around calls that are unsafe during a capture). */
+static __thread CUstreamCaptureMode tls_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+CU_API CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
+    if (mode == NULL || (unsigned int)*mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    CU_TRY(cu_check_init());
+    CUstreamCaptureMode old = tls_capture_mode;
+    tls_capture_mode = *mode;
+    *mode = old;
+    return CUDA_SUCCESS;
+}
+
 /* ---- Events ---------------------------------------------------------------------------------- */
 
 static CUresult event_get(CUevent h, struct CUevent_st **out) {

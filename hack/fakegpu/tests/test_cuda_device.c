@@ -13,6 +13,9 @@
  *     dlsym of its symbol, picks the newest ABI not above the requested version, maps the
  *     per-thread flag to _ptds/_ptsz, and reports NOT_FOUND / VERSION_NOT_SUFFICIENT.
  *  5. cuGetExportTable refuses; error names and strings exist for the codes the driver returns.
+ *  6. Peer access follows the profile's NVLinks (enable, already enabled, disable, not enabled,
+ *     itself, unlinked peers); the stream-capture mode is exchanged per thread; the GPU's PCI
+ *     device and subsystem ids come from the profile.
  */
 #include "testutil.h"
 
@@ -315,6 +318,52 @@ static void case_export_table_and_errors(void)
     }
 }
 
+static void case_peers_capture_mode_pci_ids(void)
+{
+    /* GPU 0 and 1 share NVLinks; GPU 2 (a copy of GPU 1 without links) shares none. */
+    char profile[sizeof(TU_PROFILE_2GPU) + 1024];
+    snprintf(profile, sizeof(profile), "%s", TU_PROFILE_2GPU);
+    char *count = strstr(profile, "gpu.count=2");
+    CHECK(count != NULL);
+    count[10] = '3';
+    strcat(profile, "gpu.2.name=NVIDIA Test GPU C\n"
+                    "gpu.2.uuid=GPU-00000002-1111-2222-3333-444444444444\n"
+                    "gpu.2.serial=1650000000003\ngpu.2.pci_bus_id=00000000:3B:00.0\n"
+                    "gpu.2.pcie_root=pci0000:3a\ngpu.2.brand=tesla\ngpu.2.architecture=ampere\n"
+                    "gpu.2.compute_capability=8.0\ngpu.2.memory_bytes=1073741824\n"
+                    "gpu.2.sm_count=108\ngpu.2.cores_per_sm=64\ngpu.2.pci_device_id=0x20b010de\n"
+                    "gpu.2.minor=2\ngpu.2.numa_node=1\n");
+    tu_node(profile);
+    CHECK(cuInit(0) == CUDA_SUCCESS);
+    CUcontext c0, c1, c2;
+    CHECK(cuDevicePrimaryCtxRetain(&c0, 0) == CUDA_SUCCESS);
+    CHECK(cuDevicePrimaryCtxRetain(&c1, 1) == CUDA_SUCCESS);
+    CHECK(cuDevicePrimaryCtxRetain(&c2, 2) == CUDA_SUCCESS);
+    CHECK(cuCtxSetCurrent(c0) == CUDA_SUCCESS);
+    CHECK(cuCtxEnablePeerAccess(c1, 1) == CUDA_ERROR_INVALID_VALUE);
+    CHECK(cuCtxEnablePeerAccess(c1, 0) == CUDA_SUCCESS);
+    CHECK(cuCtxEnablePeerAccess(c1, 0) == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
+    CHECK(cuCtxEnablePeerAccess(c0, 0) == CUDA_ERROR_INVALID_DEVICE);
+    CHECK(cuCtxEnablePeerAccess(c2, 0) == CUDA_ERROR_PEER_ACCESS_UNSUPPORTED);
+    CHECK(cuCtxDisablePeerAccess(c1) == CUDA_SUCCESS);
+    CHECK(cuCtxDisablePeerAccess(c1) == CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
+    CHECK(cuCtxEnablePeerAccess((CUcontext)&profile, 0) == CUDA_ERROR_INVALID_CONTEXT);
+
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    CHECK(cuThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS);
+    CHECK(mode == CU_STREAM_CAPTURE_MODE_GLOBAL);
+    mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    CHECK(cuThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS);
+    CHECK(mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+    mode = (CUstreamCaptureMode)7;
+    CHECK(cuThreadExchangeStreamCaptureMode(&mode) == CUDA_ERROR_INVALID_VALUE);
+
+    int v = 0;
+    CHECK(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_GPU_PCI_DEVICE_ID, 0) == CUDA_SUCCESS);
+    CHECK((unsigned int)v == 0x233010deu);
+    CHECK(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_GPU_PCI_SUBSYSTEM_ID, 0) == CUDA_SUCCESS);
+}
+
 int main(void)
 {
     int failures = 0;
@@ -325,6 +374,7 @@ int main(void)
     failures += visible_cases();
     failures += tu_fork_case("cuGetProcAddress", case_proc_address);
     failures += tu_fork_case("export table and errors", case_export_table_and_errors);
+    failures += tu_fork_case("peers, capture mode, PCI ids", case_peers_capture_mode_pci_ids);
     printf("%s: %d failure(s)\n", __FILE__, failures);
     return failures != 0;
 }
