@@ -163,4 +163,8 @@ def test_the_controllers_metrics_after_a_known_workload(
     # 20 GiB on the used GPU, 24 GiB on each of the three others: the largest is 24 of 92.
     fragmentation = value(samples, P + "node_memory_fragmentation_ratio", **node)
     assert fragmentation == pytest.approx(1 - MEMORY[A10] / free)
-    assert all(name.startswith(P) for name, _ in samples)
+    # Besides the controller's own, only the supervised loops' series (shared with the plugin).
+    assert all(name.startswith((P, "vgpu_dra_loop_")) for name, _ in samples)
+    loops = {dict(labels)["loop"]: v for (name, labels), v in samples.items()
+             if name == "vgpu_dra_loop_failures_total"}  # fmt: skip
+    assert {"worker", "reconciler", "leader-election"} <= set(loops) and not any(loops.values())
