@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.unit.kubelet_plugin.test_metrics_dashboard import controller_registry, plugin_registry
+from tests.fixtures.metric_registries import controller_registry, plugin_registry
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "observability.md"
 ROW = re.compile(r"^\| `(vgpu_dra_[a-z0-9_]+)` \| (\w+) \| ([^|]*) \|", re.MULTILINE)

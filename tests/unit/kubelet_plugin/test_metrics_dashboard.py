@@ -13,26 +13,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-from controller.informers import PODS, Informer
-from controller.metrics import ControllerMetrics, StateCollector
-from controller.reconciler import Defaults, Reconciler
-from dra_driver.gpu import NodeInventory
-from dra_driver.supervision import Supervisor
-from kubelet_plugin.metrics import GpuReading, NodeCollector, PluginMetrics
-from kubelet_plugin.plan import ClaimPlan, DevicePlan
-from tests.fixtures.allocator_cluster import node_events
-from tests.fixtures.claimdata import inventory
+from tests.fixtures.metric_registries import controller_registry, plugin_registry
 
 DASHBOARD = Path(__file__).resolve().parents[3] / "deploy" / "grafana" / "vgpu-dra.json"
 METRIC = re.compile(r"\b(vgpu_dra_[a-z0-9_]+)(\{[^}]*\})?")
 MATCHER = re.compile(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)")
 GROUPING = re.compile(r"\b(?:by|on|without|ignoring)\s*\(([^)]*)\)")
 LEGEND = re.compile(r"\{\{\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}")
-
-
-class Reader:
-    def read(self, uuid: str) -> GpuReading | None:
-        return GpuReading(memory_used=1, utilisation=0.5)
 
 
 def exported() -> dict[str, set[str]]:
@@ -44,57 +31,6 @@ def exported() -> dict[str, set[str]]:
             for sample in family.samples:
                 out.setdefault(sample.name, set()).update(sample.labels)
     return out
-
-
-def plugin_registry() -> Any:
-    """The plugin's registry with one prepared claim and one of each event."""
-    inv: NodeInventory = inventory(count=1)
-    gpu = inv.gpus[0]
-    plan = ClaimPlan(
-        uid="u-1",
-        namespace="ns",
-        name="c",
-        devices=(
-            DevicePlan(
-                request="gpu",
-                pool="node-1",
-                device=gpu.device_name,
-                uuid=gpu.uuid,
-                minor=0,
-                memory=1 << 30,
-                cores=10,
-            ),
-        ),
-    )
-    metrics = PluginMetrics("node-1")
-    metrics.add_node_collector(
-        NodeCollector(
-            node="node-1",
-            state_dir="/nonexistent",
-            prepared=lambda: {plan.uid: plan},
-            inventory=lambda: inv,
-            gpus=Reader(),
-        )
-    )
-    metrics.observe_prepare(0.01, "overbooked")
-    metrics.observe_unprepare(0.01, "internal")
-    metrics.observe_slice_sync("written")
-    metrics.observe_governor_tick(0.001)
-    supervisor = Supervisor()
-    supervisor.register("governor", 60.0).beat(failed=True)
-    metrics.add_loop_collector(supervisor)
-    return metrics.registry
-
-
-def controller_registry() -> Any:
-    """The controller's registry over a model of one node (no API is called: no decision)."""
-    metrics = ControllerMetrics()
-    reconciler = Reconciler(None, Defaults({}), observer=metrics)  # type: ignore[arg-type]
-    for kind, obj in node_events(0, gpus=2):
-        reconciler.on_event(kind, "apply", obj)
-    informer = Informer(None, PODS, lambda kind, op, obj: None)  # type: ignore[arg-type]
-    metrics.registry.register(StateCollector(reconciler, [informer], detail="gpu"))
-    return metrics.registry
 
 
 def queries(dashboard: dict[str, Any]) -> list[tuple[str, str, str]]:
