@@ -202,6 +202,19 @@ class KubeClient:
             found.append(str(conf.password))
         return found
 
+    def size_pool(self, connections: int) -> None:
+        """Keep up to `connections` connections to the API server for reuse: one per caller
+        that may wait for an answer at the same time (urllib3 discards, and warns about, every
+        connection returned to a full pool; the next request then opens a new one, TLS
+        handshake included). The client's own default is 5 per CPU. Call before the first
+        request: pools opened earlier are closed and opened again at their next use."""
+        manager = self._api.rest_client.pool_manager
+        if int(manager.connection_pool_kw.get("maxsize") or 1) >= connections:
+            return
+        self._api.configuration.connection_pool_maxsize = connections
+        manager.connection_pool_kw["maxsize"] = connections
+        manager.clear()
+
     def close(self) -> None:
         self._api.close()
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import logging
 import math
 import os
@@ -51,11 +52,12 @@ from kubelet_plugin import monitoring
 from kubelet_plugin.checkpoint import CheckpointError
 from kubelet_plugin.device_names import DeviceNaming, DeviceNamingError
 from kubelet_plugin.events import PrepareEvents
+from kubelet_plugin.gpu_changes import ChangeCheck
 from kubelet_plugin.health import HealthBoard
 from kubelet_plugin.hookcheck import HookLibraryCheck, HookLibraryError
 from kubelet_plugin.metrics import PluginMetrics
 from kubelet_plugin.prepare import NodeSettings, Preparer, kube_claim_source
-from kubelet_plugin.server import PluginServer, SocketPaths, remove_stale_sockets
+from kubelet_plugin.server import DRA_WORKERS, PluginServer, SocketPaths, remove_stale_sockets
 from kubelet_plugin.statelock import StateDirLock, StateLockError
 from kubelet_plugin.telemetry import ClaimPods, ClaimTelemetry, PodReader
 
@@ -150,14 +152,21 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
         "--enforcement",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="node-side memory enforcement: report (and with enforce: kill, kill) over-cap claims",
+        help="node-side memory enforcement: report over-cap claims (kill them with enforce: kill)",
     )
     add("--resync-seconds", type=float, default=60.0, help="slice and health re-check period")
     add(
         "--rescan-seconds",
         type=float,
         default=2.0,
-        help="GPU rediscovery period (hot-plug; a short child process each time)",
+        help="hot-plug check period (in-process; a rediscovery child only when GPUs changed)",
+    )
+    add(
+        "--full-rescan-seconds",
+        type=float,
+        default=30.0,
+        help="where the kernel's GPU list cannot be read, GPUs added after start are found by a "
+        "rediscovery child this often",
     )
     add(
         "--xid-quiet-seconds",
@@ -207,6 +216,18 @@ MAX_WORKERS = 256
 _DRIVER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
+# Threads besides prepare that may wait on the API server at the same time: the slice publisher,
+# the prepare-failure Events, the pod lookups of the metrics and the enforcement Events.
+BACKGROUND_API_CALLERS = 4
+
+
+def api_connections(workers: int) -> int:
+    """Connections the API client keeps for reuse: one per claim GET that can be in flight (a
+    single-claim call reads its claim in the DRA server's thread, a larger one on the
+    Preparer's `--workers` pool), plus the background callers."""
+    return workers + DRA_WORKERS + BACKGROUND_API_CALLERS
+
+
 def settings_from(args: argparse.Namespace) -> NodeSettings:
     """Validated node settings from parsed flags (ValueError names the flag)."""
     if not args.node_name:
@@ -235,6 +256,7 @@ def settings_from(args: argparse.Namespace) -> NodeSettings:
         )
     for flag, value in (
         ("--rescan-seconds", args.rescan_seconds),
+        ("--full-rescan-seconds", args.full_rescan_seconds),
         ("--xid-quiet-seconds", args.xid_quiet_seconds),
     ):
         if not value > 0:
@@ -290,9 +312,26 @@ def main(argv: Sequence[str]) -> int:
     except DeviceNamingError as exc:
         log.error("%s", exc)
         return 1
+    # The hot-plug check's first look comes before the discovery: a change after it is seen
+    # by the first check, one before it is in the discovery (kubelet_plugin.gpu_changes).
+    changes = _change_check(args.full_rescan_seconds)
+    try:
+        return _run(args, settings, sockets, naming, changes)
+    finally:
+        changes.close()
+
+
+def _run(
+    args: argparse.Namespace,
+    settings: NodeSettings,
+    sockets: SocketPaths,
+    naming: DeviceNaming,
+    changes: ChangeCheck,
+) -> int:
     discover = _discover_function()
     try:
-        inventory = naming.assign(discover())
+        discovered = discover()
+        inventory = naming.assign(discovered)
     except Exception as exc:
         log.error("GPU discovery failed, cannot start: %s", exc)
         return 1
@@ -306,6 +345,7 @@ def main(argv: Sequence[str]) -> int:
     client = cli_flags.connect(args.kubeconfig, log)
     if client is None:
         return 1
+    client.size_pool(api_connections(args.workers))
     state_lock = StateDirLock(settings.state_dir)
     rolling = bool(args.instance_id)
     # Before the checkpoint is read: a second instance must never act on a copy of it. With
@@ -352,7 +392,8 @@ def main(argv: Sequence[str]) -> int:
             settings=settings,
             sockets=sockets,
             inventory=inventory,
-            rediscover=_named(naming, _rediscover_function()),
+            rediscover=_named(naming, _rediscover_function(discovered)),
+            changes=changes,
             client=client,
             owner=_Owner(state_lock, loaded, load_preparer),
             telemetry=_Telemetry(metrics, pods, traced=provider is not None),
@@ -490,6 +531,7 @@ def _serve(
     sockets: SocketPaths,
     inventory: NodeInventory,
     rediscover: Callable[[], NodeInventory],
+    changes: ChangeCheck,
     client: kube.KubeClient,
     owner: _Owner,
     telemetry: _Telemetry,
@@ -563,6 +605,7 @@ def _serve(
         on_slice_sync=metrics.observe_slice_sync if metrics is not None else None,
         on_enforcement=metrics.observe_enforcement if metrics is not None else None,
         supervisor=supervisor,
+        changes=changes,
     )
     governor = (
         _start_governor(settings, preparer, stop, metrics, supervisor) if args.governor else None
@@ -570,6 +613,9 @@ def _serve(
     if governor is not None:
         threads.append(governor)
     log.info("kubelet plugin for %s on %s is running", settings.driver, settings.node_name)
+    # What start-up made (modules, schemas, the API client's models) lives as long as the
+    # process: out of the collector's way, so its full passes scan only what serving makes.
+    gc.freeze()
     stop.wait()
     log.info("shutting down")
     server.stop()
@@ -703,10 +749,22 @@ def _discover_function() -> Callable[[], NodeInventory]:
     return discover
 
 
-def _rediscover_function() -> Callable[[], NodeInventory]:
+def _change_check(full_rescan_s: float) -> ChangeCheck:
+    """The hot-plug check of the rescan loop on its own reference to NVML, its first look
+    taken now."""
+    from dra_driver.nvml import PyNvml
+
+    check = ChangeCheck(PyNvml(), full_rescan_s=full_rescan_s)
+    check.baseline()
+    return check
+
+
+def _rediscover_function(discovered: NodeInventory) -> Callable[[], NodeInventory]:
+    """Rediscovery in child processes, knowing what start-up discovered (so a periodic rescan
+    that finds the same GPUs runs only the small child)."""
     from kubelet_plugin.rediscover import Rediscovery
 
-    return Rediscovery()
+    return Rediscovery(seed=discovered)
 
 
 def _named(

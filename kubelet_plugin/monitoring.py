@@ -1,9 +1,11 @@
 """The kubelet plugin's background threads for its devices: rescan, health watch, slice publishing.
 
 Called once by `kubelet_plugin.main` (`start(...)`), which keeps only the wiring of flags. Threads:
-- `gpu-rescan`: every `rescan_s` re-enumerates GPUs in a child process
-  (`kubelet_plugin.rediscover`) and folds the result into `NodeDevices` (hot-plug, GPUs that come
-  back); a failed rediscovery makes the kubelet health UNKNOWN for every device;
+- `gpu-rescan`: every `rescan_s` asks `kubelet_plugin.gpu_changes.ChangeCheck` (in-process: NVML
+  answers of the known GPUs, the kernel driver's GPU list) whether the GPUs may have changed, and
+  only then re-enumerates them in a child process (`kubelet_plugin.rediscover`) and folds the
+  result into `NodeDevices` (hot-plug, GPUs that come back); without a check, every period; a
+  failed rediscovery makes the kubelet health UNKNOWN for every device;
 - `gpu-health` (with health on): the NVML health monitor (`kubelet_plugin.gpu_watch`) feeding
   device taints;
 - `slices` (with slice publishing on): first the probe of what the API server stores
@@ -38,6 +40,7 @@ from kubelet_plugin import rediscover as rediscovery
 from kubelet_plugin import taint_store
 from kubelet_plugin.backoff import Backoff
 from kubelet_plugin.devices import NodeDevices
+from kubelet_plugin.gpu_changes import ChangeCheck
 from kubelet_plugin.gpu_watch import watch_gpus
 from kubelet_plugin.health import HealthBoard
 from kubelet_plugin.plan import ClaimPlan
@@ -94,6 +97,7 @@ def start(
     on_slice_sync: Callable[[str], None] | None = None,
     on_enforcement: Callable[[str, int], None] | None = None,
     supervisor: Supervisor | None = None,
+    changes: ChangeCheck | None = None,
 ) -> tuple[NodeDevices, list[threading.Thread]]:
     supervisor = supervisor or Supervisor()
     wake = threading.Event()
@@ -117,7 +121,15 @@ def start(
         on_change=changed,
     )
     threads = [
-        _rescan(devices, board, rediscover, stop, period=settings.rescan_s, supervisor=supervisor)
+        _rescan(
+            devices,
+            board,
+            rediscover,
+            stop,
+            period=settings.rescan_s,
+            supervisor=supervisor,
+            changes=changes,
+        )
     ]
     if settings.health:
         threads.append(
@@ -205,17 +217,27 @@ def _rescan(
     *,
     period: float,
     supervisor: Supervisor,
+    changes: ChangeCheck | None = None,
 ) -> threading.Thread:
-    """The loop `gpu-rescan`: first rescan one period after start (start-up just discovered)."""
+    """The loop `gpu-rescan`: first check one period after start (start-up just discovered);
+    a rediscovery child only when `changes` says one is due (without it, every period)."""
 
     def step() -> None:
+        reason = "no change check" if changes is None else changes.due()
+        if reason is None:
+            return
+        log.debug("GPU rediscovery: %s", reason)
         try:
             fresh = rediscover()
         except Exception as exc:  # a GPU or NVML state, not a fault of the loop: keep rescanning
             log.warning("GPU rediscovery failed: %s", exc)
+            if changes is not None:
+                changes.done(ok=False)
             if board is not None:
                 board.observe(None, str(exc))
             return
+        if changes is not None:
+            changes.done(ok=True)
         devices.rediscovered(fresh)  # anything raised here is the loop's failure
 
     loop = supervisor.register("gpu-rescan", rescan_deadline(period))

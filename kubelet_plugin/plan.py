@@ -16,7 +16,7 @@ the way, and nothing past the device's capacity reaches `vgpu.conf`.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -185,13 +185,33 @@ def _class_then_claim(configs: Iterable[OpaqueConfig]) -> list[OpaqueConfig]:
     ]
 
 
-@dataclass(frozen=True, slots=True)
-class DeviceUsage:
-    """What prepared claims consume of one device, against what it offers."""
+@dataclass(slots=True)
+class Usage:
+    """What a set of claims consumes per device (admin access does not count): the guard's
+    running total, kept by the Preparer as claims are reserved and released."""
 
-    memory_used: int
-    memory_capacity: int
-    cores_used: int
+    memory: dict[str, int] = field(default_factory=dict)
+    cores: dict[str, int] = field(default_factory=dict)
+
+    def add(self, plan: ClaimPlan, sign: int = 1) -> None:
+        for device in plan.devices:
+            if device.admin_access:
+                continue
+            name = device.device
+            memory = self.memory[name] = self.memory.get(name, 0) + sign * device.memory
+            cores = self.cores[name] = self.cores.get(name, 0) + sign * device.cores
+            if memory == cores == 0:  # nothing left on it: as if never used
+                del self.memory[name], self.cores[name]
+
+    def remove(self, plan: ClaimPlan) -> None:
+        self.add(plan, -1)
+
+
+def device_usage(plans: Iterable[ClaimPlan]) -> Usage:
+    usage = Usage()
+    for plan in plans:
+        usage.add(plan)
+    return usage
 
 
 def check_capacity(
@@ -207,34 +227,35 @@ def check_capacity(
     scheduler normally guarantees this, the guard catches allocations written by hand or by a
     controller working from a stale view.
     """
+    others = device_usage(other for other in prepared if other.uid != plan.uid)
+    check_usage(plan, others, inventory, oversubscription_ratio=oversubscription_ratio)
+
+
+def check_usage(
+    plan: ClaimPlan,
+    others: Usage,
+    inventory: NodeInventory,
+    *,
+    oversubscription_ratio: float = 1.0,
+) -> None:
+    """`check_capacity` against what the other claims use (`others` must not count `plan`)."""
     gpus = inventory.by_device_name()
     _check_own_demand(plan, inventory, oversubscription_ratio)
-    used_memory: dict[str, int] = {}
-    used_cores: dict[str, int] = {}
-    for other in prepared:
-        if other.uid == plan.uid:
-            continue
-        for device in other.devices:
-            if device.admin_access:
-                continue
-            used_memory[device.device] = used_memory.get(device.device, 0) + device.memory
-            used_cores[device.device] = used_cores.get(device.device, 0) + device.cores
-    counted = [device for device in plan.devices if not device.admin_access]
-    for device in counted:
-        used_memory[device.device] = used_memory.get(device.device, 0) + device.memory
-        used_cores[device.device] = used_cores.get(device.device, 0) + device.cores
-    for name in dict.fromkeys(d.device for d in counted):
+    mine = device_usage([plan])
+    for name in mine.memory:
         capacity = device_capacity.scaled_memory(gpus[name].memory_bytes, oversubscription_ratio)
-        if used_memory[name] > capacity:
+        memory = others.memory.get(name, 0) + mine.memory[name]
+        cores = others.cores.get(name, 0) + mine.cores[name]
+        if memory > capacity:
             raise OverbookedError(
                 f"ResourceClaim {plan.namespace}/{plan.name} ({plan.uid}) would overbook device "
-                f"{name}: memory {used_memory[name]} bytes requested in total (this claim "
+                f"{name}: memory {memory} bytes requested in total (this claim "
                 f"{_claim_sum(plan, name, 'memory')}) > capacity {capacity} bytes"
             )
-        if used_cores[name] > MAX_CORES:
+        if cores > MAX_CORES:
             raise OverbookedError(
                 f"ResourceClaim {plan.namespace}/{plan.name} ({plan.uid}) would overbook device "
-                f"{name}: cores {used_cores[name]} requested in total (this claim "
+                f"{name}: cores {cores} requested in total (this claim "
                 f"{_claim_sum(plan, name, 'cores')}) > capacity {MAX_CORES}"
             )
 

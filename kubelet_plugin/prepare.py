@@ -42,7 +42,7 @@ from kubelet_plugin.checkpoint import CheckpointJournal, Record
 from kubelet_plugin.claimfiles import ClaimFiles, ReconcileReport
 from kubelet_plugin.claims import ClaimError, ClaimRef, clip, fetch_claim, parse_allocation
 from kubelet_plugin.hookcheck import HookLibraryCheck, HookLibraryError
-from kubelet_plugin.plan import ClaimPlan, OverbookedError, check_capacity, plan_claim
+from kubelet_plugin.plan import ClaimPlan, OverbookedError, check_usage, device_usage, plan_claim
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +131,9 @@ class Preparer:
         self._checkpoint.open(self._prepared)
         self._pending: list[Record] = []  # changes not yet in the journal (under _lock)
         self._reserved: dict[str, ClaimPlan] = {}  # passed the guard, files being written
+        # What prepared and reserved claims consume per device: the overbooking guard's total,
+        # kept as claims come and go (a batch of n claims checks in O(n), not O(n^2)).
+        self._usage = device_usage(self._prepared.values())
         self._lock = threading.Lock()
         self._version = 0
         self._persisted = 0
@@ -253,13 +256,14 @@ class Preparer:
             inventory = self._inventory
         plan = plan_claim(allocation, inventory, toolkit_ids=self._toolkit.by_uuid(inventory))
         with self._lock:
-            check_capacity(
+            check_usage(
                 plan,
-                [*self._prepared.values(), *self._reserved.values()],
+                self._usage,  # prepared and reserved claims, never this one (per-UID lock)
                 inventory,
                 oversubscription_ratio=self._settings.oversubscription_ratio,
             )
             self._reserved[plan.uid] = plan
+            self._usage.add(plan)
         try:
             with self._step("write claim files"):
                 self._files.write(plan)
@@ -272,16 +276,19 @@ class Preparer:
             with self._lock:
                 if self._prepared.pop(plan.uid, None) is not None:
                     self._record(("del", plan.uid))
+                    self._usage.remove(plan)
             self._files.remove(plan.uid)
             raise
         finally:
             with self._lock:
-                self._reserved.pop(plan.uid, None)
-        log.info(
-            "prepared claim %s: %s",
-            ref,
-            ", ".join(f"{d.device}(mem={d.memory},cores={d.cores})" for d in plan.devices),
-        )
+                if self._reserved.pop(plan.uid, None) is not None:  # failed before it counted
+                    self._usage.remove(plan)
+        if log.isEnabledFor(logging.DEBUG):  # success is the common case: failures are warnings
+            log.debug(
+                "prepared claim %s: %s",
+                ref,
+                ", ".join(f"{d.device}(mem={d.memory},cores={d.cores})" for d in plan.devices),
+            )
         return self._result(plan)
 
     def _result(self, plan: ClaimPlan) -> tuple[PreparedDevice, ...]:
@@ -328,10 +335,13 @@ class Preparer:
                 self._files.remove(ref.uid)
                 with self._lock:
                     known = self._prepared.pop(ref.uid, None)
-                    target = self._record(("del", ref.uid)) if known is not None else 0
+                    target = 0
+                    if known is not None:
+                        target = self._record(("del", ref.uid))
+                        self._usage.remove(known)
                 if known is not None:
                     self._flush(target)
-                    log.info("unprepared claim %s", ref)
+                    log.debug("unprepared claim %s", ref)
                 else:
                     log.debug("unprepare %s: not prepared here; nothing to do", ref)
             return ""

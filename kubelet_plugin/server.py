@@ -67,6 +67,9 @@ log = logging.getLogger(__name__)
 SOCKET_MODE = 0o600
 SOCKET_DIR_MODE = 0o700
 WATCH_PERIOD_S = 2.0
+# Worker threads of the DRA server: calls served at once (a call's claims fan out further, on
+# the Preparer's --workers pool).
+DRA_WORKERS = 8
 # A check stats two paths; re-serving a socket stops the old server (1 s grace) and binds a new
 # one: well under a second. 30 s without a finished check is a call that does not return.
 WATCH_DEADLINE_S = 30.0
@@ -197,7 +200,7 @@ class PluginServer:
         preparer: Preparer | None,
         holder_endpoint: Callable[[], str | None] = lambda: None,
         health: HealthBoard | None = None,
-        max_workers: int = 8,
+        max_workers: int = DRA_WORKERS,
         watch_period_s: float = WATCH_PERIOD_S,
         interceptors: Sequence[grpc.ServerInterceptor] = (),
         supervisor: Supervisor | None = None,

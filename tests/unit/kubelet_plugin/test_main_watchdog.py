@@ -93,7 +93,7 @@ never = threading.Event()
 def rediscover():
     never.wait()
     raise AssertionError("unreachable")
-main._rediscover_function = lambda: rediscover
+main._rediscover_function = lambda _discovered: rediscover
 monitoring.rescan_deadline = lambda period: 0.5
 sys.exit(main.main(sys.argv[1:]))
 """

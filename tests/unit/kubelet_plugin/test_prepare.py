@@ -17,6 +17,7 @@ import pytest
 
 from kubelet_plugin.checkpoint import CheckpointJournal
 from kubelet_plugin.claims import ClaimRef
+from kubelet_plugin.plan import device_usage
 from kubelet_plugin.prepare import NodeSettings, Preparer
 from kubelet_plugin.region import REGION_SIZE
 from tests.fixtures.claimdata import (
@@ -145,6 +146,35 @@ def test_concurrent_claims_cannot_jointly_overbook(claims: Claims, preparer: Pre
     succeeded = [uid for uid, o in outcomes.items() if not o.error]
     assert len(succeeded) == 4  # 16 GiB / 4 GiB
     assert all("overbook" in o.error for o in outcomes.values() if o.error)
+
+
+def test_the_guards_running_total_matches_the_prepared_claims(
+    tmp_path: Path, claims: Claims, preparer: Preparer, new_preparer: Callable[..., Preparer]
+) -> None:
+    """The guard keeps per-device totals as claims come and go (issue 32: a batch checks in
+    O(n)); after successes, refusals, a failed write, unprepares and a restart they equal the
+    sum over the prepared claims."""
+
+    def consistent(p: Preparer) -> bool:
+        return p._usage == device_usage(p.prepared().values())
+
+    refs = [
+        claims.add(claim([result(f"gpu-{i % 2}", memory="5Gi", cores=20)], name=f"c{i}"))
+        for i in range(8)
+    ]
+    admin = claims.add(claim([{**result("gpu-0"), "adminAccess": True}], name="monitor"))
+    outcomes = preparer.prepare([*refs, admin])
+    assert sum(1 for o in outcomes.values() if not o.error) == 7  # 3 per GPU, and the monitor
+    assert consistent(preparer)
+    shutil.rmtree(tmp_path / "cdi")  # writes fail: reserved, then released
+    failing = claims.add(claim([result("gpu-2", memory="1Gi")], name="failing"))
+    assert preparer.prepare([failing])[failing.uid].error
+    (tmp_path / "cdi").mkdir()
+    assert consistent(preparer)
+    assert preparer.unprepare(refs[:3]) == {r.uid: "" for r in refs[:3]}
+    assert consistent(preparer)
+    restarted = new_preparer(node_settings(tmp_path), inventory(memory=16 * GiB), claims)
+    assert consistent(restarted) and restarted._usage == preparer._usage
 
 
 def test_unprepare_removes_everything_and_is_idempotent(

@@ -1,8 +1,9 @@
-"""`python -m dra_driver.enumeration`: the cheapest answer to "did this node's GPUs change?".
+"""`python -m kubelet_plugin.enumeration`: the cheapest child answer to "did the GPUs change?".
 
-Why: the kubelet plugin re-enumerates GPUs in a child process every few seconds (hot-plug,
-`kubelet_plugin.rediscover`). A full discovery in the child costs about four times the CPU of
-this check, mostly importing the typed inventory model; so the plugin runs this first and a full
+Why: the kubelet plugin re-enumerates GPUs in a child process when its in-process check says
+they may have changed (hot-plug, `kubelet_plugin.gpu_changes`, `kubelet_plugin.rediscover`): NVML
+enumerates only once per process. A full discovery in the child costs about four times the CPU
+of this one, mostly importing the typed inventory model; so the plugin runs this first and a full
 discovery only when its answer changed. Imports nothing but the NVML seam (`dra_driver.nvml`).
 Prints one JSON object: `{"count": <GPUs NVML enumerates>, "uuids": [<readable GPUs' UUIDs>]}`;
 exit status 1 with a message on stderr when NVML cannot be used.
