@@ -49,6 +49,7 @@ from dra_driver.lifecycle import stop_on_signals
 from dra_driver.metrics_http import MetricsServer, parse_address, serve_metrics
 from dra_driver.supervision import Supervisor
 from kubelet_plugin import monitoring
+from kubelet_plugin.boot import current_boot_id
 from kubelet_plugin.checkpoint import CheckpointError
 from kubelet_plugin.device_names import DeviceNaming, DeviceNamingError
 from kubelet_plugin.events import PrepareEvents
@@ -631,7 +632,7 @@ def _serve(
 
 
 def _reconcile(preparer: Preparer) -> None:
-    report = preparer.reconcile()
+    report = preparer.reconcile(boot_id=current_boot_id())
     log.info(
         "checkpoint: %d prepared claims (%d orphan specs and %d orphan claim dirs removed, %d "
         "rewritten)",

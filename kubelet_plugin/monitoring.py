@@ -11,6 +11,8 @@ Called once by `kubelet_plugin.main` (`start(...)`), which keeps only the wiring
 - `slices` (with slice publishing on): first the probe of what the API server stores
   (`kubelet_plugin.api_support`: consumable capacity or whole GPUs), then the publisher, woken at
   once whenever `NodeDevices` changes and otherwise resyncing every `resync_s`;
+- `slice-watch` (with slice publishing on): watches the node's slices and wakes `slices` when one
+  is deleted or changed by someone else (the kubelet wipes its node's slices when it starts);
 - `enforcement` (with enforcement on): node-side memory enforcement over the prepared claims
   (`kubelet_plugin.enforcement`), reporting to the log and as Events on the claims.
 Each change of the published GPUs is also handed to the Preparer (`update_inventory`), so prepare
@@ -156,6 +158,8 @@ def start(
                 stop=stop,
             )
         )
+        # Not joined at shutdown: a watch cannot be interrupted, and the thread holds no state.
+        _watch_slices(settings, client, wake, stop, supervisor)
     if settings.enforcement and prepared is not None:
         from kubelet_plugin.enforcement import (
             EventReporter,
@@ -207,6 +211,26 @@ def _publish(
         binding_conditions=settings.binding_conditions,
     )
     publisher.run(devices.inventory, stop, resync_s=settings.resync_s, wake=wake, loop=loop)
+
+
+def _watch_slices(
+    settings: MonitorSettings,
+    client: kube.KubeClient,
+    wake: threading.Event,
+    stop: threading.Event,
+    supervisor: Supervisor,
+) -> threading.Thread:
+    """The loop `slice-watch`: wakes the publisher when the node's slices change under it."""
+    from kubelet_plugin.slice_publisher import WATCH_DEADLINE_S, pool_selector, watch_pool
+
+    loop = supervisor.register("slice-watch", WATCH_DEADLINE_S)
+    selector = pool_selector(settings.driver, settings.node_name)
+    return _thread(
+        "slice-watch",
+        lambda: watch_pool(client, selector, wake, stop, loop=loop),
+        loop=loop,
+        stop=stop,
+    )
 
 
 def _rescan(

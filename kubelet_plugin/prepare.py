@@ -38,6 +38,7 @@ from opentelemetry import trace
 from dra_driver import cdi, kube
 from dra_driver.gpu import NodeInventory
 from dra_driver.tracing import installed_tracer
+from kubelet_plugin.boot import BootRecord
 from kubelet_plugin.checkpoint import CheckpointJournal, Record
 from kubelet_plugin.claimfiles import ClaimFiles, ReconcileReport
 from kubelet_plugin.claims import ClaimError, ClaimRef, clip, fetch_claim, parse_allocation
@@ -409,9 +410,27 @@ class Preparer:
 
     # --- start-up --------------------------------------------------------------------------
 
-    def reconcile(self) -> ReconcileReport:
-        """Make CDI specs and claim dirs agree with the checkpoint (run before serving)."""
+    def reconcile(self, *, boot_id: str | None = None) -> ReconcileReport:
+        """Make CDI specs and claim dirs agree with the checkpoint (run before serving).
+
+        With `boot_id` (`kubelet_plugin.boot`): claims prepared in another boot of the node are
+        forgotten first (their files go as orphans), so the kubelet's next call prepares them
+        from the API; the boot is recorded once the checkpoint and files agree.
+        """
+        record = BootRecord(self._settings.state_dir)
+        recorded = record.recorded() if boot_id else None
         with self._lock:
+            if boot_id and recorded and recorded != boot_id and self._prepared:
+                log.warning(
+                    "the node rebooted since %d claims were prepared (boot %s, now %s): "
+                    "forgetting them; the kubelet has them prepared again",
+                    len(self._prepared),
+                    recorded,
+                    boot_id,
+                )
+                self._prepared.clear()
+                self._usage = device_usage(())
+                self._checkpoint.compact(self._prepared)
             prepared = dict(self._prepared)
         report = self._files.reconcile(prepared)
         if report.removed_specs or report.removed_claim_dirs or report.rewritten:
@@ -423,6 +442,8 @@ class Preparer:
                 report.removed_claim_dirs,
                 report.rewritten,
             )
+        if boot_id and recorded != boot_id:
+            record.store(boot_id)
         return report
 
 

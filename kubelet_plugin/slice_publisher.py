@@ -21,6 +21,11 @@ Rules that keep it cheap and correct:
 - Supervised (`dra_driver.supervision`): `run` beats its `Loop` after every sync attempt, and
   counts the attempts that raised something unexpected (logged with the traceback) as the loop's
   failures; a sync that never returns is a stall (`kubelet_plugin.monitoring` sets the deadline).
+- Someone else's deletion is repaired at once, not at the next resync: `watch_pool` watches this
+  node's slices of this driver and wakes the publisher when one is deleted or changed. The kubelet
+  deletes every slice of its node when it starts (a driver is unusable until it registers again),
+  possibly after the plugin registered, so without the watch a restarted kubelet left the node
+  without slices for up to a resync period (seen in the fault run, docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -44,6 +49,10 @@ log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
 SLICES = "resourceslices"
+WATCH_TIMEOUT_S = 300  # the server ends each watch after this; the loop lists and watches again
+# The watch loop's deadline: a watch stream ends within WATCH_TIMEOUT_S (+30 s read margin) and a
+# list takes one API timeout; between them at most one backoff.
+WATCH_DEADLINE_S = WATCH_TIMEOUT_S + 30.0 + 3 * kube.DEFAULT_TIMEOUT_S + 60.0
 
 
 @dataclass(frozen=True)
@@ -164,7 +173,7 @@ class SlicePublisher:
 
     @property
     def field_selector(self) -> str:
-        return f"spec.driver={self._driver},spec.nodeName={self._node_name}"
+        return pool_selector(self._driver, self._node_name)
 
     def desired(self, inventory: NodeInventory) -> list[JSON]:
         """The slices for `inventory`, owned by the Node as it exists right now."""
@@ -267,6 +276,60 @@ class SlicePublisher:
             if loop is not None:
                 loop.beat(failed=failed)
             _wait(stop, wake, delay)
+
+
+def pool_selector(driver: str, node_name: str) -> str:
+    """The field selector of one node's slices of one driver (what the Node authorizer lets a
+    node list and watch)."""
+    return f"spec.driver={driver},spec.nodeName={node_name}"
+
+
+def watch_pool(
+    client: KubeClient,
+    selector: str,
+    wake: threading.Event,
+    stop: threading.Event,
+    *,
+    loop: Loop | None = None,
+    backoff: Backoff | None = None,
+) -> None:
+    """Set `wake` whenever a slice matching `selector` is deleted or modified, until `stop`.
+
+    Our own writes wake the publisher too; its next sync then finds nothing to write (one LIST).
+    A watch that ends (the server's timeout, a dropped connection, a too-old version) is started
+    again from a fresh list; after a list, `wake` is set as well, since events may have been
+    missed in between. Beats `loop` on every event and every list.
+    """
+    backoff = backoff or Backoff()
+    collection = kube.path(RESOURCE_API, SLICES)
+    while not stop.is_set():
+        try:
+            _, version = client.list_versioned(collection, field_selector=selector)
+            wake.set()
+            if loop is not None:
+                loop.beat()
+            for event in client.watch(
+                collection, version, timeout_s=WATCH_TIMEOUT_S, field_selector=selector
+            ):
+                if stop.is_set():
+                    return
+                if event.get("type") in ("DELETED", "MODIFIED"):
+                    wake.set()
+                if loop is not None:
+                    loop.beat()
+            backoff.reset()
+        except KubeError as exc:  # Gone, Unreachable, Forbidden: list again after a pause
+            delay = backoff.next_delay()
+            log.debug("slice watch ended (again in %.1fs): %s", delay, exc)
+            if loop is not None:
+                loop.beat()
+            stop.wait(delay)
+        except Exception as exc:  # unforeseen: the loop's failure, and the watch goes on
+            delay = backoff.next_delay()
+            log.exception("slice watch failed unexpectedly (again in %.1fs): %s", delay, exc)
+            if loop is not None:
+                loop.beat(failed=True)
+            stop.wait(delay)
 
 
 def _wait(stop: threading.Event, wake: threading.Event | None, delay: float) -> None:

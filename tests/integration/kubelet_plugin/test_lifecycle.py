@@ -89,7 +89,19 @@ def test_plugin_process_lifecycle(cluster: Any, kube_client: kube.KubeClient) ->
 
             wait_for(lambda: len(published()) == 1, what="the ResourceSlice of node-2")
             [slice_] = published()
+            slice_uid = slice_["metadata"]["uid"]
             assert [d["name"] for d in slice_["spec"]["devices"]] == ["gpu-0", "gpu-1"]
+
+            # The kubelet deletes its node's slices when it starts: the plugin publishes again
+            # at once (its watch), not at the next resync (--resync-seconds, 60 s here).
+            kube_client.delete(
+                kube.path(kube.RESOURCE_API, "resourceslices", slice_["metadata"]["name"])
+            )
+            wait_for(
+                lambda: [s["metadata"]["uid"] for s in published()] not in ([], [slice_uid]),
+                timeout=20,
+                what="the deleted ResourceSlice published again",
+            )
 
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=30) == 0

@@ -226,6 +226,42 @@ def test_restart_reconciles_files_with_checkpoint(
     assert second.reconcile().rewritten == []
 
 
+def test_claims_prepared_before_a_reboot_are_prepared_again_from_the_api(
+    tmp_path: Path, claims: Claims, new_preparer: Callable[..., Preparer]
+) -> None:
+    first = new_preparer(node_settings(tmp_path), inventory(), claims)
+    first.reconcile(boot_id="boot-1")
+    ref = claims.add(claim([result("gpu-0", memory="1Gi")], name="before"))
+    first.prepare([ref])
+    first.close()
+    assert (tmp_path / "state" / "boot-id").read_text() == "boot-1\n"
+
+    # A plugin restart in the same boot trusts the checkpoint: no API read on the retry.
+    same_boot = new_preparer(node_settings(tmp_path), inventory(), claims)
+    same_boot.reconcile(boot_id="boot-1")
+    reads = claims.reads
+    same_boot.prepare([ref])
+    assert claims.reads == reads
+    same_boot.close()
+
+    # After a reboot the claim is forgotten, its files removed, and prepared again from the API.
+    rebooted = new_preparer(node_settings(tmp_path), inventory(), claims)
+    report = rebooted.reconcile(boot_id="boot-2")
+    assert rebooted.prepared() == {}
+    assert report.removed_specs == [ref.uid]
+    assert not (tmp_path / "state" / "claims" / ref.uid).exists()
+    assert (tmp_path / "state" / "boot-id").read_text() == "boot-2\n"
+    reads = claims.reads
+    assert rebooted.prepare([ref])[ref.uid].error == ""
+    assert claims.reads == reads + 1
+    assert spec_path(tmp_path, ref.uid).exists()
+    rebooted.close()
+    # what the reboot forgot stays forgotten in the checkpoint, and the new claim is recorded
+    again = new_preparer(node_settings(tmp_path), inventory(), claims)
+    again.reconcile(boot_id="boot-2")
+    assert list(again.prepared()) == [ref.uid]
+
+
 def test_256_claims_in_one_call(
     tmp_path: Path, claims: Claims, new_preparer: Callable[..., Preparer]
 ) -> None:

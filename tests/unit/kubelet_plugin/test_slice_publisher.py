@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import copy
 import random
+import threading
 from typing import Any
 
 import pytest
 
 from dra_driver import slices
 from dra_driver.gpu import NodeInventory
+from dra_driver.kube import Unreachable
 from kubelet_plugin.backoff import Backoff
-from kubelet_plugin.slice_publisher import plan_sync
+from kubelet_plugin.slice_publisher import plan_sync, pool_selector, watch_pool
 from tests.fixtures.inventories import synthetic_inventory
 
 GIB = 1 << 30
@@ -150,3 +152,60 @@ def test_updates_keep_labels_and_annotations_other_tools_added() -> None:
     assert update["metadata"]["labels"]["team"] == "ml"
     assert update["metadata"]["labels"]["vgpu.dra.dev/node"] == "node-1"  # ours win
     assert update["metadata"]["annotations"] == {"note": "hi"}
+
+
+class WatchingClient:
+    """Lists and watches from scripts: each watch yields its events, then ends the stream or
+    raises; `stop` is set once the scripts run out."""
+
+    def __init__(self, streams: list[list[dict[str, Any]] | Exception], stop: Any) -> None:
+        self.streams = streams
+        self.stop = stop
+        self.lists = 0
+        self.wakes_seen: list[bool] = []
+
+    def list_versioned(self, path: str, *, field_selector: str) -> tuple[list[Any], str]:
+        assert field_selector == pool_selector("vgpu.dra.dev", "node-1")
+        self.lists += 1
+        return [], str(self.lists)
+
+    def watch(self, path: str, version: str, **kw: Any) -> Any:
+        assert version == str(self.lists)
+        if not self.streams:
+            self.stop.set()
+            return
+        stream = self.streams.pop(0)
+        if isinstance(stream, Exception):
+            raise stream
+        yield from stream
+
+
+def test_the_pool_watch_wakes_the_publisher_on_deletions_and_relists_after_errors() -> None:
+    stop, wake = threading.Event(), threading.Event()
+    seen: list[tuple[str, bool]] = []
+
+    class Recording(WatchingClient):
+        def watch(self, path: str, version: str, **kw: Any) -> Any:
+            wake.clear()  # a list always wakes; what matters is each event's own effect
+            for event in super().watch(path, version, **kw):
+                yield event
+                seen.append((event["type"], wake.is_set()))
+                wake.clear()
+
+    client = Recording(
+        [
+            [{"type": "BOOKMARK"}, {"type": "ADDED"}, {"type": "DELETED"}],
+            Unreachable(0, "Unreachable", "connection reset"),
+            [{"type": "MODIFIED"}],
+        ],
+        stop,
+    )
+    watch_pool(
+        client,  # type: ignore[arg-type]
+        pool_selector("vgpu.dra.dev", "node-1"),
+        wake,
+        stop,
+        backoff=Backoff(initial_s=0.001, maximum_s=0.001),
+    )
+    assert seen == [("BOOKMARK", False), ("ADDED", False), ("DELETED", True), ("MODIFIED", True)]
+    assert client.lists == 4  # once per watch, the failed one included
