@@ -145,7 +145,14 @@ def install_rbac(
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
         )
     for doc in rbac:
-        chart.apply(client, doc, namespace)
+        if doc.get("kind") == "Secret":
+            # Created once, never replaced: a second replica's install must not empty the
+            # certificates the first one filled in (its webhook would then serve a certificate
+            # the new bundle does not trust; docs/reliability.md, finding 7).
+            with contextlib.suppress(kube.AlreadyExists):
+                client.create(chart.collection_path(doc, namespace), doc)
+        else:
+            chart.apply(client, doc, namespace)
     return str(chart.by_kind(rbac, "ServiceAccount")[0]["metadata"]["name"])
 
 

@@ -27,8 +27,9 @@ Proves:
   when annotations ask for it), prepared, and their vgpu.conf carries the caps (vgpu-number 1,
   vgpu-cores 10, vgpu-memory 1024 -> one GPU capped at 1 GiB and 10 %; HAMi's GPU type picks the
   A10 node; gpu-manager's soft limit becomes computePolicy balance);
-- webhook down: a pod without GPU resources is created as usual (matchConditions), a legacy
-  pod is refused (failurePolicy Fail).
+- webhook down: a pod without GPU resources and a claim that only asks for our class are created
+  as usual (matchConditions; the claims' capacity hook fails open), a legacy pod and a claim
+  that configures our driver are refused (failurePolicy Fail).
 """
 
 from __future__ import annotations
@@ -1278,7 +1279,7 @@ def _stream_through_rotations(hook: Hook, secret_path: str) -> None:
 # ---------------------------------------------------------------- webhook down (last)
 
 
-def test_webhook_down_plain_pods_pass_and_legacy_pods_are_refused(hook: Hook) -> None:
+def test_webhook_down_plain_pods_and_claims_pass_and_legacy_pods_are_refused(hook: Hook) -> None:
     hook.controller.stop()
     plain = hook.client.create(
         hook.pods(),
@@ -1290,3 +1291,16 @@ def test_webhook_down_plain_pods_pass_and_legacy_pods_are_refused(hook: Hook) ->
     with pytest.raises(KubeError) as refused:
         hook.client.create(hook.pods(), pod("legacy-down", {"nvidia.com/gpu": "1"}))
     assert 'failed calling webhook "legacy-pods.vgpu.dra.dev"' in refused.value.message
+    # The default path needs no controller: a claim that only asks for our class is created (its
+    # capacity check fails open); one that configures our driver cannot be checked and is refused.
+    claims = kube.path(RESOURCE_API, "resourceclaims", namespace=hook.tenant)
+    devices = {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "vgpu.dra.dev"}}]}
+    claim = {"apiVersion": RESOURCE_API, "kind": "ResourceClaim",
+             "metadata": {"name": "plain-down"}, "spec": {"devices": devices}}  # fmt: skip
+    hook.client.create(claims, claim)
+    config = [{"requests": ["gpu"], "opaque": _vgpu_config(computePolicy="fixed")}]
+    configured = {**claim, "metadata": {"name": "configured-down"},
+                  "spec": {"devices": {**devices, "config": config}}}  # fmt: skip
+    with pytest.raises(KubeError) as refused:
+        hook.client.create(claims, configured)
+    assert 'failed calling webhook "resourceclaims.vgpu.dra.dev"' in refused.value.message

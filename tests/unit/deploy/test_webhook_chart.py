@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cel_expr_python import cel
 
 from controller.main import build_parser
 from controller.webhook.translate import TranslationSettings, match_conditions
@@ -76,8 +77,15 @@ def test_mutating_webhook_is_fail_closed_create_only_and_dry_run_safe(home: Path
         "port": 443,
     }
     (validating,) = by_kind(docs, "ValidatingWebhookConfiguration")
-    resources = [h["rules"][0]["resources"][0] for h in validating["webhooks"]]
-    assert resources == ["resourceclaims", "resourceclaimtemplates", "deviceclasses", "pods"]
+    hooks = {h["name"]: h["failurePolicy"] for h in validating["webhooks"]}
+    assert hooks == {
+        "resourceclaims.vgpu.dra.dev": "Fail",
+        "resourceclaims-capacity.vgpu.dra.dev": "Ignore",  # the default path needs no controller
+        "resourceclaimtemplates.vgpu.dra.dev": "Fail",
+        "resourceclaimtemplates-capacity.vgpu.dra.dev": "Ignore",
+        "deviceclasses.vgpu.dra.dev": "Fail",
+        "pods.vgpu.dra.dev": "Fail",
+    }
     for h in validating["webhooks"]:
         assert h["clientConfig"]["service"]["path"] == "/validate"
         assert h["sideEffects"] == "None"
@@ -228,3 +236,72 @@ def test_drain_and_client_ca(home: Path) -> None:
         "name": "apiserver-client-ca",
         "items": [{"key": "ca.crt", "path": "ca.crt"}],
     }
+
+
+def _claim(devices: JSON, annotations: dict[str, str] | None = None) -> JSON:
+    meta: JSON = {"name": "c"}
+    if annotations:
+        meta["annotations"] = annotations
+    return {"kind": "ResourceClaim", "metadata": meta, "spec": {"devices": devices}}
+
+
+def _template(claim: JSON) -> JSON:
+    return {
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "t"},
+        "spec": {"spec": claim["spec"]},
+    }
+
+
+PLAIN = _claim({"requests": [{"name": "gpu", "exactly": {"deviceClassName": "vgpu.dra.dev"}}]})
+FIRST_AVAILABLE = _claim(
+    {
+        "requests": [
+            {"name": "gpu", "firstAvailable": [{"name": "a", "deviceClassName": "vgpu.dra.dev"}]}
+        ]
+    }
+)
+CONFIGURED = _claim(
+    {
+        "requests": [{"name": "gpu", "exactly": {"deviceClassName": "vgpu.dra.dev"}}],
+        "config": [{"opaque": {"driver": "vgpu.dra.dev", "parameters": {}}}],
+    }
+)
+PERCENT = _claim(PLAIN["spec"]["devices"], {"vgpu.dra.dev/memory-percentage": "50"})
+FOREIGN = _claim({"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]})
+
+
+@pytest.mark.parametrize(
+    ("obj", "hooks"),
+    [
+        (PLAIN, {"resourceclaims-capacity": "Ignore"}),
+        (FIRST_AVAILABLE, {"resourceclaims-capacity": "Ignore"}),
+        (CONFIGURED, {"resourceclaims": "Fail"}),
+        (PERCENT, {"resourceclaims": "Fail"}),
+        (FOREIGN, {}),
+        (_template(PLAIN), {"resourceclaimtemplates-capacity": "Ignore"}),
+        (_template(CONFIGURED), {"resourceclaimtemplates": "Fail"}),
+        (_template(FOREIGN), {}),
+    ],
+)
+def test_only_claims_that_configure_the_driver_fail_closed(
+    home: Path, obj: JSON, hooks: dict[str, str]
+) -> None:
+    """With no controller replica up, a claim that only asks for our class is still created (the
+    default path needs no controller): its hook fails open. One that configures our driver, or
+    carries our memory-percentage annotation, fails closed. Each object reaches one hook at most."""
+    (config,) = by_kind(
+        render(home, {"controller": {"enabled": True}}), "ValidatingWebhookConfiguration"
+    )
+    resource = "resourceclaims" if obj["kind"] == "ResourceClaim" else "resourceclaimtemplates"
+    env = cel.NewEnv(variables={"object": cel.Type.DYN})
+    matched = {}
+    for hook in config["webhooks"]:
+        if hook["rules"][0]["resources"] != [resource]:
+            continue
+        (condition,) = hook["matchConditions"]
+        result = env.compile(condition["expression"]).eval(data={"object": obj})
+        assert result.type() == cel.Type.BOOL, result.value()
+        if result.value():
+            matched[hook["name"].removesuffix(".vgpu.dra.dev")] = hook["failurePolicy"]
+    assert matched == hooks

@@ -41,14 +41,21 @@ controller.webhook.translate.match_conditions() for the same values.
 {{- join " || " $parts -}}
 {{- end -}}
 
-{{/* CEL: the DRA object (its `devices`, at `path`) asks a class of ours or configures our driver. */}}
-{{- define "vgpu-dra.webhookClaimExpression" -}}
+{{/* CEL: the DRA object (its `devices`, at `path`) configures our driver (opaque VgpuConfig). */}}
+{{- define "vgpu-dra.webhookClaimConfigExpression" -}}
+{{- $ctx := index . 0 -}}
+{{- $path := index . 1 -}}
+{{- printf "has(%s) && has(%s.config) && %s.config.exists(c, has(c.opaque) && c.opaque.driver == %s)" $path $path $path (toJson $ctx.Values.driverName) -}}
+{{- end -}}
+
+{{/* CEL: the DRA object (its `devices`, at `path`) has a request of a DeviceClass of ours. */}}
+{{- define "vgpu-dra.webhookClaimClassExpression" -}}
 {{- $ctx := index . 0 -}}
 {{- $path := index . 1 -}}
 {{- $classes := list -}}
 {{- range $ctx.Values.deviceClasses }}{{ $classes = append $classes (toJson (default $ctx.Values.driverName .name)) }}{{ end -}}
 {{- $classList := printf "[%s]" (join ", " $classes) -}}
-{{- printf "has(%s) && ((has(%s.requests) && %s.requests.exists(r, (has(r.exactly) && r.exactly.deviceClassName in %s) || (has(r.firstAvailable) && r.firstAvailable.exists(s, s.deviceClassName in %s)))) || (has(%s.config) && %s.config.exists(c, has(c.opaque) && c.opaque.driver == %s)))" $path $path $path $classList $classList $path $path (toJson $ctx.Values.driverName) -}}
+{{- printf "has(%s) && has(%s.requests) && %s.requests.exists(r, (has(r.exactly) && r.exactly.deviceClassName in %s) || (has(r.firstAvailable) && r.firstAvailable.exists(s, s.deviceClassName in %s)))" $path $path $path $classList $classList -}}
 {{- end -}}
 
 {{/* Environment of the controller container for the webhook. */}}
