@@ -144,6 +144,8 @@ struct sim_xid_event {
     uint64_t seq;
     uint64_t xid;
     uint64_t time_ns;         /* sim_now_ns() when injected */
+    uint32_t gpu_instance_id; /* SIM_MIG_NO_ID unless scoped to a MIG instance */
+    uint32_t compute_instance_id;
 };
 
 /* Attach to the node state (idempotent, thread-safe, cheap after the first call).
@@ -273,6 +275,129 @@ int sim_set_flag(int phys, unsigned int flag, int on); /* 0, or -1 if phys is in
 uint64_t sim_xid_inject(int phys, uint64_t xid);
 uint64_t sim_xid_seq(int phys);
 int sim_xid_next(int phys, uint64_t *cursor, struct sim_xid_event *out);
+
+/* ---- MIG (Multi-Instance GPU) -------------------------------------------------------------
+ *
+ * A MIG-capable board (mig_capable in the profile; A100 40/80 GB and H100 80 GB have tables,
+ * src/simstate.c, "MIG profile tables") has 8 memory slices and 7 compute slices. MIG mode is per GPU, with a
+ * current and a pending value; GPU instances (GIs) occupy a placement {start, size} of memory
+ * slices and a number of compute slices; compute instances (CIs) split a GI's compute slices; a
+ * "MIG device" is one CI. All of it lives in the GPU's dynamic block of the state file, so every
+ * process sees what any process created; it is changed under the GPU's lock and each change is
+ * published by one aligned store (an entry's in_use), so a writer killed half-way leaves the old
+ * or the new state. Details and the profile tables: docs/mig.md. */
+
+#define SIM_MIG_MEM_SLICES 8
+#define SIM_MIG_COMPUTE_SLICES 7
+#define SIM_MIG_MAX_GI 7       /* GPU instances per GPU */
+#define SIM_MIG_MAX_CI 7       /* compute instances per GPU instance */
+#define SIM_MIG_NO_ID 0xFFFFFFFFu /* "no instance" (NVML's value in nvmlEventData_t) */
+
+/* One GPU instance profile of a board (static table). */
+struct sim_mig_profile {
+    unsigned int nvml_profile;   /* NVML_GPU_INSTANCE_PROFILE_* index it answers to */
+    unsigned int id;             /* profile id (nvidia-smi mig -lgip "ID") */
+    const char *name;            /* "1g.5gb", "1g.5gb+me", ... */
+    unsigned int compute_slices; /* 1, 2, 3, 4 or 7 */
+    unsigned int mem_slices;     /* placement size: 1, 2, 4 or 8 */
+    unsigned int instance_count; /* at most this many at once */
+    unsigned int sm_count;
+    unsigned long long memory_mib;
+    unsigned int copy_engines, decoders, encoders, jpegs, ofas;
+    unsigned int nplacements;
+    unsigned int starts[SIM_MIG_MEM_SLICES]; /* valid placement starts (size = mem_slices) */
+};
+
+/* The GPU instance profiles of GPU `phys` (NULL, *count 0 when it has no MIG table). */
+const struct sim_mig_profile *sim_mig_profiles(int phys, int *count);
+const struct sim_mig_profile *sim_mig_profile_by_id(int phys, unsigned int id);
+const struct sim_mig_profile *sim_mig_profile_by_nvml(int phys, unsigned int nvml_profile);
+
+/* Compute instance profiles are NVML_COMPUTE_INSTANCE_PROFILE_{1,2,3,4,7}_SLICE (0..4); the id
+ * equals the index. Slices of CI profile `profile` (0 if unknown). */
+unsigned int sim_mig_ci_slices(unsigned int profile);
+/* Valid CI placement starts of `slices` slices in a GI of gi_slices compute slices; returns the
+ * number written (at most SIM_MIG_COMPUTE_SLICES). */
+int sim_mig_ci_starts(unsigned int slices, unsigned int gi_slices, unsigned int *starts);
+
+struct sim_mig_gi_info {
+    int slot;                    /* entry index in the state (stable while the GI exists) */
+    unsigned int id;             /* GPU instance id (>= 1) */
+    unsigned int profile_id;
+    unsigned int start, size;    /* memory slice placement */
+    unsigned int compute_slices;
+    unsigned int sm_count;
+    unsigned long long memory_bytes;
+    unsigned long long serial;   /* node-wide creation number: tells a re-created GI apart */
+};
+
+struct sim_mig_ci_info {
+    int gi_slot, slot;
+    unsigned int gi_id, id;      /* compute instance id (>= 0) within its GI */
+    unsigned int profile;        /* NVML_COMPUTE_INSTANCE_PROFILE_* */
+    unsigned int start, size;    /* compute slice placement within the GI */
+    unsigned int sm_count;
+    unsigned long long memory_bytes; /* the GI's (CIs share their GI's memory) */
+    unsigned long long serial;
+    char uuid[48];               /* "MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" */
+};
+
+/* Negative results of the MIG calls. */
+#define SIM_MIG_ENOTSUP (-1)     /* not MIG-capable, MIG disabled, or unknown profile */
+#define SIM_MIG_EINVAL (-2)      /* invalid placement / argument */
+#define SIM_MIG_ENOSPC (-3)      /* no room: overlap, slices, instance count */
+#define SIM_MIG_ENOENT (-4)      /* no such instance (destroyed, re-created) */
+#define SIM_MIG_EBUSY (-5)       /* processes or compute instances use it */
+
+/* MIG mode: 0 with the current and pending modes (NVML_DEVICE_MIG_*), or SIM_MIG_ENOTSUP. */
+int sim_mig_mode(int phys, unsigned int *current, unsigned int *pending);
+/* Request MIG mode `mode` (0/1): the pending mode becomes `mode`; the change is applied at once
+ * when the GPU is idle (no process holds a slot on it, no GPU instance exists). Returns 0 if
+ * applied (or already current), SIM_MIG_EBUSY if it stays pending, SIM_MIG_ENOTSUP. */
+int sim_mig_set_mode(int phys, unsigned int mode);
+
+/* Create a GI of profile `profile_id` at memory slice `start` (-1: the simulator picks the
+ * valid free placement with the highest start, which keeps the low slices free for large
+ * profiles). 0 and *out, or SIM_MIG_ENOTSUP / EINVAL / ENOSPC. */
+int sim_mig_gi_create(int phys, unsigned int profile_id, int start, struct sim_mig_gi_info *out);
+/* Destroy GI `id` (serial 0: any serial). 0, ENOENT, EBUSY (CIs or processes on it). */
+int sim_mig_gi_destroy(int phys, unsigned int id, unsigned long long serial);
+/* GIs of GPU phys ordered by id (profile_id ~0u: all); returns the number (may exceed max). */
+int sim_mig_gi_list(int phys, unsigned int profile_id, struct sim_mig_gi_info *out, int max);
+/* GI `id` (serial 0: any): 0 and *out, or SIM_MIG_ENOENT. */
+int sim_mig_gi_get(int phys, unsigned int id, unsigned long long serial, struct sim_mig_gi_info *out);
+/* How many more GIs of the profile fit now (0 when MIG is disabled); SIM_MIG_ENOTSUP. */
+int sim_mig_gi_remaining(int phys, unsigned int profile_id);
+
+int sim_mig_ci_create(int phys, unsigned int gi_id, unsigned long long gi_serial,
+                      unsigned int profile, int start, struct sim_mig_ci_info *out);
+int sim_mig_ci_destroy(int phys, unsigned int gi_id, unsigned int ci_id, unsigned long long serial);
+/* CIs of GI gi_id ordered by id (profile ~0u: all); the number (may exceed max) or ENOENT. */
+int sim_mig_ci_list(int phys, unsigned int gi_id, unsigned int profile, struct sim_mig_ci_info *out,
+                    int max);
+int sim_mig_ci_get(int phys, unsigned int gi_id, unsigned int ci_id, unsigned long long serial,
+                   struct sim_mig_ci_info *out);
+int sim_mig_ci_remaining(int phys, unsigned int gi_id, unsigned int profile);
+/* Every MIG device (CI) of GPU phys, ordered by (GI id, CI id): the number (may exceed max). */
+int sim_mig_devices(int phys, struct sim_mig_ci_info *out, int max);
+/* The MIG device with this "MIG-..." UUID (case-insensitive): its GPU's physical index and
+ * *out, or -1. */
+int sim_mig_find_uuid(const char *uuid, struct sim_mig_ci_info *out);
+/* Bytes in use on GI gi_id of GPU phys by live processes (reaps dead ones first). */
+unsigned long long sim_mig_mem_used(int phys, unsigned int gi_id);
+
+/* Confine this process's use of GPU `phys` to the MIG device with this UUID (CUDA with
+ * CUDA_VISIBLE_DEVICES=MIG-...): from then on, in this library copy, sim_gpu(phys) describes
+ * the instance (memory, SMs, name, UUID - its hex digits under "GPU-", the form the CUDA driver
+ * parses into the 16 UUID bytes), memory is charged to and capped by the GI, and work
+ * runs on the instance's own timeline (instances do not time-slice with each other). Returns
+ * phys, or -1 if no such MIG device exists. */
+int sim_mig_bind_uuid(const char *uuid);
+/* 1 if this process's library copy is bound to a MIG device on phys. */
+int sim_mig_bound(int phys);
+
+/* XID scoped to a GPU/compute instance (SIM_MIG_NO_ID: not scoped). Returns the seq or 0. */
+uint64_t sim_xid_inject_scoped(int phys, uint64_t xid, unsigned int gi_id, unsigned int ci_id);
 
 #ifdef __cplusplus
 }

@@ -76,6 +76,13 @@ static int match_entry(const char *entry, const int *visible, int nvisible) {
         if (*end != '\0' || idx < 0 || idx >= nvisible) return -1;
         return (int)idx;
     }
+    /* A MIG device: its parent GPU, with this process confined to the instance (simstate.h). */
+    if (has_prefix_ci(entry, "MIG-")) {
+        int parent = sim_mig_find_uuid(entry, NULL);
+        for (int i = 0; parent >= 0 && i < nvisible; i++)
+            if (visible[i] == parent) return sim_mig_bind_uuid(entry) == parent ? i : -1;
+        return -1;
+    }
     /* A UUID, "GPU-" prefixed, possibly abbreviated to any unique prefix. */
     if (!has_prefix_ci(entry, "GPU-")) return -1;
     int found = -1;

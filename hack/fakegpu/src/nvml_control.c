@@ -19,6 +19,13 @@ SIM_EXPORT int vgpusim_inject_xid(int phys, unsigned long long xid)
     return sim_xid_inject(phys, xid) ? 0 : -1;
 }
 
+/* An XID on one MIG instance of GPU phys (gi_id/ci_id: the instance's ids; ~0u: not scoped). */
+SIM_EXPORT int vgpusim_inject_xid_scoped(int phys, unsigned long long xid, unsigned int gi_id,
+                                         unsigned int ci_id)
+{
+    return sim_xid_inject_scoped(phys, xid, gi_id, ci_id) ? 0 : -1;
+}
+
 SIM_EXPORT int vgpusim_set_lost(int phys, int on)
 {
     int was = (sim_gpu_flags(phys) & SIM_GPU_LOST) != 0;

@@ -30,8 +30,14 @@ nvmlReturn_t nv_device(nvmlDevice_t device, int *phys, const struct sim_gpu_info
 {
     if (nv_initialised() != NVML_SUCCESS)
         return NVML_ERROR_UNINITIALIZED;
-    if (!device || device < &g_devs[0] || device >= &g_devs[g_count])
+    if (!device)
         return NVML_ERROR_INVALID_ARGUMENT;
+    if (nv_is_mig_handle(device)) {
+        if (!nv_mig_handle_alive(device))
+            return NVML_ERROR_INVALID_ARGUMENT;
+    } else if (device < &g_devs[0] || device >= &g_devs[g_count]) {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
     if (sim_gpu_flags(device->phys) & (SIM_GPU_LOST | SIM_GPU_REMOVED))
         return NVML_ERROR_GPU_IS_LOST;
     if (phys)
@@ -242,6 +248,17 @@ static nvmlReturn_t handle_by_key(const char *key, nvmlDevice_t *device)
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
 {
+    if (uuid && device && strncasecmp(uuid, "MIG-", 4) == 0 && nv_initialised() == NVML_SUCCESS) {
+        /* A MIG device: the handle of that compute instance under its (visible) parent. */
+        struct sim_mig_ci_info ci;
+        nvmlDevice_t parent = nv_handle_of_phys(sim_mig_find_uuid(uuid, &ci));
+        if (!parent)
+            return NVML_ERROR_NOT_FOUND;
+        if (sim_gpu_flags(parent->phys) & (SIM_GPU_LOST | SIM_GPU_REMOVED))
+            return NVML_ERROR_GPU_IS_LOST;
+        *device = nv_mig_handle(parent, &ci);
+        return NVML_SUCCESS;
+    }
     if (uuid && strncasecmp(uuid, "GPU-", 4) != 0)
         return nv_initialised() ? NVML_ERROR_UNINITIALIZED : NVML_ERROR_INVALID_ARGUMENT;
     return handle_by_key(uuid, device);

@@ -16,6 +16,13 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsig
 {
     const struct sim_gpu_info *g;
     DEVICE_OR_RETURN(device, NULL, &g);
+    const struct sim_mig_profile *p;
+    if (device->mig && nv_mig_info(device, NULL, &p) == NVML_SUCCESS) {
+        /* A MIG device: "<board> MIG <profile>", as the real library names it. */
+        char buf[160];
+        snprintf(buf, sizeof(buf), "%s MIG %s", g->name, p ? p->name : "?");
+        return nv_copy_str(name, length, buf);
+    }
     return nv_copy_str(name, length, g->name);
 }
 
@@ -54,6 +61,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsig
 {
     const struct sim_gpu_info *g;
     DEVICE_OR_RETURN(device, NULL, &g);
+    struct sim_mig_ci_info ci;
+    if (device->mig && nv_mig_info(device, &ci, NULL) == NVML_SUCCESS)
+        return nv_copy_str(uuid, length, ci.uuid); /* "MIG-..." */
     return nv_copy_str(uuid, length, g->uuid);
 }
 
@@ -145,18 +155,20 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device,
     attributes->gpuInstanceSliceCount = g->mig_capable ? 7 : 0;
     attributes->computeInstanceSliceCount = g->mig_capable ? 7 : 0;
     attributes->memorySizeMB = g->memory_total >> 20;
-    return NVML_SUCCESS;
-}
-
-SIM_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode,
-                                             unsigned int *pendingMode)
-{
-    const struct sim_gpu_info *g;
-    DEVICE_ARG_OR_RETURN(device, NULL, &g, currentMode && pendingMode);
-    if (!g->mig_capable)
-        return NVML_ERROR_NOT_SUPPORTED;
-    *currentMode = 0; /* MIG is never enabled in the simulation */
-    *pendingMode = 0;
+    struct sim_mig_ci_info ci;
+    const struct sim_mig_profile *p;
+    if (device->mig && nv_mig_info(device, &ci, &p) == NVML_SUCCESS && p) {
+        /* A MIG device: its compute instance's SMs, its GPU instance's slices and memory. */
+        attributes->multiprocessorCount = ci.sm_count;
+        attributes->sharedCopyEngineCount = p->copy_engines;
+        attributes->sharedDecoderCount = p->decoders;
+        attributes->sharedEncoderCount = p->encoders;
+        attributes->sharedJpegCount = p->jpegs;
+        attributes->sharedOfaCount = p->ofas;
+        attributes->gpuInstanceSliceCount = p->compute_slices;
+        attributes->computeInstanceSliceCount = ci.size;
+        attributes->memorySizeMB = ci.memory_bytes >> 20;
+    }
     return NVML_SUCCESS;
 }
 
@@ -209,13 +221,6 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, nvmlComput
 {
     DEVICE_ARG_OR_RETURN(device, NULL, NULL, mode);
     *mode = NVML_COMPUTEMODE_DEFAULT;
-    return NVML_SUCCESS;
-}
-
-SIM_EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMigDevice)
-{
-    DEVICE_ARG_OR_RETURN(device, NULL, NULL, isMigDevice);
-    *isMigDevice = 0; /* handles are always whole GPUs */
     return NVML_SUCCESS;
 }
 

@@ -1,7 +1,9 @@
 /*
  * nvml_events.c - fake NVML event sets: XID critical errors injected into the node state
  * (vgpusim_inject_xid, `vgpu-dra fakegpu inject xid`) are delivered to every event set that
- * registered for nvmlEventTypeXidCriticalError on that GPU, once per set, in order.
+ * registered for nvmlEventTypeXidCriticalError on that GPU, once per set, in order. An XID
+ * scoped to a MIG instance (vgpusim_inject_xid_scoped) carries its GPU and compute instance ids
+ * in gpuInstanceId/computeInstanceId (0xFFFFFFFF otherwise), as the real library reports it.
  *
  * A set remembers, per registered GPU, the XID sequence number it has consumed (starting at the
  * GPU's latest event at registration time, so only later events are seen). nvmlEventSetWait
@@ -104,8 +106,8 @@ static int poll_once(nvmlEventSet_t set, nvmlEventData_t *data)
             data->device = set->reg[i].device;
             data->eventType = nvmlEventTypeXidCriticalError;
             data->eventData = e.xid;
-            data->gpuInstanceId = 0xFFFFFFFFu;
-            data->computeInstanceId = 0xFFFFFFFFu;
+            data->gpuInstanceId = e.gpu_instance_id; /* SIM_MIG_NO_ID unless scoped */
+            data->computeInstanceId = e.compute_instance_id;
             found = 1;
         }
     }

@@ -13,7 +13,12 @@
 
 struct nvmlDevice_st {
     int phys;            /* physical GPU index in the node state */
-    unsigned int index;  /* NVML index in this process's view */
+    unsigned int index;  /* NVML index in this process's view (a MIG device: its parent's) */
+    /* MIG device handles only (nvml_mig.c): the compute instance the handle names. */
+    int mig;             /* 1 for a MIG device handle */
+    unsigned int gi_id, ci_id;
+    unsigned long long serial; /* the compute instance's: a re-created one is another device */
+    nvmlDevice_t parent;
 };
 
 /* Resolve a handle for a device call: checks initialisation, handle validity and the GPU's
@@ -46,6 +51,17 @@ nvmlReturn_t nv_device(nvmlDevice_t device, int *phys, const struct sim_gpu_info
         DEVICE_OR_RETURN((dev), (phys_out), (info_out));                \
         ARG_OR_RETURN(args_ok);                                         \
     } while (0)
+
+/* MIG (nvml_mig.c). Whether `device` points into the MIG handle table, and if so whether the
+ * compute instance it names still exists. */
+int nv_is_mig_handle(nvmlDevice_t device);
+int nv_mig_handle_alive(nvmlDevice_t device);
+/* The MIG device handle of compute instance `ci` on the GPU of visible handle `parent`. */
+nvmlDevice_t nv_mig_handle(nvmlDevice_t parent, const struct sim_mig_ci_info *ci);
+/* For a live MIG handle: its compute instance and its GPU instance profile (either may be
+ * NULL). NVML_SUCCESS, or INVALID_ARGUMENT if it is not a (live) MIG handle. */
+nvmlReturn_t nv_mig_info(nvmlDevice_t device, struct sim_mig_ci_info *ci,
+                         const struct sim_mig_profile **profile);
 
 /* Check that NVML is initialised. */
 nvmlReturn_t nv_initialised(void);

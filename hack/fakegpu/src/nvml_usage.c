@@ -30,15 +30,31 @@
 
 #include "nvml_internal.h"
 
+/* Total and used memory of a GPU, or of a MIG device: its GPU instance's memory and what the
+ * processes on that GPU instance hold. */
+static void memory_of(nvmlDevice_t device, int phys, const struct sim_gpu_info *g,
+                      unsigned long long *total, unsigned long long *used)
+{
+    struct sim_mig_ci_info ci;
+    if (device->mig && nv_mig_info(device, &ci, NULL) == NVML_SUCCESS) {
+        *total = ci.memory_bytes;
+        *used = sim_mig_mem_used(phys, ci.gi_id);
+        return;
+    }
+    *total = g->memory_total;
+    *used = sim_mem_used(phys);
+}
+
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
     int phys;
     const struct sim_gpu_info *g;
     DEVICE_ARG_OR_RETURN(device, &phys, &g, memory);
-    unsigned long long used = sim_mem_used(phys);
-    memory->total = g->memory_total;
+    unsigned long long total, used;
+    memory_of(device, phys, g, &total, &used);
+    memory->total = total;
     memory->used = used;
-    memory->free = used < g->memory_total ? g->memory_total - used : 0;
+    memory->free = used < total ? total - used : 0;
     return NVML_SUCCESS;
 }
 
@@ -49,11 +65,12 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemo
     DEVICE_ARG_OR_RETURN(device, &phys, &g, memory);
     if (memory->version != nvmlMemory_v2)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
-    unsigned long long used = sim_mem_used(phys);
-    memory->total = g->memory_total;
+    unsigned long long total, used;
+    memory_of(device, phys, g, &total, &used);
+    memory->total = total;
     memory->reserved = 0;
     memory->used = used;
-    memory->free = used < g->memory_total ? g->memory_total - used : 0;
+    memory->free = used < total ? total - used : 0;
     return NVML_SUCCESS;
 }
 
@@ -299,6 +316,9 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device,
 {
     int phys;
     DEVICE_ARG_OR_RETURN(device, &phys, NULL, utilization);
+    unsigned int mig_current, mig_pending;
+    if (device->mig || (sim_mig_mode(phys, &mig_current, &mig_pending) == 0 && mig_current))
+        return NVML_ERROR_NOT_SUPPORTED; /* as real NVML in MIG mode (DCGM measures instances) */
     struct sampling c = sampling_config();
     if (c.realistic) {
         /* The latest completed sample period. */

@@ -87,6 +87,15 @@ struct sim_ident {
     uint64_t nonce;           /* the first 8 of the kernel's AT_RANDOM bytes for this image */
 };
 static struct sim_ident g_self;
+/* The MIG device this library copy is confined to on each GPU (sim_mig_bind_uuid(); gi_id 0:
+ * none): process-local, set once by the CUDA driver's enumeration before any context exists. */
+struct sim_bind {
+    uint32_t gi_id, ci_id;
+    int gi_slot, ci_slot;
+    uint64_t serial;          /* the compute instance's */
+    struct sim_gpu_info info; /* what sim_gpu() returns for the GPU: the MIG device */
+};
+static struct sim_bind g_bind[SIM_MAX_GPUS];
 
 
 unsigned long long sim_now_ns(void)
@@ -379,7 +388,17 @@ static int valid_gpu(int phys)
     return sim_attach() == 0 && phys >= 0 && phys < g_st->node.gpu_count;
 }
 
-const struct sim_gpu_info *sim_gpu(int phys) { return valid_gpu(phys) ? &g_st->gpus[phys] : NULL; }
+const struct sim_gpu_info *sim_gpu(int phys)
+{
+    if (!valid_gpu(phys))
+        return NULL;
+    return g_bind[phys].gi_id ? &g_bind[phys].info : &g_st->gpus[phys];
+}
+
+const struct sim_gpu_info *sim_gpu_board(int phys)
+{
+    return valid_gpu(phys) ? &g_st->gpus[phys] : NULL;
+}
 
 /* ---- lookup and visibility ------------------------------------------------------------- */
 
@@ -450,6 +469,8 @@ int sim_visible_gpus(int *phys_out, int max)
             long idx = strtol(tok, &end, 10);
             if (end != tok && *end == '\0')
                 phys = idx >= 0 && idx < n ? (int)idx : -1;
+            else if (strncasecmp(tok, "MIG-", 4) == 0)
+                phys = sim_mig_find_uuid(tok, NULL); /* a MIG device: its parent GPU */
             else
                 phys = sim_find_gpu(tok);
             if (phys < 0) {
@@ -628,11 +649,12 @@ static void reap_locked(int phys, int *views)
     }
 }
 
-static uint64_t used_locked(const struct sim_gpu_dyn *d)
+/* Bytes held by in-use slots: all of them (gi 0) or those on GPU instance gi. */
+static uint64_t used_locked(const struct sim_gpu_dyn *d, uint32_t gi)
 {
     uint64_t used = 0;
     for (int i = 0; i < SIM_MAX_PROCS; i++)
-        if (LOAD(&d->procs[i].in_use))
+        if (LOAD(&d->procs[i].in_use) && (!gi || SIM_MIG_TAG_GI(LOAD(&d->procs[i].mig_tag)) == gi))
             used += LOAD(&d->procs[i].bytes);
     return used;
 }
@@ -663,6 +685,7 @@ static int claim_slot(int phys, int i)
     STORE(&s->start_time, g_self.start);
     STORE(&s->nonce, g_self.nonce);
     STORE(&s->bytes, 0);
+    STORE(&s->mig_tag, g_bind[phys].gi_id ? SIM_MIG_TAG(g_bind[phys].gi_id, g_bind[phys].ci_id) : 0);
     for (int k = 0; k < SIM_PID_VIEWS; k++)
         STORE(&s->views[k].ns_ino, 0);
     STORE(&s->in_use, 1);
@@ -718,13 +741,15 @@ static int reserve(int phys, unsigned long long bytes, int all_or_nothing, unsig
     struct sim_gpu_dyn *d = &g_st->dyn[phys];
     if (LOAD(&d->flags) & SIM_GPU_LOST)
         return -4;
-    uint64_t total = g_st->gpus[phys].memory_total;
+    /* A process bound to a MIG device allocates from its GPU instance's memory. */
+    uint32_t gi = g_bind[phys].gi_id;
+    uint64_t total = gi ? g_bind[phys].info.memory_total : g_st->gpus[phys].memory_total;
     int rc = 0, i;
     gpu_lock(phys);
-    uint64_t used = used_locked(d);
+    uint64_t used = used_locked(d, gi);
     if (!fits(used, total, bytes)) {
         reap_locked(phys, NULL);
-        used = used_locked(d);
+        used = used_locked(d, gi);
     }
     uint64_t free_bytes = used >= total ? 0 : total - used;
     uint64_t take = bytes < free_bytes ? bytes : free_bytes;
@@ -801,7 +826,7 @@ unsigned long long sim_mem_used(int phys)
         return 0;
     gpu_lock(phys);
     reap_locked(phys, NULL);
-    uint64_t used = used_locked(&g_st->dyn[phys]);
+    uint64_t used = used_locked(&g_st->dyn[phys], g_bind[phys].gi_id);
     gpu_unlock(phys);
     return used;
 }
@@ -859,6 +884,17 @@ unsigned long long sim_submit_work(int phys, unsigned long long duration_ns)
     uint32_t owner = i >= 0 ? (uint32_t)i + 1 : 0;
     uint32_t gen = i >= 0 ? LOAD(&slot_at(phys, i)->gen) : 0;
     uint64_t now = sim_now_ns();
+    if (g_bind[phys].gi_id) {
+        /* A MIG device has SMs of its own: work queues FIFO on the device alone, and is not
+         * recorded in the GPU's timeline (NVML has no GPU utilisation in MIG mode). */
+        struct sim_mig_ci_entry *c =
+            &d->mig.gi[g_bind[phys].gi_slot].ci[g_bind[phys].ci_slot];
+        uint64_t cbusy = LOAD(&c->busy_until);
+        uint64_t cend = (cbusy > now ? cbusy : now) + duration_ns;
+        STORE(&c->busy_until, cend);
+        gpu_unlock(phys);
+        return cend;
+    }
     uint64_t busy = LOAD(&d->busy_until);
     uint64_t start = busy > now ? busy : now;
     uint64_t end = start + duration_ns;
@@ -883,7 +919,11 @@ unsigned long long sim_submit_work(int phys, unsigned long long duration_ns)
 
 unsigned long long sim_busy_until(int phys)
 {
-    return valid_gpu(phys) ? LOAD(&g_st->dyn[phys].busy_until) : 0;
+    if (!valid_gpu(phys))
+        return 0;
+    if (g_bind[phys].gi_id)
+        return LOAD(&g_st->dyn[phys].mig.gi[g_bind[phys].gi_slot].ci[g_bind[phys].ci_slot].busy_until);
+    return LOAD(&g_st->dyn[phys].busy_until);
 }
 
 /* Busy time overlapping [from, to) of the intervals whose owner slot is selected (`pick`, indexed
@@ -1066,6 +1106,11 @@ int sim_set_flag(int phys, unsigned int flag, int on)
 
 uint64_t sim_xid_inject(int phys, uint64_t xid)
 {
+    return sim_xid_inject_scoped(phys, xid, SIM_MIG_NO_ID, SIM_MIG_NO_ID);
+}
+
+uint64_t sim_xid_inject_scoped(int phys, uint64_t xid, unsigned int gi_id, unsigned int ci_id)
+{
     if (!valid_gpu(phys))
         return 0;
     struct sim_gpu_dyn *d = &g_st->dyn[phys];
@@ -1075,6 +1120,8 @@ uint64_t sim_xid_inject(int phys, uint64_t xid)
     STORE(&e->seq, 0); /* invalid until complete */
     e->xid = xid;
     e->time_ns = sim_now_ns();
+    e->gpu_instance_id = gi_id;
+    e->compute_instance_id = ci_id;
     STORE(&e->seq, seq);
     STORE(&d->xid_seq, seq);
     gpu_unlock(phys);
@@ -1107,3 +1154,741 @@ int sim_xid_next(int phys, uint64_t *cursor, struct sim_xid_event *out)
     gpu_unlock(phys);
     return found;
 }
+
+/* ---- MIG profile tables ---------------------------------------------------------------------
+ *
+ * The MIG profile tables of the simulated boards and the pure placement rules (the instances
+ * themselves live in the state file, see "MIG" below).
+ *
+ * Facts from NVIDIA's public MIG user guide ("Supported MIG Profiles") and nvml.h: a MIG board
+ * has 8 memory slices and 7 compute slices; each GPU instance profile takes a number of compute
+ * slices and a run of memory slices at one of its valid starts (nvidia-smi mig -lgipp):
+ *
+ *   slices  mem  starts            A100 40 GB    A100 80 GB    H100 80 GB   profile id
+ *   1       1    0,1,2,3,4,5,6     1g.5gb        1g.10gb       1g.10gb      19
+ *   1 (+me) 1    0,1,2,3,4,5,6     1g.5gb+me     1g.10gb+me    1g.10gb+me   20
+ *   1       2    0,2,4,6           1g.10gb       1g.20gb       1g.20gb      15
+ *   2       2    0,2,4             2g.10gb       2g.20gb       2g.20gb      14
+ *   3       4    0,4               3g.20gb       3g.40gb       3g.40gb       9
+ *   4       4    0                 4g.20gb       4g.40gb       4g.40gb       5
+ *   7       8    0                 7g.40gb       7g.80gb       7g.80gb       0
+ *
+ * SMs per profile: A100 14 per compute slice (98 for 7g: MIG leaves 10 of the 108 SMs unused);
+ * H100 80 GB 16/16/26/32/60/64/132. Memory sizes are close to what nvidia-smi mig -lgip shows
+ * (a little under the nominal size; the simulator's own figures, see docs/mig.md).
+ */
+
+/* nvml.h's NVML_GPU_INSTANCE_PROFILE_* indices used by these boards. */
+enum {
+    GIP_1_SLICE = 0x0,
+    GIP_2_SLICE = 0x1,
+    GIP_3_SLICE = 0x2,
+    GIP_4_SLICE = 0x3,
+    GIP_7_SLICE = 0x4,
+    GIP_1_SLICE_REV1 = 0x7, /* 1 slice with media engines (+me) */
+    GIP_1_SLICE_REV2 = 0x9, /* 1 slice, twice the memory */
+};
+
+#define P7 7, {0, 1, 2, 3, 4, 5, 6}
+#define P4 4, {0, 2, 4, 6}
+#define P3 3, {0, 2, 4}
+#define P2 2, {0, 4}
+#define P1 1, {0}
+
+/* nvml_profile, id, name, compute slices, memory slices, instances, SMs, MiB,
+ * copy engines, decoders, encoders, jpegs, ofas, placements */
+static const struct sim_mig_profile A100_40[] = {
+    {GIP_1_SLICE, 19, "1g.5gb", 1, 1, 7, 14, 4864, 1, 0, 0, 0, 0, P7},
+    {GIP_1_SLICE_REV1, 20, "1g.5gb+me", 1, 1, 1, 14, 4864, 1, 1, 0, 1, 1, P7},
+    {GIP_1_SLICE_REV2, 15, "1g.10gb", 1, 2, 4, 14, 9984, 1, 1, 0, 0, 0, P4},
+    {GIP_2_SLICE, 14, "2g.10gb", 2, 2, 3, 28, 9984, 2, 1, 0, 0, 0, P3},
+    {GIP_3_SLICE, 9, "3g.20gb", 3, 4, 2, 42, 20224, 3, 2, 0, 0, 0, P2},
+    {GIP_4_SLICE, 5, "4g.20gb", 4, 4, 1, 56, 20224, 4, 2, 0, 0, 0, P1},
+    {GIP_7_SLICE, 0, "7g.40gb", 7, 8, 1, 98, 40448, 7, 5, 0, 1, 1, P1},
+};
+
+static const struct sim_mig_profile A100_80[] = {
+    {GIP_1_SLICE, 19, "1g.10gb", 1, 1, 7, 14, 9984, 1, 0, 0, 0, 0, P7},
+    {GIP_1_SLICE_REV1, 20, "1g.10gb+me", 1, 1, 1, 14, 9984, 1, 1, 0, 1, 1, P7},
+    {GIP_1_SLICE_REV2, 15, "1g.20gb", 1, 2, 4, 14, 19968, 1, 1, 0, 0, 0, P4},
+    {GIP_2_SLICE, 14, "2g.20gb", 2, 2, 3, 28, 19968, 2, 1, 0, 0, 0, P3},
+    {GIP_3_SLICE, 9, "3g.40gb", 3, 4, 2, 42, 40192, 3, 2, 0, 0, 0, P2},
+    {GIP_4_SLICE, 5, "4g.40gb", 4, 4, 1, 56, 40192, 4, 2, 0, 0, 0, P1},
+    {GIP_7_SLICE, 0, "7g.80gb", 7, 8, 1, 98, 80384, 7, 5, 0, 1, 1, P1},
+};
+
+static const struct sim_mig_profile H100_80[] = {
+    {GIP_1_SLICE, 19, "1g.10gb", 1, 1, 7, 16, 9984, 1, 1, 0, 1, 0, P7},
+    {GIP_1_SLICE_REV1, 20, "1g.10gb+me", 1, 1, 1, 16, 9984, 1, 1, 0, 1, 1, P7},
+    {GIP_1_SLICE_REV2, 15, "1g.20gb", 1, 2, 4, 26, 20096, 1, 1, 0, 1, 0, P4},
+    {GIP_2_SLICE, 14, "2g.20gb", 2, 2, 3, 32, 20096, 2, 2, 0, 2, 0, P3},
+    {GIP_3_SLICE, 9, "3g.40gb", 3, 4, 2, 60, 40448, 3, 3, 0, 3, 0, P2},
+    {GIP_4_SLICE, 5, "4g.40gb", 4, 4, 1, 64, 40448, 4, 4, 0, 4, 0, P1},
+    {GIP_7_SLICE, 0, "7g.80gb", 7, 8, 1, 132, 81152, 8, 7, 0, 7, 1, P1},
+};
+
+#define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+/* The table of a board: by architecture and memory size, for MIG-capable boards only. */
+const struct sim_mig_profile *sim_mig_profiles(int phys, int *count)
+{
+    const struct sim_gpu_info *g = sim_gpu_board(phys);
+    *count = 0;
+    if (!g || !g->mig_capable)
+        return NULL;
+    unsigned long long gib = g->memory_total >> 30;
+    if (g->arch == SIM_ARCH_AMPERE && gib >= 35 && gib < 60) {
+        *count = COUNT(A100_40);
+        return A100_40;
+    }
+    if (g->arch == SIM_ARCH_AMPERE && gib >= 60 && gib < 100) {
+        *count = COUNT(A100_80);
+        return A100_80;
+    }
+    if (g->arch == SIM_ARCH_HOPPER && gib >= 60 && gib < 100) {
+        *count = COUNT(H100_80);
+        return H100_80;
+    }
+    return NULL;
+}
+
+const struct sim_mig_profile *sim_mig_profile_by_id(int phys, unsigned int id)
+{
+    int n;
+    const struct sim_mig_profile *t = sim_mig_profiles(phys, &n);
+    for (int i = 0; i < n; i++)
+        if (t[i].id == id)
+            return &t[i];
+    return NULL;
+}
+
+const struct sim_mig_profile *sim_mig_profile_by_nvml(int phys, unsigned int nvml_profile)
+{
+    int n;
+    const struct sim_mig_profile *t = sim_mig_profiles(phys, &n);
+    for (int i = 0; i < n; i++)
+        if (t[i].nvml_profile == nvml_profile)
+            return &t[i];
+    return NULL;
+}
+
+unsigned int sim_mig_ci_slices(unsigned int profile)
+{
+    static const unsigned int slices[] = {1, 2, 3, 4, 7}; /* NVML_COMPUTE_INSTANCE_PROFILE_* */
+    return profile < sizeof(slices) / sizeof(slices[0]) ? slices[profile] : 0;
+}
+
+/* A CI of s slices starts at a multiple of s rounded up to a power of two (1, 2, 4, 4, 8), as
+ * GI placements do on the 8-slice grid: in a 7-slice GI, 1 slice at 0..6, 2 at 0/2/4, 3 at
+ * 0/4, 4 and 7 at 0. */
+int sim_mig_ci_starts(unsigned int slices, unsigned int gi_slices, unsigned int *starts)
+{
+    if (slices == 0 || slices > gi_slices)
+        return 0;
+    unsigned int align = 1;
+    while (align < slices)
+        align <<= 1;
+    int n = 0;
+    for (unsigned int s = 0; s + slices <= gi_slices && n < SIM_MIG_COMPUTE_SLICES; s += align)
+        starts[n++] = s;
+    return n;
+}
+
+/* ---- MIG ---------------------------------------------------------------------------------
+ *
+ * Per GPU, in its dynamic block (struct sim_mig_state): the mode (current, pending) and up to 7
+ * GPU instance entries, each with up to 7 compute instance entries. Every function takes the
+ * GPU's lock, so creation, destruction and the idle checks are atomic against every process;
+ * each change is published by one aligned store (see simstate_layout.h), so a process killed in
+ * the middle leaves either no instance or a complete one. */
+
+static struct sim_mig_state *mig_of(int phys) { return &g_st->dyn[phys].mig; }
+
+/* Whether GPU phys has a MIG table and MIG mode is currently enabled. */
+static int mig_enabled(int phys) { return LOAD(&mig_of(phys)->current) == 1; }
+
+static int mig_capable(int phys)
+{
+    int n;
+    return valid_gpu(phys) && sim_mig_profiles(phys, &n) != NULL;
+}
+
+/* Live processes holding a slot on the GPU whose tag matches (gi 0: any; ci ~0u: any CI of gi).
+ * Reaps dead ones first. Caller holds the GPU lock. */
+static int procs_on_locked(int phys, uint32_t gi, uint32_t ci)
+{
+    reap_locked(phys, NULL);
+    int n = 0;
+    for (int i = 0; i < SIM_MAX_PROCS; i++) {
+        const struct sim_proc_slot *s = slot_at(phys, i);
+        if (!LOAD(&s->in_use))
+            continue;
+        uint32_t tag = LOAD(&s->mig_tag);
+        if (gi && SIM_MIG_TAG_GI(tag) != gi)
+            continue;
+        if (gi && ci != ~0u && tag != SIM_MIG_TAG(gi, ci))
+            continue;
+        n++;
+    }
+    return n;
+}
+
+static int gi_count_locked(int phys)
+{
+    int n = 0;
+    for (int k = 0; k < SIM_MIG_MAX_GI; k++)
+        n += LOAD(&mig_of(phys)->gi[k].in_use) != 0;
+    return n;
+}
+
+int sim_mig_mode(int phys, unsigned int *current, unsigned int *pending)
+{
+    if (valid_gpu(phys) && g_st->gpus[phys].mig_capable && !mig_capable(phys)) {
+        *current = *pending = 0; /* MIG-capable board without a profile table: never enabled */
+        return 0;
+    }
+    if (!mig_capable(phys))
+        return SIM_MIG_ENOTSUP;
+    *current = LOAD(&mig_of(phys)->current);
+    *pending = LOAD(&mig_of(phys)->pending);
+    return 0;
+}
+
+int sim_mig_set_mode(int phys, unsigned int mode)
+{
+    if (!mig_capable(phys) || mode > 1)
+        return SIM_MIG_ENOTSUP;
+    struct sim_mig_state *m = mig_of(phys);
+    int rc = 0;
+    gpu_lock(phys);
+    STORE(&m->pending, mode);
+    if (LOAD(&m->current) != mode) {
+        /* Activation needs an idle GPU: no process on it, no GPU instance left. */
+        if (procs_on_locked(phys, 0, 0) > 0 || gi_count_locked(phys) > 0)
+            rc = SIM_MIG_EBUSY;
+        else
+            STORE(&m->current, mode);
+    }
+    gpu_unlock(phys);
+    return rc;
+}
+
+static void gi_info(int phys, int k, struct sim_mig_gi_info *out)
+{
+    const struct sim_mig_gi_entry *e = &mig_of(phys)->gi[k];
+    out->slot = k;
+    out->id = e->id;
+    out->profile_id = e->profile_id;
+    out->start = e->start;
+    out->size = e->size;
+    out->compute_slices = e->compute_slices;
+    out->sm_count = e->sm_count;
+    out->memory_bytes = e->memory_bytes;
+    out->serial = e->serial;
+}
+
+static void ci_info(int phys, int k, int j, struct sim_mig_ci_info *out)
+{
+    const struct sim_mig_gi_entry *g = &mig_of(phys)->gi[k];
+    const struct sim_mig_ci_entry *c = &g->ci[j];
+    out->gi_slot = k;
+    out->slot = j;
+    out->gi_id = g->id;
+    out->id = c->id;
+    out->profile = c->profile;
+    out->start = c->start;
+    out->size = c->size;
+    out->sm_count = c->sm_count;
+    out->memory_bytes = g->memory_bytes;
+    out->serial = c->serial;
+    memcpy(out->uuid, c->uuid, sizeof(out->uuid));
+    out->uuid[sizeof(out->uuid) - 1] = '\0';
+}
+
+/* Whether a GI of profile p fits at `start` next to the existing GIs and those in `extra`
+ * (mask of memory slices and compute slices taken by hypothetical ones). */
+static int gi_fits(const struct sim_mig_profile *p, unsigned int start, unsigned int used_mask,
+                   unsigned int used_compute, int same_profile)
+{
+    unsigned int mask = ((1u << p->mem_slices) - 1u) << start;
+    return (mask & used_mask) == 0 && used_compute + p->compute_slices <= SIM_MIG_COMPUTE_SLICES &&
+           (unsigned int)same_profile < p->instance_count;
+}
+
+static int valid_start(const struct sim_mig_profile *p, unsigned int start)
+{
+    for (unsigned int i = 0; i < p->nplacements; i++)
+        if (p->starts[i] == start)
+            return 1;
+    return 0;
+}
+
+/* Occupancy of the GPU's existing GIs. Caller holds the GPU lock. */
+static void gi_occupancy(int phys, unsigned int profile_id, unsigned int *mask,
+                         unsigned int *compute, int *same)
+{
+    *mask = 0;
+    *compute = 0;
+    *same = 0;
+    for (int k = 0; k < SIM_MIG_MAX_GI; k++) {
+        const struct sim_mig_gi_entry *e = &mig_of(phys)->gi[k];
+        if (!LOAD(&e->in_use))
+            continue;
+        *mask |= ((1u << e->size) - 1u) << e->start;
+        *compute += e->compute_slices;
+        *same += e->profile_id == profile_id;
+    }
+}
+
+/* A UUID for MIG device number `serial` of the GPU: "MIG-" + a hash-based UUID (version 5 bits
+ * set), stable for the instance's lifetime and different for every instance ever created. */
+static void mig_uuid(int phys, uint64_t serial, char *out, size_t len)
+{
+    uint64_t h1 = 1469598103934665603ULL, h2 = 1099511628211ULL * 31;
+    const char *u = g_st->gpus[phys].uuid;
+    for (; *u; u++) {
+        h1 = (h1 ^ (unsigned char)*u) * 1099511628211ULL;
+        h2 = (h2 ^ (unsigned char)*u) * 1469598103934665603ULL;
+    }
+    for (int b = 0; b < 8; b++) {
+        h1 = (h1 ^ ((serial >> (8 * b)) & 0xff)) * 1099511628211ULL;
+        h2 = (h2 ^ ((serial >> (8 * b)) & 0xff)) * 1469598103934665603ULL;
+    }
+    snprintf(out, len, "MIG-%08x-%04x-%04x-%04x-%012llx", (unsigned)(h1 >> 32),
+             (unsigned)(h1 >> 16) & 0xffff, (unsigned)(0x5000 | ((h1 >> 4) & 0x0fff)),
+             (unsigned)(0x8000 | ((h2 >> 48) & 0x3fff)),
+             (unsigned long long)(h2 & 0xffffffffffffULL));
+}
+
+int sim_mig_gi_create(int phys, unsigned int profile_id, int start, struct sim_mig_gi_info *out)
+{
+    if (!mig_capable(phys))
+        return SIM_MIG_ENOTSUP;
+    const struct sim_mig_profile *p = sim_mig_profile_by_id(phys, profile_id);
+    if (!p)
+        return SIM_MIG_EINVAL;
+    if (start >= 0 && !valid_start(p, (unsigned int)start))
+        return SIM_MIG_EINVAL;
+    struct sim_mig_state *m = mig_of(phys);
+    int rc = 0;
+    gpu_lock(phys);
+    unsigned int mask, compute;
+    int same;
+    gi_occupancy(phys, profile_id, &mask, &compute, &same);
+    int chosen = -1;
+    if (!mig_enabled(phys)) {
+        rc = SIM_MIG_ENOTSUP;
+    } else if (start >= 0) {
+        chosen = gi_fits(p, (unsigned int)start, mask, compute, same) ? start : -1;
+    } else {
+        /* Highest free placement first: small instances fill the GPU from the top, leaving
+         * the low slices that the large profiles need. */
+        for (int i = (int)p->nplacements - 1; i >= 0 && chosen < 0; i--)
+            if (gi_fits(p, p->starts[i], mask, compute, same))
+                chosen = (int)p->starts[i];
+    }
+    int slot = -1;
+    for (int k = 0; k < SIM_MIG_MAX_GI && slot < 0; k++)
+        if (!LOAD(&m->gi[k].in_use))
+            slot = k;
+    if (rc == 0 && (chosen < 0 || slot < 0))
+        rc = SIM_MIG_ENOSPC;
+    if (rc == 0) {
+        /* Lowest unused id, from 1. */
+        unsigned int id = 1;
+        for (int again = 1; again;) {
+            again = 0;
+            for (int k = 0; k < SIM_MIG_MAX_GI; k++)
+                if (LOAD(&m->gi[k].in_use) && m->gi[k].id == id) {
+                    id++;
+                    again = 1;
+                }
+        }
+        struct sim_mig_gi_entry *e = &m->gi[slot];
+        for (int j = 0; j < SIM_MIG_MAX_CI; j++)
+            STORE(&e->ci[j].in_use, 0);
+        e->id = id;
+        e->profile_id = profile_id;
+        e->start = (unsigned int)chosen;
+        e->size = p->mem_slices;
+        e->compute_slices = p->compute_slices;
+        e->sm_count = p->sm_count;
+        e->memory_bytes = p->memory_mib << 20;
+        e->serial = __atomic_add_fetch(&g_st->mig_serial, 1, __ATOMIC_ACQ_REL);
+        STORE(&e->in_use, 1);
+        if (out)
+            gi_info(phys, slot, out);
+    }
+    gpu_unlock(phys);
+    return rc;
+}
+
+/* Entry index of GI `id` (and serial, unless 0), or -1. Caller holds the GPU lock. */
+static int gi_slot_locked(int phys, unsigned int id, unsigned long long serial)
+{
+    for (int k = 0; k < SIM_MIG_MAX_GI; k++) {
+        const struct sim_mig_gi_entry *e = &mig_of(phys)->gi[k];
+        if (LOAD(&e->in_use) && e->id == id && (!serial || e->serial == serial))
+            return k;
+    }
+    return -1;
+}
+
+int sim_mig_gi_destroy(int phys, unsigned int id, unsigned long long serial)
+{
+    if (!mig_capable(phys))
+        return SIM_MIG_ENOTSUP;
+    int rc = 0;
+    gpu_lock(phys);
+    int k = gi_slot_locked(phys, id, serial);
+    if (k < 0) {
+        rc = SIM_MIG_ENOENT;
+    } else {
+        struct sim_mig_gi_entry *e = &mig_of(phys)->gi[k];
+        int cis = 0;
+        for (int j = 0; j < SIM_MIG_MAX_CI; j++)
+            cis += LOAD(&e->ci[j].in_use) != 0;
+        if (cis > 0 || procs_on_locked(phys, id, ~0u) > 0)
+            rc = SIM_MIG_EBUSY;
+        else
+            STORE(&e->in_use, 0);
+    }
+    gpu_unlock(phys);
+    return rc;
+}
+
+int sim_mig_gi_list(int phys, unsigned int profile_id, struct sim_mig_gi_info *out, int max)
+{
+    if (!mig_capable(phys))
+        return SIM_MIG_ENOTSUP;
+    struct sim_mig_gi_info all[SIM_MIG_MAX_GI];
+    int n = 0;
+    gpu_lock(phys);
+    for (int k = 0; k < SIM_MIG_MAX_GI; k++) {
+        const struct sim_mig_gi_entry *e = &mig_of(phys)->gi[k];
+        if (LOAD(&e->in_use) && (profile_id == ~0u || e->profile_id == profile_id))
+            gi_info(phys, k, &all[n++]);
+    }
+    gpu_unlock(phys);
+    for (int a = 1; a < n; a++) /* by id */
+        for (int b = a; b > 0 && all[b - 1].id > all[b].id; b--) {
+            struct sim_mig_gi_info t = all[b];
+            all[b] = all[b - 1];
+            all[b - 1] = t;
+        }
+    for (int i = 0; i < n && i < max; i++)
+        out[i] = all[i];
+    return n;
+}
+
+int sim_mig_gi_get(int phys, unsigned int id, unsigned long long serial, struct sim_mig_gi_info *out)
+{
+    if (!mig_capable(phys))
+        return SIM_MIG_ENOTSUP;
+    gpu_lock(phys);
+    int k = gi_slot_locked(phys, id, serial);
+    if (k >= 0 && out)
+        gi_info(phys, k, out);
+    gpu_unlock(phys);
+    return k >= 0 ? 0 : SIM_MIG_ENOENT;
+}
+
+int sim_mig_gi_remaining(int phys, unsigned int profile_id)
+{
+    if (!mig_capable(phys))
+        return SIM_MIG_ENOTSUP;
+    const struct sim_mig_profile *p = sim_mig_profile_by_id(phys, profile_id);
+    if (!p)
+        return SIM_MIG_EINVAL;
+    int n = 0;
+    gpu_lock(phys);
+    if (mig_enabled(phys)) {
+        unsigned int mask, compute;
+        int same;
+        gi_occupancy(phys, profile_id, &mask, &compute, &same);
+        /* Greedy from the lowest start: exact on the aligned 8-slice grid. */
+        int slots = SIM_MIG_MAX_GI - gi_count_locked(phys);
+        for (unsigned int i = 0; i < p->nplacements && n < slots; i++) {
+            if (!gi_fits(p, p->starts[i], mask, compute, same))
+                continue;
+            mask |= ((1u << p->mem_slices) - 1u) << p->starts[i];
+            compute += p->compute_slices;
+            same++;
+            n++;
+        }
+    }
+    gpu_unlock(phys);
+    return n;
+}
+
+/* CI occupancy of GI entry k: mask of compute slices. Caller holds the GPU lock. */
+static unsigned int ci_mask_locked(int phys, int k, unsigned int profile, int *same)
+{
+    unsigned int mask = 0;
+    *same = 0;
+    const struct sim_mig_gi_entry *g = &mig_of(phys)->gi[k];
+    for (int j = 0; j < SIM_MIG_MAX_CI; j++) {
+        const struct sim_mig_ci_entry *c = &g->ci[j];
+        if (!LOAD(&c->in_use))
+            continue;
+        mask |= ((1u << c->size) - 1u) << c->start;
+        *same += c->profile == profile;
+    }
+    return mask;
+}
+
+int sim_mig_ci_create(int phys, unsigned int gi_id, unsigned long long gi_serial,
+                      unsigned int profile, int start, struct sim_mig_ci_info *out)
+{
+    if (!mig_capable(phys))
+        return SIM_MIG_ENOTSUP;
+    unsigned int slices = sim_mig_ci_slices(profile);
+    if (slices == 0)
+        return SIM_MIG_EINVAL;
+    int rc = 0;
+    gpu_lock(phys);
+    int k = gi_slot_locked(phys, gi_id, gi_serial);
+    if (k < 0) {
+        rc = SIM_MIG_ENOENT;
+    } else {
+        struct sim_mig_gi_entry *g = &mig_of(phys)->gi[k];
+        unsigned int starts[SIM_MIG_COMPUTE_SLICES];
+        int ns = sim_mig_ci_starts(slices, g->compute_slices, starts);
+        int same, chosen = -1, valid = 0;
+        unsigned int mask = ci_mask_locked(phys, k, profile, &same);
+        unsigned int cmask = ((1u << slices) - 1u);
+        for (int i = 0; i < ns; i++) {
+            int fits_here = ((cmask << starts[i]) & mask) == 0;
+            if (start >= 0 && (unsigned int)start == starts[i]) {
+                valid = 1;
+                chosen = fits_here ? start : -1;
+            } else if (start < 0 && fits_here && chosen < 0) {
+                chosen = (int)starts[i]; /* lowest free, as the compute slices are one GI's */
+            }
+        }
+        int slot = -1;
+        for (int j = 0; j < SIM_MIG_MAX_CI && slot < 0; j++)
+            if (!LOAD(&g->ci[j].in_use))
+                slot = j;
+        if (ns == 0)
+            rc = SIM_MIG_ENOTSUP; /* profile larger than the GI */
+        else if (start >= 0 && !valid)
+            rc = SIM_MIG_EINVAL;
+        else if (chosen < 0 || slot < 0)
+            rc = SIM_MIG_ENOSPC;
+        if (rc == 0) {
+            unsigned int id = 0;
+            for (int again = 1; again;) {
+                again = 0;
+                for (int j = 0; j < SIM_MIG_MAX_CI; j++)
+                    if (LOAD(&g->ci[j].in_use) && g->ci[j].id == id) {
+                        id++;
+                        again = 1;
+                    }
+            }
+            struct sim_mig_ci_entry *c = &g->ci[slot];
+            c->id = id;
+            c->profile = profile;
+            c->start = (unsigned int)chosen;
+            c->size = slices;
+            c->sm_count = g->sm_count * slices / g->compute_slices;
+            c->serial = __atomic_add_fetch(&g_st->mig_serial, 1, __ATOMIC_ACQ_REL);
+            STORE(&c->busy_until, 0);
+            mig_uuid(phys, c->serial, c->uuid, sizeof(c->uuid));
+            STORE(&c->in_use, 1);
+            if (out)
+                ci_info(phys, k, slot, out);
+        }
+    }
+    gpu_unlock(phys);
+    return rc;
+}
+
+/* Entry index of CI ci_id in GI entry k (and serial unless 0), or -1. Caller holds the lock. */
+static int ci_slot_locked(int phys, int k, unsigned int ci_id, unsigned long long serial)
+{
+    const struct sim_mig_gi_entry *g = &mig_of(phys)->gi[k];
+    for (int j = 0; j < SIM_MIG_MAX_CI; j++) {
+        const struct sim_mig_ci_entry *c = &g->ci[j];
+        if (LOAD(&c->in_use) && c->id == ci_id && (!serial || c->serial == serial))
+            return j;
+    }
+    return -1;
+}
+
+int sim_mig_ci_destroy(int phys, unsigned int gi_id, unsigned int ci_id, unsigned long long serial)
+{
+    if (!mig_capable(phys))
+        return SIM_MIG_ENOTSUP;
+    int rc = 0;
+    gpu_lock(phys);
+    int k = gi_slot_locked(phys, gi_id, 0);
+    int j = k >= 0 ? ci_slot_locked(phys, k, ci_id, serial) : -1;
+    if (j < 0)
+        rc = SIM_MIG_ENOENT;
+    else if (procs_on_locked(phys, gi_id, ci_id) > 0)
+        rc = SIM_MIG_EBUSY;
+    else
+        STORE(&mig_of(phys)->gi[k].ci[j].in_use, 0);
+    gpu_unlock(phys);
+    return rc;
+}
+
+static void sort_cis(struct sim_mig_ci_info *a, int n)
+{
+    for (int i = 1; i < n; i++)
+        for (int b = i; b > 0 && (a[b - 1].gi_id > a[b].gi_id ||
+                                  (a[b - 1].gi_id == a[b].gi_id && a[b - 1].id > a[b].id));
+             b--) {
+            struct sim_mig_ci_info t = a[b];
+            a[b] = a[b - 1];
+            a[b - 1] = t;
+        }
+}
+
+int sim_mig_ci_list(int phys, unsigned int gi_id, unsigned int profile, struct sim_mig_ci_info *out,
+                    int max)
+{
+    if (!mig_capable(phys))
+        return SIM_MIG_ENOTSUP;
+    struct sim_mig_ci_info all[SIM_MIG_MAX_CI];
+    int n = 0;
+    gpu_lock(phys);
+    int k = gi_slot_locked(phys, gi_id, 0);
+    for (int j = 0; k >= 0 && j < SIM_MIG_MAX_CI; j++) {
+        const struct sim_mig_ci_entry *c = &mig_of(phys)->gi[k].ci[j];
+        if (LOAD(&c->in_use) && (profile == ~0u || c->profile == profile))
+            ci_info(phys, k, j, &all[n++]);
+    }
+    gpu_unlock(phys);
+    if (k < 0)
+        return SIM_MIG_ENOENT;
+    sort_cis(all, n);
+    for (int i = 0; i < n && i < max; i++)
+        out[i] = all[i];
+    return n;
+}
+
+int sim_mig_ci_get(int phys, unsigned int gi_id, unsigned int ci_id, unsigned long long serial,
+                   struct sim_mig_ci_info *out)
+{
+    if (!mig_capable(phys))
+        return SIM_MIG_ENOTSUP;
+    gpu_lock(phys);
+    int k = gi_slot_locked(phys, gi_id, 0);
+    int j = k >= 0 ? ci_slot_locked(phys, k, ci_id, serial) : -1;
+    if (j >= 0 && out)
+        ci_info(phys, k, j, out);
+    gpu_unlock(phys);
+    return j >= 0 ? 0 : SIM_MIG_ENOENT;
+}
+
+int sim_mig_ci_remaining(int phys, unsigned int gi_id, unsigned int profile)
+{
+    if (!mig_capable(phys))
+        return SIM_MIG_ENOTSUP;
+    unsigned int slices = sim_mig_ci_slices(profile);
+    if (slices == 0)
+        return SIM_MIG_EINVAL;
+    int n = 0, rc = 0;
+    gpu_lock(phys);
+    int k = gi_slot_locked(phys, gi_id, 0);
+    if (k < 0) {
+        rc = SIM_MIG_ENOENT;
+    } else {
+        unsigned int starts[SIM_MIG_COMPUTE_SLICES];
+        int ns = sim_mig_ci_starts(slices, mig_of(phys)->gi[k].compute_slices, starts);
+        int same;
+        unsigned int mask = ci_mask_locked(phys, k, profile, &same);
+        for (int i = 0; i < ns; i++) {
+            unsigned int want = ((1u << slices) - 1u) << starts[i];
+            if ((want & mask) == 0) {
+                mask |= want;
+                n++;
+            }
+        }
+    }
+    gpu_unlock(phys);
+    return rc ? rc : n;
+}
+
+int sim_mig_devices(int phys, struct sim_mig_ci_info *out, int max)
+{
+    if (!mig_capable(phys))
+        return 0;
+    struct sim_mig_ci_info all[SIM_MIG_MAX_GI * SIM_MIG_MAX_CI];
+    int n = 0;
+    gpu_lock(phys);
+    for (int k = 0; k < SIM_MIG_MAX_GI; k++) {
+        const struct sim_mig_gi_entry *g = &mig_of(phys)->gi[k];
+        if (!LOAD(&g->in_use))
+            continue;
+        for (int j = 0; j < SIM_MIG_MAX_CI; j++)
+            if (LOAD(&g->ci[j].in_use))
+                ci_info(phys, k, j, &all[n++]);
+    }
+    gpu_unlock(phys);
+    sort_cis(all, n);
+    for (int i = 0; i < n && i < max; i++)
+        out[i] = all[i];
+    return n;
+}
+
+int sim_mig_find_uuid(const char *uuid, struct sim_mig_ci_info *out)
+{
+    if (!uuid || sim_attach() != 0)
+        return -1;
+    for (int phys = 0; phys < g_st->node.gpu_count; phys++) {
+        struct sim_mig_ci_info devs[SIM_MIG_MAX_GI * SIM_MIG_MAX_CI];
+        int n = sim_mig_devices(phys, devs, SIM_MIG_MAX_GI * SIM_MIG_MAX_CI);
+        for (int i = 0; i < n; i++)
+            if (strcasecmp(devs[i].uuid, uuid) == 0) {
+                if (out)
+                    *out = devs[i];
+                return phys;
+            }
+    }
+    return -1;
+}
+
+unsigned long long sim_mig_mem_used(int phys, unsigned int gi_id)
+{
+    if (!valid_gpu(phys) || gi_id == 0)
+        return 0;
+    gpu_lock(phys);
+    reap_locked(phys, NULL);
+    uint64_t used = used_locked(&g_st->dyn[phys], gi_id);
+    gpu_unlock(phys);
+    return used;
+}
+
+int sim_mig_bind_uuid(const char *uuid)
+{
+    struct sim_mig_ci_info ci;
+    int phys = sim_mig_find_uuid(uuid, &ci);
+    if (phys < 0)
+        return -1;
+    struct sim_bind *b = &g_bind[phys];
+    const struct sim_mig_profile *p = NULL;
+    struct sim_mig_gi_info gi;
+    if (sim_mig_gi_get(phys, ci.gi_id, 0, &gi) == 0)
+        p = sim_mig_profile_by_id(phys, gi.profile_id);
+    b->info = g_st->gpus[phys];
+    /* As CUDA and NVML name a MIG device: the board, "MIG", the GI profile. */
+    snprintf(b->info.name, sizeof(b->info.name), "%s MIG %s", g_st->gpus[phys].name,
+             p ? p->name : "?");
+    /* The MIG UUID's hex digits under the "GPU-" prefix: CUDA exposes a device's UUID only as
+     * its 16 bytes (cuDeviceGetUuid), which are the MIG UUID's, as on a real MIG device. */
+    snprintf(b->info.uuid, sizeof(b->info.uuid), "GPU-%s", ci.uuid + 4);
+    b->info.memory_total = ci.memory_bytes;
+    b->info.sm_count = ci.sm_count;
+    b->info.nlinks = 0; /* no NVLink peer-to-peer in MIG mode */
+    b->gi_slot = ci.gi_slot;
+    b->ci_slot = ci.slot;
+    b->serial = ci.serial;
+    b->ci_id = ci.id;
+    STORE(&b->gi_id, ci.gi_id);
+    return phys;
+}
+
+int sim_mig_bound(int phys) { return valid_gpu(phys) && g_bind[phys].gi_id != 0; }

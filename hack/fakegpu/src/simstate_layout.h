@@ -15,7 +15,8 @@
 #include "simstate.h"
 
 #define SIM_MAGIC 0x314d495355504756ULL /* "VGPUSIM1" little-endian */
-#define SIM_LAYOUT_VERSION 2u /* 2: process slots identify processes across PID namespaces */
+#define SIM_LAYOUT_VERSION 3u /* 2: process slots identify processes across PID namespaces;
+                                3: MIG state per GPU, slots name their GPU instance, scoped XIDs */
 
 /* Lock byte ranges (locks may lie past EOF; they never touch data). The init and GPU bytes take
  * OFD locks (mutual exclusion); each process slot's byte takes a classic POSIX lock, held by the
@@ -44,7 +45,7 @@ struct sim_proc_slot {
     uint32_t in_use;
     uint32_t gen;             /* claims so far; busy intervals carry (slot, gen) */
     int32_t ns_pid;           /* the owner's getpid(), in its own pid namespace */
-    uint32_t reserved;
+    uint32_t mig_tag;         /* SIM_MIG_TAG(gi, ci) of the MIG device it runs on, 0: whole GPU */
     uint64_t ns_ino;          /* inode of the owner's pid namespace (0 if /proc was missing) */
     uint64_t start_time;      /* the owner's /proc/self/stat field 22 (0 if unreadable) */
     uint64_t nonce;           /* the owner's AT_RANDOM: differs after exec, same in both libs */
@@ -65,6 +66,43 @@ struct sim_busy {
 
 #define SIM_TIMELINE_SLOTS SIM_TIMELINE /* ring of busy intervals per GPU */
 
+/* MIG state of one GPU (see "MIG" in include/simstate.h). An entry is free when in_use == 0;
+ * a creator (holding the GPU lock) fills a free entry and stores in_use = 1 last, a destroyer
+ * stores in_use = 0 first, so a half-written entry is never in use. The mode is published by
+ * storing `pending` before `current`: a writer killed in between leaves a pending change. */
+struct sim_mig_ci_entry {
+    uint32_t in_use;
+    uint32_t id;
+    uint32_t profile;
+    uint32_t start;
+    uint32_t size;
+    uint32_t sm_count;
+    uint64_t serial;
+    uint64_t busy_until;      /* end of the last work submitted to this MIG device */
+    char uuid[48];
+};
+
+struct sim_mig_gi_entry {
+    uint32_t in_use;
+    uint32_t id;
+    uint32_t profile_id;
+    uint32_t start;
+    uint32_t size;
+    uint32_t compute_slices;
+    uint32_t sm_count;
+    uint32_t reserved;
+    uint64_t memory_bytes;
+    uint64_t serial;
+    struct sim_mig_ci_entry ci[SIM_MIG_MAX_CI];
+};
+
+struct sim_mig_state {
+    uint32_t current;         /* NVML_DEVICE_MIG_DISABLE / _ENABLE */
+    uint32_t pending;
+    uint64_t reserved;
+    struct sim_mig_gi_entry gi[SIM_MIG_MAX_GI];
+};
+
 struct sim_gpu_dyn {
     uint32_t flags;           /* SIM_GPU_* */
     uint32_t reserved;
@@ -74,6 +112,7 @@ struct sim_gpu_dyn {
     uint64_t xid_seq;         /* seq of the newest XID event; event n lives at n % SIM_XID_QUEUE */
     struct sim_xid_event xids[SIM_XID_QUEUE];
     struct sim_proc_slot procs[SIM_MAX_PROCS];
+    struct sim_mig_state mig;
 };
 
 struct sim_state_file {
@@ -82,10 +121,19 @@ struct sim_state_file {
     uint32_t reserved;
     uint64_t file_size;       /* sizeof(struct sim_state_file) */
     uint64_t profile_hash;    /* FNV-1a of the profile text it was built from */
+    uint64_t mig_serial;      /* MIG instances ever created on the node (serials, UUIDs) */
     struct sim_node_info node;
     struct sim_gpu_info gpus[SIM_MAX_GPUS];
     struct sim_gpu_dyn dyn[SIM_MAX_GPUS];
 };
+
+/* A process slot's MIG device: GPU instance id in the low 16 bits, compute instance id + 1 above. */
+#define SIM_MIG_TAG(gi, ci) ((uint32_t)(gi) | ((uint32_t)(ci) + 1u) << 16)
+#define SIM_MIG_TAG_GI(tag) ((tag) & 0xFFFFu)
+
+/* The physical board's static attributes (sim_gpu() describes a MIG device to a process bound to
+ * one); NULL if phys is invalid. */
+const struct sim_gpu_info *sim_gpu_board(int phys);
 
 /* Profile parsing (simstate_profile.c). Fills node and gpus from the key=value text; returns 0,
  * or -1 with a message naming the line/key in err. */

@@ -15,7 +15,7 @@ import yaml
 from vgpu_testbed.fakegpu import simulator as fakegpu
 from vgpu_testbed.fakegpu.profiles import ProfileError, load_profile, parse_profile, profile_names
 
-SHIPPED = ["a10-pcie", "a100-2x4", "dgx-h100", "l4-2", "mixed"]
+SHIPPED = ["a10-pcie", "a100-2x4", "a100-80gb-2", "dgx-h100", "l4-2", "mixed"]
 
 
 def test_shipped_profiles_are_listed() -> None:
