@@ -7,7 +7,7 @@ PY          := $(VENV)/bin/python
 NATIVE_DIRS := $(patsubst %/Makefile,%,$(wildcard hack/fakegpu/Makefile vgpu_hook/Makefile))
 PYTEST_ARGS ?=
 
-.PHONY: all venv native native-test controlplane test unit lint demo bench clean protos image image-base image-tree
+.PHONY: all venv native native-test controlplane test unit lint demo bench clean protos image image-base image-tree torch
 
 all: venv native
 
@@ -44,14 +44,20 @@ lint: venv
 unit: native
 	$(VENV)/bin/pytest -q tests/unit $(PYTEST_ARGS)
 
+# PyTorch from PyPI (pinned, with the NVIDIA libraries its CUDA build links, without NVIDIA's CUDA
+# runtime) in an environment of its own under ~/.cache/vgpu-dra/torch, for the framework tests
+# (docs/frameworks.md). A warm run is a no-op; a fresh one downloads ~2.6 GB (see the doc).
+torch:
+	bash hack/torch/install.sh
+
 # The whole suite: what CI runs.
-test: lint native-test controlplane image-tree
+test: lint native-test controlplane image-tree torch
 	$(VENV)/bin/pytest -q -rs tests $(PYTEST_ARGS)
 
 demo: native controlplane
 	$(VENV)/bin/vgpu-dra demo
 
-bench: native controlplane
+bench: native controlplane torch
 	$(PY) -m bench
 
 # The container image (Dockerfile), built with whichever engine works here (docker, podman or

@@ -191,6 +191,10 @@ CUresult cu_alloc_device(struct CUctx_st *ctx, size_t size, enum cu_mem_kind kin
  * accepted (0 = any device kind). Lock must NOT be held. */
 CUresult cu_free_device(CUdeviceptr base, enum cu_mem_kind expect);
 
+/* The host bytes behind [p, p+n) of a reserved VMM range, allocated on first use (lock held):
+ * NULL when that part is not mapped, spans two mappings or its memory keeps no contents. */
+unsigned char *cu_vmm_contents_locked(CUdeviceptr p, size_t n);
+
 /* Pick a free, aligned range of the fake device address space (lock held). 0 if exhausted. */
 CUdeviceptr cu_va_pick(size_t size, size_t align);
 

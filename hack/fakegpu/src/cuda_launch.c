@@ -19,10 +19,10 @@
 #include "cuda_internal.h"
 
 struct CUfunc_st {
-    char name[128];
     unsigned long long wave_ns; /* 0 = the configured default */
     int max_dynamic_smem;
     struct CUfunc_st *next;     /* the owning module's list */
+    char name[];                /* any length: C++ template kernels' mangled names run to KiBs */
 };
 
 /* A module or a library: a named bag of functions (a library's "kernels" are functions too;
@@ -151,11 +151,11 @@ CU_API CUresult cuModuleUnload(CUmodule hmod) {
 static CUresult get_function(struct CUmod_st *m, enum cu_kind kind, const char *name,
                              struct CUfunc_st **out) {
     if (name == NULL || out == NULL) return CUDA_ERROR_INVALID_VALUE;
-    if (strlen(name) >= sizeof(((struct CUfunc_st *)0)->name)) return CUDA_ERROR_NOT_FOUND;
     CU_TRY(cu_check_init());
-    struct CUfunc_st *fresh = calloc(1, sizeof(*fresh));
+    size_t len = strlen(name);
+    struct CUfunc_st *fresh = calloc(1, sizeof(*fresh) + len + 1);
     if (fresh == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
-    snprintf(fresh->name, sizeof(fresh->name), "%s", name);
+    memcpy(fresh->name, name, len + 1);
     fresh->wave_ns = cu_kernel_name_wave_ns(name);
     pthread_mutex_lock(&cu_drv.lock);
     CUresult rc = CUDA_SUCCESS;

@@ -475,9 +475,9 @@ static CUresult locate(CUdeviceptr p, size_t n, unsigned char **host) {
         return CUDA_ERROR_INVALID_VALUE;
     }
     if (a->kind == CU_MEM_VA_RANGE) {
-        /* Mapped VMM ranges accept copies but keep no contents in the simulator. */
+        /* A VMM range: the contents of the physical memory mapped there (cuda_vmm.c). */
+        *host = cu_vmm_contents_locked(p, n);
         pthread_mutex_unlock(&cu_drv.lock);
-        *host = NULL;
         return CUDA_SUCCESS;
     }
     if (is_device_kind(a->kind) && a->backing == NULL && a->size <= cu_drv.cfg.backing_max)

@@ -6,6 +6,11 @@
  * the unified address table (kind CU_MEM_VA_RANGE) and cost no device memory. A physical
  * allocation lives until it is released AND unmapped everywhere (the real driver's rule), which
  * is counted by `refs` = (not yet released) + (number of mappings).
+ *
+ * Contents: a physical allocation up to cfg.backing_max bytes gets real host memory on the first
+ * copy or set through one of its mappings, shared by every mapping of it (so two views of the
+ * same memory see the same bytes, as PyTorch's expandable segments rely on). A copy that spans
+ * two mappings, or a larger allocation, accepts the bytes but keeps no contents (reads zeros).
  */
 #include <stdlib.h>
 #include <unistd.h>
@@ -19,6 +24,7 @@ struct vmm_phys {
     size_t size;
     int refs;
     int owner_pid;
+    unsigned char *backing; /* lazily allocated contents, or NULL */
 };
 
 struct vmm_mapping {
@@ -43,6 +49,7 @@ static struct vmm_phys *unref(struct vmm_phys *m) {
 static void destroy(struct vmm_phys *m) {
     if (m == NULL) return;
     cu_uncharge(m->phys, m->size, m->owner_pid);
+    free(m->backing);
     free(m);
 }
 
@@ -235,6 +242,18 @@ CU_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
         if (m->va >= ptr && m->va + m->size <= ptr + size) covered += m->size;
     pthread_mutex_unlock(&cu_drv.lock);
     return covered == size ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+unsigned char *cu_vmm_contents_locked(CUdeviceptr p, size_t n) {
+    for (struct vmm_mapping *m = mappings; m != NULL; m = m->next) {
+        if (p < m->va || p - m->va >= m->size) continue;
+        if (n > m->size - (size_t)(p - m->va)) return NULL; /* spans mappings */
+        struct vmm_phys *mem = m->mem;
+        if (mem->backing == NULL && mem->size <= cu_drv.cfg.backing_max)
+            mem->backing = calloc(1, mem->size);
+        return mem->backing != NULL ? mem->backing + (p - m->va) : NULL;
+    }
+    return NULL; /* reserved but not mapped */
 }
 
 /* VMM objects belong to the process, not to a context. */

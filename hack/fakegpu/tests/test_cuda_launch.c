@@ -244,6 +244,19 @@ static void case_launch_validation(void)
     CHECK(cuKernelGetFunction(&h, k) == CUDA_SUCCESS);
     check_between(timed_launch(h, 1, 1, 1, NULL), 0.1, 0.1 + slack_ms());
     CHECK(cuLaunchKernel((CUfunction)(void *)k, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL) == 0);
+    /* Names of any length (C++ template kernels' mangled names run past 128 characters). */
+    char long_name[3000];
+    memset(long_name, 'x', sizeof(long_name));
+    snprintf(long_name + sizeof(long_name) - 16, 16, "k__ns200000");
+    CUkernel lk, lk2;
+    CHECK(cuLibraryGetKernel(&lk, lib, long_name) == CUDA_SUCCESS);
+    CHECK(cuLibraryGetKernel(&lk2, lib, long_name) == CUDA_SUCCESS);
+    CHECK(lk == lk2); /* the same kernel */
+    CHECK(cuKernelGetFunction(&h, lk) == CUDA_SUCCESS);
+    check_between(timed_launch(h, 1, 1, 1, NULL), 0.2, 0.2 + slack_ms());
+    long_name[10] = 'y';
+    CHECK(cuLibraryGetKernel(&lk2, lib, long_name) == CUDA_SUCCESS);
+    CHECK(lk != lk2); /* differs in one character: another kernel */
     CHECK(cuLibraryUnload(lib) == CUDA_SUCCESS);
     CHECK(cuKernelGetFunction(&h, k) == CUDA_ERROR_INVALID_HANDLE);
 }

@@ -456,6 +456,35 @@ static void case_vmm(void)
     CHECK(cuMemRelease(h2) == CUDA_SUCCESS);
     CHECK(cuMemAddressFree(va, 64 * MiB) == CUDA_SUCCESS);
     CHECK_EQ_U(free_now(), 1 * GiB);
+    /* Contents: small physical memory keeps bytes, seen through every mapping of it (PyTorch's
+     * expandable segments copy tensors in and out of mapped pages). */
+    CUmemGenericAllocationHandle h3;
+    CHECK(cuMemCreate(&h3, 20 * MiB, &prop, 0) == CUDA_SUCCESS);
+    CHECK(cuMemAddressReserve(&va, 64 * MiB, 0, 0, 0) == CUDA_SUCCESS);
+    CHECK(cuMemMap(va, 20 * MiB, 0, h3, 0) == CUDA_SUCCESS);
+    CHECK(cuMemMap(va + 20 * MiB, 20 * MiB, 0, h3, 0) == CUDA_SUCCESS); /* a second view */
+    unsigned char in[4096], out[4096];
+    for (size_t i = 0; i < sizeof(in); i++) in[i] = (unsigned char)(i * 7 + 1);
+    CHECK(cuMemcpyHtoD_v2(va + 5 * MiB, in, sizeof(in)) == CUDA_SUCCESS);
+    memset(out, 0, sizeof(out));
+    CHECK(cuMemcpyDtoH_v2(out, va + 25 * MiB, sizeof(out)) == CUDA_SUCCESS); /* other view */
+    CHECK(memcmp(in, out, sizeof(in)) == 0);
+    CHECK(cuMemsetD8_v2(va + 5 * MiB, 0xab, 16) == CUDA_SUCCESS);
+    CHECK(cuMemcpyDtoH_v2(out, va + 5 * MiB, 32) == CUDA_SUCCESS);
+    CHECK(out[0] == 0xab && out[15] == 0xab && out[16] == in[16]);
+    /* Across the two mappings: accepted, no contents (reads zeros); unmapped part: the same. */
+    CHECK(cuMemcpyHtoD_v2(va + 20 * MiB - 8, in, 16) == CUDA_SUCCESS);
+    memset(out, 1, 16);
+    CHECK(cuMemcpyDtoH_v2(out, va + 20 * MiB - 8, 16) == CUDA_SUCCESS);
+    CHECK(out[0] == 0 && out[15] == 0);
+    CHECK(cuMemcpyDtoH_v2(out, va + 50 * MiB, 16) == CUDA_SUCCESS);
+    CHECK(out[0] == 0);
+    CHECK(cuMemRelease(h3) == CUDA_SUCCESS);
+    CHECK(cuMemUnmap(va, 20 * MiB) == CUDA_SUCCESS);
+    CHECK(cuMemcpyDtoH_v2(out, va + 25 * MiB, 32) == CUDA_SUCCESS); /* still mapped once */
+    CHECK(out[15] == 0xab && memcmp(in + 16, out + 16, 16) == 0);
+    CHECK(cuMemAddressFree(va, 64 * MiB) == CUDA_SUCCESS); /* drops the last mapping */
+    CHECK_EQ_U(free_now(), 1 * GiB);
     prop.location.id = 5;
     CHECK(cuMemCreate(&h2, 2 * MiB, &prop, 0) == CUDA_ERROR_INVALID_DEVICE);
 }

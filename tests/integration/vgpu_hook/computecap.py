@@ -256,6 +256,8 @@ def run_tenants(
     trace: dict[str, Any] | None = None,
     work: Sequence[str] | None = None,
     truth: list[Any] | None = None,
+    tenant_argv: Sequence[str] | None = None,
+    tenant_env: dict[str, str] | None = None,
 ) -> list[dict[str, float]]:
     """Run one tenant per cap on GPU 0 at once; per tenant: mean util and MAE from its cap.
 
@@ -266,7 +268,9 @@ def run_tenants(
     governor's step log.
     `work`, when given, replaces each tenant's launch loop (cuda_probe steps; it must outlive
     the sampler's `seconds` + 1 s); `truth`, when given, receives the sample times and each
-    tenant's utilisation series.
+    tenant's utilisation series. `tenant_argv`, when given, replaces the whole tenant program
+    (e.g. a torch loop, bench/torch_bench.py; it must outlive the sampler and print
+    `run launches=N`), with `tenant_env` added to its environment.
     """
     tag = f"{'gov' if governor else 'hook'}-{'-'.join(map(str, caps))}-{time.monotonic_ns()}"
     claims = [
@@ -277,7 +281,7 @@ def run_tenants(
         for i, cap in enumerate(caps)
     ]
     env = dict(node.env, PROBE_KERNEL=KERNEL)
-    controlled_env = dict(env, **sampling_env(sampling))
+    controlled_env = dict(env, **sampling_env(sampling), **(tenant_env or {}))
     truth_env = dict(env, **sampling_env("exact"))
     tracer = RegionTracer(trace, node.root / f"{tag}-governor.log", controlled_env, claims)
     gov = _start_governor(node, claims, caps, policy, controlled_env) if governor else None
@@ -306,7 +310,9 @@ def run_tenants(
             container_command(
                 c.spec,
                 c.device_names,
-                [str(PROBE), "init", f"sleep:{delay}", *(work if work else [run_step])],
+                list(tenant_argv)
+                if tenant_argv is not None
+                else [str(PROBE), "init", f"sleep:{delay}", *(work if work else [run_step])],
             ),
             env=controlled_env,
             stdout=subprocess.PIPE,
