@@ -142,6 +142,31 @@ class Supervisor:
         thread.start()
         return thread
 
+    def pace(
+        self,
+        name: str,
+        tick: Callable[[], object],
+        stop: threading.Event,
+        *,
+        period_s: Callable[[], float],
+        deadline_s: float,
+    ) -> None:
+        """Run `tick` as the loop `name`, in the calling thread, at a steady pace until `stop`:
+        each tick starts `period_s()` after the previous one started (at once if it took longer),
+        so the tick's own time does not stretch the period. A tick that raises is followed by a
+        full period (and the backoff of `drive`)."""
+        loop = self.register(name, deadline_s)
+        wait = period_s()
+
+        def step() -> None:
+            nonlocal wait
+            started = self._clock()
+            wait = period_s()
+            tick()
+            wait = max(0.0, period_s() - (self._clock() - started))
+
+        self.drive(loop, step, stop, period_s=lambda: wait)
+
     def drive(
         self,
         loop: Loop,

@@ -39,7 +39,6 @@ import logging
 import os
 import signal
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -336,17 +335,7 @@ class Enforcer:
     ) -> None:
         """Tick every `period` until `stop` is set, as the supervised loop `enforcement`."""
         supervisor = supervisor or Supervisor()
-        loop = supervisor.register(LOOP, DEADLINE_S)
-        wait = period
-
-        def step() -> None:
-            nonlocal wait
-            started = time.monotonic()
-            wait = period
-            self.tick()
-            wait = max(0.0, period - (time.monotonic() - started))
-
-        supervisor.drive(loop, step, stop, period_s=lambda: wait)
+        supervisor.pace(LOOP, self.tick, stop, period_s=lambda: period, deadline_s=DEADLINE_S)
 
     def _claims_of(self, pid: int) -> set[str]:
         try:

@@ -760,22 +760,23 @@ class Governor:
     ) -> None:
         """Tick until `stop` is set, as the supervised loop `governor` (module docstring)."""
         supervisor = supervisor or Supervisor()
-        loop = supervisor.register(LOOP, DEADLINE_S)
-        wait = period
 
-        def step() -> None:
-            nonlocal wait
+        def tick() -> None:
             started = time.monotonic()
-            wait = period  # what follows a tick that raises (plus the supervisor's backoff)
             try:
                 self.tick()
             finally:
                 if self.on_tick is not None:
                     self.on_tick(time.monotonic() - started)
-            wait = max(0.0, self.next_period(period) - (time.monotonic() - started))
 
         try:
-            supervisor.drive(loop, step, stop, period_s=lambda: wait)
+            supervisor.pace(
+                LOOP,
+                tick,
+                stop,
+                period_s=lambda: self.next_period(period),
+                deadline_s=DEADLINE_S,
+            )
         finally:
             self.close()
 
