@@ -41,6 +41,7 @@ BACKOFF_MAX_S = 30.0
 # Beyond the watch's own timeout and its read margin (kube.watch: +30 s), a reconnect backoff
 # and a first list: no beat for this long means the thread is stuck.
 STALL_MARGIN_S = 120.0
+OPTIONAL_RETRY_S = BACKOFF_MAX_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,10 @@ class Resource:
     api_version: str
     plural: str
     field_selector: str | None = None  # only the objects it selects are listed and watched
+    # Optional: a cluster that does not serve the kind (an older Kubernetes, the feature off) or
+    # does not let us read it (RBAC of an older chart) counts as having none of it; the informer
+    # is synced and asks again every OPTIONAL_RETRY_S.
+    optional: bool = False
 
     @property
     def path(self) -> str:
@@ -63,7 +68,9 @@ NODES = Resource("Node", "v1", "nodes")
 SLICES = Resource("ResourceSlice", kube.RESOURCE_API, "resourceslices")
 CLAIMS = Resource("ResourceClaim", kube.RESOURCE_API, "resourceclaims")
 CLASSES = Resource("DeviceClass", kube.RESOURCE_API, "deviceclasses")
-ALL = (NODES, SLICES, CLASSES, CLAIMS, PODS)
+# An admin's taints on devices (`vgpu-dra drain`; GA in Kubernetes 1.37, DRADeviceTaintRules).
+TAINT_RULES = Resource("DeviceTaintRule", kube.RESOURCE_API, "devicetaintrules", optional=True)
+ALL = (NODES, SLICES, CLASSES, TAINT_RULES, CLAIMS, PODS)
 # Warning Events about pods, for the rescheduler (controller.rescheduler).
 POD_WARNINGS = Resource("Event", "v1", "events", "involvedObject.kind=Pod,type=Warning")
 
@@ -106,6 +113,7 @@ class Informer:
         self.relists = 0  # lists done (1 + one per 410 Gone / failure before a list)
         self.expired = 0  # watches ended by 410 Gone (a relist follows)
         self.failures = 0  # list/watch calls that failed (reconnected after a backoff)
+        self.unavailable = False  # an optional kind the server does not serve or let us read
 
     def start(self, stop: threading.Event) -> None:
         self._thread = threading.Thread(
@@ -130,7 +138,10 @@ class Informer:
             self._loop.beat()
             try:
                 if need_list:
-                    self._list()
+                    if not self._list():
+                        if stop.wait(OPTIONAL_RETRY_S):
+                            return
+                        continue
                     need_list = False
                 for event in self._client.watch(
                     self.resource.path,
@@ -156,6 +167,8 @@ class Informer:
             except kube.KubeError as exc:
                 self.failures += 1
                 log.warning("%s: %s; retrying in %.1fs", self.resource.plural, exc, backoff)
+                # An optional kind that went away (or became forbidden): the list says so.
+                need_list = need_list or (self.resource.optional and exc.status in (403, 404))
             except Exception:
                 # Not the API's doing: an object or an event nothing here expected. Count it,
                 # then start over from a fresh list (the watch position may be what broke).
@@ -170,10 +183,31 @@ class Informer:
                 return
             backoff = min(backoff * 2, BACKOFF_MAX_S)
 
-    def _list(self) -> None:
-        items, version = self._client.list_versioned(
-            self.resource.path, field_selector=self.resource.field_selector
-        )
+    def _list(self) -> bool:
+        """List and report; False when an optional kind is not available (reported as empty)."""
+        try:
+            items, version = self._client.list_versioned(
+                self.resource.path, field_selector=self.resource.field_selector
+            )
+        except kube.KubeError as exc:
+            if not self.resource.optional or exc.status not in (403, 404):
+                raise
+            if not self.unavailable:
+                log.warning(
+                    "%s: not available (%s); taken as none, asking again every %.0fs",
+                    self.resource.plural,
+                    exc,
+                    OPTIONAL_RETRY_S,
+                )
+            self.unavailable = True
+            for old in self._known.values():
+                self._sink(self.resource.kind, "delete", old)
+            self._known = {}
+            self.synced.set()
+            return False
+        if self.unavailable:
+            log.info("%s: available now", self.resource.plural)
+            self.unavailable = False
         self.relists += 1
         items = [obj for obj in items if self._is_object(obj)]
         fresh = {_key(obj): _identity(obj) for obj in items}
@@ -185,6 +219,7 @@ class Informer:
         self._known = fresh
         self._version = version
         self.synced.set()
+        return True
 
     def _is_object(self, obj: Any) -> bool:
         """An API object with a metadata map; anything else is skipped with a log line."""

@@ -4,7 +4,8 @@ Subcommands are imported lazily so that `vgpu-dra fakegpu env` does not pay for 
 Kubernetes client, and so that each component owns its own argument parsing in its own module.
 
 Two kinds of subcommands:
-- product commands (`kubelet-plugin`, `controller`), which a plain `pip install vgpu-dra` runs;
+- product commands (`kubelet-plugin`, `controller`, `status`, `drain`/`undrain`/`drains`), which
+  a plain `pip install vgpu-dra` runs;
 - test-bed commands (`dev-cluster`, `fakegpu`, `demo`), which live in `vgpu_testbed`: in every
   wheel, left out of the container image. `_load_testbed` is the product's only way into the
   test bed (the layer contract in pyproject.toml allows exactly its `import vgpu_testbed`); where
@@ -30,6 +31,12 @@ PRODUCT_COMMANDS: dict[str, tuple[str, str]] = {
         "run the cluster-side controller (policy placement, webhook, rescheduler)",
     ),
     "status": ("dra_driver.status:main", "GPUs, claims, allocated and free memory/cores per GPU"),
+    "drain": (
+        "dra_driver.drain:main",
+        "take one GPU out of service (NODE/DEVICE; a DeviceTaintRule)",
+    ),
+    "undrain": ("dra_driver.drain:undrain_main", "put a drained GPU back in service"),
+    "drains": ("dra_driver.drain:list_main", "drained GPUs and their eviction progress"),
 }
 # name -> ("module of vgpu_testbed:function", one-line help).
 TESTBED_COMMANDS: dict[str, tuple[str, str]] = {

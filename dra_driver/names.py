@@ -24,10 +24,18 @@ ANNOTATION_PREFIX = f"{API_DOMAIN}/"  # pod annotations the policy path reads
 SCHEDULING_GATE = f"{API_DOMAIN}/policy"  # pods the allocation controller places
 PLACEMENT_CONDITION = f"{API_DOMAIN}/Placement"  # pod condition: why a gated pod waits
 CONFIG_API_VERSION = f"{API_DOMAIN}/v1alpha1"
+# `vgpu-dra drain`: the free-text reason of a drain, on its DeviceTaintRule.
+DRAIN_REASON_ANNOTATION = f"{API_DOMAIN}/drain-reason"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "vgpu-dra"
 CONFIG_KIND = "VgpuConfig"
 METRIC_PREFIX = "vgpu_dra_"
 OTEL_SERVICE_KUBELET_PLUGIN = "vgpu-dra-kubelet-plugin"
 OTEL_SERVICE_CONTROLLER = "vgpu-dra-controller"
+
+# Device taint keys in the driver's domain (`<driver>/<key>`; the kubelet plugin's health taints
+# are listed in kubelet_plugin/taints.py): an admin's drain (`vgpu-dra drain`, a DeviceTaintRule).
+TAINT_DRAIN = "drain"
 
 # Capacity names published per device (in the driver's domain).
 CAPACITY_MEMORY = "memory"
@@ -83,6 +91,14 @@ class DriverNames:
 
     def dra_socket(self, plugins_dir: str = DEFAULT_KUBELET_PLUGINS_DIR) -> str:
         return f"{self.plugin_dir(plugins_dir)}/dra.sock"
+
+    def taint_key(self, name: str) -> str:
+        """Device taint key in the driver's domain, e.g. `vgpu.dra.dev/drain`."""
+        return f"{self.driver}/{name}"
+
+    @property
+    def drain_taint_key(self) -> str:
+        return self.taint_key(TAINT_DRAIN)
 
     def annotation(self, name: str) -> str:
         """Pod annotation key in the driver's domain, e.g. `vgpu.dra.dev/compute-policy`."""

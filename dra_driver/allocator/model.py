@@ -10,6 +10,9 @@ Nodes, Pods and ResourceClaims, each applied with `apply(kind, obj)` / `delete(k
   claim uid, so an update replaces and a delete releases; the allocator's own decisions enter the
   same way (`assume`), and the claim's real update later replaces them.
 - Per node: labels, taints, unschedulable, allocatable cpu/memory and what bound pods request.
+- DeviceTaintRules (`resource.k8s.io/v1`, an admin's taint on devices picked by driver, pool and
+  device name): a device matched by a rule carries the rule's taint beside its slice's own, as
+  kube-scheduler sees it; a rule's change republishes the pools it touches (in place, below).
 
 The flat arrays the kernels read (one row per device, devices grouped by node, nodes in name
 order) are derived lazily: a slice that republishes the same devices on the same nodes rewrites
@@ -24,7 +27,7 @@ import functools
 import itertools
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
@@ -45,7 +48,7 @@ from dra_driver.allocator.quantity import parse_quantity as _parse_quantity
 log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
-KINDS = ("ResourceSlice", "Node", "Pod", "ResourceClaim")
+KINDS = ("ResourceSlice", "Node", "Pod", "ResourceClaim", "DeviceTaintRule")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -278,6 +281,39 @@ class NodeInfo:
     generation: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class TaintRule:
+    """What the model keeps of one DeviceTaintRule: its selector (None = field not set, any
+    value matches) and its taint as the API serves it."""
+
+    driver: str | None
+    pool: str | None
+    device: str | None
+    taint: JSON
+
+    def matches_pool(self, driver: str, pool: str) -> bool:
+        return self.driver in (None, driver) and self.pool in (None, pool)
+
+    def matches(self, key: DeviceKey) -> bool:
+        return self.matches_pool(key[0], key[1]) and self.device in (None, key[2])
+
+
+def taint_rule(obj: Mapping[str, Any]) -> TaintRule | None:
+    """The rule of a DeviceTaintRule object; None when it selects nothing (no deviceSelector,
+    as the API defines it) or carries no taint key."""
+    spec = obj.get("spec") or {}
+    selector = spec.get("deviceSelector")
+    taint = spec.get("taint") or {}
+    if not isinstance(selector, Mapping) or not isinstance(taint, Mapping) or not taint.get("key"):
+        return None
+
+    def field_of(name: str) -> str | None:
+        value = selector.get(name)
+        return None if value is None else str(value)
+
+    return TaintRule(field_of("driver"), field_of("pool"), field_of("device"), dict(taint))
+
+
 class Consumption(NamedTuple):
     """What one allocation result takes of one device (capacity qualified name -> amount)."""
 
@@ -420,6 +456,7 @@ class ClusterModel:
         self.node_cpu_used: dict[str, int] = {}
         self.node_mem_used: dict[str, int] = {}
         self._claims: dict[str, list[Consumption]] = {}
+        self.rules: dict[str, TaintRule] = {}  # DeviceTaintRule name -> what it taints
         # Per device ever consumed: capacity name -> amount, and the allocation counts
         self.used: dict[DeviceKey, DeviceUsage] = {}
         self._generation = itertools.count(1)
@@ -439,6 +476,9 @@ class ClusterModel:
             self._apply_pod(obj)
         elif kind == "ResourceClaim":
             self._apply_claim(obj)
+        elif kind == "DeviceTaintRule":
+            name = str((obj.get("metadata") or {}).get("name"))
+            self._set_rule(name, taint_rule(obj))
         else:
             raise ModelError(f"unknown kind {kind!r}; expected one of {', '.join(KINDS)}")
 
@@ -458,6 +498,8 @@ class ClusterModel:
             self._unbind_pod(str(meta.get("uid")))
         elif kind == "ResourceClaim":
             self._set_claim(str(meta.get("uid")), [])
+        elif kind == "DeviceTaintRule":
+            self._set_rule(str(meta.get("name")), None)
         else:
             raise ModelError(f"unknown kind {kind!r}; expected one of {', '.join(KINDS)}")
 
@@ -491,6 +533,27 @@ class ClusterModel:
         if old is not None and (old.driver, old.pool) != (driver, pool_name):
             self._rebuild_pool(old.driver, old.pool)
 
+    def _set_rule(self, name: str, rule: TaintRule | None) -> None:
+        """Take a DeviceTaintRule's new state (None: gone or selecting nothing) and republish
+        every pool its old or new selector touches."""
+        old = self.rules.pop(name, None)
+        if rule is not None:
+            self.rules[name] = rule
+        if old == rule:
+            return
+        touched = [r for r in (old, rule) if r is not None]
+        for driver, pool in list(self._pools):
+            if any(r.matches_pool(driver, pool) for r in touched):
+                self._rebuild_pool(driver, pool)
+
+    def _ruled(self, device: Device) -> Device:
+        """The device with the taints of every rule that matches it added to its slice's own
+        (the order of rule names, so a rebuild gives the same tuple)."""
+        extra = tuple(
+            rule.taint for _, rule in sorted(self.rules.items()) if rule.matches(device.key)
+        )
+        return replace(device, taints=device.taints + extra) if extra else device
+
     def _rebuild_pool(self, driver: str, pool: str) -> None:
         """Recompute one pool's devices: highest generation, complete, node-local slices only."""
         names = self._pools.get((driver, pool), set())
@@ -507,6 +570,8 @@ class ClusterModel:
                     devices += entry.devices
         else:
             self._pools.pop((driver, pool), None)
+        if self.rules:
+            devices = [self._ruled(d) for d in devices]
         for device in devices:
             self.devices[device.key] = device
         if devices:

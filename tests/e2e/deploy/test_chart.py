@@ -480,6 +480,7 @@ PLUGIN_DENIED = [
     attrs("delete", "nodes"),
     attrs("list", "nodes"),
     attrs("create", "deviceclasses", "resource.k8s.io"),
+    attrs("create", "devicetaintrules", "resource.k8s.io"),
     attrs("deletecollection", "resourceslices", "resource.k8s.io"),
     attrs("create", "serviceaccounts", subresource="token", namespace="vgpu-dra-system"),
     attrs("update", "clusterroles", "rbac.authorization.k8s.io"),
@@ -489,6 +490,8 @@ CONTROLLER_ALLOWED = [
     attrs("update", "resourceclaims", "resource.k8s.io", subresource="status", namespace="t"),
     attrs("watch", "resourceslices", "resource.k8s.io"),
     attrs("list", "deviceclasses", "resource.k8s.io"),
+    # admins' device taints (`vgpu-dra drain`), honoured by its placements
+    attrs("watch", "devicetaintrules", "resource.k8s.io"),
     attrs("list", "pods"),
     attrs("create", "pods", subresource="eviction", namespace="tenant"),
     attrs("update", "leases", "coordination.k8s.io", namespace="vgpu-dra-system"),
@@ -518,6 +521,9 @@ CONTROLLER_ALLOWED = [
 ]
 CONTROLLER_DENIED = [
     attrs("create", "resourceslices", "resource.k8s.io"),
+    # draining is a cluster admin's act: no chart account writes DeviceTaintRules
+    attrs("create", "devicetaintrules", "resource.k8s.io"),
+    attrs("delete", "devicetaintrules", "resource.k8s.io"),
     attrs("delete", "resourceclaims", "resource.k8s.io", namespace="t"),
     attrs(
         "arbitrary-node:update",

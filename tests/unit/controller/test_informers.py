@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from controller.informers import PODS, Informer
+from controller import informers
+from controller.informers import PODS, TAINT_RULES, Informer
 from dra_driver import kube
 from dra_driver.supervision import Supervisor
 from tests.unit.controller.fakes import Script, pod
@@ -100,3 +101,65 @@ def test_an_unexpected_failure_relists_instead_of_ending_the_informer(
     assert informer.failures == 1 and supervisor.failures() == {"informer-pods": 1}
     assert "a consumer bug" in caplog.text and "not an object" in caplog.text
     assert supervisor.stalled() == []  # ended because stop was set: not a stall
+
+
+@pytest.mark.parametrize("status", [404, 403])
+def test_an_optional_kind_the_server_lacks_counts_as_none_and_is_asked_again(
+    status: int, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DeviceTaintRules on a Kubernetes older than 1.37 (404) or under an older chart's RBAC
+    (403): the informer is synced with nothing (the controller becomes ready), logs it once,
+    asks again, and reports what it had as deleted; once served, it lists and watches."""
+    monkeypatch.setattr(informers, "OPTIONAL_RETRY_S", 0.01)
+    stop = threading.Event()
+    rule = {"metadata": {"name": "r", "uid": "u-r", "resourceVersion": "7"}}
+    answers: list[Any] = [
+        ([rule], "7"),
+        kube.KubeError(status, "NotFound", "the server could not find the requested resource"),
+        kube.KubeError(status, "NotFound", "the server could not find the requested resource"),
+        ([rule], "9"),
+    ]
+
+    class Api:
+        def list_versioned(self, path: str, **_: Any) -> tuple[list[Any], str]:
+            assert path == "/apis/resource.k8s.io/v1/devicetaintrules"
+            answer = answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer  # type: ignore[no-any-return]
+
+        def watch(self, path: str, version: str, **_: Any) -> Iterator[JSON]:
+            if version == "7":  # the first watch breaks: the kind went away (a downgrade)
+                raise kube.Gone(410, "Expired", "too old")
+            stop.set()
+            yield {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "10"}}}
+
+    seen: list[tuple[str, str]] = []
+    informer = Informer(
+        Api(),  # type: ignore[arg-type]
+        TAINT_RULES,
+        lambda kind, op, obj: seen.append((kind, op)),
+    )
+    with caplog.at_level("WARNING"):
+        informer._run(stop)
+    assert informer.synced.is_set() and not informer.unavailable
+    assert seen == [
+        ("DeviceTaintRule", "apply"),
+        ("DeviceTaintRule", "delete"),  # not served any more: what it had is gone
+        ("DeviceTaintRule", "apply"),
+    ]
+    assert caplog.text.count("not available") == 1
+    assert answers == []
+
+
+def test_a_required_kind_the_server_lacks_is_not_synced() -> None:
+    stop = threading.Event()
+
+    class Api:
+        def list_versioned(self, path: str, **_: Any) -> tuple[list[Any], str]:
+            stop.set()
+            raise kube.NotFound(404, "NotFound", "the server could not find the requested resource")
+
+    informer = Informer(Api(), PODS, lambda *_: None)  # type: ignore[arg-type]
+    informer._run(stop)
+    assert not informer.synced.is_set() and informer.failures == 1

@@ -100,6 +100,40 @@ def test_places_writes_claims_and_removes_only_its_gate(api: FakeApi) -> None:
     assert "status" not in pod
 
 
+def drain_rule(name: str, pool: str, device: str | None) -> JSON:
+    selector = {"driver": DRIVER, "pool": pool, **({"device": device} if device else {})}
+    taint = {"key": f"{DRIVER}/drain", "effect": "NoExecute"}
+    return {"metadata": {"name": name}, "spec": {"deviceSelector": selector, "taint": taint}}
+
+
+def test_drained_gpus_are_avoided_and_an_undrain_retries_the_waiting_pod(api: FakeApi) -> None:
+    """DeviceTaintRule events (the informer's) reach the model: a drained GPU gets no claim, a
+    pod with nowhere else to go is refused, and deleting the rule places it."""
+    r = reconciler(api, nodes=1)
+    r.on_event("DeviceTaintRule", "apply", drain_rule("d0", "node-00000", "gpu-0"))
+    make_claim(api, "a", memory="80Gi")
+    make_pod(api, "p", ["a"])
+    feed(r, api)
+    r.reconcile()
+    (result,) = api.get(claim_path("a"))["status"]["allocation"]["devices"]["results"]
+    assert result["device"] == "gpu-1"
+    r.on_event("DeviceTaintRule", "apply", drain_rule("pool", "node-00000", None))
+    make_claim(api, "b", memory="80Gi")
+    make_pod(api, "q", ["b"])
+    feed(r, api)
+    r.reconcile()
+    assert "allocation" not in (api.get(claim_path("b")).get("status") or {})
+    assert [e["reason"] for e in api.events] == ["Unschedulable"]
+    r.on_event("DeviceTaintRule", "delete", {"metadata": {"name": "pool"}})
+    assert (NS, "q") in r.dirty
+    r.reconcile()  # gpu-0 is still drained by the first rule, gpu-1 is full
+    assert "allocation" not in (api.get(claim_path("b")).get("status") or {})
+    r.on_event("DeviceTaintRule", "delete", {"metadata": {"name": "d0"}})
+    r.reconcile()
+    (result,) = api.get(claim_path("b"))["status"]["allocation"]["devices"]["results"]
+    assert result["device"] == "gpu-0" and "tolerations" not in result
+
+
 def test_a_pod_whose_claim_is_missing_waits(api: FakeApi) -> None:
     r = reconciler(api)
     make_pod(api, "p", ["later"])
