@@ -54,7 +54,8 @@ torch:
 test: lint native-test controlplane image-tree torch
 	$(VENV)/bin/pytest -q -rs tests $(PYTEST_ARGS)
 
-demo: native controlplane
+# torch: step 5 (d) runs PyTorch in the shared pod's container (without it the part is skipped).
+demo: native controlplane torch
 	$(VENV)/bin/vgpu-dra demo
 
 bench: native controlplane torch

@@ -3,10 +3,12 @@
 With the claim's real CDI spec (written by our kubelet plugin at prepare) and the node's
 simulated GPUs, it shows (a) NVML inside the container reporting the claim's memory cap as the
 GPU's total, (b) allocations within the cap succeeding and beyond it failing with
-CUDA_ERROR_OUT_OF_MEMORY, also across two processes of the claim, and (c) a kernel loop held at
+CUDA_ERROR_OUT_OF_MEMORY, also across two processes of the claim, (c) a kernel loop held at
 the claim's `cores` share of NVML utilisation, next to the same loop in the uncapped whole-GPU
-pod. The step fails when the memory cap is not enforced; utilisation is reported for the reader
-(and asserted by tests/e2e/vgpu_testbed/test_demo.py). Needs root; skipped with a message otherwise.
+pod, and (d) PyTorch, unmodified, seeing the cap as the GPU's memory and running out of memory
+at it (vgpu_testbed.demo.torch_step). The step fails when the memory cap is not enforced;
+utilisation is reported for the reader (and asserted by tests/e2e/vgpu_testbed/test_demo.py).
+Needs root; skipped with a message otherwise.
 Steps 1-4 and 6 are in vgpu_testbed.demo.steps; the list is assembled in vgpu_testbed.demo.cli.
 """
 
@@ -23,6 +25,7 @@ from vgpu_testbed.demo.steps import (
     DemoContext,
     Prepared,
 )
+from vgpu_testbed.demo.torch_step import show_torch
 from vgpu_testbed.demo.workloads import (
     ClaimContainer,
     Container,
@@ -31,6 +34,7 @@ from vgpu_testbed.demo.workloads import (
     nvml_view,
 )
 from vgpu_testbed.demo.workloads import run_with_samples as sampled_run
+from vgpu_testbed.torchapp import find_torch
 
 CAPPED_SECONDS = 6.0  # sampled; the first SETTLE_S are the controller learning the GPU
 UNCAPPED_SECONDS = 3.0
@@ -82,6 +86,7 @@ def step_workloads(ctx: DemoContext) -> None:
     show_nvml(ctx, shared, container, limits)
     show_memory_cap(ctx, container, int(limits["memory"]))
     show_compute_cap(ctx, shared, container, int(limits["cores"]), limits["uuid"])
+    show_torch(ctx, container, find_torch(), int(limits["memory"]))
 
 
 def show_nvml(

@@ -6,7 +6,8 @@ specs and runc starts the containers. Then the demo's workloads must run *in tho
 not in a mount namespace the bed sets up itself. This module holds what differs on a real node:
 
 - `real_pod`: the deploy/examples pods as they are but for the image (the bed's workload image,
-  never pulled) and a command that keeps the container up so the demo can exec into it;
+  never pulled) and a command that keeps the container up so the demo can exec into it (and,
+  for the shared pod, the torch environment's read-only mounts, vgpu_testbed.torchapp);
 - `PodContainer`: a program run in a pod's running container with `ctr task exec` inside the node
   (the same runc exec the kubelet's exec uses), with the interface of
   `vgpu_testbed.demo.workloads.ClaimContainer`, the stand-in's container;
@@ -32,6 +33,7 @@ from dra_driver.metrics_endpoints import Endpoint
 from vgpu_testbed.demo.workloads import ContainerProcesses
 from vgpu_testbed.realnode.images import PAUSE, WORKLOAD
 from vgpu_testbed.realnode.node import RealNode
+from vgpu_testbed.torchapp import TorchApp
 
 __all__ = [
     "PAUSE",
@@ -55,9 +57,10 @@ CONTAINER_ID = re.compile(r"^containerd://([0-9a-f]{64})$")
 _exec_ids = itertools.count(1)
 
 
-def real_pod(doc: dict[str, Any]) -> dict[str, Any]:
+def real_pod(doc: dict[str, Any], torch: TorchApp | None = None) -> dict[str, Any]:
     """An example pod for a real node: the bed's workload image (never pulled) running `sleep`,
-    so the demo can exec its workloads into the container; a short grace period on delete."""
+    so the demo can exec its workloads into the container; a short grace period on delete.
+    With `torch`, its containers also get the torch environment (read-only host mounts)."""
     pod: dict[str, Any] = json.loads(json.dumps(doc))
     pod["spec"]["terminationGracePeriodSeconds"] = 1
     for container in pod["spec"]["containers"]:
@@ -65,6 +68,8 @@ def real_pod(doc: dict[str, Any]) -> dict[str, Any]:
         container["imagePullPolicy"] = "Never"
         container["command"] = ["sleep", "3600"]
         container.pop("args", None)
+        if torch is not None:
+            torch.add_to(pod, container)
     return pod
 
 

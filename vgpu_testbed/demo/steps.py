@@ -208,12 +208,20 @@ def step_apply_examples(ctx: DemoContext) -> None:
     ctx.say(f"kubectl apply -f {DEVICE_CLASS.relative_to(REPO_ROOT)}: {', '.join(created)}")
     manifests = sorted(EXAMPLES_DIR.glob("*.yaml"))
     pods: list[str] = []
-    pod_edit = None
+    pod_edit: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     if ctx.runtime == "real":
         from vgpu_testbed.demo.runtime import WORKLOAD, real_pod
+        from vgpu_testbed.torchapp import find_torch
 
-        pod_edit = real_pod
+        torch = find_torch()
+
+        def pod_edit(doc: dict[str, Any]) -> dict[str, Any]:
+            # The shared pod also gets the torch environment, for step 5 (d).
+            return real_pod(doc, torch if doc["metadata"]["name"] == SHARED_POD else None)
+
         ctx.say(f"(real nodes: each pod's image is {WORKLOAD}, never pulled, running `sleep`)")
+        if torch is not None:
+            ctx.say(f"(pod {SHARED_POD} also mounts the torch environment read-only: {torch.venv})")
     for manifest in manifests:
         created = apply_manifest(client, manifest, NAMESPACE, pod_edit)
         pods += example_pods(manifest)

@@ -9,6 +9,9 @@
   (vgpu_hook's CUDA test client), and `cuda-hold` and `cuda-spin` (the simulated driver's CUDA
   test programs, which `vgpu-dra demo` runs in its pods). The driver libraries themselves are
   NOT in the image: the node's NVIDIA-toolkit-like CDI spec injects them, as on a real GPU node.
+  When the torch environment is installed (`make torch`), also the system libraries its
+  interpreter and torch load (libstdc++, libz, libffi, ...; vgpu_testbed.torchapp): torch and
+  Python themselves are mounted from the host by the pods that run them.
 
 `build_images(out_dir)` writes the archives (`<name>.tar`) and returns them; `import_images`
 loads them into one node's containerd (`ctr -n k8s.io images import`) and gives them the
@@ -131,8 +134,12 @@ def _library_tree(libraries: Iterable[Path]) -> tuple[dict[str, Path], dict[str,
     return files, links
 
 
-def image_specs(build_dir: Path, driver_libraries: Sequence[Path]) -> list[ImageSpec]:
-    """The three images; compiles the C programs into `build_dir`."""
+def image_specs(
+    build_dir: Path, driver_libraries: Sequence[Path], app_libraries: Iterable[Path] = ()
+) -> list[ImageSpec]:
+    """The three images; compiles the C programs into `build_dir`. `app_libraries`: more
+    system libraries for the workload image (those of an application mounted from the host,
+    `vgpu_testbed.torchapp.TorchApp.system_libraries`)."""
     pause = _compile(SOURCES / "pause.c", build_dir / "pause", "-static")
     nvml_query = _compile(SOURCES / "nvml_query.c", build_dir / "nvml-query", "-ldl")
     bb_files, bb_links = _busybox_tree()
@@ -142,7 +149,8 @@ def image_specs(build_dir: Path, driver_libraries: Sequence[Path]) -> list[Image
     for name in DEMO_PROGRAMS:
         if (CUDA_PROGRAMS / name).is_file():
             programs[f"usr/local/bin/{name.replace('_', '-')}"] = CUDA_PROGRAMS / name
-    lib_files, lib_links = _library_tree(shared_libraries([*programs.values(), *driver_libraries]))
+    libraries = shared_libraries([*programs.values(), *driver_libraries]) | set(app_libraries)
+    lib_files, lib_links = _library_tree(libraries)
     return [
         ImageSpec(PAUSE, files={"pause": pause}, entrypoint=("/pause",)),
         ImageSpec(
@@ -166,10 +174,12 @@ def archive_name(image: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", image) + ".tar"
 
 
-def build_images(out_dir: Path, driver_libraries: Sequence[Path]) -> list[BuiltImage]:
+def build_images(
+    out_dir: Path, driver_libraries: Sequence[Path], app_libraries: Iterable[Path] = ()
+) -> list[BuiltImage]:
     """Write every image's archive under `out_dir`."""
     built = []
-    for spec in image_specs(out_dir / "build", driver_libraries):
+    for spec in image_specs(out_dir / "build", driver_libraries, app_libraries):
         archive = out_dir / archive_name(spec.name)
         built.append(BuiltImage(spec.name, archive, write_archive(spec, archive)))
     return built

@@ -50,6 +50,7 @@ from vgpu_testbed.standin.node_agents import (
     NodeAgentError,
     NodeAgents,
 )
+from vgpu_testbed.torchapp import find_torch
 
 BED_NETWORK = "bed-network"
 START_TIMEOUT = 60.0
@@ -446,6 +447,22 @@ def _python() -> str:
 _IMAGES_INDEX = "images.json"
 
 
+def _app_libraries() -> set[Path]:
+    """What an application mounted from the host needs in the image too: the system libraries
+    of the torch environment, when installed. A broken environment must not stop the nodes (its
+    own tests then fail, on the loader's error): no libraries, and a warning."""
+    import subprocess
+    import warnings
+
+    try:
+        torch = find_torch()
+        return torch.system_libraries() if torch is not None else set()
+    except (OSError, ValueError, subprocess.SubprocessError) as err:
+        message = f"the torch environment is unusable, its libraries left out: {err}"
+        warnings.warn(message, stacklevel=2)
+        return set()
+
+
 def ensure_images(cluster_root: Path) -> list[bed_images.BuiltImage]:
     """The bed's image archives under `<cluster>/images/`, built once per cluster."""
     images_dir = cluster_root / "images"
@@ -456,7 +473,7 @@ def ensure_images(cluster_root: Path) -> list[bed_images.BuiltImage]:
     lib = fakegpu.library_dir()
     # What gets injected at run time must find its libc in the image.
     injected = [lib / fakegpu.NVML_SONAME, lib / fakegpu.CUDA_SONAME, DEFAULT_HOOK_PATH]
-    built = bed_images.build_images(images_dir, injected)
+    built = bed_images.build_images(images_dir, injected, _app_libraries())
     entries = [{"name": b.name, "archive": str(b.archive), "digest": b.digest} for b in built]
     index.write_text(json.dumps(entries, indent=1) + "\n")
     return built

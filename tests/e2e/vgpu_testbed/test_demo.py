@@ -15,7 +15,9 @@ What this proves (asserted on the demo's own output):
    1 GiB cap; an allocation within the cap succeeds, one beyond it and one that would push the
    claim's processes together past it fail with CUDA_ERROR_OUT_OF_MEMORY; the capped kernel
    loop reads 10 % +- 3 points of NVML utilisation while the uncapped one reads >= 90 %, and
-   its launch rate is 5-16 % of the uncapped one's (whole run, settling included).
+   its launch rate is 5-16 % of the uncapped one's (whole run, settling included); PyTorch
+   (unmodified) sees one GPU of 1,073,741,824 bytes, allocates all of it, and one byte more
+   raises torch.cuda.OutOfMemoryError with "total capacity of 1024.00 MiB".
 3. Deleting the shared pod makes the plugin unprepare its claim (CDI spec, claim dir and
    checkpoint entry gone) and the pod and its generated claim disappear from the API.
 4. The policy step: the allocation controller (started with the chart's RBAC) places the same
@@ -178,6 +180,24 @@ def check_caps(out: str, real: bool) -> None:
         # The programs' own launch counts tell the same story as NVML.
         rates = re.search(r"launches per second: \d+ capped vs \d+ uncapped = ([\d.]+)%", out)
         assert rates and 5 <= float(rates.group(1)) <= 16, out
+        check_torch(out)
+
+
+def check_torch(out: str) -> None:
+    """Step 5 (d): PyTorch in the same container sees the 1 GiB cap and runs out of memory at
+    it (skipped, saying so, when the torch environment is not installed; make test installs
+    it, so CI must run it)."""
+    if "(d) PyTorch: SKIPPED, the torch environment is not installed" in out:
+        assert os.environ.get("CI") != "true", "make test installs the torch environment"
+        return
+    seen = r"\(d\) PyTorch 2\.\S+ \(from PyPI, unmodified\) in the same container: "
+    seen += r"torch\.cuda\.is_available\(\) = True, 1 device: NVIDIA "
+    assert re.search(seen, out), out
+    assert "get_device_properties(0).total_memory = 1,073,741,824 bytes (1 GiB)" in out, out
+    assert "mem_get_info() = (1 GiB free, 1 GiB total)" in out, out
+    assert "torch.empty(1,073,741,824 bytes) on cuda:0: ok (0 MiB free)" in out, out
+    assert "torch.empty(1,073,741,825 bytes): torch.cuda.OutOfMemoryError:" in out, out
+    assert "GPU 0 has a total capacity of 1024.00 MiB" in out, out
 
 
 def check_webhook_step(out: str) -> None:

@@ -1,8 +1,9 @@
 """Helpers for running tests/fixtures/torch_checks.py under the torch environment of `make torch`.
 
-Reusable from other tests (e.g. inside containers on real test-bed nodes): `torch_python()`
-finds the environment without installing anything, `run_checks()` runs the checks through any
-runner (a claim's container, a plain subprocess) and returns their JSON.
+Reusable from other tests: `torch_python()` (vgpu_testbed.torchapp, which also gives the
+environment's mounts for a pod on a real node, tests/e2e/frameworks) finds the environment
+without installing anything, `run_checks()` runs the checks through any runner (a claim's
+container, a plain subprocess) and returns their JSON.
 """
 
 from __future__ import annotations
@@ -13,19 +14,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from vgpu_testbed.torchapp import torch_python
+
+__all__ = ["CHECKS", "REPO", "Runner", "run_checks", "torch_python"]
+
 REPO = Path(__file__).resolve().parents[3]
-INSTALL = REPO / "hack" / "torch" / "install.sh"
 CHECKS = REPO / "tests" / "fixtures" / "torch_checks.py"
-
-
-def torch_python() -> Path | None:
-    """The torch environment's python if `make torch` installed it, else None."""
-    done = subprocess.run(
-        ["bash", str(INSTALL), "--check"], capture_output=True, text=True, check=False
-    )
-    if done.returncode != 0:
-        return None
-    return Path(done.stdout.strip().splitlines()[-1])
 
 
 Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]

@@ -2,7 +2,8 @@
 
 What this proves:
 1. Example pods get the bed's workload image (never pulled), a `sleep` command the demo can exec
-   into and a short grace period; the manifest's own dict is left as it was.
+   into and a short grace period; the manifest's own dict is left as it was. The shared pod,
+   given the torch environment, also gets its read-only mounts and LD_LIBRARY_PATH.
 2. The kubelet's DRA checkpoint (`{"Data": "<JSON>", "Checksum"}`, as kubelet v1.37 writes it)
    yields a claim's CDI device IDs in order, ours and the toolkit's; an unknown claim is None.
 3. A pod's containerd container ID comes from its ready container's status; a pod without a
@@ -45,6 +46,38 @@ def test_real_pod() -> None:
     assert container["command"] == ["sleep", "3600"] and "args" not in container
     assert pod["spec"]["terminationGracePeriodSeconds"] == 1
     assert doc["spec"]["containers"][0]["image"] == "registry.k8s.io/pause:3.10"
+    assert "volumes" not in pod["spec"] and "volumeMounts" not in container
+
+
+def test_real_pod_with_torch() -> None:
+    """The shared pod's container also gets the torch environment's mounts and environment."""
+    from vgpu_testbed.torchapp import TorchApp
+
+    env = Path("/cache/torch/env")
+    app = TorchApp(
+        python=env / "bin" / "python",
+        venv=env,
+        directories=(env, Path("/opt/py")),
+        files=(),
+        site_packages=env / "lib" / "python3.11" / "site-packages",
+        dynload=Path("/opt/py/lib/python3.11/lib-dynload"),
+        cudart=Path("/repo/libcudart.so.13"),
+    )
+    doc: dict[str, Any] = {
+        "kind": "Pod",
+        "metadata": {"name": "shared-gpu"},
+        "spec": {"containers": [{"name": "c", "image": "x"}]},
+    }
+    pod = runtime.real_pod(doc, app)
+    container = pod["spec"]["containers"][0]
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["torch-0", "torch-1", "torch-cudart"]
+    assert [m["mountPath"] for m in container["volumeMounts"]] == [
+        "/cache/torch/env",
+        "/opt/py",
+        "/usr/local/cuda/lib64/libcudart.so.13",
+    ]
+    assert {"name": "LD_LIBRARY_PATH", "value": "/usr/local/cuda/lib64"} in container["env"]
+    assert "volumes" not in doc["spec"]  # the manifest itself is left alone
 
 
 def _checkpoint() -> str:
