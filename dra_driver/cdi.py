@@ -118,13 +118,22 @@ def build_claim_spec(
     claim_uid: str,
     devices: Sequence[ClaimDevice],
     extra_env: Mapping[str, str] | None = None,
+    mig_devices: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The CDI spec of one prepared claim (see docs/kubelet-plugin.md for every edit's purpose)."""
+    """The CDI spec of one prepared claim (see docs/kubelet-plugin.md for every edit's purpose).
+
+    `mig_devices` (`MIG-<uuid>`, docs/mig.md): the claim's MIG instances, named in
+    NVIDIA_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES as the NVIDIA stack names them; the parent
+    GPU's device node alone would give the container the whole GPU's view.
+    """
     # The GPUs a container sees are the device nodes its CDI devices inject (one per GPU of every
     # claim it uses), as with the NVIDIA toolkit's own CDI specs. Every claim therefore sets the
     # same value here ("void": the toolkit's runtime adds no GPU of its own), so a container with
     # several claims keeps all of them; a per-claim value would leave only the last claim's GPUs.
     env = [f"NVIDIA_VISIBLE_DEVICES={CDI_VISIBLE_DEVICES}"]
+    if mig_devices:
+        listed = ",".join(mig_devices)
+        env = [f"NVIDIA_VISIBLE_DEVICES={listed}", f"CUDA_VISIBLE_DEVICES={listed}"]
     env += [f"{key}={value}" for key, value in sorted((extra_env or {}).items())]
     container_claim_dir = f"{names.CONTAINER_CLAIMS_DIR}/{claim_uid}"
     edits: dict[str, Any] = {

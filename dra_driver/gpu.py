@@ -11,6 +11,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from dra_driver import names
+from dra_driver.mig import MigLayout, MigStrategy
 
 
 class GpuInfo(BaseModel):
@@ -40,6 +41,14 @@ class GpuInfo(BaseModel):
     name: str | None = Field(
         default=None,
         description="device name the node assigned for good (dra_driver.inventory.assign_names)",
+    )
+    mig: MigLayout | None = Field(
+        default=None, description="MIG mode, profiles and instances (MIG-capable GPUs)"
+    )
+    mig_strategy: MigStrategy = Field(
+        default="off",
+        description="how the plugin runs MIG on this GPU (kubelet_plugin.mig_mode); set after "
+        "discovery, which cannot know it",
     )
 
     @property

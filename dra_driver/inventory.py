@@ -38,13 +38,14 @@ from typing import Any
 
 from dra_driver import names
 from dra_driver.gpu import GpuInfo, NodeInventory
+from dra_driver.mig import MigLayout
+from dra_driver.mig_nvml import MigNvml, PyMigNvml, read_layout
 from dra_driver.nvml import (
     DeviceHandle,
     Nvml,
     NvmlError,
     NvmlNotSupported,
     NvmlUnavailable,
-    PyNvml,
     session,
 )
 
@@ -290,10 +291,11 @@ def discover(*, nvml: Nvml | None = None, sysfs_root: str = "/sys") -> NodeInven
 
     Raises InventoryError when NVML cannot be loaded or initialised or node-wide queries fail.
     A GPU whose own queries fail is left out with a warning (one sick GPU must not hide the rest).
-    `nvml` defaults to the pynvml-backed `dra_driver.nvml.PyNvml`; `sysfs_root` exists for tests.
+    `nvml` defaults to the pynvml-backed `dra_driver.mig_nvml.PyMigNvml` (MIG-capable GPUs also
+    get their `MigLayout`); `sysfs_root` exists for tests.
     """
     try:
-        with session(nvml or PyNvml()) as opened:
+        with session(nvml or PyMigNvml()) as opened:
             return _discover_initialised(opened, sysfs_root)
     except NvmlUnavailable as exc:
         raise InventoryError(f"cannot initialise NVML ({exc})") from exc
@@ -357,6 +359,8 @@ def _query_gpu(nvml: Nvml, index: int, sysfs_root: str) -> _RawGpu:
         "minor_number": nvml.minor_number(handle),
         "mig_capable": _mig_capable(nvml, handle),
     }
+    if info["mig_capable"]:
+        info["mig"] = _mig_layout(nvml, handle, index)
     link_bus_ids, to_switch = _active_links(nvml, handle)
     return _RawGpu(info=info, handle=handle, link_bus_ids=link_bus_ids, links_to_switch=to_switch)
 
@@ -418,6 +422,18 @@ def _mig_capable(nvml: Nvml, handle: DeviceHandle) -> bool:
     except NvmlNotSupported:
         return False
     return True
+
+
+def _mig_layout(nvml: Nvml, handle: DeviceHandle, index: int) -> MigLayout | None:
+    """MIG mode, profiles and instances (only through an NVML with the MIG calls); a failure
+    leaves the GPU without MIG data (published as a plain GPU), never out of the inventory."""
+    if not isinstance(nvml, MigNvml):
+        return None
+    try:
+        return read_layout(nvml, handle)
+    except NvmlError as exc:
+        log.warning("GPU %d: MIG state unreadable, published without MIG: %s", index, exc)
+        return None
 
 
 def _active_links(nvml: Nvml, handle: DeviceHandle) -> tuple[tuple[str, ...], bool]:

@@ -26,7 +26,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dra_driver import capacity, names
+from dra_driver import capacity, mig_slices, names
 from dra_driver.allocator import parse_quantity
 from dra_driver.gpu import GpuInfo, NodeInventory
 from dra_driver.kube import RESOURCE_API
@@ -38,6 +38,8 @@ JSON = dict[str, Any]
 # API limits (resource.k8s.io/v1 validation).
 MAX_DEVICES_PER_SLICE = 128
 MAX_DEVICES_PER_SLICE_WITH_TAINTS = 64  # when any device of the slice has taints
+# ... or consumes counters (MIG: dra_driver.mig_slices); counter sets go in slices of their own.
+MAX_COUNTER_SETS_PER_SLICE = 8
 MAX_TAINTS_PER_DEVICE = 16
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_STRING_ATTRIBUTE = 64
@@ -210,22 +212,39 @@ def build_slices(
     if not node_uid:
         raise SliceError(f"node {node_name!r} has no uid; the owner reference needs it")
     taints = taints or {}
-    devices = [
-        build_device(
-            gpu,
-            inventory,
-            oversubscription_ratio,
-            taints.get(gpu.device_name, ()),
-            binding_conditions=binding_conditions,
-        )
-        for gpu in inventory.gpus
-    ]
-    if any("taints" in device for device in devices):
+    devices: list[JSON] = []
+    counter_sets: list[JSON] = []
+    for gpu in inventory.gpus:
+        gpu_taints = taints.get(gpu.device_name, ())
+        if not mig_slices.mig_active(gpu):
+            devices.append(
+                build_device(
+                    gpu,
+                    inventory,
+                    oversubscription_ratio,
+                    gpu_taints,
+                    binding_conditions=binding_conditions,
+                )
+            )
+            continue
+        # A GPU in MIG mode: its counter set, the whole GPU (dynamic only) and its MIG devices.
+        attributes = device_attributes(gpu, inventory)
+        counter_sets.append(mig_slices.counter_set(gpu))
+        if gpu.mig_strategy == "dynamic":
+            devices.append(mig_slices.whole_gpu_device(gpu, attributes, gpu_taints))
+        devices.extend(mig_slices.mig_devices(gpu, attributes, gpu_taints))
+    if any("taints" in device or "consumesCounters" in device for device in devices):
         max_devices_per_slice = min(max_devices_per_slice, MAX_DEVICES_PER_SLICE_WITH_TAINTS)
-    chunks = [
-        devices[start : start + max_devices_per_slice]
+    chunks: list[tuple[str, list[JSON]]] = [
+        ("devices", devices[start : start + max_devices_per_slice])
         for start in range(0, len(devices), max_devices_per_slice)
-    ] or [[]]
+    ]
+    if not chunks and not counter_sets:
+        chunks = [("devices", [])]
+    chunks += [
+        ("sharedCounters", counter_sets[start : start + MAX_COUNTER_SETS_PER_SLICE])
+        for start in range(0, len(counter_sets), MAX_COUNTER_SETS_PER_SLICE)
+    ]
     labels = {LABEL_MANAGED_BY: MANAGED_BY_VALUE}
     if len(node_name) <= MAX_LABEL_VALUE:
         labels[node_label(driver)] = node_name
@@ -243,10 +262,11 @@ def build_slices(
                 "driver": driver,
                 "nodeName": node_name,
                 "pool": {"name": node_name, "generation": 0, "resourceSliceCount": len(chunks)},
-                "devices": chunk,
+                # A slice holds devices or counter sets, never both (API validation).
+                field: chunk,
             },
         }
-        for part, chunk in enumerate(chunks)
+        for part, (field, chunk) in enumerate(chunks)
     ]
 
 
@@ -296,6 +316,9 @@ def comparable_spec(spec: Mapping[str, Any]) -> JSON:
                 ),
                 "bindingConditions": list(device.get("bindingConditions") or []),
                 "bindingFailureConditions": list(device.get("bindingFailureConditions") or []),
+                "consumesCounters": _comparable_counters(
+                    device.get("consumesCounters"), "counterSet"
+                ),
             }
         )
     return {
@@ -303,7 +326,22 @@ def comparable_spec(spec: Mapping[str, Any]) -> JSON:
         "nodeName": spec.get("nodeName"),
         "pool": {"name": pool.get("name"), "resourceSliceCount": pool.get("resourceSliceCount")},
         "devices": devices,
+        "sharedCounters": _comparable_counters(spec.get("sharedCounters"), "name"),
     }
+
+
+def _comparable_counters(entries: Any, key: str) -> list[Any]:
+    """Counter sets or counter consumptions, by name, values compared as quantities."""
+    return sorted(
+        (
+            str(entry.get(key)),
+            sorted(
+                (str(name), _quantity((counter or {}).get("value")))
+                for name, counter in (entry.get("counters") or {}).items()
+            ),
+        )
+        for entry in entries or []
+    )
 
 
 def owner_uids(obj: Mapping[str, Any]) -> list[str]:

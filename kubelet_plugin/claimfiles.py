@@ -108,6 +108,7 @@ class ClaimFiles:
                 for device in plan.devices
             ],
             extra_env={"VGPU_LOG_LEVEL": level} if level else None,
+            mig_devices=plan.mig_uuids(),
         )
 
     def remove(self, uid: str) -> None:

@@ -48,7 +48,7 @@ from dra_driver.gpu import NodeInventory
 from dra_driver.lifecycle import stop_on_signals
 from dra_driver.metrics_http import MetricsServer, parse_address, serve_metrics
 from dra_driver.supervision import Supervisor
-from kubelet_plugin import monitoring
+from kubelet_plugin import mig_mode, monitoring
 from kubelet_plugin.boot import current_boot_id
 from kubelet_plugin.checkpoint import CheckpointError
 from kubelet_plugin.device_names import DeviceNaming, DeviceNamingError
@@ -57,6 +57,8 @@ from kubelet_plugin.gpu_changes import ChangeCheck
 from kubelet_plugin.health import HealthBoard
 from kubelet_plugin.hookcheck import HookLibraryCheck, HookLibraryError
 from kubelet_plugin.metrics import PluginMetrics
+from kubelet_plugin.mig_ledger import LedgerError
+from kubelet_plugin.mig_start import start_mig
 from kubelet_plugin.prepare import NodeSettings, Preparer, kube_claim_source
 from kubelet_plugin.server import DRA_WORKERS, PluginServer, SocketPaths, remove_stale_sockets
 from kubelet_plugin.statelock import StateDirLock, StateLockError
@@ -81,6 +83,7 @@ ENV = {
     "nvidia_cdi_spec_dir": "VGPU_DRA_NVIDIA_CDI_SPEC_DIR",
     "instance_id": "VGPU_DRA_INSTANCE_ID",
     "binding_conditions": "VGPU_DRA_FEATURE_BINDING_CONDITIONS",
+    "mig_mode": "VGPU_DRA_MIG_MODE",
 }
 DEFAULT_HOOK_PATH = "/usr/local/vgpu-dra/lib/libvgpu.so"
 # Exit status of a process whose supervised loop stalled (1: cannot start, 2: bad flags).
@@ -205,6 +208,13 @@ def build_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
         help="publish devices with binding conditions, confirmed by the allocation controller "
         "(needs the controller; env VGPU_DRA_FEATURE_BINDING_CONDITIONS, default false)",
     )
+    add(
+        "--mig-mode",
+        default=default("mig_mode", ""),
+        help="MIG strategy per GPU: off|static|dynamic for all GPUs, or a comma list of "
+        "<all|index|uuid|device>=<strategy>; the node label <driver>/mig-mode wins; empty = "
+        "leave every GPU's MIG mode as it is (docs/mig.md)",
+    )
     return parser
 
 
@@ -247,6 +257,7 @@ def settings_from(args: argparse.Namespace) -> NodeSettings:
         raise ValueError(
             f"--state-lock-timeout must be a number of seconds >= 0, got {args.state_lock_timeout}"
         )
+    mig_mode.parse_mig_mode(args.mig_mode)  # ValueError names the flag
     if not 1 <= args.workers <= MAX_WORKERS:
         raise ValueError(f"--workers must be from 1 to {MAX_WORKERS}, got {args.workers}")
     if len(args.driver_name) > 63 or not _DRIVER_NAME.match(args.driver_name):
@@ -346,6 +357,21 @@ def _run(
     client = cli_flags.connect(args.kubeconfig, log)
     if client is None:
         return 1
+    try:
+        mig, discovered = start_mig(
+            flag=args.mig_mode,
+            client=client,
+            driver=settings.driver,
+            node_name=settings.node_name,
+            state_dir=settings.state_dir,
+            discovered=discovered,
+            discover=discover,
+        )
+        inventory = mig.named(naming.assign(discovered))
+    except Exception as exc:
+        log.error("MIG start-up failed, cannot start: %s", exc)
+        client.close()
+        return 1
     client.size_pool(api_connections(args.workers))
     state_lock = StateDirLock(settings.state_dir)
     rolling = bool(args.instance_id)
@@ -376,8 +402,9 @@ def _run(
                 max_workers=args.workers,
                 hook_check=HookLibraryCheck(settings.spec.hook_path),
                 observer=ClaimTelemetry(metrics=metrics, events=events, pods=pods),
+                mig=mig.instances(settings.state_dir, inventory),
             )
-        except (CheckpointError, OSError) as exc:
+        except (CheckpointError, LedgerError, OSError) as exc:
             log.error("cannot load the checkpoint: %s", exc)
             return None
 
@@ -393,7 +420,7 @@ def _run(
             settings=settings,
             sockets=sockets,
             inventory=inventory,
-            rediscover=_named(naming, _rediscover_function(discovered)),
+            rediscover=_named(naming, _rediscover_function(discovered), mig.named),
             changes=changes,
             client=client,
             owner=_Owner(state_lock, loaded, load_preparer),
@@ -769,9 +796,11 @@ def _rediscover_function(discovered: NodeInventory) -> Callable[[], NodeInventor
 
 
 def _named(
-    naming: DeviceNaming, rediscover: Callable[[], NodeInventory]
+    naming: DeviceNaming,
+    rediscover: Callable[[], NodeInventory],
+    strategies: Callable[[NodeInventory], NodeInventory] = lambda inventory: inventory,
 ) -> Callable[[], NodeInventory]:
-    return lambda: naming.assign(rediscover())
+    return lambda: strategies(naming.assign(rediscover()))
 
 
 def _split(text: str) -> tuple[str, ...]:

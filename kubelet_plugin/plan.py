@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict, Field
 
 from dra_driver import capacity as device_capacity
-from dra_driver import names
+from dra_driver import mig, names
 from dra_driver.config import (
     ComputePolicy,
     ConfigError,
@@ -31,7 +31,8 @@ from dra_driver.config import (
     merge_configs,
     parse_config,
 )
-from dra_driver.gpu import NodeInventory
+from dra_driver.gpu import GpuInfo, NodeInventory
+from dra_driver.mig_slices import mig_active
 from kubelet_plugin.claims import ClaimAllocation, ClaimError, OpaqueConfig
 
 MAX_CORES = device_capacity.CORES_TOTAL
@@ -63,6 +64,20 @@ class DevicePlan(BaseModel):
     admin_access: bool = False
     # IDs of the NVIDIA Container Toolkit's CDI devices for this GPU (driver libraries).
     toolkit_cdi_ids: tuple[str, ...] = ()
+    # MIG (docs/mig.md): the placement this device is; `uuid` stays the parent GPU's (health,
+    # enforcement and the governor find GPUs by it). `mig_dynamic`: the plugin creates the
+    # instance at prepare (`kubelet_plugin.mig_instances`); `mig_uuid` is known after that.
+    mig_profile: str | None = None
+    mig_profile_id: int | None = None
+    mig_start: int | None = None
+    mig_size: int | None = None
+    mig_slices: int | None = None
+    mig_dynamic: bool = False
+    mig_uuid: str | None = None
+
+    @property
+    def is_mig(self) -> bool:
+        return self.mig_profile_id is not None
 
     @property
     def cdi_name(self) -> str:
@@ -83,6 +98,10 @@ class ClaimPlan(BaseModel):
     def cdi_device_name(self, device: DevicePlan) -> str:
         return f"{self.uid}-{device.cdi_name}"
 
+    def mig_uuids(self) -> list[str]:
+        """The claim's MIG devices (`MIG-...`), in allocation order."""
+        return [d.mig_uuid for d in self.devices if d.mig_uuid]
+
     def visible_uuids(self) -> list[str]:
         """The claim's GPUs in allocation order, each once."""
         return list(dict.fromkeys(device.uuid for device in self.devices))
@@ -100,10 +119,20 @@ def plan_claim(
     Raises ClaimError (naming the claim and the field) for anything that cannot be honoured.
     """
     gpus = inventory.by_device_name()
+    placements = mig_placements(inventory)
     ordered = _class_then_claim(allocation.configs)
     devices: list[DevicePlan] = []
     for result in allocation.devices:
         gpu = gpus.get(result.device)
+        placement = placements.get(result.device)
+        if placement is not None:
+            parent = gpus[placement.gpu_device]
+            devices.append(
+                _mig_device(
+                    result.request, result.pool, result.device, parent, placement
+                ).model_copy(update={"toolkit_cdi_ids": (toolkit_ids or {}).get(parent.uuid, ())})
+            )
+            continue
         if gpu is None:
             raise ClaimError(
                 f"ResourceClaim {allocation.ref}: device {result.device!r} is not on this node "
@@ -162,6 +191,54 @@ def plan_claim(
     return plan
 
 
+def mig_placements(inventory: NodeInventory) -> dict[str, mig.Placement]:
+    """Device name -> placement, for every preparable MIG device of the node: the published MIG
+    devices, and the whole GPU of a dynamic MIG GPU (prepared as its full-GPU instance, the one
+    thing CUDA can use on a GPU in MIG mode)."""
+    found: dict[str, mig.Placement] = {}
+    for gpu in inventory.gpus:
+        if not mig_active(gpu):
+            continue
+        assert gpu.mig is not None
+        for placement in mig.placements(gpu.device_name, gpu.uuid, gpu.mig, gpu.mig_strategy):
+            found[placement.device] = placement
+        full = gpu.mig.full_profile()
+        if gpu.mig_strategy == "dynamic" and full is not None:
+            found[gpu.device_name] = mig.Placement(
+                device=gpu.device_name,
+                gpu_device=gpu.device_name,
+                gpu_uuid=gpu.uuid,
+                profile=full,
+                start=0,
+            )
+    return found
+
+
+def _mig_device(
+    request: str, pool: str, device: str, gpu: GpuInfo, placement: mig.Placement
+) -> DevicePlan:
+    """A MIG device: the instance is its cap (memory and SMs are the hardware's), so the hook
+    gets the instance's memory as the total and no compute cap."""
+    instance = placement.instance
+    return DevicePlan(
+        request=request,
+        pool=pool,
+        device=device,
+        uuid=gpu.uuid,
+        minor=gpu.minor_number,
+        memory=placement.profile.memory_bytes,
+        cores=0,
+        policy="none",
+        mig_profile=placement.profile.name,
+        mig_profile_id=placement.profile.profile_id,
+        mig_start=placement.start,
+        mig_size=placement.size,
+        mig_slices=placement.profile.slices,
+        mig_dynamic=instance is None,
+        mig_uuid=instance.uuid if instance is not None else None,
+    )
+
+
 def _parse_entry(entry: OpaqueConfig, allocation: ClaimAllocation, request: str) -> VgpuConfig:
     """One opaque config entry; the error says whether the claim or its DeviceClass is wrong."""
     try:
@@ -195,7 +272,7 @@ class Usage:
 
     def add(self, plan: ClaimPlan, sign: int = 1) -> None:
         for device in plan.devices:
-            if device.admin_access:
+            if device.admin_access or device.is_mig:  # MIG: NVML's placement rules guard it
                 continue
             name = device.device
             memory = self.memory[name] = self.memory.get(name, 0) + sign * device.memory
@@ -264,7 +341,9 @@ def _check_own_demand(plan: ClaimPlan, inventory: NodeInventory, ratio: float) -
     """A claim that alone asks a device for more than it has (a hand-written allocation, a
     quantity at the int64 edge) is wrong, not overbooked: it can never be prepared here."""
     gpus = inventory.by_device_name()
-    for name in dict.fromkeys(d.device for d in plan.devices if not d.admin_access):
+    for name in dict.fromkeys(
+        d.device for d in plan.devices if not d.admin_access and not d.is_mig
+    ):
         capacity = device_capacity.scaled_memory(gpus[name].memory_bytes, ratio)
         memory = _claim_sum(plan, name, "memory")
         cores = _claim_sum(plan, name, "cores")
@@ -295,6 +374,11 @@ def hook_device_lines(plan: ClaimPlan) -> list[HookDevice]:
     """One entry per GPU; several shares of one GPU in one claim add up (cores capped at 100)."""
     merged: dict[str, HookDevice] = {}
     for device in plan.devices:
+        if device.is_mig:
+            if device.mig_uuid:  # the instance's memory is the total the hook sees
+                uuid = hook_uuid(device.mig_uuid)
+                merged[uuid] = HookDevice(uuid, device.memory, 0, "none", False)
+            continue
         seen = merged.get(device.uuid)
         if seen is None:
             merged[device.uuid] = HookDevice(
@@ -315,6 +399,12 @@ def hook_device_lines(plan: ClaimPlan) -> list[HookDevice]:
             seen.oversubscribe or device.oversubscribe,
         )
     return list(merged.values())
+
+
+def hook_uuid(mig_uuid: str) -> str:
+    """The UUID the hook matches a MIG device by: CUDA reports the instance's UUID bytes, which
+    the hook prints as `GPU-<hex>` (vgpu_hook/src/state.c, format_uuid)."""
+    return "GPU-" + mig_uuid.removeprefix("MIG-")
 
 
 def render_hook_config(plan: ClaimPlan) -> str:

@@ -43,6 +43,8 @@ from kubelet_plugin.checkpoint import CheckpointJournal, Record
 from kubelet_plugin.claimfiles import ClaimFiles, ReconcileReport
 from kubelet_plugin.claims import ClaimError, ClaimRef, clip, fetch_claim, parse_allocation
 from kubelet_plugin.hookcheck import HookLibraryCheck, HookLibraryError
+from kubelet_plugin.mig_instances import MigInstances
+from kubelet_plugin.mig_ledger import LedgerEntry
 from kubelet_plugin.plan import ClaimPlan, OverbookedError, check_usage, device_usage, plan_claim
 
 log = logging.getLogger(__name__)
@@ -118,8 +120,11 @@ class Preparer:
         hook_check: HookLibraryCheck | None = None,
         observer: PrepareObserver | None = None,
         tracer: trace.Tracer | None = None,
+        mig: MigInstances | None = None,
     ) -> None:
         self._settings = settings
+        # Dynamic MIG (docs/mig.md): instances made between the guard and the claim's files.
+        self._mig = mig
         self._observer = observer
         # Tracing is off unless a tracer is given or a provider was installed before this
         # (dra_driver.tracing): then no span is even created, since the OpenTelemetry API's
@@ -266,6 +271,11 @@ class Preparer:
             self._reserved[plan.uid] = plan
             self._usage.add(plan)
         try:
+            if any(d.mig_dynamic for d in plan.devices):
+                with self._step("create MIG instances"):
+                    plan = self._create_mig(plan)
+                with self._lock:
+                    self._reserved[plan.uid] = plan
             with self._step("write claim files"):
                 self._files.write(plan)
             with self._lock:
@@ -279,6 +289,7 @@ class Preparer:
                     self._record(("del", plan.uid))
                     self._usage.remove(plan)
             self._files.remove(plan.uid)
+            self._destroy_mig(plan.uid)
             raise
         finally:
             with self._lock:
@@ -291,6 +302,43 @@ class Preparer:
                 ", ".join(f"{d.device}(mem={d.memory},cores={d.cores})" for d in plan.devices),
             )
         return self._result(plan)
+
+    def _create_mig(self, plan: ClaimPlan) -> ClaimPlan:
+        """Create (or adopt) the claim's dynamic MIG instances; the plan with their UUIDs."""
+        if self._mig is None:
+            raise ClaimError(
+                f"claim {plan.namespace}/{plan.name}: a dynamic MIG device is allocated but this "
+                "plugin has no NVML to create instances with"
+            )
+        wanted = [
+            LedgerEntry(
+                claim=plan.uid,
+                device=d.device,
+                gpu_uuid=d.uuid,
+                profile_id=d.mig_profile_id or 0,
+                start=d.mig_start or 0,
+                size=d.mig_size or 1,
+                slices=d.mig_slices or 1,
+            )
+            for d in plan.devices
+            if d.mig_dynamic
+        ]
+        uuids = self._mig.create(plan.uid, wanted)
+        devices = tuple(
+            d.model_copy(update={"mig_uuid": uuids[d.device]}) if d.device in uuids else d
+            for d in plan.devices
+        )
+        return plan.model_copy(update={"devices": devices})
+
+    def _destroy_mig(self, uid: str) -> None:
+        """Undo a failed prepare's instances; a failure here is left to the start-up
+        reconciliation (the ledger still names them)."""
+        if self._mig is None or not self._mig.owns(uid):
+            return
+        try:
+            self._mig.destroy(uid)
+        except Exception:
+            log.exception("claim %s: cannot destroy its MIG instances after a failed prepare", uid)
 
     def _result(self, plan: ClaimPlan) -> tuple[PreparedDevice, ...]:
         kind = self._settings.spec.kind
@@ -334,6 +382,10 @@ class Preparer:
         try:
             with self._claim_lock(ref.uid):
                 self._files.remove(ref.uid)
+                # Instances first: one still in use fails the call, and the claim stays
+                # prepared for the kubelet's retry (kubelet_plugin.mig_instances).
+                if self._mig is not None and self._mig.owns(ref.uid):
+                    self._mig.destroy(ref.uid)
                 with self._lock:
                     known = self._prepared.pop(ref.uid, None)
                     target = 0
@@ -433,6 +485,10 @@ class Preparer:
                 self._checkpoint.compact(self._prepared)
             prepared = dict(self._prepared)
         report = self._files.reconcile(prepared)
+        if self._mig is not None:
+            adopted, destroyed = self._mig.reconcile(set(prepared), self._inventory.gpus)
+            if adopted or destroyed:
+                log.info("MIG instances: %d adopted, %d destroyed", adopted, destroyed)
         if report.removed_specs or report.removed_claim_dirs or report.rewritten:
             log.info(
                 "reconciled with checkpoint (%d claims): removed orphan specs %s, orphan claim "
