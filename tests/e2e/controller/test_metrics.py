@@ -132,7 +132,14 @@ def test_the_controllers_metrics_after_a_known_workload(
 
     samples = wait_for("leadership and synced informers", leading)
     synced = {dict(k[1])["resource"] for k in samples if k[0] == P + "informer_synced"}
-    assert synced == {"pods", "nodes", "resourceslices", "resourceclaims", "deviceclasses"}
+    assert synced == {
+        "pods",
+        "nodes",
+        "resourceslices",
+        "resourceclaims",
+        "deviceclasses",
+        "devicetaintrules",
+    }
     node = {"node": bed.node}
     assert value(samples, P + "node_gpus", **node) == GPUS
     assert value(samples, P + "node_memory_capacity_bytes", **node) == GPUS * MEMORY[A10]
