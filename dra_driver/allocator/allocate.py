@@ -57,6 +57,9 @@ JSON = dict[str, Any]
 SEARCH_BUDGET = 20_000  # device choices tried per node before the node counts as not fitting
 FIT_CACHE_MAX = 65_536  # (request capacity, node) entries of the static fit cache
 KEYS_CACHE_MAX = 256  # request shapes x policies whose node keys are kept
+# Nodes where a claim with firstAvailable subrequests fits, searched for one where earlier
+# subrequests fit (kube-scheduler stops filtering at 100 feasible nodes, minFeasibleNodesToFind).
+RANKED_NODES_MAX = 100
 ALT_FIELDS = 3  # columns of the search's per-alternative matrix: all devices, count, admin
 _PER_DEVICE = frozenset({"attributes", "capacity"})  # device fields that differ between GPUs
 
@@ -510,6 +513,11 @@ class Allocator:
         screened = screen[0]
         keys, closeness = self._keys(layout, node_ok, screen, shape, policy)
         tried = 0
+        # firstAvailable: a node where earlier subrequests fit beats the policy's best node
+        # (kube-scheduler's DynamicResources score); the key decides between equal ranks.
+        ranked = any(len(req.alternatives) > 1 for _, req in flat)
+        chosen: tuple[int, Placement] | None = None
+        feasible = 0
         while True:
             best = int(np.argmax(keys))
             if keys[best] < 0:
@@ -519,8 +527,15 @@ class Allocator:
                 layout, best, claims=claims, flat=flat, policy=policy, shape=shape
             )
             if found is not None:
-                return Placement(layout.nodes[best], float(keys[best]), found)
+                rank = _rank(found) if ranked else 0
+                if chosen is None or rank < chosen[0]:
+                    chosen = (rank, Placement(layout.nodes[best], float(keys[best]), found))
+                feasible += 1
+                if chosen[0] == 0 or feasible >= RANKED_NODES_MAX:
+                    return chosen[1]
             keys[best] = -1.0
+        if chosen is not None:
+            return chosen[1]
         raise Unschedulable(
             self._reason(
                 layout=layout,
@@ -889,6 +904,21 @@ class Allocator:
             f"no node has {'; and '.join(wants) or 'room'}; closest: {layout.nodes[best]} "
             f"({_plural(int(closeness[best]))})"
         )
+
+
+def _rank(found: tuple[tuple[Claim, tuple[DeviceResult, ...]], ...]) -> int:
+    """How far down their `firstAvailable` lists a node's placement went: the sum, over the
+    requests with subrequests, of the chosen subrequest's position (0: every first choice).
+    kube-scheduler scores a node by the sum of (8 - position), so it prefers the lowest."""
+    rank = 0
+    for claim, results in found:
+        names = {r.request for r in results}
+        for request in claim.requests:
+            if len(request.alternatives) > 1:
+                rank += next(
+                    (i for i, alt in enumerate(request.alternatives) if alt.name in names), 0
+                )
+    return rank
 
 
 def _requested(alt: Alternative, name: str) -> int:

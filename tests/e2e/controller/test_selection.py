@@ -31,6 +31,7 @@ import pytest
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
 from tests.fixtures.allocator_cluster import device_class, publish_slices
+from tests.fixtures.cel_vocabulary import random_selector
 from tests.fixtures.chart import helm_binary
 from tests.fixtures.workloads import claim_pod, resource_claim
 from vgpu_testbed.cluster import controller as bed_controller
@@ -151,29 +152,6 @@ def remove(client: KubeClient, ns: str, names: list[str]) -> None:
         return not left & set(names)
 
     wait_for(f"claims {names} deleted", gone)
-
-
-def random_selector(rng: random.Random, driver: str, uuids: dict[str, list[str]]) -> str | None:
-    attr = f'device.attributes["{driver}"]'
-    atoms = [
-        f'{attr}.productName.startsWith("NVIDIA H100")',
-        f'{attr}.productName == "NVIDIA A10"',
-        f'device.capacity["{driver}"].memory.compareTo(quantity("30Gi")) < 0',
-        f"{attr}.index >= {rng.randint(1, 6)}",
-        f"{attr}.index % 2 == {rng.randint(0, 1)}",
-        f"{attr}.numaNode == {rng.randint(0, 1)}",
-        f"has({attr}.nvlinkDomain) && {attr}.nvlinkDomain == {rng.randint(0, 1)}",
-        f"!has({attr}.nvlinkDomain)",
-        f'{attr}.cudaComputeCapability.isGreaterThan(semver("8.0.0"))',
-        f'{attr}.uuid in ["{rng.choice(uuids["node-1"])}", "{rng.choice(uuids["node-2"])}"]',
-    ]
-    shape = rng.choice(["none", "one", "one", "and", "or"])
-    if shape == "none":
-        return None
-    first = rng.choice(atoms)
-    if shape == "one":
-        return first
-    return f"({first}) {'&&' if shape == 'and' else '||'} ({rng.choice(atoms)})"
 
 
 def test_cel_selectors_select_what_kube_scheduler_selects(

@@ -245,6 +245,32 @@ def test_first_available_takes_the_first_subrequest_that_fits() -> None:
     assert [r.request for _, rs in placement.results for r in rs] == ["gpu/one"]
 
 
+def test_first_available_prefers_a_node_where_an_earlier_subrequest_fits() -> None:
+    # node-00000: 4 A10 of 24Gi, 20Gi of each taken (the fuller node: binpack's choice);
+    # node-00001: 8 idle H100. Only an H100 has 30Gi free, so `s0` fits node-00001 only and
+    # `s1` fits both. kube-scheduler scores nodes by the subrequests they allow (8 - position,
+    # summed); the node policy decides only between nodes that allow the same ones.
+    alloc = allocator(node_events(0, product="NVIDIA A10", gpus=4), node_events(1))
+    for i in range(4):
+        taken = claim_obj(f"taken{i}", memory="20Gi")
+        assert place(alloc, taken, policy=Policy(node="binpack")).node == "node-00000"
+    claim = claim_obj("a")
+    exactly = claim["spec"]["devices"]["requests"][0].pop("exactly")
+    claim["spec"]["devices"]["requests"][0]["firstAvailable"] = [
+        {**exactly, "name": "s0", "capacity": {"requests": {"memory": "30Gi"}}},
+        {**exactly, "name": "s1", "capacity": {"requests": {"memory": "2Gi"}}},
+    ]
+    for policy in (Policy(node="binpack"), Policy(node="spread")):
+        placement = place(alloc, claim, policy=policy, commit=False)
+        assert placement.node == "node-00001", policy
+        assert [r.request for _, rs in placement.results for r in rs] == ["gpu/s0"]
+    # Where no node allows `s0`, the node policy decides among those that allow `s1`.
+    claim["spec"]["devices"]["requests"][0]["firstAvailable"][0]["count"] = 9
+    placement = place(alloc, claim, policy=Policy(node="binpack"), commit=False)
+    assert placement.node == "node-00000"
+    assert [r.request for _, rs in placement.results for r in rs] == ["gpu/s1"]
+
+
 def test_all_mode_takes_every_matching_device() -> None:
     alloc = allocator(node_events(0))
     claim = claim_obj(
