@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import os
 import random
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -49,9 +48,8 @@ from dra_driver.allocator.model import ClusterModel
 from dra_driver.allocator.request import parse_claim
 from dra_driver.kube import RESOURCE_API, KubeClient
 from tests.fixtures.allocation_check import check_allocation
-from tests.fixtures.allocator_cluster import device_class, publish_slices
+from tests.fixtures.allocator_cluster import ControllerBed, controller_bed
 from tests.fixtures.cel_vocabulary import random_selector
-from tests.fixtures.chart import helm_binary
 from tests.fixtures.workloads import claim_pod
 from vgpu_testbed.cluster import controller as bed_controller
 from vgpu_testbed.cluster.control_plane import Cluster
@@ -72,34 +70,14 @@ FILLER_MEMORY = {"node-1": [None, "40Gi", "70Gi", "78Gi"], "node-2": [None, "12G
 FILLER_CORES = [None, "50", "90"]
 
 
-@dataclass
-class Bed:
-    driver: str
-    uuids: dict[str, list[str]]  # node -> GPU UUIDs by index
+Bed = ControllerBed
 
 
 @pytest.fixture(scope="module")
 def bed(cluster: Cluster, client: KubeClient) -> Iterator[Bed]:
     """The throwaway driver's DeviceClass and slices, and the controller; removed afterwards."""
-    helm_binary()
-    prefix = f"f{uuid.uuid4().hex[:5]}"
-    driver = f"{prefix}.first.vgpu.dra.dev"
-    namespace = f"{prefix}-system"
-    client.create(kube.path(RESOURCE_API, "deviceclasses"), device_class(driver))
-    created: list[str] = []
-    process = f"{bed_controller.PROCESS}-{prefix}"
-    try:
-        uuids = publish_slices(client, driver, NODES, created, first_id=300)
-        bed_controller.start_controller(cluster, name=process, namespace=namespace, release=prefix)
-        yield Bed(driver, uuids)
-    finally:
-        if any(p.name == process for p in cluster.processes):
-            cluster.stop_process(process)
-        if (cluster.root / "controller" / f"rbac-{prefix}.yaml").exists():
-            bed_controller.uninstall_rbac(client, cluster.root, namespace=namespace, release=prefix)
-        for name in created:
-            client.delete(kube.path(RESOURCE_API, "resourceslices", name))
-        client.delete(kube.path(RESOURCE_API, "deviceclasses", driver))
+    with controller_bed(cluster, client, NODES, tag="first", first_id=300) as made:
+        yield made
 
 
 # ------------------------------------------------------------------------------ the cases

@@ -21,18 +21,15 @@ Nothing is mocked: the real apiserver validates the objects, the real kube-sched
 from __future__ import annotations
 
 import random
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pytest
 
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
-from tests.fixtures.allocator_cluster import device_class, publish_slices
+from tests.fixtures.allocator_cluster import ControllerBed, controller_bed
 from tests.fixtures.cel_vocabulary import random_selector
-from tests.fixtures.chart import helm_binary
 from tests.fixtures.workloads import claim_pod, resource_claim
 from vgpu_testbed.cluster import controller as bed_controller
 from vgpu_testbed.cluster.control_plane import Cluster
@@ -50,34 +47,14 @@ NODES = {"node-1": ("NVIDIA H100 80GB HBM3", "two-islands", 8), "node-2": ("NVID
 RANDOM_CLAIMS = 12
 
 
-@dataclass
-class Bed:
-    driver: str
-    uuids: dict[str, list[str]]  # node -> GPU UUIDs by index
+Bed = ControllerBed
 
 
 @pytest.fixture(scope="module")
 def bed(cluster: Cluster, client: KubeClient) -> Iterator[Bed]:
     """The throwaway driver's DeviceClass and slices, and the controller; removed afterwards."""
-    helm_binary()
-    prefix = f"s{uuid.uuid4().hex[:5]}"
-    driver = f"{prefix}.sel.vgpu.dra.dev"
-    namespace = f"{prefix}-system"
-    client.create(kube.path(RESOURCE_API, "deviceclasses"), device_class(driver))
-    created: list[str] = []
-    process = f"{bed_controller.PROCESS}-{prefix}"
-    try:
-        uuids = publish_slices(client, driver, NODES, created, first_id=200)
-        bed_controller.start_controller(cluster, name=process, namespace=namespace, release=prefix)
-        yield Bed(driver, uuids)
-    finally:
-        if any(p.name == process for p in cluster.processes):
-            cluster.stop_process(process)
-        if (cluster.root / "controller" / f"rbac-{prefix}.yaml").exists():
-            bed_controller.uninstall_rbac(client, cluster.root, namespace=namespace, release=prefix)
-        for name in created:
-            client.delete(kube.path(RESOURCE_API, "resourceslices", name))
-        client.delete(kube.path(RESOURCE_API, "deviceclasses", driver))
+    with controller_bed(cluster, client, NODES, tag="sel", first_id=200) as made:
+        yield made
 
 
 def claim_obj(name: str, driver: str, selector: str | None, **exactly: Any) -> JSON:
