@@ -415,6 +415,7 @@ class RealNode(NodeAgents):
         ):
             if self._running(name):
                 self.cluster.stop_process(name)
+        self.forget_mig_state()
         if kubelet_ran:
             self.restore_node_status()
 

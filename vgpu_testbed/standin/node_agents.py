@@ -130,6 +130,7 @@ class NodeAgents:
         plugin_args: Sequence[str] = (),
         plugin_kubeconfig: Path | None = None,
         standin_args: Sequence[str] = (),
+        mig_mode: str | None = None,
     ) -> None:
         record = next((n for n in cluster.nodes if n.name == node_name), None)
         if record is None:
@@ -146,6 +147,10 @@ class NodeAgents:
         self.hook_path = hook_path
         self.plugin_args = list(plugin_args)
         self.standin_args = list(standin_args)
+        # A node in MIG mode (docs/testbed.md, "A node in MIG mode"): the plugin's --mig-mode,
+        # and at stop the simulated GPUs' state goes, so the node starts next time with MIG off
+        # as its profile says (the simulator keeps a GPU's MIG mode in the state file).
+        self.mig_mode = mig_mode
         self.paths = NodePaths(cluster.root / "nodes" / node_name, driver)
         self.gpu_env: dict[str, str] = {}
 
@@ -193,6 +198,7 @@ class NodeAgents:
             # --metrics-address in plugin_args comes later and wins.
             "--metrics-address",
             self.metrics_address(),
+            *(["--mig-mode", self.mig_mode] if self.mig_mode is not None else []),
             *self.plugin_args,
         ]
 
@@ -280,6 +286,14 @@ class NodeAgents:
         for name in (self.standin_process, self.plugin_process):
             if self._running(name):
                 self.cluster.stop_process(name)
+        self.forget_mig_state()
+
+    def forget_mig_state(self) -> None:
+        """After a stop in MIG mode: remove the simulated GPUs' state (MIG modes, instances),
+        so the next start of this node, by any module, finds the GPUs as its profile makes them.
+        Nothing for a node started without `mig_mode`."""
+        if self.mig_mode is not None:
+            self.paths.gpu_state.unlink(missing_ok=True)
 
     def remove_files(self) -> None:
         shutil.rmtree(self.paths.root, ignore_errors=True)
