@@ -34,7 +34,7 @@ from controller.rescheduler import DEFAULT_GRACE_S, DEFAULT_PER_MINUTE, Reschedu
 from controller.webhook import flags as webhook_flags
 from controller.worker import Worker
 from dra_driver import cli_flags, kube, logsetup, tracing
-from dra_driver.lifecycle import stop_on_signals
+from dra_driver.lifecycle import stop_on_signals, wait_for_stop
 from dra_driver.metrics_http import MetricsServer, serve_metrics
 from dra_driver.metrics_http import parse_address as parse_metrics_address
 from dra_driver.supervision import LoopCollector, Supervisor
@@ -307,7 +307,7 @@ def _run(args: argparse.Namespace, client: kube.KubeClient, address: tuple[str, 
     if elector is not None:
         elector.start(stop)
     log.info("allocation controller running (gate vgpu.dra.dev/policy); until SIGTERM")
-    stop.wait()
+    wait_for_stop(stop)
     log.info("shutting down")
     _shut_down(probes, metrics_server, elector, worker)
     if webhook is not None:  # it answers during its drain; exiting would end that

@@ -45,7 +45,7 @@ import grpc
 
 from dra_driver import cdi, cli_flags, kube, logsetup, names, tracing
 from dra_driver.gpu import NodeInventory
-from dra_driver.lifecycle import stop_on_signals
+from dra_driver.lifecycle import stop_on_signals, wait_for_stop
 from dra_driver.metrics_http import MetricsServer, parse_address, serve_metrics
 from dra_driver.supervision import Supervisor
 from kubelet_plugin import mig_mode, monitoring
@@ -644,7 +644,7 @@ def _serve(
     # What start-up made (modules, schemas, the API client's models) lives as long as the
     # process: out of the collector's way, so its full passes scan only what serving makes.
     gc.freeze()
-    stop.wait()
+    wait_for_stop(stop)
     log.info("shutting down")
     server.stop()
     if metrics_server is not None:
