@@ -40,4 +40,3 @@ def wait_for_stop(stop: threading.Event) -> None:
     """
     while not stop.wait(SIGNAL_POLL_S):
         pass
-
