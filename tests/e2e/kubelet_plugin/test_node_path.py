@@ -227,9 +227,15 @@ def test_pod_deletion_unprepares_the_claim(
     uid = claim["metadata"]["uid"]
     assert uid in checkpoint_claims(node_agents)
     client.delete(kube.path("v1", "pods", "shared-gpu", namespace=namespace))  # graceful
-    wait_for("claim unprepared", lambda: not node_agents.paths.cdi_spec(uid).exists())
-    assert not node_agents.paths.claim_dir(uid).exists()
-    assert uid not in checkpoint_claims(node_agents)
+    # Unprepare removes the spec, then the claim dir, then the checkpoint entry: await all three.
+    wait_for(
+        "claim unprepared (spec, claim dir and checkpoint entry gone)",
+        lambda: (
+            not node_agents.paths.cdi_spec(uid).exists()
+            and not node_agents.paths.claim_dir(uid).exists()
+            and uid not in checkpoint_claims(node_agents)
+        ),
+    )
 
     wait_for(
         "the stand-in to confirm the pod's termination",
