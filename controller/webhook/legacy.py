@@ -11,7 +11,14 @@ Sources (their public READMEs, checked 2026-11):
 - gpu-manager, the fork with `nvidia.com/` names (coldzerofear/gpu-manager README: memory is
   registered in MiB, "以MB为单位注册"; tkestack's original uses `tencent.com/` names and 256 MiB
   units, which we do not translate);
-- NVIDIA's device plugin (`nvidia.com/gpu`; shared resources renamed with replicas).
+- NVIDIA's device plugin (`nvidia.com/gpu`; shared resources renamed with replicas; MIG: the
+  `mixed` strategy's `nvidia.com/mig-<profile>` resources, whose name is "mig-" + the NVML profile
+  with '+' written '.' (internal/rm/rm.go AddDefaultResourcesToConfig), time-slicing's
+  `renameByDefault` suffix `.shared`, and GPU feature discovery's node labels
+  `nvidia.com/mig.strategy` and `nvidia.com/gpu.product`, e.g. `A100-SXM4-40GB-MIG-1g.5gb`, under
+  the `single` strategy, docs/gfd_labels.md);
+- HAMi's dynamic MIG (docs/dynamic-mig-support.md: `nvidia.com/gpu` + `nvidia.com/gpumem` with
+  the optional pod annotation `nvidia.com/vgpu-mode: mig`).
 """
 
 from __future__ import annotations
@@ -41,6 +48,20 @@ HAMI_CORES = "nvidia.com/gpucores"  # HAMi: % of each GPU's SMs
 VCUDA_CORE = "nvidia.com/vcuda-core"  # gpu-manager: 100 per whole GPU, < 100 a share
 VCUDA_MEMORY = "nvidia.com/vcuda-memory"  # gpu-manager (nvidia.com fork): MiB
 
+# Resource names matched by prefix (name -> the system): the device plugin's MIG resources, one per
+# profile of the node's boards (`nvidia.com/mig-1g.10gb`, `nvidia.com/mig-1g.10gb.me` for the
+# `1g.10gb+me` profile, `nvidia.com/mig-3g.20gb.shared` when time-sliced with renameByDefault).
+# A prefix, not a list: the profiles are the boards', and a pod naming one no table here knows
+# must still reach the webhook (to be translated or refused by name), never be admitted as it is.
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+RESOURCE_PREFIXES: dict[str, System] = {MIG_RESOURCE_PREFIX: "device-plugin"}
+SHARED_SUFFIX = ".shared"  # the device plugin's renameByDefault suffix
+
+# GPU feature discovery's node labels (device plugin `single` strategy), read from a pod's
+# nodeSelector to know which MIG profile `nvidia.com/gpu` stands for.
+MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+
 # Resource name -> the system it belongs to. `nvidia.com/gpu` is listed under the device plugin;
 # with a HAMi companion (resource or annotation) it is HAMi's.
 RESOURCES: dict[str, System] = {
@@ -68,6 +89,7 @@ Concept = Literal[
     "compute_policy",
     "core_limit",
     "memory_percentage",
+    "vgpu_mode",
 ]
 
 
@@ -102,7 +124,7 @@ CANONICAL: dict[Concept, str] = {
 # The concepts the allocation controller reads from pod annotations (and so the webhook writes):
 # all but those the webhook turns into the claim itself (its VgpuConfig and capacity requests).
 CLAIM_CONCEPTS: frozenset[Concept] = frozenset(
-    {"compute_policy", "core_limit", "memory_percentage"}
+    {"compute_policy", "core_limit", "memory_percentage", "vgpu_mode"}
 )
 CONTROLLER_CONCEPTS: frozenset[Concept] = frozenset(get_args(Concept)) - CLAIM_CONCEPTS
 
@@ -123,6 +145,7 @@ ANNOTATIONS: tuple[Annotation, ...] = (
     Annotation("nvidia.com/nouse-gpuuuid", "hami", "exclude_uuids"),
     Annotation("hami.io/node-scheduler-policy", "hami", "node_policy"),
     Annotation("hami.io/gpu-scheduler-policy", "hami", "device_policy"),
+    Annotation("nvidia.com/vgpu-mode", "hami", "vgpu_mode"),  # HAMI_VGPU_MODE
     # gpu-manager
     Annotation("nvidia.com/vcuda-core-limit", "gpu-manager", "core_limit"),
     # vgpu-dra: the long names (canonical) and the allocator's short names
@@ -143,6 +166,8 @@ HAMI_ANNOTATIONS = frozenset(a.key for a in ANNOTATIONS if a.system == "hami")
 POLICIES = ("binpack", "spread")
 TOPOLOGIES = ("none", "numa", "link", "numa-strict", "link-strict")
 COMPUTE_POLICIES = ("fixed", "balance", "none")
+HAMI_VGPU_MODE = "nvidia.com/vgpu-mode"  # HAMi: mig (MIG instances) | hami-core | mps
+HAMI_VGPU_MODES = ("hami-core", "mig", "mps")
 STRICT_TOPOLOGY_ATTRIBUTE = {"numa-strict": "numaNode", "link-strict": "nvlinkDomain"}
 
 # Written by the webhook on every pod it translated (informational: which system it came from).
@@ -156,6 +181,7 @@ MANAGED_BY_VALUE = "vgpu-dra-webhook"
 def legacy_names() -> list[str]:
     """Every name a user may bring from another system (for the docs test and the docs)."""
     names = list(RESOURCES)
+    names += [MIG_RESOURCE_PREFIX, MIG_STRATEGY_LABEL, GPU_PRODUCT_LABEL]
     names += [a.key for a in ANNOTATIONS if a.system != "vgpu-dra"]
     names.append(VGPU_SCHEDULER)
     return names

@@ -184,6 +184,8 @@ def _normalise(concept: Concept, key: str, raw: Any) -> str:
         choices = legacy.TOPOLOGIES
     elif concept == "compute_policy":
         choices = legacy.COMPUTE_POLICIES
+    elif concept == "vgpu_mode":
+        choices = legacy.HAMI_VGPU_MODES
     if choices:
         if value not in choices:
             raise Refusal(
@@ -276,6 +278,10 @@ class Shape:
     compute_policy: str | None
     removed: tuple[str, ...]  # legacy resource names taken off the container
     notes: tuple[str, ...]  # warnings: what each legacy value became
+    # CEL selectors of the request beyond the pod's policy ones (MIG profile, whole GPU).
+    selectors: tuple[str, ...] = ()
+    mig: bool = False  # the request is for MIG devices (GPU UUID lists select their parentUUID)
+    same_attribute: str | None = None  # matchAttribute over the request's devices (count > 1)
 
 
 def _resources(container: Mapping[str, Any]) -> tuple[JSON, JSON]:
@@ -283,10 +289,18 @@ def _resources(container: Mapping[str, Any]) -> tuple[JSON, JSON]:
     return dict(res.get("limits") or {}), dict(res.get("requests") or {})
 
 
+def _is_mig(key: str) -> bool:
+    return key.startswith(legacy.MIG_RESOURCE_PREFIX)
+
+
 def _legacy_keys(container: Mapping[str, Any], settings: TranslationSettings) -> list[str]:
     limits, requests = _resources(container)
     known = set(legacy.RESOURCES) | set(settings.shared_resources)
-    return sorted(k for k in {*limits, *requests} if k in known)
+    return sorted(
+        k
+        for k in {*limits, *requests}
+        if k in known or (isinstance(k, str) and k.startswith(tuple(legacy.RESOURCE_PREFIXES)))
+    )
 
 
 def _amount(container: str, key: str, limits: JSON, requests: JSON) -> int:
@@ -347,6 +361,9 @@ class _Ask:
     cores: int | None = None
     compute: str | None = None
     notes: list[str] = field(default_factory=list)
+    selectors: list[str] = field(default_factory=list)
+    mig: bool = False
+    same_attribute: str | None = None
 
     def note(self, key: str, what: str) -> None:
         self.notes.append(f"container {self.container}: {key}={self.got[key]} -> {what}")
@@ -356,6 +373,16 @@ def _system_of(
     ask: _Ask, keys: list[str], policy: PodPolicy, settings: TranslationSettings
 ) -> System:
     """Which system a container's resources come from; Refusal when they mix systems."""
+    mig = [k for k in keys if _is_mig(k)]
+    if mig and len(keys) > 1:
+        raise Refusal(
+            f"container {ask.container}: resources {', '.join(keys)}: a device plugin MIG "
+            f"resource ({', '.join(mig)}) must be the container's only GPU resource (one MIG "
+            "profile per container, as the device plugin gives a container one device type); "
+            "split the container or use one resource"
+        )
+    if mig:
+        return "device-plugin"
     shared = [k for k in keys if k in settings.shared_resources]
     systems = {legacy.RESOURCES[k] for k in keys if k in legacy.RESOURCES}
     if shared:
@@ -387,12 +414,173 @@ def _vgpu_manager(ask: _Ask) -> None:
         ask.note(legacy.VGPU_MEMORY, f"claim memory {ask.memory}Mi per GPU")
 
 
-def _hami_or_whole(ask: _Ask, system: System) -> None:
+# MIG profiles as the kubelet plugin publishes them (docs/mig.md, "Published devices": the
+# `profile` attribute, NVML's name without "MIG ", e.g. "1g.10gb", "1g.10gb+me"). The device
+# plugin's resource names write the '+' as '.' (`nvidia.com/mig-1g.10gb.me`). Digits only, so a
+# profile is safe inside a CEL string literal.
+_MIG_PROFILE = r"([1-8]g\.[0-9]{1,4}gb)"
+_MIG_RESOURCE = re.compile(_MIG_PROFILE + r"(\.me)?")
+# GPU feature discovery's product label under the single strategy: "<board>-MIG-<profile>".
+_MIG_PRODUCT = re.compile(r".*-MIG-" + _MIG_PROFILE + r"([.+]me)?")
+
+
+def _attribute(driver: str, name: str) -> str:
+    return f'device.attributes["{driver}"].{name}'
+
+
+def _mig_selector(driver: str, profile: str | None) -> str:
+    """MIG devices (of one profile); `has()` first: whole GPUs have no `profile` (docs/mig.md)."""
+    attribute = _attribute(driver, "profile")
+    if profile is None:
+        return f"has({attribute})"
+    return f'has({attribute}) && {attribute} == "{profile}"'
+
+
+def _whole_gpu_selector(driver: str) -> str:
+    """Whole GPUs (and their shares): never a MIG device in place of a GPU."""
+    return f"!has({_attribute(driver, 'profile')})"
+
+
+def _device_plugin_gpu(ask: _Ask, driver: str, node_selector: Mapping[str, Any]) -> None:
+    """`nvidia.com/gpu` of the device plugin: whole GPUs, or under the `single` MIG strategy (the
+    pod's nodeSelector names GPU feature discovery's labels of it) MIG devices."""
+    product = node_selector.get(legacy.GPU_PRODUCT_LABEL)
+    strategy = node_selector.get(legacy.MIG_STRATEGY_LABEL)
+    where = f"nodeSelector {legacy.GPU_PRODUCT_LABEL}={_short(product)}"
+    if isinstance(product, str) and "-MIG-" in product:
+        match = _MIG_PRODUCT.fullmatch(product)
+        if match is None:
+            raise Refusal(
+                f"container {ask.container}: {legacy.GPU} with {where}: not a MIG profile "
+                "(GPU feature discovery labels a single-strategy node <board>-MIG-<g>g.<mem>gb, "
+                "e.g. A100-SXM4-40GB-MIG-1g.5gb; -MIG-INVALID marks a node it could not label); "
+                "name the profile with nvidia.com/mig-<g>g.<mem>gb instead"
+            )
+        profile = match.group(1) + ("+me" if match.group(2) else "")
+        ask.mig = True
+        ask.selectors.append(_mig_selector(driver, profile))
+        ask.note(
+            legacy.GPU,
+            f"claim of {ask.count} MIG device(s) of profile {profile} (the single strategy's "
+            f"device on the nodes of {where}; the nodeSelector is kept)",
+        )
+        return
+    if strategy == "single":
+        ask.mig = True
+        ask.selectors.append(_mig_selector(driver, None))
+        ask.same_attribute = "profile"
+        ask.note(
+            legacy.GPU,
+            f"claim of {ask.count} MIG device(s) of one profile (nodeSelector "
+            f"{legacy.MIG_STRATEGY_LABEL}=single: the device plugin gives the node's one profile, "
+            "and the node is not known at admission: on a static MIG node that is its profile, "
+            "on a dynamic one kube-scheduler chooses it; name it with nvidia.com/mig-<profile> "
+            f"or nodeSelector {legacy.GPU_PRODUCT_LABEL}=<board>-MIG-<profile> to fix it)",
+        )
+        return
+    ask.selectors.append(_whole_gpu_selector(driver))
+    ask.note(legacy.GPU, f"{ask.count} whole GPU(s)")
+
+
+def _mig_resource(ask: _Ask, key: str, settings: TranslationSettings) -> None:
+    """`nvidia.com/mig-<profile>[.shared]`: the device plugin's mixed strategy (N devices), or a
+    time-sliced MIG resource (`.shared`, or one declared in `shared_resources`): one device,
+    exclusive, since vgpu-dra has no shares of a MIG device (docs/mig.md)."""
+    name = key[len(legacy.MIG_RESOURCE_PREFIX) :]
+    renamed = name.endswith(legacy.SHARED_SUFFIX)
+    if renamed:
+        name = name[: -len(legacy.SHARED_SUFFIX)]
+    match = _MIG_RESOURCE.fullmatch(name)
+    if match is None:
+        raise Refusal(
+            f"container {ask.container}: {_short(key)}: not a MIG resource vgpu-dra can map: "
+            "the device plugin's mixed strategy names nvidia.com/mig-<g>g.<mem>gb (e.g. "
+            "nvidia.com/mig-1g.10gb), nvidia.com/mig-<g>g.<mem>gb.me for a +me profile, and "
+            "time-slicing adds .shared; other profile attributes (+gfx, -me, +me.all) are not "
+            "published by vgpu-dra"
+        )
+    profile = match.group(1) + ("+me" if match.group(2) else "")
+    amount = ask.got[key]
+    ask.mig = True
+    ask.selectors.append(_mig_selector(settings.driver, profile))
+    replicas = settings.shared_resources.get(key)
+    if not renamed and replicas is None:
+        ask.count = _count(ask.container, key, amount)
+        ask.note(key, f"claim of {ask.count} MIG device(s) of profile {profile}")
+        return
+    if replicas is not None and amount > replicas:
+        raise Refusal(
+            f"container {ask.container}: {key}={amount}: at most {replicas} shares (the "
+            "replicas of one MIG device)"
+        )
+    ask.count = 1 if amount else 0
+    ask.note(
+        key,
+        f"claim of 1 MIG device of profile {profile}, exclusive: vgpu-dra has no shares of a "
+        "MIG device yet, so one such pod runs per instance where the device plugin ran "
+        f"{replicas or 'its replicas'}",
+    )
+
+
+def _hami_mig(ask: _Ask, driver: str) -> None:
+    """HAMi's `nvidia.com/vgpu-mode: mig`: N MIG instances, each with at least `gpumem` MiB."""
+    got, name = ask.got, ask.container
+    if legacy.HAMI_MEMORY_PERCENTAGE in got:
+        raise Refusal(
+            f"container {name}: {legacy.HAMI_MEMORY_PERCENTAGE} with annotation "
+            f"{legacy.HAMI_VGPU_MODE}=mig: a MIG instance's memory is its profile's; give "
+            f"{legacy.HAMI_MEMORY} (MiB, the least an instance must have) instead"
+        )
+    if ask.count == 0:  # left to the common zero rule (refused with memory or cores)
+        ask.memory, ask.cores = got.get(legacy.HAMI_MEMORY), got.get(legacy.HAMI_CORES)
+        return
+    ask.mig = True
+    ask.selectors.append(_mig_selector(driver, None))
+    ask.note(legacy.GPU, f"claim of {ask.count} MIG device(s)")
+    if legacy.HAMI_MEMORY in got:
+        mib = got[legacy.HAMI_MEMORY]
+        if not 0 < mib <= MAX_MEMORY_MIB:
+            raise Refusal(
+                f"container {name}: GPU memory {mib} MiB: give 1..{MAX_MEMORY_MIB} MiB, or "
+                "leave it out for any MIG instance"
+            )
+        attribute = _attribute(driver, "memoryBytes")
+        ask.selectors.append(f"has({attribute}) && {attribute} >= {mib * 1024 * 1024}")
+        ask.note(legacy.HAMI_MEMORY, f"MIG devices of at least {mib} MiB each")
+    if legacy.HAMI_CORES in got:
+        ask.note(
+            legacy.HAMI_CORES,
+            "not reserved: a MIG instance's SMs are its own, fixed by its profile",
+        )
+
+
+def _hami_or_whole(
+    ask: _Ask,
+    system: System,
+    policy: PodPolicy,
+    driver: str,
+    node_selector: Mapping[str, Any],
+) -> None:
     got, name = ask.got, ask.container
     ask.count = _count(name, legacy.GPU, got.get(legacy.GPU, 1))
     if system == "device-plugin":
-        ask.note(legacy.GPU, f"{ask.count} whole GPU(s)")
+        _device_plugin_gpu(ask, driver, node_selector)
         return
+    mode = policy.get("vgpu_mode")
+    if mode == "mps":
+        raise Refusal(
+            f"annotation {legacy.HAMI_VGPU_MODE}=mps: vgpu-dra has no MPS sharing; use mig "
+            "(MIG instances), hami-core (shares of whole GPUs), or leave it out"
+        )
+    if mode == "mig":
+        _hami_mig(ask, driver)
+        return
+    if mode == "hami-core":
+        ask.selectors.append(_whole_gpu_selector(driver))
+        ask.notes.append(
+            f"container {name}: annotation {legacy.HAMI_VGPU_MODE}=hami-core -> whole GPUs or "
+            "shares of them, never a MIG device"
+        )
     if legacy.GPU in got:
         ask.note(legacy.GPU, f"claim of {ask.count} GPU(s)")
     else:  # HAMi's default GPU count
@@ -526,7 +714,11 @@ def _pod_memory_percentage(ask: _Ask, policy: PodPolicy) -> None:
 
 
 def _container_shape(
-    container: Mapping[str, Any], keys: list[str], policy: PodPolicy, settings: TranslationSettings
+    container: Mapping[str, Any],
+    keys: list[str],
+    policy: PodPolicy,
+    settings: TranslationSettings,
+    node_selector: Mapping[str, Any],
 ) -> tuple[System, Shape | None]:
     """The system and shape of one container's legacy request (shape None: it asks for no GPU,
     a count of 0, and gets no claim at all)."""
@@ -538,10 +730,12 @@ def _container_shape(
         _vgpu_manager(ask)
     elif system == "gpu-manager":
         _gpu_manager(ask, policy)
+    elif _is_mig(keys[0]):
+        _mig_resource(ask, keys[0], settings)
     elif keys[0] in settings.shared_resources:
         _shared(ask, keys[0], settings)
     else:
-        _hami_or_whole(ask, system)
+        _hami_or_whole(ask, system, policy, settings.driver, node_selector)
     if ask.count == 0:
         # What every source system does with a zero: no device for the container.
         if ask.memory or ask.cores or ask.memory_percent:
@@ -550,6 +744,13 @@ def _container_shape(
                 f"({', '.join(keys)}): ask for at least 1 GPU or drop the others"
             )
         return system, None
+    if ask.mig and policy.get("memory_percentage") not in (None, "100"):
+        key = policy.keys.get("memory_percentage", legacy.CANONICAL["memory_percentage"])
+        raise Refusal(
+            f"container {name}: annotation {key}={policy.get('memory_percentage')} with a MIG "
+            f"request ({', '.join(keys)}): a MIG device's memory is its profile's; remove the "
+            "annotation or ask for a GPU share"
+        )
     _pod_memory_percentage(ask, policy)
     if ask.memory is not None and not 0 < ask.memory <= MAX_MEMORY_MIB:
         raise Refusal(
@@ -565,6 +766,9 @@ def _container_shape(
         compute_policy=ask.compute,
         removed=tuple(keys),
         notes=tuple(ask.notes),
+        selectors=tuple(ask.selectors),
+        mig=ask.mig,
+        same_attribute=ask.same_attribute if ask.count > 1 else None,
     )
 
 
@@ -594,19 +798,24 @@ _SELECTED = {
 }
 
 
-def _selector(concept: Concept, items: tuple[str, ...], driver: str) -> str:
+def _selector(concept: Concept, items: tuple[str, ...], driver: str, mig: bool = False) -> str:
     """The CEL expression of one include/exclude list: GPU types match as case-insensitive
-    substrings of productName, UUIDs whole."""
+    substrings of productName, UUIDs whole. A MIG request matches GPU UUIDs against its devices'
+    parentUUID (guarded: whole GPUs have none)."""
     attribute, _ = _SELECTED[concept]
     if attribute == "productName":
         pattern = f"({_regex_alternatives(items)})"
     else:
         pattern = f"^({'|'.join(items)})$"
-    expression = f'device.attributes["{driver}"].{attribute}.matches("(?i){pattern}")'
+    if attribute == "uuid" and mig:
+        path = _attribute(driver, "parentUUID")
+        expression = f'(has({path}) && {path}.matches("(?i){pattern}"))'
+    else:
+        expression = f'device.attributes["{driver}"].{attribute}.matches("(?i){pattern}")'
     return "!" + expression if concept.startswith("exclude") else expression
 
 
-def _selectors(policy: PodPolicy, driver: str) -> list[JSON]:
+def _selectors(policy: PodPolicy, driver: str, mig: bool = False) -> list[JSON]:
     out: list[JSON] = []
     concepts: tuple[Concept, ...] = (
         "include_types",
@@ -618,7 +827,7 @@ def _selectors(policy: PodPolicy, driver: str) -> list[JSON]:
         items = policy.items(concept)
         if not items:
             continue
-        expression = _selector(concept, items, driver)
+        expression = _selector(concept, items, driver, mig)
         size = len(expression.encode())
         if size > CEL_SELECTOR_MAX_LENGTH:
             key = policy.keys.get(concept, legacy.CANONICAL[concept])
@@ -652,7 +861,10 @@ def _template(shape: Shape, policy: PodPolicy, settings: TranslationSettings) ->
         "allocationMode": "ExactCount",
         "count": shape.count,
     }
-    selectors = _selectors(policy, settings.driver)
+    # The shape's own selectors first: a MIG request's `has(profile)` is false on whole GPUs
+    # before any other selector reads an attribute they lack.
+    selectors = [{"cel": {"expression": e}} for e in shape.selectors]
+    selectors += _selectors(policy, settings.driver, shape.mig)
     if selectors:
         exactly["selectors"] = selectors
     capacity: JSON = {}
@@ -664,9 +876,10 @@ def _template(shape: Shape, policy: PodPolicy, settings: TranslationSettings) ->
         exactly["capacity"] = {"requests": capacity}
     devices: JSON = {"requests": [{"name": REQUEST_NAME, "exactly": exactly}]}
     attribute = legacy.STRICT_TOPOLOGY_ATTRIBUTE.get(policy.get("topology") or "")
-    if attribute and shape.count > 1:
+    same = [a for a in (attribute, shape.same_attribute) if a] if shape.count > 1 else []
+    if same:
         devices["constraints"] = [
-            {"requests": [REQUEST_NAME], "matchAttribute": f"{settings.driver}/{attribute}"}
+            {"requests": [REQUEST_NAME], "matchAttribute": f"{settings.driver}/{a}"} for a in same
         ]
     compute = _compute_policy(shape, policy, settings)
     if compute:
@@ -765,13 +978,16 @@ def _translate_containers(
     """Per container: a claim from a template instead of the legacy resources."""
     existing_claims = list(spec.get("resourceClaims") or [])
     taken = {str(c.get("name")) for c in existing_claims}
+    node_selector = spec.get("nodeSelector")
+    if not isinstance(node_selector, Mapping):
+        node_selector = {}
     new_claims: list[JSON] = []
     for field_name in ("initContainers", "containers"):
         for index, container in enumerate(spec.get(field_name) or []):
             keys = _legacy_keys(container, settings)
             if not keys:
                 continue
-            system, shape = _container_shape(container, keys, policy, settings)
+            system, shape = _container_shape(container, keys, policy, settings, node_selector)
             res = dict(container.get("resources") or {})
             limits, requests = _resources(container)
             new_res = _without(res, ("limits", "requests"))
@@ -964,12 +1180,20 @@ def match_conditions(settings: TranslationSettings) -> list[JSON]:
     resources = _cel_list({*legacy.RESOURCES, *settings.shared_resources})
     annotations = _cel_list(legacy.ANNOTATION_BY_KEY)
 
-    def containers(field_name: str) -> str:
-        per_container = (
-            "has(c.resources) && ("
-            f"(has(c.resources.limits) && {resources}.exists(r, r in c.resources.limits)) || "
-            f"(has(c.resources.requests) && {resources}.exists(r, r in c.resources.requests)))"
+    prefixes = " || ".join(
+        f"r.startsWith({json.dumps(p)})" for p in sorted(legacy.RESOURCE_PREFIXES)
+    )
+
+    def named(part: str) -> str:
+        """The container's limits or requests name a legacy resource, or one with a prefix."""
+        where = f"c.resources.{part}"
+        return (
+            f"(has({where}) && ({resources}.exists(r, r in {where}) || "
+            f"{where}.exists(r, {prefixes})))"
         )
+
+    def containers(field_name: str) -> str:
+        per_container = f"has(c.resources) && ({named('limits')} || {named('requests')})"
         return (
             f"(has(object.spec.{field_name}) && "
             f"object.spec.{field_name}.exists(c, {per_container}))"

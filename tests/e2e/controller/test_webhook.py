@@ -12,7 +12,9 @@ Proves:
 - for each legacy system (vgpu-manager, HAMi, gpu-manager, the device plugin whole and shared,
   vgpu-dra's own names) a pod created UNCHANGED comes back translated: legacy limits gone, one
   claim from a ResourceClaimTemplate that exists with the translated request, the policy gate
-  when policy annotations ask for it;
+  when policy annotations ask for it; a device plugin MIG pod (`nvidia.com/mig-1g.10gb: 2`)
+  reaches the webhook through the prefix in matchConditions and gets 2 MIG devices of that
+  profile (translation only, no MIG node);
 - a dry-run create is translated but creates no template; unused templates are collected while
   a template a live pod uses stays; the collector cannot delete a template that an admission
   touched after the collector judged it unused (the race);
@@ -433,6 +435,32 @@ def test_every_readme_example_pod_is_admitted_as_the_translation_says(
             )
     for template in translation.templates:
         assert hook.template(template.name) is not None, template.name
+
+
+def test_a_device_plugin_mig_pod_is_admitted_with_a_claim_of_its_profile(hook: Hook) -> None:
+    """The mixed strategy's `nvidia.com/mig-1g.10gb: 2` (issue 26, item 4): the real API server's
+    matchConditions route it by the `nvidia.com/mig-` prefix, and the pod comes back without the
+    extended resource and with a template of 2 MIG devices of profile 1g.10gb, whose CEL (with
+    its `has()` guard) the API server accepted. Translation only: no MIG node is needed."""
+    resource = f"{legacy.MIG_RESOURCE_PREFIX}1g.10gb"
+    name = f"mig-{uuid.uuid4().hex[:6]}"
+    created = hook.client.create(hook.pods(), pod(name, {resource: "2", "cpu": "100m"}))
+    (container,) = created["spec"]["containers"]
+    resources = container.get("resources") or {}
+    assert resources["limits"] == {"cpu": "100m"}
+    assert resource not in (resources.get("requests") or {})
+    (claim_ref,) = resources["claims"]
+    (pod_claim,) = created["spec"]["resourceClaims"]
+    assert pod_claim["name"] == claim_ref["name"]
+    template = hook.template(pod_claim["resourceClaimTemplateName"])
+    assert template is not None, "the webhook did not create the template"
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    attribute = 'device.attributes["vgpu.dra.dev"].profile'
+    assert request["exactly"]["count"] == 2
+    assert request["exactly"]["selectors"] == [
+        {"cel": {"expression": f'has({attribute}) && {attribute} == "1g.10gb"'}}
+    ]
+    assert created["metadata"]["annotations"][legacy.TRANSLATED_FROM] == "device-plugin"
 
 
 def test_the_compute_policy_of_gpu_manager_reaches_the_template(hook: Hook) -> None:

@@ -19,14 +19,17 @@ Deployment (environment, certificate volume) and RBAC.
 
 {{/*
 The legacy names that route a pod to the mutating webhook. They mirror
-controller/webhook/legacy.py (RESOURCES, ANNOTATION_BY_KEY, VGPU_SCHEDULER);
+controller/webhook/legacy.py (RESOURCES, RESOURCE_PREFIXES, ANNOTATION_BY_KEY, VGPU_SCHEDULER);
 tests/unit/deploy/test_webhook_chart.py fails when the rendered matchConditions differ from
 controller.webhook.translate.match_conditions() for the same values.
 */}}
 {{- define "vgpu-dra.webhookMatchExpression" -}}
 {{- $resources := list "nvidia.com/gpu" "nvidia.com/gpucores" "nvidia.com/gpumem" "nvidia.com/gpumem-percentage" "nvidia.com/vcuda-core" "nvidia.com/vcuda-memory" "nvidia.com/vgpu-cores" "nvidia.com/vgpu-memory" "nvidia.com/vgpu-number" -}}
 {{- range $name, $_ := .Values.webhook.sharedResources }}{{ $resources = append $resources $name }}{{ end -}}
-{{- $annotations := list "hami.io/gpu-scheduler-policy" "hami.io/node-scheduler-policy" "nvidia.com/device-scheduler-policy" "nvidia.com/device-topology-mode" "nvidia.com/exclude-gpu-type" "nvidia.com/exclude-gpu-uuid" "nvidia.com/include-gpu-type" "nvidia.com/include-gpu-uuid" "nvidia.com/node-scheduler-policy" "nvidia.com/nouse-gputype" "nvidia.com/nouse-gpuuuid" "nvidia.com/use-gputype" "nvidia.com/use-gpuuuid" "nvidia.com/vcuda-core-limit" "nvidia.com/vgpu-compute-policy" "vgpu.dra.dev/compute-policy" "vgpu.dra.dev/device-policy" "vgpu.dra.dev/device-scheduler-policy" "vgpu.dra.dev/device-topology-mode" "vgpu.dra.dev/exclude-gpu-type" "vgpu.dra.dev/exclude-gpu-uuid" "vgpu.dra.dev/gpu-type" "vgpu.dra.dev/gpu-uuid" "vgpu.dra.dev/include-gpu-type" "vgpu.dra.dev/include-gpu-uuid" "vgpu.dra.dev/memory-percentage" "vgpu.dra.dev/node-policy" "vgpu.dra.dev/node-scheduler-policy" "vgpu.dra.dev/topology" -}}
+{{- $annotations := list "hami.io/gpu-scheduler-policy" "hami.io/node-scheduler-policy" "nvidia.com/device-scheduler-policy" "nvidia.com/device-topology-mode" "nvidia.com/exclude-gpu-type" "nvidia.com/exclude-gpu-uuid" "nvidia.com/include-gpu-type" "nvidia.com/include-gpu-uuid" "nvidia.com/node-scheduler-policy" "nvidia.com/nouse-gputype" "nvidia.com/nouse-gpuuuid" "nvidia.com/use-gputype" "nvidia.com/use-gpuuuid" "nvidia.com/vcuda-core-limit" "nvidia.com/vgpu-compute-policy" "nvidia.com/vgpu-mode" "vgpu.dra.dev/compute-policy" "vgpu.dra.dev/device-policy" "vgpu.dra.dev/device-scheduler-policy" "vgpu.dra.dev/device-topology-mode" "vgpu.dra.dev/exclude-gpu-type" "vgpu.dra.dev/exclude-gpu-uuid" "vgpu.dra.dev/gpu-type" "vgpu.dra.dev/gpu-uuid" "vgpu.dra.dev/include-gpu-type" "vgpu.dra.dev/include-gpu-uuid" "vgpu.dra.dev/memory-percentage" "vgpu.dra.dev/node-policy" "vgpu.dra.dev/node-scheduler-policy" "vgpu.dra.dev/topology" -}}
+{{- $prefixList := list -}}
+{{- range (list "nvidia.com/mig-" | sortAlpha) }}{{ $prefixList = append $prefixList (printf "r.startsWith(%s)" (toJson .)) }}{{ end -}}
+{{- $prefixes := join " || " $prefixList -}}
 {{- $res := list -}}
 {{- range ($resources | uniq | sortAlpha) }}{{ $res = append $res (toJson .) }}{{ end -}}
 {{- $ann := list -}}
@@ -35,7 +38,7 @@ controller.webhook.translate.match_conditions() for the same values.
 {{- $annList := printf "[%s]" (join ", " $ann) -}}
 {{- $parts := list "(has(object.spec.schedulerName) && object.spec.schedulerName == \"vgpu-scheduler\")" (printf "(has(object.metadata.annotations) && %s.exists(a, a in object.metadata.annotations))" $annList) -}}
 {{- range (list "containers" "initContainers") -}}
-{{- $per := printf "has(c.resources) && ((has(c.resources.limits) && %s.exists(r, r in c.resources.limits)) || (has(c.resources.requests) && %s.exists(r, r in c.resources.requests)))" $resList $resList -}}
+{{- $per := printf "has(c.resources) && ((has(c.resources.limits) && (%s.exists(r, r in c.resources.limits) || c.resources.limits.exists(r, %s))) || (has(c.resources.requests) && (%s.exists(r, r in c.resources.requests) || c.resources.requests.exists(r, %s))))" $resList $prefixes $resList $prefixes -}}
 {{- $parts = append $parts (printf "(has(object.spec.%s) && object.spec.%s.exists(c, %s))" . . $per) -}}
 {{- end -}}
 {{- join " || " $parts -}}

@@ -31,6 +31,13 @@ SETTINGS = TranslationSettings(driver=DRIVER, device_class=DRIVER, shared_resour
 CLASSES = {DRIVER: {"metadata": {"name": DRIVER}, "spec": {}}}
 
 OTHER_KEYS = ["cpu", "memory", "example.com/fpga"]
+MIG_KEYS = [
+    "nvidia.com/mig-1g.10gb",
+    "nvidia.com/mig-1g.10gb.me",
+    "nvidia.com/mig-3g.20gb.shared",
+    "nvidia.com/mig-1g.24gb.gfx",
+    "nvidia.com/mig-",
+]
 # Per system the keys a container of that system uses; a few containers mix them on purpose.
 SYSTEM_KEYS = [
     [legacy.VGPU_NUMBER, legacy.VGPU_CORES, legacy.VGPU_MEMORY],
@@ -39,6 +46,9 @@ SYSTEM_KEYS = [
     [legacy.GPU],
     [SHARED],
     [*legacy.RESOURCES, SHARED],
+    # the device plugin's MIG resources (a prefix, not a table), well formed or not
+    MIG_KEYS,
+    [legacy.GPU, *MIG_KEYS],
 ]
 COUNTS = st.integers(min_value=0, max_value=4).map(str)
 PERCENT = st.sampled_from(["0", "10", "30", "50", "100"])
@@ -70,10 +80,22 @@ CONCEPT_VALUES: dict[str, list[str]] = {
     "compute_policy": ["fixed", "balance", "none"],
     "core_limit": ["10", "50"],
     "memory_percentage": ["100", "50"],
+    "vgpu_mode": ["hami-core", "mig", "mps"],
 }
 BAD_ANNOTATION_VALUES = st.one_of(
     st.sampled_from(["", "x y", '")', "pack", "A100", "GPU-1"]), st.text(max_size=8)
 )
+# GPU feature discovery's labels of the device plugin's single MIG strategy, and hostile forms.
+NODE_SELECTORS: list[Any] = [
+    None,
+    {},
+    {legacy.MIG_STRATEGY_LABEL: "single"},
+    {legacy.GPU_PRODUCT_LABEL: "A100-SXM4-40GB-MIG-1g.5gb"},
+    {legacy.GPU_PRODUCT_LABEL: "A100-SXM4-40GB-MIG-INVALID"},
+    {legacy.GPU_PRODUCT_LABEL: "A100-SXM4-40GB"},
+    {legacy.GPU_PRODUCT_LABEL: 7},
+    "not a map",
+]
 ANNOTATION_KEYS = [*legacy.ANNOTATION_BY_KEY, "example.com/other", legacy.TRANSLATED_FROM]
 
 
@@ -134,6 +156,9 @@ def pods(draw: st.DrawFn) -> dict[str, Any]:
         spec["schedulerName"] = scheduler
     if draw(st.booleans()):
         spec["resourceClaims"] = [{"name": "own", "resourceClaimTemplateName": "mine"}]
+    node_selector = draw(st.sampled_from(NODE_SELECTORS))
+    if node_selector is not None:
+        spec["nodeSelector"] = node_selector
     if draw(st.booleans()):
         gate = draw(st.sampled_from(["other", "vgpu.dra.dev/policy"]))
         spec["schedulingGates"] = [{"name": gate}]

@@ -29,6 +29,9 @@ SETTINGS = TranslationSettings(
     driver=DRIVER, device_class=DRIVER, shared_resources={"nvidia.com/gpu.shared": 4}
 )
 MANAGED = {"app.kubernetes.io/managed-by": "vgpu-dra-webhook"}
+ATTRS = f'device.attributes["{DRIVER}"]'
+# A device plugin whole GPU: never a MIG device (docs/mig.md: whole GPUs have no profile).
+WHOLE_GPU = [{"cel": {"expression": f"!has({ATTRS}.profile)"}}]
 
 
 def _apply(pod: dict[str, Any], settings: TranslationSettings = SETTINGS) -> tuple[Any, Any]:
@@ -319,7 +322,7 @@ def test_gpu_manager_whole_gpus() -> None:
 
 def test_device_plugin_whole_gpu() -> None:
     out, translation = _apply(legacy_pods.load("device-plugin-gpu-pod"))
-    spec = _template({"requests": [_request(1)]})
+    spec = _template({"requests": [_request(1, selectors=WHOLE_GPU)]})
     assert [t.spec for t in translation.templates] == [spec]
     assert translation.source == "device-plugin"
     assert out["spec"]["containers"][0]["resources"] == {
@@ -488,7 +491,7 @@ def test_init_containers_and_several_containers_get_their_own_claims() -> None:
     shared = template_name(
         _template({"requests": [_request(1, capacity={"requests": {"memory": "512Mi"}})]})
     )
-    whole = template_name(_template({"requests": [_request(1)]}))
+    whole = template_name(_template({"requests": [_request(1, selectors=WHOLE_GPU)]}))
     # Same shape, one template.
     assert sorted(t.name for t in translation.templates) == sorted([shared, whole])
     assert out["spec"]["resourceClaims"] == [
