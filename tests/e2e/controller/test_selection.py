@@ -28,7 +28,7 @@ import pytest
 
 from dra_driver import kube
 from dra_driver.kube import RESOURCE_API, KubeClient
-from tests.fixtures.allocator_cluster import ControllerBed, controller_bed
+from tests.fixtures.allocator_cluster import ControllerBed, controller_bed, refused, remove
 from tests.fixtures.cel_vocabulary import random_selector
 from tests.fixtures.workloads import claim_pod, resource_claim
 from vgpu_testbed.cluster import controller as bed_controller
@@ -103,32 +103,9 @@ def outcome(client: KubeClient, ns: str, name: str) -> tuple[str, frozenset[str]
             devices = frozenset(str(r["device"]) for r in allocation["devices"]["results"])
             return ((node, devices),)
         pod = client.get(kube.path("v1", "pods", name, namespace=ns))
-        for cond in (pod.get("status") or {}).get("conditions") or []:
-            refused = cond.get("type") == "PodScheduled" and cond.get("reason") == "Unschedulable"
-            if refused or (
-                cond.get("type") == "vgpu.dra.dev/Placement" and cond["status"] == "False"
-            ):
-                return (None,)
-        return None
+        return (None,) if refused(pod) else None
 
     return wait_for(f"a decision on {ns}/{name}", decided)[0]
-
-
-def remove(client: KubeClient, ns: str, names: list[str]) -> None:
-    """Delete pods and claims and wait until the claims are gone (their devices free)."""
-    for name in names:
-        client.request("DELETE", kube.path("v1", "pods", name, namespace=ns),
-                       query={"gracePeriodSeconds": 0})  # fmt: skip
-        client.delete(kube.path(RESOURCE_API, "resourceclaims", name, namespace=ns))
-
-    def gone() -> bool:
-        left = {
-            c["metadata"]["name"]
-            for c in client.list(kube.path(RESOURCE_API, "resourceclaims", namespace=ns))
-        }
-        return not left & set(names)
-
-    wait_for(f"claims {names} deleted", gone)
 
 
 def test_cel_selectors_select_what_kube_scheduler_selects(
